@@ -1,0 +1,1 @@
+"""Chest X-ray data: on-disk layouts, splits, the preprocessing cache, transforms, embedded data."""

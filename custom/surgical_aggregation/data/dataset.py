@@ -1,0 +1,80 @@
+"""PyTorch datasets over a :class:`LabelTable`, reading pixels from the cache (or the source files)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .cache import CacheReport, ImageCache, OnError, build_cache, cache_directory
+from .images import read_grayscale
+from .table import LabelTable, MissingClassPolicy
+
+
+class ImageReader(Protocol):
+    def read(self, path: str) -> np.ndarray: ...
+
+
+class SourceImages:
+    """Decode from the original files on every access (scoring a folder; the benchmark)."""
+
+    def __init__(self, size: int | None = None):
+        self.size = size
+
+    def read(self, path: str) -> np.ndarray:
+        return read_grayscale(path, self.size)
+
+
+class ChestXrayDataset(Dataset):
+    """Items are dicts: ``image`` (C, H, W) float tensor, ``label`` and ``mask`` (n_classes,) floats.
+
+    ``classes`` picks and orders label columns by name (default: the table's own);
+    ``missing`` says what a class the table does not label becomes (see
+    :meth:`LabelTable.label_matrix`).
+    """
+
+    def __init__(
+        self,
+        table: LabelTable,
+        images: ImageReader,
+        transform: Callable[[np.ndarray], torch.Tensor],
+        classes: Sequence[str] | None = None,
+        missing: MissingClassPolicy = "error",
+    ) -> None:
+        self.class_names = list(table.classes if classes is None else classes)
+        self.paths = table.paths
+        labels, mask = table.label_matrix(self.class_names, missing)
+        self.labels = torch.from_numpy(labels)
+        self.mask = torch.from_numpy(mask)
+        self.images = images
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        image = self.transform(self.images.read(self.paths[index]))
+        return {"image": image, "label": self.labels[index], "mask": self.mask[index]}
+
+
+def cache_table(
+    table: LabelTable,
+    cache_root: str | Path,
+    size: int,
+    on_error: OnError = "error",
+    workers: int = 0,
+    progress: bool = True,
+) -> tuple[LabelTable, ImageCache, CacheReport]:
+    """Build/reuse the table's image cache; returns the table without unreadable images.
+
+    With ``on_error="skip"`` the unreadable images are dropped here (and counted in the
+    report), so no epoch ever meets one.
+    """
+    directory = cache_directory(cache_root, table.source, table.root, size)
+    cache, report = build_cache(table.paths, directory, size, on_error, workers, progress)
+    readable = np.fromiter((path in cache for path in table.paths), dtype=bool, count=len(table))
+    return table.subset(readable), cache, report

@@ -1,0 +1,131 @@
+"""The one in-memory shape every dataset layout is read into: image path, patient, labels by name."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+UncertaintyPolicy = Literal["zeros", "ones", "ignore"]
+UNCERTAINTY_POLICIES: tuple[str, ...] = ("zeros", "ones", "ignore")
+MissingClassPolicy = Literal["error", "negative", "unlabelled"]
+
+PATH_COLUMN = "path"
+PATIENT_COLUMN = "patient_id"
+
+
+class DatasetFormatError(ValueError):
+    """A label file that does not have the layout it claims to have."""
+
+
+@dataclass
+class LabelTable:
+    """Images of one dataset with their patient and labels.
+
+    ``frame`` has the columns ``path`` (str), ``patient_id`` (str) and one float column per
+    class, named by canonical class name: 1 positive, 0 negative, NaN unlabelled (an uncertain
+    label under the "ignore" policy; excluded from loss and metrics).
+    """
+
+    source: str
+    root: Path
+    classes: list[str]
+    frame: pd.DataFrame
+
+    def __post_init__(self) -> None:
+        missing = [column for column in (PATH_COLUMN, PATIENT_COLUMN, *self.classes) if column not in self.frame]
+        if missing:
+            raise DatasetFormatError(f"{self.source} table lacks columns {missing}")
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    @property
+    def paths(self) -> list[str]:
+        return self.frame[PATH_COLUMN].tolist()
+
+    @property
+    def n_patients(self) -> int:
+        return int(self.frame[PATIENT_COLUMN].nunique())
+
+    def label_matrix(
+        self, classes: Sequence[str] | None = None, missing: MissingClassPolicy = "error"
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(labels, mask) as float32 (N, C) arrays for ``classes`` (default: the table's own).
+
+        ``mask`` is 1 where a label is known. A requested class the dataset does not label is an
+        error, or all-negative ("negative", vanilla FL's convention), or unlabelled ("unlabelled",
+        excluded from the loss like partial-loss FL).
+        """
+        classes = list(self.classes if classes is None else classes)
+        labels = np.zeros((len(self), len(classes)), dtype=np.float32)
+        mask = np.ones_like(labels)
+        for column, name in enumerate(classes):
+            if name in self.classes:
+                values = self.frame[name].to_numpy(dtype=np.float32)
+                known = ~np.isnan(values)
+                labels[:, column] = np.where(known, values, 0.0)
+                mask[:, column] = known
+            elif missing == "error":
+                raise KeyError(f"{self.source} data has no label {name!r}; it labels {self.classes}")
+            elif missing == "unlabelled":
+                mask[:, column] = 0.0
+        return labels, mask
+
+    def subset(self, rows: np.ndarray | Sequence[int] | pd.Series) -> LabelTable:
+        """The table restricted to ``rows`` (positions, or a boolean mask)."""
+        rows = np.asarray(rows)
+        frame = self.frame[rows] if rows.dtype == bool else self.frame.iloc[rows]
+        return replace(self, frame=frame.reset_index(drop=True))
+
+    def positive_counts(self) -> dict[str, int]:
+        return {name: int((self.frame[name] == 1).sum()) for name in self.classes}
+
+
+def apply_uncertainty(values: pd.Series, policy: UncertaintyPolicy, where: str) -> np.ndarray:
+    """CheXpert-style label values -> float: 1 -> 1, 0 and blank -> 0, -1 -> the policy's value.
+
+    U-Zeros ("zeros") is the papers' default; "ones" is U-Ones; "ignore" makes uncertain labels
+    NaN (unlabelled). Any other value is an error naming ``where`` and the offending row.
+    """
+    if policy not in UNCERTAINTY_POLICIES:
+        raise ValueError(f"unknown uncertainty policy {policy!r}; choose one of {', '.join(UNCERTAINTY_POLICIES)}")
+    numeric = pd.to_numeric(values, errors="coerce")
+    bad = numeric.isna() & values.notna() & (values.astype(str).str.strip() != "")
+    bad |= numeric.notna() & ~numeric.isin([1, 0, -1])
+    if bad.any():
+        position = int(np.flatnonzero(bad.to_numpy())[0])
+        raise DatasetFormatError(
+            f"{where}: value {values.iloc[position]!r} in data row {position + 1}; expected 1, 0, -1 or blank"
+        )
+    uncertain_value = {"zeros": 0.0, "ones": 1.0, "ignore": np.nan}[policy]
+    result = numeric.fillna(0.0).to_numpy(dtype=np.float32)
+    result[result == -1] = uncertain_value
+    return result
+
+
+def read_label_csv(path: Path, required: Sequence[str]) -> pd.DataFrame:
+    """Read a CSV (optionally gzipped) and check it has the ``required`` columns."""
+    if not path.is_file():
+        raise FileNotFoundError(f"label file not found: {path}")
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=True)
+    except (pd.errors.ParserError, UnicodeDecodeError, EOFError, OSError) as error:
+        raise DatasetFormatError(f"{path}: cannot read as CSV ({error})") from None
+    missing = [column for column in required if column not in frame.columns]
+    if missing:
+        raise DatasetFormatError(f"{path}: missing column(s) {missing}; found {list(frame.columns)}")
+    return frame
+
+
+def find_file(folder: Path, names: Sequence[str], what: str) -> Path:
+    """The first of ``names`` (each also tried with .gz) that exists in ``folder``."""
+    for name in names:
+        for candidate in (folder / name, folder / f"{name}.gz"):
+            if candidate.is_file():
+                return candidate
+    raise FileNotFoundError(f"no {what} in {folder}; expected one of {', '.join(names)} (optionally .gz)")

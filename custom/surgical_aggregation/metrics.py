@@ -1,0 +1,201 @@
+"""Evaluation: per-class AUROC matched by class name, BCE loss, bootstrap CIs and paired tests.
+
+A class whose test labels are all one value has no AUROC: it is reported as NaN
+("undefined") and left out of means, never a crash.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+from sklearn.metrics import roc_auc_score
+
+
+def _valid_mask(y_true: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    valid = ~np.isnan(y_true)
+    if mask is not None:
+        valid &= np.asarray(mask, dtype=bool)
+    return valid
+
+
+def auroc(y_true: np.ndarray, y_score: np.ndarray) -> float:
+    """AUROC of one class; NaN when the labels hold a single value (undefined)."""
+    y_true = np.asarray(y_true, dtype=np.float64)
+    if y_true.size == 0 or np.unique(y_true).size < 2:
+        return math.nan
+    return float(roc_auc_score(y_true, np.asarray(y_score, dtype=np.float64)))
+
+
+def per_class_auroc(
+    y_true: np.ndarray,
+    y_score: np.ndarray,
+    class_names: Sequence[str],
+    mask: np.ndarray | None = None,
+) -> dict[str, float]:
+    """AUROC per class (columns of ``y_true``/``y_score`` in ``class_names`` order).
+
+    Entries that are NaN in ``y_true`` or False in ``mask`` (e.g. uncertain labels under the
+    "ignore" policy) are left out of that class's AUROC.
+    """
+    y_true = np.asarray(y_true, dtype=np.float64)
+    y_score = np.asarray(y_score, dtype=np.float64)
+    if y_true.shape != y_score.shape or y_true.ndim != 2 or y_true.shape[1] != len(class_names):
+        raise ValueError(f"labels {y_true.shape} and scores {y_score.shape} must both be (samples, {len(class_names)})")
+    valid = _valid_mask(y_true, mask)
+    return {
+        name: auroc(y_true[valid[:, column], column], y_score[valid[:, column], column])
+        for column, name in enumerate(class_names)
+    }
+
+
+def mean_defined(values: Mapping[str, float] | Sequence[float]) -> float:
+    """Mean over the defined (non-NaN) values; NaN when none is defined."""
+    numbers = np.asarray(list(values.values()) if isinstance(values, Mapping) else list(values), dtype=np.float64)
+    numbers = numbers[~np.isnan(numbers)]
+    return float(numbers.mean()) if numbers.size else math.nan
+
+
+@dataclass
+class AlignedScores:
+    """Model scores and test labels restricted to the classes both have, in test-set order."""
+
+    class_names: list[str]
+    y_true: np.ndarray
+    y_score: np.ndarray
+    mask: np.ndarray | None
+    missing_in_model: list[str]  # test-set classes the model cannot predict
+
+
+def align_by_name(
+    y_score: np.ndarray,
+    model_classes: Sequence[str],
+    y_true: np.ndarray,
+    test_classes: Sequence[str],
+    mask: np.ndarray | None = None,
+) -> AlignedScores:
+    """Pick, by class name, the score columns that match the test set's label columns."""
+    model_index = {name: column for column, name in enumerate(model_classes)}
+    shared = [name for name in test_classes if name in model_index]
+    test_index = {name: column for column, name in enumerate(test_classes)}
+    test_columns = [test_index[name] for name in shared]
+    return AlignedScores(
+        class_names=shared,
+        y_true=np.asarray(y_true)[:, test_columns],
+        y_score=np.asarray(y_score)[:, [model_index[name] for name in shared]],
+        mask=None if mask is None else np.asarray(mask)[:, test_columns],
+        missing_in_model=[name for name in test_classes if name not in model_index],
+    )
+
+
+def bce_loss(y_true: np.ndarray, y_prob: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-7) -> float:
+    """Mean binary cross-entropy over the labelled entries, from probabilities."""
+    y_true = np.asarray(y_true, dtype=np.float64)
+    y_prob = np.clip(np.asarray(y_prob, dtype=np.float64), eps, 1 - eps)
+    valid = _valid_mask(y_true, mask)
+    if not valid.any():
+        return math.nan
+    target = y_true[valid]
+    prob = y_prob[valid]
+    return float(-(target * np.log(prob) + (1 - target) * np.log(1 - prob)).mean())
+
+
+@dataclass
+class ConfidenceInterval:
+    estimate: float
+    low: float
+    high: float
+    level: float = 0.95
+
+    def __str__(self) -> str:
+        return f"{self.estimate:.3f} ({self.low:.3f}-{self.high:.3f})"
+
+
+def bootstrap_ci(
+    statistic: Callable[[np.ndarray], float],
+    n_samples: int,
+    n_resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> ConfidenceInterval:
+    """Percentile bootstrap CI of ``statistic(indices)`` over resampled sample indices.
+
+    Resamples where the statistic is undefined (NaN) are dropped.
+    """
+    if n_samples <= 0:
+        raise ValueError("bootstrap needs at least one sample")
+    rng = np.random.default_rng(seed)
+    estimate = statistic(np.arange(n_samples))
+    values = np.array([statistic(rng.integers(0, n_samples, n_samples)) for _ in range(n_resamples)])
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return ConfidenceInterval(estimate, math.nan, math.nan, level)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return ConfidenceInterval(float(estimate), float(low), float(high), level)
+
+
+def mean_auroc_ci(
+    y_true: np.ndarray,
+    y_score: np.ndarray,
+    class_names: Sequence[str],
+    mask: np.ndarray | None = None,
+    n_resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> ConfidenceInterval:
+    """Mean AUROC over classes with a bootstrap CI (images resampled with replacement)."""
+    y_true = np.asarray(y_true, dtype=np.float64)
+    y_score = np.asarray(y_score, dtype=np.float64)
+
+    def statistic(indices: np.ndarray) -> float:
+        subset_mask = None if mask is None else np.asarray(mask)[indices]
+        return mean_defined(per_class_auroc(y_true[indices], y_score[indices], class_names, subset_mask))
+
+    return bootstrap_ci(statistic, len(y_true), n_resamples, level, seed)
+
+
+@dataclass
+class PairedTest:
+    """Paired two-tailed t-test, with a Shapiro-Wilk check of the differences' normality."""
+
+    n: int
+    mean_difference: float
+    t_statistic: float
+    p_value: float
+    shapiro_w: float
+    shapiro_p: float
+    wilcoxon_p: float  # the non-parametric alternative, for when normality is rejected
+
+    @property
+    def differences_look_normal(self) -> bool:
+        return not (self.shapiro_p < 0.05)
+
+
+def paired_t_test(a: Sequence[float], b: Sequence[float]) -> PairedTest:
+    """Compare paired scores (e.g. per-class AUROC of two methods); pairs with a NaN are dropped."""
+    a_values = np.asarray(a, dtype=np.float64)
+    b_values = np.asarray(b, dtype=np.float64)
+    if a_values.shape != b_values.shape:
+        raise ValueError(f"paired samples differ in length: {a_values.shape} vs {b_values.shape}")
+    keep = ~(np.isnan(a_values) | np.isnan(b_values))
+    a_values, b_values = a_values[keep], b_values[keep]
+    n = int(a_values.size)
+    if n < 2:
+        raise ValueError(f"a paired t-test needs at least 2 defined pairs, got {n}")
+    differences = a_values - b_values
+    t_result = stats.ttest_rel(a_values, b_values)
+    shapiro_w, shapiro_p = stats.shapiro(differences) if n >= 3 else (math.nan, math.nan)
+    wilcoxon_p = float(stats.wilcoxon(differences).pvalue) if np.any(differences != 0) else 1.0
+    return PairedTest(
+        n=n,
+        mean_difference=float(differences.mean()),
+        t_statistic=float(t_result.statistic),
+        p_value=float(t_result.pvalue),
+        shapiro_w=float(shapiro_w),
+        shapiro_p=float(shapiro_p),
+        wilcoxon_p=wilcoxon_p,
+    )

@@ -1,0 +1,149 @@
+"""Local training and validation loops (no FLARE): the client trainer and the baselines share them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from monai.data import DataLoader
+from torch import nn
+from torch.utils.data import Dataset
+from tqdm.auto import tqdm
+
+from .metrics import bce_loss, mean_defined, per_class_auroc
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """ "auto" -> CUDA when available, else CPU; otherwise the named device ("cpu", "cuda:1")."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {spec!r} requested but CUDA is not available on this machine")
+    return device
+
+
+def make_loader(dataset: Dataset, batch_size: int, train: bool, workers: int = 0, seed: int = 0) -> DataLoader:
+    """MONAI's DataLoader seeds each worker's random transforms differently (plain torch does not)."""
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=train,
+        drop_last=train and len(dataset) > batch_size,
+        num_workers=workers,
+        generator=generator,
+        persistent_workers=workers > 0,
+        pin_memory=torch.cuda.is_available(),
+    )
+
+
+def masked_bce_with_logits(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """BCE averaged over the labelled entries only (mask 1); unlabelled entries add nothing."""
+    losses = nn.functional.binary_cross_entropy_with_logits(logits.float(), target, reduction="none")
+    return (losses * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def _autocast(device: torch.device, amp: bool):
+    return torch.autocast(device_type="cuda", dtype=torch.float16) if amp and device.type == "cuda" else nullcontext()
+
+
+@dataclass
+class EpochResult:
+    loss: float
+    samples: int
+    seconds: float
+
+
+def train_epoch(
+    model: nn.Module,
+    loader: DataLoader,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    amp: bool = False,
+    scaler: torch.amp.GradScaler | None = None,
+    max_steps: int | None = None,
+    progress: bool = False,
+    description: str = "train",
+) -> EpochResult:
+    """One pass over ``loader`` (or ``max_steps`` batches); returns the sample-weighted mean loss."""
+    model.train()
+    started = time.perf_counter()
+    total, samples = 0.0, 0
+    batches = tqdm(loader, desc=description, unit="batch", disable=not progress, leave=False)
+    for step, batch in enumerate(batches):
+        if max_steps is not None and step >= max_steps:
+            break
+        images = batch["image"].to(device, non_blocking=True)
+        target = batch["label"].to(device, non_blocking=True)
+        mask = batch["mask"].to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        with _autocast(device, amp):
+            loss = masked_bce_with_logits(model(images), target, mask)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"{description}: loss became {loss.item()} at step {step}; lower the learning rate"
+            )
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        total += loss.item() * len(images)
+        samples += len(images)
+        batches.set_postfix(loss=f"{total / samples:.4f}")
+    return EpochResult(loss=total / max(samples, 1), samples=samples, seconds=time.perf_counter() - started)
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module, loader: DataLoader, device: torch.device, amp: bool = False, progress: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(probabilities, labels, mask), each (N, n_classes)."""
+    model.eval()
+    probabilities, labels, masks = [], [], []
+    for batch in tqdm(loader, desc="predict", unit="batch", disable=not progress, leave=False):
+        with _autocast(device, amp):
+            logits = model(batch["image"].to(device, non_blocking=True))
+        probabilities.append(torch.sigmoid(logits.float()).cpu().numpy())
+        labels.append(batch["label"].numpy())
+        masks.append(batch["mask"].numpy())
+    if not probabilities:
+        raise ValueError("cannot evaluate on an empty dataset")
+    return np.concatenate(probabilities), np.concatenate(labels), np.concatenate(masks)
+
+
+@dataclass
+class Evaluation:
+    loss: float
+    per_class_auroc: dict[str, float]
+    mean_auroc: float
+    samples: int
+
+
+def evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    device: torch.device,
+    class_names: Sequence[str],
+    amp: bool = False,
+    progress: bool = False,
+) -> Evaluation:
+    """Validation BCE loss and per-class / mean AUROC (undefined classes are NaN, left out of the mean)."""
+    probabilities, labels, mask = predict(model, loader, device, amp, progress)
+    aurocs = per_class_auroc(labels, probabilities, class_names, mask)
+    return Evaluation(
+        loss=bce_loss(labels, probabilities, mask),
+        per_class_auroc=aurocs,
+        mean_auroc=mean_defined(aurocs),
+        samples=len(labels),
+    )
