@@ -96,7 +96,7 @@ def _like(template: Any, array: np.ndarray) -> Any:
         array = np.rint(array)
     array = array.astype(template_np.dtype, copy=False)
     if isinstance(template, torch.Tensor):
-        return torch.from_numpy(np.ascontiguousarray(array)).to(template.device)
+        return torch.from_numpy(np.array(array, order="C")).to(template.device)  # keeps 0-d shapes
     return array
 
 

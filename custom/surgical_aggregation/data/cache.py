@@ -202,6 +202,8 @@ def build_cache(
         if todo:
             _extend(directory, index, todo, size, workers, progress, report)
     report.seconds = time.perf_counter() - started
+    position = {path: index for index, path in enumerate(wanted)}
+    report.failures.sort(key=lambda failure: position[failure[0]])  # in the dataset's order
     if report.failures and on_error == "error":
         raise UnreadableImagesError(report.failures)
     return ImageCache(directory), report

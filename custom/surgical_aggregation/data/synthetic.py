@@ -225,6 +225,29 @@ def _resolve_label_source(label_source: LabelSource, file_name: str) -> Path | N
     return path
 
 
+def _builtin_draws(
+    n_patients: int, max_items: int, rates: np.ndarray, min_positive_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Independent label draws for 1..max_items items (images/studies) per patient.
+
+    ``rates`` is (classes, 3): positive, uncertain and blank shares (the rest are zeros).
+    Returns (patient index per item, sorted; values per item: 1, -1, NaN or 0). A finding with
+    fewer than ``min_positive_fraction`` positive patients is made positive on the first item
+    of randomly chosen other patients, as the reference path enriches rare findings.
+    """
+    patients = np.repeat(np.arange(n_patients), rng.integers(1, max_items + 1, n_patients))
+    draw = rng.random((len(patients), len(rates)))
+    bounds = np.cumsum(rates, axis=1)
+    values = np.select([draw < bounds[:, 0], draw < bounds[:, 1], draw < bounds[:, 2]], [1.0, -1.0, np.nan], 0.0)
+    target = math.ceil(min_positive_fraction * n_patients)
+    for column in range(len(rates)):
+        positive = np.unique(patients[values[:, column] == 1])
+        candidates = np.setdiff1d(np.arange(n_patients), positive)
+        extra = rng.choice(candidates, size=min(max(target - len(positive), 0), len(candidates)), replace=False)
+        values[np.searchsorted(patients, extra), column] = 1.0
+    return patients, values
+
+
 def nih_label_rows(
     n_patients: int,
     seed: int = 0,
@@ -244,18 +267,18 @@ def nih_label_rows(
         chosen = _pick_patients(per_patient, n_patients, min_positive_fraction, rng)
         rows = real[real["Patient ID"].isin(chosen)].reset_index(drop=True)
         return rows[NIH_COLUMNS], f"real NIH label rows from {reference}"
+    rates = np.array([(NIH_PREVALENCE[name], 0.0, 0.0) for name in NIH_LABELS])
+    patients, values = _builtin_draws(n_patients, max_images_per_patient, rates, min_positive_fraction, rng)
+    sexes = rng.choice(["M", "F"], size=n_patients)
     records = []
-    prevalence = np.array([max(NIH_PREVALENCE[name], min_positive_fraction) for name in NIH_LABELS])
-    for patient in range(1, n_patients + 1):
-        for follow_up in range(int(rng.integers(1, max_images_per_patient + 1))):
-            found = [
-                raw for raw, hit in zip(NIH_RAW_LABELS, rng.random(len(NIH_LABELS)) < prevalence, strict=True) if hit
-            ]
-            records.append(
-                [f"{patient:08d}_{follow_up:03d}.png", "|".join(found) or NO_FINDING, follow_up, patient,
-                 int(rng.integers(18, 90)), str(rng.choice(["M", "F"])), str(rng.choice(["PA", "AP"])),
-                 2500, 2048, 0.143, 0.143]
-            )  # fmt: skip
+    for index, (patient, row) in enumerate(zip(patients + 1, values, strict=True)):
+        follow_up = index - int(np.searchsorted(patients, patient - 1))
+        found = [raw for raw, value in zip(NIH_RAW_LABELS, row, strict=True) if value == 1]
+        records.append(
+            [f"{patient:08d}_{follow_up:03d}.png", "|".join(found) or NO_FINDING, follow_up, patient,
+             int(rng.integers(18, 90)), str(sexes[patient - 1]), str(rng.choice(["PA", "AP"])),
+             2500, 2048, 0.143, 0.143]
+        )  # fmt: skip
     return pd.DataFrame(records, columns=NIH_COLUMNS), "built-in NIH label frequencies"
 
 
@@ -282,25 +305,20 @@ def chexpert_label_rows(
         chosen = set(_pick_patients(per_patient, n_patients, min_positive_fraction, rng))
         rows = real[patient.isin(chosen)]
         return rows.reset_index(drop=True)[CHEXPERT_COLUMNS], f"real CheXpert label rows from {reference}"
-    records = []
     rates = np.array([CHEXPERT_RATES[name] for name in CHEXPERT_LABELS])
-    rates[:, 0] = np.maximum(rates[:, 0], min_positive_fraction)
-    for patient in range(1, n_patients + 1):
-        sex, age = str(rng.choice(["Female", "Male"])), int(rng.integers(18, 90))
-        for study in range(1, int(rng.integers(1, max_studies_per_patient + 1)) + 1):
-            draw = rng.random(len(CHEXPERT_LABELS))
-            values = np.where(
-                draw < rates[:, 0], 1.0,
-                np.where(draw < rates[:, 0] + rates[:, 1], -1.0,
-                         np.where(draw < rates[:, 0] + rates[:, 1] + rates[:, 2], np.nan, 0.0)),
-            )  # fmt: skip
-            no_finding = np.nan if (values == 1).any() else 1.0
-            views = [("Frontal", str(rng.choice(["AP", "PA"])), "view1_frontal")]
-            if rng.random() < 0.3:
-                views.append(("Lateral", np.nan, "view2_lateral"))
-            for view, ap_pa, name in views:
-                path = f"CheXpert-v1.0-small/train/patient{patient:05d}/study{study}/{name}.jpg"
-                records.append([path, sex, age, view, ap_pa, no_finding, *values.tolist()])
+    patients, values = _builtin_draws(n_patients, max_studies_per_patient, rates, min_positive_fraction, rng)
+    sexes = rng.choice(["Female", "Male"], size=n_patients)
+    records = []
+    for index, (patient, row) in enumerate(zip(patients + 1, values, strict=True)):
+        study = 1 + index - int(np.searchsorted(patients, patient - 1))
+        sex, age = str(sexes[patient - 1]), int(rng.integers(18, 90))
+        no_finding = np.nan if (row == 1).any() else 1.0
+        views = [("Frontal", str(rng.choice(["AP", "PA"])), "view1_frontal")]
+        if rng.random() < 0.3:
+            views.append(("Lateral", np.nan, "view2_lateral"))
+        for view, ap_pa, name in views:
+            path = f"CheXpert-v1.0-small/train/patient{patient:05d}/study{study}/{name}.jpg"
+            records.append([path, sex, age, view, ap_pa, no_finding, *row.tolist()])
     return pd.DataFrame(records, columns=CHEXPERT_COLUMNS), "built-in CheXpert label frequencies"
 
 

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+from sklearn.metrics import log_loss, roc_auc_score
+
+from surgical_aggregation.metrics import (
+    align_by_name,
+    bce_loss,
+    bootstrap_ci,
+    mean_auroc_ci,
+    mean_defined,
+    paired_t_test,
+    per_class_auroc,
+)
+
+RNG = np.random.default_rng(7)
+Y = (RNG.random((60, 3)) < 0.4).astype(float)
+P = np.clip(Y * 0.3 + RNG.random((60, 3)) * 0.7, 0, 1)
+
+
+def test_per_class_auroc_matches_sklearn_and_single_valued_class_is_undefined():
+    labels = Y.copy()
+    labels[:, 2] = 0.0  # no positives: AUROC undefined
+    result = per_class_auroc(labels, P, ["Mass", "Nodule", "Hernia"])
+    assert result["Mass"] == pytest.approx(roc_auc_score(labels[:, 0], P[:, 0]), abs=1e-12)
+    assert result["Nodule"] == pytest.approx(roc_auc_score(labels[:, 1], P[:, 1]), abs=1e-12)
+    assert math.isnan(result["Hernia"])
+    assert mean_defined(result) == pytest.approx((result["Mass"] + result["Nodule"]) / 2, abs=1e-12)
+
+
+def test_masked_entries_are_left_out():
+    mask = np.ones_like(Y)
+    mask[:20, 0] = 0
+    result = per_class_auroc(Y, P, ["a", "b", "c"], mask)
+    assert result["a"] == pytest.approx(roc_auc_score(Y[20:, 0], P[20:, 0]), abs=1e-12)
+    labels = Y.copy()
+    labels[:20, 0] = np.nan  # NaN labels behave like masked ones
+    assert per_class_auroc(labels, P, ["a", "b", "c"])["a"] == pytest.approx(result["a"], abs=1e-12)
+
+
+def test_align_by_name_uses_shared_classes_in_test_order():
+    scores = np.arange(12, dtype=float).reshape(4, 3)  # model columns: Edema, Mass, Hernia
+    labels = np.array([[1, 0], [0, 1], [1, 1], [0, 0]], dtype=float)  # test columns: Mass, Fracture
+    aligned = align_by_name(scores, ["Edema", "Mass", "Hernia"], labels, ["Mass", "Fracture"])
+    assert aligned.class_names == ["Mass"]
+    assert aligned.missing_in_model == ["Fracture"]
+    np.testing.assert_array_equal(aligned.y_score[:, 0], scores[:, 1])
+    np.testing.assert_array_equal(aligned.y_true[:, 0], labels[:, 0])
+
+
+def test_bce_loss_matches_sklearn():
+    assert bce_loss(Y, P) == pytest.approx(log_loss(Y.ravel(), np.clip(P.ravel(), 1e-7, 1 - 1e-7)), abs=1e-9)
+    mask = np.zeros_like(Y)
+    mask[:, 1] = 1
+    assert bce_loss(Y, P, mask) == pytest.approx(log_loss(Y[:, 1], np.clip(P[:, 1], 1e-7, 1 - 1e-7)), abs=1e-9)
+
+
+def test_bootstrap_ci_is_a_percentile_bootstrap():
+    values = RNG.normal(size=40)
+    ci = bootstrap_ci(lambda idx: float(values[idx].mean()), 40, n_resamples=500, seed=3)
+    rng = np.random.default_rng(3)
+    manual = [values[rng.integers(0, 40, 40)].mean() for _ in range(500)]
+    assert ci.estimate == pytest.approx(values.mean(), abs=1e-12)
+    assert ci.low == pytest.approx(np.percentile(manual, 2.5), abs=1e-12)
+    assert ci.high == pytest.approx(np.percentile(manual, 97.5), abs=1e-12)
+    assert ci.low < ci.estimate < ci.high
+
+
+def test_mean_auroc_ci_brackets_the_estimate():
+    ci = mean_auroc_ci(Y, P, ["a", "b", "c"], n_resamples=200, seed=0)
+    assert ci.estimate == pytest.approx(mean_defined(per_class_auroc(Y, P, ["a", "b", "c"])), abs=1e-12)
+    assert ci.low <= ci.estimate <= ci.high
+    assert str(ci).startswith(f"{ci.estimate:.3f} (")
+
+
+def test_paired_t_test_matches_scipy():
+    a = np.array([0.81, 0.77, 0.69, 0.88, 0.74, 0.79, 0.83, 0.71])
+    b = np.array([0.78, 0.76, 0.61, 0.85, 0.70, 0.80, 0.75, 0.69])
+    result = paired_t_test(a, b)
+    expected = stats.ttest_rel(a, b)
+    w, p_normal = stats.shapiro(a - b)
+    assert result.n == 8
+    assert result.t_statistic == pytest.approx(expected.statistic, abs=1e-12)
+    assert result.p_value == pytest.approx(expected.pvalue, abs=1e-12)
+    assert result.shapiro_w == pytest.approx(w, abs=1e-12)
+    assert result.shapiro_p == pytest.approx(p_normal, abs=1e-12)
+    assert result.wilcoxon_p == pytest.approx(stats.wilcoxon(a - b).pvalue, abs=1e-12)
+    assert result.mean_difference == pytest.approx(np.mean(a - b), abs=1e-12)
+
+
+def test_paired_t_test_drops_undefined_pairs():
+    result = paired_t_test([0.8, np.nan, 0.7, 0.9], [0.7, 0.6, np.nan, 0.85])
+    assert result.n == 2
+    with pytest.raises(ValueError, match="at least 2 defined pairs"):
+        paired_t_test([0.8, np.nan], [0.7, 0.6])

@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from surgical_aggregation.model import (
+    NamedDenseNet121,
+    freeze_batchnorm,
+    imagenet_to_monai_keys,
+    load_checkpoint,
+    load_pretrained_backbone,
+    save_checkpoint,
+    set_backbone_trainable,
+    split_backbone_head,
+)
+
+CLASSES = ["Atelectasis", "Effusion", "Hernia"]
+
+
+def test_head_rows_carry_canonical_class_names():
+    model = NamedDenseNet121(CLASSES)
+    assert model.class_names == ["Atelectasis", "Pleural Effusion", "Hernia"]
+    backbone, head = split_backbone_head(model.state_dict())
+    assert head["class_layers.out.weight"].shape == (3, 1024)
+    assert head["class_layers.out.bias"].shape == (3,)
+    assert len(backbone) == 725
+    assert model(torch.zeros(2, 1, 32, 32)).shape == (2, 3)
+    with pytest.raises(ValueError, match="unknown label 'Heria'"):
+        NamedDenseNet121(["Heria"])
+
+
+def test_checkpoint_round_trip_keeps_names_and_weights(tmp_path):
+    model = NamedDenseNet121(CLASSES, in_channels=3)
+    path = save_checkpoint(tmp_path / "m.pt", model.state_dict(), model.class_names, in_channels=3, round=4)
+    loaded = load_checkpoint(path)
+    assert loaded.class_names == model.class_names
+    assert loaded.meta == {"round": 4}
+    rebuilt = loaded.build_model()
+    assert rebuilt.in_channels == 3
+    for key, value in model.state_dict().items():
+        assert torch.equal(rebuilt.state_dict()[key], value)
+    assert not (tmp_path / "m.pt.tmp").exists()
+
+
+def test_checkpoint_with_mismatched_names_is_refused(tmp_path):
+    model = NamedDenseNet121(CLASSES)
+    torch.save({"model": model.state_dict(), "class_names": ["Mass"]}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match=r"bad.pt: head has 3 rows but 1 class names"):
+        load_checkpoint(tmp_path / "bad.pt")
+    with pytest.raises(FileNotFoundError, match="model file not found"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def _bn_snapshot(model):
+    return {k: v.clone() for k, v in model.state_dict().items() if "norm" in k}
+
+
+def test_frozen_batchnorm_does_not_move_during_training():
+    torch.manual_seed(0)
+    model = NamedDenseNet121(CLASSES)
+    freeze_batchnorm(model)
+    model.train()
+    assert all(not m.training for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    before = _bn_snapshot(model)
+    conv_before = model.features.conv0.weight.clone()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    model(torch.randn(4, 1, 32, 32)).sum().backward()
+    optimizer.step()
+    after = _bn_snapshot(model)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not torch.equal(conv_before, model.features.conv0.weight)
+
+
+def test_backbone_freeze_for_head_warm_up():
+    model = NamedDenseNet121(CLASSES)
+    set_backbone_trainable(model, False)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"class_layers.out.weight", "class_layers.out.bias"}
+    freeze_batchnorm(model)
+    set_backbone_trainable(model, True)
+    bn_params = {
+        f"{n}.{p}" for n, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d) for p in ("weight", "bias")
+    }
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {name for name, _ in model.named_parameters()} - bn_params
+
+
+def _torchvision_style(state: dict) -> dict:
+    """MONAI keys -> the old torchvision DenseNet121 checkpoint keys ("norm.1" style), plus a classifier."""
+    renamed = {}
+    for key, value in state.items():
+        if key.startswith("class_layers") or key.endswith("num_batches_tracked"):
+            continue
+        key = re.sub(r"\.layers\.(norm|relu|conv)([12])\.", r".\1.\2.", key)
+        renamed[key] = value
+    renamed["classifier.weight"] = torch.randn(1000, 1024)
+    renamed["classifier.bias"] = torch.randn(1000)
+    return renamed
+
+
+def test_imagenet_weights_map_onto_monai_keys_and_one_channel_sums_rgb(tmp_path):
+    rgb = NamedDenseNet121(CLASSES, in_channels=3).state_dict()
+    checkpoint = _torchvision_style(rgb)
+    assert "features.denseblock1.denselayer1.norm.1.weight" in checkpoint
+    torch.save(checkpoint, tmp_path / "densenet121-a639ec97.pth")
+    assert set(imagenet_to_monai_keys(checkpoint)) == {
+        k for k in rgb if not k.startswith("class_layers") and not k.endswith("num_batches_tracked")
+    }
+
+    gray = NamedDenseNet121(CLASSES, in_channels=1)
+    head_before = gray.class_layers.out.weight.clone()
+    loaded = load_pretrained_backbone(gray, tmp_path / "densenet121-a639ec97.pth")
+    state = gray.state_dict()
+    assert len(loaded) == 725 - 121  # every backbone tensor but the BatchNorm counters
+    assert torch.allclose(state["features.conv0.weight"], rgb["features.conv0.weight"].sum(dim=1, keepdim=True))
+    key = "features.denseblock3.denselayer7.layers.conv2.weight"
+    assert torch.equal(state[key], rgb[key])
+    assert torch.equal(gray.class_layers.out.weight, head_before)
+
+    color = NamedDenseNet121(CLASSES, in_channels=3)
+    load_pretrained_backbone(color, tmp_path / "densenet121-a639ec97.pth")
+    assert torch.equal(color.state_dict()["features.conv0.weight"], rgb["features.conv0.weight"])
+
+
+def test_pretrained_file_errors_name_the_file(tmp_path):
+    model = NamedDenseNet121(CLASSES)
+    with pytest.raises(FileNotFoundError, match="pretrained weights file not found"):
+        load_pretrained_backbone(model, tmp_path / "nope.pth")
+    torch.save({"features.conv0.weight": torch.zeros(64, 3, 7, 7)}, tmp_path / "partial.pth")
+    with pytest.raises(ValueError, match=r"partial.pth: \d+ backbone keys missing"):
+        load_pretrained_backbone(model, tmp_path / "partial.pth")
