@@ -61,24 +61,40 @@ ALIASES: dict[str, str] = {
     "Normal": "No Finding",
 }
 
-# Each dataset's findings in the order of its own label file ("No Finding" dropped, as in
-# the papers), already in canonical spelling.
-NIH_LABELS: tuple[str, ...] = (
+# NIH ChestX-ray14's own spellings ("Finding Labels" tokens), in file order ("No Finding" dropped).
+NIH_RAW_LABELS: tuple[str, ...] = (
     "Atelectasis",
     "Cardiomegaly",
     "Consolidation",
     "Edema",
-    "Pleural Effusion",
+    "Effusion",
     "Emphysema",
     "Fibrosis",
     "Hernia",
     "Infiltration",
     "Mass",
     "Nodule",
-    "Pleural Thickening",
+    "Pleural_Thickening",
     "Pneumonia",
     "Pneumothorax",
 )
+
+
+class UnknownLabelError(ValueError):
+    """A label name that is neither a canonical finding nor a known alias."""
+
+
+def _normal_form(name: str) -> str:
+    return re.sub(r"[\s_]+", " ", name).strip().casefold()
+
+
+_LOOKUP: dict[str, str] = {_normal_form(name): name for name in CANONICAL_FINDINGS}
+_LOOKUP.update({_normal_form(alias): target for alias, target in ALIASES.items()})
+
+
+# Each dataset's findings in the order of its own label file ("No Finding" dropped, as in
+# the papers), in canonical spelling.
+NIH_LABELS: tuple[str, ...] = tuple(_LOOKUP[_normal_form(raw)] for raw in NIH_RAW_LABELS)
 CHEXPERT_LABELS: tuple[str, ...] = (
     "Enlarged Cardiomediastinum",
     "Cardiomegaly",
@@ -98,42 +114,12 @@ CHEXPERT_LABELS: tuple[str, ...] = (
 MIMIC_LABELS: tuple[str, ...] = CHEXPERT_LABELS
 CXR_LT_LABELS: tuple[str, ...] = tuple(name for name in CANONICAL_FINDINGS if name != NO_FINDING)
 
-# The raw column / token spellings of the label files, in file order.
-NIH_RAW_LABELS: tuple[str, ...] = (
-    "Atelectasis",
-    "Cardiomegaly",
-    "Consolidation",
-    "Edema",
-    "Effusion",
-    "Emphysema",
-    "Fibrosis",
-    "Hernia",
-    "Infiltration",
-    "Mass",
-    "Nodule",
-    "Pleural_Thickening",
-    "Pneumonia",
-    "Pneumothorax",
-)
-
 DATASET_LABELS: dict[str, tuple[str, ...]] = {
     "nih": NIH_LABELS,
     "chexpert": CHEXPERT_LABELS,
     "mimic": MIMIC_LABELS,
     "cxr-lt": CXR_LT_LABELS,
 }
-
-
-class UnknownLabelError(ValueError):
-    """A label name that is neither a canonical finding nor a known alias."""
-
-
-def _normal_form(name: str) -> str:
-    return re.sub(r"[\s_]+", " ", name).strip().casefold()
-
-
-_LOOKUP: dict[str, str] = {_normal_form(name): name for name in CANONICAL_FINDINGS}
-_LOOKUP.update({_normal_form(alias): target for alias, target in ALIASES.items()})
 
 
 def canonical_name(name: str, where: str = "") -> str:
