@@ -317,3 +317,21 @@ def test_fedavg_aggregator_rejects_a_mismatched_head():
         aggregator.add(Contribution("b", toy_state(2, 2), []))
     result = aggregator.finalize()
     assert torch.equal(result["head.weight"], toy_state(3, 1)["head.weight"])
+
+
+def test_initial_head_rows_depend_only_on_the_class_name():
+    from surgical_aggregation.aggregation import extend_head, initial_head_rows
+
+    weight, bias = initial_head_rows(["Mass", "Edema"], 16, seed=3)
+    alone_weight, alone_bias = initial_head_rows(["Edema"], 16, seed=3)
+    np.testing.assert_array_equal(weight[1], alone_weight[0])
+    assert bias[1] == alone_bias[0]
+    assert np.abs(weight).max() <= 1 / np.sqrt(16)  # torch.nn.Linear's default range
+    assert not np.array_equal(initial_head_rows(["Edema"], 16, seed=4)[0], alone_weight)
+
+    state = toy_state(2, 5)
+    extended, names = extend_head(state, ["Mass", "Nodule"], ["Nodule", "Edema", "Edema"], head=TOY_HEAD)
+    assert names == ["Mass", "Nodule", "Edema"]
+    assert torch.equal(extended["head.weight"][:2], state["head.weight"])  # existing rows untouched
+    np.testing.assert_array_equal(extended["head.weight"][2].numpy(), initial_head_rows(["Edema"], 4)[0][0])
+    assert extended["head.bias"].shape == (3,)

@@ -17,6 +17,7 @@ reason naming the client and leaves the sums untouched.
 
 from __future__ import annotations
 
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -435,3 +436,39 @@ def fedavg(states: Sequence[StateDict], weights: Sequence[float] | None = None) 
         count = 1 if weights is None else weights[index]
         aggregator.add(Contribution(client=f"state[{index}]", state=state, class_names=[], num_samples=count))
     return aggregator.finalize()
+
+
+def initial_head_rows(class_names: Sequence[str], feature_dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Fresh head rows, distributed like ``torch.nn.Linear``'s default initialisation.
+
+    Each class's row comes from its own generator seeded by (seed, class name), so a class
+    starts from the same row at every site and whatever other classes exist.
+    """
+    bound = 1.0 / np.sqrt(feature_dim)
+    weight = np.empty((len(class_names), feature_dim), dtype=np.float32)
+    bias = np.empty(len(class_names), dtype=np.float32)
+    for row, name in enumerate(class_names):
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode("utf-8"))])
+        weight[row] = rng.uniform(-bound, bound, feature_dim)
+        bias[row] = rng.uniform(-bound, bound)
+    return weight, bias
+
+
+def extend_head(
+    state: StateDict,
+    class_names: Sequence[str],
+    new_classes: Sequence[str],
+    head: HeadSpec = DENSENET_HEAD,
+    seed: int = 0,
+) -> tuple[dict[str, Any], list[str]]:
+    """Append freshly initialised rows for the ``new_classes`` not in ``class_names`` yet."""
+    added = [name for name in dict.fromkeys(new_classes) if name not in class_names]
+    weight = to_numpy(state[head.weight_key])
+    bias = to_numpy(state[head.bias_key])
+    if weight.shape[0] != len(class_names):
+        raise ValueError(f"head has {weight.shape[0]} rows for {len(class_names)} class names")
+    new_weight, new_bias = initial_head_rows(added, weight.shape[1], seed)
+    extended = dict(state)
+    extended[head.weight_key] = _like(state[head.weight_key], np.concatenate([weight, new_weight]))
+    extended[head.bias_key] = _like(state[head.bias_key], np.concatenate([bias, new_bias]))
+    return extended, [*class_names, *added]

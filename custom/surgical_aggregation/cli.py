@@ -1,7 +1,10 @@
 """Command line: ``surgical-aggregation <command>`` (also ``python -m surgical_aggregation``).
 
-* ``prepare``  decode and resize a dataset's images once into the preprocessing cache;
-* ``generate`` write the embedded (generated) datasets in the real NIH / CheXpert / MIMIC layouts.
+* ``prepare``   decode and resize a dataset's images once into the preprocessing cache;
+* ``generate``  write the embedded (generated) datasets in the real NIH / CheXpert / MIMIC layouts;
+* ``predict``   score a folder or CSV of images with a model: per-class probabilities by class name;
+* ``evaluate``  per-class AUROC of a model on a labelled set (the classes both have), table + plot;
+* ``write-job`` (re)write a FLARE job folder of this bundle (e.g. ``jobs/nih_chexpert``).
 """
 
 from __future__ import annotations
@@ -73,6 +76,110 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     )
 
 
+def _add_predict(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "predict",
+        help="score images with a model: one probability column per class name",
+        description="Score a folder (recursively) or a CSV of images with a saved model.",
+    )
+    parser.add_argument("--model", required=True, type=Path, help="e.g. .../app_server/best_FL_global_model.pt")
+    parser.add_argument("--images", required=True, type=Path, help="a folder of images, or a CSV with an image column")
+    parser.add_argument("--image-column", default="path", help="the CSV's image path column (default: path)")
+    parser.add_argument("--out", required=True, type=Path, help="CSV to write: path + one column per class")
+    _add_model_options(parser)
+
+
+def _add_evaluate(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "evaluate",
+        help="per-class AUROC of a model on a labelled set (only the classes the set has)",
+        description="Evaluate a saved model on labelled data: per-class AUROC by class name, mean AUROC with a "
+        "bootstrap 95%% CI; writes per_class_auroc.csv/.png and summary.txt.",
+    )
+    parser.add_argument("--model", required=True, type=Path)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--site-config", type=Path, help="use a site's data exactly as its config defines it")
+    source.add_argument("--kind", choices=DATASET_KINDS, help="on-disk layout of the labelled set (with --data)")
+    parser.add_argument("--data", type=Path, help="dataset folder (or CSV file for --kind csv)")
+    parser.add_argument("--uncertainty", choices=UNCERTAINTY_POLICIES, default=None)
+    parser.add_argument(
+        "--split",
+        choices=("all", "train", "val", "test"),
+        default="test",
+        help="which patient-level split to evaluate on (default test; 'all' for an external set)",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="folder for the table, plot and summary")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CI")
+    _add_model_options(parser)
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--image-size", type=int, default=None, help="override the size stored with the model")
+    parser.add_argument("--cache-dir", type=Path, default=None, help=f"cache root (default {default_cache_root()})")
+    parser.add_argument("--on-error", choices=ON_ERROR_POLICIES, default="skip", help="unreadable images")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+
+
+def _add_write_job(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("write-job", help="(re)write a FLARE job folder of this bundle")
+    parser.add_argument("--name", default="nih_chexpert", help="which of the bundle's jobs (default nih_chexpert)")
+    parser.add_argument("--out", required=True, type=Path, help="job folder to write (replaced if present)")
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from .inference import list_images, score_images
+
+    paths = list_images(args.images, args.image_column)
+    scores, failures = score_images(
+        args.model, paths, args.image_size, args.cache_dir, args.on_error, device=args.device
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    scores.to_csv(args.out, index=False)
+    print(f"scored {len(scores)} image(s) for {len(scores.columns) - 1} classes -> {args.out}")
+    for path, reason in failures[:20]:
+        print(f"  skipped {path}: {reason}")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from .data.splits import patient_split
+    from .inference import evaluate_on_table, write_evaluation
+
+    if args.site_config is not None:
+        from .config import load_site_config
+        from .site import resolve_table, split_table
+
+        config = load_site_config(args.site_config)
+        table = resolve_table(config)
+        table = table if args.split == "all" else split_table(table, config)[args.split]
+        title = f"{args.site_config.stem} ({args.split})"
+    else:
+        if args.data is None:
+            raise ValueError("--kind needs --data (the dataset folder, or the CSV for --kind csv)")
+        options = {} if args.uncertainty is None else {"uncertainty": args.uncertainty}
+        table = load_table(args.kind, args.data, **options)
+        table = table if args.split == "all" else patient_split(table)[args.split]
+        title = f"{args.kind} {args.data.name} ({args.split})"
+    report = evaluate_on_table(
+        args.model, table, args.image_size, args.cache_dir, args.on_error, device=args.device, bootstrap=args.bootstrap
+    )
+    print(f"{title}: {report.n_images} images")
+    print(report.text())
+    for path in write_evaluation(report, args.out, title):
+        print(f"wrote {path}")
+    return 0
+
+
+def _write_job(args: argparse.Namespace) -> int:
+    from .flare.job import JOB_SPECS, write_job  # imports FLARE: only for this command
+
+    if args.name not in JOB_SPECS:
+        raise ValueError(f"unknown job {args.name!r}; the bundle's jobs are {sorted(JOB_SPECS)}")
+    folder = write_job(JOB_SPECS[args.name](), args.out)
+    print(f"wrote job {args.name!r} to {folder}")
+    return 0
+
+
 def _prepare(args: argparse.Namespace) -> int:
     from .data.dataset import cache_table
 
@@ -116,9 +223,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_prepare(commands)
     _add_generate(commands)
+    _add_predict(commands)
+    _add_evaluate(commands)
+    _add_write_job(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handlers = {"prepare": _prepare, "generate": _generate}
+    handlers = {
+        "prepare": _prepare,
+        "generate": _generate,
+        "predict": _predict,
+        "evaluate": _evaluate,
+        "write-job": _write_job,
+    }
     try:
         return handlers[args.command](args)
     except USER_ERRORS as error:

@@ -98,6 +98,24 @@ def split_backbone_head(
     return backbone, {key: state[key] for key in head.keys}
 
 
+def initial_global_state(
+    in_channels: int = 1, seed: int = 0, pretrained_weights: str | Path | None = None
+) -> dict[str, torch.Tensor]:
+    """A fresh global model before any site is known: a seeded (or ImageNet) backbone, a head of 0 rows.
+
+    The union head grows as sites report their classes (see ``aggregation.extend_head``).
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = NamedDenseNet121(["No Finding"], in_channels=in_channels)  # one placeholder row, dropped below
+    if pretrained_weights is not None:
+        load_pretrained_backbone(model, pretrained_weights)
+    state = model.state_dict()
+    for key in model.head.keys:
+        state[key] = state[key][:0].clone()
+    return state
+
+
 # --- checkpoints ---------------------------------------------------------------------------
 
 

@@ -128,7 +128,7 @@ def _read_index(directory: Path) -> dict | None:
 
 
 @contextlib.contextmanager
-def _exclusive(directory: Path) -> Iterator[None]:
+def exclusive(directory: Path) -> Iterator[None]:
     """Serialise builders of the same cache (e.g. two simulated sites sharing a data folder)."""
     with open(directory / ".lock", "w") as lock:
         if fcntl is not None:
@@ -182,7 +182,7 @@ def build_cache(
     directory.mkdir(parents=True, exist_ok=True)
     wanted = list(dict.fromkeys(paths))
     report = CacheReport(directory=directory, size=size, requested=len(wanted))
-    with _exclusive(directory):
+    with exclusive(directory):
         index = _read_index(directory)
         if index is not None and index["size"] != size:
             index = None

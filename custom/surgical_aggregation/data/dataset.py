@@ -1,4 +1,4 @@
-"""PyTorch datasets over a :class:`LabelTable`, reading pixels from the cache (or the source files)."""
+"""PyTorch datasets over a :class:`LabelTable`, reading pixels from the preprocessing cache."""
 
 from __future__ import annotations
 
@@ -11,22 +11,11 @@ import torch
 from torch.utils.data import Dataset
 
 from .cache import CacheReport, ImageCache, OnError, build_cache, cache_directory
-from .images import read_grayscale
 from .table import LabelTable, MissingClassPolicy
 
 
 class ImageReader(Protocol):
     def read(self, path: str) -> np.ndarray: ...
-
-
-class SourceImages:
-    """Decode from the original files on every access (scoring a folder; the benchmark)."""
-
-    def __init__(self, size: int | None = None):
-        self.size = size
-
-    def read(self, path: str) -> np.ndarray:
-        return read_grayscale(path, self.size)
 
 
 class ChestXrayDataset(Dataset):

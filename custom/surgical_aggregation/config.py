@@ -1,0 +1,220 @@
+"""A site's configuration: where its data is, which labels it trains, and how it trains.
+
+One JSON file per site. Every field has a default; an unknown field, a wrong type or an
+out-of-range value is an error that names the file and the field, so hospital IT sees exactly
+what to fix. ``data.location: null`` means "no real data here": the site then trains on the
+embedded generated dataset of its ``data.kind`` (and says so in its log).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from .data.cache import ON_ERROR_POLICIES
+from .data.sources import DATASET_KINDS
+from .data.synthetic import GENERATORS
+from .labels import UnknownLabelError, canonical_names
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class SiteConfigError(ValueError):
+    """A site configuration that cannot be used; the message names the file and the field."""
+
+
+@dataclass
+class DataConfig:
+    kind: str = "nih"  # on-disk layout: nih | chexpert | mimic | csv
+    location: str | None = None  # data folder (CSV file for csv); null = embedded generated data
+    options: dict[str, Any] = field(default_factory=dict)  # passed to the loader, e.g. {"uncertainty": "ignore"}
+    labels: list[str] | None = None  # the findings this site trains on, in its order (default: all of the dataset's)
+    split_fractions: list[float] = field(default_factory=lambda: [0.7, 0.1, 0.2])  # train / validation / test
+    split_seed: int = 0
+
+
+@dataclass
+class EmbeddedDataConfig:
+    """The generated dataset used when ``data.location`` is null."""
+
+    patients: int = 200
+    image_size: int = 64
+    seed: int = 0
+
+
+@dataclass
+class SiteConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    embedded: EmbeddedDataConfig = field(default_factory=EmbeddedDataConfig)
+    image_size: int = 224
+    in_channels: int = 1
+    imagenet_normalize: bool = True
+    augment: bool = True
+    batch_size: int = 64
+    optimizer: str = "adam"
+    learning_rate: float = 5e-5
+    weight_decay: float = 0.0
+    local_epochs: int = 1
+    warmup_epochs: int = 15
+    warmup_learning_rate: float = 1e-3
+    max_batches_per_epoch: int | None = None  # cap for quick runs; null = whole epochs
+    workers: int = 0  # DataLoader worker processes
+    cache_threads: int = 4  # threads decoding images into the preprocessing cache
+    cpu_threads: int | None = None  # torch CPU threads; null = torch's default
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    amp: bool = True  # mixed precision on CUDA (ignored on CPU)
+    cache_dir: str | None = None  # null = $SURGICAL_AGGREGATION_CACHE or ~/.cache/surgical_aggregation
+    on_unreadable: str = "error"  # unreadable images: error (list them and stop) | skip (leave out, count)
+    seed: int = 0
+    record_exchanges: str = "head"  # what to keep of each model exchange: head | full | off
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_TYPE_WORDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string", list: "a list",
+               dict: "an object"}  # fmt: skip
+
+
+def _check_type(value: Any, expected: Any, where: str) -> Any:
+    """Check a JSON value against the field's annotation; ints are accepted (as floats) for floats."""
+    if get_origin(expected) in (Union, UnionType):
+        options = [option for option in get_args(expected) if option is not type(None)]
+        if value is None and len(options) < len(get_args(expected)):
+            return None
+        expected = options[0]
+    if value is None:
+        raise SiteConfigError(f"{where} must not be null")
+    base = get_origin(expected) or expected
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, base) or (isinstance(value, bool) and base is not bool):
+        raise SiteConfigError(f"{where} must be {_TYPE_WORDS[base]}, got {value!r}")
+    return value
+
+
+def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    if not isinstance(values, Mapping):
+        raise SiteConfigError(f"{where} must be an object, got {values!r}")
+    hints = get_type_hints(cls)
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise SiteConfigError(f"{where}: unknown field(s) {unknown}; known fields: {known}")
+    arguments = {}
+    for name, value in values.items():
+        expected = hints[name]
+        if dataclasses.is_dataclass(expected):
+            arguments[name] = _build(expected, value, f"{where}.{name}")
+        else:
+            arguments[name] = _check_type(value, expected, f"{where}.{name}")
+    return cls(**arguments)
+
+
+def _validate(config: SiteConfig, where: str) -> None:
+    def fail(field_name: str, message: str) -> SiteConfigError:
+        return SiteConfigError(f"{where}.{field_name} {message}")
+
+    data = config.data
+    if data.kind not in DATASET_KINDS:
+        raise fail("data.kind", f"must be one of {list(DATASET_KINDS)}, got {data.kind!r}")
+    if data.location is None and data.kind not in GENERATORS:
+        raise fail("data.location", f"is required for kind {data.kind!r} (embedded data exists for {list(GENERATORS)})")
+    if data.labels is not None:
+        if not data.labels:
+            raise fail("data.labels", "must list at least one finding (or be null for all of the dataset's)")
+        try:
+            data.labels = canonical_names(data.labels, f"{where}.data.labels")
+        except (UnknownLabelError, ValueError) as error:
+            raise SiteConfigError(str(error)) from None
+    fractions = data.split_fractions
+    if len(fractions) != 3 or any(not isinstance(f, (int, float)) or f < 0 for f in fractions):
+        raise fail("data.split_fractions", f"must be three non-negative numbers (train, val, test), got {fractions}")
+    if abs(sum(fractions) - 1) > 1e-6 or fractions[0] <= 0 or fractions[1] <= 0:
+        raise fail("data.split_fractions", f"must sum to 1 with non-empty train and val shares, got {fractions}")
+    positive = {
+        "image_size": config.image_size,
+        "batch_size": config.batch_size,
+        "local_epochs": config.local_epochs,
+        "embedded.patients": config.embedded.patients,
+        "embedded.image_size": config.embedded.image_size,
+        "cache_threads": config.cache_threads,
+    }
+    for name, value in positive.items():
+        if value <= 0:
+            raise fail(name, f"must be positive, got {value}")
+    if config.image_size < 16:
+        raise fail("image_size", f"must be at least 16 pixels (DenseNet121 downsamples 32x), got {config.image_size}")
+    for name in ("warmup_epochs", "workers"):
+        if getattr(config, name) < 0:
+            raise fail(name, f"must not be negative, got {getattr(config, name)}")
+    for name in ("learning_rate", "warmup_learning_rate"):
+        if not getattr(config, name) > 0:
+            raise fail(name, f"must be positive, got {getattr(config, name)}")
+    if config.max_batches_per_epoch is not None and config.max_batches_per_epoch <= 0:
+        raise fail("max_batches_per_epoch", f"must be positive or null, got {config.max_batches_per_epoch}")
+    if config.cpu_threads is not None and config.cpu_threads <= 0:
+        raise fail("cpu_threads", f"must be positive or null, got {config.cpu_threads}")
+    if config.in_channels not in (1, 3):
+        raise fail("in_channels", f"must be 1 or 3, got {config.in_channels}")
+    if config.optimizer not in OPTIMIZERS:
+        raise fail("optimizer", f"must be one of {list(OPTIMIZERS)}, got {config.optimizer!r}")
+    if config.device.split(":")[0] not in DEVICES:
+        raise fail("device", f"must be auto, cpu, cuda or cuda:N, got {config.device!r}")
+    if config.on_unreadable not in ON_ERROR_POLICIES:
+        raise fail("on_unreadable", f"must be one of {list(ON_ERROR_POLICIES)}, got {config.on_unreadable!r}")
+    if config.record_exchanges not in ("head", "full", "off"):
+        raise fail("record_exchanges", f"must be head, full or off, got {config.record_exchanges!r}")
+
+
+def site_config_from_dict(values: Mapping[str, Any], where: str = "site config") -> SiteConfig:
+    """Build and validate a :class:`SiteConfig`; ``where`` names the source in errors."""
+    config = _build(SiteConfig, values, where)
+    _validate(config, where)
+    return config
+
+
+def load_site_config(path: str | Path) -> SiteConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise SiteConfigError(f"site config not found: {path}")
+    try:
+        values = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise SiteConfigError(f"{path}: not valid JSON ({error})") from None
+    return site_config_from_dict(values, where=str(path))
+
+
+SITE_CONFIG_ENV = "SURGICAL_AGGREGATION_SITE_CONFIG"
+SITE_LOCAL_CONFIG = "surgical_aggregation.json"
+
+
+def find_site_config(site_name: str, app_dir: str | Path) -> tuple[Path, str]:
+    """Where this site's config is, and why that one. Looked up in order:
+
+    1. the file named by the ``SURGICAL_AGGREGATION_SITE_CONFIG`` environment variable;
+    2. ``<site workspace>/local/surgical_aggregation.json`` (a provisioned site's own folder,
+       edited by hospital IT, never shipped with a job);
+    3. the job's default, ``<app>/custom/site_configs/<site name>.json``.
+
+    ``app_dir`` is the job's app folder at the site (``<site workspace>/<job id>/app_<site>``).
+    """
+    app_dir = Path(app_dir)
+    candidates: list[tuple[Path, str]] = []
+    if os.environ.get(SITE_CONFIG_ENV):
+        candidates.append((Path(os.environ[SITE_CONFIG_ENV]), f"${SITE_CONFIG_ENV}"))
+    if len(app_dir.parents) >= 2:
+        candidates.append((app_dir.parents[1] / "local" / SITE_LOCAL_CONFIG, "the site's local folder"))
+    candidates.append((app_dir / "custom" / "site_configs" / f"{site_name}.json", "the job's default for this site"))
+    for path, origin in candidates:
+        if path.is_file():
+            return path, origin
+    looked = "; ".join(str(path) for path, _ in candidates)
+    raise SiteConfigError(f"no site config for {site_name!r}; looked for: {looked}")

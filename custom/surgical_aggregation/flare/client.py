@@ -1,0 +1,193 @@
+"""A site's FLARE Client API script.
+
+Runs in the FLARE client process through the job's two-line ``custom/client.py`` (in-process,
+the default), or as ``python3 -u -m surgical_aggregation.flare.client`` (external process).
+
+Finds the site's config (``config.find_site_config``) and answers the server's tasks:
+
+* ``describe``: the site's class names (in its own order) and training-set size;
+* ``train``: load the received slice (backbone + this site's rows, matched by name), validate it
+  (the global model's validation), warm up the head on the first round, train the local epochs,
+  validate the local model, send weights, metrics, sample count and class names;
+* ``validate``: evaluate any model (the union global model, another site's model) on this
+  site's validation split, over the classes both have, picked by name (FLARE cross-site evaluation);
+* ``submit_model``: send the local model with its class names.
+
+Training curves go to TensorBoard through FLARE; what was received and sent each round is
+kept under ``exchanges/`` in the site's job folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import nvflare.client as flare
+from nvflare.app_common.abstract.fl_model import FLModel
+from nvflare.client.tracking import SummaryWriter
+
+from ..config import SiteConfig, find_site_config, load_site_config
+from ..site import SiteData, prepare_site_data, resolve_table, split_table
+from ..trainer import ExchangeRecorder, SiteTrainer, Tracker, evaluation_metrics
+from .protocol import (
+    META_BACKBONE_STRATEGY,
+    META_CLASS_NAMES,
+    META_DATA,
+    META_NUM_SAMPLES,
+    META_PREPROCESSING,
+    META_WARMUP,
+    TASK_DESCRIBE,
+)
+
+LOCAL_MODEL_FILE = "local_model.pt"
+
+
+def job_app_dir(site: str, job_id: str, cwd: Path | None = None) -> Path:
+    """This job's app folder at the site: the working directory of an external trainer process,
+    ``<site workspace>/<job id>/app_<site>`` seen from an in-process one (cwd = site workspace)."""
+    cwd = cwd or Path.cwd()
+    return cwd if cwd.name == f"app_{site}" else cwd / job_id / f"app_{site}"
+
+
+class ClientSession:
+    """One site's state across the tasks of a job."""
+
+    def __init__(
+        self, site: str, config: SiteConfig, app_dir: Path, log: logging.Logger, tracker: Tracker | None = None
+    ) -> None:
+        self.site = site
+        self.config = config
+        self.log = log
+        self.tracker = tracker
+        self.table = resolve_table(config, log)
+        self.recorder = ExchangeRecorder(app_dir / "exchanges", config.record_exchanges)
+        self.local_model_path = app_dir / LOCAL_MODEL_FILE
+        self._trainer: SiteTrainer | None = None
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.table.classes)
+
+    @property
+    def trainer(self) -> SiteTrainer:
+        """Built on first use: this is where the image cache is made (or reused)."""
+        if self._trainer is None:
+            data: SiteData = prepare_site_data(self.config, self.log, table=self.table)
+            self.log.info("%s data ready: %s", self.site, data.summary())
+            self._trainer = SiteTrainer(self.config, data, self.site, self.log, self.tracker)
+            if self._trainer.restore(self.local_model_path):
+                self.log.info("%s: resumed the local model from %s", self.site, self.local_model_path)
+        return self._trainer
+
+    def handle(self, task: str, received: FLModel) -> FLModel:
+        if task == TASK_DESCRIBE:
+            return self.describe()
+        if flare.is_train():
+            return self.train(received)
+        if flare.is_evaluate():
+            return self.validate(received)
+        if flare.is_submit_model():
+            return FLModel(params=self.trainer.state_dict(), meta={META_CLASS_NAMES: self.class_names})
+        raise ValueError(f"{self.site}: unknown task {task!r}")
+
+    def describe(self) -> FLModel:
+        splits = split_table(self.table, self.config)
+        origin = "embedded generated data" if self.config.data.location is None else "local data"
+        description = f"{self.config.data.kind} layout, {origin}, {len(self.table)} images"
+        self.log.info("%s: %d classes %s; %s", self.site, len(self.class_names), self.class_names, description)
+        return FLModel(
+            params={},
+            metrics={"num_train": len(splits["train"]), "num_val": len(splits["val"])},
+            meta={
+                META_CLASS_NAMES: self.class_names,
+                META_NUM_SAMPLES: len(splits["train"]),
+                META_DATA: description,
+                META_PREPROCESSING: {
+                    "image_size": self.config.image_size,
+                    "in_channels": self.config.in_channels,
+                    "imagenet_normalize": self.config.imagenet_normalize,
+                },
+            },
+        )
+
+    def train(self, received: FLModel) -> FLModel:
+        trainer = self.trainer
+        round_number = received.current_round or 0
+        classes = received.meta.get(META_CLASS_NAMES) or self.class_names
+        self.recorder.record(round_number, "received", received.params, classes)
+        trainer.load_global(received.params, classes)
+        global_evaluation = trainer.validate(tag="global_model")
+        report = trainer.fit(
+            round_number,
+            warmup=bool(received.meta.get(META_WARMUP)),
+            batchnorm_frozen=received.meta.get(META_BACKBONE_STRATEGY) == "fedbn_plus",
+        )
+        local_evaluation = trainer.validate(tag="local_model")
+        trainer.save(self.local_model_path)
+        state = trainer.state_dict()
+        self.recorder.record(round_number, "sent", state, self.class_names)
+        metrics = evaluation_metrics(global_evaluation, "val")
+        metrics.update({f"local_{k}": v for k, v in evaluation_metrics(local_evaluation, "val").items()})
+        metrics["train_loss"] = report.train_losses[-1]
+        self.log.info(
+            "%s round %d: received global model validation loss %.4f / mean AUROC %.4f; "
+            "after local training %.4f / %.4f",
+            self.site,
+            round_number,
+            global_evaluation.loss,
+            global_evaluation.mean_auroc,
+            local_evaluation.loss,
+            local_evaluation.mean_auroc,
+        )
+        return FLModel(
+            params=state,
+            metrics=metrics,
+            meta={META_CLASS_NAMES: self.class_names, META_NUM_SAMPLES: report.samples},
+        )
+
+    def validate(self, received: FLModel) -> FLModel:
+        classes = received.meta.get(META_CLASS_NAMES)
+        if not classes:
+            raise ValueError(f"{self.site}: the model to validate carries no class names; rows cannot be matched")
+        evaluation = self.trainer.evaluate_state(received.params, classes)
+        shared = [name for name in self.class_names if name in classes]
+        self.log.info(
+            "%s validation of a %d-class model on its %d shared classes: loss %.4f, mean AUROC %.4f",
+            self.site,
+            len(classes),
+            len(shared),
+            evaluation.loss,
+            evaluation.mean_auroc,
+        )
+        return FLModel(metrics=evaluation_metrics(evaluation, "val"))
+
+
+def main() -> None:
+    if not logging.getLogger().handlers:  # an external process; in-process, FLARE's logging is already set up
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    logging.getLogger("surgical_aggregation").setLevel(logging.INFO)
+    flare.init()
+    site = flare.get_site_name()
+    log = logging.getLogger(f"surgical_aggregation.{site}")
+    app_dir = job_app_dir(site, flare.get_job_id())
+    try:
+        path, origin = find_site_config(site, app_dir)
+        config = load_site_config(path)
+        log.info("%s: site config %s (%s)", site, path, origin)
+        writer = SummaryWriter()
+        session = ClientSession(
+            site, config, app_dir, log, tracker=lambda tag, value, step: writer.add_scalar(tag, value, step)
+        )
+    except Exception as error:
+        log.error("%s cannot start: %s", site, error)
+        raise
+    while flare.is_running():
+        received = flare.receive()
+        if received is None:
+            break
+        flare.send(session.handle(flare.get_task_name(), received))
+
+
+if __name__ == "__main__":
+    main()

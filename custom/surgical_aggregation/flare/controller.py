@@ -1,0 +1,365 @@
+"""``SurgicalAggregatorShareable``: the FLARE 2.9 server workflow of surgical aggregation.
+
+A thin layer over :mod:`surgical_aggregation.aggregation`:
+
+1. handshake: every site reports its class names (no site learns the others'); the union head
+   is built from them, each class's first row identical at every site;
+2. each round every site receives the backbone plus only its own head rows, in its own order;
+   contributions are validated and aggregated one by one as they arrive (an invalid one is
+   rejected with a logged reason, the others still aggregate);
+3. the latest global model is saved every round; the best one is chosen by the mean of the
+   sites' validation BCE loss of the global model (mean validation AUROC is logged too), with
+   early stopping (patience, min delta);
+4. a site that fails or drops out costs at most the round's timeout; with fewer than
+   ``min_clients`` valid contributions the last good global model is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from nvflare.app_common.abstract.fl_model import FLModel
+from nvflare.app_common.abstract.model import make_model_learnable
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+from nvflare.app_common.workflows.model_controller import ModelController
+from nvflare.fuel.utils.log_utils import center_message
+
+from ..aggregation import (
+    BACKBONE_STRATEGIES,
+    DENSENET_HEAD,
+    WEIGHTINGS,
+    Contribution,
+    ContributionRejected,
+    HeadSpec,
+    SurgicalAggregator,
+    extend_head,
+    slice_for_client,
+)
+from ..labels import canonical_name, canonical_names, union_labels
+from ..plots import plot_training_curves
+from .protocol import (
+    META_BACKBONE_STRATEGY,
+    META_CLASS_NAMES,
+    META_DATA,
+    META_NUM_SAMPLES,
+    META_PREPROCESSING,
+    META_WARMUP,
+    TASK_DESCRIBE,
+    TASK_TRAIN,
+    TASK_VALIDATE,
+)
+
+HISTORY_FILE = "round_history.json"
+CURVES_FILE = "training_curves.png"
+
+
+@dataclass
+class SiteInfo:
+    classes: list[str]
+    num_samples: int
+    data: str
+    preprocessing: dict[str, Any]
+
+
+@dataclass
+class GlobalVersion:
+    """A global model and the round that produced it (kept until the sites have validated it)."""
+
+    round: int
+    state: dict[str, Any]
+    class_names: list[str]
+
+
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return float(np.mean(values)) if values else math.nan
+
+
+class SurgicalAggregatorShareable(ModelController):
+    def __init__(
+        self,
+        num_rounds: int = 10,
+        min_clients: int = 2,
+        backbone_strategy: str = "fedavg",
+        weighting: str = "uniform",
+        patience: int = 25,
+        min_delta: float = 1e-4,
+        handshake_timeout: int = 600,
+        train_timeout: int = 3600,
+        validate_timeout: int = 1800,
+        final_validation: bool = True,
+        head_seed: int = 0,
+        head_weight_key: str = DENSENET_HEAD.weight_key,
+        head_bias_key: str = DENSENET_HEAD.bias_key,
+        persistor_id: str = AppConstants.DEFAULT_PERSISTOR_ID,
+    ) -> None:
+        """
+        Args:
+            num_rounds: maximum number of federated rounds.
+            min_clients: sites needed at the handshake and valid contributions needed to update the model.
+            backbone_strategy: "fedavg" (average everything, BatchNorm statistics included) or
+                "fedbn_plus" (BatchNorm frozen at the initial statistics on every site, never averaged).
+            weighting: "uniform" (the papers' unweighted mean) or "samples" (by training images).
+            patience: stop after this many validated rounds without improvement of the mean
+                validation loss by more than ``min_delta``.
+            handshake_timeout / train_timeout / validate_timeout: seconds a site may take per task
+                (0 waits forever; a dropped site then hangs the run).
+            final_validation: validate the last global model after the last round, so it can be the best.
+            head_seed: seed of the initial head rows (one generator per class name).
+            head_weight_key / head_bias_key: state-dict keys of the named head (DenseNet121 by default).
+        """
+        super().__init__(persistor_id=persistor_id, ignore_result_error=True)
+        if backbone_strategy not in BACKBONE_STRATEGIES:
+            raise ValueError(f"backbone_strategy must be one of {BACKBONE_STRATEGIES}, got {backbone_strategy!r}")
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+        for name, value in (("num_rounds", num_rounds), ("min_clients", min_clients)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.num_rounds = num_rounds
+        self.min_clients = min_clients
+        self.backbone_strategy = backbone_strategy
+        self.weighting = weighting
+        self.patience = patience
+        self.min_delta = min_delta
+        self.handshake_timeout = handshake_timeout
+        self.train_timeout = train_timeout
+        self.validate_timeout = validate_timeout
+        self.final_validation = final_validation
+        self.head_seed = head_seed
+        self.head = HeadSpec(head_weight_key, head_bias_key)
+
+        self._sites: dict[str, SiteInfo] = {}
+        self._warmed_up: set[str] = set()
+        self._history: list[dict[str, Any]] = []
+        self._best_loss = math.inf
+        self._best_round: int | None = None
+        self._rounds_without_improvement = 0
+
+    # --- the workflow -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.info(center_message("Start surgical aggregation"))
+        initial = self.load_model()
+        state = dict(initial.params)
+        classes = canonical_names(initial.meta.get(META_CLASS_NAMES, []), "initial model")
+        self._sites = self._handshake()
+        ordered = [self._sites[site].classes for site in sorted(self._sites)]
+        state, classes = extend_head(state, classes, union_labels(*ordered), self.head, self.head_seed)
+        self.info(f"union head: {len(classes)} classes {classes}")
+
+        latest: GlobalVersion | None = None
+        for round_number in range(self.num_rounds):
+            if self.abort_signal.triggered:
+                return
+            self.info(center_message(f"Round {round_number} started", boarder_str="-"))
+            self._set_round(round_number)
+            self.event(AppEventType.ROUND_STARTED)
+            started = time.perf_counter()
+            record: dict[str, Any] = {"round": round_number}
+            results = self._train_round(round_number, state, classes, record)
+            if results is None:  # aborted
+                return
+            if latest is not None:  # the sites validated the model they received: the previous global
+                self._consider(latest, record["sites"], record)
+            self.event(AppEventType.BEFORE_AGGREGATION)
+            aggregated = results.finalize()
+            record.update(
+                accepted=aggregated.accepted, rejected=aggregated.rejected, new_classes=aggregated.new_classes
+            )
+            if len(aggregated.accepted) >= self.min_clients:
+                state, classes = aggregated.state, aggregated.class_names
+                self.info(f"round {round_number}: aggregated {aggregated.accepted}; union {len(classes)} classes")
+            else:
+                self.warning(
+                    f"round {round_number}: only {len(aggregated.accepted)} valid contribution(s) "
+                    f"({aggregated.accepted}), {self.min_clients} needed: keeping the last good global model"
+                )
+            latest = GlobalVersion(round_number, state, classes)
+            self._publish(latest, AppEventType.AFTER_AGGREGATION)
+            self.save_model(self._as_flmodel(latest))
+            record["seconds"] = round(time.perf_counter() - started, 2)
+            self._record(record)
+            if self._rounds_without_improvement >= self.patience:
+                self.info(f"early stop: {self.patience} validated rounds without improvement beyond {self.min_delta}")
+                break
+
+        if self.final_validation and latest is not None:
+            record = {"round": latest.round, "final_validation": True}
+            metrics = self._validate(latest)
+            self._consider(latest, metrics, record)
+            self._record(record)
+        self.info(
+            f"best global model: round {self._best_round} (mean validation loss {self._best_loss:.4f}); "
+            f"files in {self.get_app_dir()}"
+        )
+        self.info(center_message("Finished surgical aggregation"))
+
+    # --- steps ------------------------------------------------------------------------------------
+
+    def _handshake(self) -> dict[str, SiteInfo]:
+        """Ask every site for its class names; at least ``min_clients`` must answer validly."""
+        results = self.send_model_and_wait(
+            task_name=TASK_DESCRIBE, data=FLModel(params={}, meta={}), timeout=self.handshake_timeout
+        )
+        sites: dict[str, SiteInfo] = {}
+        for result in results:
+            site = result.meta.get("client_name", "?")
+            try:
+                classes = canonical_names(result.meta.get(META_CLASS_NAMES) or [], f"site {site}'s class names")
+                if not classes:
+                    raise ValueError(f"site {site} reported no class names")
+                samples = int(result.meta.get(META_NUM_SAMPLES, 0))
+            except (ValueError, TypeError) as error:
+                self.error(f"handshake with {site} failed, leaving it out: {error}")
+                continue
+            preprocessing = dict(result.meta.get(META_PREPROCESSING) or {})
+            sites[site] = SiteInfo(classes, samples, str(result.meta.get(META_DATA, "")), preprocessing)
+            self.info(f"{site}: {len(classes)} classes, {samples} training images ({sites[site].data})")
+        settings = {json.dumps(info.preprocessing, sort_keys=True) for info in sites.values()}
+        if len(settings) > 1:
+            self.warning(f"sites preprocess images differently: {[(s, i.preprocessing) for s, i in sites.items()]}")
+        if len(sites) < self.min_clients:
+            raise RuntimeError(
+                f"only {len(sites)} site(s) answered the handshake ({sorted(sites)}); {self.min_clients} needed. "
+                "See the sites' logs for their errors."
+            )
+        return sites
+
+    def _train_round(
+        self, round_number: int, state: dict, classes: list[str], record: dict
+    ) -> SurgicalAggregator | None:
+        """Send each site its slice; aggregate the results as they arrive."""
+        aggregator = SurgicalAggregator(
+            state, classes, self.backbone_strategy, self.weighting, self.head, normalize_name=canonical_name
+        )
+        lock = threading.Lock()
+        site_metrics: dict[str, dict] = {}
+        record["sites"] = site_metrics
+
+        def accept(result: FLModel) -> bool:
+            site = result.meta.get("client_name", "?")
+            meta = result.meta or {}
+            contribution = Contribution(
+                client=site,
+                state=result.params or {},
+                class_names=meta.get(META_CLASS_NAMES) or [],
+                num_samples=meta.get(META_NUM_SAMPLES, 0),
+            )
+            with lock:
+                site_metrics[site] = dict(result.metrics or {})
+                try:
+                    aggregator.add(contribution)
+                except ContributionRejected as rejection:
+                    self.error(f"round {round_number}: {rejection}")
+                    return False
+            self.info(f"round {round_number}: accepted the contribution of {site}")
+            return True
+
+        for site, info in self._sites.items():
+            warmup = site not in self._warmed_up
+            self._warmed_up.add(site)
+            self.send_model(
+                task_name=TASK_TRAIN,
+                data=FLModel(
+                    params=slice_for_client(state, classes, info.classes, self.head),
+                    current_round=round_number,
+                    total_rounds=self.num_rounds,
+                    meta={
+                        META_CLASS_NAMES: info.classes,
+                        META_BACKBONE_STRATEGY: self.backbone_strategy,
+                        META_WARMUP: warmup,
+                    },
+                ),
+                targets=[site],
+                timeout=self.train_timeout,
+                callback=accept,
+            )
+        if not self._wait():
+            return None
+        missing = sorted(set(self._sites) - set(site_metrics))
+        if missing:
+            self.warning(f"round {round_number}: no result from {missing} (failed or timed out); continuing without")
+        return aggregator
+
+    def _validate(self, version: GlobalVersion) -> dict[str, dict]:
+        """Each site validates its slice of ``version``; returns site -> metrics."""
+        results = self.send_model_and_wait(
+            task_name=TASK_VALIDATE,
+            data=FLModel(params=version.state, meta={META_CLASS_NAMES: version.class_names}),
+            timeout=self.validate_timeout,
+        )
+        return {result.meta.get("client_name", "?"): dict(result.metrics or {}) for result in results}
+
+    def _consider(self, version: GlobalVersion, site_metrics: dict[str, dict], record: dict) -> None:
+        """Best-model selection and early stopping on the mean of the sites' validation losses."""
+        losses = [metrics.get("val_loss") for metrics in site_metrics.values()]
+        aurocs = [metrics.get("val_mean_auroc") for metrics in site_metrics.values()]
+        mean_loss, mean_auroc = _mean(losses), _mean(aurocs)
+        record.update(validated_round=version.round, mean_val_loss=mean_loss, mean_val_auroc=mean_auroc)
+        record.setdefault("sites", site_metrics)
+        if math.isnan(mean_loss):
+            self.warning(f"global model of round {version.round}: no validation loss reported")
+            return
+        self.info(
+            f"global model of round {version.round}: mean validation loss {mean_loss:.4f}, "
+            f"mean validation AUROC {mean_auroc:.4f} over {len(site_metrics)} site(s)"
+        )
+        if mean_loss < self._best_loss - self.min_delta:
+            self._best_loss, self._best_round = mean_loss, version.round
+            self._rounds_without_improvement = 0
+            record["best"] = True
+            self._publish(version, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
+            self.info(f"new best global model: round {version.round}")
+        else:
+            self._rounds_without_improvement += 1
+
+    # --- FLARE plumbing ------------------------------------------------------------------------------
+
+    def _wait(self) -> bool:
+        while self.get_num_standing_tasks():
+            if self.abort_signal.triggered:
+                self.info("abort signal received: stopping")
+                return False
+            time.sleep(self._task_check_period)
+        return True
+
+    def _set_round(self, round_number: int) -> None:
+        self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, round_number, private=True, sticky=True)
+        self.fl_ctx.set_prop(AppConstants.NUM_ROUNDS, self.num_rounds, private=True, sticky=True)
+
+    def _model_meta(self, version: GlobalVersion) -> dict[str, Any]:
+        """Stored with the saved model: what it predicts, when it was made, how to feed it images."""
+        first_site = self._sites[sorted(self._sites)[0]]
+        return {
+            META_CLASS_NAMES: version.class_names,
+            "round": version.round,
+            META_PREPROCESSING: first_site.preprocessing,
+        }  # no per-site class lists: the file may be shared with sites, which must not learn each other's
+
+    def _as_flmodel(self, version: GlobalVersion) -> FLModel:
+        return FLModel(params=version.state, current_round=version.round, meta=self._model_meta(version))
+
+    def _publish(self, version: GlobalVersion, event: str) -> None:
+        """Make ``version`` the context's global model and fire ``event`` (the persistor saves the best)."""
+        learnable = make_model_learnable(version.state, self._model_meta(version))
+        self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
+        self.event(event)
+
+    def _record(self, record: dict) -> None:
+        """Append to the round history (JSON) and redraw the training curves (PNG) next to the models."""
+        self._history.append(record)
+        app_dir = Path(self.get_app_dir())
+        (app_dir / HISTORY_FILE).write_text(json.dumps(self._history, indent=2, default=float))
+        try:
+            plot_training_curves(self._history, app_dir / CURVES_FILE)
+        except (ValueError, OSError) as error:
+            self.warning(f"could not draw {CURVES_FILE}: {error}")

@@ -1,0 +1,143 @@
+"""FLARE persistor and model locator for a global model whose head rows carry class names.
+
+FLARE's ``PTFileModelPersistor`` rebuilds a fixed ``nn.Module`` and cannot follow a head that
+grows as sites join, nor keep the rows' class names. These components store the package's
+own checkpoint format (``{"model", "class_names", "in_channels", "meta"}``), readable with
+``surgical_aggregation.model.load_checkpoint`` and by anything that reads ``ckpt["model"]``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from nvflare.apis.dxo import DXO, DataKind
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.model import ModelLearnable, ModelLearnableKey, make_model_learnable
+from nvflare.app_common.abstract.model_locator import ModelLocator
+from nvflare.app_common.abstract.model_persistor import ModelPersistor
+from nvflare.app_common.app_constant import AppConstants, DefaultCheckpointFileName
+from nvflare.app_common.app_event_type import AppEventType
+from nvflare.app_common.model_desc import ModelDescriptor
+
+from ..model import initial_global_state, load_checkpoint, save_checkpoint
+from .protocol import META_CLASS_NAMES
+
+
+def _numpy_state(state) -> dict[str, np.ndarray]:
+    return {
+        key: value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value for key, value in state.items()
+    }
+
+
+class SurgicalModelPersistor(ModelPersistor):
+    """Loads the initial global model and saves the latest and the best global model with class names."""
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        seed: int = 0,
+        pretrained_weights: str | None = None,
+        initial_model: str | None = None,
+        global_model_file_name: str = DefaultCheckpointFileName.GLOBAL_MODEL,
+        best_global_model_file_name: str = DefaultCheckpointFileName.BEST_GLOBAL_MODEL,
+    ) -> None:
+        """
+        Args:
+            in_channels: 1 (grayscale) or 3 input channels of the DenseNet121.
+            seed: seed of the initial backbone (every site starts from the same one).
+            pretrained_weights: optional local ImageNet DenseNet121 checkpoint (server side; sites
+                receive the weights with the model). Relative paths are relative to the server app.
+            initial_model: optional checkpoint of this package to start from (e.g. an earlier run).
+        """
+        super().__init__()
+        self.in_channels = in_channels
+        self.seed = seed
+        self.pretrained_weights = pretrained_weights
+        self.initial_model = initial_model
+        self.global_model_file_name = global_model_file_name
+        self.best_global_model_file_name = best_global_model_file_name
+
+    def _app_dir(self, fl_ctx: FLContext) -> Path:
+        return Path(fl_ctx.get_engine().get_workspace().get_app_dir(fl_ctx.get_job_id()))
+
+    def _resolve(self, path: str, fl_ctx: FLContext) -> Path:
+        return Path(path) if os.path.isabs(path) else self._app_dir(fl_ctx) / path
+
+    def load_model(self, fl_ctx: FLContext) -> ModelLearnable:
+        if self.initial_model:
+            checkpoint = load_checkpoint(self._resolve(self.initial_model, fl_ctx))
+            self.log_info(
+                fl_ctx, f"initial global model from {self.initial_model}: {len(checkpoint.class_names)} classes"
+            )
+            return make_model_learnable(_numpy_state(checkpoint.state), {META_CLASS_NAMES: checkpoint.class_names})
+        weights = self.pretrained_weights and self._resolve(self.pretrained_weights, fl_ctx)
+        state = initial_global_state(self.in_channels, self.seed, weights or None)
+        origin = f"ImageNet weights from {weights}" if weights else f"random initialisation (seed {self.seed})"
+        self.log_info(fl_ctx, f"initial global backbone: {origin}; the head grows as sites report their classes")
+        return make_model_learnable(_numpy_state(state), {META_CLASS_NAMES: []})
+
+    def _write(self, learnable: ModelLearnable, path: Path) -> None:
+        meta = dict(learnable.get(ModelLearnableKey.META) or {})
+        class_names = meta.pop(META_CLASS_NAMES, [])
+        weights = {key: torch.as_tensor(np.asarray(v)) for key, v in learnable[ModelLearnableKey.WEIGHTS].items()}
+        save_checkpoint(path, weights, class_names, in_channels=self.in_channels, **meta)
+
+    def save_model(self, learnable: ModelLearnable, fl_ctx: FLContext) -> None:
+        self._write(learnable, self._app_dir(fl_ctx) / self.global_model_file_name)
+
+    def handle_event(self, event: str, fl_ctx: FLContext) -> None:
+        if event == AppEventType.GLOBAL_BEST_MODEL_AVAILABLE:
+            learnable = fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)
+            if learnable:
+                self._write(learnable, self._app_dir(fl_ctx) / self.best_global_model_file_name)
+        elif event == EventType.START_RUN:
+            self._app_dir(fl_ctx).mkdir(parents=True, exist_ok=True)
+
+    def get_model_inventory(self, fl_ctx: FLContext) -> dict[str, ModelDescriptor]:
+        inventory = {}
+        for name in (self.global_model_file_name, self.best_global_model_file_name):
+            path = self._app_dir(fl_ctx) / name
+            if path.is_file():
+                inventory[name] = ModelDescriptor(name=name, location=str(path), model_format="PT", props={})
+        return inventory
+
+    def get_model(self, model_file: str, fl_ctx: FLContext) -> ModelLearnable | None:
+        descriptor = self.get_model_inventory(fl_ctx).get(model_file)
+        if descriptor is None:
+            return None
+        checkpoint = load_checkpoint(descriptor.location)
+        return make_model_learnable(
+            _numpy_state(checkpoint.state), {META_CLASS_NAMES: checkpoint.class_names, **checkpoint.meta}
+        )
+
+
+class SurgicalModelLocator(ModelLocator):
+    """Hands the server's saved global models to FLARE's cross-site evaluation, with their class names."""
+
+    def __init__(self, persistor_id: str = "persistor") -> None:
+        super().__init__()
+        self.persistor_id = persistor_id
+
+    def _persistor(self, fl_ctx: FLContext) -> SurgicalModelPersistor:
+        persistor = fl_ctx.get_engine().get_component(self.persistor_id)
+        if not isinstance(persistor, SurgicalModelPersistor):
+            raise TypeError(f"component {self.persistor_id!r} must be a SurgicalModelPersistor, got {type(persistor)}")
+        return persistor
+
+    def get_model_names(self, fl_ctx: FLContext) -> list[str]:
+        return list(self._persistor(fl_ctx).get_model_inventory(fl_ctx))
+
+    def locate_model(self, model_name: str, fl_ctx: FLContext) -> DXO | None:
+        learnable = self._persistor(fl_ctx).get_model(model_name, fl_ctx)
+        if learnable is None:
+            return None
+        meta = learnable.get(ModelLearnableKey.META) or {}
+        return DXO(
+            data_kind=DataKind.WEIGHTS,
+            data=learnable[ModelLearnableKey.WEIGHTS],
+            meta={META_CLASS_NAMES: list(meta.get(META_CLASS_NAMES, []))},
+        )

@@ -1,0 +1,13 @@
+"""Task names and FLModel meta keys shared by the server controller and the client script."""
+
+TASK_DESCRIBE = "describe"  # handshake: a site reports its class names and sample count
+TASK_TRAIN = "train"
+TASK_VALIDATE = "validate"
+TASK_SUBMIT_MODEL = "submit_model"
+
+META_CLASS_NAMES = "class_names"  # names of the head rows in the params, in row order
+META_NUM_SAMPLES = "num_samples"  # training images behind a contribution
+META_BACKBONE_STRATEGY = "backbone_strategy"  # fedavg | fedbn_plus (the client freezes BatchNorm for fedbn_plus)
+META_WARMUP = "warmup"  # warm up the head (backbone frozen) before this round's training
+META_DATA = "data"  # a site's one-line description of its data (no paths, no counts per class)
+META_PREPROCESSING = "preprocessing"  # image_size / in_channels / imagenet_normalize a site trains with

@@ -1,0 +1,168 @@
+"""Using a trained model: score images, and evaluate on a labelled set (per-class AUROC by name)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .data.cache import OnError, default_cache_root
+from .data.dataset import ChestXrayDataset, cache_table
+from .data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable
+from .data.transforms import image_transforms
+from .metrics import ConfidenceInterval, align_by_name, mean_auroc_ci, per_class_auroc
+from .model import Checkpoint, load_checkpoint
+from .plots import plot_per_class_auroc
+from .training import make_loader, predict, resolve_device
+
+logger = logging.getLogger(__name__)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+PREPROCESSING_KEY = "preprocessing"  # checkpoint meta written by the server: {"image_size", "imagenet_normalize"}
+
+
+@dataclass
+class Preprocessing:
+    image_size: int
+    in_channels: int
+    imagenet_normalize: bool
+
+    @classmethod
+    def of(cls, checkpoint: Checkpoint, image_size: int | None = None) -> Preprocessing:
+        """What the model was trained with (stored by the server), unless overridden."""
+        stored = checkpoint.meta.get(PREPROCESSING_KEY) or {}
+        size = image_size or stored.get("image_size")
+        if size is None:
+            raise ValueError("the model file does not say which image size it was trained at: pass --image-size")
+        return cls(int(size), checkpoint.in_channels, bool(stored.get("imagenet_normalize", True)))
+
+    def transform(self):
+        return image_transforms(self.image_size, False, self.in_channels, self.imagenet_normalize)
+
+
+def list_images(source: str | Path, image_column: str = PATH_COLUMN) -> list[str]:
+    """Image paths from a folder (recursively, by suffix) or from a CSV's ``image_column``."""
+    source = Path(source)
+    if source.is_dir():
+        paths = sorted(str(p) for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not paths:
+            raise FileNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {source}")
+        return paths
+    if not source.is_file():
+        raise FileNotFoundError(f"not a folder or CSV file: {source}")
+    frame = pd.read_csv(source, dtype=str)
+    if image_column not in frame:
+        raise ValueError(f"{source}: no {image_column!r} column; columns are {list(frame.columns)}")
+    return [str(p if Path(p).is_absolute() else source.parent / p) for p in frame[image_column]]
+
+
+def _cached_dataset(
+    table: LabelTable, preprocessing: Preprocessing, cache_dir: str | Path | None, on_error: OnError
+) -> tuple[ChestXrayDataset, LabelTable, list[tuple[str, str]]]:
+    """Decode each image once into the preprocessing cache; unreadable ones are left out (or raise)."""
+    kept, cache, report = cache_table(
+        table, cache_dir or default_cache_root(), preprocessing.image_size, on_error, workers=4, progress=False
+    )
+    if report.failures:
+        logger.warning("left out %d unreadable image(s), e.g. %s", len(report.failures), report.failures[:3])
+    return ChestXrayDataset(kept, cache, preprocessing.transform()), kept, report.failures
+
+
+def score_images(
+    checkpoint_path: str | Path,
+    paths: Sequence[str],
+    image_size: int | None = None,
+    cache_dir: str | Path | None = None,
+    on_error: OnError = "skip",
+    batch_size: int = 32,
+    device: str = "auto",
+) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """Per-class probabilities (one column per class name) for each readable image, and the unreadable ones."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    preprocessing = Preprocessing.of(checkpoint, image_size)
+    paths = [str(Path(p).resolve()) for p in paths]
+    root = Path(os.path.commonpath(paths)) if paths else Path(".")
+    table = LabelTable("scored", root, [], pd.DataFrame({PATH_COLUMN: paths, PATIENT_COLUMN: paths}))
+    dataset, kept, failures = _cached_dataset(table, preprocessing, cache_dir, on_error)
+    if len(kept) == 0:
+        raise ValueError(f"none of the {len(paths)} images could be read, e.g. {failures[:3]}")
+    scores = pd.DataFrame(_predict(checkpoint, dataset, batch_size, device), columns=checkpoint.class_names)
+    scores.insert(0, PATH_COLUMN, kept.paths)
+    return scores, failures
+
+
+def _predict(checkpoint: Checkpoint, dataset: ChestXrayDataset, batch_size: int, device_spec: str) -> np.ndarray:
+    device = resolve_device(device_spec)
+    model = checkpoint.build_model().to(device)
+    probabilities, _, _ = predict(model, make_loader(dataset, batch_size, train=False), device)
+    return probabilities
+
+
+@dataclass
+class EvaluationReport:
+    per_class: pd.DataFrame  # class, auroc, positives, negatives
+    mean_auroc: ConfidenceInterval
+    missing_in_model: list[str]
+    n_images: int
+
+    def text(self) -> str:
+        lines = [f"{'class':<28}{'AUROC':>8}{'positives':>11}{'negatives':>11}"]
+        for row in self.per_class.itertuples(index=False):
+            auroc = "undefined" if math.isnan(row.auroc) else f"{row.auroc:.4f}"
+            lines.append(f"{row.class_name:<28}{auroc:>8}{row.positives:>11}{row.negatives:>11}")
+        lines.append(f"mean AUROC over {len(self.per_class)} classes: {self.mean_auroc} (95% bootstrap CI)")
+        if self.missing_in_model:
+            lines.append(f"classes of the data the model does not predict (left out): {self.missing_in_model}")
+        return "\n".join(lines)
+
+
+def evaluate_on_table(
+    checkpoint_path: str | Path,
+    table: LabelTable,
+    image_size: int | None = None,
+    cache_dir: str | Path | None = None,
+    on_error: OnError = "skip",
+    batch_size: int = 32,
+    device: str = "auto",
+    bootstrap: int = 1000,
+) -> EvaluationReport:
+    """AUROC per class the model and the labelled set share (matched by name), with a bootstrap CI of the mean."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    shared = [name for name in table.classes if name in checkpoint.class_names]
+    if not shared:
+        raise ValueError(f"the model's classes {checkpoint.class_names} share none with the data's {table.classes}")
+    preprocessing = Preprocessing.of(checkpoint, image_size)
+    dataset, kept, _ = _cached_dataset(table, preprocessing, cache_dir, on_error)
+    probabilities = _predict(checkpoint, dataset, batch_size, device)
+    labels, mask = kept.label_matrix()
+    aligned = align_by_name(probabilities, checkpoint.class_names, labels, kept.classes, mask)
+    aurocs = per_class_auroc(aligned.y_true, aligned.y_score, aligned.class_names, aligned.mask)
+    valid = aligned.mask.astype(bool)
+    per_class = pd.DataFrame(
+        {
+            "class_name": aligned.class_names,
+            "auroc": [aurocs[name] for name in aligned.class_names],
+            "positives": [int(((aligned.y_true[:, c] == 1) & valid[:, c]).sum()) for c in range(len(shared))],
+            "negatives": [int(((aligned.y_true[:, c] == 0) & valid[:, c]).sum()) for c in range(len(shared))],
+        }
+    )
+    interval = mean_auroc_ci(aligned.y_true, aligned.y_score, aligned.class_names, aligned.mask, bootstrap)
+    return EvaluationReport(per_class, interval, aligned.missing_in_model, len(kept))
+
+
+def write_evaluation(report: EvaluationReport, folder: str | Path, title: str) -> list[Path]:
+    """``per_class_auroc.csv``, ``per_class_auroc.png`` and ``summary.txt`` in ``folder``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    csv_path = folder / "per_class_auroc.csv"
+    report.per_class.to_csv(csv_path, index=False)
+    aurocs = dict(zip(report.per_class["class_name"], report.per_class["auroc"], strict=True))
+    png_path = plot_per_class_auroc(aurocs, folder / "per_class_auroc.png", f"{title}: mean AUROC {report.mean_auroc}")
+    text_path = folder / "summary.txt"
+    text_path.write_text(report.text() + "\n")
+    return [csv_path, png_path, text_path]

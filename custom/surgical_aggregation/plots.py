@@ -1,0 +1,66 @@
+"""PNG figures of results people would rather see than read (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # after use("Agg"): no display needed
+
+
+def plot_training_curves(history: Sequence[Mapping], path: str | Path) -> Path:
+    """Validation loss and AUROC of the global model per round (mean and per site), and training loss."""
+    validated = [r for r in history if "validated_round" in r and not math.isnan(r.get("mean_val_loss", math.nan))]
+    if not validated:
+        raise ValueError("no validated round to plot yet")
+    rounds = [r["validated_round"] for r in validated]
+    sites = sorted({site for r in validated for site in r.get("sites", {})})
+    figure, (loss_axis, auroc_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    loss_axis.plot(rounds, [r["mean_val_loss"] for r in validated], "k-o", label="mean of sites")
+    auroc_axis.plot(rounds, [r["mean_val_auroc"] for r in validated], "k-o", label="mean of sites")
+    for site in sites:
+        points = [(r["validated_round"], r["sites"][site]) for r in validated if site in r.get("sites", {})]
+        loss_axis.plot([p[0] for p in points], [p[1].get("val_loss", math.nan) for p in points], "--", label=site)
+        auroc_axis.plot(
+            [p[0] for p in points], [p[1].get("val_mean_auroc", math.nan) for p in points], "--", label=site
+        )
+    best = [r["validated_round"] for r in validated if r.get("best")]
+    for axis in (loss_axis, auroc_axis):
+        for round_number in best[-1:]:
+            axis.axvline(round_number, color="tab:green", alpha=0.4, label="best model")
+        axis.set_xlabel("round of the global model")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    loss_axis.set_ylabel("validation BCE loss")
+    auroc_axis.set_ylabel("validation mean AUROC")
+    figure.suptitle("Global model, validated by each site on its own classes")
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_per_class_auroc(aurocs: Mapping[str, float], path: str | Path, title: str) -> Path:
+    """Horizontal bars of per-class AUROC (undefined classes shown as empty)."""
+    names = list(aurocs)
+    values = [aurocs[name] for name in names]
+    figure, axis = plt.subplots(figsize=(7, 0.32 * len(names) + 1.2))
+    axis.barh(names, [0 if math.isnan(v) else v for v in values], color="tab:blue")
+    axis.axvline(0.5, color="grey", linestyle=":", label="chance")
+    for row, value in enumerate(values):
+        label = "undefined" if math.isnan(value) else f"{value:.3f}"
+        axis.text(0.01 if math.isnan(value) else value + 0.01, row, label, va="center", fontsize=8)
+    axis.set_xlim(0, 1.08)
+    axis.invert_yaxis()
+    axis.set_xlabel("AUROC")
+    axis.set_title(title)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from surgical_aggregation.config import (
+    SITE_CONFIG_ENV,
+    SiteConfig,
+    SiteConfigError,
+    find_site_config,
+    load_site_config,
+    site_config_from_dict,
+)
+
+
+def test_defaults_follow_the_papers_recipe():
+    config = site_config_from_dict({})
+    assert config == SiteConfig()
+    assert (config.image_size, config.batch_size, config.learning_rate) == (224, 64, 5e-5)
+    assert (config.warmup_epochs, config.warmup_learning_rate, config.local_epochs) == (15, 1e-3, 1)
+    assert config.data.split_fractions == [0.7, 0.1, 0.2]
+    assert config.data.location is None  # embedded data unless a site says where its data is
+
+
+def test_values_are_read_and_labels_canonicalised(tmp_path):
+    path = tmp_path / "site.json"
+    path.write_text(json.dumps({"data": {"kind": "chexpert", "labels": ["Effusion", "edema"]}, "learning_rate": 1}))
+    config = load_site_config(path)
+    assert config.data.labels == ["Pleural Effusion", "Edema"]
+    assert config.learning_rate == 1.0 and isinstance(config.learning_rate, float)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"batch_sise": 8}, r"site.json: unknown field\(s\) \['batch_sise'\]; known fields:"),
+        ({"data": {"root": "/x"}}, r"site.json.data: unknown field\(s\) \['root'\]"),
+        ({"batch_size": "64"}, r"site.json.batch_size must be a whole number, got '64'"),
+        ({"batch_size": 0}, r"site.json.batch_size must be positive, got 0"),
+        ({"amp": 1}, r"site.json.amp must be true or false, got 1"),
+        ({"data": {"kind": "dicom"}}, r"site.json.data.kind must be one of"),
+        ({"data": {"kind": "csv"}}, r"site.json.data.location is required for kind 'csv'"),
+        ({"data": {"labels": ["Pneumonitis"]}}, r"site.json.data.labels: unknown label 'Pneumonitis'"),
+        ({"data": {"split_fractions": [0.8, 0.0, 0.2]}}, r"site.json.data.split_fractions must sum to 1"),
+        ({"optimizer": "lamb"}, r"site.json.optimizer must be one of \['adam', 'adamw', 'sgd'\]"),
+        ({"device": "tpu"}, r"site.json.device must be auto, cpu, cuda or cuda:N"),
+        ({"image_size": 8}, r"site.json.image_size must be at least 16 pixels"),
+    ],
+)
+def test_errors_name_the_file_and_field(tmp_path, values, message):
+    path = tmp_path / "site.json"
+    path.write_text(json.dumps(values))
+    with pytest.raises(SiteConfigError, match=message):
+        load_site_config(path)
+
+
+def test_unreadable_file_errors(tmp_path):
+    with pytest.raises(SiteConfigError, match="site config not found"):
+        load_site_config(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(SiteConfigError, match=r"bad.json: not valid JSON"):
+        load_site_config(tmp_path / "bad.json")
+
+
+def test_lookup_prefers_environment_then_site_local_then_job_default(tmp_path, monkeypatch):
+    monkeypatch.delenv(SITE_CONFIG_ENV, raising=False)
+    app = tmp_path / "site-a" / "job-1" / "app_site-a"
+    job_default = app / "custom" / "site_configs" / "site-a.json"
+    local = tmp_path / "site-a" / "local" / "surgical_aggregation.json"
+    with pytest.raises(
+        SiteConfigError, match=r"no site config for 'site-a'; looked for: .*local/surgical_aggregation.json"
+    ):
+        find_site_config("site-a", app)
+    job_default.parent.mkdir(parents=True)
+    job_default.write_text("{}")
+    assert find_site_config("site-a", app) == (job_default, "the job's default for this site")
+    local.parent.mkdir(parents=True)
+    local.write_text("{}")
+    assert find_site_config("site-a", app) == (local, "the site's local folder")
+    chosen = tmp_path / "elsewhere.json"
+    chosen.write_text("{}")
+    monkeypatch.setenv(SITE_CONFIG_ENV, str(chosen))
+    assert find_site_config("site-a", app) == (chosen, f"${SITE_CONFIG_ENV}")

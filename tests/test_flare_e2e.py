@@ -1,0 +1,171 @@
+"""End to end through NVIDIA FLARE's simulator, checked from the saved artefacts.
+
+1. The main job's shape (NIH-style + CheXpert-style site, 20-class union), tiny images, 2 rounds,
+   run exactly like a user runs it (``nvflare simulator <job> -w <ws>``: one client thread, so
+   FLARE restarts the sites' processes between tasks), with cross-site evaluation.
+2. Two sites with the same class set, one round: the global model equals FLARE's own FedAvg
+   aggregation (``WeightedAggregationHelper``) of the same client updates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedAggregationHelper
+
+from surgical_aggregation.aggregation import DENSENET_HEAD
+from surgical_aggregation.flare.job import nih_chexpert_spec, write_job
+from surgical_aggregation.labels import CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.model import load_checkpoint
+
+pytestmark = pytest.mark.slow
+TOL = 1e-6
+W, B = DENSENET_HEAD.keys
+SITES = {"site-nih": list(NIH_LABELS), "site-chexpert": list(CHEXPERT_LABELS)}
+
+
+def _tiny(spec, cache: Path, rounds: int):
+    for site in spec.sites.values():
+        site.update(
+            embedded={"patients": 30, "image_size": 32, "seed": site.get("embedded", {}).get("seed", 0)},
+            image_size=32,
+            batch_size=8,
+            max_batches_per_epoch=2,
+            cache_dir=str(cache),
+        )
+    spec.controller.update(num_rounds=rounds, handshake_timeout=300, train_timeout=300, validate_timeout=300)
+    return spec
+
+
+def _simulate(job: Path, workspace: Path, cache: Path, *extra: str) -> Path:
+    nvflare = Path(sys.executable).parent / "nvflare"
+    env = {**os.environ, "SURGICAL_AGGREGATION_CACHE": str(cache), "PATH": f"{nvflare.parent}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        [str(nvflare), "simulator", str(job), "-w", str(workspace), *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    log = result.stdout + result.stderr
+    (workspace.parent / "simulator.log").write_text(log)
+    assert result.returncode == 0, log[-5000:]
+    return workspace / "server" / "simulate_job"
+
+
+def _exchange(workspace: Path, site: str, round_number: int, direction: str) -> dict:
+    path = workspace / site / "simulate_job" / f"app_{site}" / "exchanges" / f"round-{round_number:03d}-{direction}.pt"
+    return torch.load(path, weights_only=True)
+
+
+def _rows(record: dict) -> dict[str, np.ndarray]:
+    state = record["state"]
+    return {
+        name: np.append(state[W][i].double().numpy(), state[B][i].double().item())
+        for i, name in enumerate(record["class_names"])
+    }
+
+
+def _surgical_mean(records: dict[str, dict]) -> dict[str, np.ndarray]:
+    """By hand: each class's row = mean of the submitted rows of the sites holding it."""
+    submitted = {site: _rows(record) for site, record in records.items()}
+    names = {name for rows in submitted.values() for name in rows}
+    return {name: np.mean([rows[name] for rows in submitted.values() if name in rows], axis=0) for name in names}
+
+
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    spec = _tiny(nih_chexpert_spec(), root / "cache", rounds=2)
+    write_job(spec, root / "job")
+    server = _simulate(root / "job", root / "ws", root / "cache")
+    return root / "ws", server
+
+
+def test_global_model_has_the_20_class_union(main_run):
+    _, server = main_run
+    latest = load_checkpoint(server / "app_server" / "FL_global_model.pt")
+    best = load_checkpoint(server / "app_server" / "best_FL_global_model.pt")
+    assert len(latest.class_names) == 20 and set(latest.class_names) == set(NIH_LABELS) | set(CHEXPERT_LABELS)
+    assert len(set(NIH_LABELS) & set(CHEXPERT_LABELS)) == 7
+    assert latest.state[W].shape == (20, 1024)
+    assert latest.meta["round"] == 1
+    assert latest.meta["preprocessing"] == {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
+    assert best.class_names == latest.class_names
+
+
+def test_each_site_received_exactly_its_classes_in_its_order(main_run):
+    workspace, _ = main_run
+    for site, classes in SITES.items():
+        for round_number in (0, 1):
+            received = _exchange(workspace, site, round_number, "received")
+            assert received["class_names"] == classes
+            assert received["state"][W].shape == (len(classes), 1024)
+            assert _exchange(workspace, site, round_number, "sent")["class_names"] == classes
+
+
+def test_rows_are_means_over_holders_and_slices_follow_the_global_model(main_run):
+    workspace, server = main_run
+    latest = load_checkpoint(server / "app_server" / "FL_global_model.pt")
+    global_rows = _rows({"state": latest.state, "class_names": latest.class_names})
+    expected = _surgical_mean({site: _exchange(workspace, site, 1, "sent") for site in SITES})
+    for name, row in expected.items():
+        np.testing.assert_allclose(global_rows[name], row, atol=TOL, rtol=0, err_msg=name)
+    unique = {"Hernia": "site-nih", "Support Devices": "site-chexpert"}
+    for name, owner in unique.items():
+        np.testing.assert_allclose(global_rows[name], _rows(_exchange(workspace, owner, 1, "sent"))[name], atol=TOL)
+    # round 1 handed each site exactly its rows of the round-0 aggregate
+    after_round_0 = _surgical_mean({site: _exchange(workspace, site, 0, "sent") for site in SITES})
+    for site in SITES:
+        for name, row in _rows(_exchange(workspace, site, 1, "received")).items():
+            np.testing.assert_allclose(row, after_round_0[name], atol=TOL, err_msg=f"{site} {name}")
+
+
+def test_run_artefacts(main_run):
+    workspace, server = main_run
+    history = json.loads((server / "app_server" / "round_history.json").read_text())
+    assert [r["round"] for r in history] == [0, 1, 1]  # two rounds, then the final validation
+    assert history[-1]["final_validation"] and set(history[-1]["sites"]) == set(SITES)
+    assert all(r["accepted"] == ["site-nih", "site-chexpert"] or set(r["accepted"]) == set(SITES) for r in history[:2])
+    assert (server / "app_server" / "training_curves.png").stat().st_size > 10_000
+    cross = json.loads((server / "cross_site_val" / "cross_val_results.json").read_text())
+    for site in SITES:
+        assert {"SRV_FL_global_model.pt", "SRV_best_FL_global_model.pt", *SITES} <= set(cross[site])
+        assert 0 <= cross[site]["SRV_FL_global_model.pt"]["val_mean_auroc"] <= 1
+    assert {p.name for p in (server / "tb_events").iterdir()} == set(SITES)
+    for site in SITES:  # kept on disk so a restarted site process can still submit its model
+        assert (workspace / site / "simulate_job" / f"app_{site}" / "local_model.pt").is_file()
+
+
+def test_same_class_sets_give_flares_own_fedavg(tmp_path):
+    spec = _tiny(nih_chexpert_spec(), tmp_path / "cache", rounds=1)
+    spec.sites = {
+        "site-a": {**spec.sites["site-nih"], "record_exchanges": "full"},
+        "site-b": {**spec.sites["site-nih"], "record_exchanges": "full", "seed": 7},
+    }
+    spec.sites["site-b"]["embedded"] = {**spec.sites["site-b"]["embedded"], "seed": 1}  # other data, same labels
+    spec.cross_site_evaluation = False
+    spec.controller["final_validation"] = False
+    write_job(spec, tmp_path / "job")
+    server = _simulate(tmp_path / "job", tmp_path / "ws", tmp_path / "cache", "-t", "2")
+
+    helper = WeightedAggregationHelper()
+    for site in ("site-a", "site-b"):
+        sent = _exchange(tmp_path / "ws", site, 0, "sent")
+        assert sent["class_names"] == list(NIH_LABELS)
+        helper.add({k: v.numpy() for k, v in sent["state"].items()}, 1.0, site, 0)
+    flare_fedavg = helper.get_result()
+    ours = load_checkpoint(server / "app_server" / "FL_global_model.pt").state
+    assert set(ours) == set(flare_fedavg)
+    for key, value in flare_fedavg.items():
+        if ours[key].dtype == torch.int64:  # BatchNorm counters: FLARE averages as float, we round back
+            assert ours[key].item() == round(float(value)), key
+        else:
+            np.testing.assert_allclose(ours[key].numpy(), value, atol=TOL, rtol=0, err_msg=key)

@@ -1,0 +1,123 @@
+"""SiteTrainer: global slices loaded by name, warm-up once, FedBN+, foreign models, persistence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from surgical_aggregation.aggregation import DENSENET_HEAD, slice_for_client
+from surgical_aggregation.config import site_config_from_dict
+from surgical_aggregation.model import NamedDenseNet121
+from surgical_aggregation.site import prepare_site_data
+from surgical_aggregation.trainer import ExchangeRecorder, SiteTrainer, evaluation_metrics
+
+W, B = DENSENET_HEAD.keys
+
+
+@pytest.fixture(scope="module")
+def trainer(nih_data, tmp_path_factory):
+    config = site_config_from_dict(
+        {
+            "data": {
+                "kind": "nih",
+                "location": str(nih_data.root),
+                "labels": ["Mass", "Effusion", "Atelectasis", "Hernia"],
+            },
+            "image_size": 32,
+            "batch_size": 8,
+            "max_batches_per_epoch": 2,
+            "warmup_epochs": 1,
+            "learning_rate": 1e-3,
+            "cache_dir": str(tmp_path_factory.mktemp("cache")),
+            "cpu_threads": 2,
+        }
+    )
+    return SiteTrainer(config, prepare_site_data(config), "site-test")
+
+
+def _union_model(seed: int) -> tuple[dict, list[str]]:
+    torch.manual_seed(seed)
+    classes = ["Fracture", "Pleural Effusion", "Hernia", "Edema", "Atelectasis", "Mass"]
+    return NamedDenseNet121(classes).state_dict(), classes
+
+
+def test_global_rows_are_loaded_by_name(trainer):
+    state, classes = _union_model(1)
+    assert trainer.class_names == ["Mass", "Pleural Effusion", "Atelectasis", "Hernia"]
+    trainer.load_global(state, classes)
+    local = trainer.model.state_dict()
+    for row, name in enumerate(trainer.class_names):
+        assert torch.equal(local[W][row], state[W][classes.index(name)])
+        assert torch.equal(local[B][row], state[B][classes.index(name)])
+    assert torch.equal(local["features.conv0.weight"], state["features.conv0.weight"])
+    with pytest.raises(ValueError, match=r"no head rows for this site's classes \['Mass'\]"):
+        trainer.load_global(*_slice_without_mass(state, classes))
+
+
+def _slice_without_mass(state, classes):
+    kept = [name for name in classes if name != "Mass"]
+    return slice_for_client(state, classes, kept), kept
+
+
+def test_foreign_model_is_evaluated_on_shared_classes_by_name(trainer):
+    state, classes = _union_model(2)
+    trainer.load_global(state, classes)
+    own = trainer.validate()
+    shuffled = trainer.class_names[::-1]
+    via_state = trainer.evaluate_state(slice_for_client(state, classes, shuffled), shuffled)
+    for name in trainer.class_names:
+        np.testing.assert_equal(via_state.per_class_auroc[name], own.per_class_auroc[name])
+    assert via_state.loss == pytest.approx(own.loss, abs=1e-9)
+    partial = ["Hernia", "Fracture", "Mass"]  # Fracture is not this site's: ignored
+    evaluation = trainer.evaluate_state(slice_for_client(state, classes, partial), partial)
+    assert list(evaluation.per_class_auroc) == ["Mass", "Hernia"]  # the site's order
+    np.testing.assert_equal(evaluation.per_class_auroc["Mass"], own.per_class_auroc["Mass"])
+    with pytest.raises(ValueError, match="share none"):
+        trainer.evaluate_state(slice_for_client(state, classes, ["Fracture"]), ["Fracture"])
+
+
+def test_warm_up_happens_once(trainer):
+    trainer.warmed_up = False
+    first = trainer.fit(0, warmup=True, batchnorm_frozen=False)
+    assert len(first.warmup_losses) == 1 and len(first.train_losses) == 1 and trainer.warmed_up
+    second = trainer.fit(1, warmup=True, batchnorm_frozen=False)
+    assert second.warmup_losses == [] and len(second.train_losses) == 1
+    assert first.samples == 16  # 2 batches of 8
+
+
+def test_fedbn_plus_keeps_batchnorm_fixed_during_local_training(trainer):
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.fit(2, warmup=False, batchnorm_frozen=True)
+    after = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    bn = [k for k in after if ".norm" in k]
+    assert len(bn) == 121 * 5
+    assert all(torch.equal(before[k], after[k]) for k in bn)
+    assert not torch.equal(before["features.conv0.weight"], after["features.conv0.weight"])
+    trainer.fit(3, warmup=False, batchnorm_frozen=False)
+    assert not torch.equal(
+        after["features.norm0.running_mean"], trainer.model.state_dict()["features.norm0.running_mean"]
+    )
+
+
+def test_local_model_survives_a_process_restart(trainer, tmp_path):
+    trainer.save(tmp_path / "local.pt")
+    fresh = SiteTrainer(trainer.config, trainer.data, "site-test")
+    assert fresh.restore(tmp_path / "local.pt")
+    assert fresh.epochs_done == trainer.epochs_done and fresh.warmed_up == trainer.warmed_up
+    for key, value in trainer.model.state_dict().items():
+        assert torch.equal(fresh.model.state_dict()[key].cpu(), value.cpu())
+    assert not fresh.restore(tmp_path / "missing.pt")
+
+
+def test_metrics_and_exchange_records(trainer, tmp_path):
+    metrics = evaluation_metrics(trainer.validate(), "val")
+    assert set(metrics) >= {"val_loss", "val_mean_auroc"}
+    assert all(key.startswith("val_") for key in metrics)
+    recorder = ExchangeRecorder(tmp_path, "head")
+    recorder.record(4, "sent", trainer.state_dict(), trainer.class_names)
+    saved = torch.load(tmp_path / "round-004-sent.pt", weights_only=True)
+    assert saved["class_names"] == trainer.class_names and set(saved["state"]) == {W, B}
+    assert torch.equal(saved["state"][W], trainer.state_dict()[W])
+    ExchangeRecorder(tmp_path / "off", "off").record(0, "sent", trainer.state_dict(), trainer.class_names)
+    assert not (tmp_path / "off").exists()
