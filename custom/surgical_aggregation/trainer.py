@@ -17,6 +17,7 @@ import torch
 
 from .aggregation import DENSENET_HEAD, to_numpy
 from .config import SiteConfig
+from .labels import canonical_name
 from .metrics import bce_loss, mean_defined, per_class_auroc
 from .model import NamedDenseNet121, freeze_batchnorm, load_checkpoint, save_checkpoint, set_backbone_trainable
 from .site import SiteData
@@ -118,7 +119,7 @@ class SiteTrainer:
 
         Returns the state and the classes ``state`` has (rows of the others are left at zero).
         """
-        index = {name: row for row, name in enumerate(class_names)}
+        index = {canonical_name(name): row for row, name in enumerate(class_names)}
         own = self.class_names
         local = self.model.state_dict()
         assembled: dict[str, torch.Tensor] = {}

@@ -63,7 +63,8 @@ CURVES_FILE = "training_curves.png"
 
 @dataclass
 class SiteInfo:
-    classes: list[str]
+    classes: list[str]  # canonical names
+    reported: list[str]  # the site's own spelling and order, echoed back to it
     num_samples: int
     data: str
     preprocessing: dict[str, Any]
@@ -214,7 +215,8 @@ class SurgicalAggregatorShareable(ModelController):
         for result in results:
             site = result.meta.get("client_name", "?")
             try:
-                classes = canonical_names(result.meta.get(META_CLASS_NAMES) or [], f"site {site}'s class names")
+                reported = [str(name) for name in result.meta.get(META_CLASS_NAMES) or []]
+                classes = canonical_names(reported, f"site {site}'s class names")
                 if not classes:
                     raise ValueError(f"site {site} reported no class names")
                 samples = int(result.meta.get(META_NUM_SAMPLES, 0))
@@ -222,7 +224,7 @@ class SurgicalAggregatorShareable(ModelController):
                 self.error(f"handshake with {site} failed, leaving it out: {error}")
                 continue
             preprocessing = dict(result.meta.get(META_PREPROCESSING) or {})
-            sites[site] = SiteInfo(classes, samples, str(result.meta.get(META_DATA, "")), preprocessing)
+            sites[site] = SiteInfo(classes, reported, samples, str(result.meta.get(META_DATA, "")), preprocessing)
             self.info(f"{site}: {len(classes)} classes, {samples} training images ({sites[site].data})")
         settings = {json.dumps(info.preprocessing, sort_keys=True) for info in sites.values()}
         if len(settings) > 1:
@@ -274,7 +276,7 @@ class SurgicalAggregatorShareable(ModelController):
                     current_round=round_number,
                     total_rounds=self.num_rounds,
                     meta={
-                        META_CLASS_NAMES: info.classes,
+                        META_CLASS_NAMES: info.reported,
                         META_BACKBONE_STRATEGY: self.backbone_strategy,
                         META_WARMUP: warmup,
                     },

@@ -1,0 +1,187 @@
+"""SurgicalAggregatorShareable's control flow, with simulated sites in place of FLARE's transport.
+
+Only the transport (send/wait), persistence and logging are replaced; handshake, slicing,
+aggregation, rejection, min_clients, best-model selection and early stopping are the real code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.signal import Signal
+from nvflare.app_common.abstract.fl_model import FLModel
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+
+from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
+from surgical_aggregation.flare.protocol import META_CLASS_NAMES, META_NUM_SAMPLES, TASK_DESCRIBE, TASK_VALIDATE
+
+from helpers import TOY_HEAD, rows_by_name, toy_state
+
+Behaviour = Callable[[int, dict], dict | None]  # (round, received params) -> sent params (None: no answer)
+
+
+class FakeSite:
+    def __init__(self, name: str, classes: list[str], losses: list[float], behaviour: Behaviour | None = None):
+        self.name, self.classes, self.losses = name, classes, losses
+        self.behaviour = behaviour or (lambda round_number, params: _shifted(params, 0.01 * (1 + round_number)))
+        self.received: list[tuple[list[str], dict]] = []
+
+    def answer(self, task: str, data: FLModel) -> FLModel | None:
+        meta = {"client_name": self.name, META_CLASS_NAMES: self.classes, META_NUM_SAMPLES: 10}
+        if task == TASK_DESCRIBE:
+            return FLModel(params={}, metrics={"num_train": 10}, meta=meta)
+        round_number = data.current_round if task != TASK_VALIDATE else len(self.losses) - 1
+        metrics = {"val_loss": self.losses[min(round_number, len(self.losses) - 1)], "val_mean_auroc": 0.7}
+        if task == TASK_VALIDATE:
+            return FLModel(metrics=metrics, meta=meta)
+        self.received.append((list(data.meta[META_CLASS_NAMES]), data.params))
+        params = self.behaviour(round_number, data.params)
+        return None if params is None else FLModel(params=params, metrics=metrics, meta=meta)
+
+
+def _shifted(params: dict, amount: float) -> dict:
+    return {k: v + amount if v.is_floating_point() else v.clone() for k, v in params.items()}
+
+
+class Harness(SurgicalAggregatorShareable):
+    def __init__(self, sites: list[FakeSite], app_dir, **arguments):
+        super().__init__(head_weight_key=TOY_HEAD.weight_key, head_bias_key=TOY_HEAD.bias_key, **arguments)
+        self.sites = {site.name: site for site in sites}
+        self.fl_ctx, self.abort_signal = FLContext(), Signal()
+        self.app_dir, self.saved, self.events, self.messages = app_dir, [], [], []
+
+    # transport
+    def send_model_and_wait(self, task_name="train", data=None, targets=None, min_responses=None, timeout=0):
+        answers = [site.answer(task_name, data) for site in self.sites.values()]
+        return [answer for answer in answers if answer is not None]
+
+    def send_model(self, task_name="train", data=None, targets=None, min_responses=None, timeout=0, callback=None):
+        answer = self.sites[targets[0]].answer(task_name, data)
+        if answer is not None:
+            callback(answer)
+
+    def get_num_standing_tasks(self) -> int:
+        return 0
+
+    # persistence, events, logs
+    def load_model(self) -> FLModel:
+        return FLModel(params=toy_state(0, seed=0), meta={META_CLASS_NAMES: []})
+
+    def save_model(self, model: FLModel) -> None:
+        self.saved.append(model)
+
+    def get_app_dir(self) -> str:
+        return str(self.app_dir)
+
+    def event(self, event_type: str) -> None:
+        self.events.append((event_type, self.fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)))
+
+    def info(self, msg: str) -> None:
+        self.messages.append(("info", msg))
+
+    def warning(self, msg: str) -> None:
+        self.messages.append(("warning", msg))
+
+    def error(self, msg: str) -> None:
+        self.messages.append(("error", msg))
+
+    def best_rounds(self) -> list[int]:
+        return [ml["meta"]["round"] for event, ml in self.events if event == AppEventType.GLOBAL_BEST_MODEL_AVAILABLE]
+
+
+def _messages(harness: Harness, level: str) -> str:
+    return "\n".join(text for kind, text in harness.messages if kind == level)
+
+
+def test_union_slices_and_aggregation(tmp_path):
+    a = FakeSite("site-a", ["Mass", "Effusion"], [0.5, 0.4, 0.3])
+    b = FakeSite("site-b", ["Pleural Effusion", "Hernia"], [0.6, 0.5, 0.4])
+    harness = Harness([b, a], tmp_path, num_rounds=2)
+    harness.run()
+    assert [r["round"] for r in harness._history] == [0, 1, 1]
+    final = harness.saved[-1]
+    # union: sites in name order, their own order; "Effusion" is "Pleural Effusion"
+    assert final.meta[META_CLASS_NAMES] == ["Mass", "Pleural Effusion", "Hernia"]
+    # every task carried exactly the site's rows, in its order, with its own spelling
+    assert all(classes == ["Mass", "Effusion"] for classes, _ in a.received)
+    assert all(params["head.weight"].shape == (2, 4) for _, params in a.received)
+    # round 1: each site sent its round-1 slice + 0.02; shared rows are the mean of both, others the owner's
+    round_1 = {site.name: rows_by_name(site.received[1][1], site.classes) for site in (a, b)}
+    result = rows_by_name(final.params, final.meta[META_CLASS_NAMES])
+    np.testing.assert_allclose(result["Mass"], round_1["site-a"]["Mass"] + 0.02, atol=1e-6)
+    shared = (round_1["site-a"]["Effusion"] + round_1["site-b"]["Pleural Effusion"]) / 2 + 0.02
+    np.testing.assert_allclose(result["Pleural Effusion"], shared, atol=1e-6)
+    assert (tmp_path / "round_history.json").is_file() and (tmp_path / "training_curves.png").is_file()
+
+
+def test_handshake_leaves_out_a_site_with_unknown_labels(tmp_path):
+    good = [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-b", ["Edema"], [0.5])]
+    harness = Harness([*good, FakeSite("site-c", ["Tumour"], [0.5])], tmp_path, num_rounds=1)
+    harness.run()
+    assert "handshake with site-c failed, leaving it out" in _messages(harness, "error")
+    assert "unknown label 'Tumour'" in _messages(harness, "error")
+    assert harness.saved[-1].meta[META_CLASS_NAMES] == ["Mass", "Edema"]
+    with pytest.raises(RuntimeError, match=r"only 1 site\(s\) answered the handshake"):
+        Harness([good[0], FakeSite("site-c", ["Tumour"], [0.5])], tmp_path, num_rounds=1).run()
+
+
+def test_broken_update_is_rejected_and_the_round_continues(tmp_path):
+    def nan_in_round_1(round_number, params):
+        sent = _shifted(params, 0.01)
+        if round_number == 1:
+            sent["backbone.conv.weight"][0, 0, 0, 0] = math.nan
+        return sent
+
+    sites = [
+        FakeSite("site-a", ["Mass"], [0.5]),
+        FakeSite("site-b", ["Mass", "Edema"], [0.5]),
+        FakeSite("site-c", ["Edema"], [0.5], nan_in_round_1),
+    ]
+    harness = Harness(sites, tmp_path, num_rounds=2, min_clients=2)
+    harness.run()
+    assert "contribution from 'site-c' rejected: 'backbone.conv.weight' has 1 non-finite" in _messages(harness, "error")
+    round_1 = harness._history[1]
+    assert round_1["accepted"] == ["site-a", "site-b"] and "site-c" in round_1["rejected"]
+    final = harness.saved[-1].params
+    assert torch.isfinite(final["backbone.conv.weight"]).all()
+    # Edema's row now comes from site-b alone
+    sent_b = rows_by_name(_shifted(sites[1].received[1][1], 0.02), sites[1].classes)
+    np.testing.assert_allclose(rows_by_name(final, ["Mass", "Edema"])["Edema"], sent_b["Edema"], atol=1e-6)
+
+
+def test_too_few_valid_contributions_keep_the_last_good_model(tmp_path):
+    def silent_after_round_0(round_number, params):
+        return _shifted(params, 0.01) if round_number == 0 else None  # drops out
+
+    sites = [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-b", ["Edema"], [0.5], silent_after_round_0)]
+    harness = Harness(sites, tmp_path, num_rounds=2, min_clients=2)
+    harness.run()
+    assert "round 1: no result from ['site-b']" in _messages(harness, "warning")
+    assert "keeping the last good global model" in _messages(harness, "warning")
+    after_round_0, after_round_1 = harness.saved[0].params, harness.saved[1].params
+    for key in after_round_0:
+        assert torch.equal(torch.as_tensor(after_round_0[key]), torch.as_tensor(after_round_1[key])), key
+
+
+def test_best_model_by_mean_validation_loss_and_early_stopping(tmp_path):
+    # The sites validate the model they receive: losses reported in round r judge the global of round r-1.
+    sites = [  # the last value answers the final validation
+        FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.3, 0.35, 0.34, 0.36, 0.6]),
+        FakeSite("site-b", ["Edema"], [0.9, 0.7, 0.5, 0.55, 0.56, 0.54, 0.6]),
+    ]
+    harness = Harness(sites, tmp_path, num_rounds=7, patience=3, min_delta=1e-3)
+    harness.run()
+    # global of round 0: 0.6, round 1: 0.4 (best), rounds 2-4: 0.45 -> three without improvement -> stop
+    judged = [(r["validated_round"], r["mean_val_loss"]) for r in harness._history if "validated_round" in r]
+    assert [j[0] for j in judged] == [0, 1, 2, 3, 4, 5]  # 5: the final validation
+    assert [j[1] for j in judged] == pytest.approx([0.6, 0.4, 0.45, 0.45, 0.45, 0.6])
+    assert harness.best_rounds() == [0, 1]
+    assert harness._best_round == 1
+    assert max(r["round"] for r in harness._history) == 5  # round 6 never ran
+    assert "early stop: 3 validated rounds without improvement" in _messages(harness, "info")

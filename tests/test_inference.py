@@ -1,0 +1,103 @@
+"""predict / evaluate: probabilities by class name, AUROC on the classes a model and a data set share."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from surgical_aggregation.cli import main
+from surgical_aggregation.config import load_site_config
+from surgical_aggregation.data.sources import load_table
+from surgical_aggregation.model import NamedDenseNet121, save_checkpoint
+from surgical_aggregation.site import resolve_table, split_table
+
+MODEL_CLASSES = ["Mass", "Fracture", "Pleural Effusion"]
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    torch.manual_seed(0)
+    model = NamedDenseNet121(MODEL_CLASSES)
+    preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
+    return save_checkpoint(tmp_path / "model.pt", model.state_dict(), model.class_names, preprocessing=preprocessing)
+
+
+def test_predict_writes_one_column_per_class_and_skips_unreadable(model_file, nih_data, tmp_path, capsys):
+    images = tmp_path / "images"
+    shutil.copytree(nih_data.root / "images", images)
+    (images / "broken.png").write_bytes(b"not an image")
+    out = tmp_path / "scores.csv"
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    assert main(["predict", "--model", str(model_file), "--images", str(images), "--out", str(out), *cache]) == 0
+    scores = pd.read_csv(out)
+    assert list(scores.columns) == ["path", *MODEL_CLASSES]
+    assert len(scores) == nih_data.n_images
+    assert scores[MODEL_CLASSES].stack().between(0, 1).all()
+    output = capsys.readouterr().out
+    assert f"scored {nih_data.n_images} image(s) for 3 classes" in output
+    assert "skipped" in output and "broken.png" in output
+
+
+def test_evaluate_uses_shared_classes_by_name_and_matches_sklearn(model_file, nih_data, tmp_path, capsys):
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    out = tmp_path / "evaluation"
+    arguments = ["evaluate", "--model", str(model_file), "--kind", "nih", "--data", str(nih_data.root)]
+    assert main([*arguments, "--split", "all", "--out", str(out), "--bootstrap", "50", *cache]) == 0
+    table = pd.read_csv(out / "per_class_auroc.csv")
+    assert table["class_name"].tolist() == ["Pleural Effusion", "Mass"]  # the data's order; Fracture is not NIH's
+    summary = (out / "summary.txt").read_text()
+    assert "classes of the data the model does not predict (left out): ['Atelectasis'" in summary
+    assert (out / "per_class_auroc.png").stat().st_size > 5_000
+
+    scores_file = tmp_path / "scores.csv"
+    main(
+        [
+            "predict",
+            "--model",
+            str(model_file),
+            "--images",
+            str(nih_data.root / "images"),
+            "--out",
+            str(scores_file),
+            *cache,
+        ]
+    )
+    scores = pd.read_csv(scores_file).set_index("path")
+    labels = load_table("nih", nih_data.root).frame.set_index("path")
+    for row in table.itertuples():
+        expected = roc_auc_score(labels.loc[scores.index, row.class_name], scores[row.class_name])
+        assert row.auroc == pytest.approx(expected, abs=1e-9)
+        assert row.positives == int(labels[row.class_name].sum())
+    assert "mean AUROC over 2 classes" in capsys.readouterr().out
+
+
+def test_evaluate_a_sites_test_split_from_its_config(model_file, nih_data, tmp_path, capsys):
+    config = tmp_path / "site.json"
+    config.write_text(json.dumps({"data": {"kind": "nih", "location": str(nih_data.root)}, "cache_dir": str(tmp_path)}))
+    arguments = ["evaluate", "--model", str(model_file), "--site-config", str(config), "--out", str(tmp_path / "e")]
+    assert main([*arguments, "--bootstrap", "20"]) == 0
+    site_config = load_site_config(config)
+    n_test = len(split_table(resolve_table(site_config), site_config)["test"])
+    assert 0 < n_test < nih_data.n_images
+    assert f"site (test): {n_test} images" in capsys.readouterr().out
+
+
+def test_model_without_stored_image_size_needs_one(nih_data, tmp_path, capsys):
+    model = NamedDenseNet121(MODEL_CLASSES)
+    bare = save_checkpoint(tmp_path / "bare.pt", model.state_dict(), model.class_names)
+    arguments = [
+        "predict",
+        "--model",
+        str(bare),
+        "--images",
+        str(nih_data.root / "images"),
+        "--out",
+        str(tmp_path / "s.csv"),
+    ]
+    assert main(arguments) == 2
+    assert "does not say which image size it was trained at: pass --image-size" in capsys.readouterr().err
