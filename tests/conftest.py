@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from surgical_aggregation.data.synthetic import GeneratedDataset, generate_chexpert, generate_mimic, generate_nih
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No test writes to the user's cache (~/.cache/surgical_aggregation)."""
+    os.environ["SURGICAL_AGGREGATION_CACHE"] = str(tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(scope="session")

@@ -174,14 +174,17 @@ _DEMO_TRAINING = {
 def nih_chexpert_spec() -> JobSpec:
     """``jobs/nih_chexpert``: a NIH ChestX-ray14 site (14 labels) and a CheXpert site (13), 20-class union."""
     embedded = {"patients": 200, "image_size": 64, "seed": 0}
+    # 60/20/20 rather than the papers' 70/10/20: 10% of 200 patients leaves findings without a
+    # single validation positive, and validation picks the best model.
+    split = {"split_fractions": [0.6, 0.2, 0.2]}
     return JobSpec(
         name="nih_chexpert",
         sites={
-            "site-nih": {"data": {"kind": "nih", "location": None}, "embedded": embedded, **_DEMO_TRAINING},
-            "site-chexpert": {"data": {"kind": "chexpert", "location": None}, "embedded": embedded, **_DEMO_TRAINING},
+            "site-nih": {"data": {"kind": "nih", **split}, "embedded": embedded, **_DEMO_TRAINING},
+            "site-chexpert": {"data": {"kind": "chexpert", **split}, "embedded": embedded, **_DEMO_TRAINING},
         },
         controller={
-            "num_rounds": 6,
+            "num_rounds": 5,
             "min_clients": 2,
             "backbone_strategy": "fedavg",
             "weighting": "uniform",
