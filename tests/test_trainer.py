@@ -121,3 +121,13 @@ def test_metrics_and_exchange_records(trainer, tmp_path):
     assert torch.equal(saved["state"][W], trainer.state_dict()[W])
     ExchangeRecorder(tmp_path / "off", "off").record(0, "sent", trainer.state_dict(), trainer.class_names)
     assert not (tmp_path / "off").exists()
+
+
+def test_epochs_are_reproducible_across_restarts_and_differ_from_each_other(trainer):
+    def first_batch(epochs_done: int) -> torch.Tensor:
+        trainer.epochs_done = epochs_done
+        trainer._reseed()
+        return next(iter(trainer.train_loader))["image"]
+
+    assert torch.equal(first_batch(5), first_batch(5))  # what a restarted process would see
+    assert not torch.equal(first_batch(5), first_batch(6))

@@ -174,7 +174,15 @@ class SiteTrainer:
             report.seconds += result.seconds
         return report
 
+    def _reseed(self) -> None:
+        """Shuffling and augmentation seeded by (seed, epochs so far): reproducible, different every
+        epoch, and unaffected by FLARE restarting the site's process between rounds."""
+        seed = self.config.seed * 1_000_003 + self.epochs_done
+        self.train_loader.generator.manual_seed(seed)
+        self.data.train.transform.set_random_state(seed=seed % 2**32)
+
     def _epoch(self, optimizer: torch.optim.Optimizer, phase: str, epoch: int, epochs: int):
+        self._reseed()
         result = train_epoch(
             self.model,
             self.train_loader,
