@@ -166,13 +166,13 @@ class SurgicalAggregatorShareable(ModelController):
             self.event(AppEventType.ROUND_STARTED)
             started = time.perf_counter()
             record: dict[str, Any] = {"round": round_number}
-            results = self._train_round(round_number, state, classes, record)
-            if results is None:  # aborted
+            aggregator = self._train_round(round_number, state, classes, record)
+            if aggregator is None:  # aborted
                 return
             if latest is not None:  # the sites validated the model they received: the previous global
                 self._consider(latest, record["sites"], record)
             self.event(AppEventType.BEFORE_AGGREGATION)
-            aggregated = results.finalize()
+            aggregated = aggregator.finalize()
             record.update(
                 accepted=aggregated.accepted, rejected=aggregated.rejected, new_classes=aggregated.new_classes
             )
