@@ -8,6 +8,7 @@ import torch
 
 from surgical_aggregation.aggregation import DENSENET_HEAD, slice_for_client
 from surgical_aggregation.config import site_config_from_dict
+from surgical_aggregation.methods import SiteRecipe
 from surgical_aggregation.model import NamedDenseNet121
 from surgical_aggregation.site import prepare_site_data
 from surgical_aggregation.trainer import ExchangeRecorder, SiteTrainer, evaluation_metrics
@@ -79,22 +80,24 @@ def test_foreign_model_is_evaluated_on_shared_classes_by_name(trainer):
 
 def test_warm_up_happens_once(trainer):
     trainer.warmed_up = False
-    first = trainer.fit(0, warmup=True, batchnorm_frozen=False)
+    first = trainer.fit(0, warmup=True)
     assert len(first.warmup_losses) == 1 and len(first.train_losses) == 1 and trainer.warmed_up
-    second = trainer.fit(1, warmup=True, batchnorm_frozen=False)
+    second = trainer.fit(1, warmup=True)
     assert second.warmup_losses == [] and len(second.train_losses) == 1
     assert first.samples == 16  # 2 batches of 8
 
 
 def test_fedbn_plus_keeps_batchnorm_fixed_during_local_training(trainer):
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    trainer.fit(2, warmup=False, batchnorm_frozen=True)
+    trainer.set_recipe(SiteRecipe(backbone_strategy="fedbn_plus"))
+    trainer.fit(2, warmup=False)
     after = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     bn = [k for k in after if ".norm" in k]
     assert len(bn) == 121 * 5
     assert all(torch.equal(before[k], after[k]) for k in bn)
     assert not torch.equal(before["features.conv0.weight"], after["features.conv0.weight"])
-    trainer.fit(3, warmup=False, batchnorm_frozen=False)
+    trainer.set_recipe(SiteRecipe())
+    trainer.fit(3, warmup=False)
     assert not torch.equal(
         after["features.norm0.running_mean"], trainer.model.state_dict()["features.norm0.running_mean"]
     )

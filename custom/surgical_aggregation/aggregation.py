@@ -5,7 +5,8 @@ client holds its own class list, in its own order. Per round the server:
 
 * averages the backbone over the clients (``fedavg``: every entry, BatchNorm running
   statistics included; ``fedbn_plus``: BatchNorm parameters and buffers are left out and keep
-  their global values);
+  their global values, the sites keeping them frozen; ``fedbn``: left out too, each site keeping
+  and training its own, as in personalised FL);
 * averages each head row (weight row + bias) over the clients that hold that class, matched by
   name; a class held by one client takes that client's row; a class nobody sent keeps its
   previous row; a class never seen before is appended to the union head.
@@ -26,9 +27,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-BackboneStrategy = Literal["fedavg", "fedbn_plus"]
+BackboneStrategy = Literal["fedavg", "fedbn", "fedbn_plus"]
 Weighting = Literal["uniform", "samples"]
-BACKBONE_STRATEGIES: tuple[str, ...] = ("fedavg", "fedbn_plus")
+BACKBONE_STRATEGIES: tuple[str, ...] = ("fedavg", "fedbn", "fedbn_plus")
 WEIGHTINGS: tuple[str, ...] = ("uniform", "samples")
 
 StateDict = Mapping[str, Any]  # values: torch.Tensor or numpy.ndarray
@@ -88,6 +89,11 @@ def to_numpy(value: Any) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().numpy()
     return np.asarray(value)
+
+
+def numpy_state(state: StateDict) -> dict[str, np.ndarray]:
+    """Every entry as a NumPy array (what FLARE exchanges with numpy params)."""
+    return {key: to_numpy(value) for key, value in state.items()}
 
 
 def _like(template: Any, array: np.ndarray) -> Any:
@@ -281,7 +287,7 @@ class SurgicalAggregator(_RoundAggregator):
             )
         self._feature_dim = head_weight.shape[1]
 
-        excluded = batchnorm_keys(global_state) if backbone_strategy == "fedbn_plus" else set()
+        excluded = batchnorm_keys(global_state) if backbone_strategy in ("fedbn", "fedbn_plus") else set()
         averaged = [key for key in global_state if key not in head.keys and key not in excluded]
         self._backbone = _BackboneMean(global_state, averaged)
         self._rows = WeightedMean()

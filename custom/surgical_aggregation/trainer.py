@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .aggregation import DENSENET_HEAD, to_numpy
+from .aggregation import DENSENET_HEAD, batchnorm_keys, to_numpy
 from .config import SiteConfig
 from .labels import canonical_name
+from .methods import SiteRecipe, prior_vector
 from .metrics import bce_loss, mean_defined, per_class_auroc
 from .model import NamedDenseNet121, freeze_batchnorm, load_checkpoint, save_checkpoint, set_backbone_trainable
 from .site import SiteData
@@ -51,7 +52,13 @@ class FitReport:
 
 
 class SiteTrainer:
-    """Local model, loaders and loops of one site. The model's head rows are the site's classes, in its order."""
+    """Local model, loaders and loops of one site.
+
+    ``class_names`` are the site's own classes (its labels, in its order). The model's head rows,
+    ``head_classes``, are the same except under methods that train the whole union head
+    (vanilla FL, partial loss), where they follow the server's union; the site's labels are then
+    widened to the union by the recipe's policy for the classes it does not label.
+    """
 
     def __init__(
         self,
@@ -72,8 +79,11 @@ class SiteTrainer:
         self.device = resolve_device(config.device)
         self.amp = config.amp and self.device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda") if self.amp else None
-        self.model = NamedDenseNet121(data.class_names, in_channels=config.in_channels).to(self.device)
-        self.train_loader = make_loader(data.train, config.batch_size, True, config.workers, config.seed)
+        self.recipe = SiteRecipe()
+        self._prior: torch.Tensor | None = None
+        self._penalty: Callable[[], torch.Tensor] | None = None
+        self.head_classes: list[str] = []
+        self._set_head(data.class_names)
         self.val_loader = make_loader(data.val, config.batch_size, False, config.workers)
         self.epochs_done = 0  # step counter for training curves
         self.warmed_up = False
@@ -81,6 +91,28 @@ class SiteTrainer:
     @property
     def class_names(self) -> list[str]:
         return list(self.data.class_names)
+
+    def _set_head(self, classes: Sequence[str]) -> None:
+        """(Re)build the model and training loader when the head's classes change."""
+        classes = list(classes)
+        if classes == self.head_classes:
+            return
+        self.head_classes = classes
+        self.model = NamedDenseNet121(classes, in_channels=self.config.in_channels).to(self.device)
+        self._rebuild_train_loader()
+
+    def _rebuild_train_loader(self) -> None:
+        train = self.data.train
+        if self.head_classes != self.class_names:
+            train = train.relabelled(self.head_classes, self.recipe.missing_labels)
+        self.train_loader = make_loader(train, self.config.batch_size, True, self.config.workers, self.config.seed)
+
+    def set_recipe(self, recipe: SiteRecipe) -> None:
+        """The method's site-side settings (sent by the server with every training task)."""
+        if recipe.missing_labels != self.recipe.missing_labels:
+            self.recipe = recipe
+            self._rebuild_train_loader()
+        self.recipe = recipe
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {key: value.detach().cpu() for key, value in self.model.state_dict().items()}
@@ -90,53 +122,66 @@ class SiteTrainer:
         save_checkpoint(
             path,
             self.state_dict(),
-            self.class_names,
+            self.head_classes,
             self.config.in_channels,
             epochs_done=self.epochs_done,
             warmed_up=self.warmed_up,
         )
 
     def restore(self, path: str | Path) -> bool:
-        """Reload a model saved by :meth:`save` (same classes only); False when there is none."""
+        """Reload a model saved by :meth:`save` whose head covers this site's classes; False when there is none."""
         path = Path(path)
         if not path.is_file():
             return False
         checkpoint = load_checkpoint(path)
-        if checkpoint.class_names != self.class_names:
+        if not set(self.class_names) <= set(checkpoint.class_names):
             self.log.warning(
                 "%s: ignoring %s, saved for other classes %s", self.site_name, path, checkpoint.class_names
             )
             return False
+        self._set_head(checkpoint.class_names)
         self.model.load_state_dict(checkpoint.state)
         self.epochs_done = int(checkpoint.meta.get("epochs_done", 0))
         self.warmed_up = bool(checkpoint.meta.get("warmed_up", False))
         return True
 
     def _assemble(
-        self, state: Mapping[str, Any], class_names: Sequence[str]
+        self,
+        state: Mapping[str, Any],
+        class_names: Sequence[str],
+        head_classes: Sequence[str],
+        keep: frozenset[str] = frozenset(),
     ) -> tuple[dict[str, torch.Tensor], list[str]]:
-        """A state dict for the local model: ``state``'s backbone and, by name, its rows for our classes.
+        """A state dict for a model over ``head_classes``: ``state``'s entries and, by name, its rows.
 
-        Returns the state and the classes ``state`` has (rows of the others are left at zero).
+        Entries in ``keep`` come from the local model instead. Returns the state and the head
+        classes ``state`` has rows for (rows of the others are left at zero).
         """
         index = {canonical_name(name): row for row, name in enumerate(class_names)}
-        own = self.class_names
+        template = NamedDenseNet121(head_classes, in_channels=self.config.in_channels).state_dict()
         local = self.model.state_dict()
         assembled: dict[str, torch.Tensor] = {}
-        for key, template in local.items():
+        for key, value in template.items():
             if key in DENSENET_HEAD.keys:
+                continue
+            if key in keep:
+                assembled[key] = local[key].detach().clone()
                 continue
             if key not in state:
                 raise KeyError(f"received model has no {key!r}")
-            assembled[key] = torch.as_tensor(to_numpy(state[key])).to(template.dtype).reshape(template.shape)
-        weight = torch.zeros_like(local[DENSENET_HEAD.weight_key])
-        bias = torch.zeros_like(local[DENSENET_HEAD.bias_key])
+            assembled[key] = torch.as_tensor(to_numpy(state[key])).to(value.dtype).reshape(value.shape)
+        if DENSENET_HEAD.weight_key in keep:
+            assembled[DENSENET_HEAD.weight_key] = local[DENSENET_HEAD.weight_key].detach().clone()
+            assembled[DENSENET_HEAD.bias_key] = local[DENSENET_HEAD.bias_key].detach().clone()
+            return assembled, list(head_classes)
+        weight = torch.zeros_like(template[DENSENET_HEAD.weight_key])
+        bias = torch.zeros_like(template[DENSENET_HEAD.bias_key])
         received_weight = torch.as_tensor(to_numpy(state[DENSENET_HEAD.weight_key]))
         received_bias = torch.as_tensor(to_numpy(state[DENSENET_HEAD.bias_key]))
         if received_weight.shape[0] != len(class_names):
             raise ValueError(f"received head has {received_weight.shape[0]} rows for {len(class_names)} class names")
-        present = [name for name in own if name in index]
-        for row, name in enumerate(own):
+        present = [name for name in head_classes if name in index]
+        for row, name in enumerate(head_classes):
             if name in index:
                 weight[row] = received_weight[index[name]]
                 bias[row] = received_bias[index[name]]
@@ -144,18 +189,42 @@ class SiteTrainer:
         assembled[DENSENET_HEAD.bias_key] = bias
         return assembled, present
 
+    def _kept_locally(self) -> frozenset[str]:
+        """Entries the recipe keeps at the site once it has trained: personal heads, FedBN's BatchNorm."""
+        if not (self.warmed_up or self.epochs_done):
+            return frozenset()
+        keep: set[str] = set()
+        if self.recipe.keeps_head:
+            keep.update(DENSENET_HEAD.keys)
+        if self.recipe.keeps_batchnorm:
+            keep.update(batchnorm_keys(self.model.state_dict()))
+        return frozenset(keep)
+
     def load_global(self, state: Mapping[str, Any], class_names: Sequence[str]) -> None:
-        """Load a global model slice; it must hold rows for every class of this site."""
-        assembled, present = self._assemble(state, class_names)
-        missing = [name for name in self.class_names if name not in present]
+        """Load a global model slice; it must hold rows for every class of this site.
+
+        Under a union-head recipe the model's head becomes ``class_names`` (the union, in the
+        server's order); otherwise it stays the site's own classes.
+        """
+        canonical = [canonical_name(name) for name in class_names]
+        if self.recipe.trains_union_head:
+            self._set_head(canonical)
+        assembled, present = self._assemble(state, canonical, self.head_classes, self._kept_locally())
+        missing = [name for name in self.head_classes if name not in present]
         if missing:
             raise ValueError(f"the received model has no head rows for this site's classes {missing}")
         self.model.load_state_dict(assembled)
 
-    def fit(self, round_number: int, warmup: bool, batchnorm_frozen: bool) -> FitReport:
-        """Head warm-up (backbone frozen) when asked and not done yet, then the local epochs."""
+    def fit(self, round_number: int, warmup: bool) -> FitReport:
+        """Head warm-up (backbone frozen) when asked and not done yet, then the local epochs.
+
+        The recipe decides BatchNorm (frozen for FedBN+), FedSLD's loss weights and FedProx's
+        proximal term (towards the model as loaded from the server).
+        """
         config = self.config
-        freeze_batchnorm(self.model, batchnorm_frozen)
+        freeze_batchnorm(self.model, self.recipe.freezes_batchnorm)
+        self._prior = prior_vector(self.recipe.label_prior, self.head_classes)
+        self._penalty = self._proximal_term() if self.recipe.proximal_mu > 0 else None
         report = FitReport()
         if warmup and not self.warmed_up and config.warmup_epochs > 0:
             set_backbone_trainable(self.model, False)
@@ -174,12 +243,23 @@ class SiteTrainer:
             report.seconds += result.seconds
         return report
 
+    def _proximal_term(self) -> Callable[[], torch.Tensor]:
+        """FedProx: mu/2 * ||w - w_global||^2 over the trainable parameters."""
+        mu = self.recipe.proximal_mu
+        anchors = [(p, p.detach().clone()) for p in self.model.parameters()]
+
+        def penalty() -> torch.Tensor:
+            terms = [((p - anchor) ** 2).sum() for p, anchor in anchors if p.requires_grad]
+            return 0.5 * mu * torch.stack(terms).sum()
+
+        return penalty
+
     def _reseed(self) -> None:
         """Shuffling and augmentation seeded by (seed, epochs so far): reproducible, different every
         epoch, and unaffected by FLARE restarting the site's process between rounds."""
         seed = self.config.seed * 1_000_003 + self.epochs_done
         self.train_loader.generator.manual_seed(seed)
-        self.data.train.transform.set_random_state(seed=seed % 2**32)
+        self.train_loader.dataset.reseed(seed)
 
     def _epoch(self, optimizer: torch.optim.Optimizer, phase: str, epoch: int, epochs: int):
         self._reseed()
@@ -192,6 +272,8 @@ class SiteTrainer:
             scaler=self.scaler,
             max_steps=self.config.max_batches_per_epoch,
             description=f"{self.site_name} {phase}",
+            class_prior=self._prior,
+            penalty=self._penalty,
         )
         self.epochs_done += 1
         self.log.info(
@@ -213,8 +295,8 @@ class SiteTrainer:
             self.tracker(tag, value, self.epochs_done)
 
     def validate(self, tag: str | None = None) -> Evaluation:
-        """The local model on this site's validation split."""
-        evaluation = self._evaluate(self.model, self.class_names)
+        """The local model on this site's validation split, over the site's own classes."""
+        evaluation = self._evaluate(self.model, self.head_classes, self.class_names)
         if tag:
             self._track(f"{tag}/loss", evaluation.loss)
             self._track(f"{tag}/mean_auroc", evaluation.mean_auroc)
@@ -223,17 +305,20 @@ class SiteTrainer:
     def evaluate_state(self, state: Mapping[str, Any], class_names: Sequence[str]) -> Evaluation:
         """Any model (the union global model, another site's model) on this site's validation split,
         over the classes both have, picked by name. The local model is left untouched."""
-        assembled, present = self._assemble(state, class_names)
+        assembled, present = self._assemble(state, class_names, self.class_names)
         if not present:
             raise ValueError(f"the model's classes {list(class_names)} share none with this site's {self.class_names}")
         model = NamedDenseNet121(self.class_names, in_channels=self.config.in_channels).to(self.device)
         model.load_state_dict(assembled)
-        return self._evaluate(model, present)
+        return self._evaluate(model, self.class_names, present)
 
-    def _evaluate(self, model: torch.nn.Module, classes: Sequence[str]) -> Evaluation:
+    def _evaluate(self, model: torch.nn.Module, model_classes: Sequence[str], classes: Sequence[str]) -> Evaluation:
+        """``model`` (head rows ``model_classes``) on the validation split, over ``classes`` (own ones)."""
         probabilities, labels, mask = predict(model, self.val_loader, self.device, self.amp)
-        columns = [self.class_names.index(name) for name in classes]
-        probabilities, labels, mask = probabilities[:, columns], labels[:, columns], mask[:, columns]
+        own = self.class_names
+        probabilities = probabilities[:, [list(model_classes).index(name) for name in classes]]
+        columns = [own.index(name) for name in classes]
+        labels, mask = labels[:, columns], mask[:, columns]
         aurocs = per_class_auroc(labels, probabilities, list(classes), mask)
         return Evaluation(bce_loss(labels, probabilities, mask), aurocs, mean_defined(aurocs), len(labels))
 

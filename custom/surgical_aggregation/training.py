@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
+from .methods import label_prior_weights
 from .metrics import bce_loss, mean_defined, per_class_auroc
 
 logger = logging.getLogger(__name__)
@@ -45,9 +46,16 @@ def make_loader(dataset: Dataset, batch_size: int, train: bool, workers: int = 0
     )
 
 
-def masked_bce_with_logits(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """BCE averaged over the labelled entries only (mask 1); unlabelled entries add nothing."""
+def masked_bce_with_logits(
+    logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """BCE averaged over the labelled entries only (mask 1); unlabelled entries add nothing.
+
+    ``weights`` (same shape) re-weights the entries, e.g. FedSLD's label-prior weights.
+    """
     losses = nn.functional.binary_cross_entropy_with_logits(logits.float(), target, reduction="none")
+    if weights is not None:
+        losses = losses * weights
     return (losses * mask).sum() / mask.sum().clamp_min(1.0)
 
 
@@ -72,8 +80,15 @@ def train_epoch(
     max_steps: int | None = None,
     progress: bool = False,
     description: str = "train",
+    class_prior: torch.Tensor | None = None,
+    penalty: Callable[[], torch.Tensor] | None = None,
 ) -> EpochResult:
-    """One pass over ``loader`` (or ``max_steps`` batches); returns the sample-weighted mean loss."""
+    """One pass over ``loader`` (or ``max_steps`` batches); returns the sample-weighted mean loss.
+
+    ``class_prior`` (C,) turns on FedSLD's re-weighting; ``penalty()`` is added to every batch's
+    loss (e.g. FedProx's proximal term) but not to the reported loss.
+    """
+    prior = None if class_prior is None else class_prior.to(device)
     model.train()
     started = time.perf_counter()
     total, samples = 0.0, 0
@@ -86,17 +101,19 @@ def train_epoch(
         mask = batch["mask"].to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
         with _autocast(device, amp):
-            loss = masked_bce_with_logits(model(images), target, mask)
-        if not torch.isfinite(loss):
+            weights = None if prior is None else label_prior_weights(target, mask, prior)
+            loss = masked_bce_with_logits(model(images), target, mask, weights)
+        objective = loss if penalty is None else loss + penalty()
+        if not torch.isfinite(objective):
             raise FloatingPointError(
-                f"{description}: loss became {loss.item()} at step {step}; lower the learning rate"
+                f"{description}: loss became {objective.item()} at step {step}; lower the learning rate"
             )
         if scaler is not None:
-            scaler.scale(loss).backward()
+            scaler.scale(objective).backward()
             scaler.step(optimizer)
             scaler.update()
         else:
-            loss.backward()
+            objective.backward()
             optimizer.step()
         total += loss.item() * len(images)
         samples += len(images)

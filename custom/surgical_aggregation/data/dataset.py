@@ -8,7 +8,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import ConcatDataset, Dataset
 
 from .cache import CacheReport, ImageCache, OnError, build_cache, cache_directory
 from .table import LabelTable, MissingClassPolicy
@@ -34,6 +34,7 @@ class ChestXrayDataset(Dataset):
         classes: Sequence[str] | None = None,
         missing: MissingClassPolicy = "error",
     ) -> None:
+        self.table = table
         self.class_names = list(table.classes if classes is None else classes)
         self.paths = table.paths
         labels, mask = table.label_matrix(self.class_names, missing)
@@ -45,9 +46,33 @@ class ChestXrayDataset(Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
+    def relabelled(self, classes: Sequence[str], missing: MissingClassPolicy) -> ChestXrayDataset:
+        """The same images with label columns ``classes`` (e.g. a federation's union, vanilla FL's negatives)."""
+        return ChestXrayDataset(self.table, self.images, self.transform, classes, missing)
+
+    def reseed(self, seed: int) -> None:
+        """Seed the random transforms (no effect on deterministic ones)."""
+        if hasattr(self.transform, "set_random_state"):
+            self.transform.set_random_state(seed=seed % 2**32)
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         image = self.transform(self.images.read(self.paths[index]))
         return {"image": image, "label": self.labels[index], "mask": self.mask[index]}
+
+
+class CombinedDataset(ConcatDataset):
+    """Several sites' datasets over one class list (centralized training), reseeded together."""
+
+    def __init__(self, parts: Sequence[ChestXrayDataset]) -> None:
+        names = {tuple(part.class_names) for part in parts}
+        if len(names) != 1:
+            raise ValueError(f"datasets to combine must have the same label columns, got {sorted(names)}")
+        super().__init__(parts)
+        self.class_names = list(parts[0].class_names)
+
+    def reseed(self, seed: int) -> None:
+        for offset, part in enumerate(self.datasets):
+            part.reseed(seed + offset)
 
 
 def cache_table(

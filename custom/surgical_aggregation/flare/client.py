@@ -27,15 +27,19 @@ import nvflare.client as flare
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.client.tracking import SummaryWriter
 
+from ..aggregation import numpy_state
 from ..config import SiteConfig, find_site_config, load_site_config
+from ..methods import recipe_from_meta
 from ..site import SiteData, prepare_site_data, resolve_table, split_table
 from ..trainer import ExchangeRecorder, SiteTrainer, Tracker, evaluation_metrics
 from .protocol import (
-    META_BACKBONE_STRATEGY,
     META_CLASS_NAMES,
     META_DATA,
+    META_LABEL_COUNTS,
     META_NUM_SAMPLES,
     META_PREPROCESSING,
+    META_RECIPE,
+    META_WANT_LABEL_COUNTS,
     META_WARMUP,
     TASK_DESCRIBE,
 )
@@ -82,51 +86,55 @@ class ClientSession:
 
     def handle(self, task: str, received: FLModel) -> FLModel:
         if task == TASK_DESCRIBE:
-            return self.describe()
+            return self.describe(bool((received.meta or {}).get(META_WANT_LABEL_COUNTS)))
         if flare.is_train():
             return self.train(received)
         if flare.is_evaluate():
             return self.validate(received)
         if flare.is_submit_model():
-            return FLModel(params=self.trainer.state_dict(), meta={META_CLASS_NAMES: self.class_names})
+            return FLModel(
+                params=numpy_state(self.trainer.state_dict()), meta={META_CLASS_NAMES: self.trainer.head_classes}
+            )
         raise ValueError(f"{self.site}: unknown task {task!r}")
 
-    def describe(self) -> FLModel:
+    def describe(self, with_label_counts: bool = False) -> FLModel:
+        """Class names and sizes; per-class training counts only when asked (FedSLD shares them by design)."""
         splits = split_table(self.table, self.config)
         origin = "embedded generated data" if self.config.data.location is None else "local data"
         description = f"{self.config.data.kind} layout, {origin}, {len(self.table)} images"
         self.log.info("%s: %d classes %s; %s", self.site, len(self.class_names), self.class_names, description)
-        return FLModel(
-            params={},
-            metrics={"num_train": len(splits["train"]), "num_val": len(splits["val"])},
-            meta={
-                META_CLASS_NAMES: self.class_names,
-                META_NUM_SAMPLES: len(splits["train"]),
-                META_DATA: description,
-                META_PREPROCESSING: {
-                    "image_size": self.config.image_size,
-                    "in_channels": self.config.in_channels,
-                    "imagenet_normalize": self.config.imagenet_normalize,
-                },
+        meta = {
+            META_CLASS_NAMES: self.class_names,
+            META_NUM_SAMPLES: len(splits["train"]),
+            META_DATA: description,
+            META_PREPROCESSING: {
+                "image_size": self.config.image_size,
+                "in_channels": self.config.in_channels,
+                "imagenet_normalize": self.config.imagenet_normalize,
             },
-        )
+        }
+        if with_label_counts:
+            train = splits["train"]
+            meta[META_LABEL_COUNTS] = {
+                name: [int((train.frame[name] == 1).sum()), int(train.frame[name].notna().sum())]
+                for name in self.class_names
+            }
+            self.log.info("%s: sharing per-class training counts with the server (FedSLD)", self.site)
+        return FLModel(params={}, metrics={"num_train": len(splits["train"]), "num_val": len(splits["val"])}, meta=meta)
 
     def train(self, received: FLModel) -> FLModel:
         trainer = self.trainer
         round_number = received.current_round or 0
         classes = received.meta.get(META_CLASS_NAMES) or self.class_names
         self.recorder.record(round_number, "received", received.params, classes)
+        trainer.set_recipe(recipe_from_meta(received.meta.get(META_RECIPE) or {}))
         trainer.load_global(received.params, classes)
         global_evaluation = trainer.validate(tag="global_model")
-        report = trainer.fit(
-            round_number,
-            warmup=bool(received.meta.get(META_WARMUP)),
-            batchnorm_frozen=received.meta.get(META_BACKBONE_STRATEGY) == "fedbn_plus",
-        )
+        report = trainer.fit(round_number, warmup=bool(received.meta.get(META_WARMUP)))
         local_evaluation = trainer.validate(tag="local_model")
         trainer.save(self.local_model_path)
         state = trainer.state_dict()
-        self.recorder.record(round_number, "sent", state, self.class_names)
+        self.recorder.record(round_number, "sent", state, trainer.head_classes)
         metrics = evaluation_metrics(global_evaluation, "val")
         metrics.update({f"local_{k}": v for k, v in evaluation_metrics(local_evaluation, "val").items()})
         metrics["train_loss"] = report.train_losses[-1]
@@ -141,9 +149,9 @@ class ClientSession:
             local_evaluation.mean_auroc,
         )
         return FLModel(
-            params=state,
+            params=numpy_state(state),
             metrics=metrics,
-            meta={META_CLASS_NAMES: self.class_names, META_NUM_SAMPLES: report.samples},
+            meta={META_CLASS_NAMES: trainer.head_classes, META_NUM_SAMPLES: report.samples},
         )
 
     def validate(self, received: FLModel) -> FLModel:

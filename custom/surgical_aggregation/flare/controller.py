@@ -12,6 +12,11 @@ A thin layer over :mod:`surgical_aggregation.aggregation`:
    early stopping (patience, min delta);
 4. a site that fails or drops out costs at most the round's timeout; with fewer than
    ``min_clients`` valid contributions the last good global model is kept.
+
+The comparators of the papers run through this same workflow with ``method`` (see
+:mod:`surgical_aggregation.methods`): ``vanilla`` and ``partial_loss`` send every site the whole
+union head, ``personal`` (PFL) lets each site keep its head and saves one personal model per
+site under ``personal_models/``; ``label_prior`` adds FedSLD's handshake and ``proximal_mu`` FedProx.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import json
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +45,30 @@ from ..aggregation import (
     ContributionRejected,
     HeadSpec,
     SurgicalAggregator,
+    batchnorm_keys,
     extend_head,
     slice_for_client,
+    to_numpy,
 )
 from ..labels import canonical_name, canonical_names, union_labels
+from ..methods import (
+    LabelCounts,
+    SiteRecipe,
+    check_method,
+    federation_label_prior,
+    head_classes_for_site,
+    recipe_meta,
+)
+from ..model import save_checkpoint
 from ..plots import plot_training_curves
 from .protocol import (
-    META_BACKBONE_STRATEGY,
     META_CLASS_NAMES,
     META_DATA,
+    META_LABEL_COUNTS,
     META_NUM_SAMPLES,
     META_PREPROCESSING,
+    META_RECIPE,
+    META_WANT_LABEL_COUNTS,
     META_WARMUP,
     TASK_DESCRIBE,
     TASK_TRAIN,
@@ -59,6 +77,7 @@ from .protocol import (
 
 HISTORY_FILE = "round_history.json"
 CURVES_FILE = "training_curves.png"
+PERSONAL_MODELS_DIR = "personal_models"  # PFL: <site>.pt (latest) and best_<site>.pt
 
 
 @dataclass
@@ -68,6 +87,7 @@ class SiteInfo:
     num_samples: int
     data: str
     preprocessing: dict[str, Any]
+    label_counts: dict[str, LabelCounts] = field(default_factory=dict)  # FedSLD only
 
 
 @dataclass
@@ -77,6 +97,7 @@ class GlobalVersion:
     round: int
     state: dict[str, Any]
     class_names: list[str]
+    personal: dict[str, dict[str, Any]] = field(default_factory=dict)  # PFL: site -> its full model state
 
 
 def _mean(values: list[float]) -> float:
@@ -89,8 +110,11 @@ class SurgicalAggregatorShareable(ModelController):
         self,
         num_rounds: int = 10,
         min_clients: int = 2,
+        method: str = "surgical",
         backbone_strategy: str = "fedavg",
         weighting: str = "uniform",
+        label_prior: bool = False,
+        proximal_mu: float = 0.0,
         patience: int = 25,
         min_delta: float = 1e-4,
         handshake_timeout: int = 600,
@@ -106,9 +130,14 @@ class SurgicalAggregatorShareable(ModelController):
         Args:
             num_rounds: maximum number of federated rounds.
             min_clients: sites needed at the handshake and valid contributions needed to update the model.
-            backbone_strategy: "fedavg" (average everything, BatchNorm statistics included) or
-                "fedbn_plus" (BatchNorm frozen at the initial statistics on every site, never averaged).
+            method: "surgical" (the default), or a comparator: "vanilla", "partial_loss", "personal" (PFL).
+            backbone_strategy: "fedavg" (average everything, BatchNorm statistics included),
+                "fedbn_plus" (BatchNorm frozen at the initial statistics on every site, never averaged)
+                or "fedbn" (each site keeps and trains its own BatchNorm; PFL only).
             weighting: "uniform" (the papers' unweighted mean) or "samples" (by training images).
+            label_prior: FedSLD: sites share per-class training counts once, and re-weight their loss
+                by the federation's label prior the server computes from them.
+            proximal_mu: FedProx's proximal term weight (0 = off).
             patience: stop after this many validated rounds without improvement of the mean
                 validation loss by more than ``min_delta``.
             handshake_timeout / train_timeout / validate_timeout: seconds a site may take per task
@@ -122,13 +151,19 @@ class SurgicalAggregatorShareable(ModelController):
             raise ValueError(f"backbone_strategy must be one of {BACKBONE_STRATEGIES}, got {backbone_strategy!r}")
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+        check_method(method, backbone_strategy)
+        if not proximal_mu >= 0:
+            raise ValueError(f"proximal_mu must not be negative, got {proximal_mu!r}")
         for name, value in (("num_rounds", num_rounds), ("min_clients", min_clients)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.num_rounds = num_rounds
         self.min_clients = min_clients
+        self.method = method
         self.backbone_strategy = backbone_strategy
         self.weighting = weighting
+        self.label_prior = label_prior
+        self.proximal_mu = float(proximal_mu)
         self.patience = patience
         self.min_delta = min_delta
         self.handshake_timeout = handshake_timeout
@@ -139,6 +174,8 @@ class SurgicalAggregatorShareable(ModelController):
         self.head = HeadSpec(head_weight_key, head_bias_key)
 
         self._sites: dict[str, SiteInfo] = {}
+        self._prior: dict[str, float] = {}
+        self._personal_parts: dict[str, dict[str, Any]] = {}  # PFL: site -> entries it keeps
         self._warmed_up: set[str] = set()
         self._history: list[dict[str, Any]] = []
         self._best_loss = math.inf
@@ -153,6 +190,9 @@ class SurgicalAggregatorShareable(ModelController):
         state = dict(initial.params)
         classes = canonical_names(initial.meta.get(META_CLASS_NAMES, []), "initial model")
         self._sites = self._handshake()
+        if self.label_prior:
+            self._prior = federation_label_prior({site: info.label_counts for site, info in self._sites.items()})
+            self.info(f"federation label prior (FedSLD): { {k: round(v, 4) for k, v in self._prior.items()} }")
         ordered = [self._sites[site].classes for site in sorted(self._sites)]
         state, classes = extend_head(state, classes, union_labels(*ordered), self.head, self.head_seed)
         self.info(f"union head: {len(classes)} classes {classes}")
@@ -184,9 +224,10 @@ class SurgicalAggregatorShareable(ModelController):
                     f"round {round_number}: only {len(aggregated.accepted)} valid contribution(s) "
                     f"({aggregated.accepted}), {self.min_clients} needed: keeping the last good global model"
                 )
-            latest = GlobalVersion(round_number, state, classes)
+            latest = GlobalVersion(round_number, state, classes, self._personal_models(state))
             self._publish(latest, AppEventType.AFTER_AGGREGATION)
             self.save_model(self._as_flmodel(latest))
+            self._save_personal(latest)
             record["seconds"] = round(time.perf_counter() - started, 2)
             self._record(record)
             if self._rounds_without_improvement >= self.patience:
@@ -209,7 +250,9 @@ class SurgicalAggregatorShareable(ModelController):
     def _handshake(self) -> dict[str, SiteInfo]:
         """Ask every site for its class names; at least ``min_clients`` must answer validly."""
         results = self.send_model_and_wait(
-            task_name=TASK_DESCRIBE, data=FLModel(params={}, meta={}), timeout=self.handshake_timeout
+            task_name=TASK_DESCRIBE,
+            data=FLModel(params={}, meta={META_WANT_LABEL_COUNTS: self.label_prior}),
+            timeout=self.handshake_timeout,
         )
         sites: dict[str, SiteInfo] = {}
         for result in results:
@@ -220,11 +263,14 @@ class SurgicalAggregatorShareable(ModelController):
                 if not classes:
                     raise ValueError(f"site {site} reported no class names")
                 samples = int(result.meta.get(META_NUM_SAMPLES, 0))
+                counts = self._label_counts(site, reported, result.meta.get(META_LABEL_COUNTS))
             except (ValueError, TypeError) as error:
                 self.error(f"handshake with {site} failed, leaving it out: {error}")
                 continue
             preprocessing = dict(result.meta.get(META_PREPROCESSING) or {})
-            sites[site] = SiteInfo(classes, reported, samples, str(result.meta.get(META_DATA, "")), preprocessing)
+            sites[site] = SiteInfo(
+                classes, reported, samples, str(result.meta.get(META_DATA, "")), preprocessing, counts
+            )
             self.info(f"{site}: {len(classes)} classes, {samples} training images ({sites[site].data})")
         settings = {json.dumps(info.preprocessing, sort_keys=True) for info in sites.values()}
         if len(settings) > 1:
@@ -235,6 +281,28 @@ class SurgicalAggregatorShareable(ModelController):
                 "See the sites' logs for their errors."
             )
         return sites
+
+    def _label_counts(self, site: str, reported: list[str], counts: Any) -> dict[str, LabelCounts]:
+        """FedSLD: the site's per-class training counts, by canonical name (empty when not asked for)."""
+        if not self.label_prior:
+            return {}
+        if not isinstance(counts, dict) or set(counts) != set(reported):
+            raise ValueError(f"site {site} sent no per-class counts for its classes {reported} (FedSLD needs them)")
+        return {canonical_name(name): LabelCounts(int(value[0]), int(value[1])) for name, value in counts.items()}
+
+    def _recipe(self, info: SiteInfo) -> SiteRecipe:
+        prior = {name: self._prior[name] for name in info.classes if name in self._prior} or None
+        return SiteRecipe(self.method, self.backbone_strategy, self.proximal_mu, prior)
+
+    def _personal_models(self, state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """PFL: each site's model = the global backbone with the entries that site keeps (head, FedBN's BN)."""
+        return {site: {**state, **parts} for site, parts in self._personal_parts.items()}
+
+    def _keep_personal(self, site: str, result_state: dict[str, Any]) -> None:
+        keys = set(self.head.keys)
+        if self.backbone_strategy == "fedbn":
+            keys |= batchnorm_keys(result_state)
+        self._personal_parts[site] = {key: to_numpy(result_state[key]) for key in keys}
 
     def _train_round(
         self, round_number: int, state: dict, classes: list[str], record: dict
@@ -263,21 +331,25 @@ class SurgicalAggregatorShareable(ModelController):
                 except ContributionRejected as rejection:
                     self.error(f"round {round_number}: {rejection}")
                     return False
+                if self.method == "personal":
+                    self._keep_personal(site, contribution.state)
             self.info(f"round {round_number}: accepted the contribution of {site}")
             return True
 
         for site, info in self._sites.items():
             warmup = site not in self._warmed_up
             self._warmed_up.add(site)
+            head_classes = head_classes_for_site(self.method, info.classes, classes)
             self.send_model(
                 task_name=TASK_TRAIN,
                 data=FLModel(
-                    params=slice_for_client(state, classes, info.classes, self.head),
+                    params=slice_for_client(state, classes, head_classes, self.head),
                     current_round=round_number,
                     total_rounds=self.num_rounds,
                     meta={
-                        META_CLASS_NAMES: info.reported,
-                        META_BACKBONE_STRATEGY: self.backbone_strategy,
+                        # the site's own spelling for its own classes; the union's names for union heads
+                        META_CLASS_NAMES: head_classes if head_classes != info.classes else info.reported,
+                        META_RECIPE: recipe_meta(self._recipe(info)),
                         META_WARMUP: warmup,
                     },
                 ),
@@ -293,13 +365,29 @@ class SurgicalAggregatorShareable(ModelController):
         return aggregator
 
     def _validate(self, version: GlobalVersion) -> dict[str, dict]:
-        """Each site validates its slice of ``version``; returns site -> metrics."""
-        results = self.send_model_and_wait(
-            task_name=TASK_VALIDATE,
-            data=FLModel(params=version.state, meta={META_CLASS_NAMES: version.class_names}),
-            timeout=self.validate_timeout,
-        )
-        return {result.meta.get("client_name", "?"): dict(result.metrics or {}) for result in results}
+        """Each site validates its slice of ``version`` (PFL: its personal model); returns site -> metrics."""
+        if not version.personal:
+            results = self.send_model_and_wait(
+                task_name=TASK_VALIDATE,
+                data=FLModel(params=version.state, meta={META_CLASS_NAMES: version.class_names}),
+                timeout=self.validate_timeout,
+            )
+            return {result.meta.get("client_name", "?"): dict(result.metrics or {}) for result in results}
+        metrics: dict[str, dict] = {}
+
+        def collect(result: FLModel) -> None:
+            metrics[result.meta.get("client_name", "?")] = dict(result.metrics or {})
+
+        for site, state in version.personal.items():
+            self.send_model(
+                task_name=TASK_VALIDATE,
+                data=FLModel(params=state, meta={META_CLASS_NAMES: self._sites[site].classes}),
+                targets=[site],
+                timeout=self.validate_timeout,
+                callback=collect,
+            )
+        self._wait()
+        return metrics
 
     def _consider(self, version: GlobalVersion, site_metrics: dict[str, dict], record: dict) -> None:
         """Best-model selection and early stopping on the mean of the sites' validation losses."""
@@ -320,6 +408,7 @@ class SurgicalAggregatorShareable(ModelController):
             self._rounds_without_improvement = 0
             record["best"] = True
             self._publish(version, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
+            self._save_personal(version, best=True)
             self.info(f"new best global model: round {version.round}")
         else:
             self._rounds_without_improvement += 1
@@ -344,8 +433,20 @@ class SurgicalAggregatorShareable(ModelController):
         return {
             META_CLASS_NAMES: version.class_names,
             "round": version.round,
+            "method": self.method,
             META_PREPROCESSING: first_site.preprocessing,
         }  # no per-site class lists: the file may be shared with sites, which must not learn each other's
+
+    def _save_personal(self, version: GlobalVersion, best: bool = False) -> None:
+        """PFL: ``personal_models/<site>.pt`` (latest) or ``best_<site>.pt``, each with the site's classes."""
+        if not version.personal:
+            return
+        folder = Path(self.get_app_dir()) / PERSONAL_MODELS_DIR
+        meta = {key: value for key, value in self._model_meta(version).items() if key != META_CLASS_NAMES}
+        in_channels = int(meta[META_PREPROCESSING].get("in_channels", 1))
+        for site, state in version.personal.items():
+            name = f"best_{site}.pt" if best else f"{site}.pt"
+            save_checkpoint(folder / name, state, self._sites[site].classes, in_channels, site=site, **meta)
 
     def _as_flmodel(self, version: GlobalVersion) -> FLModel:
         return FLModel(params=version.state, current_round=version.round, meta=self._model_meta(version))

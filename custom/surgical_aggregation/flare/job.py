@@ -95,7 +95,9 @@ def server_config(spec: JobSpec) -> dict[str, Any]:
 
 
 def client_config(spec: JobSpec) -> dict[str, Any]:
-    exchange = {"params_exchange_format": "pytorch", "server_expected_format": "numpy"}
+    # numpy both ways: FLARE's pytorch<->numpy converter reshapes received arrays to the shapes the
+    # site last sent, which breaks when a site validates a model with more head rows than it trains.
+    exchange = {"params_exchange_format": "numpy", "server_expected_format": "numpy"}
     if spec.client_execution == "in_process":
         arguments = {"execution_mode": "in_process", "task_script_path": CLIENT_ENTRY_POINT, **exchange}
     else:

@@ -23,14 +23,9 @@ from nvflare.app_common.app_constant import AppConstants, DefaultCheckpointFileN
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.model_desc import ModelDescriptor
 
+from ..aggregation import numpy_state
 from ..model import initial_global_state, load_checkpoint, save_checkpoint
 from .protocol import META_CLASS_NAMES
-
-
-def _numpy_state(state) -> dict[str, np.ndarray]:
-    return {
-        key: value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value for key, value in state.items()
-    }
 
 
 class SurgicalModelPersistor(ModelPersistor):
@@ -73,12 +68,12 @@ class SurgicalModelPersistor(ModelPersistor):
             self.log_info(
                 fl_ctx, f"initial global model from {self.initial_model}: {len(checkpoint.class_names)} classes"
             )
-            return make_model_learnable(_numpy_state(checkpoint.state), {META_CLASS_NAMES: checkpoint.class_names})
+            return make_model_learnable(numpy_state(checkpoint.state), {META_CLASS_NAMES: checkpoint.class_names})
         weights = self.pretrained_weights and self._resolve(self.pretrained_weights, fl_ctx)
         state = initial_global_state(self.in_channels, self.seed, weights or None)
         origin = f"ImageNet weights from {weights}" if weights else f"random initialisation (seed {self.seed})"
         self.log_info(fl_ctx, f"initial global backbone: {origin}; the head grows as sites report their classes")
-        return make_model_learnable(_numpy_state(state), {META_CLASS_NAMES: []})
+        return make_model_learnable(numpy_state(state), {META_CLASS_NAMES: []})
 
     def _write(self, learnable: ModelLearnable, path: Path) -> None:
         meta = dict(learnable.get(ModelLearnableKey.META) or {})
@@ -111,7 +106,7 @@ class SurgicalModelPersistor(ModelPersistor):
             return None
         checkpoint = load_checkpoint(descriptor.location)
         return make_model_learnable(
-            _numpy_state(checkpoint.state), {META_CLASS_NAMES: checkpoint.class_names, **checkpoint.meta}
+            numpy_state(checkpoint.state), {META_CLASS_NAMES: checkpoint.class_names, **checkpoint.meta}
         )
 
 

@@ -7,7 +7,9 @@ TASK_SUBMIT_MODEL = "submit_model"
 
 META_CLASS_NAMES = "class_names"  # names of the head rows in the params, in row order
 META_NUM_SAMPLES = "num_samples"  # training images behind a contribution
-META_BACKBONE_STRATEGY = "backbone_strategy"  # fedavg | fedbn_plus (the client freezes BatchNorm for fedbn_plus)
+META_RECIPE = "recipe"  # the method's site-side settings (methods.recipe_meta)
+META_WANT_LABEL_COUNTS = "want_label_counts"  # handshake: the server asks for per-class counts (FedSLD only)
+META_LABEL_COUNTS = "label_counts"  # class -> [positives, labelled] on the site's training split
 META_WARMUP = "warmup"  # warm up the head (backbone frozen) before this round's training
 META_DATA = "data"  # a site's one-line description of its data (no paths, no counts per class)
 META_PREPROCESSING = "preprocessing"  # image_size / in_channels / imagenet_normalize a site trains with
