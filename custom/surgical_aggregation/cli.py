@@ -4,7 +4,8 @@
 * ``generate``  write the embedded (generated) datasets in the real NIH / CheXpert / MIMIC layouts;
 * ``predict``   score a folder or CSV of images with a model: per-class probabilities by class name;
 * ``evaluate``  per-class AUROC of a model on a labelled set (the classes both have), table + plot;
-* ``write-job`` (re)write a FLARE job folder of this bundle (e.g. ``jobs/nih_chexpert``).
+* ``write-job`` (re)write a FLARE job folder of this bundle (e.g. ``jobs/nih_chexpert``);
+* ``experiment`` run (or resume) a grid of the papers' comparisons and write tables and plots.
 """
 
 from __future__ import annotations
@@ -126,6 +127,92 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, type=Path, help="job folder to write (replaced if present)")
 
 
+def _add_experiment(commands: argparse._SubParsersAction) -> None:
+    from .methods import COMPARATORS
+    from .simulation import GRIDS, PROFILES
+
+    parser = commands.add_parser(
+        "experiment",
+        help="run a grid of the papers' comparisons (FLARE simulator + baselines), then tables and plots",
+        description="Run or resume a grid: settings x methods x seeds. Finished runs are skipped. Without data "
+        "folders the embedded generated datasets are used (the demo profile runs in minutes on CPU).",
+    )
+    parser.add_argument("--grid", choices=GRIDS, default="small", help="which settings (default: small)")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=COMPARATORS,
+        default=["surgical", "vanilla", "partial_loss", "centralized"],
+        metavar="METHOD",
+        help="comparators to run (default: surgical vanilla partial_loss centralized); any of "
+        + ", ".join(COMPARATORS),
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds (default: 0)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="demo", help="training recipe (default demo)")
+    parser.add_argument("--rounds", type=int, default=None, help="override the profile's number of rounds")
+    parser.add_argument("--out", required=True, type=Path, help="results folder (resumes when it exists)")
+    parser.add_argument("--nih", default=None, help="NIH ChestX-ray14 folder (default: embedded data)")
+    parser.add_argument("--chexpert", default=None, help="CheXpert folder (default: embedded data)")
+    parser.add_argument("--mimic", default=None, help="MIMIC-CXR-JPG folder, the external test set (default: embedded)")
+    parser.add_argument("--embedded-patients", type=int, default=400, help="patients per embedded dataset")
+    parser.add_argument("--backbone", choices=("fedavg", "fedbn_plus"), default="fedavg", help="backbone strategy")
+    parser.add_argument("--weighting", choices=("uniform", "samples"), default="uniform", help="aggregation weights")
+    parser.add_argument("--pretrained", default=None, help="local ImageNet DenseNet121 weights for every model")
+    parser.add_argument("--only", nargs="+", default=[], help="run only settings whose name contains one of these")
+    parser.add_argument("--cache-dir", default=None, help=f"cache root (default {default_cache_root()})")
+    parser.add_argument("--keep-workspaces", action="store_true", help="keep the FLARE simulator workspaces")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="write plan.json and each site's label counts (from the NIH label "
+        "file: the real one when torchxrayvision's data is installed), train nothing"
+    )  # fmt: skip
+    parser.add_argument("--summarize-only", action="store_true", help="only redo tables and plots of finished runs")
+
+
+def _experiment(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import pandas as pd
+
+    from .experiments import RunOptions, run_grid, summarize
+    from .simulation import PROFILES, DataSources, grid_settings, nih_label_table, site_label_counts
+
+    if args.summarize_only:
+        print(f"wrote {summarize(args.out)}")
+        return 0
+    profile = PROFILES[args.profile]
+    if args.rounds is not None:
+        profile = dataclasses.replace(profile, rounds=args.rounds)
+    sources = DataSources(args.nih, args.chexpert, args.mimic, embedded_patients=args.embedded_patients)
+    if args.dry_run:
+        table, origin = nih_label_table(sources)
+        settings = [s for s in grid_settings(args.grid, sources, profile) if s.factor != "labels"]
+        if not settings:
+            raise ValueError(f"grid {args.grid!r} has no simulated NIH setting to plan")
+        counts = pd.concat([site_label_counts(setting, table) for setting in settings], ignore_index=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        counts.to_csv(args.out / "site_label_counts.csv", index=False)
+        for setting in settings:
+            print(f"{setting.name}: shared {setting.shared_classes}")
+            for site, labels in setting.label_sets.items():
+                train = counts[(counts.setting == setting.name) & (counts.site == site) & (counts.split == "train")]
+                print(f"  {site}: {len(labels)} labels, {train['images'].iloc[0]} training images: {labels}")
+        print(f"label counts from {origin} -> {args.out / 'site_label_counts.csv'}")
+        return 0
+    options = RunOptions(
+        backbone_strategy=args.backbone,
+        weighting=args.weighting,
+        pretrained_weights=args.pretrained,
+        bootstrap=args.bootstrap,
+        keep_workspaces=args.keep_workspaces,
+        cache_dir=args.cache_dir,
+    )
+    summary = run_grid(args.grid, args.methods, args.seeds, sources, profile, args.out, options, args.only)
+    print(summary.read_text())
+    print(f"wrote {summary} (tables, plots/ and per-run folders under {args.out})")
+    return 0
+
+
 def _predict(args: argparse.Namespace) -> int:
     from .inference import list_images, score_images
 
@@ -226,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_predict(commands)
     _add_evaluate(commands)
     _add_write_job(commands)
+    _add_experiment(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {
@@ -234,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "predict": _predict,
         "evaluate": _evaluate,
         "write-job": _write_job,
+        "experiment": _experiment,
     }
     try:
         return handlers[args.command](args)

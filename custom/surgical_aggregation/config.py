@@ -38,6 +38,12 @@ class DataConfig:
     labels: list[str] | None = None  # the findings this site trains on, in its order (default: all of the dataset's)
     split_fractions: list[float] = field(default_factory=lambda: [0.7, 0.1, 0.2])  # train / validation / test
     split_seed: int = 0
+    # Simulated federations from one dataset: the train and validation patients are dealt IID
+    # (stratified) into ``partition_count`` parts and this site takes part ``partition_index``;
+    # the test split stays whole (the federation's common held-out set).
+    partition_count: int = 1
+    partition_index: int = 0
+    train_subsample: float = 1.0  # keep this share of the site's training patients (dataset size N)
 
 
 @dataclass
@@ -139,6 +145,13 @@ def _validate(config: SiteConfig, where: str) -> None:
         raise fail("data.split_fractions", f"must be three non-negative numbers (train, val, test), got {fractions}")
     if abs(sum(fractions) - 1) > 1e-6 or fractions[0] <= 0 or fractions[1] <= 0:
         raise fail("data.split_fractions", f"must sum to 1 with non-empty train and val shares, got {fractions}")
+    if data.partition_count < 1 or not 0 <= data.partition_index < data.partition_count:
+        raise fail(
+            "data.partition_index",
+            f"must be in [0, partition_count={data.partition_count}), got {data.partition_index}",
+        )
+    if not 0 < data.train_subsample <= 1:
+        raise fail("data.train_subsample", f"must be in (0, 1], got {data.train_subsample}")
     positive = {
         "image_size": config.image_size,
         "batch_size": config.batch_size,

@@ -26,7 +26,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 PREPROCESSING_KEY = "preprocessing"  # checkpoint meta written by the server: {"image_size", "imagenet_normalize"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Preprocessing:
     image_size: int
     in_channels: int
@@ -132,15 +132,42 @@ def evaluate_on_table(
     bootstrap: int = 1000,
 ) -> EvaluationReport:
     """AUROC per class the model and the labelled set share (matched by name), with a bootstrap CI of the mean."""
-    checkpoint = load_checkpoint(checkpoint_path)
-    shared = [name for name in table.classes if name in checkpoint.class_names]
+    return evaluate_models([checkpoint_path], table, image_size, cache_dir, on_error, batch_size, device, bootstrap)
+
+
+def evaluate_models(
+    checkpoint_paths: Sequence[str | Path],
+    table: LabelTable,
+    image_size: int | None = None,
+    cache_dir: str | Path | None = None,
+    on_error: OnError = "skip",
+    batch_size: int = 32,
+    device: str = "auto",
+    bootstrap: int = 1000,
+) -> EvaluationReport:
+    """Like :func:`evaluate_on_table` for a set of models (PFL's personal models, per-dataset models):
+    each class is scored by the mean probability of the models that predict it."""
+    if not checkpoint_paths:
+        raise ValueError("no model to evaluate")
+    checkpoints = [load_checkpoint(path) for path in checkpoint_paths]
+    predicted = list(dict.fromkeys(name for checkpoint in checkpoints for name in checkpoint.class_names))
+    shared = [name for name in table.classes if name in predicted]
     if not shared:
-        raise ValueError(f"the model's classes {checkpoint.class_names} share none with the data's {table.classes}")
-    preprocessing = Preprocessing.of(checkpoint, image_size)
+        raise ValueError(f"the model(s) predict {predicted}, none of the data's classes {table.classes}")
+    settings = {Preprocessing.of(checkpoint, image_size) for checkpoint in checkpoints}
+    if len(settings) > 1:
+        raise ValueError(f"the models were trained with different preprocessing {settings}; pass --image-size")
+    preprocessing = settings.pop()
     dataset, kept, _ = _cached_dataset(table, preprocessing, cache_dir, on_error)
-    probabilities = _predict(checkpoint, dataset, batch_size, device)
+    sums = np.zeros((len(kept), len(predicted)))
+    counts = np.zeros(len(predicted))
+    for checkpoint in checkpoints:
+        columns = [predicted.index(name) for name in checkpoint.class_names]
+        sums[:, columns] += _predict(checkpoint, dataset, batch_size, device)
+        counts[columns] += 1
+    probabilities = sums / counts
     labels, mask = kept.label_matrix()
-    aligned = align_by_name(probabilities, checkpoint.class_names, labels, kept.classes, mask)
+    aligned = align_by_name(probabilities, predicted, labels, kept.classes, mask)
     aurocs = per_class_auroc(aligned.y_true, aligned.y_score, aligned.class_names, aligned.mask)
     valid = aligned.mask.astype(bool)
     per_class = pd.DataFrame(

@@ -38,11 +38,7 @@ def plot_training_curves(history: Sequence[Mapping], path: str | Path) -> Path:
     loss_axis.set_ylabel("validation BCE loss")
     auroc_axis.set_ylabel("validation mean AUROC")
     figure.suptitle("Global model, validated by each site on its own classes")
-    figure.tight_layout()
-    path = Path(path)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def plot_per_class_auroc(aurocs: Mapping[str, float], path: str | Path, title: str) -> Path:
@@ -59,8 +55,63 @@ def plot_per_class_auroc(aurocs: Mapping[str, float], path: str | Path, title: s
     axis.invert_yaxis()
     axis.set_xlabel("AUROC")
     axis.set_title(title)
-    figure.tight_layout()
+    return _save(figure, path)
+
+
+def _save(figure, path: str | Path) -> Path:
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def plot_metric_vs_factor(
+    curves: Mapping[str, Sequence[tuple[float, float, float, float]]],
+    path: str | Path,
+    factor: str,
+    title: str,
+    labels: Mapping[str, str] | None = None,
+) -> Path:
+    """One line per method: (factor value, mean AUROC, low, high) points, the band being the CI or seed range."""
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for method, points in curves.items():
+        points = sorted(points)
+        x = [p[0] for p in points]
+        axis.plot(x, [p[1] for p in points], "-o", label=(labels or {}).get(method, method))
+        axis.fill_between(x, [p[2] for p in points], [p[3] for p in points], alpha=0.15)
+    names = {"psi": "label heterogeneity ψ", "K": "number of sites K", "N": "dataset size N"}
+    axis.set_xlabel(names.get(factor, factor))
+    axis.set_ylabel("mean AUROC (95% CI)")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def plot_per_class_by_method(
+    aurocs: Mapping[str, Mapping[str, float]],
+    path: str | Path,
+    title: str,
+    labels: Mapping[str, str] | None = None,
+    marked: Sequence[str] = (),
+) -> Path:
+    """Grouped horizontal bars: per class, one bar per method. Classes in ``marked`` get a '*' (e.g. shared)."""
+    methods = list(aurocs)
+    classes = list(dict.fromkeys(name for values in aurocs.values() for name in values))
+    height = 0.8 / max(len(methods), 1)
+    figure, axis = plt.subplots(figsize=(8, 0.28 * len(classes) * max(len(methods), 2) / 2 + 1.5))
+    for index, method in enumerate(methods):
+        rows = [row + index * height for row in range(len(classes))]
+        values = [aurocs[method].get(name, math.nan) for name in classes]
+        axis.barh(rows, [0 if math.isnan(v) else v for v in values], height, label=(labels or {}).get(method, method))
+    axis.set_yticks([row + 0.4 - height / 2 for row in range(len(classes))])
+    axis.set_yticklabels([f"{name} *" if name in marked else name for name in classes], fontsize=8)
+    axis.axvline(0.5, color="grey", linestyle=":")
+    axis.set_xlim(0, 1)
+    axis.invert_yaxis()
+    axis.set_xlabel("AUROC" + ("   (* held by every site)" if marked else ""))
+    axis.set_title(title)
+    axis.legend(fontsize=8, loc="lower right")
+    return _save(figure, path)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .config import SiteConfig, SiteConfigError
 from .data.cache import CacheReport, ImageCache, default_cache_root, exclusive
-from .data.dataset import ChestXrayDataset, cache_table
+from .data.dataset import ChestXrayDataset, CombinedDataset, cache_table
 from .data.sources import load_table
 from .data.splits import DEFAULT_SPLIT_NAMES, patient_split
 from .data.synthetic import ensure_generated
@@ -56,20 +56,22 @@ def resolve_table(config: SiteConfig, log: logging.Logger = logger) -> LabelTabl
             raise SiteConfigError(
                 f"data.labels {missing} are not labelled in this {data.kind} data; it labels {table.classes}"
             )
+        table.split_classes = table.split_classes or list(table.classes)
         table.classes = list(data.labels)
     return table
 
 
 @dataclass
 class SiteData:
-    """Train / validation / test datasets of one site, over its own classes in its own order."""
+    """Train / validation / test datasets of one site, over its own classes in its own order
+    (or of several sites pooled, for the centralized baseline)."""
 
     class_names: list[str]
-    train: ChestXrayDataset
-    val: ChestXrayDataset
-    test: ChestXrayDataset
-    cache: ImageCache
-    cache_report: CacheReport
+    train: ChestXrayDataset | CombinedDataset
+    val: ChestXrayDataset | CombinedDataset
+    test: ChestXrayDataset | CombinedDataset
+    cache: ImageCache | None = None
+    cache_report: CacheReport | None = None
 
     def summary(self) -> str:
         return (
@@ -79,7 +81,21 @@ class SiteData:
 
 
 def split_table(table: LabelTable, config: SiteConfig) -> dict[str, LabelTable]:
-    return patient_split(table, config.data.split_fractions, config.data.split_seed, DEFAULT_SPLIT_NAMES)
+    """Train / val / test by patient; then this site's IID part of train and val, and its subsample of train."""
+    data = config.data
+    splits = patient_split(table, data.split_fractions, data.split_seed, DEFAULT_SPLIT_NAMES)
+    if data.partition_count > 1:
+        names = [f"part{index}" for index in range(data.partition_count)]
+        equal = [1.0 / data.partition_count] * data.partition_count
+        for split in ("train", "val"):
+            parts = patient_split(splits[split], equal, data.split_seed + 1, names)
+            splits[split] = parts[names[data.partition_index]]
+    if data.train_subsample < 1:
+        kept = data.train_subsample
+        splits["train"] = patient_split(splits["train"], [kept, 1 - kept], data.split_seed + 2, ["kept", "rest"])[
+            "kept"
+        ]
+    return splits
 
 
 def prepare_site_data(

@@ -20,8 +20,13 @@ DEFAULT_SPLIT_NAMES = ("train", "val", "test")
 
 
 def patient_strata(table: LabelTable) -> pd.Series:
-    """Per patient: index of its rarest positive class (by patient prevalence), or -1 for none."""
-    positives = (table.frame[table.classes].fillna(0.0) == 1).groupby(table.frame[PATIENT_COLUMN], sort=True).any()
+    """Per patient: index of its rarest positive class (by patient prevalence), or -1 for none.
+
+    Uses the table's ``split_classes`` when set, so a site restricted to some labels splits its
+    patients exactly as the full dataset does (no patient changes split with the label subset).
+    """
+    classes = table.split_classes or table.classes
+    positives = (table.frame[classes].fillna(0.0) == 1).groupby(table.frame[PATIENT_COLUMN], sort=True).any()
     prevalence = positives.sum(axis=0).to_numpy()
     # Rank classes from rarest to most common; a patient's stratum is its rarest finding.
     rarity_order = np.argsort(prevalence, kind="stable")

@@ -35,6 +35,7 @@ class LabelTable:
     root: Path
     classes: list[str]
     frame: pd.DataFrame
+    split_classes: list[str] | None = None  # what patient splits stratify on (default: ``classes``)
 
     def __post_init__(self) -> None:
         missing = [column for column in (PATH_COLUMN, PATIENT_COLUMN, *self.classes) if column not in self.frame]

@@ -1,0 +1,285 @@
+"""The papers' experiment settings as site configs (no FLARE): simulated federations from NIH, and NIH + CheXpert.
+
+Simulated (seed 003): the NIH patients are split 70/10/20 once; the training and validation
+patients are dealt IID (stratified) to K sites, the test split is the common held-out set; each
+site trains a label subset chosen for a label heterogeneity psi (share of labels not shared by all
+sites); N keeps a fraction of each site's training patients. Real: an NIH site and a CheXpert site
+with the 7 shared labels only, or all 20.
+
+Data comes from real folders when given (``DataSources``), the embedded generated datasets
+otherwise. Everything here is plain dicts in the site-config format, validated by
+:func:`surgical_aggregation.config.site_config_from_dict`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .config import site_config_from_dict
+from .data.nih import read_nih_labels
+from .data.reference import NIH_LABEL_FILE, reference_file
+from .data.sources import load_table
+from .data.table import LabelTable
+from .labels import CHEXPERT_LABELS, NIH_LABELS
+from .site import resolve_table, split_table
+
+K_VALUES = (2, 3, 4, 5, 6, 8, 10)
+PSI_VALUES = (Fraction(0), Fraction(2, 14), Fraction(6, 14), Fraction(10, 14), Fraction(12, 14), Fraction(13, 14),
+              Fraction(1))  # fmt: skip
+N_VALUES = (Fraction(1, 10), Fraction(1, 8), Fraction(1, 6), Fraction(1, 4), Fraction(1, 3), Fraction(1, 2))
+K_GRID_PSI = Fraction(4, 14)  # the K sweep uses the N sweep's heterogeneity
+PSI_GRID_K = 4
+N_GRID_K, N_GRID_PSI = 2, Fraction(4, 14)
+
+
+def assign_label_sets(labels: Sequence[str], n_sites: int, psi: float | Fraction, seed: int = 0) -> list[list[str]]:
+    """Label subsets for ``n_sites`` sites with label heterogeneity ``psi``.
+
+    ``round(psi * len(labels))`` labels (which must be exact) are held by one site each, dealt
+    round-robin after a seeded shuffle; the others are held by every site. Every label is held
+    somewhere; each site's labels keep the order of ``labels``.
+    """
+    labels = list(labels)
+    if n_sites < 1:
+        raise ValueError(f"need at least one site, got {n_sites}")
+    if not 0 <= psi <= 1:
+        raise ValueError(f"psi must be in [0, 1], got {psi}")
+    n_unique = round(float(psi) * len(labels))
+    if abs(float(psi) * len(labels) - n_unique) > 1e-9:
+        raise ValueError(f"psi={psi} is not a whole number of the {len(labels)} labels")
+    n_shared = len(labels) - n_unique
+    if n_unique and n_sites < 2:
+        raise ValueError("label heterogeneity needs at least two sites")
+    if n_shared == 0 and n_unique < n_sites:
+        raise ValueError(f"psi={psi} leaves {n_unique} labels for {n_sites} sites: some site would have none")
+    order = [labels[index] for index in np.random.default_rng(seed).permutation(len(labels))]
+    holders: dict[str, set[int]] = {name: set(range(n_sites)) for name in order[:n_shared]}
+    for position, name in enumerate(order[n_shared:]):
+        holders[name] = {position % n_sites}
+    return [[name for name in labels if site in holders[name]] for site in range(n_sites)]
+
+
+def shared_labels(label_sets: Sequence[Sequence[str]]) -> list[str]:
+    """Labels every site holds (in the first site's order)."""
+    return [name for name in label_sets[0] if all(name in labels for labels in label_sets)]
+
+
+@dataclass
+class DataSources:
+    """Real dataset folders; None means the embedded generated dataset of that kind."""
+
+    nih: str | None = None
+    chexpert: str | None = None
+    mimic: str | None = None
+    embedded_patients: int = 400
+    embedded_image_size: int = 64
+
+    def data(self, kind: str) -> dict[str, Any]:
+        return {"kind": kind, "location": getattr(self, kind)}
+
+    def embedded(self) -> dict[str, Any]:
+        return {"patients": self.embedded_patients, "image_size": self.embedded_image_size, "seed": 0}
+
+    @property
+    def real(self) -> bool:
+        return any(getattr(self, kind) for kind in ("nih", "chexpert", "mimic"))
+
+
+@dataclass
+class Profile:
+    """Training settings shared by every site and method of a grid, and the federation's budget."""
+
+    name: str
+    training: dict[str, Any]
+    rounds: int
+    patience: int = 25
+    split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)
+
+
+PROFILES = {
+    # Minutes on 2 CPU cores, embedded data, from scratch.
+    "demo": Profile(
+        "demo",
+        {
+            "image_size": 64,
+            "batch_size": 32,
+            "optimizer": "adam",
+            "learning_rate": 3e-4,
+            "warmup_epochs": 1,
+            "warmup_learning_rate": 1e-3,
+            "local_epochs": 1,
+            "cache_threads": 2,
+            "record_exchanges": "off",
+        },
+        rounds=5,
+        split_fractions=(0.6, 0.2, 0.2),
+    ),
+    # The papers' recipe (seed 000/003): 224 px, ImageNet-pretrained weights when given, 15 warm-up epochs.
+    "paper": Profile(
+        "paper",
+        {
+            "image_size": 224,
+            "batch_size": 64,
+            "optimizer": "adam",
+            "learning_rate": 5e-5,
+            "warmup_epochs": 15,
+            "warmup_learning_rate": 1e-3,
+            "local_epochs": 1,
+            "workers": 8,
+            "cache_threads": 8,
+            "record_exchanges": "off",
+        },
+        rounds=150,
+        patience=25,
+    ),
+}
+
+
+@dataclass
+class TestSet:
+    """A labelled evaluation set: a dataset as a site config describes it, its ``test`` split or ``all`` of it."""
+
+    name: str
+    config: dict[str, Any]
+    split: str = "test"  # test | all (external)
+
+
+@dataclass
+class Setting:
+    """One point of a grid: the sites' configs and the sets the resulting models are tested on."""
+
+    name: str
+    factor: str  # K | psi | N | labels
+    value: float
+    sites: dict[str, dict[str, Any]]
+    test_sets: list[TestSet]
+    label_sets: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def shared_classes(self) -> list[str]:
+        return shared_labels(list(self.label_sets.values()))
+
+
+def _site_config(sources: DataSources, profile: Profile, kind: str, **data: Any) -> dict[str, Any]:
+    return {
+        "data": {**sources.data(kind), "split_fractions": list(profile.split_fractions), **data},
+        "embedded": sources.embedded(),
+        **copy.deepcopy(profile.training),
+    }
+
+
+def _external(sources: DataSources, profile: Profile) -> list[TestSet]:
+    return [TestSet("mimic", _site_config(sources, profile, "mimic"), "all")]
+
+
+def simulated_nih(
+    n_sites: int, psi: float | Fraction, fraction: float | Fraction, sources: DataSources, profile: Profile,
+    factor: str, value: float, label_seed: int = 0,
+) -> Setting:  # fmt: skip
+    """K IID sites from NIH with heterogeneity psi and training fraction N; tested on NIH's test split."""
+    label_sets = assign_label_sets(NIH_LABELS, n_sites, psi, label_seed)
+    sites = {}
+    for index, labels in enumerate(label_sets):
+        sites[f"site-{index + 1}"] = _site_config(
+            sources, profile, "nih", labels=labels, partition_count=n_sites, partition_index=index,
+            train_subsample=float(fraction),
+        )  # fmt: skip
+    unique = round(float(psi) * len(NIH_LABELS))
+    name = f"nih-K{n_sites}-psi{unique}of{len(NIH_LABELS)}-N{Fraction(fraction)}"
+    tests = [TestSet("nih", _site_config(sources, profile, "nih")), *_external(sources, profile)]
+    label_map = dict(zip(sites, label_sets, strict=True))
+    return Setting(name.replace("/", "_"), factor, float(value), sites, tests, label_map)
+
+
+def nih_chexpert(shared_only: bool, sources: DataSources, profile: Profile) -> Setting:
+    """The real two-site setting: the 7 shared labels only, or all 20."""
+    shared = [name for name in NIH_LABELS if name in CHEXPERT_LABELS]
+    nih_labels = shared if shared_only else list(NIH_LABELS)
+    chexpert_labels = [name for name in CHEXPERT_LABELS if name in shared] if shared_only else list(CHEXPERT_LABELS)
+    sites = {
+        "site-nih": _site_config(sources, profile, "nih", labels=nih_labels),
+        "site-chexpert": _site_config(sources, profile, "chexpert", labels=chexpert_labels),
+    }
+    tests = [
+        TestSet("nih", _site_config(sources, profile, "nih", labels=nih_labels)),
+        TestSet("chexpert", _site_config(sources, profile, "chexpert", labels=chexpert_labels)),
+        *_external(sources, profile),
+    ]
+    count = len(shared) if shared_only else len(set(NIH_LABELS) | set(CHEXPERT_LABELS))
+    return Setting(
+        f"nih_chexpert-{count}labels", "labels", float(count), sites, tests,
+        {"site-nih": nih_labels, "site-chexpert": chexpert_labels},
+    )  # fmt: skip
+
+
+def grid_settings(grid: str, sources: DataSources, profile: Profile) -> list[Setting]:
+    """The settings of a named grid: K, psi, N (seed 003), nih_chexpert (seed 000/002), small (a quick check)."""
+    if grid == "K":
+        return [simulated_nih(k, K_GRID_PSI, 1, sources, profile, "K", k) for k in K_VALUES]
+    if grid == "psi":
+        return [simulated_nih(PSI_GRID_K, psi, 1, sources, profile, "psi", float(psi)) for psi in PSI_VALUES]
+    if grid == "N":
+        return [simulated_nih(N_GRID_K, N_GRID_PSI, n, sources, profile, "N", float(n)) for n in N_VALUES]
+    if grid == "nih_chexpert":
+        return [nih_chexpert(True, sources, profile), nih_chexpert(False, sources, profile)]
+    if grid == "small":
+        values = (Fraction(0), Fraction(12, 14))
+        return [simulated_nih(PSI_GRID_K, psi, 1, sources, profile, "psi", float(psi)) for psi in values]
+    raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
+
+
+GRIDS = ("small", "K", "psi", "N", "nih_chexpert")
+
+
+def dataset_identity(config: Mapping[str, Any]) -> str:
+    """Which dataset a site config reads (sites of one simulated federation share one)."""
+    data = config["data"]
+    if data.get("location"):
+        return f"{data['kind']}:{data['location']}"
+    embedded = config.get("embedded", {})
+    return f"{data['kind']}:embedded-{embedded.get('patients')}p-{embedded.get('image_size')}px-s{embedded.get('seed')}"
+
+
+def full_dataset_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A site's config widened to its whole dataset: all labels, no partition, no subsample (individual model)."""
+    widened = copy.deepcopy(dict(config))
+    for key in ("labels", "partition_count", "partition_index", "train_subsample"):
+        widened["data"].pop(key, None)
+    return widened
+
+
+def nih_label_table(sources: DataSources) -> tuple[LabelTable, str]:
+    """The NIH label table the simulated federations are cut from, and where it came from:
+    the given NIH folder, else the real label file shipped with torchxrayvision (labels only), else
+    the embedded generated dataset."""
+    if sources.nih:
+        return load_table("nih", sources.nih), f"NIH data at {sources.nih}"
+    reference = reference_file(NIH_LABEL_FILE)
+    if reference is not None:
+        return read_nih_labels(reference), f"the real NIH label file {reference} (labels only)"
+    config = site_config_from_dict({"data": {"kind": "nih"}, "embedded": sources.embedded()})
+    return resolve_table(config), "the embedded generated NIH dataset"
+
+
+def site_label_counts(setting: Setting, table: LabelTable) -> pd.DataFrame:
+    """Per site, split and class: images, patients and positives, as the site configs cut ``table``."""
+    rows = []
+    for site, values in setting.sites.items():
+        config = site_config_from_dict(values, f"{setting.name} {site}")
+        labels = config.data.labels or table.classes
+        site_table = replace(table, classes=list(labels), split_classes=list(table.split_classes or table.classes))
+        for split, part in split_table(site_table, config).items():
+            if split == "test" and config.data.partition_count > 1:
+                continue  # the common held-out set, not the site's
+            for name in labels:
+                rows.append({"setting": setting.name, "site": site, "split": split, "class_name": name,
+                             "images": len(part), "patients": part.n_patients,
+                             "positives": int((part.frame[name] == 1).sum())})  # fmt: skip
+    return pd.DataFrame(rows)

@@ -1,0 +1,93 @@
+"""The experiment runner: the summary's statistics against scipy on fixed inputs, and a real tiny grid
+through the FLARE simulator (psi = 0: surgical aggregation, vanilla FL and partial loss agree)."""
+
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from surgical_aggregation.experiments import RESULT_FILE, RunOptions, run_settings, shared_vs_unique, summary_table
+from surgical_aggregation.simulation import DataSources, Profile, simulated_nih
+
+CLASSES = ["Mass", "Edema", "Hernia", "Nodule", "Fibrosis", "Emphysema"]
+SURGICAL = [0.81, 0.74, 0.90, 0.66, 0.71, 0.79]
+VANILLA = [0.70, 0.72, 0.61, 0.64, 0.52, 0.75]
+
+
+def _fixed_frames() -> tuple[pd.DataFrame, pd.DataFrame]:
+    base = {"setting": "s", "factor": "psi", "value": 0.5, "seed": 0, "test_set": "nih"}
+    results = pd.DataFrame(
+        [{**base, "method": m, "mean_auroc": float(np.mean(v)), "ci_low": 0.5, "ci_high": 0.9, "classes": 6,
+          "images": 100} for m, v in (("surgical", SURGICAL), ("vanilla", VANILLA))]
+    )  # fmt: skip
+    per_class = pd.DataFrame(
+        [{**base, "method": m, "class_name": c, "auroc": a, "shared": c in ("Mass", "Edema")}
+         for m, values in (("surgical", SURGICAL), ("vanilla", VANILLA)) for c, a in zip(CLASSES, values, strict=True)]
+    )  # fmt: skip
+    return results, per_class
+
+
+def test_summary_statistics_match_scipy():
+    results, per_class = _fixed_frames()
+    table = summary_table(results, per_class).set_index("method")
+    t_test = stats.ttest_rel(SURGICAL, VANILLA)
+    differences = np.subtract(SURGICAL, VANILLA)
+    assert table.loc["vanilla", "p_value"] == pytest.approx(t_test.pvalue, rel=1e-12)
+    assert table.loc["vanilla", "shapiro_p"] == pytest.approx(stats.shapiro(differences).pvalue, rel=1e-12)
+    assert table.loc["vanilla", "wilcoxon_p"] == pytest.approx(stats.wilcoxon(differences).pvalue, rel=1e-12)
+    assert table.loc["vanilla", "mean_difference"] == pytest.approx(differences.mean(), abs=1e-12)
+    assert math.isnan(table.loc["surgical", "p_value"])  # the reference itself
+    assert table.loc["vanilla", "label"] == "vanilla FL"
+
+
+def test_shared_vs_unique_by_hand():
+    _, per_class = _fixed_frames()
+    split = shared_vs_unique(per_class).set_index("method")
+    assert split.loc["surgical", "shared_classes"] == pytest.approx((0.81 + 0.74) / 2)
+    assert split.loc["surgical", "other_classes"] == pytest.approx(np.mean(SURGICAL[2:]))
+    assert split.loc["vanilla", "other_classes"] == pytest.approx(np.mean(VANILLA[2:]))
+
+
+@pytest.mark.slow
+def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SURGICAL_AGGREGATION_CACHE", str(cache))
+    profile = Profile(
+        "tiny",
+        {"image_size": 32, "batch_size": 8, "max_batches_per_epoch": 2, "warmup_epochs": 1, "local_epochs": 1,
+         "learning_rate": 3e-4, "cache_threads": 2, "record_exchanges": "off"},
+        rounds=2,
+        split_fractions=(0.6, 0.2, 0.2),
+    )  # fmt: skip
+    sources = DataSources(embedded_patients=40, embedded_image_size=32)
+    setting = simulated_nih(2, Fraction(0), 1, sources, profile, "psi", 0.0)
+    methods = ["surgical", "vanilla", "partial_loss", "centralized"]
+    options = RunOptions(bootstrap=20, cpu_threads=1)
+    summary = run_settings([setting], methods, [0], profile, tmp_path / "out", options)
+
+    out = tmp_path / "out"
+    results = {m: json.loads((out / "runs" / setting.name / m / "seed0" / RESULT_FILE).read_text()) for m in methods}
+    means = {m: r["test_sets"]["nih"]["mean_auroc"] for m, r in results.items()}
+    assert max(means[m] for m in methods[:3]) - min(means[m] for m in methods[:3]) <= 0.01, means
+    assert all(r["test_sets"]["nih"]["classes"] >= 10 for r in results.values())  # the 14 NIH classes, tested
+    assert set(results["surgical"]["test_sets"]) == {"nih", "mimic"}
+    table = pd.read_csv(out / "summary.csv")
+    assert set(table["method"]) == set(methods) and set(table["test_set"]) == {"nih", "mimic"}
+    assert "FL + surgical aggregation" in summary.read_text()
+    per_class = pd.read_csv(out / "per_class_auroc.csv")
+    assert per_class["shared"].all()  # psi = 0: every class is held by both sites
+    assert (out / "plots" / f"per_class_{setting.name}_nih.png").is_file()
+    run_folder = out / "runs" / setting.name / "surgical" / "seed0"
+    assert (run_folder / "models" / "global.pt").is_file() and not (run_folder / "workspace").exists()
+    assert (run_folder / "round_history.json").is_file()
+
+    # resumable: a second call finds every run finished and trains nothing
+    stamps = {m: (out / "runs" / setting.name / m / "seed0" / RESULT_FILE).stat().st_mtime_ns for m in methods}
+    run_settings([setting], methods, [0], profile, out, options)
+    assert stamps == {m: (out / "runs" / setting.name / m / "seed0" / RESULT_FILE).stat().st_mtime_ns for m in methods}
