@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .config import site_config_from_dict
+from .config import DEMO_TRAINING, site_config_from_dict
 from .data.nih import read_nih_labels
 from .data.reference import NIH_LABEL_FILE, reference_file
 from .data.sources import load_table
@@ -107,17 +107,7 @@ PROFILES = {
     # Minutes on 2 CPU cores, embedded data, from scratch.
     "demo": Profile(
         "demo",
-        {
-            "image_size": 64,
-            "batch_size": 32,
-            "optimizer": "adam",
-            "learning_rate": 3e-4,
-            "warmup_epochs": 1,
-            "warmup_learning_rate": 1e-3,
-            "local_epochs": 1,
-            "cache_threads": 2,
-            "record_exchanges": "off",
-        },
+        {**DEMO_TRAINING, "record_exchanges": "off"},
         rounds=5,
         split_fractions=(0.6, 0.2, 0.2),
     ),

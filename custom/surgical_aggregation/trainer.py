@@ -158,8 +158,12 @@ class SiteTrainer:
         classes ``state`` has rows for (rows of the others are left at zero).
         """
         index = {canonical_name(name): row for row, name in enumerate(class_names)}
-        template = NamedDenseNet121(head_classes, in_channels=self.config.in_channels).state_dict()
         local = self.model.state_dict()
+        template = (
+            local
+            if list(head_classes) == self.head_classes
+            else NamedDenseNet121(head_classes, in_channels=self.config.in_channels).state_dict()
+        )
         assembled: dict[str, torch.Tensor] = {}
         for key, value in template.items():
             if key in DENSENET_HEAD.keys:

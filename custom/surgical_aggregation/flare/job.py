@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import site_config_from_dict
+from ..config import DEMO_TRAINING, site_config_from_dict
 from .controller import SurgicalAggregatorShareable
 from .persistor import SurgicalModelLocator, SurgicalModelPersistor
 
@@ -158,20 +158,6 @@ def write_job(spec: JobSpec, folder: str | Path) -> Path:
 
 # --- the bundle's main job ---------------------------------------------------------------------------
 
-# Sized to finish in about 5 minutes on 2 CPU cores on the embedded data, from scratch (no
-# pretrained weights): 64 px images, a higher learning rate than the papers' fine-tuning rate
-# (3e-4 rather than 1e-3, which makes the local models' BatchNorm statistics lag badly).
-_DEMO_TRAINING = {
-    "image_size": 64,
-    "batch_size": 32,
-    "optimizer": "adam",
-    "learning_rate": 3e-4,
-    "warmup_epochs": 1,
-    "warmup_learning_rate": 1e-3,
-    "local_epochs": 1,
-    "cache_threads": 2,
-}
-
 
 def nih_chexpert_spec() -> JobSpec:
     """``jobs/nih_chexpert``: a NIH ChestX-ray14 site (14 labels) and a CheXpert site (13), 20-class union."""
@@ -182,8 +168,8 @@ def nih_chexpert_spec() -> JobSpec:
     return JobSpec(
         name="nih_chexpert",
         sites={
-            "site-nih": {"data": {"kind": "nih", **split}, "embedded": embedded, **_DEMO_TRAINING},
-            "site-chexpert": {"data": {"kind": "chexpert", **split}, "embedded": embedded, **_DEMO_TRAINING},
+            "site-nih": {"data": {"kind": "nih", **split}, "embedded": embedded, **DEMO_TRAINING},
+            "site-chexpert": {"data": {"kind": "chexpert", **split}, "embedded": embedded, **DEMO_TRAINING},
         },
         controller={
             "num_rounds": 5,
