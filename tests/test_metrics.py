@@ -97,3 +97,8 @@ def test_paired_t_test_drops_undefined_pairs():
     assert result.n == 2
     with pytest.raises(ValueError, match="at least 2 defined pairs"):
         paired_t_test([0.8, np.nan], [0.7, 0.6])
+
+
+def test_paired_t_test_of_identical_scores_has_no_normality_check():
+    result = paired_t_test([0.7, 0.8, 0.9], [0.7, 0.8, 0.9])
+    assert result.mean_difference == 0.0 and math.isnan(result.shapiro_p) and result.wilcoxon_p == 1.0

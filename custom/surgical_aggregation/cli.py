@@ -155,7 +155,12 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--chexpert", default=None, help="CheXpert folder (default: embedded data)")
     parser.add_argument("--mimic", default=None, help="MIMIC-CXR-JPG folder, the external test set (default: embedded)")
     parser.add_argument("--embedded-patients", type=int, default=400, help="patients per embedded dataset")
-    parser.add_argument("--backbone", choices=("fedavg", "fedbn_plus"), default="fedavg", help="backbone strategy")
+    parser.add_argument(
+        "--backbone",
+        choices=("fedavg", "fedbn_plus"),
+        default="fedbn_plus",
+        help="backbone strategy of every federated method that does not fix its own (default fedbn_plus, the papers')",
+    )
     parser.add_argument("--weighting", choices=("uniform", "samples"), default="uniform", help="aggregation weights")
     parser.add_argument("--pretrained", default=None, help="local ImageNet DenseNet121 weights for every model")
     parser.add_argument("--only", nargs="+", default=[], help="run only settings whose name contains one of these")

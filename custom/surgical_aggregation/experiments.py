@@ -53,7 +53,7 @@ PER_CLASS_FILE = "per_class_auroc.csv"
 class RunOptions:
     """How the runs of a grid are executed (the same for every run)."""
 
-    backbone_strategy: str = "fedavg"
+    backbone_strategy: str = "fedbn_plus"  # the papers' (FedBN+): BatchNorm frozen, never averaged
     weighting: str = "uniform"
     pretrained_weights: str | None = None  # local ImageNet DenseNet121 checkpoint for every model
     bootstrap: int = 1000
@@ -295,7 +295,13 @@ def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         per_class.append(frame)
     if not results:
         raise FileNotFoundError(f"no finished run under {out / 'runs'}")
-    return pd.DataFrame(results), pd.concat(per_class, ignore_index=True)
+    order = {method: rank for rank, method in enumerate(planned["methods"])}  # the table follows --methods
+    results_frame = pd.DataFrame(results)
+    results_frame = results_frame.sort_values(
+        ["value", "seed", "method"], key=lambda column: column.map(order) if column.name == "method" else column,
+        kind="stable",
+    )  # fmt: skip
+    return results_frame.reset_index(drop=True), pd.concat(per_class, ignore_index=True)
 
 
 def _reference(methods: Sequence[str]) -> str | None:

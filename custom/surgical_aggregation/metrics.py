@@ -188,7 +188,9 @@ def paired_t_test(a: Sequence[float], b: Sequence[float]) -> PairedTest:
         raise ValueError(f"a paired t-test needs at least 2 defined pairs, got {n}")
     differences = a_values - b_values
     t_result = stats.ttest_rel(a_values, b_values)
-    shapiro_w, shapiro_p = stats.shapiro(differences) if n >= 3 else (math.nan, math.nan)
+    # Shapiro-Wilk needs 3 pairs and differences that are not all equal (identical models: undefined)
+    normality = n >= 3 and np.ptp(differences) > 0
+    shapiro_w, shapiro_p = stats.shapiro(differences) if normality else (math.nan, math.nan)
     wilcoxon_p = float(stats.wilcoxon(differences).pvalue) if np.any(differences != 0) else 1.0
     return PairedTest(
         n=n,
