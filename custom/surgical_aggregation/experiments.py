@@ -346,6 +346,10 @@ def shared_vs_unique(per_class: pd.DataFrame) -> pd.DataFrame:
     return grouped[["setting", "test_set", "method", "seed", "shared_classes", "other_classes"]]
 
 
+def _number(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:.3f}"
+
+
 def _markdown(table: pd.DataFrame, reference: str | None) -> str:
     lines = []
     for (setting, test_set), group in table.groupby(["setting", "test_set"], sort=False):
@@ -377,7 +381,7 @@ def summarize(out: str | Path) -> Path:
     text += "\n### Classes every site holds vs the others (mean AUROC)\n\n| setting | test set | method | seed | shared | others |\n| --- | --- | --- | --- | --- | --- |\n"  # noqa: E501
     for row in split.itertuples(index=False):
         text += (f"| {row.setting} | {row.test_set} | {COMPARATOR_LABELS.get(row.method, row.method)} | {row.seed} "
-                 f"| {row.shared_classes:.3f} | {row.other_classes:.3f} |\n")  # fmt: skip
+                 f"| {_number(row.shared_classes)} | {_number(row.other_classes)} |\n")  # fmt: skip
     path = out / "summary.md"
     path.write_text(text)
     _plots(results, per_class, out / "plots")
