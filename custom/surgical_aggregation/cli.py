@@ -253,7 +253,13 @@ def _evaluate(args: argparse.Namespace) -> int:
         table = table if args.split == "all" else patient_split(table)[args.split]
         title = f"{args.kind} {args.data.name} ({args.split})"
     report = evaluate_on_table(
-        args.model, table, args.image_size, args.cache_dir, args.on_error, device=args.device, bootstrap=args.bootstrap
+        args.model,
+        table,
+        image_size=args.image_size,
+        cache_dir=args.cache_dir,
+        on_error=args.on_error,
+        device=args.device,
+        bootstrap=args.bootstrap,
     )
     print(f"{title}: {report.n_images} images")
     print(report.text())

@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -121,18 +122,12 @@ class EvaluationReport:
         return "\n".join(lines)
 
 
-def evaluate_on_table(
-    checkpoint_path: str | Path,
-    table: LabelTable,
-    image_size: int | None = None,
-    cache_dir: str | Path | None = None,
-    on_error: OnError = "skip",
-    batch_size: int = 32,
-    device: str = "auto",
-    bootstrap: int = 1000,
-) -> EvaluationReport:
-    """AUROC per class the model and the labelled set share (matched by name), with a bootstrap CI of the mean."""
-    return evaluate_models([checkpoint_path], table, image_size, cache_dir, on_error, batch_size, device, bootstrap)
+def evaluate_on_table(checkpoint_path: str | Path, table: LabelTable, **options: Any) -> EvaluationReport:
+    """AUROC per class the model and the labelled set share (matched by name), with a bootstrap CI of the mean.
+
+    ``options`` are :func:`evaluate_models`'s (image_size, cache_dir, on_error, batch_size, device, bootstrap).
+    """
+    return evaluate_models([checkpoint_path], table, **options)
 
 
 def evaluate_models(
