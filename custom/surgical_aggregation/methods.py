@@ -127,7 +127,7 @@ def label_prior_weights(target: torch.Tensor, mask: torch.Tensor, prior: torch.T
     federation = torch.where(known, prior, batch_rate).clamp(1e-6, 1 - 1e-6)
     positive_weight = torch.where(known, batch_rate / federation, torch.ones_like(batch_rate))
     negative_weight = torch.where(known, (1 - batch_rate) / (1 - federation), torch.ones_like(batch_rate))
-    return torch.where(target > 0.5, positive_weight, negative_weight).expand_as(target)
+    return torch.where(target > 0.5, positive_weight, negative_weight)
 
 
 def prior_vector(prior: Mapping[str, float] | None, class_names: Sequence[str]) -> torch.Tensor | None:

@@ -87,10 +87,6 @@ class DataSources:
     def embedded(self) -> dict[str, Any]:
         return {"patients": self.embedded_patients, "image_size": self.embedded_image_size, "seed": 0}
 
-    @property
-    def real(self) -> bool:
-        return any(getattr(self, kind) for kind in ("nih", "chexpert", "mimic"))
-
 
 @dataclass
 class Profile:

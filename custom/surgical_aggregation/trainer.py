@@ -109,10 +109,10 @@ class SiteTrainer:
 
     def set_recipe(self, recipe: SiteRecipe) -> None:
         """The method's site-side settings (sent by the server with every training task)."""
-        if recipe.missing_labels != self.recipe.missing_labels:
-            self.recipe = recipe
-            self._rebuild_train_loader()
+        relabel = recipe.missing_labels != self.recipe.missing_labels
         self.recipe = recipe
+        if relabel:
+            self._rebuild_train_loader()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {key: value.detach().cpu() for key, value in self.model.state_dict().items()}
