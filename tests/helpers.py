@@ -51,3 +51,17 @@ def require_reference(name: str) -> Path:
             pytest.fail(f"{name} missing: CI must install torchxrayvision (pip install --no-deps torchxrayvision)")
         pytest.skip(f"{name} not installed (pip install --no-deps torchxrayvision)")
     return path
+
+
+def tiny_job(spec, cache: Path, rounds: int):
+    """A job spec shrunk for tests: 30 patients of 32 px per site, 2 batches per epoch, short timeouts."""
+    for site in spec.sites.values():
+        site.update(
+            embedded={"patients": 30, "image_size": 32, "seed": site.get("embedded", {}).get("seed", 0)},
+            image_size=32,
+            batch_size=8,
+            max_batches_per_epoch=2,
+            cache_dir=str(cache),
+        )
+    spec.controller.update(num_rounds=rounds, handshake_timeout=300, train_timeout=300, validate_timeout=300)
+    return spec

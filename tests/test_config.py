@@ -66,7 +66,7 @@ def test_unreadable_file_errors(tmp_path):
 def test_lookup_prefers_environment_then_site_local_then_job_default(tmp_path, monkeypatch):
     monkeypatch.delenv(SITE_CONFIG_ENV, raising=False)
     app = tmp_path / "site-a" / "job-1" / "app_site-a"
-    job_default = app / "custom" / "site_configs" / "site-a.json"
+    job_default = app / "config" / "site_configs" / "site-a.json"
     local = tmp_path / "site-a" / "local" / "surgical_aggregation.json"
     with pytest.raises(
         SiteConfigError, match=r"no site config for 'site-a'; looked for: .*local/surgical_aggregation.json"

@@ -25,23 +25,12 @@ from surgical_aggregation.flare.job import nih_chexpert_spec, write_job
 from surgical_aggregation.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.model import load_checkpoint
 
+from helpers import tiny_job
+
 pytestmark = pytest.mark.slow
 TOL = 1e-6
 W, B = DENSENET_HEAD.keys
 SITES = {"site-nih": list(NIH_LABELS), "site-chexpert": list(CHEXPERT_LABELS)}
-
-
-def _tiny(spec, cache: Path, rounds: int):
-    for site in spec.sites.values():
-        site.update(
-            embedded={"patients": 30, "image_size": 32, "seed": site.get("embedded", {}).get("seed", 0)},
-            image_size=32,
-            batch_size=8,
-            max_batches_per_epoch=2,
-            cache_dir=str(cache),
-        )
-    spec.controller.update(num_rounds=rounds, handshake_timeout=300, train_timeout=300, validate_timeout=300)
-    return spec
 
 
 def _simulate(job: Path, workspace: Path, cache: Path, *extra: str) -> Path:
@@ -83,7 +72,7 @@ def _surgical_mean(records: dict[str, dict]) -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def main_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
-    spec = _tiny(nih_chexpert_spec(), root / "cache", rounds=2)
+    spec = tiny_job(nih_chexpert_spec(), root / "cache", rounds=2)
     write_job(spec, root / "job")
     server = _simulate(root / "job", root / "ws", root / "cache")
     return root / "ws", server
@@ -145,7 +134,7 @@ def test_run_artefacts(main_run):
 
 
 def test_same_class_sets_give_flares_own_fedavg(tmp_path):
-    spec = _tiny(nih_chexpert_spec(), tmp_path / "cache", rounds=1)
+    spec = tiny_job(nih_chexpert_spec(), tmp_path / "cache", rounds=1)
     spec.sites = {
         "site-a": {**spec.sites["site-nih"], "record_exchanges": "full"},
         "site-b": {**spec.sites["site-nih"], "record_exchanges": "full", "seed": 7},

@@ -34,7 +34,7 @@ def test_main_job_layout():
         "nvflare.app_common.workflows.cross_site_model_eval.CrossSiteModelEval",
     ]
     for site, kind in (("site-nih", "nih"), ("site-chexpert", "chexpert")):
-        config = load_site_config(COMMITTED / f"app/custom/site_configs/{site}.json")
+        config = load_site_config(COMMITTED / f"app/config/site_configs/{site}.json")
         assert config.data.kind == kind and config.data.location is None  # embedded data out of the box
     # the job holds configuration only, plus a two-line entry point: no copy of the package's source
     python_files = sorted(p.name for p in COMMITTED.rglob("*.py"))

@@ -5,7 +5,8 @@
 * ``predict``   score a folder or CSV of images with a model: per-class probabilities by class name;
 * ``evaluate``  per-class AUROC of a model on a labelled set (the classes both have), table + plot;
 * ``write-job`` (re)write a FLARE job folder of this bundle (e.g. ``jobs/nih_chexpert``);
-* ``experiment`` run (or resume) a grid of the papers' comparisons and write tables and plots.
+* ``experiment`` run (or resume) a grid of the papers' comparisons and write tables and plots;
+* ``poc``       rehearse a deployment locally: prepare, start, submit (wait, download), stop, run.
 """
 
 from __future__ import annotations
@@ -125,6 +126,49 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("write-job", help="(re)write a FLARE job folder of this bundle")
     parser.add_argument("--name", default="nih_chexpert", help="which of the bundle's jobs (default nih_chexpert)")
     parser.add_argument("--out", required=True, type=Path, help="job folder to write (replaced if present)")
+    parser.add_argument(
+        "--code",
+        choices=("byoc", "preinstalled"),
+        default="byoc",
+        help="byoc (default): the job has app/custom/ and needs the submitter's byoc right; preinstalled: no "
+        "custom/, the package is installed at every participant and allow-listed in local/resources.json",
+    )
+    parser.add_argument(
+        "--ship-library", action="store_true", help="byoc: also copy the surgical_aggregation package into app/custom/"
+    )
+
+
+POC_STEPS = ("prepare", "start", "submit", "stop", "run")
+POC_DEFAULT_JOB = Path("jobs/nih_chexpert")
+
+
+def _add_poc(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "poc",
+        help="rehearse a deployment with nvflare poc, isolated in its own workspace and config home",
+        description="prepare: a POC with the job's site names; start: server and sites; submit: nvflare job "
+        "submit, wait, download; stop: shut down and end every process start recorded (--clean: delete the "
+        "workspace); run: all of these, stopping even on failure.",
+    )
+    parser.add_argument("step", choices=POC_STEPS)
+    parser.add_argument("--job", type=Path, default=POC_DEFAULT_JOB, help=f"job folder (default {POC_DEFAULT_JOB})")
+    parser.add_argument(
+        "--workspace", type=Path, default=Path("poc/workspace"), help="POC workspace (default poc/workspace)"
+    )
+    parser.add_argument(
+        "--code", choices=("byoc", "preinstalled"), default="byoc", help="prepare/run: the sites' code policy"
+    )
+    parser.add_argument(
+        "--as",
+        dest="user",
+        default="project_admin",
+        help="submit/run: submit as this role (project_admin, lead, org_admin, member) or user name",
+    )
+    parser.add_argument("--out", type=Path, default=Path("results/poc"), help="submit/run: download folder")
+    parser.add_argument("--timeout", type=float, default=3600, help="submit/run: seconds to wait for the job")
+    parser.add_argument(
+        "--clean", action="store_true", help="stop: also delete the workspace (run: deletes it when the job completes)"
+    )
 
 
 def _add_experiment(commands: argparse._SubParsersAction) -> None:
@@ -273,8 +317,64 @@ def _write_job(args: argparse.Namespace) -> int:
 
     if args.name not in JOB_SPECS:
         raise ValueError(f"unknown job {args.name!r}; the bundle's jobs are {sorted(JOB_SPECS)}")
-    folder = write_job(JOB_SPECS[args.name](), args.out)
-    print(f"wrote job {args.name!r} to {folder}")
+    spec = JOB_SPECS[args.name]()
+    spec.code, spec.ship_library = args.code, args.ship_library
+    if args.code == "preinstalled":
+        spec.client_execution = "external_process"  # FLARE runs in-process scripts only from custom/
+    folder = write_job(spec, args.out)
+    print(f"wrote job {args.name!r} ({args.code}) to {folder}")
+    return 0
+
+
+def _poc(args: argparse.Namespace) -> int:
+    from .flare.poc import PocError
+
+    try:
+        return _poc_step(args)
+    except PocError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _poc_step(args: argparse.Namespace) -> int:
+    from .flare.poc import COMPLETED, USERS, PocWorkspace  # imports FLARE: only for this command
+
+    poc = PocWorkspace(args.workspace)
+    user = USERS.get(args.user, args.user)
+
+    def submit() -> int:
+        job_id = poc.submit(args.job, user)
+        state = poc.wait(job_id, args.timeout)
+        downloaded = poc.download(job_id, args.out)
+        print(f"job {job_id}: {state}; downloaded to {downloaded} (models: workspace/app_server/)")
+        if state != COMPLETED:
+            print(f"the participants' logs: {poc.prod_dir}/<participant>/{job_id}/log.txt", file=sys.stderr)
+        return 0 if state == COMPLETED else 1
+
+    if args.step == "prepare":
+        sites = poc.prepare(args.job, args.code)
+        print(f"POC prepared in {poc.root} for {', '.join(sites)} ({args.code}); next: surgical-aggregation poc start")
+    elif args.step == "start":
+        record = poc.start()
+        print(f"POC started (process group {record['process_group']}); logs: {poc.prod_dir}/<participant>/log.txt")
+    elif args.step == "submit":
+        return submit()
+    elif args.step == "stop":
+        poc.stop()
+        if args.clean:
+            poc.clean()
+        print("POC stopped" + (" and its workspace deleted" if args.clean else ""))
+    else:
+        poc.prepare(args.job, args.code)
+        status = 1
+        try:
+            poc.start()
+            status = submit()
+        finally:
+            poc.stop()
+        if status == 0:  # kept otherwise, for its logs
+            poc.clean()
+        return status
     return 0
 
 
@@ -325,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_evaluate(commands)
     _add_write_job(commands)
     _add_experiment(commands)
+    _add_poc(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {
@@ -334,6 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "evaluate": _evaluate,
         "write-job": _write_job,
         "experiment": _experiment,
+        "poc": _poc,
     }
     try:
         return handlers[args.command](args)

@@ -230,7 +230,7 @@ def find_site_config(site_name: str, app_dir: str | Path) -> tuple[Path, str]:
     1. the file named by the ``SURGICAL_AGGREGATION_SITE_CONFIG`` environment variable;
     2. ``<site workspace>/local/surgical_aggregation.json`` (a provisioned site's own folder,
        edited by hospital IT, never shipped with a job);
-    3. the job's default, ``<app>/custom/site_configs/<site name>.json``.
+    3. the job's default, ``<app>/config/site_configs/<site name>.json``.
 
     ``app_dir`` is the job's app folder at the site (``<site workspace>/<job id>/app_<site>``).
     """
@@ -240,7 +240,7 @@ def find_site_config(site_name: str, app_dir: str | Path) -> tuple[Path, str]:
         candidates.append((Path(os.environ[SITE_CONFIG_ENV]), f"${SITE_CONFIG_ENV}"))
     if len(app_dir.parents) >= 2:
         candidates.append((app_dir.parents[1] / "local" / SITE_LOCAL_CONFIG, "the site's local folder"))
-    candidates.append((app_dir / "custom" / "site_configs" / f"{site_name}.json", "the job's default for this site"))
+    candidates.append((app_dir / "config" / "site_configs" / f"{site_name}.json", "the job's default for this site"))
     for path, origin in candidates:
         if path.is_file():
             return path, origin

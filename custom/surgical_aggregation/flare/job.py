@@ -1,12 +1,20 @@
 """Writes FLARE job folders (``meta.json``, app configs, per-site configs).
 
-The code is the installed package (``pip install -e .`` at every participant); a job holds
-configuration only: ``app/config/`` (server and client components), ``app/custom/site_configs/``
-(each site's default config) and ``app/custom/client.py``, a two-line entry point that runs the
-package's Client API script inside the FLARE client process. A ``custom/`` folder makes FLARE
-treat the job as bring-your-own-code, so the installed components pass the component allow-list
-without site-side changes. With ``client_execution="external_process"`` the trainer runs as
-``python3 -u -m surgical_aggregation.flare.client`` instead and the entry point is not written.
+Two ways for the bundle's code to reach the participants (``JobSpec.code``):
+
+* ``"byoc"`` (the default, and ``jobs/nih_chexpert``): the job has an ``app/custom/`` folder, so
+  FLARE treats it as bring-your-own-code: the component allow-list does not apply and only a
+  submitter with the ``byoc`` right may submit it. ``custom/`` holds ``client.py``, a two-line
+  entry point that runs the package's Client API script inside the FLARE client process; the
+  package itself is installed at every participant, or travels in ``custom/`` too when
+  ``ship_library`` is set (then the sites need only the third-party requirements).
+* ``"preinstalled"``: no ``custom/`` at all. The package is installed at every participant and
+  each participant's ``local/resources.json`` allow-lists the job's components
+  (``flare.deploy``); the trainer runs as ``python3 -u -m surgical_aggregation.flare.client``.
+
+Either way each site's default config is ``app/config/site_configs/<site>.json``, not under
+``custom/``: ``nvflare job submit`` re-serialises every JSON file under ``custom/`` and, in FLARE
+2.9, truncates a file whose first key holds an object to that object.
 
 ``jobs/nih_chexpert`` in the repository is exactly ``write_job(nih_chexpert_spec(), ...)`` (a
 test keeps them identical).
@@ -33,7 +41,13 @@ CLIENT_ENTRY_POINT_SOURCE = (
     "main()\n"
 )
 CLIENT_EXECUTIONS = ("in_process", "external_process")
+CODE_DELIVERIES = ("byoc", "preinstalled")
 SERVER_SITE = "server"
+# The privacy scope the jobs name in meta.json: a site whose local/privacy.json defines scopes runs
+# them only if it defines this one (flare.deploy writes it); a site without privacy.json runs them.
+PRIVACY_SCOPE = "surgical_aggregation"
+SITE_CONFIGS_DIR = Path("app") / "config" / "site_configs"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the installed surgical_aggregation package
 
 
 def _path(cls: type) -> str:
@@ -50,10 +64,21 @@ class JobSpec:
     persistor: dict[str, Any] = field(default_factory=dict)  # SurgicalModelPersistor arguments
     cross_site_evaluation: bool = True
     client_execution: str = "in_process"  # in_process (FLARE's default) | external_process
+    code: str = "byoc"  # byoc (app/custom/ in the job) | preinstalled (no custom/, allow-listed components)
+    ship_library: bool = False  # byoc only: copy the surgical_aggregation package into app/custom/
 
     def validate(self) -> None:
         if self.client_execution not in CLIENT_EXECUTIONS:
             raise ValueError(f"client_execution must be one of {CLIENT_EXECUTIONS}, got {self.client_execution!r}")
+        if self.code not in CODE_DELIVERIES:
+            raise ValueError(f"code must be one of {CODE_DELIVERIES}, got {self.code!r}")
+        if self.code == "preinstalled" and self.client_execution == "in_process":
+            raise ValueError(
+                "code='preinstalled' needs client_execution='external_process': FLARE runs an in-process "
+                "script only from the job's custom/ folder"
+            )
+        if self.ship_library and self.code != "byoc":
+            raise ValueError("ship_library puts the package in app/custom/, which makes the job byoc")
         if not self.sites:
             raise ValueError(f"job {self.name!r} has no sites")
         for site, values in self.sites.items():
@@ -141,18 +166,23 @@ def write_job(spec: JobSpec, folder: str | Path) -> Path:
         {
             "name": spec.name,
             "resource_spec": {},
+            "scope": PRIVACY_SCOPE,
             "min_clients": spec.min_clients,
             "deploy_map": {"app": [SERVER_SITE, *spec.sites]},
         },
     )
     _write_json(folder / "app" / "config" / "config_fed_server.json", server_config(spec))
     _write_json(folder / "app" / "config" / "config_fed_client.json", client_config(spec))
-    if spec.client_execution == "in_process":
-        (folder / "app" / "custom").mkdir(parents=True, exist_ok=True)
-        (folder / "app" / "custom" / CLIENT_ENTRY_POINT).write_text(CLIENT_ENTRY_POINT_SOURCE)
+    custom = folder / "app" / "custom"
+    if spec.code == "byoc":
+        custom.mkdir(parents=True, exist_ok=True)
+        if spec.client_execution == "in_process":
+            (custom / CLIENT_ENTRY_POINT).write_text(CLIENT_ENTRY_POINT_SOURCE)
+        if spec.ship_library:
+            shutil.copytree(PACKAGE_DIR, custom / PACKAGE_DIR.name, ignore=shutil.ignore_patterns("__pycache__"))
     for site, values in spec.sites.items():
         full = site_config_from_dict(values, where=f"site {site!r}").to_dict()  # every field, defaults explicit
-        _write_json(folder / "app" / "custom" / "site_configs" / f"{site}.json", full)
+        _write_json(folder / SITE_CONFIGS_DIR / f"{site}.json", full)
     return folder
 
 
