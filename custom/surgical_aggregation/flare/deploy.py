@@ -1,0 +1,174 @@
+"""A participant's ``local/`` folder for this bundle: component allow-list, authorization, privacy
+scope, and the site config hospital IT fills in.
+
+Written into provisioned startup kits by :class:`SurgicalAggregationBuilder` (a builder of
+``provisioning/project.yml``) and into POC workspaces by ``flare.poc``. What each code-delivery
+mode (``flare.job.CODE_DELIVERIES``) needs:
+
+* ``byoc`` (default): jobs carry ``app/custom/``; FLARE skips the allow-list for them and lets only
+  submitters with the ``byoc`` right submit. ``authorization.json`` is FLARE's default (project
+  admin and site leads have ``byoc``; org admins and members cannot submit at all).
+* ``preinstalled``: the package is installed at every participant and jobs may not carry code.
+  ``resources.json`` adds the exact classes of the bundle's jobs to FLARE's default allow-list,
+  and ``authorization.json`` takes ``byoc`` from every role, so a job with ``custom/`` is refused.
+
+``privacy.json`` defines the scope the bundle's jobs run in (``meta.json`` ``scope``); it
+filters nothing (see ``provisioning/README.md`` for what leaves a site).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
+from nvflare.lighter.spec import Builder, Project, ProvisionContext
+
+from ..config import SITE_LOCAL_CONFIG, site_config_from_dict
+from ..data.sources import DATASET_KINDS
+from ..simulation import PROFILES
+from .job import CODE_DELIVERIES, JOB_SPECS, PRIVACY_SCOPE, client_config, server_config
+
+SITE_CONFIG_TEMPLATE = f"{SITE_LOCAL_CONFIG}.template"
+DATA_LOCATION_PLACEHOLDER = "REQUIRED: the dataset folder at this site (the CSV file for kind csv)"
+DATA_KIND_PROPERTY = "data_kind"  # a client's property in project.yml: nih | chexpert | mimic | csv
+
+
+def component_paths(config: Any) -> set[str]:
+    """Every component class path (``"path"`` values) in a FLARE app config."""
+    if isinstance(config, dict):
+        found = {config["path"]} if isinstance(config.get("path"), str) else set()
+        return found.union(*(component_paths(value) for value in config.values()))
+    if isinstance(config, list):
+        return set().union(*(component_paths(value) for value in config))
+    return set()
+
+
+def job_component_paths(job_folder: str | Path) -> set[str]:
+    """The classes a job folder asks the server and the sites to build."""
+    configs = sorted(Path(job_folder).glob("app*/config/config_fed_*.json"))
+    if not configs:
+        raise FileNotFoundError(f"{job_folder}: no app*/config/config_fed_*.json; is it a FLARE job folder?")
+    return set().union(*(component_paths(json.loads(path.read_text())) for path in configs))
+
+
+def bundle_component_paths() -> set[str]:
+    """The classes of the bundle's jobs written for preinstalled code."""
+    paths: set[str] = set()
+    for make_spec in JOB_SPECS.values():
+        spec = make_spec()
+        spec.code, spec.client_execution = "preinstalled", "external_process"
+        paths |= component_paths(server_config(spec)) | component_paths(client_config(spec))
+    return paths
+
+
+def class_allow_list(extra_paths: Iterable[str]) -> list[str]:
+    """FLARE's default allow-list followed by the exact extra classes it lacks (no package wildcards)."""
+    default = list(DEFAULT_CLASS_ALLOW_LIST)
+    return default + sorted(set(extra_paths) - set(default))
+
+
+def resources_for(code: str, provisioned: dict[str, Any], extra_paths: Iterable[str] = ()) -> dict[str, Any]:
+    """``local/resources.json`` from the provisioned default: unchanged for byoc, allow-listed for preinstalled."""
+    _check_code(code)
+    resources = copy.deepcopy(provisioned)
+    if code == "preinstalled":
+        resources["class_list_enforcement_mode"] = "enforce"
+        resources["class_allow_list"] = class_allow_list(bundle_component_paths() | set(extra_paths))
+    return resources
+
+
+def authorization_for(code: str, provisioned: dict[str, Any]) -> dict[str, Any]:
+    """``local/authorization.json`` from the provisioned default; preinstalled takes ``byoc`` from every role."""
+    _check_code(code)
+    policy = copy.deepcopy(provisioned)
+    if code == "byoc":
+        return policy
+    permissions = policy["permissions"]
+    rights = sorted({right for role in permissions.values() if isinstance(role, dict) for right in role})
+    for role, granted in permissions.items():
+        if granted == "any":  # e.g. project_admin: every right, spelled out so that byoc can be taken away
+            permissions[role] = {right: "any" for right in rights}
+        elif granted == "none":
+            continue
+        permissions[role]["byoc"] = "none"
+    return policy
+
+
+def privacy_policy() -> dict[str, Any]:
+    """``local/privacy.json``: the scope the bundle's jobs name; the site adds filters here if its policy needs them."""
+    scope = {"name": PRIVACY_SCOPE, "properties": {}, "task_data_filters": [], "task_result_filters": []}
+    return {"scopes": [scope], "default_scope": PRIVACY_SCOPE}
+
+
+def site_config_template(kind: str | None = None) -> dict[str, Any]:
+    """The site config hospital IT fills in: the papers' recipe, the dataset's kind, a location to set."""
+    values = {**PROFILES["paper"].training, "device": "auto"}
+    values["data"] = {"kind": kind or "nih", "location": DATA_LOCATION_PLACEHOLDER}
+    template = site_config_from_dict(values, where="site config template").to_dict()
+    template["data"]["split_fractions"] = list(PROFILES["paper"].split_fractions)
+    return template
+
+
+def write_local_folder(
+    local_dir: str | Path, role: str, code: str = "byoc", data_kind: str | None = None
+) -> list[Path]:
+    """Write this bundle's files into a provisioned participant's ``local/`` (role: server | client).
+
+    Starts from the participant's ``resources.json`` / ``authorization.json`` when present (a POC
+    server's ``resources.json`` carries its storage folders), else from FLARE's ``*.default``
+    files; writing twice gives the same files. Returns the files written.
+    """
+    _check_code(code)
+    if role not in ("server", "client"):
+        raise ValueError(f"role must be server or client, got {role!r}")
+    if data_kind is not None and data_kind not in DATASET_KINDS:
+        raise ValueError(f"{DATA_KIND_PROPERTY} must be one of {DATASET_KINDS}, got {data_kind!r}")
+    local = Path(local_dir)
+    resources = _read_json(local, "resources.json")
+    authorization = _read_json(local, "authorization.json")
+    files = {
+        "resources.json": resources_for(code, resources),
+        "authorization.json": authorization_for(code, authorization),
+        "privacy.json": privacy_policy(),
+    }
+    if role == "client":
+        files[SITE_CONFIG_TEMPLATE] = site_config_template(data_kind)
+    for name, content in files.items():
+        (local / name).write_text(json.dumps(content, indent=2) + "\n")
+    return [local / name for name in files]
+
+
+def _read_json(local: Path, name: str) -> dict[str, Any]:
+    for path in (local / name, local / f"{name}.default"):
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise FileNotFoundError(f"{local / name}(.default): not found; is {local} a participant's local/ folder?")
+
+
+def _check_code(code: str) -> None:
+    if code not in CODE_DELIVERIES:
+        raise ValueError(f"code must be one of {CODE_DELIVERIES}, got {code!r}")
+
+
+class SurgicalAggregationBuilder(Builder):
+    """Provisioning builder: this bundle's ``local/`` files in the server's and every site's kit.
+
+    Put it after ``StaticFileBuilder`` (it reads the ``*.default`` files that builder writes). A
+    client's ``data_kind`` property in ``project.yml`` fills in its site config template.
+    """
+
+    def __init__(self, code: str = "byoc"):
+        _check_code(code)
+        self.code = code
+
+    def build(self, project: Project, ctx: ProvisionContext) -> None:
+        server = project.get_server()
+        if server is not None:
+            write_local_folder(ctx.get_local_dir(server), "server", self.code)
+        for client in project.get_clients():
+            kind = client.get_prop(DATA_KIND_PROPERTY)
+            write_local_folder(ctx.get_local_dir(client), "client", self.code, kind)

@@ -1,0 +1,190 @@
+"""Provisioning: provisioning/project.yml gives mTLS kits with the job's site names, the roles,
+this bundle's local/ files (allow-list and authorization per code mode) and passing preflight checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
+
+from surgical_aggregation.config import site_config_from_dict
+from surgical_aggregation.flare.deploy import (
+    DATA_LOCATION_PLACEHOLDER,
+    SITE_CONFIG_TEMPLATE,
+    authorization_for,
+    bundle_component_paths,
+    class_allow_list,
+    job_component_paths,
+    write_local_folder,
+)
+from surgical_aggregation.flare.job import PRIVACY_SCOPE, nih_chexpert_spec, write_job
+from surgical_aggregation.flare.poc import free_port
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+PROJECT = REPOSITORY / "provisioning" / "project.yml"
+NVFLARE = Path(sys.executable).parent / "nvflare"
+SERVER = "fl-server.consortium.example"
+SITES = {"site-nih": "nih", "site-chexpert": "chexpert"}
+ADMINS = {
+    "coordinator@consortium.example": "project_admin",
+    "lead@nih.example": "lead",
+    "it@nih.example": "org_admin",
+    "lead@stanford.example": "lead",
+    "it@stanford.example": "org_admin",
+}
+BUNDLE_CLASSES = {
+    "surgical_aggregation.flare.controller.SurgicalAggregatorShareable",
+    "surgical_aggregation.flare.persistor.SurgicalModelPersistor",
+    "surgical_aggregation.flare.persistor.SurgicalModelLocator",
+    "nvflare.app_common.executors.client_api_executor.ClientAPIExecutor",
+}
+
+
+def _provision(tmp_path: Path, code: str) -> Path:
+    """Provision a copy of the project (free ports, the given code mode); returns prod_00."""
+    project = yaml.safe_load(PROJECT.read_text())
+    server = next(p for p in project["participants"] if p["type"] == "server")
+    server["fed_learn_port"], server["admin_port"] = free_port(), free_port()
+    next(b for b in project["builders"] if b["path"].endswith("SurgicalAggregationBuilder"))["args"]["code"] = code
+    copy = tmp_path / "project.yml"
+    copy.write_text(yaml.safe_dump(project))
+    result = subprocess.run(
+        [str(NVFLARE), "provision", "-p", str(copy), "-w", str(tmp_path / "ws")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return tmp_path / "ws" / "surgical_aggregation" / "prod_00"
+
+
+@pytest.fixture(scope="module")
+def byoc_kits(tmp_path_factory):
+    return _provision(tmp_path_factory.mktemp("byoc"), "byoc")
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_the_project_names_the_jobs_sites():
+    project = yaml.safe_load(PROJECT.read_text())
+    clients = [p["name"] for p in project["participants"] if p["type"] == "client"]
+    assert clients == list(nih_chexpert_spec().sites)
+    meta = _json(REPOSITORY / "jobs" / "nih_chexpert" / "meta.json")
+    assert clients == [site for site in meta["deploy_map"]["app"] if site != "server"]
+
+
+def test_kits_are_mtls_with_the_sites_names_and_certificates(byoc_kits):
+    server = _json(byoc_kits / SERVER / "startup" / "fed_server.json")
+    assert server["servers"][0]["connection_security"] == "mtls"
+    for site in SITES:
+        startup = byoc_kits / site / "startup"
+        client = _json(startup / "fed_client.json")
+        assert client["client"]["fqsn"] == site and client["client"]["connection_security"] == "mtls"
+        assert client["servers"][0]["service"]["target"].startswith(f"{SERVER}:")
+        certificate = x509.load_pem_x509_certificate((startup / "client.crt").read_bytes())
+        assert certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == site
+        root = x509.load_pem_x509_certificate((startup / "rootCA.pem").read_bytes())
+        assert certificate.issuer == root.subject  # signed by the project's root CA
+        assert (startup / "client.key").is_file()
+
+
+def test_admin_certificates_carry_their_roles(byoc_kits):
+    for user, role in ADMINS.items():
+        certificate = x509.load_pem_x509_certificate((byoc_kits / user / "startup" / "client.crt").read_bytes())
+        subject = certificate.subject
+        assert subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == user
+        assert subject.get_attributes_for_oid(NameOID.UNSTRUCTURED_NAME)[0].value == role
+
+
+def test_byoc_kits_keep_flares_policies_and_get_the_bundles_files(byoc_kits):
+    for participant in (SERVER, *SITES):
+        local = byoc_kits / participant / "local"
+        assert _json(local / "authorization.json") == _json(local / "authorization.json.default")
+        assert _json(local / "resources.json") == _json(local / "resources.json.default")
+        assert _json(local / "privacy.json")["default_scope"] == PRIVACY_SCOPE
+    lead = _json(byoc_kits / "site-nih" / "local" / "authorization.json")["permissions"]["lead"]
+    assert lead["byoc"] == "any" and lead["submit_job"] == "any"
+    for site, kind in SITES.items():
+        template = _json(byoc_kits / site / "local" / SITE_CONFIG_TEMPLATE)
+        assert template["data"]["kind"] == kind and template["data"]["location"] == DATA_LOCATION_PLACEHOLDER
+        assert template["image_size"] == 224 and template["device"] == "auto"
+        site_config_from_dict(template)  # a valid config once the location is filled in
+    assert not (byoc_kits / SERVER / "local" / SITE_CONFIG_TEMPLATE).exists()
+
+
+def test_preinstalled_kits_allow_list_the_bundle_and_refuse_byoc(tmp_path):
+    kits = _provision(tmp_path, "preinstalled")
+    for participant in (SERVER, *SITES):
+        local = kits / participant / "local"
+        resources = _json(local / "resources.json")
+        assert resources["class_list_enforcement_mode"] == "enforce"
+        allowed = resources["class_allow_list"]
+        assert allowed[: len(DEFAULT_CLASS_ALLOW_LIST)] == list(DEFAULT_CLASS_ALLOW_LIST)
+        assert set(allowed) >= BUNDLE_CLASSES
+        assert not any(entry.endswith(".") for entry in allowed)  # exact classes, no package wildcards
+        # everything else of FLARE's default resources is kept
+        default = _json(local / "resources.json.default")
+        assert {k: v for k, v in resources.items() if k != "class_allow_list"} == {
+            k: v for k, v in default.items() if k != "class_allow_list"
+        }
+        permissions = _json(local / "authorization.json")["permissions"]
+        assert all(role == "none" or role["byoc"] == "none" for role in permissions.values())
+        assert permissions["project_admin"]["submit_job"] == "any"
+        assert permissions["lead"]["submit_job"] == "any" and permissions["org_admin"]["submit_job"] == "none"
+
+
+def test_every_component_of_a_preinstalled_job_is_allow_listed(tmp_path):
+    spec = nih_chexpert_spec()
+    spec.code, spec.client_execution = "preinstalled", "external_process"
+    job = write_job(spec, tmp_path / "job")
+    assert not (job / "app" / "custom").exists()
+    assert job_component_paths(job) <= set(class_allow_list(bundle_component_paths()))
+    assert job_component_paths(job) >= BUNDLE_CLASSES
+
+
+def test_authorization_for_preinstalled_spells_out_the_project_admins_rights():
+    provisioned = {
+        "format_version": "1.0",
+        "permissions": {
+            "project_admin": "any",
+            "lead": {"submit_job": "any", "byoc": "any", "view": "any"},
+            "member": {"view": "any"},
+        },
+    }
+    policy = authorization_for("preinstalled", provisioned)
+    assert policy["permissions"] == {
+        "project_admin": {"byoc": "none", "submit_job": "any", "view": "any"},
+        "lead": {"submit_job": "any", "byoc": "none", "view": "any"},
+        "member": {"view": "any", "byoc": "none"},
+    }
+    assert authorization_for("byoc", provisioned) == provisioned
+    assert provisioned["permissions"]["project_admin"] == "any"  # the input is not modified
+
+
+def test_local_folder_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"resources.json\(.default\): not found"):
+        write_local_folder(tmp_path, "client")
+    with pytest.raises(ValueError, match="code must be one of"):
+        write_local_folder(tmp_path, "client", code="shipped")
+    with pytest.raises(ValueError, match="data_kind must be one of"):
+        write_local_folder(tmp_path, "client", data_kind="xray")
+
+
+def _preflight(kit: Path) -> list[str]:
+    """The preflight checks a kit fails (the rows of FLARE's table whose problem is not PASSED)."""
+    result = subprocess.run([str(NVFLARE), "preflight-check", "-p", str(kit)], capture_output=True, text=True)
+    rows = [line.split("|") for line in result.stdout.splitlines() if line.startswith("| Check ")]
+    return [cells[1].strip() for cells in rows if cells[2].strip() != "PASSED"]
+
+
+@pytest.mark.slow
+def test_kits_pass_preflight_except_reaching_a_server_that_is_not_running(byoc_kits):
+    assert _preflight(byoc_kits / SERVER) == []  # ports, storage, a dry run of the server
+    for participant in (*SITES, "lead@nih.example", "it@stanford.example"):
+        assert _preflight(byoc_kits / participant) == ["Check server available"], participant
