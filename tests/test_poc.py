@@ -1,0 +1,102 @@
+"""End to end through FLARE's POC mode on loopback, as an operator runs it: an isolated POC with
+the job's site names, ``nvflare job submit`` through the admin API, ``job wait``, ``job download``,
+then every started process stopped by its id.
+
+1. byoc (the default): the tiny main job completes and the downloaded result holds the 20-class
+   union model; users without the ``submit_job`` right are refused.
+2. preinstalled: the sites allow-list the bundle's classes and refuse bring-your-own-code, so the
+   byoc job fails to deploy and the same job without ``custom/`` completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from surgical_aggregation.flare.job import nih_chexpert_spec, write_job
+from surgical_aggregation.flare.poc import COMPLETED, USERS, PocWorkspace, SubmissionRefused, _alive, job_sites
+from surgical_aggregation.labels import CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.model import load_checkpoint
+
+from helpers import tiny_job
+
+pytestmark = pytest.mark.slow
+SITES = ["site-nih", "site-chexpert"]
+UNION = set(NIH_LABELS) | set(CHEXPERT_LABELS)
+
+
+def _job(root: Path, code: str, cross_site_evaluation: bool = True) -> Path:
+    spec = tiny_job(nih_chexpert_spec(), root / "cache", rounds=1)
+    spec.code, spec.cross_site_evaluation = code, cross_site_evaluation
+    if code == "preinstalled":
+        spec.client_execution = "external_process"
+    return write_job(spec, root / f"job-{code}")
+
+
+def _started(root: Path, code: str, monkeypatch) -> tuple[PocWorkspace, dict]:
+    monkeypatch.setenv("SURGICAL_AGGREGATION_CACHE", str(root / "cache"))
+    poc = PocWorkspace(root / "poc")
+    assert poc.prepare(_job(root, "byoc"), code) == SITES
+    return poc, poc.start()
+
+
+def _assert_all_stopped(poc: PocWorkspace, record: dict) -> None:
+    poc.stop()  # pids it had to kill are logged; what matters is that none survive
+    assert len(record["pids"]) == 6  # server and two sites: parent and daemon each
+    assert not any(_alive(pid) for pid in record["pids"].values())
+    assert poc._group_members(record["process_group"]) == []
+    assert not poc.processes_file.exists()
+
+
+def test_poc_isolation_and_site_names(tmp_path):
+    assert job_sites(Path(__file__).resolve().parents[1] / "jobs" / "nih_chexpert") == SITES
+    poc = PocWorkspace(tmp_path / "poc")
+    env = poc.env()
+    assert env["HOME"] == str(tmp_path / "poc" / "home") != os.environ.get("HOME")
+    assert env["NVFLARE_POC_WORKSPACE"] == str(tmp_path / "poc" / "poc")
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "notes.txt").write_text("not a POC")
+    with pytest.raises(RuntimeError, match="not empty and not a POC workspace"):
+        PocWorkspace(tmp_path / "precious").prepare(_job(tmp_path, "byoc"))
+    assert (tmp_path / "precious" / "notes.txt").is_file()
+
+
+def test_byoc_poc_end_to_end(tmp_path, monkeypatch):
+    poc, record = _started(tmp_path, "byoc", monkeypatch)
+    try:
+        job = tmp_path / "job-byoc"
+        for role in ("org_admin", "member"):  # FLARE's default authorization: no submit_job right
+            with pytest.raises(SubmissionRefused, match=f"'{USERS[role]}' is not authorized for 'submit_job'"):
+                poc.submit(job, USERS[role])
+        job_id = poc.submit(job)  # the project admin
+        assert poc.wait(job_id, timeout=600) == COMPLETED
+        result = poc.download(job_id, tmp_path / "downloads") / "workspace"
+        model = load_checkpoint(result / "app_server" / "FL_global_model.pt")
+        assert len(model.class_names) == 20 and set(model.class_names) == UNION
+        assert (result / "app_server" / "best_FL_global_model.pt").is_file()
+        cross = json.loads((result / "cross_site_val" / "cross_val_results.json").read_text())
+        assert set(cross) == set(SITES)
+    finally:
+        _assert_all_stopped(poc, record)
+    poc.clean()
+    assert not poc.root.exists()
+
+
+def test_preinstalled_poc_refuses_byoc_and_runs_the_allow_listed_job(tmp_path, monkeypatch):
+    poc, record = _started(tmp_path, "preinstalled", monkeypatch)
+    try:
+        lead = USERS["lead"]
+        refused = poc.submit(tmp_path / "job-byoc", lead)  # accepted for the queue, refused at deployment
+        assert poc.wait(refused, timeout=300) != COMPLETED
+        server_log = (poc.kit("server") / "log.txt").read_text()
+        assert f"Failed to run the Job ({refused})" in server_log and "BYOC not permitted" in server_log
+        job_id = poc.submit(_job(tmp_path, "preinstalled", cross_site_evaluation=False), lead)
+        assert poc.wait(job_id, timeout=600) == COMPLETED
+        result = poc.download(job_id, tmp_path / "downloads") / "workspace"
+        model = load_checkpoint(result / "app_server" / "FL_global_model.pt")
+        assert set(model.class_names) == UNION
+    finally:
+        _assert_all_stopped(poc, record)
