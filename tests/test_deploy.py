@@ -22,10 +22,12 @@ from surgical_aggregation.flare.deploy import (
     bundle_component_paths,
     class_allow_list,
     job_component_paths,
+    site_config_template,
     write_local_folder,
 )
 from surgical_aggregation.flare.job import PRIVACY_SCOPE, nih_chexpert_spec, write_job
 from surgical_aggregation.flare.poc import free_port
+from surgical_aggregation.site import resolve_table
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PROJECT = REPOSITORY / "provisioning" / "project.yml"
@@ -188,3 +190,10 @@ def test_kits_pass_preflight_except_reaching_a_server_that_is_not_running(byoc_k
     assert _preflight(byoc_kits / SERVER) == []  # ports, storage, a dry run of the server
     for participant in (*SITES, "lead@nih.example", "it@stanford.example"):
         assert _preflight(byoc_kits / participant) == ["Check server available"], participant
+
+
+def test_committed_site_config_template_is_the_generators():
+    committed = _json(REPOSITORY / "provisioning" / "site_config.template.json")
+    assert committed == site_config_template()
+    with pytest.raises(FileNotFoundError, match="NIH data folder not found: REQUIRED: the dataset folder"):
+        resolve_table(site_config_from_dict(committed))  # the placeholder is refused, not mistaken for data

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import surgical_aggregation
 from surgical_aggregation.cli import main
 from surgical_aggregation.config import SiteConfigError, load_site_config
 from surgical_aggregation.flare.job import CLIENT_COMMAND, nih_chexpert_spec, write_job
@@ -61,3 +62,38 @@ def test_bad_specs_are_refused_before_anything_is_written(tmp_path):
     with pytest.raises(SiteConfigError, match=r"job 'nih_chexpert' site 'site-nih'\.batch_size must be positive"):
         write_job(spec, tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_preinstalled_job_has_no_custom_folder_and_runs_the_installed_trainer(tmp_path):
+    assert main(["write-job", "--code", "preinstalled", "--out", str(tmp_path / "job")]) == 0
+    job = tmp_path / "job"
+    assert not (job / "app" / "custom").exists()  # not bring-your-own-code: the allow-list applies
+    arguments = json.loads((job / "app/config/config_fed_client.json").read_text())["executors"][0]["executor"]["args"]
+    assert arguments["execution_mode"] == "external_process" and arguments["command"] == CLIENT_COMMAND
+    assert _files(job / "app/config/site_configs") == _files(COMMITTED / "app/config/site_configs")
+    assert json.loads((job / "meta.json").read_text()) == json.loads((COMMITTED / "meta.json").read_text())
+
+
+def test_shipped_library_is_the_package_without_caches(tmp_path):
+    assert main(["write-job", "--ship-library", "--out", str(tmp_path / "job")]) == 0
+    shipped = tmp_path / "job/app/custom/surgical_aggregation"
+    package = Path(surgical_aggregation.__file__).parent
+    expected = {str(p.relative_to(package)) for p in package.rglob("*.py")}
+    assert {str(p.relative_to(shipped)) for p in shipped.rglob("*.py")} == expected
+    assert "flare/controller.py" in expected and not list(shipped.rglob("__pycache__"))
+    assert (tmp_path / "job/app/custom/client.py").is_file()
+
+
+def test_code_delivery_combinations_that_cannot_work_are_refused(tmp_path):
+    spec = nih_chexpert_spec()
+    spec.code = "preinstalled"  # still in_process
+    with pytest.raises(ValueError, match="needs client_execution='external_process'"):
+        write_job(spec, tmp_path / "a")
+    spec = nih_chexpert_spec()
+    spec.code, spec.client_execution, spec.ship_library = "preinstalled", "external_process", True
+    with pytest.raises(ValueError, match="ship_library puts the package in app/custom/"):
+        write_job(spec, tmp_path / "b")
+    spec = nih_chexpert_spec()
+    spec.code = "shipped"
+    with pytest.raises(ValueError, match=r"code must be one of \('byoc', 'preinstalled'\)"):
+        write_job(spec, tmp_path / "c")
