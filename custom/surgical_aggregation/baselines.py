@@ -91,7 +91,7 @@ def train_pooled(
             best_loss, best_epoch, stale = evaluation.loss, round_number, 0
             save_checkpoint(
                 checkpoint, trainer.state_dict(), trainer.head_classes, config.in_channels,
-                round=round_number, method=name, preprocessing=preprocessing,
+                round=round_number, method=name, preprocessing=preprocessing, architecture=config.architecture,
             )  # fmt: skip
         else:
             stale += 1

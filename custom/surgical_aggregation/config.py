@@ -21,6 +21,8 @@ from .data.cache import ON_ERROR_POLICIES
 from .data.sources import DATASET_KINDS
 from .data.synthetic import GENERATORS
 from .labels import UnknownLabelError, canonical_names
+from .reports.data import REPORT_KINDS
+from .reports.embeddings import EMBEDDING_MODELS
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
@@ -47,7 +49,7 @@ class SiteConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    kind: str = "nih"  # on-disk layout: nih | chexpert | mimic | csv
+    kind: str = "nih"  # images: nih | chexpert | mimic | csv; reports: iu_reports | report_csv
     location: str | None = None  # data folder (CSV file for csv); null = embedded generated data
     options: dict[str, Any] = field(default_factory=dict)  # passed to the loader, e.g. {"uncertainty": "ignore"}
     labels: list[str] | None = None  # the findings this site trains on, in its order (default: all of the dataset's)
@@ -95,9 +97,15 @@ class SiteConfig:
     on_unreadable: str = "error"  # unreadable images: error (list them and stop) | skip (leave out, count)
     seed: int = 0
     record_exchanges: str = "head"  # what to keep of each model exchange: head | full | off
+    embedding_model: str = "all-MiniLM-L6-v2"  # report kinds: the sentence encoder (the image fields do not apply)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def architecture(self) -> str:
+        """Images train the DenseNet121, reports the MLP over sentence embeddings."""
+        return "report_mlp" if self.data.kind in REPORT_KINDS else "densenet121"
 
 
 _TYPE_WORDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string", list: "a list",
@@ -144,10 +152,13 @@ def _validate(config: SiteConfig, where: str) -> None:
         return SiteConfigError(f"{where}.{field_name} {message}")
 
     data = config.data
-    if data.kind not in DATASET_KINDS:
-        raise fail("data.kind", f"must be one of {list(DATASET_KINDS)}, got {data.kind!r}")
-    if data.location is None and data.kind not in GENERATORS:
+    if data.kind not in DATASET_KINDS + REPORT_KINDS:
+        raise fail("data.kind", f"must be one of {list(DATASET_KINDS + REPORT_KINDS)}, got {data.kind!r}")
+    # iu_reports without a location reads the IU reports shipped in torchxrayvision's data folder
+    if data.location is None and data.kind not in (*GENERATORS, "iu_reports"):
         raise fail("data.location", f"is required for kind {data.kind!r} (embedded data exists for {list(GENERATORS)})")
+    if config.embedding_model not in EMBEDDING_MODELS:
+        raise fail("embedding_model", f"must be one of {list(EMBEDDING_MODELS)}, got {config.embedding_model!r}")
     if data.labels is not None:
         if not data.labels:
             raise fail("data.labels", "must list at least one finding (or be null for all of the dataset's)")

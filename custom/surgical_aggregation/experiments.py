@@ -34,14 +34,14 @@ from typing import Any
 import pandas as pd
 
 from .baselines import train_pooled
-from .config import site_config_from_dict
+from .config import SiteConfig, site_config_from_dict
 from .data.cache import default_cache_root
-from .inference import evaluate_models
+from .inference import EvaluationReport, evaluate_models
 from .methods import COMPARATOR_LABELS, COMPARATORS, POOLED_COMPARATORS, controller_arguments
 from .metrics import paired_t_test
 from .plots import plot_metric_vs_factor, plot_per_class_by_method
 from .simulation import DataSources, Profile, Setting, dataset_identity, full_dataset_config, grid_settings
-from .site import resolve_table, split_table
+from .site import cache_root, resolve_table, split_table
 
 logger = logging.getLogger(__name__)
 REFERENCE_METHOD = "surgical"
@@ -79,12 +79,19 @@ class Run:
 
 def _sites_for_run(run: Run, options: RunOptions) -> dict[str, dict[str, Any]]:
     threads = options.cpu_threads or max(1, (os.cpu_count() or 1) // len(run.setting.sites))
-    sites = {}
-    for name, config in run.setting.sites.items():
-        sites[name] = {**config, "seed": run.seed, "cpu_threads": threads}
-        if options.cache_dir:
-            sites[name]["cache_dir"] = options.cache_dir
-    return sites
+    return {
+        name: _for_run(config, run, options) | {"cpu_threads": threads} for name, config in run.setting.sites.items()
+    }
+
+
+def _for_run(config: dict[str, Any], run: Run, options: RunOptions) -> dict[str, Any]:
+    """A site's or test set's config for this run: its seed, new partitions when the setting asks, the cache."""
+    values = {**config, "seed": run.seed}
+    if run.setting.repartition:
+        values["data"] = {**config["data"], "split_seed": run.seed}
+    if options.cache_dir:
+        values["cache_dir"] = options.cache_dir
+    return values
 
 
 def _nvflare() -> str:
@@ -104,7 +111,10 @@ def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions
         "patience": profile.patience,
         **controller_arguments(run.method, options.backbone_strategy, options.weighting),
     }
-    persistor = {"in_channels": 1, "seed": run.seed, "pretrained_weights": options.pretrained_weights}
+    architecture = site_config_from_dict(next(iter(sites.values())), run.title).architecture
+    persistor = {"in_channels": 1, "seed": run.seed, "architecture": architecture}
+    if architecture == "densenet121":
+        persistor["pretrained_weights"] = options.pretrained_weights
     spec = JobSpec(f"{run.setting.name}-{run.method}", sites, controller, persistor, cross_site_evaluation=False)
     job = write_job(spec, folder / "job")
     workspace = folder / "workspace"
@@ -142,10 +152,14 @@ def _run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -
     """Centralized (all sites pooled) or individual (one model per dataset), trained without FLARE."""
     sites = _sites_for_run(run, options)
     models = folder / "models"
-    if run.method == "centralized":
+    if run.method in ("centralized", "centralized_full"):
+        if run.method == "centralized_full":  # every site labels the whole union (its dataset labels it all)
+            union = list(dict.fromkeys(name for labels in run.setting.label_sets.values() for name in labels))
+            sites = {site: {**config, "data": {**config["data"], "labels": union}} for site, config in sites.items()}
         configs = {site: site_config_from_dict(config, f"{run.title} {site}") for site, config in sites.items()}
-        train_pooled(configs, profile.rounds, models / "centralized.pt", profile.patience, name="centralized")
-        return {"*": [models / "centralized.pt"]}
+        path = models / f"{run.method}.pt"
+        train_pooled(configs, profile.rounds, path, profile.patience, name=run.method)
+        return {"*": [path]}
     chosen: dict[str, list[Path]] = {}
     by_dataset = {dataset_identity(config): config for config in sites.values()}
     for index, (identity, config) in enumerate(sorted(by_dataset.items())):
@@ -170,21 +184,36 @@ def evaluate_run(run: Run, models: dict[str, list[Path]], options: RunOptions) -
     """Per-class AUROC on every test set of the setting, and the mean AUROC with its bootstrap CI."""
     rows, summary = [], {}
     for test in run.setting.test_sets:
-        values = dict(test.config)
-        if options.cache_dir:
-            values["cache_dir"] = options.cache_dir
-        config = site_config_from_dict(values, f"test set {test.name}")
-        table = resolve_table(config)
-        table = table if test.split == "all" else split_table(table, config)[test.split]
+        config = site_config_from_dict(_for_run(test.config, run, options), f"test set {test.name}")
         paths = _models_for(dataset_identity(test.config), models)
-        report = evaluate_models(paths, table, cache_dir=config.cache_dir, bootstrap=options.bootstrap)
+        if config.architecture == "report_mlp":
+            report = _evaluate_reports(paths, config, options)
+        else:
+            table = resolve_table(config)
+            table = table if test.split == "all" else split_table(table, config)[test.split]
+            report = evaluate_models(paths, table, cache_dir=config.cache_dir, bootstrap=options.bootstrap)
         frame = report.per_class.assign(test_set=test.name)
         rows.append(frame)
         summary[test.name] = {
             "mean_auroc": report.mean_auroc.estimate, "ci_low": report.mean_auroc.low,
             "ci_high": report.mean_auroc.high, "classes": int(frame["auroc"].notna().sum()), "images": report.n_images,
         }  # fmt: skip
+        for column in ("accuracy", "sensitivity", "specificity"):
+            if column in frame:
+                summary[test.name][f"mean_{column}"] = float(frame[column].mean())
     return pd.concat(rows, ignore_index=True), summary
+
+
+def _evaluate_reports(paths: list[Path], config: SiteConfig, options: RunOptions) -> EvaluationReport:
+    """Report labellers: AUROC on the test split, Youden thresholds from the validation split."""
+    from .reports.dataset import ReportDataset, embed_table
+    from .reports.evaluation import evaluate_report_models
+
+    table = resolve_table(config)
+    vectors = embed_table(table, cache_root(config), config.embedding_model)
+    splits = split_table(table, config)
+    val, test = (ReportDataset(splits[name], vectors) for name in ("val", "test"))
+    return evaluate_report_models(paths, val, test, options.bootstrap, config.device)
 
 
 def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
@@ -352,16 +381,24 @@ def _number(value: float) -> str:
 
 def _markdown(table: pd.DataFrame, reference: str | None) -> str:
     lines = []
+    thresholded = "mean_accuracy" in table and table["mean_accuracy"].notna().any()  # report labellers
+    extra_header = " accuracy / sensitivity / specificity (Youden) |" if thresholded else ""
     for (setting, test_set), group in table.groupby(["setting", "test_set"], sort=False):
         lines += [f"### {setting} — {test_set} test set", "",
-                  f"| method | seed | mean AUROC (95% CI) | classes | p vs {reference or '-'} | Shapiro-Wilk p |",
-                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+                  f"| method | seed | mean AUROC (95% CI) |{extra_header} classes | p vs {reference or '-'} "
+                  "| Shapiro-Wilk p |",
+                  "| --- | --- | --- |" + (" --- |" if thresholded else "") + " --- | --- | --- |"]  # fmt: skip
         for row in group.itertuples(index=False):
             p = "—" if math.isnan(row.p_value) else f"{row.p_value:.3g}"
             shapiro = "—" if math.isnan(row.shapiro_p) else f"{row.shapiro_p:.3g}"
+            extra = (
+                f" {row.mean_accuracy:.3f} / {row.mean_sensitivity:.3f} / {row.mean_specificity:.3f} |"
+                if thresholded
+                else ""
+            )
             lines.append(
-                f"| {row.label} | {row.seed} | {row.mean_auroc:.3f} ({row.ci_low:.3f}–{row.ci_high:.3f}) "
-                f"| {row.classes} | {p} | {shapiro} |"
+                f"| {row.label} | {row.seed} | {row.mean_auroc:.3f} ({row.ci_low:.3f}–{row.ci_high:.3f}) |{extra}"
+                f" {row.classes} | {p} | {shapiro} |"
             )
         lines.append("")
     return "\n".join(lines)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from torch.utils.data import Dataset
 
 from .data.cache import OnError, default_cache_root
 from .data.dataset import ChestXrayDataset, cache_table
@@ -92,12 +93,13 @@ def score_images(
     dataset, kept, failures = _cached_dataset(table, preprocessing, cache_dir, on_error)
     if len(kept) == 0:
         raise ValueError(f"none of the {len(paths)} images could be read, e.g. {failures[:3]}")
-    scores = pd.DataFrame(_predict(checkpoint, dataset, batch_size, device), columns=checkpoint.class_names)
+    scores = pd.DataFrame(predict_checkpoint(checkpoint, dataset, batch_size, device), columns=checkpoint.class_names)
     scores.insert(0, PATH_COLUMN, kept.paths)
     return scores, failures
 
 
-def _predict(checkpoint: Checkpoint, dataset: ChestXrayDataset, batch_size: int, device_spec: str) -> np.ndarray:
+def predict_checkpoint(checkpoint: Checkpoint, dataset: Dataset, batch_size: int, device_spec: str) -> np.ndarray:
+    """(N, classes) probabilities of a checkpoint's model on a dataset of this package (images or reports)."""
     device = resolve_device(device_spec)
     model = checkpoint.build_model().to(device)
     probabilities, _, _ = predict(model, make_loader(dataset, batch_size, train=False), device)
@@ -145,36 +147,59 @@ def evaluate_models(
     if not checkpoint_paths:
         raise ValueError("no model to evaluate")
     checkpoints = [load_checkpoint(path) for path in checkpoint_paths]
-    predicted = list(dict.fromkeys(name for checkpoint in checkpoints for name in checkpoint.class_names))
-    shared = [name for name in table.classes if name in predicted]
-    if not shared:
-        raise ValueError(f"the model(s) predict {predicted}, none of the data's classes {table.classes}")
+    predicted = predicted_classes(checkpoints, table)
     settings = {Preprocessing.of(checkpoint, image_size) for checkpoint in checkpoints}
     if len(settings) > 1:
         raise ValueError(f"the models were trained with different preprocessing {settings}; pass --image-size")
     preprocessing = settings.pop()
     dataset, kept, _ = _cached_dataset(table, preprocessing, cache_dir, on_error)
-    sums = np.zeros((len(kept), len(predicted)))
-    counts = np.zeros(len(predicted))
+    probabilities = ensemble_probabilities(
+        checkpoints, predicted, lambda checkpoint: predict_checkpoint(checkpoint, dataset, batch_size, device)
+    )
+    return per_class_report(probabilities, predicted, kept, bootstrap)
+
+
+def predicted_classes(checkpoints: Sequence[Checkpoint], table: LabelTable) -> list[str]:
+    """Every class the models predict (first seen first); an error when none is labelled in ``table``."""
+    predicted = list(dict.fromkeys(name for checkpoint in checkpoints for name in checkpoint.class_names))
+    if not any(name in predicted for name in table.classes):
+        raise ValueError(f"the model(s) predict {predicted}, none of the data's classes {table.classes}")
+    return predicted
+
+
+def ensemble_probabilities(
+    checkpoints: Sequence[Checkpoint], predicted: Sequence[str], predict_one: Callable[[Checkpoint], np.ndarray]
+) -> np.ndarray:
+    """(N, len(predicted)): each class scored by the mean probability of the models that predict it."""
+    sums, counts = None, np.zeros(len(predicted))
     for checkpoint in checkpoints:
-        columns = [predicted.index(name) for name in checkpoint.class_names]
-        sums[:, columns] += _predict(checkpoint, dataset, batch_size, device)
+        probabilities = predict_one(checkpoint)
+        sums = np.zeros((len(probabilities), len(predicted))) if sums is None else sums
+        columns = [list(predicted).index(name) for name in checkpoint.class_names]
+        sums[:, columns] += probabilities
         counts[columns] += 1
-    probabilities = sums / counts
-    labels, mask = kept.label_matrix()
-    aligned = align_by_name(probabilities, predicted, labels, kept.classes, mask)
+    return sums / counts
+
+
+def per_class_report(
+    probabilities: np.ndarray, predicted: Sequence[str], table: LabelTable, bootstrap: int
+) -> EvaluationReport:
+    """Per-class AUROC (with positives and negatives) of ``probabilities`` on ``table``, by class name."""
+    labels, mask = table.label_matrix()
+    aligned = align_by_name(probabilities, list(predicted), labels, table.classes, mask)
     aurocs = per_class_auroc(aligned.y_true, aligned.y_score, aligned.class_names, aligned.mask)
     valid = aligned.mask.astype(bool)
+    count = len(aligned.class_names)
     per_class = pd.DataFrame(
         {
             "class_name": aligned.class_names,
             "auroc": [aurocs[name] for name in aligned.class_names],
-            "positives": [int(((aligned.y_true[:, c] == 1) & valid[:, c]).sum()) for c in range(len(shared))],
-            "negatives": [int(((aligned.y_true[:, c] == 0) & valid[:, c]).sum()) for c in range(len(shared))],
+            "positives": [int(((aligned.y_true[:, c] == 1) & valid[:, c]).sum()) for c in range(count)],
+            "negatives": [int(((aligned.y_true[:, c] == 0) & valid[:, c]).sum()) for c in range(count)],
         }
     )
     interval = mean_auroc_ci(aligned.y_true, aligned.y_score, aligned.class_names, aligned.mask, bootstrap)
-    return EvaluationReport(per_class, interval, aligned.missing_in_model, len(kept))
+    return EvaluationReport(per_class, interval, aligned.missing_in_model, len(table))
 
 
 def write_evaluation(report: EvaluationReport, folder: str | Path, title: str) -> list[Path]:

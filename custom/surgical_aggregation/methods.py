@@ -174,7 +174,10 @@ FEDERATED_COMPARATORS: dict[str, dict[str, Any]] = {
     # FedProx on top of plain FedAvg (vanilla FL), as in FedSLD's comparison.
     "fedprox": {"method": "vanilla", "proximal_mu": 0.01},
 }
-POOLED_COMPARATORS = ("centralized", "individual")  # trained without FLARE
+# trained without FLARE; centralized_full: the sites' data pooled with every class of the union known
+# (seed 004's upper baseline: the whole dataset, fully labelled), where centralized counts a class a
+# site does not label as negative
+POOLED_COMPARATORS = ("centralized", "centralized_full", "individual")
 COMPARATORS = (*FEDERATED_COMPARATORS, *POOLED_COMPARATORS)
 COMPARATOR_LABELS = {
     "surgical": "FL + surgical aggregation",
@@ -188,6 +191,7 @@ COMPARATOR_LABELS = {
     "surgical_fedsld": "surgical aggregation + FedSLD",
     "fedprox": "FedProx",
     "centralized": "centralized",
+    "centralized_full": "centralized (all labels)",
     "individual": "individual",
 }
 

@@ -1,4 +1,5 @@
-"""Evaluation: per-class AUROC matched by class name, BCE loss, bootstrap CIs and paired tests.
+"""Evaluation: per-class AUROC matched by class name, BCE loss, bootstrap CIs, paired tests, and
+accuracy / sensitivity / specificity at a Youden threshold.
 
 A class whose test labels are all one value has no AUROC: it is reported as NaN
 ("undefined") and left out of means, never a crash.
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
-from sklearn.metrics import roc_auc_score
+from sklearn.metrics import roc_auc_score, roc_curve
 
 
 def _valid_mask(y_true: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -200,4 +201,45 @@ def paired_t_test(a: Sequence[float], b: Sequence[float]) -> PairedTest:
         shapiro_w=float(shapiro_w),
         shapiro_p=float(shapiro_p),
         wilcoxon_p=wilcoxon_p,
+    )
+
+
+@dataclass
+class ThresholdMetrics:
+    """A binary decision at ``threshold``: accuracy, sensitivity (TPR) and specificity (TNR)."""
+
+    threshold: float
+    accuracy: float
+    sensitivity: float
+    specificity: float
+
+
+def youden_threshold(y_true: np.ndarray, y_score: np.ndarray) -> float:
+    """The score threshold maximising Youden's J = sensitivity + specificity - 1 (NaN if one class is absent).
+
+    Candidates are the observed scores (predict positive when score >= threshold); ties go to the
+    higher threshold, i.e. the more specific decision.
+    """
+    y_true, y_score = np.asarray(y_true), np.asarray(y_score, dtype=np.float64)
+    if len(np.unique(y_true)) < 2:
+        return math.nan
+    fpr, tpr, thresholds = roc_curve(y_true, y_score)
+    finite = np.isfinite(thresholds)
+    j = (tpr - fpr)[finite]
+    best = np.flatnonzero(np.isclose(j, j.max(), rtol=0, atol=1e-12))
+    return float(thresholds[finite][best].max())
+
+
+def threshold_metrics(y_true: np.ndarray, y_score: np.ndarray, threshold: float) -> ThresholdMetrics:
+    """Accuracy, sensitivity and specificity of ``score >= threshold`` (NaN where undefined)."""
+    y_true = np.asarray(y_true).astype(bool)
+    positives, negatives = int(y_true.sum()), int((~y_true).sum())
+    if math.isnan(threshold) or len(y_true) == 0:
+        return ThresholdMetrics(threshold, math.nan, math.nan, math.nan)
+    predicted = np.asarray(y_score) >= threshold
+    return ThresholdMetrics(
+        float(threshold),
+        float((predicted == y_true).mean()),
+        float((predicted & y_true).sum() / positives) if positives else math.nan,
+        float((~predicted & ~y_true).sum() / negatives) if negatives else math.nan,
     )

@@ -98,8 +98,28 @@ def split_backbone_head(
     return backbone, {key: state[key] for key in head.keys}
 
 
+ARCHITECTURES = ("densenet121", "report_mlp")
+
+
+def build_model(
+    architecture: str, class_names: Sequence[str], in_channels: int = 1, in_features: int = 384
+) -> nn.Module:
+    """A model of the bundle with a named head: the chest X-ray DenseNet121 or the report MLP."""
+    if architecture == "densenet121":
+        return NamedDenseNet121(class_names, in_channels=in_channels)
+    if architecture == "report_mlp":
+        from .reports.model import ReportMLP
+
+        return ReportMLP(class_names, in_features=in_features)
+    raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
+
+
 def initial_global_state(
-    in_channels: int = 1, seed: int = 0, pretrained_weights: str | Path | None = None
+    in_channels: int = 1,
+    seed: int = 0,
+    pretrained_weights: str | Path | None = None,
+    architecture: str = "densenet121",
+    in_features: int = 384,
 ) -> dict[str, torch.Tensor]:
     """A fresh global model before any site is known: a seeded (or ImageNet) backbone, a head of 0 rows.
 
@@ -107,8 +127,11 @@ def initial_global_state(
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = NamedDenseNet121(["No Finding"], in_channels=in_channels)  # one placeholder row, dropped below
+        # one placeholder row, dropped below
+        model = build_model(architecture, ["No Finding"], in_channels=in_channels, in_features=in_features)
     if pretrained_weights is not None:
+        if architecture != "densenet121":
+            raise ValueError(f"pretrained_weights are ImageNet DenseNet121 weights; the architecture is {architecture}")
         load_pretrained_backbone(model, pretrained_weights)
     state = model.state_dict()
     for key in model.head.keys:
@@ -128,8 +151,16 @@ class Checkpoint:
     in_channels: int = 1
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def build_model(self) -> NamedDenseNet121:
-        model = NamedDenseNet121(self.class_names, in_channels=self.in_channels)
+    @property
+    def architecture(self) -> str:
+        """As stored; checkpoints without it are told apart by their keys (the MLP has ``features.0``)."""
+        if "architecture" in self.meta:
+            return str(self.meta["architecture"])
+        return "report_mlp" if "features.0.weight" in self.state else "densenet121"
+
+    def build_model(self) -> nn.Module:
+        in_features = self.state["features.0.weight"].shape[1] if self.architecture == "report_mlp" else 0
+        model = build_model(self.architecture, self.class_names, self.in_channels, in_features)
         model.load_state_dict(self.state)
         return model
 

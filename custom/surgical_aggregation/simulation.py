@@ -107,6 +107,19 @@ PROFILES = {
         rounds=5,
         split_fractions=(0.6, 0.2, 0.2),
     ),
+    # Report labelling (seed 004): the MLP over sentence embeddings, 20 aggregations, 70/10/20 split.
+    "report": Profile(
+        "report",
+        {
+            "batch_size": 64,
+            "optimizer": "adam",
+            "learning_rate": 1e-3,
+            "warmup_epochs": 0,
+            "local_epochs": 1,
+            "record_exchanges": "off",
+        },
+        rounds=20,
+    ),
     # The papers' recipe (seed 000/003): 224 px, ImageNet-pretrained weights when given, 15 warm-up epochs.
     "paper": Profile(
         "paper",
@@ -147,6 +160,7 @@ class Setting:
     sites: dict[str, dict[str, Any]]
     test_sets: list[TestSet]
     label_sets: dict[str, list[str]] = field(default_factory=dict)
+    repartition: bool = False  # each seed also draws new splits and partitions (data.split_seed = seed)
 
     @property
     def shared_classes(self) -> list[str]:
@@ -205,6 +219,37 @@ def nih_chexpert(shared_only: bool, sources: DataSources, profile: Profile) -> S
     )  # fmt: skip
 
 
+# Report labelling (seed 004): the IU reports' 14 most frequent findings (47 or more positive reports).
+REPORT_LABEL_COUNT = 14
+REPORT_NODE_VALUES = tuple(range(2, 11))
+REPORT_SHARED_VALUES = tuple(range(REPORT_LABEL_COUNT))
+
+
+def report_labels() -> list[str]:
+    """The IU findings of the report experiments, most frequent first."""
+    from .reports.data import load_iu_reports
+
+    table, _ = load_iu_reports()
+    return list(table.classes[:REPORT_LABEL_COUNT])
+
+
+def report_setting(n_sites: int, shared: int, profile: Profile, factor: str, value: float) -> Setting:
+    """IU reports dealt IID to ``n_sites``; ``shared`` findings at every site, each other finding at one."""
+    labels = report_labels()
+    label_sets = assign_label_sets(labels, n_sites, Fraction(len(labels) - shared, len(labels)))
+    training = copy.deepcopy(profile.training)
+    split = {"split_fractions": list(profile.split_fractions)}
+    sites = {
+        f"site-{index + 1}": {"data": {"kind": "iu_reports", "labels": site_labels, "partition_count": n_sites,
+                                       "partition_index": index, **split}, **training}
+        for index, site_labels in enumerate(label_sets)
+    }  # fmt: skip
+    test = TestSet("iu", {"data": {"kind": "iu_reports", "labels": labels, **split}, **training})
+    name = f"reports-K{n_sites}-shared{shared}of{len(labels)}"
+    label_map = dict(zip(sites, label_sets, strict=True))
+    return Setting(name, factor, float(value), sites, [test], label_map, repartition=True)
+
+
 def grid_settings(grid: str, sources: DataSources, profile: Profile) -> list[Setting]:
     """The settings of a named grid: K, psi, N (seed 003), nih_chexpert (seed 000/002), small (a quick check)."""
     if grid == "K":
@@ -215,13 +260,17 @@ def grid_settings(grid: str, sources: DataSources, profile: Profile) -> list[Set
         return [simulated_nih(N_GRID_K, N_GRID_PSI, n, sources, profile, "N", float(n)) for n in N_VALUES]
     if grid == "nih_chexpert":
         return [nih_chexpert(True, sources, profile), nih_chexpert(False, sources, profile)]
+    if grid == "report_nodes":
+        return [report_setting(k, 0, profile, "K", k) for k in REPORT_NODE_VALUES]
+    if grid == "report_shared":
+        return [report_setting(2, shared, profile, "shared", shared) for shared in REPORT_SHARED_VALUES]
     if grid == "small":
         values = (Fraction(0), Fraction(12, 14))
         return [simulated_nih(PSI_GRID_K, psi, 1, sources, profile, "psi", float(psi)) for psi in values]
     raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
 
 
-GRIDS = ("small", "K", "psi", "N", "nih_chexpert")
+GRIDS = ("small", "K", "psi", "N", "nih_chexpert", "report_nodes", "report_shared")
 
 
 def dataset_identity(config: Mapping[str, Any]) -> str:

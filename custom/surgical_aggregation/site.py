@@ -10,6 +10,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch.utils.data import Dataset
+
 from .config import SiteConfig, SiteConfigError
 from .data.cache import CacheReport, ImageCache, default_cache_root, exclusive
 from .data.dataset import ChestXrayDataset, CombinedDataset, cache_table
@@ -18,6 +20,8 @@ from .data.splits import DEFAULT_SPLIT_NAMES, patient_split
 from .data.synthetic import ensure_generated
 from .data.table import LabelTable
 from .data.transforms import Augmentation, image_transforms
+from .reports.data import REPORT_KINDS, load_reports
+from .training import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +33,10 @@ def cache_root(config: SiteConfig) -> Path:
 def resolve_table(config: SiteConfig, log: logging.Logger = logger) -> LabelTable:
     """The site's label table (real data, or the embedded dataset), restricted to its labels."""
     data = config.data
-    if data.location is None:
+    if data.kind in REPORT_KINDS:
+        table, summary = load_reports(data.kind, data.location, **data.options)
+        log.info(summary.describe())
+    elif data.location is None:
         embedded = config.embedded
         folder = (
             cache_root(config)
@@ -106,6 +113,8 @@ def prepare_site_data(
     ``table`` is the already resolved label table, if the caller has it.
     """
     table = table if table is not None else resolve_table(config, log)
+    if config.data.kind in REPORT_KINDS:
+        return _report_data(config, table, progress)
     kept, cache, report = cache_table(
         table, cache_root(config), config.image_size, config.on_unreadable, config.cache_threads, progress
     )
@@ -126,7 +135,23 @@ def prepare_site_data(
         return ChestXrayDataset(splits[name], cache, transform, classes=kept.classes)
 
     train, val, test = (dataset(name, name == "train") for name in DEFAULT_SPLIT_NAMES)
+    _check_not_empty(train, val, f"{len(kept)} usable images")
+    return SiteData(list(kept.classes), train, val, test, cache, report)
+
+
+def _check_not_empty(train: Dataset, val: Dataset, available: str) -> None:
     for name, split in (("training", train), ("validation", val)):
         if len(split) == 0:
-            raise SiteConfigError(f"the {name} split of this site's data is empty ({len(kept)} usable images)")
-    return SiteData(list(kept.classes), train, val, test, cache, report)
+            raise SiteConfigError(f"the {name} split of this site's data is empty ({available})")
+
+
+def _report_data(config: SiteConfig, table: LabelTable, progress: bool) -> SiteData:
+    """Reports: split like images (a report is its own patient), each report embedded once (cached)."""
+    from .reports.dataset import ReportDataset, embed_table  # loads the sentence encoder only when needed
+
+    device = "cuda" if resolve_device(config.device).type == "cuda" else "cpu"
+    vectors = embed_table(table, cache_root(config), config.embedding_model, device, progress)
+    splits = split_table(table, config)
+    train, val, test = (ReportDataset(splits[name], vectors, table.classes) for name in DEFAULT_SPLIT_NAMES)
+    _check_not_empty(train, val, f"{len(table)} reports")
+    return SiteData(list(table.classes), train, val, test)

@@ -20,7 +20,8 @@ from .config import SiteConfig
 from .labels import canonical_name
 from .methods import SiteRecipe, prior_vector
 from .metrics import bce_loss, mean_defined, per_class_auroc
-from .model import NamedDenseNet121, freeze_batchnorm, load_checkpoint, save_checkpoint, set_backbone_trainable
+from .model import build_model, freeze_batchnorm, load_checkpoint, save_checkpoint, set_backbone_trainable
+from .reports.embeddings import embedding_dimension
 from .site import SiteData
 from .training import Evaluation, make_loader, predict, resolve_device, train_epoch
 
@@ -92,13 +93,19 @@ class SiteTrainer:
     def class_names(self) -> list[str]:
         return list(self.data.class_names)
 
+    def _new_model(self, classes: Sequence[str]) -> torch.nn.Module:
+        config = self.config
+        return build_model(
+            config.architecture, classes, config.in_channels, embedding_dimension(config.embedding_model)
+        )
+
     def _set_head(self, classes: Sequence[str]) -> None:
         """(Re)build the model and training loader when the head's classes change."""
         classes = list(classes)
         if classes == self.head_classes:
             return
         self.head_classes = classes
-        self.model = NamedDenseNet121(classes, in_channels=self.config.in_channels).to(self.device)
+        self.model = self._new_model(classes).to(self.device)
         self._rebuild_train_loader()
 
     def _rebuild_train_loader(self) -> None:
@@ -124,6 +131,7 @@ class SiteTrainer:
             self.state_dict(),
             self.head_classes,
             self.config.in_channels,
+            architecture=self.config.architecture,
             epochs_done=self.epochs_done,
             warmed_up=self.warmed_up,
         )
@@ -159,11 +167,7 @@ class SiteTrainer:
         """
         index = {canonical_name(name): row for row, name in enumerate(class_names)}
         local = self.model.state_dict()
-        template = (
-            local
-            if list(head_classes) == self.head_classes
-            else NamedDenseNet121(head_classes, in_channels=self.config.in_channels).state_dict()
-        )
+        template = local if list(head_classes) == self.head_classes else self._new_model(head_classes).state_dict()
         assembled: dict[str, torch.Tensor] = {}
         for key, value in template.items():
             if key in DENSENET_HEAD.keys:
@@ -312,7 +316,7 @@ class SiteTrainer:
         assembled, present = self._assemble(state, class_names, self.class_names)
         if not present:
             raise ValueError(f"the model's classes {list(class_names)} share none with this site's {self.class_names}")
-        model = NamedDenseNet121(self.class_names, in_channels=self.config.in_channels).to(self.device)
+        model = self._new_model(self.class_names).to(self.device)
         model.load_state_dict(assembled)
         return self._evaluate(model, self.class_names, present)
 

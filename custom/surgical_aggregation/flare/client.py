@@ -99,19 +99,25 @@ class ClientSession:
 
     def describe(self, with_label_counts: bool = False) -> FLModel:
         """Class names and sizes; per-class training counts only when asked (FedSLD shares them by design)."""
-        splits = split_table(self.table, self.config)
-        origin = "embedded generated data" if self.config.data.location is None else "local data"
-        description = f"{self.config.data.kind} layout, {origin}, {len(self.table)} images"
+        config = self.config
+        splits = split_table(self.table, config)
+        if config.architecture == "report_mlp":
+            description = f"{config.data.kind}, {len(self.table)} reports"
+            preprocessing = {"embedding_model": config.embedding_model}
+        else:
+            origin = "embedded generated data" if config.data.location is None else "local data"
+            description = f"{config.data.kind} layout, {origin}, {len(self.table)} images"
+            preprocessing = {
+                "image_size": config.image_size,
+                "in_channels": config.in_channels,
+                "imagenet_normalize": config.imagenet_normalize,
+            }
         self.log.info("%s: %d classes %s; %s", self.site, len(self.class_names), self.class_names, description)
         meta = {
             META_CLASS_NAMES: self.class_names,
             META_NUM_SAMPLES: len(splits["train"]),
             META_DATA: description,
-            META_PREPROCESSING: {
-                "image_size": self.config.image_size,
-                "in_channels": self.config.in_channels,
-                "imagenet_normalize": self.config.imagenet_normalize,
-            },
+            META_PREPROCESSING: preprocessing,
         }
         if with_label_counts:
             train = splits["train"]

@@ -216,4 +216,52 @@ def nih_chexpert_spec() -> JobSpec:
     )
 
 
-JOB_SPECS = {"nih_chexpert": nih_chexpert_spec}
+# The report labelling job: the IU reports dealt IID to two sites, each labelling 9 of the 14 most
+# frequent findings, 4 of them shared (IU_JOB_LABELS[:4]); the other 10 alternate between sites.
+IU_JOB_LABELS = (
+    "Lung Opacity", "Cardiomegaly", "Support Devices", "Atelectasis", "Tortuous Aorta", "Pleural Effusion",
+    "Emphysema", "Nodule", "Edema", "Calcification of the Aorta", "Fracture", "Infiltration", "Hernia",
+    "Pleural Thickening",
+)  # fmt: skip
+REPORT_TRAINING = {
+    "batch_size": 64,
+    "optimizer": "adam",
+    "learning_rate": 1e-3,
+    "warmup_epochs": 0,
+    "local_epochs": 1,
+    "device": "auto",
+}
+
+
+def report_labeling_spec() -> JobSpec:
+    """``jobs/report_labeling``: two sites with different label subsets of the real IU reports (seed 004)."""
+    shared, others = list(IU_JOB_LABELS[:4]), list(IU_JOB_LABELS[4:])
+    sites = {}
+    for index, site in enumerate(("site-a", "site-b")):
+        data = {
+            "kind": "iu_reports",
+            "labels": shared + others[index::2],
+            "split_fractions": [0.7, 0.1, 0.2],
+            "partition_count": 2,
+            "partition_index": index,
+        }
+        sites[site] = {"data": data, **REPORT_TRAINING}
+    return JobSpec(
+        name="report_labeling",
+        sites=sites,
+        controller={
+            "num_rounds": 20,
+            "min_clients": 2,
+            "backbone_strategy": "fedavg",
+            "weighting": "samples",
+            "patience": 25,
+            "min_delta": 1e-4,
+            "handshake_timeout": 600,
+            "train_timeout": 3600,
+            "validate_timeout": 1800,
+        },
+        persistor={"architecture": "report_mlp", "in_features": 384, "seed": 0},
+    )
+
+
+JOB_SPECS = {"nih_chexpert": nih_chexpert_spec, "report_labeling": report_labeling_spec}

@@ -24,7 +24,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.model_desc import ModelDescriptor
 
 from ..aggregation import numpy_state
-from ..model import initial_global_state, load_checkpoint, save_checkpoint
+from ..model import ARCHITECTURES, initial_global_state, load_checkpoint, save_checkpoint
 from .protocol import META_CLASS_NAMES
 
 
@@ -37,6 +37,8 @@ class SurgicalModelPersistor(ModelPersistor):
         seed: int = 0,
         pretrained_weights: str | None = None,
         initial_model: str | None = None,
+        architecture: str = "densenet121",
+        in_features: int = 384,
         global_model_file_name: str = DefaultCheckpointFileName.GLOBAL_MODEL,
         best_global_model_file_name: str = DefaultCheckpointFileName.BEST_GLOBAL_MODEL,
     ) -> None:
@@ -47,12 +49,18 @@ class SurgicalModelPersistor(ModelPersistor):
             pretrained_weights: optional local ImageNet DenseNet121 checkpoint (server side; sites
                 receive the weights with the model). Relative paths are relative to the server app.
             initial_model: optional checkpoint of this package to start from (e.g. an earlier run).
+            architecture: ``densenet121`` (chest X-rays) or ``report_mlp`` (report labelling, over
+                ``in_features``-dimensional sentence embeddings).
         """
+        if architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
         super().__init__()
         self.in_channels = in_channels
         self.seed = seed
         self.pretrained_weights = pretrained_weights
         self.initial_model = initial_model
+        self.architecture = architecture
+        self.in_features = in_features
         self.global_model_file_name = global_model_file_name
         self.best_global_model_file_name = best_global_model_file_name
 
@@ -70,16 +78,20 @@ class SurgicalModelPersistor(ModelPersistor):
             )
             return make_model_learnable(numpy_state(checkpoint.state), {META_CLASS_NAMES: checkpoint.class_names})
         weights = self.pretrained_weights and self._resolve(self.pretrained_weights, fl_ctx)
-        state = initial_global_state(self.in_channels, self.seed, weights or None)
+        state = initial_global_state(self.in_channels, self.seed, weights or None, self.architecture, self.in_features)
         origin = f"ImageNet weights from {weights}" if weights else f"random initialisation (seed {self.seed})"
-        self.log_info(fl_ctx, f"initial global backbone: {origin}; the head grows as sites report their classes")
+        self.log_info(
+            fl_ctx, f"initial global {self.architecture}: {origin}; the head grows as sites report their classes"
+        )
         return make_model_learnable(numpy_state(state), {META_CLASS_NAMES: []})
 
     def _write(self, learnable: ModelLearnable, path: Path) -> None:
         meta = dict(learnable.get(ModelLearnableKey.META) or {})
         class_names = meta.pop(META_CLASS_NAMES, [])
         weights = {key: torch.as_tensor(np.asarray(v)) for key, v in learnable[ModelLearnableKey.WEIGHTS].items()}
-        save_checkpoint(path, weights, class_names, in_channels=self.in_channels, **meta)
+        save_checkpoint(
+            path, weights, class_names, in_channels=self.in_channels, architecture=self.architecture, **meta
+        )
 
     def save_model(self, learnable: ModelLearnable, fl_ctx: FLContext) -> None:
         self._write(learnable, self._app_dir(fl_ctx) / self.global_model_file_name)

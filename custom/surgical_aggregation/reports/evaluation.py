@@ -1,0 +1,67 @@
+"""Report labeller evaluation (seed 004): per finding, AUROC on the test split, and accuracy,
+sensitivity and specificity at the Youden threshold chosen on the validation split."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..inference import (
+    EvaluationReport,
+    ensemble_probabilities,
+    per_class_report,
+    predict_checkpoint,
+    predicted_classes,
+)
+from ..metrics import threshold_metrics, youden_threshold
+from ..model import load_checkpoint
+from .dataset import ReportDataset
+
+THRESHOLD_COLUMNS = ("threshold", "accuracy", "sensitivity", "specificity")
+
+
+def evaluate_report_models(
+    checkpoint_paths: Sequence[str | Path],
+    val: ReportDataset,
+    test: ReportDataset,
+    bootstrap: int = 1000,
+    device: str = "auto",
+    batch_size: int = 256,
+) -> EvaluationReport:
+    """The model(s) on ``test`` by finding name; a set of models scores each finding by their mean probability.
+
+    ``per_class`` gains the columns of :data:`THRESHOLD_COLUMNS`; a finding without both classes
+    in the validation split has no threshold (NaN).
+    """
+    if not checkpoint_paths:
+        raise ValueError("no model to evaluate")
+    checkpoints = [load_checkpoint(path) for path in checkpoint_paths]
+    predicted = predicted_classes(checkpoints, test.table)
+
+    def probabilities(dataset: ReportDataset) -> np.ndarray:
+        return ensemble_probabilities(
+            checkpoints, predicted, lambda checkpoint: predict_checkpoint(checkpoint, dataset, batch_size, device)
+        )
+
+    report = per_class_report(probabilities(test), predicted, test.table, bootstrap)
+    val_scores, test_scores = probabilities(val), probabilities(test)
+    val_labels, val_mask = val.table.label_matrix()
+    test_labels, test_mask = test.table.label_matrix()
+    rows = []
+    for name in report.per_class["class_name"]:
+        column = predicted.index(name)
+        chosen_on = val_mask[:, val.table.classes.index(name)] == 1
+        threshold = youden_threshold(
+            val_labels[chosen_on, val.table.classes.index(name)], val_scores[chosen_on, column]
+        )
+        scored = test_mask[:, test.table.classes.index(name)] == 1
+        rows.append(
+            threshold_metrics(
+                test_labels[scored, test.table.classes.index(name)], test_scores[scored, column], threshold
+            )
+        )
+    for key in THRESHOLD_COLUMNS:
+        report.per_class[key] = [getattr(row, key) for row in rows]
+    return report
