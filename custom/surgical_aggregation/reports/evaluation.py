@@ -45,8 +45,8 @@ def evaluate_report_models(
             checkpoints, predicted, lambda checkpoint: predict_checkpoint(checkpoint, dataset, batch_size, device)
         )
 
-    report = per_class_report(probabilities(test), predicted, test.table, bootstrap)
     val_scores, test_scores = probabilities(val), probabilities(test)
+    report = per_class_report(test_scores, predicted, test.table, bootstrap)
     val_labels, val_mask = val.table.label_matrix()
     test_labels, test_mask = test.table.label_matrix()
     rows = []
