@@ -178,7 +178,7 @@ def load_report_csv(
         values = frame[column]
         if not values.isin([0, 1]).all():
             bad = values[~values.isin([0, 1])].iloc[0]
-            raise DatasetFormatError(f"{path}: column {column!r} must hold 0 or 1, found {bad!r}")
+            raise DatasetFormatError(f"{path}: column {column!r} must hold 0 or 1, found {bad}")
     if len(set(names)) != len(names):
         raise DatasetFormatError(f"{path}: label columns {columns} name the same finding twice ({names})")
     text = frame[text_column].fillna("").astype(str).str.split().str.join(" ")

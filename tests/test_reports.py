@@ -1,0 +1,282 @@
+"""Report labelling: IU XML parsing, the MeSH map, the report CSV, the embedding cache, the MLP
+under surgical aggregation, Youden metrics, and a one-round report job through FLARE's simulator."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from surgical_aggregation.aggregation import DENSENET_HEAD, Contribution, SurgicalAggregator, numpy_state
+from surgical_aggregation.data.reference import reference_file
+from surgical_aggregation.data.table import DatasetFormatError
+from surgical_aggregation.flare.job import report_labeling_spec, write_job
+from surgical_aggregation.labels import UnknownLabelError
+from surgical_aggregation.metrics import threshold_metrics, youden_threshold
+from surgical_aggregation.model import initial_global_state, load_checkpoint
+from surgical_aggregation.reports.data import (
+    IU_ARCHIVE,
+    label_counts,
+    load_iu_reports,
+    load_report_csv,
+    mesh_findings,
+    parse_iu_report,
+)
+from surgical_aggregation.reports.embeddings import EmbeddingCache
+from surgical_aggregation.reports.model import ReportMLP
+
+TOL = 1e-6
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def iu_xml(uid: str, findings: str, impression: str, majors: list[str]) -> str:
+    tags = "".join(f"<major>{tag}</major>" for tag in majors)
+    return f"""<?xml version="1.0" encoding="utf-8"?>
+<eCitation><uId id="{uid}"/><MedlineCitation><Article><Abstract>
+<AbstractText Label="COMPARISON">None.</AbstractText>
+<AbstractText Label="INDICATION">Cough.</AbstractText>
+<AbstractText Label="FINDINGS">{findings}</AbstractText>
+<AbstractText Label="IMPRESSION">{impression}</AbstractText>
+</Abstract></Article></MedlineCitation><MeSH>{tags}<automatic>Pneumothorax</automatic></MeSH></eCitation>"""
+
+
+def write_archive(path: Path, reports: dict[str, str]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, xml in reports.items():
+            data = xml.encode()
+            info = tarfile.TarInfo(f"ecgen-radiology/{name}.xml")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+FIXTURE = {
+    "1": iu_xml("CXR1", "Heart  size is\nenlarged.", "Cardiomegaly.", ["Cardiomegaly/mild"]),
+    "2": iu_xml(
+        "CXR2", "Left basilar opacity.", "Small effusion.", ["Opacity/lung/base/left", "Pleural Effusion/left"]
+    ),
+    "3": iu_xml("CXR3", "", "", ["normal"]),  # no text: skipped and counted
+    "4": iu_xml("CXR4", "", "Pleural thickening, calcified aorta.", ["Thickening/pleura", "Calcinosis/aorta"]),
+    "5": iu_xml("CXR5", "Lungs are clear.", "No acute disease.", ["normal", "Thickening/lung", "Lung/hypoinflation"]),
+}
+
+
+def test_iu_archive_parsing_text_labels_and_skips(tmp_path):
+    table, summary = load_iu_reports(write_archive(tmp_path / "reports.tgz", FIXTURE))
+    assert (summary.read, summary.kept, summary.skipped_no_text) == (5, 4, 1)
+    assert table.paths == ["CXR1", "CXR2", "CXR4", "CXR5"]
+    text = dict(zip(table.paths, table.frame["text"], strict=True))
+    assert text["CXR1"] == "Heart size is enlarged. Cardiomegaly."  # findings then impression, whitespace normalised
+    assert text["CXR4"] == "Pleural thickening, calcified aorta."
+    positives = {name: sorted(table.frame.loc[table.frame[name] == 1, "path"]) for name in table.classes}
+    assert {name: ids for name, ids in positives.items() if ids} == {
+        "Cardiomegaly": ["CXR1"],
+        "Lung Opacity": ["CXR2"],
+        "Pleural Effusion": ["CXR2"],
+        "Pleural Thickening": ["CXR4"],
+        "Calcification of the Aorta": ["CXR4"],
+    }  # "automatic" tags are not used; "Thickening/lung", "Lung/...", "normal" give no finding
+    assert table.frame["patient_id"].tolist() == table.paths  # a report is its own patient for splits
+
+
+def test_mesh_map_uses_the_qualifier_where_it_decides():
+    assert mesh_findings(["Opacity/lung/base/left/mild"]) == {"Lung Opacity"}
+    assert mesh_findings(["Thickening/pleura/right", "Thickening/lung"]) == {"Pleural Thickening"}
+    assert mesh_findings(["Aorta/tortuous", "Aorta/prominent"]) == {"Tortuous Aorta"}
+    assert mesh_findings(["Catheters, Indwelling", "Hernia, Hiatal/large"]) == {"Support Devices", "Hernia"}
+    assert mesh_findings(["normal", "Spine/degenerative", "Granulomatous Disease"]) == set()
+
+
+def test_bad_xml_names_the_file(tmp_path):
+    archive = write_archive(tmp_path / "bad.tgz", {"7": "<eCitation><uId id='CXR7'/>"})
+    with pytest.raises(DatasetFormatError, match=r"bad.tgz:ecgen-radiology/7.xml: not valid XML"):
+        load_iu_reports(archive)
+    with pytest.raises(DatasetFormatError, match=r"r.xml: no <uId id=...> element"):
+        parse_iu_report("<eCitation/>", "r.xml")
+
+
+@pytest.mark.skipif(reference_file(IU_ARCHIVE) is None, reason="torchxrayvision's data folder is not installed")
+def test_the_real_iu_reports_give_the_documented_counts():
+    table, summary = load_iu_reports()
+    assert (summary.read, summary.kept, summary.skipped_no_text) == (3955, 3927, 28)
+    counts = label_counts(table)
+    assert len(counts) == 19 and list(counts) == table.classes  # most frequent first
+    assert {name: counts[name] for name in table.classes[:5]} == {
+        "Lung Opacity": 586, "Cardiomegaly": 395, "Support Devices": 379, "Atelectasis": 332, "Tortuous Aorta": 250,
+    }  # fmt: skip
+    assert counts["Mass"] == 17 and counts["Pleural Thickening"] == 47
+
+
+def test_report_csv_matches_columns_by_name_and_skips_empty_text(tmp_path):
+    path = tmp_path / "reports.csv"
+    path.write_text('report_id,report,Effusion,cardiomegaly\nr1,"Small  effusion.",1,0\nr2,,0,1\nr3,Big heart.,0,1\n')
+    table, summary = load_report_csv(path)
+    assert table.classes == ["Pleural Effusion", "Cardiomegaly"]
+    assert table.paths == ["r1", "r3"] and table.frame["text"].tolist() == ["Small effusion.", "Big heart."]
+    assert (summary.read, summary.skipped_no_text) == (3, 1)
+    assert table.frame["Cardiomegaly"].tolist() == [0.0, 1.0]
+    path.write_text("report,Edema\nA,2\n")
+    with pytest.raises(DatasetFormatError, match=r"column 'Edema' must hold 0 or 1, found 2"):
+        load_report_csv(path)
+    path.write_text("report,Effusion,Pleural Effusion\nA,1,1\n")
+    with pytest.raises(DatasetFormatError, match="name the same finding twice"):
+        load_report_csv(path)
+    path.write_text("report,Heart Thing\nA,1\n")
+    with pytest.raises(UnknownLabelError, match="unknown label 'Heart Thing'"):
+        load_report_csv(path)
+    with pytest.raises(DatasetFormatError, match="no text column 'text'"):
+        load_report_csv(path, text_column="text")
+
+
+class CountingEncoder:
+    """A deterministic stand-in for the sentence encoder that counts what it is asked to embed."""
+
+    dimension = 4
+
+    def __init__(self, key: str = "counting-v1") -> None:
+        self.key = key
+        self.calls: list[str] = []
+
+    def encode(self, texts):
+        self.calls += list(texts)
+        return np.array([[len(t), t.count("a"), t.count("e"), hash(self.key) % 7] for t in texts], np.float32)
+
+
+def test_embedding_cache_computes_each_text_once_per_model(tmp_path):
+    encoder = CountingEncoder()
+    cache = EmbeddingCache(tmp_path, encoder)
+    vectors, computed = cache.embed(["a cat", "the edema", "a cat"], progress=False)
+    assert computed == 2 and encoder.calls == ["a cat", "the edema"]
+    np.testing.assert_array_equal(vectors[0], vectors[2])
+    again = CountingEncoder()
+    reopened = EmbeddingCache(tmp_path, again)  # a new process: the shards on disk are read back
+    vectors_again, computed = reopened.embed(["the edema", "a cat", "new text"], progress=False)
+    assert computed == 1 and again.calls == ["new text"]
+    np.testing.assert_array_equal(vectors_again[:2], vectors[[1, 0]])
+    other = CountingEncoder("other-model")
+    _, computed = EmbeddingCache(tmp_path, other).embed(["a cat"], progress=False)
+    assert computed == 1 and other.calls == ["a cat"]  # keyed by model as well as by text
+    assert len(EmbeddingCache(tmp_path, CountingEncoder())) == 3
+
+
+@pytest.mark.slow
+def test_minilm_embeds_offline():
+    from surgical_aggregation.reports.embeddings import MiniLMEncoder
+
+    vectors = MiniLMEncoder().encode(["No acute cardiopulmonary process.", "Cardiomegaly with effusions."])
+    assert vectors.shape == (2, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert float(vectors[0] @ vectors[1]) < 0.9
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+def test_mlp_shape_and_named_head():
+    model = ReportMLP(["Edema", "Effusion"], in_features=384)
+    state = model.state_dict()
+    assert model.class_names == ["Edema", "Pleural Effusion"]
+    assert [tuple(state[k].shape) for k in ("features.0.weight", "features.3.weight")] == [(512, 384), (256, 512)]
+    assert tuple(state[DENSENET_HEAD.weight_key].shape) == (2, 256)
+    assert [m.p for m in model.features if isinstance(m, torch.nn.Dropout)] == [0.2, 0.2]
+    assert model(torch.zeros(3, 384)).shape == (3, 2)
+    empty = initial_global_state(architecture="report_mlp", in_features=384)
+    assert empty[DENSENET_HEAD.weight_key].shape == (0, 256) and "features.0.weight" in empty
+
+
+def test_mlp_hidden_layers_are_averaged_and_rows_matched_by_name():
+    classes = {"site-a": ["Edema", "Cardiomegaly"], "site-b": ["Cardiomegaly", "Hernia"]}
+    states = {}
+    for seed, (site, names) in enumerate(classes.items()):
+        torch.manual_seed(seed)
+        states[site] = numpy_state(ReportMLP(names, in_features=8).state_dict())
+    aggregator = SurgicalAggregator(numpy_state(initial_global_state(architecture="report_mlp", in_features=8)), [])
+    for site, names in classes.items():
+        aggregator.add(Contribution(site, states[site], names, num_samples=10))
+    result = aggregator.finalize()
+    a, b = states["site-a"], states["site-b"]
+    for key in ("features.0.weight", "features.0.bias", "features.3.weight", "features.3.bias"):
+        np.testing.assert_allclose(result.state[key], (a[key] + b[key]) / 2, atol=TOL, rtol=0)
+    rows = dict(zip(result.class_names, result.state[DENSENET_HEAD.weight_key], strict=True))
+    weight = DENSENET_HEAD.weight_key
+    np.testing.assert_allclose(rows["Cardiomegaly"], (a[weight][1] + b[weight][0]) / 2, atol=TOL, rtol=0)
+    np.testing.assert_allclose(rows["Edema"], a[weight][0], atol=TOL, rtol=0)
+    np.testing.assert_allclose(rows["Hernia"], b[weight][1], atol=TOL, rtol=0)
+
+
+def test_youden_threshold_and_metrics_by_hand():
+    labels = np.array([0, 0, 1, 1, 0, 1])
+    scores = np.array([0.1, 0.4, 0.35, 0.8, 0.2, 0.9])
+    # J = 2/3 at 0.35 (sens 1, spec 2/3) and at 0.8 (sens 2/3, spec 1): the tie goes to the more specific
+    assert youden_threshold(labels, scores) == 0.8
+    metrics = threshold_metrics(labels, scores, 0.8)
+    assert (metrics.accuracy, metrics.sensitivity, metrics.specificity) == pytest.approx((5 / 6, 2 / 3, 1.0))
+    metrics = threshold_metrics(labels, scores, 0.35)
+    assert (metrics.accuracy, metrics.sensitivity, metrics.specificity) == pytest.approx((5 / 6, 1.0, 2 / 3))
+    assert np.isnan(youden_threshold(np.zeros(4), np.arange(4.0)))
+    assert np.isnan(threshold_metrics(labels, scores, float("nan")).accuracy)
+
+
+FINDING_SENTENCES = {
+    "Cardiomegaly": ("The heart is enlarged.", "Cardiomegaly"),
+    "Pleural Effusion": ("There is a small pleural effusion.", "Pleural Effusion/left"),
+    "Lung Opacity": ("Patchy opacity in the left base.", "Opacity/lung/base/left"),
+    "Atelectasis": ("Subsegmental atelectasis.", "Pulmonary Atelectasis/base"),
+}
+
+
+def fixture_reports(count: int) -> dict[str, str]:
+    """``count`` small reports; report i mentions finding j when bit j of i is set."""
+    reports = {}
+    names = list(FINDING_SENTENCES)
+    for index in range(count):
+        present = [name for bit, name in enumerate(names) if index >> bit & 1]
+        findings = " ".join(FINDING_SENTENCES[name][0] for name in present) or "The lungs are clear."
+        majors = [FINDING_SENTENCES[name][1] for name in present] or ["normal"]
+        reports[str(index)] = iu_xml(f"CXR{index}", findings, f"Report {index}.", majors)
+    return reports
+
+
+@pytest.mark.slow
+def test_one_round_report_job_through_the_simulator(tmp_path):
+    archive = write_archive(tmp_path / "reports.tgz", fixture_reports(64))
+    spec = report_labeling_spec()
+    labels = {"site-a": ["Cardiomegaly", "Pleural Effusion", "Lung Opacity"], "site-b": ["Lung Opacity", "Atelectasis"]}
+    for site, config in spec.sites.items():
+        config["data"].update(location=str(archive), labels=labels[site])
+        config.update(cache_dir=str(tmp_path / "cache"), batch_size=8, device="cpu")
+    spec.controller.update(num_rounds=1, handshake_timeout=300, train_timeout=300, validate_timeout=300)
+    job = write_job(spec, tmp_path / "job")
+    nvflare = Path(sys.executable).parent / "nvflare"
+    env = {**os.environ, "PATH": f"{nvflare.parent}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        [str(nvflare), "simulator", str(job), "-w", str(tmp_path / "ws")],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    app = tmp_path / "ws" / "server" / "simulate_job" / "app_server"
+    model = load_checkpoint(app / "FL_global_model.pt")
+    assert model.architecture == "report_mlp" and model.meta["round"] == 0
+    assert model.class_names == ["Cardiomegaly", "Pleural Effusion", "Lung Opacity", "Atelectasis"]
+    assert model.state["features.0.weight"].shape == (512, 384)
+    assert model.build_model()(torch.zeros(1, 384)).shape == (1, 4)
+    cross = json.loads((app.parent / "cross_site_val" / "cross_val_results.json").read_text())
+    assert set(cross) == {"site-a", "site-b"}
+    # each site embedded its own reports once; the cache is keyed by text and model
+    assert list((tmp_path / "cache" / "report-embeddings").iterdir())
+
+
+def test_committed_report_job_is_the_writers_output(tmp_path):
+    from test_job import _files
+
+    write_job(report_labeling_spec(), tmp_path / "job")
+    assert _files(REPOSITORY / "jobs" / "report_labeling") == _files(tmp_path / "job")
+    sites = report_labeling_spec().sites
+    a, b = (set(sites[site]["data"]["labels"]) for site in ("site-a", "site-b"))
+    assert len(a & b) == 4 and len(a | b) == 14 and a != b  # different label subsets, 4 shared
