@@ -285,13 +285,14 @@ class SiteTrainer:
         )
         self.epochs_done += 1
         self.log.info(
-            "%s %s epoch %d/%d: loss %.4f on %d images in %.1f s (%.1f images/s)",
+            "%s %s epoch %d/%d: loss %.4f on %d %s in %.1f s (%.1f/s)",
             self.site_name,
             phase,
             epoch + 1,
             epochs,
             result.loss,
             result.samples,
+            "reports" if self.config.architecture == "report_mlp" else "images",
             result.seconds,
             result.samples / max(result.seconds, 1e-9),
         )
