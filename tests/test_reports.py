@@ -280,3 +280,19 @@ def test_committed_report_job_is_the_writers_output(tmp_path):
     sites = report_labeling_spec().sites
     a, b = (set(sites[site]["data"]["labels"]) for site in ("site-a", "site-b"))
     assert len(a & b) == 4 and len(a | b) == 14 and a != b  # different label subsets, 4 shared
+
+
+@pytest.mark.slow
+def test_prepare_embeds_a_report_csv_once(tmp_path, capsys):
+    from surgical_aggregation.cli import main
+
+    csv = tmp_path / "reports.csv"
+    csv.write_text("report,Edema\nMild pulmonary edema.,1\nClear lungs.,0\n,0\n")
+    arguments = ["prepare", "--kind", "report_csv", "--data", str(csv), "--cache-dir", str(tmp_path / "cache")]
+    assert main([*arguments, "--no-progress"]) == 0
+    assert "3 reports, 2 with text, 1 without (skipped)" in capsys.readouterr().out
+    shards = list((tmp_path / "cache" / "report-embeddings").rglob("shard-*.npz"))
+    assert len(shards) == 1 and np.load(shards[0])["vectors"].shape == (2, 384)
+    assert main([*arguments, "--no-progress"]) == 0  # nothing new to embed: no new shard
+    assert list((tmp_path / "cache" / "report-embeddings").rglob("shard-*.npz")) == shards
+    assert main(["prepare", "--kind", "nih"]) == 2  # images still need --data

@@ -24,6 +24,8 @@ from .data.sources import DATASET_KINDS, load_table
 from .data.synthetic import GENERATORS, ensure_generated
 from .data.table import UNCERTAINTY_POLICIES, DatasetFormatError
 from .labels import UnknownLabelError
+from .reports.data import REPORT_KINDS, load_reports
+from .reports.embeddings import MINILM
 
 USER_ERRORS = (
     FileNotFoundError,
@@ -39,11 +41,19 @@ USER_ERRORS = (
 def _add_prepare(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "prepare",
-        help="build the preprocessing cache of a dataset (decode + resize every image once)",
-        description="Decode and resize every image of a dataset once into the on-disk cache that training reads.",
+        help="build the preprocessing cache of a dataset (decode + resize every image, or embed every report, once)",
+        description="Decode and resize every image of a dataset (or embed every report) once into the on-disk "
+        "cache that training reads.",
     )
-    parser.add_argument("--kind", required=True, choices=DATASET_KINDS, help="on-disk layout of the dataset")
-    parser.add_argument("--data", required=True, type=Path, help="dataset folder (or the CSV file for --kind csv)")
+    parser.add_argument(
+        "--kind", required=True, choices=DATASET_KINDS + REPORT_KINDS, help="on-disk layout of the dataset"
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="dataset folder (the CSV file for csv and report_csv; iu_reports: default torchxrayvision's archive)",
+    )
     parser.add_argument("--size", type=int, default=224, help="side of the cached square images (default 224)")
     parser.add_argument("--cache-dir", type=Path, default=None, help=f"cache root (default {default_cache_root()})")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decoding threads")
@@ -381,6 +391,10 @@ def _poc_step(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> int:
     from .data.dataset import cache_table
 
+    if args.kind in REPORT_KINDS:
+        return _prepare_reports(args)
+    if args.data is None:
+        raise ValueError(f"--data is required for --kind {args.kind}")
     options = {} if args.uncertainty is None else {"uncertainty": args.uncertainty}
     table = load_table(args.kind, args.data, **options)
     print(f"{args.kind} data at {args.data}: {len(table)} images of {table.n_patients} patients")
@@ -398,6 +412,16 @@ def _prepare(args: argparse.Namespace) -> int:
     if len(report.failures) > 20:
         print(f"  ... and {len(report.failures) - 20} more")
     print(f"{len(kept)} images ready for training")
+    return 0
+
+
+def _prepare_reports(args: argparse.Namespace) -> int:
+    from .reports.dataset import embed_table
+
+    table, summary = load_reports(args.kind, args.data)
+    print(summary.describe())
+    embed_table(table, args.cache_dir or default_cache_root(), MINILM, progress=not args.no_progress)
+    print(f"{len(table)} reports embedded ({MINILM}) and ready for training")
     return 0
 
 
