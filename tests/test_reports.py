@@ -9,9 +9,11 @@ import os
 import subprocess
 import sys
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -296,3 +298,37 @@ def test_prepare_embeds_a_report_csv_once(tmp_path, capsys):
     assert main([*arguments, "--no-progress"]) == 0  # nothing new to embed: no new shard
     assert list((tmp_path / "cache" / "report-embeddings").rglob("shard-*.npz")) == shards
     assert main(["prepare", "--kind", "nih"]) == 2  # images still need --data
+
+
+def test_report_evaluation_thresholds_on_validation_and_scores_the_test_split(tmp_path):
+    from surgical_aggregation.model import save_checkpoint
+    from surgical_aggregation.reports.data import report_table
+    from surgical_aggregation.reports.dataset import ReportDataset
+    from surgical_aggregation.reports.evaluation import evaluate_report_models
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"report_id": [f"r{i}" for i in range(40)], "text": ["x"] * 40})
+    frame["Edema"] = rng.integers(0, 2, 40)
+    frame["Hernia"] = rng.integers(0, 2, 40)
+    table = report_table(frame, "fixture", tmp_path, ["Edema", "Hernia"])
+    vectors = {f"r{i}": rng.normal(size=8).astype(np.float32) for i in range(40)}
+    val = ReportDataset(replace(table, frame=table.frame.iloc[:20].reset_index(drop=True)), vectors)
+    test = ReportDataset(replace(table, frame=table.frame.iloc[20:].reset_index(drop=True)), vectors)
+    torch.manual_seed(0)
+    model = ReportMLP(["Hernia", "Edema"], in_features=8).eval()  # the model's own row order
+    path = save_checkpoint(tmp_path / "m.pt", model.state_dict(), model.class_names, architecture="report_mlp")
+    report = evaluate_report_models([path], val, test, bootstrap=10, device="cpu")
+
+    def scores(dataset: ReportDataset) -> np.ndarray:
+        with torch.no_grad():
+            return torch.sigmoid(model(dataset.inputs)).numpy()
+
+    for name in ("Edema", "Hernia"):
+        row = report.per_class.set_index("class_name").loc[name]
+        column = model.class_names.index(name)
+        threshold = youden_threshold(val.table.frame[name].to_numpy(), scores(val)[:, column])
+        expected = threshold_metrics(test.table.frame[name].to_numpy(), scores(test)[:, column], threshold)
+        assert row["threshold"] == pytest.approx(threshold, abs=TOL)
+        assert (row["accuracy"], row["sensitivity"], row["specificity"]) == pytest.approx(
+            (expected.accuracy, expected.sensitivity, expected.specificity), abs=TOL
+        )

@@ -41,7 +41,7 @@ from .methods import COMPARATOR_LABELS, COMPARATORS, POOLED_COMPARATORS, control
 from .metrics import paired_t_test
 from .plots import plot_metric_vs_factor, plot_per_class_by_method
 from .simulation import DataSources, Profile, Setting, dataset_identity, full_dataset_config, grid_settings
-from .site import cache_root, resolve_table, split_table
+from .site import prepare_site_data, resolve_table, split_table
 
 logger = logging.getLogger(__name__)
 REFERENCE_METHOD = "surgical"
@@ -206,14 +206,10 @@ def evaluate_run(run: Run, models: dict[str, list[Path]], options: RunOptions) -
 
 def _evaluate_reports(paths: list[Path], config: SiteConfig, options: RunOptions) -> EvaluationReport:
     """Report labellers: AUROC on the test split, Youden thresholds from the validation split."""
-    from .reports.dataset import ReportDataset, embed_table
     from .reports.evaluation import evaluate_report_models
 
-    table = resolve_table(config)
-    vectors = embed_table(table, cache_root(config), config.embedding_model)
-    splits = split_table(table, config)
-    val, test = (ReportDataset(splits[name], vectors) for name in ("val", "test"))
-    return evaluate_report_models(paths, val, test, options.bootstrap, config.device)
+    data = prepare_site_data(config)  # the same table, embeddings (cached) and splits the sites used
+    return evaluate_report_models(paths, data.val, data.test, options.bootstrap, config.device)
 
 
 def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:

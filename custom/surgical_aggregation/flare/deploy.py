@@ -71,13 +71,13 @@ def class_allow_list(extra_paths: Iterable[str]) -> list[str]:
     return default + sorted(set(extra_paths) - set(default))
 
 
-def resources_for(code: str, provisioned: dict[str, Any], extra_paths: Iterable[str] = ()) -> dict[str, Any]:
+def resources_for(code: str, provisioned: dict[str, Any]) -> dict[str, Any]:
     """``local/resources.json`` from the provisioned default: unchanged for byoc, allow-listed for preinstalled."""
     _check_code(code)
     resources = copy.deepcopy(provisioned)
     if code == "preinstalled":
         resources["class_list_enforcement_mode"] = "enforce"
-        resources["class_allow_list"] = class_allow_list(bundle_component_paths() | set(extra_paths))
+        resources["class_allow_list"] = class_allow_list(bundle_component_paths())
     return resources
 
 

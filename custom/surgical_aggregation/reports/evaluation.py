@@ -47,21 +47,17 @@ def evaluate_report_models(
 
     val_scores, test_scores = probabilities(val), probabilities(test)
     report = per_class_report(test_scores, predicted, test.table, bootstrap)
-    val_labels, val_mask = val.table.label_matrix()
-    test_labels, test_mask = test.table.label_matrix()
+
+    def known(dataset: ReportDataset, scores: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """A finding's labels and scores over the reports that label it."""
+        column = dataset.class_names.index(name)
+        labelled = dataset.mask[:, column].numpy() == 1
+        return dataset.labels[labelled, column].numpy(), scores[labelled, predicted.index(name)]
+
     rows = []
     for name in report.per_class["class_name"]:
-        column = predicted.index(name)
-        chosen_on = val_mask[:, val.table.classes.index(name)] == 1
-        threshold = youden_threshold(
-            val_labels[chosen_on, val.table.classes.index(name)], val_scores[chosen_on, column]
-        )
-        scored = test_mask[:, test.table.classes.index(name)] == 1
-        rows.append(
-            threshold_metrics(
-                test_labels[scored, test.table.classes.index(name)], test_scores[scored, column], threshold
-            )
-        )
+        threshold = youden_threshold(*known(val, val_scores, name))
+        rows.append(threshold_metrics(*known(test, test_scores, name), threshold))
     for key in THRESHOLD_COLUMNS:
         report.per_class[key] = [getattr(row, key) for row in rows]
     return report
