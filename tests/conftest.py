@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from surgical_aggregation.data.synthetic import GeneratedDataset, generate_chexpert, generate_mimic, generate_nih
+from surgical_aggregation.images.synthetic import GeneratedDataset, generate_chexpert, generate_mimic, generate_nih
 
 
 @pytest.fixture(scope="session", autouse=True)

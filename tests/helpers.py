@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from surgical_aggregation.aggregation import HeadSpec
+from surgical_aggregation.core.head import HeadSpec
 from surgical_aggregation.data.reference import reference_file
+from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe
 
 TOY_HEAD = HeadSpec("head.weight", "head.bias")
 TOY_FEATURES = 4
@@ -36,6 +37,20 @@ def toy_state(n_classes: int, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
+def fedavg_reference(states: Sequence[dict], weights: Sequence[float] | None = None) -> dict[str, torch.Tensor]:
+    """Plain FedAvg written out by hand (the reference surgical aggregation must reduce to): the weighted
+    mean of every entry in float64, integer entries rounded back, each cast to its original dtype."""
+    w = np.ones(len(states)) if weights is None else np.asarray(weights, dtype=np.float64)
+    result = {}
+    for key, first in states[0].items():
+        stacked = np.stack([torch.as_tensor(state[key]).double().numpy() for state in states])
+        mean = np.tensordot(w / w.sum(), stacked, axes=1)
+        if not first.is_floating_point():
+            mean = np.rint(mean)
+        result[key] = torch.as_tensor(mean).to(first.dtype)
+    return result
+
+
 def rows_by_name(state: dict, classes: Sequence[str], head: HeadSpec = TOY_HEAD) -> dict[str, np.ndarray]:
     """class name -> its head row (weight row followed by bias) as float64."""
     weight = np.asarray(state[head.weight_key], dtype=np.float64)
@@ -53,15 +68,32 @@ def require_reference(name: str) -> Path:
     return path
 
 
-def tiny_job(spec, cache: Path, rounds: int):
-    """A job spec shrunk for tests: 30 patients of 32 px per site, 2 batches per epoch, short timeouts."""
-    for site in spec.sites.values():
-        site.update(
-            embedded={"patients": 30, "image_size": 32, "seed": site.get("embedded", {}).get("seed", 0)},
-            image_size=32,
-            batch_size=8,
-            max_batches_per_epoch=2,
-            cache_dir=str(cache),
-        )
-    spec.controller.update(num_rounds=rounds, handshake_timeout=300, train_timeout=300, validate_timeout=300)
-    return spec
+def tiny_sites(sites: dict[str, dict], cache: Path) -> dict[str, dict]:
+    """Site configs shrunk for tests: 30 patients of 32 px per site, 2 batches of 8 per epoch."""
+    return {
+        site: {
+            **config,
+            "embedded": {**config.get("embedded", {}), "patients": 30, "image_size": 32},
+            "image_size": 32,
+            "batch_size": 8,
+            "max_batches_per_epoch": 2,
+            "cache_dir": str(cache),
+        }
+        for site, config in sites.items()
+    }
+
+
+def tiny_recipe(make_recipe, cache: Path, rounds: int, **options) -> SurgicalAggregationRecipe:
+    """One of the bundle's recipes shrunk for tests (tiny sites, ``rounds`` rounds, short timeouts);
+    ``options`` go to :class:`SurgicalAggregationRecipe` (``controller`` entries are added to the job's)."""
+    bundle = make_recipe()
+    controller = {
+        **bundle.controller_args,
+        "num_rounds": rounds,
+        "handshake_timeout": 300,
+        "train_timeout": 300,
+        "validate_timeout": 300,
+        **options.pop("controller", {}),
+    }
+    sites = tiny_sites(bundle.site_configs, cache)
+    return SurgicalAggregationRecipe(bundle.name, sites, controller=controller, **options)

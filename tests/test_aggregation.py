@@ -6,19 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from surgical_aggregation.aggregation import (
-    Contribution,
-    ContributionRejected,
-    FedAvgAggregator,
-    SurgicalAggregator,
-    batchnorm_keys,
-    fedavg,
-    slice_for_client,
-)
-from surgical_aggregation.labels import canonical_name
-from surgical_aggregation.model import NamedDenseNet121
+from surgical_aggregation.core.aggregation import Contribution, ContributionRejected, SurgicalAggregator
+from surgical_aggregation.core.head import batchnorm_keys, slice_for_client
+from surgical_aggregation.core.labels import canonical_name
+from surgical_aggregation.images.model import NamedDenseNet121
 
-from helpers import TOY_HEAD, rows_by_name, toy_state
+from helpers import TOY_HEAD, fedavg_reference, rows_by_name, toy_state
 
 TOL = 1e-6
 BN_KEYS = {
@@ -77,7 +70,7 @@ def test_identical_class_sets_reduce_to_fedavg_on_every_key():
         for contribution in contributions:
             aggregator.add(contribution)
         result = aggregator.finalize()
-        expected = fedavg(states, weights)
+        expected = fedavg_reference(states, weights)
         assert result.class_names == classes
         assert set(result.state) == set(expected)
         for key in expected:
@@ -310,17 +303,18 @@ def test_numpy_contributions_give_numpy_results_of_the_same_dtypes():
     np.testing.assert_allclose(rows_by_name(result.state, result.class_names)["Mass"], expected_mass, atol=TOL)
 
 
-def test_fedavg_aggregator_rejects_a_mismatched_head():
-    aggregator = FedAvgAggregator(toy_state(3, 0))
-    aggregator.add(Contribution("a", toy_state(3, 1), []))
-    with pytest.raises(ContributionRejected, match=r"'head.weight' has shape \(2, 4\)"):
-        aggregator.add(Contribution("b", toy_state(2, 2), []))
+def test_identical_class_sets_reject_a_mismatched_head_and_keep_the_others():
+    classes = ["Mass", "Edema", "Hernia"]
+    aggregator = SurgicalAggregator(toy_state(3, 0), classes, head=TOY_HEAD)
+    aggregator.add(Contribution("a", toy_state(3, 1), classes))
+    with pytest.raises(ContributionRejected, match=r"head 'head.weight' has shape \(2, 4\), expected \(3, 4\)"):
+        aggregator.add(Contribution("b", toy_state(2, 2), classes))
     result = aggregator.finalize()
-    assert torch.equal(result["head.weight"], toy_state(3, 1)["head.weight"])
+    assert torch.equal(result.state["head.weight"], toy_state(3, 1)["head.weight"])
 
 
 def test_initial_head_rows_depend_only_on_the_class_name():
-    from surgical_aggregation.aggregation import extend_head, initial_head_rows
+    from surgical_aggregation.core.head import extend_head, initial_head_rows
 
     weight, bias = initial_head_rows(["Mass", "Edema"], 16, seed=3)
     alone_weight, alone_bias = initial_head_rows(["Edema"], 16, seed=3)

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from surgical_aggregation.data.cache import ImageCache, UnreadableImagesError, build_cache, cache_directory
-from surgical_aggregation.data.dataset import cache_table
-from surgical_aggregation.data.images import ImageLoadError, read_grayscale
-from surgical_aggregation.data.sources import load_table
+from surgical_aggregation.core.errors import ImageLoadError
+from surgical_aggregation.images.cache import ImageCache, UnreadableImagesError, build_cache, cache_directory
+from surgical_aggregation.images.dataset import cache_table
+from surgical_aggregation.images.decode import read_grayscale
+from surgical_aggregation.images.layouts import load_table
 
 
 @pytest.fixture

@@ -19,7 +19,13 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
 from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
-from surgical_aggregation.flare.protocol import META_CLASS_NAMES, META_NUM_SAMPLES, TASK_DESCRIBE, TASK_VALIDATE
+from surgical_aggregation.flare.protocol import (
+    META_CLASS_NAMES,
+    META_NUM_SAMPLES,
+    META_WARMUP,
+    TASK_DESCRIBE,
+    TASK_VALIDATE,
+)
 
 from helpers import TOY_HEAD, rows_by_name, toy_state
 
@@ -31,6 +37,7 @@ class FakeSite:
         self.name, self.classes, self.losses = name, classes, losses
         self.behaviour = behaviour or (lambda round_number, params: _shifted(params, 0.01 * (1 + round_number)))
         self.received: list[tuple[list[str], dict]] = []
+        self.warmups: list[bool] = []  # the server's warm-up request in each training task
 
     def answer(self, task: str, data: FLModel) -> FLModel | None:
         meta = {"client_name": self.name, META_CLASS_NAMES: self.classes, META_NUM_SAMPLES: 10}
@@ -41,6 +48,7 @@ class FakeSite:
         if task == TASK_VALIDATE:
             return FLModel(metrics=metrics, meta=meta)
         self.received.append((list(data.meta[META_CLASS_NAMES]), data.params))
+        self.warmups.append(bool(data.meta[META_WARMUP]))
         params = self.behaviour(round_number, data.params)
         return None if params is None else FLModel(params=params, metrics=metrics, meta=meta)
 
@@ -51,7 +59,8 @@ def _shifted(params: dict, amount: float) -> dict:
 
 class Harness(SurgicalAggregatorShareable):
     def __init__(self, sites: list[FakeSite], app_dir, **arguments):
-        super().__init__(head_weight_key=TOY_HEAD.weight_key, head_bias_key=TOY_HEAD.bias_key, **arguments)
+        super().__init__(**arguments)
+        self.head = TOY_HEAD
         self.sites = {site.name: site for site in sites}
         self.fl_ctx, self.abort_signal = FLContext(), Signal()
         self.app_dir, self.saved, self.events, self.messages = app_dir, [], [], []
@@ -185,3 +194,9 @@ def test_best_model_by_mean_validation_loss_and_early_stopping(tmp_path):
     assert harness._best_round == 1
     assert max(r["round"] for r in harness._history) == 5  # round 6 never ran
     assert "early stop: 3 validated rounds without improvement" in _messages(harness, "info")
+
+
+def test_the_server_asks_each_site_to_warm_up_its_head_once(tmp_path):
+    sites = [FakeSite("site-a", ["Mass"], [0.5, 0.4, 0.3]), FakeSite("site-b", ["Edema"], [0.6, 0.5, 0.4])]
+    Harness(sites, tmp_path, num_rounds=3).run()
+    assert [site.warmups for site in sites] == [[True, False, False], [True, False, False]]

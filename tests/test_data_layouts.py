@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from surgical_aggregation.data.chexpert import resolve_chexpert_path
-from surgical_aggregation.data.sources import load_table
-from surgical_aggregation.data.table import DatasetFormatError
-from surgical_aggregation.labels import CHEXPERT_LABELS, NIH_LABELS, UnknownLabelError
+from surgical_aggregation.core.errors import DatasetFormatError, SiteConfigError, UnknownLabelError
+from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.images.chexpert import resolve_chexpert_path
+from surgical_aggregation.images.layouts import load_table
 
 
 def test_nih_layout(nih_data):
@@ -163,7 +163,7 @@ def test_generic_csv_errors(tmp_path):
     pd.DataFrame({"image": ["a.png"], "Mass": [1]}).to_csv(tmp_path / "m.csv", index=False)
     with pytest.raises(DatasetFormatError, match=r"m.csv: missing column\(s\) \['path', 'patient_id'\]"):
         load_table("csv", tmp_path / "m.csv")
-    with pytest.raises(TypeError, match="takes no option\\(s\\) \\['image_dir'\\]"):
+    with pytest.raises(SiteConfigError, match=r"takes no data.options \['image_dir'\]"):
         load_table("csv", tmp_path / "m.csv", image_dir="x")
     with pytest.raises(ValueError, match="unknown dataset kind 'dicom'"):
         load_table("dicom", tmp_path)

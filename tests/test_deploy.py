@@ -25,9 +25,9 @@ from surgical_aggregation.flare.deploy import (
     site_config_template,
     write_local_folder,
 )
-from surgical_aggregation.flare.job import PRIVACY_SCOPE, nih_chexpert_spec, write_job
 from surgical_aggregation.flare.poc import free_port
-from surgical_aggregation.site import resolve_table
+from surgical_aggregation.flare.recipe import PRIVACY_SCOPE, nih_chexpert_recipe, write_job
+from surgical_aggregation.site_data import resolve_table
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PROJECT = REPOSITORY / "provisioning" / "project.yml"
@@ -76,9 +76,9 @@ def _json(path: Path) -> dict:
 def test_the_project_names_the_jobs_sites():
     project = yaml.safe_load(PROJECT.read_text())
     clients = [p["name"] for p in project["participants"] if p["type"] == "client"]
-    assert clients == list(nih_chexpert_spec().sites)
+    assert clients == nih_chexpert_recipe().sites
     meta = _json(REPOSITORY / "jobs" / "nih_chexpert" / "meta.json")
-    assert clients == [site for site in meta["deploy_map"]["app"] if site != "server"]
+    assert clients == [site for sites in meta["deploy_map"].values() for site in sites if site != "server"]
 
 
 def test_kits_are_mtls_with_the_sites_names_and_certificates(byoc_kits):
@@ -142,10 +142,8 @@ def test_preinstalled_kits_allow_list_the_bundle_and_refuse_byoc(tmp_path):
 
 
 def test_every_component_of_a_preinstalled_job_is_allow_listed(tmp_path):
-    spec = nih_chexpert_spec()
-    spec.code, spec.client_execution = "preinstalled", "external_process"
-    job = write_job(spec, tmp_path / "job")
-    assert not (job / "app" / "custom").exists()
+    job = write_job(nih_chexpert_recipe(code="preinstalled", client_execution="external_process"), tmp_path / "job")
+    assert not list(job.glob("app*/custom"))
     assert job_component_paths(job) <= set(class_allow_list(bundle_component_paths()))
     assert job_component_paths(job) >= BUNDLE_CLASSES
 

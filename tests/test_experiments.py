@@ -12,8 +12,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from surgical_aggregation.experiments import RESULT_FILE, RunOptions, run_settings, shared_vs_unique, summary_table
-from surgical_aggregation.simulation import DataSources, Profile, simulated_nih
+from surgical_aggregation.experiments.grids import DataSources, simulated_nih
+from surgical_aggregation.experiments.runner import RunOptions, run_settings
+from surgical_aggregation.experiments.summary import RESULT_FILE, shared_vs_unique, summary_table
+from surgical_aggregation.profiles import Profile
 
 CLASSES = ["Mass", "Edema", "Hernia", "Nodule", "Fibrosis", "Emphysema"]
 SURGICAL = [0.81, 0.74, 0.90, 0.66, 0.71, 0.79]
@@ -23,13 +25,26 @@ VANILLA = [0.70, 0.72, 0.61, 0.64, 0.52, 0.75]
 def _fixed_frames() -> tuple[pd.DataFrame, pd.DataFrame]:
     base = {"setting": "s", "factor": "psi", "value": 0.5, "seed": 0, "test_set": "nih"}
     results = pd.DataFrame(
-        [{**base, "method": m, "mean_auroc": float(np.mean(v)), "ci_low": 0.5, "ci_high": 0.9, "classes": 6,
-          "images": 100} for m, v in (("surgical", SURGICAL), ("vanilla", VANILLA))]
-    )  # fmt: skip
+        [
+            {
+                **base,
+                "method": m,
+                "mean_auroc": float(np.mean(v)),
+                "ci_low": 0.5,
+                "ci_high": 0.9,
+                "classes": 6,
+                "images": 100,
+            }
+            for m, v in (("surgical", SURGICAL), ("vanilla", VANILLA))
+        ]
+    )
     per_class = pd.DataFrame(
-        [{**base, "method": m, "class_name": c, "auroc": a, "shared": c in ("Mass", "Edema")}
-         for m, values in (("surgical", SURGICAL), ("vanilla", VANILLA)) for c, a in zip(CLASSES, values, strict=True)]
-    )  # fmt: skip
+        [
+            {**base, "method": m, "class_name": c, "auroc": a, "shared": c in ("Mass", "Edema")}
+            for m, values in (("surgical", SURGICAL), ("vanilla", VANILLA))
+            for c, a in zip(CLASSES, values, strict=True)
+        ]
+    )
     return results, per_class
 
 
@@ -60,11 +75,19 @@ def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
     monkeypatch.setenv("SURGICAL_AGGREGATION_CACHE", str(cache))
     profile = Profile(
         "tiny",
-        {"image_size": 32, "batch_size": 8, "max_batches_per_epoch": 2, "warmup_epochs": 1, "local_epochs": 1,
-         "learning_rate": 3e-4, "cache_threads": 2, "record_exchanges": "off"},
+        {
+            "image_size": 32,
+            "batch_size": 8,
+            "max_batches_per_epoch": 2,
+            "warmup_epochs": 1,
+            "local_epochs": 1,
+            "learning_rate": 3e-4,
+            "cache_threads": 2,
+            "record_exchanges": "off",
+        },
         rounds=2,
         split_fractions=(0.6, 0.2, 0.2),
-    )  # fmt: skip
+    )
     sources = DataSources(embedded_patients=40, embedded_image_size=32)
     setting = simulated_nih(2, Fraction(0), 1, sources, profile, "psi", 0.0)
     methods = ["surgical", "vanilla", "partial_loss", "centralized"]

@@ -20,16 +20,16 @@ import pytest
 import torch
 from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedAggregationHelper
 
-from surgical_aggregation.aggregation import DENSENET_HEAD
-from surgical_aggregation.flare.job import nih_chexpert_spec, write_job
-from surgical_aggregation.labels import CHEXPERT_LABELS, NIH_LABELS
-from surgical_aggregation.model import load_checkpoint
+from surgical_aggregation.checkpoint import load_checkpoint
+from surgical_aggregation.core.head import NAMED_HEAD
+from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
 
-from helpers import tiny_job
+from helpers import tiny_recipe, tiny_sites
 
 pytestmark = pytest.mark.slow
 TOL = 1e-6
-W, B = DENSENET_HEAD.keys
+W, B = NAMED_HEAD.keys
 SITES = {"site-nih": list(NIH_LABELS), "site-chexpert": list(CHEXPERT_LABELS)}
 
 
@@ -72,8 +72,7 @@ def _surgical_mean(records: dict[str, dict]) -> dict[str, np.ndarray]:
 @pytest.fixture(scope="module")
 def main_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
-    spec = tiny_job(nih_chexpert_spec(), root / "cache", rounds=2)
-    write_job(spec, root / "job")
+    write_job(tiny_recipe(nih_chexpert_recipe, root / "cache", rounds=2), root / "job")
     server = _simulate(root / "job", root / "ws", root / "cache")
     return root / "ws", server
 
@@ -134,15 +133,13 @@ def test_run_artefacts(main_run):
 
 
 def test_same_class_sets_give_flares_own_fedavg(tmp_path):
-    spec = tiny_job(nih_chexpert_spec(), tmp_path / "cache", rounds=1)
-    spec.sites = {
-        "site-a": {**spec.sites["site-nih"], "record_exchanges": "full"},
-        "site-b": {**spec.sites["site-nih"], "record_exchanges": "full", "seed": 7},
-    }
-    spec.sites["site-b"]["embedded"] = {**spec.sites["site-b"]["embedded"], "seed": 1}  # other data, same labels
-    spec.cross_site_evaluation = False
-    spec.controller["final_validation"] = False
-    write_job(spec, tmp_path / "job")
+    nih = tiny_sites(nih_chexpert_recipe().site_configs, tmp_path / "cache")["site-nih"]
+    sites = {
+        "site-a": {**nih, "record_exchanges": "full"},
+        "site-b": {**nih, "record_exchanges": "full", "seed": 7, "embedded": {**nih["embedded"], "seed": 1}},
+    }  # other data, same labels
+    controller = {"num_rounds": 1, "final_validation": False}
+    write_job(SurgicalAggregationRecipe("fedavg", sites, controller, cross_site_evaluation=False), tmp_path / "job")
     server = _simulate(tmp_path / "job", tmp_path / "ws", tmp_path / "cache", "-t", "2")
 
     helper = WeightedAggregationHelper()

@@ -5,8 +5,13 @@ import pytest
 import torch
 from PIL import Image
 
-from surgical_aggregation.data.images import read_grayscale
-from surgical_aggregation.data.transforms import IMAGENET_GRAY_MEAN, IMAGENET_GRAY_STD, IMAGENET_MEAN, image_transforms
+from surgical_aggregation.images.decode import read_grayscale
+from surgical_aggregation.images.transforms import (
+    IMAGENET_GRAY_MEAN,
+    IMAGENET_GRAY_STD,
+    IMAGENET_MEAN,
+    image_transforms,
+)
 
 
 def test_sixteen_bit_png_is_stretched_to_eight_bits(tmp_path):

@@ -10,11 +10,12 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
+from surgical_aggregation.checkpoint import save_checkpoint
 from surgical_aggregation.cli import main
 from surgical_aggregation.config import load_site_config
-from surgical_aggregation.data.sources import load_table
-from surgical_aggregation.model import NamedDenseNet121, save_checkpoint
-from surgical_aggregation.site import resolve_table, split_table
+from surgical_aggregation.images.layouts import load_table
+from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.site_data import resolve_table, split_table
 
 MODEL_CLASSES = ["Mass", "Fracture", "Pleural Effusion"]
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from surgical_aggregation.labels import (
+from surgical_aggregation.core.labels import (
     CANONICAL_FINDINGS,
     CHEXPERT_LABELS,
     CXR_LT_LABELS,

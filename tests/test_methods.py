@@ -8,8 +8,16 @@ import pytest
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from surgical_aggregation.aggregation import DENSENET_HEAD, batchnorm_keys, slice_for_client
+from surgical_aggregation.checkpoint import load_checkpoint
 from surgical_aggregation.config import site_config_from_dict
+from surgical_aggregation.core.head import NAMED_HEAD, batchnorm_keys, slice_for_client
+from surgical_aggregation.core.methods import (
+    LabelCounts,
+    SiteRecipe,
+    controller_arguments,
+    federation_label_prior,
+    label_prior_weights,
+)
 from surgical_aggregation.flare.controller import PERSONAL_MODELS_DIR
 from surgical_aggregation.flare.protocol import (
     META_CLASS_NAMES,
@@ -18,22 +26,15 @@ from surgical_aggregation.flare.protocol import (
     META_WANT_LABEL_COUNTS,
     TASK_DESCRIBE,
 )
-from surgical_aggregation.methods import (
-    LabelCounts,
-    SiteRecipe,
-    controller_arguments,
-    federation_label_prior,
-    label_prior_weights,
-)
-from surgical_aggregation.model import NamedDenseNet121, load_checkpoint
-from surgical_aggregation.site import prepare_site_data
+from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.loops import masked_bce_with_logits
+from surgical_aggregation.site_data import prepare_site_data
 from surgical_aggregation.trainer import SiteTrainer
-from surgical_aggregation.training import masked_bce_with_logits
 from test_controller import FakeSite, Harness, _shifted
 
 from helpers import rows_by_name
 
-W, B = DENSENET_HEAD.keys
+W, B = NAMED_HEAD.keys
 
 
 class EchoSite(FakeSite):

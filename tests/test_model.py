@@ -5,16 +5,10 @@ import re
 import pytest
 import torch
 
-from surgical_aggregation.model import (
-    NamedDenseNet121,
-    freeze_batchnorm,
-    imagenet_to_monai_keys,
-    load_checkpoint,
-    load_pretrained_backbone,
-    save_checkpoint,
-    set_backbone_trainable,
-    split_backbone_head,
-)
+from surgical_aggregation.checkpoint import load_checkpoint, save_checkpoint
+from surgical_aggregation.core.head import split_backbone_head
+from surgical_aggregation.images.model import NamedDenseNet121, imagenet_to_monai_keys, load_pretrained_backbone
+from surgical_aggregation.loops import freeze_batchnorm, set_backbone_trainable, train_mode
 
 CLASSES = ["Atelectasis", "Effusion", "Hernia"]
 
@@ -61,7 +55,7 @@ def test_frozen_batchnorm_does_not_move_during_training():
     torch.manual_seed(0)
     model = NamedDenseNet121(CLASSES)
     freeze_batchnorm(model)
-    model.train()
+    train_mode(model, frozen_batchnorm=True)
     assert all(not m.training for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
     before = _bn_snapshot(model)
     conv_before = model.features.conv0.weight.clone()
@@ -79,7 +73,7 @@ def test_backbone_freeze_for_head_warm_up():
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     assert trainable == {"class_layers.out.weight", "class_layers.out.bias"}
     freeze_batchnorm(model)
-    set_backbone_trainable(model, True)
+    set_backbone_trainable(model, True, frozen_batchnorm=True)
     bn_params = {
         f"{n}.{p}" for n, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d) for p in ("weight", "bias")
     }

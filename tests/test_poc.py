@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from surgical_aggregation.flare.job import nih_chexpert_spec, write_job
+from surgical_aggregation.checkpoint import load_checkpoint
+from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.flare.poc import COMPLETED, USERS, PocWorkspace, SubmissionRefused, _alive, job_sites
-from surgical_aggregation.labels import CHEXPERT_LABELS, NIH_LABELS
-from surgical_aggregation.model import load_checkpoint
+from surgical_aggregation.flare.recipe import nih_chexpert_recipe, write_job
 
-from helpers import tiny_job
+from helpers import tiny_recipe
 
 pytestmark = pytest.mark.slow
 SITES = ["site-nih", "site-chexpert"]
@@ -29,11 +29,16 @@ UNION = set(NIH_LABELS) | set(CHEXPERT_LABELS)
 
 
 def _job(root: Path, code: str, cross_site_evaluation: bool = True) -> Path:
-    spec = tiny_job(nih_chexpert_spec(), root / "cache", rounds=1)
-    spec.code, spec.cross_site_evaluation = code, cross_site_evaluation
-    if code == "preinstalled":
-        spec.client_execution = "external_process"
-    return write_job(spec, root / f"job-{code}")
+    execution = "external_process" if code == "preinstalled" else "in_process"
+    recipe = tiny_recipe(
+        nih_chexpert_recipe,
+        root / "cache",
+        rounds=1,
+        code=code,
+        client_execution=execution,
+        cross_site_evaluation=cross_site_evaluation,
+    )
+    return write_job(recipe, root / f"job-{code}")
 
 
 def _started(root: Path, code: str, monkeypatch) -> tuple[PocWorkspace, dict]:

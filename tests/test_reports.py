@@ -17,13 +17,13 @@ import pandas as pd
 import pytest
 import torch
 
-from surgical_aggregation.aggregation import DENSENET_HEAD, Contribution, SurgicalAggregator, numpy_state
+from surgical_aggregation.checkpoint import initial_global_state, load_checkpoint
+from surgical_aggregation.core.aggregation import Contribution, SurgicalAggregator
+from surgical_aggregation.core.errors import DatasetFormatError, UnknownLabelError
+from surgical_aggregation.core.head import NAMED_HEAD, numpy_state, slice_for_client
 from surgical_aggregation.data.reference import reference_file
-from surgical_aggregation.data.table import DatasetFormatError
-from surgical_aggregation.flare.job import report_labeling_spec, write_job
-from surgical_aggregation.labels import UnknownLabelError
+from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, report_labeling_recipe, write_job
 from surgical_aggregation.metrics import threshold_metrics, youden_threshold
-from surgical_aggregation.model import initial_global_state, load_checkpoint
 from surgical_aggregation.reports.data import (
     IU_ARCHIVE,
     label_counts,
@@ -112,8 +112,12 @@ def test_the_real_iu_reports_give_the_documented_counts():
     counts = label_counts(table)
     assert len(counts) == 19 and list(counts) == table.classes  # most frequent first
     assert {name: counts[name] for name in table.classes[:5]} == {
-        "Lung Opacity": 586, "Cardiomegaly": 395, "Support Devices": 379, "Atelectasis": 332, "Tortuous Aorta": 250,
-    }  # fmt: skip
+        "Lung Opacity": 586,
+        "Cardiomegaly": 395,
+        "Support Devices": 379,
+        "Atelectasis": 332,
+        "Tortuous Aorta": 250,
+    }
     assert counts["Mass"] == 17 and counts["Pleural Thickening"] == 47
 
 
@@ -185,11 +189,11 @@ def test_mlp_shape_and_named_head():
     state = model.state_dict()
     assert model.class_names == ["Edema", "Pleural Effusion"]
     assert [tuple(state[k].shape) for k in ("features.0.weight", "features.3.weight")] == [(512, 384), (256, 512)]
-    assert tuple(state[DENSENET_HEAD.weight_key].shape) == (2, 256)
+    assert tuple(state[NAMED_HEAD.weight_key].shape) == (2, 256)
     assert [m.p for m in model.features if isinstance(m, torch.nn.Dropout)] == [0.2, 0.2]
     assert model(torch.zeros(3, 384)).shape == (3, 2)
-    empty = initial_global_state(architecture="report_mlp", in_features=384)
-    assert empty[DENSENET_HEAD.weight_key].shape == (0, 256) and "features.0.weight" in empty
+    empty = initial_global_state(architecture="report_mlp", preprocessing={"embedding_model": "all-MiniLM-L6-v2"})
+    assert empty[NAMED_HEAD.weight_key].shape == (0, 256) and "features.0.weight" in empty
 
 
 def test_mlp_hidden_layers_are_averaged_and_rows_matched_by_name():
@@ -198,15 +202,16 @@ def test_mlp_hidden_layers_are_averaged_and_rows_matched_by_name():
     for seed, (site, names) in enumerate(classes.items()):
         torch.manual_seed(seed)
         states[site] = numpy_state(ReportMLP(names, in_features=8).state_dict())
-    aggregator = SurgicalAggregator(numpy_state(initial_global_state(architecture="report_mlp", in_features=8)), [])
+    empty_head = slice_for_client(ReportMLP(["Mass"], in_features=8).state_dict(), ["Mass"], [])  # union starts empty
+    aggregator = SurgicalAggregator(numpy_state(empty_head), [])
     for site, names in classes.items():
         aggregator.add(Contribution(site, states[site], names, num_samples=10))
     result = aggregator.finalize()
     a, b = states["site-a"], states["site-b"]
     for key in ("features.0.weight", "features.0.bias", "features.3.weight", "features.3.bias"):
         np.testing.assert_allclose(result.state[key], (a[key] + b[key]) / 2, atol=TOL, rtol=0)
-    rows = dict(zip(result.class_names, result.state[DENSENET_HEAD.weight_key], strict=True))
-    weight = DENSENET_HEAD.weight_key
+    rows = dict(zip(result.class_names, result.state[NAMED_HEAD.weight_key], strict=True))
+    weight = NAMED_HEAD.weight_key
     np.testing.assert_allclose(rows["Cardiomegaly"], (a[weight][1] + b[weight][0]) / 2, atol=TOL, rtol=0)
     np.testing.assert_allclose(rows["Edema"], a[weight][0], atol=TOL, rtol=0)
     np.testing.assert_allclose(rows["Hernia"], b[weight][1], atol=TOL, rtol=0)
@@ -248,19 +253,29 @@ def fixture_reports(count: int) -> dict[str, str]:
 @pytest.mark.slow
 def test_one_round_report_job_through_the_simulator(tmp_path):
     archive = write_archive(tmp_path / "reports.tgz", fixture_reports(64))
-    spec = report_labeling_spec()
+    bundle = report_labeling_recipe()
     labels = {"site-a": ["Cardiomegaly", "Pleural Effusion", "Lung Opacity"], "site-b": ["Lung Opacity", "Atelectasis"]}
-    for site, config in spec.sites.items():
+    sites = bundle.site_configs
+    for site, config in sites.items():
         config["data"].update(location=str(archive), labels=labels[site])
         config.update(cache_dir=str(tmp_path / "cache"), batch_size=8, device="cpu")
-    spec.controller.update(num_rounds=1, handshake_timeout=300, train_timeout=300, validate_timeout=300)
-    job = write_job(spec, tmp_path / "job")
+    controller = {
+        **bundle.controller_args,
+        "num_rounds": 1,
+        "handshake_timeout": 300,
+        "train_timeout": 300,
+        "validate_timeout": 300,
+    }
+    job = write_job(SurgicalAggregationRecipe(bundle.name, sites, controller), tmp_path / "job")
     nvflare = Path(sys.executable).parent / "nvflare"
     env = {**os.environ, "PATH": f"{nvflare.parent}:{os.environ['PATH']}"}
     result = subprocess.run(
         [str(nvflare), "simulator", str(job), "-w", str(tmp_path / "ws")],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     app = tmp_path / "ws" / "server" / "simulate_job" / "app_server"
     model = load_checkpoint(app / "FL_global_model.pt")
@@ -274,12 +289,8 @@ def test_one_round_report_job_through_the_simulator(tmp_path):
     assert list((tmp_path / "cache" / "report-embeddings").iterdir())
 
 
-def test_committed_report_job_is_the_writers_output(tmp_path):
-    from test_job import _files
-
-    write_job(report_labeling_spec(), tmp_path / "job")
-    assert _files(REPOSITORY / "jobs" / "report_labeling") == _files(tmp_path / "job")
-    sites = report_labeling_spec().sites
+def test_the_report_job_sites_label_different_subsets():
+    sites = report_labeling_recipe().site_configs  # the committed job is its export (tests/test_recipe.py)
     a, b = (set(sites[site]["data"]["labels"]) for site in ("site-a", "site-b"))
     assert len(a & b) == 4 and len(a | b) == 14 and a != b  # different label subsets, 4 shared
 
@@ -301,10 +312,10 @@ def test_prepare_embeds_a_report_csv_once(tmp_path, capsys):
 
 
 def test_report_evaluation_thresholds_on_validation_and_scores_the_test_split(tmp_path):
-    from surgical_aggregation.model import save_checkpoint
+    from surgical_aggregation.checkpoint import save_checkpoint
+    from surgical_aggregation.inference import evaluate_with_thresholds
     from surgical_aggregation.reports.data import report_table
     from surgical_aggregation.reports.dataset import ReportDataset
-    from surgical_aggregation.reports.evaluation import evaluate_report_models
 
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({"report_id": [f"r{i}" for i in range(40)], "text": ["x"] * 40})
@@ -316,8 +327,9 @@ def test_report_evaluation_thresholds_on_validation_and_scores_the_test_split(tm
     test = ReportDataset(replace(table, frame=table.frame.iloc[20:].reset_index(drop=True)), vectors)
     torch.manual_seed(0)
     model = ReportMLP(["Hernia", "Edema"], in_features=8).eval()  # the model's own row order
-    path = save_checkpoint(tmp_path / "m.pt", model.state_dict(), model.class_names, architecture="report_mlp")
-    report = evaluate_report_models([path], val, test, bootstrap=10, device="cpu")
+    meta = {"architecture": "report_mlp", "preprocessing": {"in_features": 8}}  # a toy encoder's 8-d vectors
+    path = save_checkpoint(tmp_path / "m.pt", model.state_dict(), model.class_names, **meta)
+    report = evaluate_with_thresholds([path], val, test, bootstrap=10, device="cpu")
 
     def scores(dataset: ReportDataset) -> np.ndarray:
         with torch.no_grad():

@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from surgical_aggregation.data.nih import read_nih_labels
+from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.data.reference import NIH_LABEL_FILE
-from surgical_aggregation.data.sources import load_table
 from surgical_aggregation.data.splits import patient_split, patient_strata
 from surgical_aggregation.data.table import LabelTable
-from surgical_aggregation.labels import NIH_LABELS
+from surgical_aggregation.images.layouts import load_table
+from surgical_aggregation.images.nih import read_nih_labels
 
 from helpers import require_reference
 

@@ -11,17 +11,17 @@ import pytest
 from scipy.signal import correlate2d
 from sklearn.metrics import roc_auc_score
 
-from surgical_aggregation.data.images import read_grayscale
+from surgical_aggregation.core.labels import CANONICAL_FINDINGS, CHEXPERT_LABELS
 from surgical_aggregation.data.reference import CHEXPERT_LABEL_FILE, NIH_LABEL_FILE
-from surgical_aggregation.data.sources import load_table
-from surgical_aggregation.data.synthetic import (
+from surgical_aggregation.images.decode import read_grayscale
+from surgical_aggregation.images.layouts import load_table
+from surgical_aggregation.images.synthetic import (
     MARKER_FILE,
     ensure_generated,
     finding_glyphs,
     generate_chexpert,
     generate_nih,
 )
-from surgical_aggregation.labels import CANONICAL_FINDINGS, CHEXPERT_LABELS
 
 from helpers import require_reference
 

@@ -6,14 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from surgical_aggregation.aggregation import DENSENET_HEAD, slice_for_client
 from surgical_aggregation.config import site_config_from_dict
-from surgical_aggregation.methods import SiteRecipe
-from surgical_aggregation.model import NamedDenseNet121
-from surgical_aggregation.site import prepare_site_data
-from surgical_aggregation.trainer import ExchangeRecorder, SiteTrainer, evaluation_metrics
+from surgical_aggregation.core.head import NAMED_HEAD, slice_for_client
+from surgical_aggregation.core.methods import SiteRecipe
+from surgical_aggregation.flare.audit import ExchangeRecorder
+from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.site_data import prepare_site_data
+from surgical_aggregation.trainer import SiteTrainer, evaluation_metrics
 
-W, B = DENSENET_HEAD.keys
+W, B = NAMED_HEAD.keys
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +79,10 @@ def test_foreign_model_is_evaluated_on_shared_classes_by_name(trainer):
         trainer.evaluate_state(slice_for_client(state, classes, ["Fracture"]), ["Fracture"])
 
 
-def test_warm_up_happens_once(trainer):
-    trainer.warmed_up = False
+def test_warm_up_happens_when_the_server_asks(trainer):
     first = trainer.fit(0, warmup=True)
-    assert len(first.warmup_losses) == 1 and len(first.train_losses) == 1 and trainer.warmed_up
-    second = trainer.fit(1, warmup=True)
+    assert len(first.warmup_losses) == 1 and len(first.train_losses) == 1
+    second = trainer.fit(1, warmup=False)  # the server asks once per site (tests/test_controller.py)
     assert second.warmup_losses == [] and len(second.train_losses) == 1
     assert first.samples == 16  # 2 batches of 8
 
@@ -107,7 +107,7 @@ def test_local_model_survives_a_process_restart(trainer, tmp_path):
     trainer.save(tmp_path / "local.pt")
     fresh = SiteTrainer(trainer.config, trainer.data, "site-test")
     assert fresh.restore(tmp_path / "local.pt")
-    assert fresh.epochs_done == trainer.epochs_done and fresh.warmed_up == trainer.warmed_up
+    assert fresh.epochs_done == trainer.epochs_done
     for key, value in trainer.model.state_dict().items():
         assert torch.equal(fresh.model.state_dict()[key].cpu(), value.cpu())
     assert not fresh.restore(tmp_path / "missing.pt")

@@ -1,12 +1,15 @@
 """Command line: ``surgical-aggregation <command>`` (also ``python -m surgical_aggregation``).
 
-* ``prepare``   decode and resize a dataset's images once into the preprocessing cache;
+* ``prepare``   decode and resize a dataset's images (or embed its reports) once into the cache;
 * ``generate``  write the embedded (generated) datasets in the real NIH / CheXpert / MIMIC layouts;
 * ``predict``   score a folder or CSV of images with a model: per-class probabilities by class name;
 * ``evaluate``  per-class AUROC of a model on a labelled set (the classes both have), table + plot;
-* ``write-job`` (re)write a FLARE job folder of this bundle (e.g. ``jobs/nih_chexpert``);
+* ``write-job`` (re)write a FLARE job folder of this bundle (e.g. ``jobs/nih_chexpert``) from its recipe;
 * ``experiment`` run (or resume) a grid of the papers' comparisons and write tables and plots;
 * ``poc``       rehearse a deployment locally: prepare, start, submit (wait, download), stop, run.
+
+Each handler parses and calls. The project's own user errors (a bad config, a missing folder, a
+wrong file) print one ``error:`` line and exit 2; anything else is a bug and shows its traceback.
 """
 
 from __future__ import annotations
@@ -18,24 +21,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .data.cache import ON_ERROR_POLICIES, default_cache_root
-from .data.images import ImageLoadError
-from .data.sources import DATASET_KINDS, load_table
-from .data.synthetic import GENERATORS, ensure_generated
-from .data.table import UNCERTAINTY_POLICIES, DatasetFormatError
-from .labels import UnknownLabelError
-from .reports.data import REPORT_KINDS, load_reports
-from .reports.embeddings import MINILM
+from .core.errors import SiteConfigError, UserError
+from .data.storage import default_cache_root
+from .data.table import UNCERTAINTY_POLICIES
+from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES
+from .images.cache import ON_ERROR_POLICIES
+from .images.layouts import DATASET_KINDS
+from .images.synthetic import GENERATORS
+from .modalities import DATA_KINDS
 
-USER_ERRORS = (
-    FileNotFoundError,
-    DatasetFormatError,
-    UnknownLabelError,
-    ImageLoadError,
-    ValueError,
-    KeyError,
-    TypeError,
-)
+POC_STEPS = ("prepare", "start", "submit", "stop", "run")
+POC_DEFAULT_JOB = Path("jobs/nih_chexpert")
 
 
 def _add_prepare(commands: argparse._SubParsersAction) -> None:
@@ -45,14 +41,13 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
         description="Decode and resize every image of a dataset (or embed every report) once into the on-disk "
         "cache that training reads.",
     )
-    parser.add_argument(
-        "--kind", required=True, choices=DATASET_KINDS + REPORT_KINDS, help="on-disk layout of the dataset"
-    )
+    parser.add_argument("--kind", required=True, choices=DATA_KINDS, help="what the data is, and its layout")
     parser.add_argument(
         "--data",
         type=Path,
         default=None,
-        help="dataset folder (the CSV file for csv and report_csv; iu_reports: default torchxrayvision's archive)",
+        help="dataset folder (the CSV file for the CSV kinds); needed for image kinds; the IU reports default to "
+        "torchxrayvision's archive",
     )
     parser.add_argument("--size", type=int, default=224, help="side of the cached square images (default 224)")
     parser.add_argument("--cache-dir", type=Path, default=None, help=f"cache root (default {default_cache_root()})")
@@ -133,23 +128,19 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_write_job(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("write-job", help="(re)write a FLARE job folder of this bundle")
-    parser.add_argument("--name", default="nih_chexpert", help="which of the bundle's jobs (default nih_chexpert)")
+    parser = commands.add_parser("write-job", help="(re)write a FLARE job folder of this bundle from its recipe")
+    parser.add_argument("--name", default="nih_chexpert", choices=BUNDLE_JOBS, help="which of the bundle's jobs")
     parser.add_argument("--out", required=True, type=Path, help="job folder to write (replaced if present)")
     parser.add_argument(
         "--code",
-        choices=("byoc", "preinstalled"),
+        choices=CODE_DELIVERIES,
         default="byoc",
-        help="byoc (default): the job has app/custom/ and needs the submitter's byoc right; preinstalled: no "
+        help="byoc (default): each site app has custom/ and the submitter needs the byoc right; preinstalled: no "
         "custom/, the package is installed at every participant and allow-listed in local/resources.json",
     )
     parser.add_argument(
-        "--ship-library", action="store_true", help="byoc: also copy the surgical_aggregation package into app/custom/"
+        "--ship-library", action="store_true", help="byoc: also copy the surgical_aggregation package into custom/"
     )
-
-
-POC_STEPS = ("prepare", "start", "submit", "stop", "run")
-POC_DEFAULT_JOB = Path("jobs/nih_chexpert")
 
 
 def _add_poc(commands: argparse._SubParsersAction) -> None:
@@ -165,9 +156,7 @@ def _add_poc(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--workspace", type=Path, default=Path("poc/workspace"), help="POC workspace (default poc/workspace)"
     )
-    parser.add_argument(
-        "--code", choices=("byoc", "preinstalled"), default="byoc", help="prepare/run: the sites' code policy"
-    )
+    parser.add_argument("--code", choices=CODE_DELIVERIES, default="byoc", help="prepare/run: the sites' code policy")
     parser.add_argument(
         "--as",
         dest="user",
@@ -182,8 +171,9 @@ def _add_poc(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_experiment(commands: argparse._SubParsersAction) -> None:
-    from .methods import COMPARATORS
-    from .simulation import GRIDS, PROFILES
+    from .core.methods import COMPARATORS
+    from .experiments.grids import GRIDS
+    from .profiles import PROFILES
 
     parser = commands.add_parser(
         "experiment",
@@ -220,21 +210,31 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--only", nargs="+", default=[], help="run only settings whose name contains one of these")
     parser.add_argument("--cache-dir", default=None, help=f"cache root (default {default_cache_root()})")
     parser.add_argument("--keep-workspaces", action="store_true", help="keep the FLARE simulator workspaces")
+    parser.add_argument(
+        "--tracking",
+        choices=("tensorboard", "mlflow"),
+        default="tensorboard",
+        help="experiment tracking of each federation: TensorBoard (default) or MLflow (FLARE's receiver; an "
+        "SQLite store, mlflow.db, in each run's folder)",
+    )
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
     parser.add_argument(
-        "--dry-run", action="store_true", help="write plan.json and each site's label counts (from the NIH label "
-        "file: the real one when torchxrayvision's data is installed), train nothing"
-    )  # fmt: skip
+        "--dry-run",
+        action="store_true",
+        help="write plan.json and each site's label counts (from the NIH label "
+        "file: the real one when torchxrayvision's data is installed), train nothing",
+    )
     parser.add_argument("--summarize-only", action="store_true", help="only redo tables and plots of finished runs")
 
 
 def _experiment(args: argparse.Namespace) -> int:
     import dataclasses
 
-    import pandas as pd
-
-    from .experiments import RunOptions, run_grid, summarize
-    from .simulation import PROFILES, DataSources, grid_settings, nih_label_table, site_label_counts
+    from .experiments.grids import DataSources, grid_settings
+    from .experiments.planning import plan_grid
+    from .experiments.runner import RunOptions, run_grid
+    from .experiments.summary import summarize
+    from .profiles import PROFILES
 
     if args.summarize_only:
         print(f"wrote {summarize(args.out)}")
@@ -244,26 +244,15 @@ def _experiment(args: argparse.Namespace) -> int:
         profile = dataclasses.replace(profile, rounds=args.rounds)
     sources = DataSources(args.nih, args.chexpert, args.mimic, embedded_patients=args.embedded_patients)
     if args.dry_run:
-        table, origin = nih_label_table(sources)
-        settings = [s for s in grid_settings(args.grid, sources, profile) if s.factor != "labels"]
-        if not settings:
-            raise ValueError(f"grid {args.grid!r} has no simulated NIH setting to plan")
-        counts = pd.concat([site_label_counts(setting, table) for setting in settings], ignore_index=True)
-        args.out.mkdir(parents=True, exist_ok=True)
-        counts.to_csv(args.out / "site_label_counts.csv", index=False)
-        for setting in settings:
-            print(f"{setting.name}: shared {setting.shared_classes}")
-            for site, labels in setting.label_sets.items():
-                train = counts[(counts.setting == setting.name) & (counts.site == site) & (counts.split == "train")]
-                print(f"  {site}: {len(labels)} labels, {train['images'].iloc[0]} training images: {labels}")
-        print(f"label counts from {origin} -> {args.out / 'site_label_counts.csv'}")
+        print("\n".join(plan_grid(grid_settings(args.grid, sources, profile), sources, args.out)))
         return 0
     options = RunOptions(
-        backbone_strategy=args.backbone,
-        weighting=args.weighting,
-        pretrained_weights=args.pretrained,
-        bootstrap=args.bootstrap,
-        keep_workspaces=args.keep_workspaces,
+        args.backbone,
+        args.weighting,
+        args.pretrained,
+        args.bootstrap,
+        args.keep_workspaces,
+        args.tracking,
         cache_dir=args.cache_dir,
     )
     summary = run_grid(args.grid, args.methods, args.seeds, sources, profile, args.out, options, args.only)
@@ -275,9 +264,13 @@ def _experiment(args: argparse.Namespace) -> int:
 def _predict(args: argparse.Namespace) -> int:
     from .inference import list_images, score_images
 
-    paths = list_images(args.images, args.image_column)
     scores, failures = score_images(
-        args.model, paths, args.image_size, args.cache_dir, args.on_error, device=args.device
+        args.model,
+        list_images(args.images, args.image_column),
+        args.image_size,
+        args.cache_dir,
+        args.on_error,
+        device=args.device,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     scores.to_csv(args.out, index=False)
@@ -288,24 +281,9 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .data.splits import patient_split
-    from .inference import evaluate_on_table, write_evaluation
+    from .inference import evaluate_on_table, labelled_set, write_evaluation
 
-    if args.site_config is not None:
-        from .config import load_site_config
-        from .site import resolve_table, split_table
-
-        config = load_site_config(args.site_config)
-        table = resolve_table(config)
-        table = table if args.split == "all" else split_table(table, config)[args.split]
-        title = f"{args.site_config.stem} ({args.split})"
-    else:
-        if args.data is None:
-            raise ValueError("--kind needs --data (the dataset folder, or the CSV for --kind csv)")
-        options = {} if args.uncertainty is None else {"uncertainty": args.uncertainty}
-        table = load_table(args.kind, args.data, **options)
-        table = table if args.split == "all" else patient_split(table)[args.split]
-        title = f"{args.kind} {args.data.name} ({args.split})"
+    table, title = labelled_set(args.site_config, args.kind, args.data, args.uncertainty, args.split)
     report = evaluate_on_table(
         args.model,
         table,
@@ -323,111 +301,76 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _write_job(args: argparse.Namespace) -> int:
-    from .flare.job import JOB_SPECS, write_job  # imports FLARE: only for this command
+    from .flare.recipe import BUNDLE_RECIPES, write_job  # imports FLARE: only for this command
 
-    if args.name not in JOB_SPECS:
-        raise ValueError(f"unknown job {args.name!r}; the bundle's jobs are {sorted(JOB_SPECS)}")
-    spec = JOB_SPECS[args.name]()
-    spec.code, spec.ship_library = args.code, args.ship_library
-    if args.code == "preinstalled":
-        spec.client_execution = "external_process"  # FLARE runs in-process scripts only from custom/
-    folder = write_job(spec, args.out)
-    print(f"wrote job {args.name!r} ({args.code}) to {folder}")
+    # FLARE runs an in-process script only from the job's custom/ folder
+    execution = "external_process" if args.code == "preinstalled" else "in_process"
+    recipe = BUNDLE_RECIPES[args.name](code=args.code, client_execution=execution, ship_library=args.ship_library)
+    print(f"wrote job {args.name!r} ({args.code}) to {write_job(recipe, args.out)}")
     return 0
 
 
 def _poc(args: argparse.Namespace) -> int:
-    from .flare.poc import PocError
-
-    try:
-        return _poc_step(args)
-    except PocError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-
-
-def _poc_step(args: argparse.Namespace) -> int:
-    from .flare.poc import COMPLETED, USERS, PocWorkspace  # imports FLARE: only for this command
+    from .flare.poc import USERS, PocWorkspace  # imports FLARE: only for this command
 
     poc = PocWorkspace(args.workspace)
     user = USERS.get(args.user, args.user)
-
-    def submit() -> int:
-        job_id = poc.submit(args.job, user)
-        state = poc.wait(job_id, args.timeout)
-        downloaded = poc.download(job_id, args.out)
-        print(f"job {job_id}: {state}; downloaded to {downloaded} (models: workspace/app_server/)")
-        if state != COMPLETED:
-            print(f"the participants' logs: {poc.prod_dir}/<participant>/{job_id}/log.txt", file=sys.stderr)
-        return 0 if state == COMPLETED else 1
-
     if args.step == "prepare":
         sites = poc.prepare(args.job, args.code)
         print(f"POC prepared in {poc.root} for {', '.join(sites)} ({args.code}); next: surgical-aggregation poc start")
-    elif args.step == "start":
+        return 0
+    if args.step == "start":
         record = poc.start()
         print(f"POC started (process group {record['process_group']}); logs: {poc.prod_dir}/<participant>/log.txt")
-    elif args.step == "submit":
-        return submit()
-    elif args.step == "stop":
+        return 0
+    if args.step == "stop":
         poc.stop()
         if args.clean:
             poc.clean()
         print("POC stopped" + (" and its workspace deleted" if args.clean else ""))
+        return 0
+    if args.step == "submit":
+        outcome = poc.submit_and_collect(args.job, user, args.out, args.timeout)
     else:
-        poc.prepare(args.job, args.code)
-        status = 1
-        try:
-            poc.start()
-            status = submit()
-        finally:
-            poc.stop()
-        if status == 0:  # kept otherwise, for its logs
-            poc.clean()
-        return status
-    return 0
+        outcome = poc.run(args.job, args.code, user, args.out, args.timeout)
+    print(f"job {outcome.job_id}: {outcome.state}; downloaded to {outcome.downloaded} (models: workspace/app_server/)")
+    if not outcome.completed:
+        print(f"the participants' logs: {poc.prod_dir}/<participant>/{outcome.job_id}/log.txt", file=sys.stderr)
+    return 0 if outcome.completed else 1
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from .data.dataset import cache_table
+    from .config import site_config_from_dict
+    from .site_data import prepare_cache
 
-    if args.kind in REPORT_KINDS:
-        return _prepare_reports(args)
-    if args.data is None:
-        raise ValueError(f"--data is required for --kind {args.kind}")
+    if args.data is None and args.kind in GENERATORS:
+        raise SiteConfigError(f"--data is required for --kind {args.kind} (embedded data are prepared on first use)")
     options = {} if args.uncertainty is None else {"uncertainty": args.uncertainty}
-    table = load_table(args.kind, args.data, **options)
-    print(f"{args.kind} data at {args.data}: {len(table)} images of {table.n_patients} patients")
-    kept, _, report = cache_table(
-        table,
-        args.cache_dir or default_cache_root(),
-        args.size,
-        on_error=args.on_error,
-        workers=args.workers,
-        progress=not args.no_progress,
+    data = {"kind": args.kind, "location": None if args.data is None else str(args.data), "options": options}
+    config = site_config_from_dict(
+        {
+            "data": data,
+            "image_size": args.size,
+            "cache_threads": max(args.workers, 1),
+            "on_unreadable": args.on_error,
+            "cache_dir": None if args.cache_dir is None else str(args.cache_dir),
+        },
+        where="prepare",
     )
-    print(report.summary())
-    for path, reason in report.failures[:20]:
+    prepared = prepare_cache(config, _printer("prepare"), progress=not args.no_progress)
+    print(prepared.summary)
+    for path, reason in prepared.left_out[:20]:
         print(f"  skipped {path}: {reason}")
-    if len(report.failures) > 20:
-        print(f"  ... and {len(report.failures) - 20} more")
-    print(f"{len(kept)} images ready for training")
-    return 0
-
-
-def _prepare_reports(args: argparse.Namespace) -> int:
-    from .reports.dataset import embed_table
-
-    table, summary = load_reports(args.kind, args.data)
-    print(summary.describe())
-    embed_table(table, args.cache_dir or default_cache_root(), MINILM, progress=not args.no_progress)
-    print(f"{len(table)} reports embedded ({MINILM}) and ready for training")
+    if len(prepared.left_out) > 20:
+        print(f"  ... and {len(prepared.left_out) - 20} more")
+    print(f"{len(prepared.table)} {config.modality.sample_noun} ready for training")
     return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
-    kinds = list(GENERATORS) if args.kind == "all" else [args.kind]
-    for kind in kinds:
+    from .images.synthetic import ensure_generated
+
+    for kind in list(GENERATORS) if args.kind == "all" else [args.kind]:
         dataset, created = ensure_generated(
             kind,
             args.out / kind,
@@ -440,30 +383,51 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stdout`` is when a line is logged (it may be replaced, e.g. by a test)."""
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def _printer(name: str) -> logging.Logger:
+    """A logger that prints its messages as plain lines on stdout (what a command reports as it goes)."""
+    printer = logging.getLogger(f"surgical_aggregation.cli.{name}")
+    if not printer.handlers:
+        handler = _StdoutHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        printer.addHandler(handler)
+        printer.setLevel(logging.INFO)
+        printer.propagate = False
+    return printer
+
+
+HANDLERS = {
+    "prepare": (_add_prepare, _prepare),
+    "generate": (_add_generate, _generate),
+    "predict": (_add_predict, _predict),
+    "evaluate": (_add_evaluate, _evaluate),
+    "write-job": (_add_write_job, _write_job),
+    "experiment": (_add_experiment, _experiment),
+    "poc": (_add_poc, _poc),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="surgical-aggregation", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    _add_prepare(commands)
-    _add_generate(commands)
-    _add_predict(commands)
-    _add_evaluate(commands)
-    _add_write_job(commands)
-    _add_experiment(commands)
-    _add_poc(commands)
+    for add_parser, _ in HANDLERS.values():
+        add_parser(commands)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handlers = {
-        "prepare": _prepare,
-        "generate": _generate,
-        "predict": _predict,
-        "evaluate": _evaluate,
-        "write-job": _write_job,
-        "experiment": _experiment,
-        "poc": _poc,
-    }
     try:
-        return handlers[args.command](args)
-    except USER_ERRORS as error:
+        return HANDLERS[args.command][1](args)
+    except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

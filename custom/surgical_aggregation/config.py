@@ -17,39 +17,19 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from .data.cache import ON_ERROR_POLICIES
-from .data.sources import DATASET_KINDS
-from .data.synthetic import GENERATORS
-from .labels import UnknownLabelError, canonical_names
-from .reports.data import REPORT_KINDS
-from .reports.embeddings import EMBEDDING_MODELS
+from .core.errors import DuplicateLabelError, SiteConfigError, UnknownLabelError
+from .core.labels import canonical_names
+from .data.storage import default_cache_root
+from .images.cache import ON_ERROR_POLICIES
+from .modalities import DATA_KINDS, Modality, modality_for_kind
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
-
-# Training settings of the bundle's demo runs (the main job, the demo experiment profile): about
-# 5 minutes per job on 2 CPU cores on the embedded data, from scratch (no pretrained weights):
-# 64 px images, a higher learning rate than the papers' fine-tuning rate (3e-4 rather than 1e-3,
-# which makes the local models' BatchNorm statistics lag badly).
-DEMO_TRAINING: dict = {
-    "image_size": 64,
-    "batch_size": 32,
-    "optimizer": "adam",
-    "learning_rate": 3e-4,
-    "warmup_epochs": 1,
-    "warmup_learning_rate": 1e-3,
-    "local_epochs": 1,
-    "cache_threads": 2,
-}
 DEVICES = ("auto", "cpu", "cuda")
-
-
-class SiteConfigError(ValueError):
-    """A site configuration that cannot be used; the message names the file and the field."""
 
 
 @dataclass
 class DataConfig:
-    kind: str = "nih"  # images: nih | chexpert | mimic | csv; reports: iu_reports | report_csv
+    kind: str = "nih"  # what the data is (modalities.DATA_KINDS): nih | chexpert | mimic | csv images, or reports
     location: str | None = None  # data folder (CSV file for csv); null = embedded generated data
     options: dict[str, Any] = field(default_factory=dict)  # passed to the loader, e.g. {"uncertainty": "ignore"}
     labels: list[str] | None = None  # the findings this site trains on, in its order (default: all of the dataset's)
@@ -74,6 +54,8 @@ class EmbeddedDataConfig:
 
 @dataclass
 class SiteConfig:
+    """Every field defaults to the papers' recipe (DenseNet121, 224 px, batch 64, 15 warm-up epochs, ...)."""
+
     data: DataConfig = field(default_factory=DataConfig)
     embedded: EmbeddedDataConfig = field(default_factory=EmbeddedDataConfig)
     image_size: int = 224
@@ -97,19 +79,30 @@ class SiteConfig:
     on_unreadable: str = "error"  # unreadable images: error (list them and stop) | skip (leave out, count)
     seed: int = 0
     record_exchanges: str = "head"  # what to keep of each model exchange: head | full | off
-    embedding_model: str = "all-MiniLM-L6-v2"  # report kinds: the sentence encoder (the image fields do not apply)
+    embedding_model: str = "all-MiniLM-L6-v2"  # reports: the sentence encoder (the image fields do not apply)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @property
-    def architecture(self) -> str:
-        """Images train the DenseNet121, reports the MLP over sentence embeddings."""
-        return "report_mlp" if self.data.kind in REPORT_KINDS else "densenet121"
+    def modality(self) -> Modality:
+        """What the data is (images or reports), and so which model reads it."""
+        return modality_for_kind(self.data.kind)
+
+    @property
+    def cache_root(self) -> Path:
+        """Where decoded images, embeddings and embedded datasets are kept."""
+        return Path(self.cache_dir) if self.cache_dir else default_cache_root()
 
 
-_TYPE_WORDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string", list: "a list",
-               dict: "an object"}  # fmt: skip
+_TYPE_WORDS = {
+    bool: "true or false",
+    int: "a whole number",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+}
 
 
 def _check_type(value: Any, expected: Any, where: str) -> Any:
@@ -152,19 +145,15 @@ def _validate(config: SiteConfig, where: str) -> None:
         return SiteConfigError(f"{where}.{field_name} {message}")
 
     data = config.data
-    if data.kind not in DATASET_KINDS + REPORT_KINDS:
-        raise fail("data.kind", f"must be one of {list(DATASET_KINDS + REPORT_KINDS)}, got {data.kind!r}")
-    # iu_reports without a location reads the IU reports shipped in torchxrayvision's data folder
-    if data.location is None and data.kind not in (*GENERATORS, "iu_reports"):
-        raise fail("data.location", f"is required for kind {data.kind!r} (embedded data exists for {list(GENERATORS)})")
-    if config.embedding_model not in EMBEDDING_MODELS:
-        raise fail("embedding_model", f"must be one of {list(EMBEDDING_MODELS)}, got {config.embedding_model!r}")
+    if data.kind not in DATA_KINDS:
+        raise fail("data.kind", f"must be one of {list(DATA_KINDS)}, got {data.kind!r}")
+    config.modality.check(config, where)
     if data.labels is not None:
         if not data.labels:
             raise fail("data.labels", "must list at least one finding (or be null for all of the dataset's)")
         try:
             data.labels = canonical_names(data.labels, f"{where}.data.labels")
-        except (UnknownLabelError, ValueError) as error:
+        except (UnknownLabelError, DuplicateLabelError) as error:
             raise SiteConfigError(str(error)) from None
     fractions = data.split_fractions
     if len(fractions) != 3 or any(not isinstance(f, (int, float)) or f < 0 for f in fractions):

@@ -1,4 +1,5 @@
-"""Using a trained model: score images, and evaluate on a labelled set (per-class AUROC by name)."""
+"""Using a trained model: score images, and evaluate on a labelled set (per-class AUROC by name; with
+accuracy, sensitivity and specificity at Youden thresholds where the modality asks for them)."""
 
 from __future__ import annotations
 
@@ -14,18 +15,32 @@ import numpy as np
 import pandas as pd
 from torch.utils.data import Dataset
 
-from .data.cache import OnError, default_cache_root
-from .data.dataset import ChestXrayDataset, cache_table
+from .checkpoint import PREPROCESSING_KEY, Checkpoint, load_checkpoint
+from .config import load_site_config
+from .core.devices import resolve_device
+from .core.errors import DataNotFoundError, DatasetFormatError, ModelFileError, SiteConfigError
+from .data.splits import patient_split
+from .data.storage import default_cache_root
 from .data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable
-from .data.transforms import image_transforms
-from .metrics import ConfidenceInterval, align_by_name, mean_auroc_ci, per_class_auroc
-from .model import Checkpoint, load_checkpoint
+from .images.cache import OnError
+from .images.dataset import ChestXrayDataset, cache_table
+from .images.layouts import load_table
+from .images.transforms import image_transforms
+from .loops import make_loader, predict
+from .metrics import (
+    ConfidenceInterval,
+    align_by_name,
+    mean_auroc_ci,
+    per_class_auroc,
+    threshold_metrics,
+    youden_threshold,
+)
 from .plots import plot_per_class_auroc
-from .training import make_loader, predict, resolve_device
+from .site_data import resolve_table, split_table
 
 logger = logging.getLogger(__name__)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
-PREPROCESSING_KEY = "preprocessing"  # checkpoint meta written by the server: {"image_size", "imagenet_normalize"}
+THRESHOLD_COLUMNS = ("threshold", "accuracy", "sensitivity", "specificity")
 
 
 @dataclass(frozen=True)
@@ -40,7 +55,7 @@ class Preprocessing:
         stored = checkpoint.meta.get(PREPROCESSING_KEY) or {}
         size = image_size or stored.get("image_size")
         if size is None:
-            raise ValueError("the model file does not say which image size it was trained at: pass --image-size")
+            raise ModelFileError("the model file does not say which image size it was trained at: pass --image-size")
         return cls(int(size), checkpoint.in_channels, bool(stored.get("imagenet_normalize", True)))
 
     def transform(self):
@@ -53,13 +68,13 @@ def list_images(source: str | Path, image_column: str = PATH_COLUMN) -> list[str
     if source.is_dir():
         paths = sorted(str(p) for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
         if not paths:
-            raise FileNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {source}")
+            raise DataNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {source}")
         return paths
     if not source.is_file():
-        raise FileNotFoundError(f"not a folder or CSV file: {source}")
+        raise DataNotFoundError(f"not a folder or CSV file: {source}")
     frame = pd.read_csv(source, dtype=str)
     if image_column not in frame:
-        raise ValueError(f"{source}: no {image_column!r} column; columns are {list(frame.columns)}")
+        raise DatasetFormatError(f"{source}: no {image_column!r} column; columns are {list(frame.columns)}")
     return [str(p if Path(p).is_absolute() else source.parent / p) for p in frame[image_column]]
 
 
@@ -92,7 +107,7 @@ def score_images(
     table = LabelTable("scored", root, [], pd.DataFrame({PATH_COLUMN: paths, PATIENT_COLUMN: paths}))
     dataset, kept, failures = _cached_dataset(table, preprocessing, cache_dir, on_error)
     if len(kept) == 0:
-        raise ValueError(f"none of the {len(paths)} images could be read, e.g. {failures[:3]}")
+        raise DataNotFoundError(f"none of the {len(paths)} images could be read, e.g. {failures[:3]}")
     scores = pd.DataFrame(predict_checkpoint(checkpoint, dataset, batch_size, device), columns=checkpoint.class_names)
     scores.insert(0, PATH_COLUMN, kept.paths)
     return scores, failures
@@ -150,7 +165,7 @@ def evaluate_models(
     predicted = predicted_classes(checkpoints, table)
     settings = {Preprocessing.of(checkpoint, image_size) for checkpoint in checkpoints}
     if len(settings) > 1:
-        raise ValueError(f"the models were trained with different preprocessing {settings}; pass --image-size")
+        raise ModelFileError(f"the models were trained with different preprocessing {settings}; pass --image-size")
     preprocessing = settings.pop()
     dataset, kept, _ = _cached_dataset(table, preprocessing, cache_dir, on_error)
     probabilities = ensemble_probabilities(
@@ -163,7 +178,7 @@ def predicted_classes(checkpoints: Sequence[Checkpoint], table: LabelTable) -> l
     """Every class the models predict (first seen first); an error when none is labelled in ``table``."""
     predicted = list(dict.fromkeys(name for checkpoint in checkpoints for name in checkpoint.class_names))
     if not any(name in predicted for name in table.classes):
-        raise ValueError(f"the model(s) predict {predicted}, none of the data's classes {table.classes}")
+        raise DatasetFormatError(f"the model(s) predict {predicted}, none of the data's classes {table.classes}")
     return predicted
 
 
@@ -202,6 +217,28 @@ def per_class_report(
     return EvaluationReport(per_class, interval, aligned.missing_in_model, len(table))
 
 
+def labelled_set(
+    site_config: Path | None = None,
+    kind: str | None = None,
+    data: Path | None = None,
+    uncertainty: str | None = None,
+    split: str = "test",
+) -> tuple[LabelTable, str]:
+    """The labelled set to evaluate on, and its title: a site's data exactly as its config defines it, or a
+    dataset folder of a known layout; ``split`` is a patient-level split, or ``all`` for an external set."""
+    if site_config is not None:
+        config = load_site_config(site_config)
+        table = resolve_table(config)
+        table = table if split == "all" else split_table(table, config)[split]
+        return table, f"{site_config.stem} ({split})"
+    if kind is None or data is None:
+        raise SiteConfigError("name a labelled set: a site config, or a data kind with its folder (or CSV file)")
+    options = {} if uncertainty is None else {"uncertainty": uncertainty}
+    table = load_table(kind, data, **options)
+    table = table if split == "all" else patient_split(table)[split]
+    return table, f"{kind} {data.name} ({split})"
+
+
 def write_evaluation(report: EvaluationReport, folder: str | Path, title: str) -> list[Path]:
     """``per_class_auroc.csv``, ``per_class_auroc.png`` and ``summary.txt`` in ``folder``."""
     folder = Path(folder)
@@ -213,3 +250,46 @@ def write_evaluation(report: EvaluationReport, folder: str | Path, title: str) -
     text_path = folder / "summary.txt"
     text_path.write_text(report.text() + "\n")
     return [csv_path, png_path, text_path]
+
+
+def evaluate_with_thresholds(
+    checkpoint_paths: Sequence[str | Path],
+    val: Dataset,
+    test: Dataset,
+    bootstrap: int = 1000,
+    device: str = "auto",
+    batch_size: int = 256,
+) -> EvaluationReport:
+    """The model(s) on ``test`` by class name, plus each class's accuracy, sensitivity and specificity at the
+    Youden threshold chosen on ``val`` (the report-labelling paper's metrics).
+
+    ``val`` and ``test`` are datasets of this package (``table``, ``labels``, ``mask``, ``class_names``); a set of
+    models scores each class by their mean probability. A class without both label values in ``val`` has no
+    threshold (NaN).
+    """
+    if not checkpoint_paths:
+        raise ValueError("no model to evaluate")
+    checkpoints = [load_checkpoint(path) for path in checkpoint_paths]
+    predicted = predicted_classes(checkpoints, test.table)
+
+    def probabilities(dataset: Dataset) -> np.ndarray:
+        return ensemble_probabilities(
+            checkpoints, predicted, lambda checkpoint: predict_checkpoint(checkpoint, dataset, batch_size, device)
+        )
+
+    val_scores, test_scores = probabilities(val), probabilities(test)
+    report = per_class_report(test_scores, predicted, test.table, bootstrap)
+
+    def known(dataset: Dataset, scores: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """A class's labels and scores over the rows that label it."""
+        column = dataset.class_names.index(name)
+        labelled = dataset.mask[:, column].numpy() == 1
+        return dataset.labels[labelled, column].numpy(), scores[labelled, predicted.index(name)]
+
+    rows = []
+    for name in report.per_class["class_name"]:
+        threshold = youden_threshold(*known(val, val_scores, name))
+        rows.append(threshold_metrics(*known(test, test_scores, name), threshold))
+    for key in THRESHOLD_COLUMNS:
+        report.per_class[key] = [getattr(row, key) for row in rows]
+    return report

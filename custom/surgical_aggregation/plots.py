@@ -81,8 +81,12 @@ def plot_metric_vs_factor(
         x = [p[0] for p in points]
         axis.plot(x, [p[1] for p in points], "-o", label=(labels or {}).get(method, method))
         axis.fill_between(x, [p[2] for p in points], [p[3] for p in points], alpha=0.15)
-    names = {"psi": "label heterogeneity ψ", "K": "number of sites K", "N": "dataset size N",
-             "shared": "labels shared by both sites"}  # fmt: skip
+    names = {
+        "psi": "label heterogeneity ψ",
+        "K": "number of sites K",
+        "N": "dataset size N",
+        "shared": "labels shared by both sites",
+    }
     axis.set_xlabel(names.get(factor, factor))
     axis.set_ylabel("mean AUROC (95% CI)")
     axis.set_title(title)

@@ -1,6 +1,7 @@
 """One site's local training (no FLARE): load a global slice by class name, warm up the head, train, validate.
 
-The FLARE client script and the non-federated baselines both drive this class.
+The FLARE client script and the non-federated baselines both drive this class; the model comes from
+the site's modality (images: DenseNet121, reports: the MLP), rows are placed by name (``core.head``).
 """
 
 from __future__ import annotations
@@ -12,21 +13,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from .aggregation import DENSENET_HEAD, batchnorm_keys, to_numpy
+from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, save_checkpoint
 from .config import SiteConfig
-from .labels import canonical_name
-from .methods import SiteRecipe, prior_vector
+from .core.devices import resolve_device
+from .core.head import NAMED_HEAD, batchnorm_keys, place_rows
+from .core.labels import canonical_name
+from .core.methods import SiteRecipe, prior_vector
+from .loops import Evaluation, freeze_batchnorm, make_loader, predict, set_backbone_trainable, train_epoch
 from .metrics import bce_loss, mean_defined, per_class_auroc
-from .model import build_model, freeze_batchnorm, load_checkpoint, save_checkpoint, set_backbone_trainable
-from .reports.embeddings import embedding_dimension
-from .site import SiteData
-from .training import Evaluation, make_loader, predict, resolve_device, train_epoch
+from .site_data import SiteData
 
 logger = logging.getLogger(__name__)
 Tracker = Callable[[str, float, int], None]  # (tag, value, step), e.g. a TensorBoard writer's add_scalar
+TRAIN_EPOCH_LOSS = "train/epoch_loss"  # tracked per local epoch (warm-up included), step = epochs so far
 
 
 def evaluation_metrics(evaluation: Evaluation, prefix: str = "val") -> dict[str, float]:
@@ -80,6 +81,8 @@ class SiteTrainer:
         self.device = resolve_device(config.device)
         self.amp = config.amp and self.device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda") if self.amp else None
+        self.modality = config.modality
+        self.preprocessing = self.modality.preprocessing(config)
         self.recipe = SiteRecipe()
         self._prior: torch.Tensor | None = None
         self._penalty: Callable[[], torch.Tensor] | None = None
@@ -87,17 +90,13 @@ class SiteTrainer:
         self._set_head(data.class_names)
         self.val_loader = make_loader(data.val, config.batch_size, False, config.workers)
         self.epochs_done = 0  # step counter for training curves
-        self.warmed_up = False
 
     @property
     def class_names(self) -> list[str]:
         return list(self.data.class_names)
 
     def _new_model(self, classes: Sequence[str]) -> torch.nn.Module:
-        config = self.config
-        return build_model(
-            config.architecture, classes, config.in_channels, embedding_dimension(config.embedding_model)
-        )
+        return self.modality.build_model(classes, self.preprocessing)
 
     def _set_head(self, classes: Sequence[str]) -> None:
         """(Re)build the model and training loader when the head's classes change."""
@@ -126,14 +125,9 @@ class SiteTrainer:
 
     def save(self, path: str | Path) -> None:
         """Keep the local model on disk: FLARE may restart the site's process between tasks."""
+        meta = {ARCHITECTURE_KEY: self.modality.architecture, PREPROCESSING_KEY: self.preprocessing}
         save_checkpoint(
-            path,
-            self.state_dict(),
-            self.head_classes,
-            self.config.in_channels,
-            architecture=self.config.architecture,
-            epochs_done=self.epochs_done,
-            warmed_up=self.warmed_up,
+            path, self.state_dict(), self.head_classes, self.config.in_channels, **meta, epochs_done=self.epochs_done
         )
 
     def restore(self, path: str | Path) -> bool:
@@ -150,60 +144,15 @@ class SiteTrainer:
         self._set_head(checkpoint.class_names)
         self.model.load_state_dict(checkpoint.state)
         self.epochs_done = int(checkpoint.meta.get("epochs_done", 0))
-        self.warmed_up = bool(checkpoint.meta.get("warmed_up", False))
         return True
-
-    def _assemble(
-        self,
-        state: Mapping[str, Any],
-        class_names: Sequence[str],
-        head_classes: Sequence[str],
-        keep: frozenset[str] = frozenset(),
-    ) -> tuple[dict[str, torch.Tensor], list[str]]:
-        """A state dict for a model over ``head_classes``: ``state``'s entries and, by name, its rows.
-
-        Entries in ``keep`` come from the local model instead. Returns the state and the head
-        classes ``state`` has rows for (rows of the others are left at zero).
-        """
-        index = {canonical_name(name): row for row, name in enumerate(class_names)}
-        local = self.model.state_dict()
-        template = local if list(head_classes) == self.head_classes else self._new_model(head_classes).state_dict()
-        assembled: dict[str, torch.Tensor] = {}
-        for key, value in template.items():
-            if key in DENSENET_HEAD.keys:
-                continue
-            if key in keep:
-                assembled[key] = local[key].detach().clone()
-                continue
-            if key not in state:
-                raise KeyError(f"received model has no {key!r}")
-            assembled[key] = torch.as_tensor(to_numpy(state[key])).to(value.dtype).reshape(value.shape)
-        if DENSENET_HEAD.weight_key in keep:
-            assembled[DENSENET_HEAD.weight_key] = local[DENSENET_HEAD.weight_key].detach().clone()
-            assembled[DENSENET_HEAD.bias_key] = local[DENSENET_HEAD.bias_key].detach().clone()
-            return assembled, list(head_classes)
-        weight = torch.zeros_like(template[DENSENET_HEAD.weight_key])
-        bias = torch.zeros_like(template[DENSENET_HEAD.bias_key])
-        received_weight = torch.as_tensor(to_numpy(state[DENSENET_HEAD.weight_key]))
-        received_bias = torch.as_tensor(to_numpy(state[DENSENET_HEAD.bias_key]))
-        if received_weight.shape[0] != len(class_names):
-            raise ValueError(f"received head has {received_weight.shape[0]} rows for {len(class_names)} class names")
-        present = [name for name in head_classes if name in index]
-        for row, name in enumerate(head_classes):
-            if name in index:
-                weight[row] = received_weight[index[name]]
-                bias[row] = received_bias[index[name]]
-        assembled[DENSENET_HEAD.weight_key] = weight
-        assembled[DENSENET_HEAD.bias_key] = bias
-        return assembled, present
 
     def _kept_locally(self) -> frozenset[str]:
         """Entries the recipe keeps at the site once it has trained: personal heads, FedBN's BatchNorm."""
-        if not (self.warmed_up or self.epochs_done):
+        if not self.epochs_done:
             return frozenset()
         keep: set[str] = set()
         if self.recipe.keeps_head:
-            keep.update(DENSENET_HEAD.keys)
+            keep.update(NAMED_HEAD.keys)
         if self.recipe.keeps_batchnorm:
             keep.update(batchnorm_keys(self.model.state_dict()))
         return frozenset(keep)
@@ -217,32 +166,33 @@ class SiteTrainer:
         canonical = [canonical_name(name) for name in class_names]
         if self.recipe.trains_union_head:
             self._set_head(canonical)
-        assembled, present = self._assemble(state, canonical, self.head_classes, self._kept_locally())
+        placed, present = place_rows(self.model.state_dict(), self.head_classes, state, canonical, self._kept_locally())
         missing = [name for name in self.head_classes if name not in present]
         if missing:
             raise ValueError(f"the received model has no head rows for this site's classes {missing}")
-        self.model.load_state_dict(assembled)
+        self.model.load_state_dict(placed)
 
     def fit(self, round_number: int, warmup: bool) -> FitReport:
-        """Head warm-up (backbone frozen) when asked and not done yet, then the local epochs.
+        """Head warm-up (backbone frozen) when asked, then the local epochs.
 
-        The recipe decides BatchNorm (frozen for FedBN+), FedSLD's loss weights and FedProx's
-        proximal term (towards the model as loaded from the server).
+        Whether to warm up is the caller's decision (the server's, in a federation: it knows which
+        sites have). The recipe decides BatchNorm (frozen for FedBN+), FedSLD's loss weights and
+        FedProx's proximal term (towards the model as loaded from the server).
         """
         config = self.config
-        freeze_batchnorm(self.model, self.recipe.freezes_batchnorm)
+        frozen_bn = self.recipe.freezes_batchnorm
+        freeze_batchnorm(self.model, frozen_bn)
         self._prior = prior_vector(self.recipe.label_prior, self.head_classes)
         self._penalty = self._proximal_term() if self.recipe.proximal_mu > 0 else None
         report = FitReport()
-        if warmup and not self.warmed_up and config.warmup_epochs > 0:
-            set_backbone_trainable(self.model, False)
+        if warmup and config.warmup_epochs > 0:
+            set_backbone_trainable(self.model, False, frozen_bn)
             optimizer = make_optimizer(config, self.model.parameters(), config.warmup_learning_rate)
             for epoch in range(config.warmup_epochs):
                 result = self._epoch(optimizer, f"round {round_number} head warm-up", epoch, config.warmup_epochs)
                 report.warmup_losses.append(result.loss)
                 report.seconds += result.seconds
-            set_backbone_trainable(self.model, True)
-            self.warmed_up = True
+            set_backbone_trainable(self.model, True, frozen_bn)
         optimizer = make_optimizer(config, self.model.parameters(), config.learning_rate)
         for epoch in range(config.local_epochs):
             result = self._epoch(optimizer, f"round {round_number} training", epoch, config.local_epochs)
@@ -282,6 +232,7 @@ class SiteTrainer:
             description=f"{self.site_name} {phase}",
             class_prior=self._prior,
             penalty=self._penalty,
+            frozen_batchnorm=self.recipe.freezes_batchnorm,
         )
         self.epochs_done += 1
         self.log.info(
@@ -292,33 +243,31 @@ class SiteTrainer:
             epochs,
             result.loss,
             result.samples,
-            "reports" if self.config.architecture == "report_mlp" else "images",
+            self.modality.sample_noun,
             result.seconds,
             result.samples / max(result.seconds, 1e-9),
         )
-        self._track("train/loss", result.loss)
+        self._track(TRAIN_EPOCH_LOSS, result.loss)
         return result
 
     def _track(self, tag: str, value: float) -> None:
         if self.tracker is not None and not math.isnan(value):
             self.tracker(tag, value, self.epochs_done)
 
-    def validate(self, tag: str | None = None) -> Evaluation:
+    def validate(self) -> Evaluation:
         """The local model on this site's validation split, over the site's own classes."""
-        evaluation = self._evaluate(self.model, self.head_classes, self.class_names)
-        if tag:
-            self._track(f"{tag}/loss", evaluation.loss)
-            self._track(f"{tag}/mean_auroc", evaluation.mean_auroc)
-        return evaluation
+        return self._evaluate(self.model, self.head_classes, self.class_names)
 
     def evaluate_state(self, state: Mapping[str, Any], class_names: Sequence[str]) -> Evaluation:
         """Any model (the union global model, another site's model) on this site's validation split,
         over the classes both have, picked by name. The local model is left untouched."""
-        assembled, present = self._assemble(state, class_names, self.class_names)
+        model = self._new_model(self.class_names).to(self.device)
+        placed, present = place_rows(
+            model.state_dict(), self.class_names, state, class_names, normalize_name=canonical_name
+        )
         if not present:
             raise ValueError(f"the model's classes {list(class_names)} share none with this site's {self.class_names}")
-        model = self._new_model(self.class_names).to(self.device)
-        model.load_state_dict(assembled)
+        model.load_state_dict(placed)
         return self._evaluate(model, self.class_names, present)
 
     def _evaluate(self, model: torch.nn.Module, model_classes: Sequence[str], classes: Sequence[str]) -> Evaluation:
@@ -330,27 +279,3 @@ class SiteTrainer:
         labels, mask = labels[:, columns], mask[:, columns]
         aurocs = per_class_auroc(labels, probabilities, list(classes), mask)
         return Evaluation(bce_loss(labels, probabilities, mask), aurocs, mean_defined(aurocs), len(labels))
-
-
-class ExchangeRecorder:
-    """Keeps what a site received and sent each round (head rows with names, or full states).
-
-    Lets a hospital verify what left the site, and lets tests check aggregation end to end.
-    """
-
-    def __init__(self, folder: str | Path, what: str = "head") -> None:
-        self.folder = Path(folder)
-        self.what = what
-
-    def record(self, round_number: int, direction: str, state: Mapping[str, Any], class_names: Sequence[str]) -> None:
-        if self.what == "off":
-            return
-        keys = DENSENET_HEAD.keys if self.what == "head" else tuple(state)
-        payload = {
-            "round": round_number,
-            "direction": direction,
-            "class_names": list(class_names),
-            "state": {key: torch.as_tensor(np.array(to_numpy(state[key]))) for key in keys},
-        }
-        self.folder.mkdir(parents=True, exist_ok=True)
-        torch.save(payload, self.folder / f"round-{round_number:03d}-{direction}.pt")

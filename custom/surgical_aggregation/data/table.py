@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import pandas as pd
+from torch.utils.data import Dataset
+
+from ..core.errors import DataNotFoundError, DatasetFormatError
 
 UncertaintyPolicy = Literal["zeros", "ones", "ignore"]
 UNCERTAINTY_POLICIES: tuple[str, ...] = ("zeros", "ones", "ignore")
@@ -18,15 +21,11 @@ PATH_COLUMN = "path"
 PATIENT_COLUMN = "patient_id"
 
 
-class DatasetFormatError(ValueError):
-    """A label file that does not have the layout it claims to have."""
-
-
 @dataclass
 class LabelTable:
-    """Images of one dataset with their patient and labels.
+    """The rows of one dataset (images, or reports) with their patient and labels.
 
-    ``frame`` has the columns ``path`` (str), ``patient_id`` (str) and one float column per
+    ``frame`` has the columns ``path`` (str; a report's id for reports), ``patient_id`` (str) and one float column per
     class, named by canonical class name: 1 positive, 0 negative, NaN unlabelled (an uncertain
     label under the "ignore" policy; excluded from loss and metrics).
     """
@@ -87,6 +86,17 @@ class LabelTable:
         return {name: int((self.frame[name] == 1).sum()) for name in self.classes}
 
 
+@dataclass
+class MaterialisedTable:
+    """A table made usable by its modality (images decoded into the cache, reports embedded): the rows that
+    can be trained on, and a dataset for any split of them."""
+
+    table: LabelTable
+    dataset: Callable[[LabelTable, bool], Dataset]  # (split of ``table``, is training) -> dataset
+    summary: str  # one log line: what was decoded / embedded / reused
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # (row, reason): unreadable images, ...
+
+
 def apply_uncertainty(values: pd.Series, policy: UncertaintyPolicy, where: str) -> np.ndarray:
     """CheXpert-style label values -> float: 1 -> 1, 0 and blank -> 0, -1 -> the policy's value.
 
@@ -112,7 +122,7 @@ def apply_uncertainty(values: pd.Series, policy: UncertaintyPolicy, where: str) 
 def read_label_csv(path: Path, required: Sequence[str]) -> pd.DataFrame:
     """Read a CSV (optionally gzipped) and check it has the ``required`` columns."""
     if not path.is_file():
-        raise FileNotFoundError(f"label file not found: {path}")
+        raise DataNotFoundError(f"label file not found: {path}")
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=True)
     except (pd.errors.ParserError, UnicodeDecodeError, EOFError, OSError) as error:
@@ -129,4 +139,4 @@ def find_file(folder: Path, names: Sequence[str], what: str) -> Path:
         for candidate in (folder / name, folder / f"{name}.gz"):
             if candidate.is_file():
                 return candidate
-    raise FileNotFoundError(f"no {what} in {folder}; expected one of {', '.join(names)} (optionally .gz)")
+    raise DataNotFoundError(f"no {what} in {folder}; expected one of {', '.join(names)} (optionally .gz)")

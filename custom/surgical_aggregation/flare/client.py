@@ -27,11 +27,12 @@ import nvflare.client as flare
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.client.tracking import SummaryWriter
 
-from ..aggregation import numpy_state
 from ..config import SiteConfig, find_site_config, load_site_config
-from ..methods import recipe_from_meta
-from ..site import SiteData, prepare_site_data, resolve_table, split_table
-from ..trainer import ExchangeRecorder, SiteTrainer, Tracker, evaluation_metrics
+from ..core.head import numpy_state
+from ..core.methods import recipe_from_meta
+from ..site_data import SiteData, prepare_site_data, resolve_table, split_table
+from ..trainer import SiteTrainer, Tracker, evaluation_metrics
+from .audit import ExchangeRecorder
 from .protocol import (
     META_CLASS_NAMES,
     META_DATA,
@@ -45,6 +46,14 @@ from .protocol import (
 )
 
 LOCAL_MODEL_FILE = "local_model.pt"
+# metric sent to the server -> the curve it is tracked as, per round
+ROUND_CURVES = {
+    "val_loss": "global_model/val_loss",
+    "val_mean_auroc": "global_model/val_mean_auroc",
+    "local_val_loss": "local_model/val_loss",
+    "local_val_mean_auroc": "local_model/val_mean_auroc",
+    "train_loss": "train/loss",
+}
 
 
 def job_app_dir(site: str, job_id: str, cwd: Path | None = None) -> Path:
@@ -101,17 +110,8 @@ class ClientSession:
         """Class names and sizes; per-class training counts only when asked (FedSLD shares them by design)."""
         config = self.config
         splits = split_table(self.table, config)
-        if config.architecture == "report_mlp":
-            description = f"{config.data.kind}, {len(self.table)} reports"
-            preprocessing = {"embedding_model": config.embedding_model}
-        else:
-            origin = "embedded generated data" if config.data.location is None else "local data"
-            description = f"{config.data.kind} layout, {origin}, {len(self.table)} images"
-            preprocessing = {
-                "image_size": config.image_size,
-                "in_channels": config.in_channels,
-                "imagenet_normalize": config.imagenet_normalize,
-            }
+        description = config.modality.describe(config, self.table)
+        preprocessing = config.modality.preprocessing(config)
         self.log.info("%s: %d classes %s; %s", self.site, len(self.class_names), self.class_names, description)
         meta = {
             META_CLASS_NAMES: self.class_names,
@@ -135,15 +135,16 @@ class ClientSession:
         self.recorder.record(round_number, "received", received.params, classes)
         trainer.set_recipe(recipe_from_meta(received.meta.get(META_RECIPE) or {}))
         trainer.load_global(received.params, classes)
-        global_evaluation = trainer.validate(tag="global_model")
+        global_evaluation = trainer.validate()
         report = trainer.fit(round_number, warmup=bool(received.meta.get(META_WARMUP)))
-        local_evaluation = trainer.validate(tag="local_model")
+        local_evaluation = trainer.validate()
         trainer.save(self.local_model_path)
         state = trainer.state_dict()
         self.recorder.record(round_number, "sent", state, trainer.head_classes)
         metrics = evaluation_metrics(global_evaluation, "val")
         metrics.update({f"local_{k}": v for k, v in evaluation_metrics(local_evaluation, "val").items()})
         metrics["train_loss"] = report.train_losses[-1]
+        self._track_round(round_number, metrics)
         self.log.info(
             "%s round %d: received global model validation loss %.4f / mean AUROC %.4f; "
             "after local training %.4f / %.4f",
@@ -159,6 +160,15 @@ class ClientSession:
             metrics=metrics,
             meta={META_CLASS_NAMES: trainer.head_classes, META_NUM_SAMPLES: report.samples},
         )
+
+    def _track_round(self, round_number: int, metrics: dict[str, float]) -> None:
+        """Per-round curves (TensorBoard or MLflow through FLARE): the received global model's validation, the
+        local model's after training, and the training loss; step = round."""
+        if self.tracker is None:
+            return
+        for metric, tag in ROUND_CURVES.items():
+            if metric in metrics:
+                self.tracker(tag, metrics[metric], round_number)
 
     def validate(self, received: FLModel) -> FLModel:
         classes = received.meta.get(META_CLASS_NAMES)

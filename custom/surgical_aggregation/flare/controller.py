@@ -37,21 +37,11 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.model_controller import ModelController
 from nvflare.fuel.utils.log_utils import center_message
 
-from ..aggregation import (
-    BACKBONE_STRATEGIES,
-    DENSENET_HEAD,
-    WEIGHTINGS,
-    Contribution,
-    ContributionRejected,
-    HeadSpec,
-    SurgicalAggregator,
-    batchnorm_keys,
-    extend_head,
-    slice_for_client,
-    to_numpy,
-)
-from ..labels import canonical_name, canonical_names, union_labels
-from ..methods import (
+from ..checkpoint import save_checkpoint
+from ..core.aggregation import BACKBONE_STRATEGIES, WEIGHTINGS, Contribution, ContributionRejected, SurgicalAggregator
+from ..core.head import NAMED_HEAD, batchnorm_keys, extend_head, slice_for_client, to_numpy
+from ..core.labels import canonical_name, canonical_names, union_labels
+from ..core.methods import (
     LabelCounts,
     SiteRecipe,
     check_method,
@@ -59,7 +49,6 @@ from ..methods import (
     head_classes_for_site,
     recipe_meta,
 )
-from ..model import save_checkpoint
 from ..plots import plot_training_curves
 from .protocol import (
     META_CLASS_NAMES,
@@ -106,6 +95,20 @@ def _mean(values: list[float]) -> float:
 
 
 class SurgicalAggregatorShareable(ModelController):
+    # written into the job's config even at their defaults, so an operator reading it sees the method
+    _always_serialize_args = (
+        "num_rounds",
+        "min_clients",
+        "method",
+        "backbone_strategy",
+        "weighting",
+        "patience",
+        "min_delta",
+        "handshake_timeout",
+        "train_timeout",
+        "validate_timeout",
+    )
+
     def __init__(
         self,
         num_rounds: int = 10,
@@ -122,8 +125,6 @@ class SurgicalAggregatorShareable(ModelController):
         validate_timeout: int = 1800,
         final_validation: bool = True,
         head_seed: int = 0,
-        head_weight_key: str = DENSENET_HEAD.weight_key,
-        head_bias_key: str = DENSENET_HEAD.bias_key,
         persistor_id: str = AppConstants.DEFAULT_PERSISTOR_ID,
     ) -> None:
         """
@@ -144,7 +145,6 @@ class SurgicalAggregatorShareable(ModelController):
                 (0 waits forever; a dropped site then hangs the run).
             final_validation: validate the last global model after the last round, so it can be the best.
             head_seed: seed of the initial head rows (one generator per class name).
-            head_weight_key / head_bias_key: state-dict keys of the named head (DenseNet121 by default).
         """
         super().__init__(persistor_id=persistor_id, ignore_result_error=True)
         if backbone_strategy not in BACKBONE_STRATEGIES:
@@ -171,7 +171,7 @@ class SurgicalAggregatorShareable(ModelController):
         self.validate_timeout = validate_timeout
         self.final_validation = final_validation
         self.head_seed = head_seed
-        self.head = HeadSpec(head_weight_key, head_bias_key)
+        self.head = NAMED_HEAD
 
         self._sites: dict[str, SiteInfo] = {}
         self._prior: dict[str, float] = {}

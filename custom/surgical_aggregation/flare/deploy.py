@@ -3,7 +3,7 @@ scope, and the site config hospital IT fills in.
 
 Written into provisioned startup kits by :class:`SurgicalAggregationBuilder` (a builder of
 ``provisioning/project.yml``) and into POC workspaces by ``flare.poc``. What each code-delivery
-mode (``flare.job.CODE_DELIVERIES``) needs:
+mode (``flare.recipe.CODE_DELIVERIES``) needs:
 
 * ``byoc`` (default): jobs carry ``app/custom/``; FLARE skips the allow-list for them and lets only
   submitters with the ``byoc`` right submit. ``authorization.json`` is FLARE's default (project
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,11 @@ from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 from nvflare.lighter.spec import Builder, Project, ProvisionContext
 
 from ..config import SITE_LOCAL_CONFIG, site_config_from_dict
-from ..data.sources import DATASET_KINDS
-from ..simulation import PROFILES
-from .job import CODE_DELIVERIES, JOB_SPECS, PRIVACY_SCOPE, client_config, server_config
+from ..core.errors import DataNotFoundError
+from ..modalities import DATA_KINDS
+from ..profiles import PAPER
+from .protocol import CODE_DELIVERIES
+from .recipe import BUNDLE_RECIPES, PRIVACY_SCOPE, write_job
 
 SITE_CONFIG_TEMPLATE = f"{SITE_LOCAL_CONFIG}.template"
 DATA_LOCATION_PLACEHOLDER = "REQUIRED: the dataset folder at this site (the CSV file for kind csv)"
@@ -51,17 +54,17 @@ def job_component_paths(job_folder: str | Path) -> set[str]:
     """The classes a job folder asks the server and the sites to build."""
     configs = sorted(Path(job_folder).glob("app*/config/config_fed_*.json"))
     if not configs:
-        raise FileNotFoundError(f"{job_folder}: no app*/config/config_fed_*.json; is it a FLARE job folder?")
+        raise DataNotFoundError(f"{job_folder}: no app*/config/config_fed_*.json; is it a FLARE job folder?")
     return set().union(*(component_paths(json.loads(path.read_text())) for path in configs))
 
 
 def bundle_component_paths() -> set[str]:
     """The classes of the bundle's jobs written for preinstalled code."""
     paths: set[str] = set()
-    for make_spec in JOB_SPECS.values():
-        spec = make_spec()
-        spec.code, spec.client_execution = "preinstalled", "external_process"
-        paths |= component_paths(server_config(spec)) | component_paths(client_config(spec))
+    with tempfile.TemporaryDirectory(prefix="surgical-aggregation-jobs-") as root:
+        for name, make_recipe in BUNDLE_RECIPES.items():
+            recipe = make_recipe(code="preinstalled", client_execution="external_process")
+            paths |= job_component_paths(write_job(recipe, Path(root) / name))
     return paths
 
 
@@ -106,11 +109,8 @@ def privacy_policy() -> dict[str, Any]:
 
 def site_config_template(kind: str | None = None) -> dict[str, Any]:
     """The site config hospital IT fills in: the papers' recipe, the dataset's kind, a location to set."""
-    values = {**PROFILES["paper"].training, "device": "auto"}
-    values["data"] = {"kind": kind or "nih", "location": DATA_LOCATION_PLACEHOLDER}
-    template = site_config_from_dict(values, where="site config template").to_dict()
-    template["data"]["split_fractions"] = list(PROFILES["paper"].split_fractions)
-    return template
+    values = PAPER.site_config({"kind": kind or "nih", "location": DATA_LOCATION_PLACEHOLDER}, device="auto")
+    return site_config_from_dict(values, where="site config template").to_dict()
 
 
 def write_local_folder(
@@ -125,8 +125,8 @@ def write_local_folder(
     _check_code(code)
     if role not in ("server", "client"):
         raise ValueError(f"role must be server or client, got {role!r}")
-    if data_kind is not None and data_kind not in DATASET_KINDS:
-        raise ValueError(f"{DATA_KIND_PROPERTY} must be one of {DATASET_KINDS}, got {data_kind!r}")
+    if data_kind is not None and data_kind not in DATA_KINDS:
+        raise ValueError(f"{DATA_KIND_PROPERTY} must be one of {DATA_KINDS}, got {data_kind!r}")
     local = Path(local_dir)
     resources = _read_json(local, "resources.json")
     authorization = _read_json(local, "authorization.json")
@@ -146,7 +146,7 @@ def _read_json(local: Path, name: str) -> dict[str, Any]:
     for path in (local / name, local / f"{name}.default"):
         if path.is_file():
             return json.loads(path.read_text())
-    raise FileNotFoundError(f"{local / name}(.default): not found; is {local} a participant's local/ folder?")
+    raise DataNotFoundError(f"{local / name}(.default): not found; is {local} a participant's local/ folder?")
 
 
 def _check_code(code: str) -> None:

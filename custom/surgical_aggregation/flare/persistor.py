@@ -3,7 +3,7 @@
 FLARE's ``PTFileModelPersistor`` rebuilds a fixed ``nn.Module`` and cannot follow a head that
 grows as sites join, nor keep the rows' class names. These components store the package's
 own checkpoint format (``{"model", "class_names", "in_channels", "meta"}``), readable with
-``surgical_aggregation.model.load_checkpoint`` and by anything that reads ``ckpt["model"]``.
+``surgical_aggregation.checkpoint.load_checkpoint`` and by anything that reads ``ckpt["model"]``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from nvflare.app_common.app_constant import AppConstants, DefaultCheckpointFileN
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.model_desc import ModelDescriptor
 
-from ..aggregation import numpy_state
-from ..model import ARCHITECTURES, initial_global_state, load_checkpoint, save_checkpoint
+from ..checkpoint import ARCHITECTURE_KEY, initial_global_state, load_checkpoint, save_checkpoint
+from ..core.head import numpy_state
+from ..modalities import ARCHITECTURES, DEFAULT_ARCHITECTURE
 from .protocol import META_CLASS_NAMES
 
 
@@ -33,34 +34,32 @@ class SurgicalModelPersistor(ModelPersistor):
 
     def __init__(
         self,
-        in_channels: int = 1,
+        architecture: str = DEFAULT_ARCHITECTURE,
+        preprocessing: dict | None = None,
         seed: int = 0,
         pretrained_weights: str | None = None,
         initial_model: str | None = None,
-        architecture: str = "densenet121",
-        in_features: int = 384,
         global_model_file_name: str = DefaultCheckpointFileName.GLOBAL_MODEL,
         best_global_model_file_name: str = DefaultCheckpointFileName.BEST_GLOBAL_MODEL,
     ) -> None:
         """
         Args:
-            in_channels: 1 (grayscale) or 3 input channels of the DenseNet121.
+            architecture: the model, as its modality names it (``modalities.ARCHITECTURES``).
+            preprocessing: what the sites feed the model (their modality's description, e.g.
+                ``{"in_channels": 1, ...}`` or ``{"embedding_model": ...}``); it sizes the model's input.
             seed: seed of the initial backbone (every site starts from the same one).
             pretrained_weights: optional local ImageNet DenseNet121 checkpoint (server side; sites
                 receive the weights with the model). Relative paths are relative to the server app.
             initial_model: optional checkpoint of this package to start from (e.g. an earlier run).
-            architecture: ``densenet121`` (chest X-rays) or ``report_mlp`` (report labelling, over
-                ``in_features``-dimensional sentence embeddings).
         """
         if architecture not in ARCHITECTURES:
             raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
         super().__init__()
-        self.in_channels = in_channels
+        self.architecture = architecture
+        self.preprocessing = preprocessing
         self.seed = seed
         self.pretrained_weights = pretrained_weights
         self.initial_model = initial_model
-        self.architecture = architecture
-        self.in_features = in_features
         self.global_model_file_name = global_model_file_name
         self.best_global_model_file_name = best_global_model_file_name
 
@@ -78,7 +77,7 @@ class SurgicalModelPersistor(ModelPersistor):
             )
             return make_model_learnable(numpy_state(checkpoint.state), {META_CLASS_NAMES: checkpoint.class_names})
         weights = self.pretrained_weights and self._resolve(self.pretrained_weights, fl_ctx)
-        state = initial_global_state(self.in_channels, self.seed, weights or None, self.architecture, self.in_features)
+        state = initial_global_state(self.architecture, self.preprocessing, self.seed, weights or None)
         origin = f"ImageNet weights from {weights}" if weights else f"random initialisation (seed {self.seed})"
         self.log_info(
             fl_ctx, f"initial global {self.architecture}: {origin}; the head grows as sites report their classes"
@@ -89,9 +88,8 @@ class SurgicalModelPersistor(ModelPersistor):
         meta = dict(learnable.get(ModelLearnableKey.META) or {})
         class_names = meta.pop(META_CLASS_NAMES, [])
         weights = {key: torch.as_tensor(np.asarray(v)) for key, v in learnable[ModelLearnableKey.WEIGHTS].items()}
-        save_checkpoint(
-            path, weights, class_names, in_channels=self.in_channels, architecture=self.architecture, **meta
-        )
+        in_channels = int((self.preprocessing or {}).get("in_channels", 1))
+        save_checkpoint(path, weights, class_names, in_channels, **{ARCHITECTURE_KEY: self.architecture, **meta})
 
     def save_model(self, learnable: ModelLearnable, fl_ctx: FLContext) -> None:
         self._write(learnable, self._app_dir(fl_ctx) / self.global_model_file_name)

@@ -30,8 +30,10 @@ from pathlib import Path
 
 import yaml
 
+from ..core.errors import DataNotFoundError, UserError
 from .deploy import write_local_folder
-from .job import CODE_DELIVERIES, SERVER_SITE
+from .protocol import CODE_DELIVERIES
+from .recipe import SERVER_SITE
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ _JOB_ID = re.compile(r"job_id:\s*([0-9a-fA-F-]{36})")
 _FINAL_STATE = re.compile(r"status: \S+ \((\S+)\)|terminal state (\S+?)\.?$", re.MULTILINE)
 
 
-class PocError(RuntimeError):
+class PocError(UserError, RuntimeError):
     """A POC step failed; the message carries FLARE's own output."""
 
 
@@ -63,7 +65,7 @@ def job_sites(job_folder: str | Path) -> list[str]:
     """The client sites of a job folder's deploy map, in order."""
     meta_path = Path(job_folder) / "meta.json"
     if not meta_path.is_file():
-        raise FileNotFoundError(f"{meta_path}: not found; is {job_folder} a FLARE job folder?")
+        raise DataNotFoundError(f"{meta_path}: not found; is {job_folder} a FLARE job folder?")
     deploy_map = json.loads(meta_path.read_text()).get("deploy_map", {})
     sites = [site for targets in deploy_map.values() for site in targets if site != SERVER_SITE]
     if not sites:
@@ -109,6 +111,17 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
     except OSError:
         return True
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    job_id: str
+    state: str  # FLARE's final status, e.g. FINISHED:COMPLETED
+    downloaded: Path  # <out>/<job id>: the job's result (workspace/app_server/ when it ran)
+
+    @property
+    def completed(self) -> bool:
+        return self.state == COMPLETED
 
 
 @dataclass
@@ -273,6 +286,27 @@ class PocWorkspace:
         self.processes_file.unlink()
         log.info("POC stopped")
         return killed
+
+    def submit_and_collect(
+        self, job_folder: str | Path, user: str | None, out: str | Path, timeout: float
+    ) -> JobOutcome:
+        """Submit, wait for the job to end and download it, whatever its final state."""
+        job_id = self.submit(job_folder, user)
+        state = self.wait(job_id, timeout)
+        return JobOutcome(job_id, state, self.download(job_id, out))
+
+    def run(self, job_folder: str | Path, code: str, user: str | None, out: str | Path, timeout: float) -> JobOutcome:
+        """prepare, start, submit (wait, download), stop: stopped even on failure; the workspace is deleted
+        only when the job completed (kept otherwise, for its logs)."""
+        self.prepare(job_folder, code)
+        try:
+            self.start()
+            outcome = self.submit_and_collect(job_folder, user, out, timeout)
+        finally:
+            self.stop()
+        if outcome.completed:
+            self.clean()
+        return outcome
 
     def clean(self) -> None:
         """Delete the workspace (refused while a POC started here is recorded as running)."""

@@ -1,4 +1,5 @@
-"""Task names and FLModel meta keys shared by the server controller and the client script."""
+"""Task names and FLModel meta keys shared by the server controller and the client script, and the names the
+command line offers for the FLARE layer (this module imports nothing, so the command line stays light)."""
 
 TASK_DESCRIBE = "describe"  # handshake: a site reports its class names and sample count
 TASK_TRAIN = "train"
@@ -13,3 +14,7 @@ META_LABEL_COUNTS = "label_counts"  # class -> [positives, labelled] on the site
 META_WARMUP = "warmup"  # warm up the head (backbone frozen) before this round's training
 META_DATA = "data"  # a site's one-line description of its data (no paths, no counts per class)
 META_PREPROCESSING = "preprocessing"  # image_size / in_channels / imagenet_normalize a site trains with
+
+# How the bundle's code reaches the participants (see flare.recipe) and the bundle's jobs (its recipes).
+CODE_DELIVERIES = ("byoc", "preinstalled")
+BUNDLE_JOBS = ("nih_chexpert", "report_labeling")

@@ -1,1 +1,1 @@
-"""Report labelling (seed 004): report tables, sentence embeddings, the MLP and its training."""
+"""Report labelling (the report-labelling paper): report tables, sentence embeddings, the MLP."""

@@ -20,12 +20,15 @@ from typing import Any
 
 import pandas as pd
 
+from ..core.errors import DataNotFoundError, DatasetFormatError, SiteConfigError
+from ..core.labels import canonical_name
 from ..data.reference import reference_file
-from ..data.table import PATH_COLUMN, PATIENT_COLUMN, DatasetFormatError, LabelTable
-from ..labels import canonical_name
+from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable
 
 IU_ARCHIVE = "NLMCXR_reports.tgz"
-REPORT_KINDS: tuple[str, ...] = ("iu_reports", "report_csv")
+IU_REPORTS = "iu_reports"  # the Indiana University reports (torchxrayvision's archive by default)
+REPORT_CSV = "report_csv"  # a hospital's own reports: a CSV of texts and 0/1 finding columns
+REPORT_KINDS: tuple[str, ...] = (IU_REPORTS, REPORT_CSV)
 TEXT_SECTIONS = ("FINDINGS", "IMPRESSION")
 
 # MeSH major heading (the part before the first "/"), or "heading/qualifier" where the qualifier
@@ -131,12 +134,13 @@ def load_iu_reports(archive: str | Path | None = None) -> tuple[LabelTable, Repo
     path = Path(archive) if archive is not None else reference_file(IU_ARCHIVE)
     if path is None or not path.is_file():
         where = archive if archive is not None else f"torchxrayvision's data folder ({IU_ARCHIVE})"
-        raise FileNotFoundError(f"IU reports not found: {where}; install torchxrayvision==1.5.7 (--no-deps)")
+        raise DataNotFoundError(f"IU reports not found: {where}; install torchxrayvision==1.5.7 (--no-deps)")
     findings = sorted(set(MESH_TO_FINDING.values()))
     rows, read = [], 0
     with tarfile.open(path) as tar:
-        for member in sorted((m for m in tar.getmembers() if m.isfile() and m.name.endswith(".xml")),
-                             key=lambda m: m.name):  # fmt: skip
+        for member in sorted(
+            (m for m in tar.getmembers() if m.isfile() and m.name.endswith(".xml")), key=lambda m: m.name
+        ):
             read += 1
             report_id, text, majors = parse_iu_report(tar.extractfile(member).read(), f"{path}:{member.name}")
             if text:
@@ -146,9 +150,7 @@ def load_iu_reports(archive: str | Path | None = None) -> tuple[LabelTable, Repo
         raise DatasetFormatError(f"{path}: no XML reports in the archive")
     frame = pd.DataFrame(rows, columns=["report_id", "text", *findings])
     classes = sorted(findings, key=lambda name: (-int(frame[name].sum()), name))
-    return report_table(frame, "iu_reports", path.parent, classes), ReportLoadSummary(
-        str(path), read, read - len(frame)
-    )
+    return report_table(frame, IU_REPORTS, path.parent, classes), ReportLoadSummary(str(path), read, read - len(frame))
 
 
 def load_report_csv(
@@ -161,13 +163,15 @@ def load_report_csv(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"report CSV not found: {path}")
+        raise DataNotFoundError(f"report CSV not found: {path}")
     frame = pd.read_csv(path)
     if text_column not in frame.columns:
         raise DatasetFormatError(f"{path}: no text column {text_column!r}; columns are {list(frame.columns)}")
-    columns = list(label_columns) if label_columns is not None else [
-        c for c in frame.columns if c not in (text_column, "report_id")
-    ]  # fmt: skip
+    columns = (
+        list(label_columns)
+        if label_columns is not None
+        else [c for c in frame.columns if c not in (text_column, "report_id")]
+    )
     if not columns:
         raise DatasetFormatError(f"{path}: no label columns")
     missing = [c for c in columns if c not in frame.columns]
@@ -201,17 +205,17 @@ def label_counts(table: LabelTable) -> dict[str, int]:
 def load_reports(kind: str, location: str | Path | None, **options: Any) -> tuple[LabelTable, ReportLoadSummary]:
     """A site's reports: ``iu_reports`` (``location``: the archive, default torchxrayvision's) or
     ``report_csv`` (``location``: the CSV; options ``text_column``, ``label_columns``)."""
-    if kind == "iu_reports":
+    if kind == IU_REPORTS:
         if options:
-            raise TypeError(f"report kind 'iu_reports' takes no options, got {sorted(options)}")
+            raise SiteConfigError(f"report kind {IU_REPORTS!r} takes no data.options, got {sorted(options)}")
         return load_iu_reports(location)
-    if kind == "report_csv":
+    if kind == REPORT_CSV:
         unknown = sorted(set(options) - {"text_column", "label_columns"})
         if unknown:
-            raise TypeError(
-                f"report kind 'report_csv' takes no option(s) {unknown}; it takes text_column, label_columns"
+            raise SiteConfigError(
+                f"report kind {REPORT_CSV!r} takes no data.options {unknown}; it takes text_column, label_columns"
             )
         if location is None:
-            raise FileNotFoundError("report kind 'report_csv' needs data.location: the CSV file")
+            raise DataNotFoundError(f"report kind {REPORT_CSV!r} needs data.location: the CSV file")
         return load_report_csv(location, **options)
     raise ValueError(f"unknown report kind {kind!r}; choose one of {REPORT_KINDS}")

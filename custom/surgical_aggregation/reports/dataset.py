@@ -6,7 +6,6 @@ the same trainer, loss, recipe and metrics serve both jobs.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,8 +16,6 @@ from torch.utils.data import Dataset
 from ..data.table import LabelTable, MissingClassPolicy
 from .data import TEXT_COLUMN
 from .embeddings import EmbeddingCache, encoder_for
-
-logger = logging.getLogger(__name__)
 
 
 class ReportDataset(Dataset):
@@ -55,10 +52,13 @@ class ReportDataset(Dataset):
 
 def embed_table(
     table: LabelTable, cache_root: str | Path, model: str, device: str = "cpu", progress: bool = False
-) -> dict[str, np.ndarray]:
-    """Every report's embedding, by report id; computed once per text and model, then read from the cache."""
+) -> tuple[dict[str, np.ndarray], str]:
+    """Every report's embedding, by report id (computed once per text and model, then read from the cache),
+    and a line saying how many were computed now."""
     cache = EmbeddingCache(cache_root, encoder_for(model, device))
     vectors, computed = cache.embed(table.frame[TEXT_COLUMN].tolist(), progress=progress)
-    logger.info("%d report embeddings (%s): %d computed now, %d from the cache %s",
-                len(table), model, computed, len(table) - computed, cache.folder)  # fmt: skip
-    return dict(zip(table.paths, vectors, strict=True))
+    summary = (
+        f"{len(table)} report embeddings ({model}): {computed} computed now, "
+        f"{len(table) - computed} from the cache {cache.folder}"
+    )
+    return dict(zip(table.paths, vectors, strict=True)), summary

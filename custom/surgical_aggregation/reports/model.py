@@ -1,4 +1,4 @@
-"""The report labeller: an MLP over sentence embeddings with a named sigmoid head (seed 004).
+"""The report labeller: an MLP over sentence embeddings with a named sigmoid head (the report-labelling paper).
 
 Two hidden layers (512 and 256, ReLU, dropout 0.2) are the "backbone"; the output layer is the
 head, one row per finding name, under the same state-dict keys as the DenseNet121's head
@@ -14,8 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..aggregation import DENSENET_HEAD, HeadSpec
-from ..labels import canonical_names
+from ..core.labels import canonical_names
 
 HIDDEN_SIZES = (512, 256)
 DROPOUT = 0.2
@@ -24,8 +23,6 @@ DROPOUT = 0.2
 class ReportMLP(nn.Module):
     """Embedding (``in_features``) -> 512 -> 256 -> one logit per class name."""
 
-    head: HeadSpec = DENSENET_HEAD
-
     def __init__(self, class_names: Sequence[str], in_features: int = 384, dropout_prob: float = DROPOUT) -> None:
         super().__init__()
         names = canonical_names(class_names, "model class_names")
@@ -33,7 +30,6 @@ class ReportMLP(nn.Module):
             raise ValueError("a model needs at least one class name")
         self.class_names = names
         self.in_features = in_features
-        self.batchnorm_frozen = False  # no BatchNorm; the attribute keeps the trainer's calls uniform
         layers: list[nn.Module] = []
         width = in_features
         for size in HIDDEN_SIZES:

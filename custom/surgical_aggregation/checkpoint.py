@@ -1,0 +1,113 @@
+"""Model files whose head rows carry class names, and the fresh global model a federation starts from.
+
+A checkpoint is ``{"model": state_dict, "class_names": [...], "in_channels": int, "meta": {...}}``:
+the names travel with the weights, so a model file is never read by position. ``meta`` records
+the architecture and the preprocessing the model was trained with (image size and normalisation,
+or the sentence encoder), the round that produced it, and so on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .core.errors import ModelFileError
+from .core.head import NAMED_HEAD
+from .data.storage import read_tensor_file
+from .modalities import ARCHITECTURES, DEFAULT_ARCHITECTURE, modality_for_architecture
+
+PREPROCESSING_KEY = "preprocessing"  # checkpoint meta: what the model is fed (the modality's description)
+ARCHITECTURE_KEY = "architecture"
+
+
+@dataclass
+class Checkpoint:
+    """A state dict with its head's class names and free-form metadata (round, metrics, ...)."""
+
+    state: dict[str, torch.Tensor]
+    class_names: list[str]
+    in_channels: int = 1
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def architecture(self) -> str:
+        return str(self.meta.get(ARCHITECTURE_KEY, DEFAULT_ARCHITECTURE))
+
+    @property
+    def preprocessing(self) -> dict[str, Any]:
+        return {"in_channels": self.in_channels, **(self.meta.get(PREPROCESSING_KEY) or {})}
+
+    def build_model(self) -> nn.Module:
+        model = modality_for_architecture(self.architecture).build_model(self.class_names, self.preprocessing)
+        model.load_state_dict(self.state)
+        return model
+
+
+def save_checkpoint(
+    path: str | Path,
+    state: Mapping[str, torch.Tensor],
+    class_names: Sequence[str],
+    in_channels: int = 1,
+    **meta: Any,
+) -> Path:
+    """Write atomically (temp file + rename) so a crash never leaves a half-written model."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "model": {key: torch.as_tensor(value).detach().cpu() for key, value in state.items()},
+        "class_names": list(class_names),
+        "in_channels": in_channels,
+        "meta": meta,
+    }
+    temporary = path.with_name(path.name + ".tmp")
+    torch.save(payload, temporary)
+    temporary.replace(path)
+    return path
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    path = Path(path)
+    payload = read_tensor_file(path, "model file")
+    if not isinstance(payload, dict) or "model" not in payload or "class_names" not in payload:
+        raise ModelFileError(f"{path} is not a surgical-aggregation checkpoint (needs 'model' and 'class_names')")
+    weight = payload["model"].get(NAMED_HEAD.weight_key)
+    if weight is not None and weight.shape[0] != len(payload["class_names"]):
+        raise ModelFileError(
+            f"{path}: head has {weight.shape[0]} rows but {len(payload['class_names'])} class names are stored"
+        )
+    checkpoint = Checkpoint(
+        state=payload["model"],
+        class_names=list(payload["class_names"]),
+        in_channels=int(payload.get("in_channels", 1)),
+        meta=dict(payload.get("meta", {})),
+    )
+    if checkpoint.architecture not in ARCHITECTURES:
+        raise ModelFileError(f"{path}: unknown architecture {checkpoint.architecture!r}; known: {list(ARCHITECTURES)}")
+    return checkpoint
+
+
+def initial_global_state(
+    architecture: str = DEFAULT_ARCHITECTURE,
+    preprocessing: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    pretrained_weights: str | Path | None = None,
+) -> dict[str, torch.Tensor]:
+    """A fresh global model before any site is known: a seeded (or pretrained) backbone, a head of 0 rows.
+
+    The union head grows as sites report their classes (see ``core.head.extend_head``).
+    """
+    modality = modality_for_architecture(architecture)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = modality.build_model(["No Finding"], preprocessing or {})  # one placeholder row, dropped below
+    if pretrained_weights is not None:
+        modality.load_pretrained(model, str(pretrained_weights))
+    state = model.state_dict()
+    for key in NAMED_HEAD.keys:
+        state[key] = state[key][:0].clone()
+    return state

@@ -1,0 +1,47 @@
+"""The project's own user errors: mistakes in what a user gave (a config, a data folder, a label, a file).
+
+The command line shortens exactly these to one ``error: ...`` line; anything else is a bug and
+shows its traceback. Each keeps the built-in type callers already catch (``ValueError``,
+``FileNotFoundError``, ...).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class UserError(Exception):
+    """Something the user can fix; the message names the file, site or field."""
+
+
+class SiteConfigError(UserError, ValueError):
+    """A site configuration that cannot be used; the message names the file and the field."""
+
+
+class DatasetFormatError(UserError, ValueError):
+    """A label file that does not have the layout it claims to have."""
+
+
+class UnknownLabelError(UserError, ValueError):
+    """A label name that is neither a canonical finding nor a known alias."""
+
+
+class DuplicateLabelError(UserError, ValueError):
+    """Two names of one list that mean the same finding (e.g. "Effusion" and "Pleural Effusion")."""
+
+
+class DataNotFoundError(UserError, FileNotFoundError):
+    """A data folder, label file, model file or image list that is not where the user said."""
+
+
+class ModelFileError(UserError, ValueError):
+    """A model or weights file that is not what it should be (not a checkpoint, wrong layout)."""
+
+
+class ImageLoadError(UserError, RuntimeError):
+    """An image file that is missing or cannot be decoded; ``path`` names it."""
+
+    def __init__(self, path: str | Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason

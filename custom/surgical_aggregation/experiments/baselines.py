@@ -1,0 +1,113 @@
+"""Non-federated baselines, trained by the same site trainer as the federation (no FLARE):
+
+* centralized: the sites' data pooled into one training set over the union of their classes,
+  a class a dataset does not label counting as negative there (the papers' convention);
+* individual: one model per dataset, on all of that dataset's labels.
+
+Both get the federation's budget (``rounds`` x the sites' local epochs, after the same head
+warm-up) and the same model selection: the epoch with the lowest validation loss is kept, with
+the same early stopping. Validation never counts a missing class as negative.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_checkpoint
+from ..config import SiteConfig
+from ..core.labels import union_labels
+from ..site_data import CombinedDataset, SiteData, prepare_site_data
+from ..trainer import SiteTrainer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class BaselineResult:
+    checkpoint: Path
+    class_names: list[str]
+    best_epoch: int
+    best_val_loss: float
+    history: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def pooled_site_data(configs: Mapping[str, SiteConfig], log: logging.Logger = logger) -> SiteData:
+    """The sites' splits pooled over the union of their classes (training: missing = negative)."""
+    parts = {site: prepare_site_data(config, log) for site, config in configs.items()}
+    union = union_labels(*(parts[site].class_names for site in sorted(parts)))
+
+    def pooled(split: str, missing: str) -> CombinedDataset:
+        return CombinedDataset([getattr(part, split).relabelled(union, missing) for part in parts.values()])
+
+    noun = next(iter(parts.values())).sample_noun
+    return SiteData(union, pooled("train", "negative"), pooled("val", "unlabelled"), pooled("test", "unlabelled"), noun)
+
+
+def train_pooled(
+    configs: Mapping[str, SiteConfig],
+    rounds: int,
+    checkpoint: str | Path,
+    patience: int = 25,
+    min_delta: float = 1e-4,
+    name: str = "centralized",
+    log: logging.Logger = logger,
+) -> BaselineResult:
+    """Train one model on the pooled data of ``configs`` (a single config: that site alone).
+
+    The first config's training settings (image size, optimiser, learning rates, epochs) are used.
+    """
+    if not configs:
+        raise ValueError("train_pooled needs at least one site config")
+    started = time.perf_counter()
+    config = next(iter(configs.values()))
+    data = pooled_site_data(configs, log) if len(configs) > 1 else prepare_site_data(config, log)
+    log.info("%s: %s", name, data.summary())
+    trainer = SiteTrainer(config, data, name, log)
+    meta = {ARCHITECTURE_KEY: trainer.modality.architecture, PREPROCESSING_KEY: trainer.preprocessing}
+    best_loss, best_epoch, stale = math.inf, -1, 0
+    history: list[dict[str, float]] = []
+    for round_number in range(rounds):
+        report = trainer.fit(round_number, warmup=round_number == 0)
+        evaluation = trainer.validate()
+        history.append(
+            {
+                "round": round_number,
+                "train_loss": report.train_losses[-1],
+                "val_loss": evaluation.loss,
+                "val_mean_auroc": evaluation.mean_auroc,
+            }
+        )
+        log.info(
+            "%s round %d/%d: train loss %.4f, validation loss %.4f, mean AUROC %.4f",
+            name,
+            round_number + 1,
+            rounds,
+            report.train_losses[-1],
+            evaluation.loss,
+            evaluation.mean_auroc,
+        )
+        if evaluation.loss < best_loss - min_delta:
+            best_loss, best_epoch, stale = evaluation.loss, round_number, 0
+            save_checkpoint(
+                checkpoint,
+                trainer.state_dict(),
+                trainer.head_classes,
+                config.in_channels,
+                round=round_number,
+                method=name,
+                **meta,
+            )
+        else:
+            stale += 1
+            if stale >= patience:
+                log.info("%s: early stop after %d rounds without improvement", name, patience)
+                break
+    return BaselineResult(
+        Path(checkpoint), trainer.head_classes, best_epoch, best_loss, history, time.perf_counter() - started
+    )

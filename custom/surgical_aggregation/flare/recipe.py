@@ -1,0 +1,306 @@
+"""``SurgicalAggregationRecipe``: a job of this bundle as an NVIDIA FLARE 2.9 Recipe.
+
+The recipe builds the server side (``SurgicalAggregatorShareable``, the persistor and model locator
+of named-head models, TensorBoard streaming, optionally FLARE's cross-site evaluation) and one app
+per site (the Client API trainer, and that site's default config under
+``app_<site>/config/site_configs/<site>.json``, so no site's job folder carries another site's
+config). Run it with FLARE's environments::
+
+    recipe = nih_chexpert_recipe()
+    recipe.run(SimEnv(workspace_root="/tmp/ws"))       # or PocEnv(...), ProdEnv(startup_kit_location=...)
+    recipe.export("jobs")                                # the job folder nvflare simulator / job submit take
+
+Two ways for the bundle's code to reach the participants (``code``):
+
+* ``"byoc"`` (the default, and ``jobs/*``): each site app has ``custom/client.py``, a two-line entry
+  point that runs the package's Client API script inside the FLARE client process; FLARE treats
+  the job as bring-your-own-code (the component allow-list does not apply, only submitters with
+  the ``byoc`` right may submit). The package is installed at every participant, or travels in
+  ``custom/`` too with ``ship_library``.
+* ``"preinstalled"``: no ``custom/`` at all. The package is installed at every participant, each
+  participant's ``local/resources.json`` allow-lists the job's components (``flare.deploy``) and
+  the trainer runs as ``python3 -u -m surgical_aggregation.flare.client``.
+
+Site configs live under ``config/``, not ``custom/``: ``nvflare job submit`` re-serialises every
+JSON file under ``custom/`` and, in FLARE 2.9, truncates a file whose first key holds an object.
+The committed ``jobs/<name>`` folders are exactly :func:`write_job` of the recipes below (a test
+keeps them identical).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
+from nvflare.app_common.widgets.convert_to_fed_event import ConvertToFedEvent
+from nvflare.app_common.widgets.validation_json_generator import ValidationJsonGenerator
+from nvflare.app_common.workflows.cross_site_model_eval import CrossSiteModelEval
+from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
+from nvflare.job_config.api import FedJob
+from nvflare.recipe.spec import Recipe
+
+from ..config import site_config_from_dict
+from ..profiles import DEMO, REPORT
+from .controller import SurgicalAggregatorShareable
+from .persistor import SurgicalModelLocator, SurgicalModelPersistor
+from .protocol import BUNDLE_JOBS, CODE_DELIVERIES
+from .tracking import TRACKERS
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the installed surgical_aggregation package
+CLIENT_COMMAND = "python3 -u -m surgical_aggregation.flare.client"
+CLIENT_ENTRY_POINT = "client.py"
+CLIENT_ENTRY_POINT_SOURCE = (
+    '"""FLARE Client API script of this job: the site trainer of the installed surgical_aggregation."""\n\n'
+    "from surgical_aggregation.flare.client import main\n\n"
+    "main()\n"
+)
+CLIENT_EXECUTIONS = ("in_process", "external_process")
+# FLARE decides per app whether it brings code (its own custom/ folder): without one, the server would hold
+# its components to the allow-list even in a byoc job. This file is the server app's custom/ folder.
+SERVER_CUSTOM_MARKER = "BYOC.txt"
+SERVER_CUSTOM_MARKER_TEXT = (
+    "This app runs the surgical_aggregation package installed on the server (see provisioning/README.md).\n"
+    "The folder marks the app as bring-your-own-code for FLARE, as the sites' apps are: its components are\n"
+    "authorised by the submitter's byoc right instead of the server's class allow-list.\n"
+)
+SERVER_SITE = "server"
+# The privacy scope the jobs name in meta.json: a site whose local/privacy.json defines scopes runs
+# them only if it defines this one (flare.deploy writes it); a site without privacy.json runs them.
+PRIVACY_SCOPE = "surgical_aggregation"
+SITE_CONFIGS_DIR = "site_configs"  # under each site app's config/ folder
+CONTROLLER_ID = "surgical_aggregation"
+PERSISTOR_ID = "persistor"
+MODEL_LOCATOR_ID = "model_locator"
+ANALYTICS_EVENT = "analytix_log_stats"  # what the sites' SummaryWriter emits; streamed to the server
+
+
+class SurgicalAggregationRecipe(Recipe):
+    """Surgical aggregation (or one of the papers' comparators) over named sites, each with its own config.
+
+    Args:
+        name: the job's name (its folder name when exported).
+        sites: site name -> site config (the fields of ``surgical_aggregation.config.SiteConfig``);
+            written, with every default explicit, as that site's default config.
+        controller: ``SurgicalAggregatorShareable`` arguments (``num_rounds``, ``method``, ...);
+            ``min_clients`` defaults to every site.
+        persistor: ``SurgicalModelPersistor`` arguments (``seed``, ``pretrained_weights``,
+            ``initial_model``); the architecture and the model's input follow the sites' data.
+        cross_site_evaluation: add FLARE's cross-site evaluation of the server's and the sites' models.
+        client_execution: ``in_process`` (FLARE's default) or ``external_process``.
+        code: ``byoc`` or ``preinstalled`` (see the module docstring).
+        ship_library: byoc only: copy the surgical_aggregation package into each site's ``custom/``.
+        tracking: where the sites' per-round curves go: ``tensorboard`` (``tb_events/`` on the server) or
+            ``mlflow`` (FLARE's MLflow receiver: an SQLite store ``mlflow.db`` in the job's run folder on the
+            server, or the tracking server ``tracking_uri`` names). FLARE's ``add_experiment_tracking(recipe,
+            ...)`` works on this recipe too.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        sites: Mapping[str, Mapping[str, Any]],
+        controller: Mapping[str, Any] | None = None,
+        persistor: Mapping[str, Any] | None = None,
+        cross_site_evaluation: bool = True,
+        client_execution: str = "in_process",
+        code: str = "byoc",
+        ship_library: bool = False,
+        tracking: str = "tensorboard",
+        tracking_uri: str | None = None,
+    ) -> None:
+        _check_delivery(client_execution, code, ship_library)
+        if tracking not in TRACKERS:
+            raise ValueError(f"tracking must be one of {TRACKERS}, got {tracking!r}")
+        if not sites:
+            raise ValueError(f"job {name!r} has no sites")
+        configs = {
+            site: site_config_from_dict(values, where=f"job {name!r} site {site!r}") for site, values in sites.items()
+        }
+        modalities = {config.modality.name for config in configs.values()}
+        if len(modalities) > 1:
+            raise ValueError(f"job {name!r} mixes data modalities {sorted(modalities)}; one model reads one kind")
+        first = next(iter(configs.values()))
+        self.site_configs = {site: config.to_dict() for site, config in configs.items()}  # every field explicit
+        self.controller_args = {"min_clients": len(configs), **(controller or {})}
+        self.persistor_args = {
+            "architecture": first.modality.architecture,
+            "preprocessing": first.modality.preprocessing(first),
+            **(persistor or {}),
+        }
+        self.cross_site_evaluation = cross_site_evaluation
+        self.client_execution = client_execution
+        self.code = code
+        self.ship_library = ship_library
+        # raises on bad arguments before anything is built
+        aggregator = SurgicalAggregatorShareable(**self.controller_args)
+        model_persistor = SurgicalModelPersistor(**self.persistor_args)
+
+        self._server_custom_added = False
+        self._staging = Path(tempfile.mkdtemp(prefix="surgical-aggregation-recipe-"))
+        weakref.finalize(self, shutil.rmtree, self._staging, True)
+        job = FedJob(name=name, min_clients=self.controller_args["min_clients"], meta_props={"scope": PRIVACY_SCOPE})
+        job.set_app_packages([PACKAGE_DIR.name])  # the package is installed (or shipped explicitly), never copied
+        job.to_server(aggregator, id=CONTROLLER_ID)
+        job.to_server(model_persistor, id=PERSISTOR_ID)
+        job.to_server(SurgicalModelLocator(persistor_id=PERSISTOR_ID), id=MODEL_LOCATOR_ID)
+        job.to_server(ValidationJsonGenerator(), id="json_generator")
+        if tracking == "mlflow":
+            from nvflare.app_opt.tracking.mlflow.mlflow_receiver import MLflowReceiver  # imports MLflow: when asked
+
+            receiver = MLflowReceiver(tracking_uri=tracking_uri, kw_args={"experiment_name": name})
+            job.to_server(receiver, id="mlflow_receiver")
+        else:
+            job.to_server(TBAnalyticsReceiver(), id="tb_receiver")
+        if cross_site_evaluation:
+            evaluation = CrossSiteModelEval(
+                model_locator_id=MODEL_LOCATOR_ID, submit_model_timeout=600, validation_timeout=1800
+            )
+            job.to_server(evaluation, id="cross_site_evaluation")
+        super().__init__(job)
+
+    @property
+    def sites(self) -> list[str]:
+        return list(self.site_configs)
+
+    def finalize(self) -> None:
+        """The server app's custom/ folder in byoc mode (the library, when it is shipped; else the marker)."""
+        if self.code != "byoc" or self._server_custom_added:
+            return
+        if self.ship_library:
+            self._job.add_file_to_server(str(self._shipped_library()), dest_dir=PACKAGE_DIR.name)
+        else:
+            self._job.add_file_to_server(str(self._stage(SERVER_CUSTOM_MARKER, SERVER_CUSTOM_MARKER_TEXT)))
+        self._server_custom_added = True
+
+    def _prepare_client_apps(self) -> None:
+        """One app per site: the trainer, its event streaming, its default config (and entry point / library)."""
+        for site, config in self.site_configs.items():
+            self._job.to(self._executor(), site, tasks=["*"])
+            self._job.to(ConvertToFedEvent(events_to_convert=[ANALYTICS_EVENT]), site, id="event_to_fed")
+            config_file = self._stage(f"{site}/{site}.json", _json(config))
+            self._job.add_file_to(str(config_file), site, dest_dir=SITE_CONFIGS_DIR, app_folder_type="config")
+            if self.code == "byoc" and self.client_execution == "in_process":
+                self._job.add_file_to(str(self._stage(CLIENT_ENTRY_POINT, CLIENT_ENTRY_POINT_SOURCE)), site)
+            if self.ship_library:
+                self._job.add_file_to(str(self._shipped_library()), site, dest_dir=PACKAGE_DIR.name)
+
+    def _executor(self) -> ClientAPIExecutor:
+        # numpy both ways: FLARE's pytorch<->numpy converter reshapes received arrays to the shapes the
+        # site last sent, which breaks when a site validates a model with more head rows than it trains
+        exchange = {"params_exchange_format": "numpy", "server_expected_format": "numpy"}
+        if self.client_execution == "in_process":
+            return ClientAPIExecutor(execution_mode="in_process", task_script_path=CLIENT_ENTRY_POINT, **exchange)
+        return ClientAPIExecutor(
+            execution_mode="external_process", command=CLIENT_COMMAND, launch_once=True, **exchange
+        )
+
+    def _stage(self, relative: str, text: str) -> Path:
+        path = self._staging / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    def _shipped_library(self) -> Path:
+        target = self._staging / "library" / PACKAGE_DIR.name
+        if not target.is_dir():
+            shutil.copytree(PACKAGE_DIR, target, ignore=shutil.ignore_patterns("__pycache__"))
+        return target
+
+
+def _json(content: Mapping[str, Any]) -> str:
+    return json.dumps(content, indent=2) + "\n"
+
+
+def _check_delivery(client_execution: str, code: str, ship_library: bool) -> None:
+    if client_execution not in CLIENT_EXECUTIONS:
+        raise ValueError(f"client_execution must be one of {CLIENT_EXECUTIONS}, got {client_execution!r}")
+    if code not in CODE_DELIVERIES:
+        raise ValueError(f"code must be one of {CODE_DELIVERIES}, got {code!r}")
+    if code == "preinstalled" and client_execution == "in_process":
+        raise ValueError(
+            "code='preinstalled' needs client_execution='external_process': FLARE runs an in-process "
+            "script only from the job's custom/ folder"
+        )
+    if ship_library and code != "byoc":
+        raise ValueError("ship_library puts the package in custom/, which makes the job byoc")
+
+
+def write_job(recipe: SurgicalAggregationRecipe, folder: str | Path) -> Path:
+    """Export ``recipe`` to exactly ``folder`` (replacing an existing one). Returns the folder."""
+    folder = Path(folder)
+    with tempfile.TemporaryDirectory(prefix="surgical-aggregation-export-") as root:
+        recipe.export(root)
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(Path(root) / recipe.name), folder)
+    return folder
+
+
+# --- the bundle's jobs ---------------------------------------------------------------------------------
+
+
+def nih_chexpert_recipe(**options: Any) -> SurgicalAggregationRecipe:
+    """``jobs/nih_chexpert``: a NIH ChestX-ray14 site (14 labels) and a CheXpert site (13), 20-class union,
+    on the embedded data with the demo profile. ``options`` go to :class:`SurgicalAggregationRecipe`."""
+    sites = {
+        "site-nih": DEMO.site_config({"kind": "nih"}),
+        "site-chexpert": DEMO.site_config({"kind": "chexpert"}),
+    }
+    controller = {"num_rounds": DEMO.rounds, "patience": DEMO.patience, **_TIMEOUTS, **options.pop("controller", {})}
+    return SurgicalAggregationRecipe("nih_chexpert", sites, controller=controller, **options)
+
+
+# The report labelling job: the IU reports dealt IID to two sites, each labelling 9 of the 14 most
+# frequent findings, 4 of them shared (IU_JOB_LABELS[:4]); the other 10 alternate between sites.
+IU_JOB_LABELS = (
+    "Lung Opacity",
+    "Cardiomegaly",
+    "Support Devices",
+    "Atelectasis",
+    "Tortuous Aorta",
+    "Pleural Effusion",
+    "Emphysema",
+    "Nodule",
+    "Edema",
+    "Calcification of the Aorta",
+    "Fracture",
+    "Infiltration",
+    "Hernia",
+    "Pleural Thickening",
+)
+# 10 aggregations keep `nvflare simulator jobs/report_labeling` to minutes on a CPU (the single-process
+# simulator restarts each site for every task); the experiments use the report profile's 20
+REPORT_JOB_ROUNDS = 10
+_TIMEOUTS = {"handshake_timeout": 600, "train_timeout": 3600, "validate_timeout": 1800}
+
+
+def report_labeling_recipe(**options: Any) -> SurgicalAggregationRecipe:
+    """``jobs/report_labeling``: two sites with different label subsets of the real IU reports
+    (the report-labelling paper's setting), the report profile, sample-weighted aggregation."""
+    from ..reports.data import IU_REPORTS
+
+    shared, others = list(IU_JOB_LABELS[:4]), list(IU_JOB_LABELS[4:])
+    sites = {
+        site: REPORT.site_config(
+            {"kind": IU_REPORTS, "labels": shared + others[index::2], "partition_count": 2, "partition_index": index}
+        )
+        for index, site in enumerate(("site-a", "site-b"))
+    }
+    controller = {
+        "num_rounds": REPORT_JOB_ROUNDS,
+        "weighting": "samples",
+        "patience": REPORT.patience,
+        **_TIMEOUTS,
+        **options.pop("controller", {}),
+    }
+    return SurgicalAggregationRecipe("report_labeling", sites, controller=controller, **options)
+
+
+BUNDLE_RECIPES = dict(zip(BUNDLE_JOBS, (nih_chexpert_recipe, report_labeling_recipe), strict=True))

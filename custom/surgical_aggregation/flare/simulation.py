@@ -1,0 +1,97 @@
+"""Running a recipe in FLARE's simulator (``SimEnv``) and finding what it wrote.
+
+The simulator's workspace layout (``<workspace>/server/simulate_job/app_server/...``) is FLARE's
+business; :class:`FederationResult` is the one place that knows it, so the experiment harness
+asks for "the best global model" rather than for a path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvflare.app_common.app_constant import DefaultCheckpointFileName
+from nvflare.recipe import SimEnv
+
+from .controller import CURVES_FILE, HISTORY_FILE, PERSONAL_MODELS_DIR
+from .recipe import SurgicalAggregationRecipe
+from .tracking import MLFLOW_STORE
+
+
+@dataclass(frozen=True)
+class FederationResult:
+    """The files a finished simulated federation left in its workspace."""
+
+    workspace: Path
+
+    @property
+    def server_app(self) -> Path:
+        return self.workspace / "server" / "simulate_job" / "app_server"
+
+    @property
+    def history(self) -> Path:
+        return self.server_app / HISTORY_FILE
+
+    @property
+    def curves(self) -> Path:
+        return self.server_app / CURVES_FILE
+
+    @property
+    def mlflow_store(self) -> Path:
+        """The MLflow store (SQLite) of a federation tracked with ``tracking="mlflow"`` and no tracking URI."""
+        return self.server_app.parent / MLFLOW_STORE
+
+    @property
+    def best_global_model(self) -> Path:
+        """The best global model, or the latest when no round was ever judged best."""
+        best = self.server_app / DefaultCheckpointFileName.BEST_GLOBAL_MODEL
+        return best if best.is_file() else self.server_app / DefaultCheckpointFileName.GLOBAL_MODEL
+
+    def personal_model(self, site: str) -> Path:
+        """PFL: a site's best personal model, or its latest."""
+        folder = self.server_app / PERSONAL_MODELS_DIR
+        best = folder / f"best_{site}.pt"
+        return best if best.is_file() else folder / f"{site}.pt"
+
+
+@contextlib.contextmanager
+def _output_to(log_file: Path | None) -> Iterator[None]:
+    """Send this process's and its children's stdout/stderr to ``log_file`` (the simulator is chatty)."""
+    if log_file is None:
+        yield
+        return
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log_file, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def simulate(
+    recipe: SurgicalAggregationRecipe, workspace_root: Path, log_file: Path | None = None, threads: int | None = None
+) -> FederationResult:
+    """Run ``recipe`` in FLARE's simulator under ``workspace_root/<job name>``; one thread per site by default
+    (each site keeps its process, and its local model, between tasks)."""
+    env = SimEnv(clients=recipe.sites, num_threads=threads or len(recipe.sites), workspace_root=str(workspace_root))
+    try:
+        with _output_to(log_file):
+            run = recipe.run(env)
+    except RuntimeError as error:
+        where = f"; see {log_file}" if log_file else ""
+        raise RuntimeError(f"the federation {recipe.name!r} failed in FLARE's simulator: {error}{where}") from None
+    return FederationResult(Path(env.get_job_result(run.get_job_id())))

@@ -1,0 +1,79 @@
+"""PyTorch datasets over a :class:`LabelTable`, reading pixels from the preprocessing cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..data.table import LabelTable, MissingClassPolicy
+from .cache import CacheReport, ImageCache, OnError, build_cache, cache_directory
+
+
+class ImageReader(Protocol):
+    def read(self, path: str) -> np.ndarray: ...
+
+
+class ChestXrayDataset(Dataset):
+    """Items are dicts: ``image`` (C, H, W) float tensor, ``label`` and ``mask`` (n_classes,) floats.
+
+    ``classes`` picks and orders label columns by name (default: the table's own);
+    ``missing`` says what a class the table does not label becomes (see
+    :meth:`LabelTable.label_matrix`).
+    """
+
+    def __init__(
+        self,
+        table: LabelTable,
+        images: ImageReader,
+        transform: Callable[[np.ndarray], torch.Tensor],
+        classes: Sequence[str] | None = None,
+        missing: MissingClassPolicy = "error",
+    ) -> None:
+        self.table = table
+        self.class_names = list(table.classes if classes is None else classes)
+        self.paths = table.paths
+        labels, mask = table.label_matrix(self.class_names, missing)
+        self.labels = torch.from_numpy(labels)
+        self.mask = torch.from_numpy(mask)
+        self.images = images
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def relabelled(self, classes: Sequence[str], missing: MissingClassPolicy) -> ChestXrayDataset:
+        """The same images with label columns ``classes`` (e.g. a federation's union, vanilla FL's negatives)."""
+        return ChestXrayDataset(self.table, self.images, self.transform, classes, missing)
+
+    def reseed(self, seed: int) -> None:
+        """Seed the random transforms (no effect on deterministic ones)."""
+        if hasattr(self.transform, "set_random_state"):
+            self.transform.set_random_state(seed=seed % 2**32)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        image = self.transform(self.images.read(self.paths[index]))
+        return {"image": image, "label": self.labels[index], "mask": self.mask[index]}
+
+
+def cache_table(
+    table: LabelTable,
+    cache_root: str | Path,
+    size: int,
+    on_error: OnError = "error",
+    workers: int = 0,
+    progress: bool = True,
+) -> tuple[LabelTable, ImageCache, CacheReport]:
+    """Build/reuse the table's image cache; returns the table without unreadable images.
+
+    With ``on_error="skip"`` the unreadable images are dropped here (and counted in the
+    report), so no epoch ever meets one.
+    """
+    directory = cache_directory(cache_root, table.source, table.root, size)
+    cache, report = build_cache(table.paths, directory, size, on_error, workers, progress)
+    readable = np.fromiter((path in cache for path in table.paths), dtype=bool, count=len(table))
+    return table.subset(readable), cache, report

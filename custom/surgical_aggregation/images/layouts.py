@@ -1,0 +1,34 @@
+"""One entry point for every supported chest X-ray folder layout, chosen by a ``kind`` string (site configs use it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import SiteConfigError
+from ..data.table import LabelTable
+from .chexpert import load_chexpert
+from .csv_table import load_csv_table
+from .mimic import load_mimic
+from .nih import load_nih
+
+LOADERS = {"nih": load_nih, "chexpert": load_chexpert, "mimic": load_mimic, "csv": load_csv_table}
+DATASET_KINDS: tuple[str, ...] = tuple(LOADERS)
+
+
+def load_table(kind: str, location: str | Path, **options: Any) -> LabelTable:
+    """Read a dataset: ``location`` is the data folder (nih, chexpert, mimic) or the CSV file (csv).
+
+    ``options`` go to the loader (e.g. ``uncertainty="ignore"`` for chexpert/mimic/csv,
+    ``image_dir`` for nih, ``image_column``/``label_columns`` for csv); an option the loader
+    does not take is an error that lists the ones it does.
+    """
+    try:
+        loader = LOADERS[kind]
+    except KeyError:
+        raise SiteConfigError(f"unknown dataset kind {kind!r}; choose one of {', '.join(DATASET_KINDS)}") from None
+    accepted = set(loader.__code__.co_varnames[1 : loader.__code__.co_argcount])
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise SiteConfigError(f"dataset kind {kind!r} takes no data.options {unknown}; it takes {sorted(accepted)}")
+    return loader(location, **options)

@@ -1,0 +1,104 @@
+"""Chest X-ray images as a modality: folder layouts -> label table -> preprocessing cache -> datasets -> DenseNet121."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from ..core.errors import SiteConfigError
+from ..data.storage import exclusive
+from ..data.table import LabelTable, MaterialisedTable
+from .dataset import ChestXrayDataset, cache_table
+from .layouts import DATASET_KINDS, load_table
+from .synthetic import GENERATORS, ensure_generated
+
+if TYPE_CHECKING:  # the config sits above the modalities; they only read it
+    from ..config import SiteConfig
+
+
+@dataclass(frozen=True)
+class ImageModality:
+    name: str = "images"
+    kinds: tuple[str, ...] = DATASET_KINDS
+    architecture: str = "densenet121"
+    sample_noun: str = "images"
+    threshold_metrics: bool = False
+
+    def check(self, config: SiteConfig, where: str) -> None:
+        if config.data.location is None and config.data.kind not in GENERATORS:
+            raise SiteConfigError(
+                f"{where}.data.location is required for kind {config.data.kind!r} "
+                f"(embedded data exists for {list(GENERATORS)})"
+            )
+
+    def load_table(self, config: SiteConfig, log: logging.Logger) -> LabelTable:
+        data = config.data
+        if data.location is not None:
+            table = load_table(data.kind, data.location, **data.options)
+            log.info("%s data at %s: %d images of %d patients", data.kind, data.location, len(table), table.n_patients)
+            return table
+        embedded = config.embedded
+        name = f"{data.kind}-{embedded.patients}p-{embedded.image_size}px-s{embedded.seed}"
+        folder = config.cache_root / "embedded" / name
+        with exclusive(folder):
+            dataset, created = ensure_generated(
+                data.kind, folder, n_patients=embedded.patients, image_size=embedded.image_size, seed=embedded.seed
+            )
+        log.info(
+            "no data location configured for this site: using the %s %s",
+            "embedded dataset generated now," if created else "embedded dataset generated earlier,",
+            dataset.describe(),
+        )
+        return load_table(data.kind, dataset.root, **data.options)
+
+    def describe(self, config: SiteConfig, table: LabelTable) -> str:
+        origin = "embedded generated data" if config.data.location is None else "local data"
+        return f"{config.data.kind} layout, {origin}, {len(table)} images"
+
+    def preprocessing(self, config: SiteConfig) -> dict[str, Any]:
+        return {
+            "image_size": config.image_size,
+            "in_channels": config.in_channels,
+            "imagenet_normalize": config.imagenet_normalize,
+        }
+
+    def materialise(
+        self, config: SiteConfig, table: LabelTable, log: logging.Logger, progress: bool
+    ) -> MaterialisedTable:
+        from .transforms import Augmentation, image_transforms  # MONAI: imported where images are transformed
+
+        kept, cache, report = cache_table(
+            table, config.cache_root, config.image_size, config.on_unreadable, config.cache_threads, progress
+        )
+        if report.failures:
+            log.warning("left out %d unreadable image(s), e.g. %s", len(report.failures), report.failures[:3])
+        augmentation = Augmentation() if config.augment else None
+
+        def dataset(split: LabelTable, train: bool) -> ChestXrayDataset:
+            transform = image_transforms(
+                config.image_size,
+                train=train and config.augment,
+                in_channels=config.in_channels,
+                imagenet_normalize=config.imagenet_normalize,
+                augmentation=augmentation,
+            )
+            return ChestXrayDataset(split, cache, transform, classes=kept.classes)
+
+        return MaterialisedTable(kept, dataset, report.summary(), report.failures)
+
+    def build_model(self, class_names: Sequence[str], preprocessing: Mapping[str, Any]) -> nn.Module:
+        from .model import NamedDenseNet121  # MONAI: imported where a model is built
+
+        return NamedDenseNet121(class_names, in_channels=int(preprocessing.get("in_channels", 1)))
+
+    def load_pretrained(self, model: nn.Module, weights_path: str) -> None:
+        from .model import load_pretrained_backbone
+
+        load_pretrained_backbone(model, weights_path)
+
+
+IMAGES = ImageModality()

@@ -1,0 +1,491 @@
+"""Embedded default data: small, deterministic datasets in the exact NIH, CheXpert and MIMIC layouts.
+
+No real chest X-ray images can be installed offline, so the demo job and the tests run on
+generated ones that a model can genuinely learn from:
+
+* **Pixels.** A chest-like background (body, two lung fields, heart shadow) whose brightness,
+  contrast, noise and file format differ per source (a domain shift, as between hospitals).
+  Every positive finding stamps its own glyph, a fixed 5x5 binary pattern scaled to the image,
+  at a random place in the lung fields with a random strength. The glyph of a finding is the
+  same in every dataset ("Effusion" in NIH and "Pleural Effusion" in CheXpert look alike), and
+  no glyph is close to another glyph or to another's mirror image, so flipping augmentation
+  does not confuse classes. An uncertain CheXpert/MIMIC label leaves a half-strength glyph.
+* **Labels.** When torchxrayvision's data files are installed, label rows are real rows of
+  the NIH label file and of CheXpert's ``train.csv`` (real co-occurrences, uncertain and blank
+  values, views, patient structure); otherwise independent draws at built-in frequencies
+  (measured on those same files). Patients are picked so that every finding has at least
+  ``min_positive_fraction`` positive patients: the real prevalence of rare findings
+  (Hernia: 0.2%) would leave tiny datasets without a single positive.
+* **MIMIC.** No MIMIC label file is available offline; MIMIC-style datasets reuse CheXpert
+  label rows (both come from the CheXpert labeler) in MIMIC's file layout.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from PIL import Image
+
+from ..core.errors import DataNotFoundError
+from ..core.labels import CANONICAL_FINDINGS, CHEXPERT_LABELS, NIH_LABELS, NIH_RAW_LABELS, NO_FINDING
+from ..data.reference import CHEXPERT_LABEL_FILE, NIH_LABEL_FILE, reference_file
+from .chexpert import resolve_chexpert_path
+from .mimic import mimic_image_path
+
+LabelSource = Literal["auto", "reference", "builtin"]
+MARKER_FILE = "GENERATED.json"
+GENERATOR_VERSION = 1
+GLYPH_CELLS = 5
+_GLYPH_SEED = 20230301  # fixed: a finding's glyph must not depend on any dataset's seed
+_KIND_CODES = {"nih": 1, "chexpert": 2, "mimic": 3}
+
+# Prevalence per image, measured on the real label files (frontal CheXpert images).
+NIH_PREVALENCE: dict[str, float] = {
+    "Atelectasis": 0.1031,
+    "Cardiomegaly": 0.0248,
+    "Consolidation": 0.0416,
+    "Edema": 0.0205,
+    "Pleural Effusion": 0.1188,
+    "Emphysema": 0.0224,
+    "Fibrosis": 0.0150,
+    "Hernia": 0.0020,
+    "Infiltration": 0.1774,
+    "Mass": 0.0516,
+    "Nodule": 0.0565,
+    "Pleural Thickening": 0.0302,
+    "Pneumonia": 0.0128,
+    "Pneumothorax": 0.0473,
+}
+# (positive, uncertain, blank) shares; the rest are explicit zeros.
+CHEXPERT_RATES: dict[str, tuple[float, float, float]] = {
+    "Enlarged Cardiomediastinum": (0.0481, 0.0538, 0.818),
+    "Cardiomegaly": (0.1224, 0.0351, 0.801),
+    "Lung Opacity": (0.4932, 0.0232, 0.457),
+    "Lung Lesion": (0.0369, 0.0058, 0.953),
+    "Edema": (0.2600, 0.0619, 0.595),
+    "Consolidation": (0.0680, 0.1276, 0.702),
+    "Pneumonia": (0.0245, 0.0837, 0.882),
+    "Atelectasis": (0.1556, 0.1563, 0.683),
+    "Pneumothorax": (0.0926, 0.0142, 0.643),
+    "Pleural Effusion": (0.4026, 0.0501, 0.415),
+    "Pleural Other": (0.0131, 0.0095, 0.976),
+    "Fracture": (0.0389, 0.0026, 0.948),
+    "Support Devices": (0.5610, 0.0048, 0.406),
+}
+CHEXPERT_COLUMNS = ["Path", "Sex", "Age", "Frontal/Lateral", "AP/PA", NO_FINDING, *CHEXPERT_LABELS]
+NIH_COLUMNS = [
+    "Image Index",
+    "Finding Labels",
+    "Follow-up #",
+    "Patient ID",
+    "Patient Age",
+    "Patient Gender",
+    "View Position",
+    "OriginalImage[Width",
+    "Height]",
+    "OriginalImagePixelSpacing[x",
+    "y]",
+]
+
+
+# --- pixels -------------------------------------------------------------------------------------
+
+
+@functools.cache
+def finding_glyphs() -> dict[str, np.ndarray]:
+    """One distinct 5x5 binary glyph per finding (fixed for all datasets and runs).
+
+    Any two glyphs, and any glyph and another's mirror image, differ in at least 8 of 25 cells.
+    """
+    rng = np.random.default_rng(_GLYPH_SEED)
+    chosen: list[np.ndarray] = []
+    for _ in CANONICAL_FINDINGS:
+        while True:
+            glyph = (rng.random((GLYPH_CELLS, GLYPH_CELLS)) < 0.5).astype(np.float32)
+            if not 9 <= glyph.sum() <= 16:
+                continue
+            others = chosen + [other[:, ::-1] for other in chosen]
+            if np.abs(glyph - glyph[:, ::-1]).sum() >= 4 and all(np.abs(glyph - o).sum() >= 8 for o in others):
+                chosen.append(glyph)
+                break
+    return dict(zip(CANONICAL_FINDINGS, chosen, strict=True))
+
+
+@dataclass(frozen=True)
+class SourceStyle:
+    """How one source's images look: the domain shift between hospitals."""
+
+    body: float
+    lung: float
+    heart: float
+    noise: float
+    file_suffix: str
+    aspect: float  # height / width
+
+
+STYLES: dict[str, SourceStyle] = {
+    "nih": SourceStyle(body=0.58, lung=0.22, heart=0.62, noise=0.05, file_suffix=".png", aspect=1.0),
+    "chexpert": SourceStyle(body=0.66, lung=0.30, heart=0.70, noise=0.07, file_suffix=".jpg", aspect=1.15),
+    "mimic": SourceStyle(body=0.52, lung=0.18, heart=0.58, noise=0.06, file_suffix=".jpg", aspect=1.2),
+}
+
+
+def render_image(
+    findings: dict[str, float], width: int, style: SourceStyle, rng: np.random.Generator, lateral: bool = False
+) -> np.ndarray:
+    """A uint8 (height, width) chest-like image; ``findings`` maps finding -> glyph strength (0..1)."""
+    height = round(width * style.aspect)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    y /= height
+    x /= width
+    jitter = rng.normal(0, 0.02, 4)
+    image = np.full((height, width), 0.08, np.float32)
+    body = ((x - 0.5) / 0.46) ** 2 + ((y - 0.55) / 0.52) ** 2 < 1
+    image[body] = style.body
+    if lateral:
+        lungs = ((x - 0.5 - jitter[0]) / 0.3) ** 2 + ((y - 0.5) / 0.33) ** 2 < 1
+    else:
+        left = ((x - 0.31 - jitter[0]) / 0.15) ** 2 + ((y - 0.5 - jitter[1]) / 0.3) ** 2 < 1
+        right = ((x - 0.69 - jitter[2]) / 0.15) ** 2 + ((y - 0.5 - jitter[3]) / 0.3) ** 2 < 1
+        lungs = left | right
+    image[lungs] = style.lung
+    heart = ((x - 0.56) / 0.13) ** 2 + ((y - 0.66) / 0.12) ** 2 < 1
+    image[heart & body] = style.heart
+    image *= rng.uniform(0.9, 1.1)
+
+    cell = max(1, width // 16)
+    size = GLYPH_CELLS * cell
+    glyphs = finding_glyphs()
+    for name, strength in findings.items():
+        if strength <= 0:
+            continue
+        stamp = np.kron(glyphs[name], np.ones((cell, cell), np.float32))
+        top = rng.integers(int(0.2 * height), max(int(0.2 * height) + 1, int(0.82 * height) - size))
+        left_edge = rng.integers(int(0.12 * width), max(int(0.12 * width) + 1, int(0.88 * width) - size))
+        image[top : top + size, left_edge : left_edge + size] += strength * rng.uniform(0.3, 0.6) * stamp
+    image += rng.normal(0, style.noise, image.shape).astype(np.float32)
+    return np.clip(np.rint(image * 255), 0, 255).astype(np.uint8)
+
+
+def _save(array: np.ndarray, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = Image.fromarray(array, mode="L")
+    if path.suffix == ".jpg":
+        image.save(path, quality=95)
+    else:
+        image.save(path)
+
+
+def _image_rng(seed: int, kind: str, index: int) -> np.random.Generator:
+    return np.random.default_rng([seed, _KIND_CODES[kind], index])
+
+
+# --- labels -------------------------------------------------------------------------------------
+
+
+def _pick_patients(
+    positives: pd.DataFrame, n_patients: int, min_positive_fraction: float, rng: np.random.Generator
+) -> list:
+    """Patients (index of ``positives``, a patient x finding bool frame), rare findings enriched."""
+    n_patients = min(n_patients, len(positives))
+    target = math.ceil(min_positive_fraction * n_patients)
+    chosen: list = []
+    taken = pd.Series(False, index=positives.index)
+    for name in positives.sum().sort_values().index:  # rarest first
+        missing = target - int(positives.loc[taken, name].sum())
+        candidates = positives.index[positives[name] & ~taken]
+        if missing <= 0 or len(candidates) == 0:
+            continue
+        picked = rng.choice(candidates, size=min(missing, len(candidates), n_patients - len(chosen)), replace=False)
+        chosen.extend(picked.tolist())
+        taken[picked] = True
+    rest = positives.index[~taken]
+    chosen.extend(rng.choice(rest, size=n_patients - len(chosen), replace=False).tolist())
+    return chosen
+
+
+def _resolve_label_source(label_source: LabelSource, file_name: str) -> Path | None:
+    if label_source not in ("auto", "reference", "builtin"):
+        raise ValueError(f"unknown label source {label_source!r}; choose auto, reference or builtin")
+    if label_source == "builtin":
+        return None
+    path = reference_file(file_name)
+    if path is None and label_source == "reference":
+        raise DataNotFoundError(
+            f"{file_name} not found: install torchxrayvision's data files with "
+            "'pip install --no-deps torchxrayvision==1.5.7', or use label_source='builtin'"
+        )
+    return path
+
+
+def _builtin_draws(
+    n_patients: int, max_items: int, rates: np.ndarray, min_positive_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Independent label draws for 1..max_items items (images/studies) per patient.
+
+    ``rates`` is (classes, 3): positive, uncertain and blank shares (the rest are zeros).
+    Returns (patient index per item, sorted; values per item: 1, -1, NaN or 0). A finding with
+    fewer than ``min_positive_fraction`` positive patients is made positive on the first item
+    of randomly chosen other patients, as the reference path enriches rare findings.
+    """
+    patients = np.repeat(np.arange(n_patients), rng.integers(1, max_items + 1, n_patients))
+    draw = rng.random((len(patients), len(rates)))
+    bounds = np.cumsum(rates, axis=1)
+    values = np.select([draw < bounds[:, 0], draw < bounds[:, 1], draw < bounds[:, 2]], [1.0, -1.0, np.nan], 0.0)
+    target = math.ceil(min_positive_fraction * n_patients)
+    for column in range(len(rates)):
+        positive = np.unique(patients[values[:, column] == 1])
+        candidates = np.setdiff1d(np.arange(n_patients), positive)
+        extra = rng.choice(candidates, size=min(max(target - len(positive), 0), len(candidates)), replace=False)
+        values[np.searchsorted(patients, extra), column] = 1.0
+    return patients, values
+
+
+def nih_label_rows(
+    n_patients: int,
+    seed: int = 0,
+    max_images_per_patient: int = 3,
+    min_positive_fraction: float = 0.06,
+    label_source: LabelSource = "auto",
+) -> tuple[pd.DataFrame, str]:
+    """NIH ``Data_Entry_2017.csv`` rows and a phrase saying where their labels came from."""
+    rng = np.random.default_rng([seed, _KIND_CODES["nih"]])
+    reference = _resolve_label_source(label_source, NIH_LABEL_FILE)
+    if reference is not None:
+        real = pd.read_csv(reference).sort_values(["Patient ID", "Follow-up #"])
+        real = real.groupby("Patient ID").head(max_images_per_patient)  # enrich on the rows we keep
+        tokens = real["Finding Labels"].str.split("|")
+        positives = pd.DataFrame({raw: tokens.map(lambda t, raw=raw: raw in t) for raw in NIH_RAW_LABELS})
+        per_patient = positives.groupby(real["Patient ID"]).any()
+        chosen = _pick_patients(per_patient, n_patients, min_positive_fraction, rng)
+        rows = real[real["Patient ID"].isin(chosen)].reset_index(drop=True)
+        return rows[NIH_COLUMNS], f"real NIH label rows from {reference}"
+    rates = np.array([(NIH_PREVALENCE[name], 0.0, 0.0) for name in NIH_LABELS])
+    patients, values = _builtin_draws(n_patients, max_images_per_patient, rates, min_positive_fraction, rng)
+    sexes = rng.choice(["M", "F"], size=n_patients)
+    records = []
+    for index, (patient, row) in enumerate(zip(patients + 1, values, strict=True)):
+        follow_up = index - int(np.searchsorted(patients, patient - 1))
+        found = [raw for raw, value in zip(NIH_RAW_LABELS, row, strict=True) if value == 1]
+        records.append(
+            [
+                f"{patient:08d}_{follow_up:03d}.png",
+                "|".join(found) or NO_FINDING,
+                follow_up,
+                patient,
+                int(rng.integers(18, 90)),
+                str(sexes[patient - 1]),
+                str(rng.choice(["PA", "AP"])),
+                2500,
+                2048,
+                0.143,
+                0.143,
+            ]
+        )
+    return pd.DataFrame(records, columns=NIH_COLUMNS), "built-in NIH label frequencies"
+
+
+def chexpert_label_rows(
+    n_patients: int,
+    seed: int = 0,
+    max_studies_per_patient: int = 2,
+    min_positive_fraction: float = 0.06,
+    label_source: LabelSource = "auto",
+    kind: str = "chexpert",
+) -> tuple[pd.DataFrame, str]:
+    """CheXpert ``train.csv`` rows (frontal and lateral views) and where their labels came from."""
+    rng = np.random.default_rng([seed, _KIND_CODES[kind]])
+    reference = _resolve_label_source(label_source, CHEXPERT_LABEL_FILE)
+    if reference is not None:
+        real = pd.read_csv(reference, dtype={"Path": str})
+        patient = real["Path"].str.extract(r"(patient\d+)", expand=False)
+        study = real["Path"].str.extract(r"(patient\d+/study\d+)", expand=False)
+        first_studies = study.drop_duplicates()
+        kept_studies = set(first_studies.groupby(patient[first_studies.index]).head(max_studies_per_patient))
+        real = real[study.isin(kept_studies)]  # enrich on the rows we keep
+        patient = patient[real.index]
+        per_patient = (real[list(CHEXPERT_LABELS)] == 1).groupby(patient).any()
+        chosen = set(_pick_patients(per_patient, n_patients, min_positive_fraction, rng))
+        rows = real[patient.isin(chosen)]
+        return rows.reset_index(drop=True)[CHEXPERT_COLUMNS], f"real CheXpert label rows from {reference}"
+    rates = np.array([CHEXPERT_RATES[name] for name in CHEXPERT_LABELS])
+    patients, values = _builtin_draws(n_patients, max_studies_per_patient, rates, min_positive_fraction, rng)
+    sexes = rng.choice(["Female", "Male"], size=n_patients)
+    records = []
+    for index, (patient, row) in enumerate(zip(patients + 1, values, strict=True)):
+        study = 1 + index - int(np.searchsorted(patients, patient - 1))
+        sex, age = str(sexes[patient - 1]), int(rng.integers(18, 90))
+        no_finding = np.nan if (row == 1).any() else 1.0
+        views = [("Frontal", str(rng.choice(["AP", "PA"])), "view1_frontal")]
+        if rng.random() < 0.3:
+            views.append(("Lateral", np.nan, "view2_lateral"))
+        for view, ap_pa, name in views:
+            path = f"CheXpert-v1.0-small/train/patient{patient:05d}/study{study}/{name}.jpg"
+            records.append([path, sex, age, view, ap_pa, no_finding, *row.tolist()])
+    return pd.DataFrame(records, columns=CHEXPERT_COLUMNS), "built-in CheXpert label frequencies"
+
+
+# --- datasets on disk ----------------------------------------------------------------------------
+
+
+@dataclass
+class GeneratedDataset:
+    kind: str
+    root: Path  # the folder a loader reads (for CheXpert: the CheXpert-v1.0-small folder)
+    n_images: int
+    n_patients: int
+    image_size: int
+    seed: int
+    label_origin: str
+
+    def describe(self) -> str:
+        return (
+            f"embedded {self.kind} dataset at {self.root}: {self.n_images} generated images of "
+            f"{self.n_patients} patients at {self.image_size}px (labels: {self.label_origin})"
+        )
+
+
+def _strengths(values: dict[str, float]) -> dict[str, float]:
+    """Label value -> glyph strength: positive full, uncertain half, others none."""
+    return {name: 1.0 if value == 1 else 0.5 for name, value in values.items() if value in (1, -1)}
+
+
+def _write_chexpert_style_images(
+    rows: pd.DataFrame, paths: Sequence[Path], kind: str, image_size: int, seed: int
+) -> None:
+    style = STYLES[kind]
+    labels = rows[list(CHEXPERT_LABELS)].to_numpy(dtype=np.float64)
+    lateral = (rows["Frontal/Lateral"] == "Lateral").to_numpy()
+    for index, path in enumerate(paths):
+        findings = _strengths(dict(zip(CHEXPERT_LABELS, labels[index].tolist(), strict=True)))
+        _save(render_image(findings, image_size, style, _image_rng(seed, kind, index), lateral[index]), path)
+
+
+def generate_nih(
+    root: str | Path,
+    n_patients: int = 200,
+    image_size: int = 64,
+    seed: int = 0,
+    label_source: LabelSource = "auto",
+    min_positive_fraction: float = 0.06,
+    max_images_per_patient: int = 3,
+) -> GeneratedDataset:
+    """Write ``root/Data_Entry_2017.csv`` and ``root/images/*.png`` (NIH ChestX-ray14 layout)."""
+    root = Path(root)
+    rows, origin = nih_label_rows(n_patients, seed, max_images_per_patient, min_positive_fraction, label_source)
+    style = STYLES["nih"]
+    raw_to_name = dict(zip(NIH_RAW_LABELS, NIH_LABELS, strict=True))
+    for index, (image_name, findings) in enumerate(zip(rows["Image Index"], rows["Finding Labels"], strict=True)):
+        present = {raw_to_name[token]: 1.0 for token in findings.split("|") if token in raw_to_name}
+        _save(render_image(present, image_size, style, _image_rng(seed, "nih", index)), root / "images" / image_name)
+    root.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(root / "Data_Entry_2017.csv", index=False)
+    return GeneratedDataset("nih", root, len(rows), int(rows["Patient ID"].nunique()), image_size, seed, origin)
+
+
+def generate_chexpert(
+    root: str | Path,
+    n_patients: int = 200,
+    image_size: int = 64,
+    seed: int = 0,
+    label_source: LabelSource = "auto",
+    min_positive_fraction: float = 0.06,
+    valid_fraction: float = 0.1,
+) -> GeneratedDataset:
+    """Write ``root/CheXpert-v1.0-small/{train,valid}.csv`` and their JPEGs (CheXpert-small layout).
+
+    As in the real release, ``valid.csv`` patients are separate and have no uncertain or blank
+    labels. The returned dataset's ``root`` is the ``CheXpert-v1.0-small`` folder.
+    """
+    dataset_root = Path(root) / "CheXpert-v1.0-small"
+    rows, origin = chexpert_label_rows(n_patients, seed, 2, min_positive_fraction, label_source)
+    patient = rows["Path"].str.extract(r"(patient\d+)", expand=False)
+    patients = patient.drop_duplicates().tolist()
+    valid_rng = np.random.default_rng([seed, _KIND_CODES["chexpert"], 1])
+    valid_patients = valid_rng.choice(patients, size=round(valid_fraction * len(patients)), replace=False)
+    is_valid = patient.isin(set(valid_patients.tolist()))
+    train_rows = rows[~is_valid].reset_index(drop=True)
+    valid_rows = rows[is_valid].reset_index(drop=True)
+    valid_rows["Path"] = valid_rows["Path"].str.replace("/train/", "/valid/", regex=False)
+    valid_rows[list(CHEXPERT_LABELS)] = valid_rows[list(CHEXPERT_LABELS)].replace(-1.0, 0.0).fillna(0.0)
+    all_rows = pd.concat([train_rows, valid_rows], ignore_index=True)
+    paths = [resolve_chexpert_path(dataset_root, listed) for listed in all_rows["Path"]]
+    _write_chexpert_style_images(all_rows, paths, "chexpert", image_size, seed)
+    train_rows.to_csv(dataset_root / "train.csv", index=False)
+    valid_rows.to_csv(dataset_root / "valid.csv", index=False)
+    return GeneratedDataset("chexpert", dataset_root, len(all_rows), len(patients), image_size, seed, origin)
+
+
+def generate_mimic(
+    root: str | Path,
+    n_patients: int = 100,
+    image_size: int = 64,
+    seed: int = 0,
+    label_source: LabelSource = "auto",
+    min_positive_fraction: float = 0.06,
+) -> GeneratedDataset:
+    """Write MIMIC-CXR-JPG's two label CSVs (gzipped) and ``files/pXX/pSUBJECT/sSTUDY/<dicom>.jpg``."""
+    root = Path(root)
+    rows, origin = chexpert_label_rows(n_patients, seed, 2, min_positive_fraction, label_source, kind="mimic")
+    rng = np.random.default_rng([seed, _KIND_CODES["mimic"], 1])
+    patient = rows["Path"].str.extract(r"(patient\d+)", expand=False)
+    study = rows["Path"].str.extract(r"(patient\d+/study\d+)", expand=False)
+    subject_ids = {name: str(10_000_000 + i) for i, name in enumerate(patient.drop_duplicates())}
+    study_ids = {name: str(50_000_000 + i) for i, name in enumerate(study.drop_duplicates())}
+    metadata = pd.DataFrame(
+        {
+            "dicom_id": ["-".join(f"{int(v):08x}" for v in rng.integers(0, 2**32, 5)) for _ in range(len(rows))],
+            "subject_id": patient.map(subject_ids),
+            "study_id": study.map(study_ids),
+            "ViewPosition": np.where(rows["Frontal/Lateral"] == "Frontal", rows["AP/PA"].fillna("AP"), "LATERAL"),
+            "Rows": round(image_size * STYLES["mimic"].aspect),
+            "Columns": image_size,
+        }
+    )
+    paths = [
+        mimic_image_path(root, subject, study_id, dicom)
+        for dicom, subject, study_id in zip(
+            metadata["dicom_id"], metadata["subject_id"], metadata["study_id"], strict=True
+        )
+    ]
+    _write_chexpert_style_images(rows, paths, "mimic", image_size, seed)
+    labels = rows.assign(subject_id=metadata["subject_id"], study_id=metadata["study_id"])
+    labels = labels.drop_duplicates("study_id")[["subject_id", "study_id", NO_FINDING, *CHEXPERT_LABELS]]
+    labels.to_csv(root / "mimic-cxr-2.0.0-chexpert.csv.gz", index=False)
+    metadata.to_csv(root / "mimic-cxr-2.0.0-metadata.csv.gz", index=False)
+    origin += " (CheXpert rows in MIMIC layout)"
+    return GeneratedDataset("mimic", root, len(rows), len(subject_ids), image_size, seed, origin)
+
+
+GENERATORS = {"nih": generate_nih, "chexpert": generate_chexpert, "mimic": generate_mimic}
+
+
+def ensure_generated(kind: str, root: str | Path, **options) -> tuple[GeneratedDataset, bool]:
+    """Generate ``kind`` under ``root`` unless a dataset made with the same options is there.
+
+    Returns the dataset and whether it was generated now (callers say so in their log). The
+    options are recorded in ``GENERATED.json`` next to the label files.
+    """
+    if kind not in GENERATORS:
+        raise ValueError(f"no generator for {kind!r}; choose one of {', '.join(GENERATORS)}")
+    root = Path(root)
+    marker = (root / "CheXpert-v1.0-small" if kind == "chexpert" else root) / MARKER_FILE
+    request = {"kind": kind, "options": options, "version": GENERATOR_VERSION}
+    if marker.is_file():
+        recorded = json.loads(marker.read_text())
+        if recorded.get("request") == request:
+            dataset = recorded["dataset"]
+            return GeneratedDataset(**{**dataset, "root": Path(dataset["root"])}), False
+    dataset = GENERATORS[kind](root, **options)
+    marker.write_text(
+        json.dumps({"request": request, "dataset": {**asdict(dataset), "root": str(dataset.root)}}, indent=2)
+    )
+    return dataset, True

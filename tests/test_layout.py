@@ -1,0 +1,104 @@
+"""The package's layers: imports run one way, FLARE stays in ``flare/``, and only the modality seam knows report kinds.
+
+Read from the source with ``ast`` (runtime imports only: an ``if TYPE_CHECKING:`` block is for type
+checkers, not a dependency), so a misplaced import fails here rather than in a reviewer's head.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import surgical_aggregation
+
+PACKAGE = Path(surgical_aggregation.__file__).parent
+# bottom to top; a module may import its own layer or a lower one
+LAYERS: list[tuple[str, ...]] = [
+    ("core",),
+    ("data",),
+    ("images", "reports"),
+    ("modalities",),
+    ("config", "profiles", "metrics", "plots"),
+    ("site_data", "loops", "checkpoint"),
+    ("trainer", "inference"),
+    ("flare",),
+    ("experiments",),
+    ("cli", "__main__", "__init__"),
+]
+RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
+SIBLINGS_APART = {"images": "reports", "reports": "images"}  # the modalities do not know each other
+
+
+def _modules() -> dict[str, Path]:
+    return {".".join(path.relative_to(PACKAGE).with_suffix("").parts): path for path in PACKAGE.rglob("*.py")}
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _runtime_imports(path: Path, module: str) -> set[str]:
+    """Absolute names (inside the package, without its prefix) of what ``module`` imports when it runs."""
+    found: set[str] = set()
+    package_parts = module.split(".")[:-1] if path.name != "__init__.py" else module.split(".")
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            return
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package_parts[: len(package_parts) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+                found.add(target)
+                if not node.module:  # from . import x
+                    found.update(f"{target}.{alias.name}".lstrip(".") for alias in node.names)
+            elif node.module and node.module.startswith("surgical_aggregation"):
+                found.add(node.module.removeprefix("surgical_aggregation").lstrip("."))
+            elif node.module:
+                found.add("!" + node.module)  # third party
+        elif isinstance(node, ast.Import):
+            found.update("!" + alias.name for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {name for name in found if name}
+
+
+MODULES = _modules()
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_run_one_way(module):
+    own = _top(module)
+    assert own in RANK, f"{module}: place its package in a layer of this test"
+    for imported in _runtime_imports(MODULES[module], module):
+        if imported.startswith("!"):
+            continue
+        top = _top(imported)
+        assert RANK[top] <= RANK[own], f"{module} imports {imported}, which sits above it"
+        assert SIBLINGS_APART.get(own) != top, f"{module} imports {imported}: the modalities meet only in the seam"
+
+
+def test_flare_is_imported_only_in_the_flare_layer():
+    offenders = {
+        module
+        for module, path in MODULES.items()
+        if _top(module) != "flare" and any(name.startswith("!nvflare") for name in _runtime_imports(path, module))
+    }
+    assert offenders == set()
+
+
+def test_only_the_modality_seam_knows_report_kinds():
+    words = re.compile(r"\b(iu_reports|report_csv|REPORT_KINDS|report_mlp)\b")
+    for module, path in MODULES.items():
+        if _top(module) not in ("reports", "modalities"):
+            found = words.findall(path.read_text())
+            assert not found, f"{module} mentions {found}: ask the modality (modalities.py) instead"

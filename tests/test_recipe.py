@@ -1,0 +1,105 @@
+"""The recipes: the committed job folders are exactly their export; bad arguments are refused before anything
+is built; each code-delivery mode gives the folder FLARE expects."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import surgical_aggregation
+from surgical_aggregation.cli import main
+from surgical_aggregation.config import SiteConfigError, load_site_config
+from surgical_aggregation.flare.protocol import BUNDLE_JOBS
+from surgical_aggregation.flare.recipe import (
+    CLIENT_COMMAND,
+    SurgicalAggregationRecipe,
+    nih_chexpert_recipe,
+    write_job,
+)
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+COMMITTED = REPOSITORY / "jobs" / "nih_chexpert"
+SITES = ("site-nih", "site-chexpert")
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", BUNDLE_JOBS)
+def test_committed_job_is_the_recipes_export(tmp_path, name):
+    assert main(["write-job", "--name", name, "--out", str(tmp_path / "job")]) == 0
+    committed = REPOSITORY / "jobs" / name
+    assert _files(committed) == _files(tmp_path / "job"), (
+        f"run: surgical-aggregation write-job --name {name} --out {committed}"
+    )
+
+
+def test_main_job_layout():
+    meta = json.loads((COMMITTED / "meta.json").read_text())
+    assert meta["deploy_map"] == {"app_server": ["server"], **{f"app_{site}": [site] for site in SITES}}
+    assert meta["min_clients"] == 2 and meta["scope"] == "surgical_aggregation"
+    server = json.loads((COMMITTED / "app_server/config/config_fed_server.json").read_text())
+    assert [w["path"] for w in server["workflows"]] == [
+        "surgical_aggregation.flare.controller.SurgicalAggregatorShareable",
+        "nvflare.app_common.workflows.cross_site_model_eval.CrossSiteModelEval",
+    ]
+    for site, kind in zip(SITES, ("nih", "chexpert"), strict=True):
+        config = load_site_config(COMMITTED / f"app_{site}/config/site_configs/{site}.json")
+        assert config.data.kind == kind and config.data.location is None  # embedded data out of the box
+        # each site's app carries its own config only: no site learns another's from the job folder
+        assert [p.name for p in (COMMITTED / f"app_{site}/config/site_configs").iterdir()] == [f"{site}.json"]
+    # the job holds configuration only, plus a two-line entry point per site: no copy of the package's source
+    python_files = sorted(str(p.relative_to(COMMITTED)) for p in COMMITTED.rglob("*.py"))
+    assert python_files == [f"app_{site}/custom/client.py" for site in sorted(SITES)]
+    assert len((COMMITTED / "app_site-nih/custom/client.py").read_text().splitlines()) == 5
+
+
+def test_external_process_variant_has_no_entry_point(tmp_path):
+    job = write_job(nih_chexpert_recipe(client_execution="external_process"), tmp_path / "job")
+    client = json.loads((job / "app_site-nih/config/config_fed_client.json").read_text())
+    assert client["executors"][0]["executor"]["args"]["command"] == CLIENT_COMMAND
+    assert not list(job.rglob("client.py"))
+
+
+def test_bad_arguments_are_refused_before_anything_is_built():
+    with pytest.raises(ValueError, match="backbone_strategy must be one of"):
+        nih_chexpert_recipe(controller={"backbone_strategy": "fedprox"})
+    sites = nih_chexpert_recipe().site_configs
+    sites["site-nih"]["batch_size"] = -1
+    with pytest.raises(SiteConfigError, match=r"job 'broken' site 'site-nih'\.batch_size must be positive"):
+        SurgicalAggregationRecipe("broken", sites)
+
+
+def test_preinstalled_job_has_no_custom_folder_and_runs_the_installed_trainer(tmp_path):
+    assert main(["write-job", "--code", "preinstalled", "--out", str(tmp_path / "job")]) == 0
+    job = tmp_path / "job"
+    assert not list(job.glob("app*/custom"))  # not bring-your-own-code: the allow-list applies
+    arguments = json.loads((job / "app_site-nih/config/config_fed_client.json").read_text())["executors"][0]
+    assert arguments["executor"]["args"]["execution_mode"] == "external_process"
+    assert arguments["executor"]["args"]["command"] == CLIENT_COMMAND
+    for site in SITES:
+        folder = f"app_{site}/config/site_configs"
+        assert _files(job / folder) == _files(COMMITTED / folder)
+    assert json.loads((job / "meta.json").read_text()) == json.loads((COMMITTED / "meta.json").read_text())
+
+
+def test_shipped_library_is_the_package_without_caches(tmp_path):
+    assert main(["write-job", "--ship-library", "--out", str(tmp_path / "job")]) == 0
+    shipped = tmp_path / "job/app_site-nih/custom/surgical_aggregation"
+    package = Path(surgical_aggregation.__file__).parent
+    expected = {str(p.relative_to(package)) for p in package.rglob("*.py")}
+    assert {str(p.relative_to(shipped)) for p in shipped.rglob("*.py")} == expected
+    assert "flare/controller.py" in expected and not list(shipped.rglob("__pycache__"))
+    assert (tmp_path / "job/app_site-nih/custom/client.py").is_file()
+
+
+def test_code_delivery_combinations_that_cannot_work_are_refused():
+    with pytest.raises(ValueError, match="needs client_execution='external_process'"):
+        nih_chexpert_recipe(code="preinstalled")  # still in_process
+    with pytest.raises(ValueError, match="ship_library puts the package in custom/"):
+        nih_chexpert_recipe(code="preinstalled", client_execution="external_process", ship_library=True)
+    with pytest.raises(ValueError, match=r"code must be one of \('byoc', 'preinstalled'\)"):
+        nih_chexpert_recipe(code="shipped")
