@@ -103,3 +103,16 @@ def test_code_delivery_combinations_that_cannot_work_are_refused():
         nih_chexpert_recipe(code="preinstalled", client_execution="external_process", ship_library=True)
     with pytest.raises(ValueError, match=r"code must be one of \('byoc', 'preinstalled'\)"):
         nih_chexpert_recipe(code="shipped")
+
+
+def test_write_job_takes_a_sites_own_config_in_place_of_the_default(tmp_path):
+    real = {"data": {"kind": "nih", "location": str(tmp_path / "NIH")}, "learning_rate": 1e-5}
+    (tmp_path / "site-nih.json").write_text(json.dumps(real))
+    arguments = ["write-job", "--out", str(tmp_path / "job"), "--site-config", f"site-nih={tmp_path / 'site-nih.json'}"]
+    assert main(arguments) == 0
+    written = load_site_config(tmp_path / "job/app_site-nih/config/site_configs/site-nih.json")
+    assert written.data.location == str(tmp_path / "NIH") and written.learning_rate == 1e-5
+    assert written.image_size == 224  # fields left out take the defaults (the papers' recipe)
+    chexpert = "app_site-chexpert/config/site_configs"
+    assert _files(tmp_path / "job" / chexpert) == _files(COMMITTED / chexpert)  # the other site keeps its default
+    assert main([*arguments[:3], "--site-config", f"site-xyz={tmp_path / 'site-nih.json'}"]) == 2

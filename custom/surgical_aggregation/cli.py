@@ -141,6 +141,13 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--ship-library", action="store_true", help="byoc: also copy the surgical_aggregation package into custom/"
     )
+    parser.add_argument(
+        "--site-config",
+        action="append",
+        default=[],
+        metavar="SITE=FILE",
+        help="use this site config file (e.g. real data) instead of the job's default for SITE; repeatable",
+    )
 
 
 def _add_poc(commands: argparse._SubParsersAction) -> None:
@@ -301,11 +308,19 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _write_job(args: argparse.Namespace) -> int:
+    from .config import load_site_config
     from .flare.recipe import BUNDLE_RECIPES, write_job  # imports FLARE: only for this command
 
+    sites = {}
+    for entry in args.site_config:
+        site, separator, file = entry.partition("=")
+        if not separator or not site or not file:
+            raise SiteConfigError(f"--site-config takes SITE=FILE, got {entry!r}")
+        sites[site] = load_site_config(file).to_dict()
     # FLARE runs an in-process script only from the job's custom/ folder
     execution = "external_process" if args.code == "preinstalled" else "in_process"
-    recipe = BUNDLE_RECIPES[args.name](code=args.code, client_execution=execution, ship_library=args.ship_library)
+    make_recipe = BUNDLE_RECIPES[args.name]
+    recipe = make_recipe(sites, code=args.code, client_execution=execution, ship_library=args.ship_library)
     print(f"wrote job {args.name!r} ({args.code}) to {write_job(recipe, args.out)}")
     return 0
 

@@ -46,6 +46,7 @@ from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import Recipe
 
 from ..config import site_config_from_dict
+from ..core.errors import SiteConfigError
 from ..profiles import DEMO, REPORT
 from .controller import SurgicalAggregatorShareable
 from .persistor import SurgicalModelLocator, SurgicalModelPersistor
@@ -246,15 +247,26 @@ def write_job(recipe: SurgicalAggregationRecipe, folder: str | Path) -> Path:
 # --- the bundle's jobs ---------------------------------------------------------------------------------
 
 
-def nih_chexpert_recipe(**options: Any) -> SurgicalAggregationRecipe:
+def _with_sites(defaults: dict[str, dict[str, Any]], sites: Mapping[str, Mapping[str, Any]] | None) -> dict:
+    """The job's default site configs, with ``sites``' configs in place of those sites' defaults."""
+    unknown = sorted(set(sites or {}) - set(defaults))
+    if unknown:
+        raise SiteConfigError(f"the job has no site(s) {unknown}; its sites are {list(defaults)}")
+    return {**defaults, **{site: dict(config) for site, config in (sites or {}).items()}}
+
+
+def nih_chexpert_recipe(
+    sites: Mapping[str, Mapping[str, Any]] | None = None, **options: Any
+) -> SurgicalAggregationRecipe:
     """``jobs/nih_chexpert``: a NIH ChestX-ray14 site (14 labels) and a CheXpert site (13), 20-class union,
-    on the embedded data with the demo profile. ``options`` go to :class:`SurgicalAggregationRecipe`."""
-    sites = {
+    on the embedded data with the demo profile. ``sites`` replaces some sites' configs (e.g. real data);
+    ``options`` go to :class:`SurgicalAggregationRecipe`."""
+    defaults = {
         "site-nih": DEMO.site_config({"kind": "nih"}),
         "site-chexpert": DEMO.site_config({"kind": "chexpert"}),
     }
     controller = {"num_rounds": DEMO.rounds, "patience": DEMO.patience, **_TIMEOUTS, **options.pop("controller", {})}
-    return SurgicalAggregationRecipe("nih_chexpert", sites, controller=controller, **options)
+    return SurgicalAggregationRecipe("nih_chexpert", _with_sites(defaults, sites), controller=controller, **options)
 
 
 # The report labelling job: the IU reports dealt IID to two sites, each labelling 9 of the 14 most
@@ -281,13 +293,16 @@ REPORT_JOB_ROUNDS = 10
 _TIMEOUTS = {"handshake_timeout": 600, "train_timeout": 3600, "validate_timeout": 1800}
 
 
-def report_labeling_recipe(**options: Any) -> SurgicalAggregationRecipe:
+def report_labeling_recipe(
+    sites: Mapping[str, Mapping[str, Any]] | None = None, **options: Any
+) -> SurgicalAggregationRecipe:
     """``jobs/report_labeling``: two sites with different label subsets of the real IU reports
-    (the report-labelling paper's setting), the report profile, sample-weighted aggregation."""
+    (the report-labelling paper's setting), the report profile, sample-weighted aggregation. ``sites``
+    replaces some sites' configs (e.g. a hospital's report CSV)."""
     from ..reports.data import IU_REPORTS
 
     shared, others = list(IU_JOB_LABELS[:4]), list(IU_JOB_LABELS[4:])
-    sites = {
+    defaults = {
         site: REPORT.site_config(
             {"kind": IU_REPORTS, "labels": shared + others[index::2], "partition_count": 2, "partition_index": index}
         )
@@ -300,7 +315,7 @@ def report_labeling_recipe(**options: Any) -> SurgicalAggregationRecipe:
         **_TIMEOUTS,
         **options.pop("controller", {}),
     }
-    return SurgicalAggregationRecipe("report_labeling", sites, controller=controller, **options)
+    return SurgicalAggregationRecipe("report_labeling", _with_sites(defaults, sites), controller=controller, **options)
 
 
 BUNDLE_RECIPES = dict(zip(BUNDLE_JOBS, (nih_chexpert_recipe, report_labeling_recipe), strict=True))
