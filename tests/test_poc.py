@@ -5,7 +5,8 @@ then every started process stopped by its id.
 1. byoc (the default): the tiny main job completes and the downloaded result holds the 20-class
    union model; users without the ``submit_job`` right are refused.
 2. preinstalled: the sites allow-list the bundle's classes and refuse bring-your-own-code, so the
-   byoc job fails to deploy and the same job without ``custom/`` completes.
+   byoc job fails to deploy and the same job without ``custom/`` completes (submitted through its
+   recipe and FLARE's ``ProdEnv``, the admin API a production system offers).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 from pathlib import Path
 
 import pytest
+from nvflare.recipe import ProdEnv
 
 from surgical_aggregation.checkpoint import load_checkpoint
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
@@ -98,7 +100,16 @@ def test_preinstalled_poc_refuses_byoc_and_runs_the_allow_listed_job(tmp_path, m
         assert poc.wait(refused, timeout=300) != COMPLETED
         server_log = (poc.kit("server") / "log.txt").read_text()
         assert f"Failed to run the Job ({refused})" in server_log and "BYOC not permitted" in server_log
-        job_id = poc.submit(_job(tmp_path, "preinstalled", cross_site_evaluation=False), lead)
+        # the preinstalled job's recipe, submitted through FLARE's ProdEnv (the admin API) with the lead's kit
+        recipe = tiny_recipe(
+            nih_chexpert_recipe,
+            tmp_path / "cache",
+            rounds=1,
+            code="preinstalled",
+            client_execution="external_process",
+            cross_site_evaluation=False,
+        )
+        job_id = recipe.run(ProdEnv(startup_kit_location=str(poc.kit(lead)), username=lead)).get_job_id()
         assert poc.wait(job_id, timeout=600) == COMPLETED
         result = poc.download(job_id, tmp_path / "downloads") / "workspace"
         model = load_checkpoint(result / "app_server" / "FL_global_model.pt")
