@@ -44,7 +44,6 @@ ADMINS = {
 BUNDLE_CLASSES = {
     "surgical_aggregation.flare.controller.SurgicalAggregatorShareable",
     "surgical_aggregation.flare.persistor.SurgicalModelPersistor",
-    "surgical_aggregation.flare.persistor.SurgicalModelLocator",
     "nvflare.app_common.executors.client_api_executor.ClientAPIExecutor",
 }
 

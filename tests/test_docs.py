@@ -34,9 +34,7 @@ def test_the_recipe_snippet_runs_the_main_job_in_simenv_and_mlflow_reads_it_back
     monkeypatch.setattr(
         recipes,
         "nih_chexpert_recipe",
-        lambda **options: tiny_recipe(
-            bundle_recipe, tmp_path / "cache", rounds=2, cross_site_evaluation=False, **options
-        ),
+        lambda **options: tiny_recipe(bundle_recipe, tmp_path / "cache", rounds=2, **options),
     )
     exec(compile(snippet.replace("/tmp/sa-recipe", str(tmp_path / "ws")), "docs/library.md", "exec"), {})
 

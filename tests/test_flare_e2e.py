@@ -23,6 +23,8 @@ from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedA
 from surgical_aggregation.checkpoint import load_checkpoint
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.flare.audit import AUDIT_FILE, EXCHANGES_DIR, exchange_file_name, read_audit
+from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
 
 from helpers import tiny_recipe, tiny_sites
@@ -49,8 +51,12 @@ def _simulate(job: Path, workspace: Path, cache: Path, *extra: str) -> Path:
     return workspace / "server" / "simulate_job"
 
 
-def _exchange(workspace: Path, site: str, round_number: int, direction: str) -> dict:
-    path = workspace / site / "simulate_job" / f"app_{site}" / "exchanges" / f"round-{round_number:03d}-{direction}.pt"
+def _app(workspace: Path, site: str) -> Path:
+    return workspace / site / "simulate_job" / f"app_{site}"
+
+
+def _exchange(workspace: Path, site: str, round_number: int, direction: str, task: str = "train") -> dict:
+    path = _app(workspace, site) / EXCHANGES_DIR / exchange_file_name(task, round_number, direction)
     return torch.load(path, weights_only=True)
 
 
@@ -119,17 +125,48 @@ def test_rows_are_means_over_holders_and_slices_follow_the_global_model(main_run
 def test_run_artefacts(main_run):
     workspace, server = main_run
     history = json.loads((server / "app_server" / "round_history.json").read_text())
-    assert [r["round"] for r in history] == [0, 1, 1]  # two rounds, then the final validation
-    assert history[-1]["final_validation"] and set(history[-1]["sites"]) == set(SITES)
-    assert all(r["accepted"] == ["site-nih", "site-chexpert"] or set(r["accepted"]) == set(SITES) for r in history[:2])
+    assert [r["round"] for r in history] == [-1, 0, 1]  # one entry per global model: before training, rounds 0, 1
+    assert all(set(r["validation"]["sites"]) == set(SITES) for r in history)  # round 1's by the final validation
+    assert all(set(r["aggregation"]["accepted"]) == set(SITES) for r in history[1:])
     assert (server / "app_server" / "training_curves.png").stat().st_size > 10_000
     cross = json.loads((server / "cross_site_val" / "cross_val_results.json").read_text())
-    for site in SITES:
-        assert {"SRV_FL_global_model.pt", "SRV_best_FL_global_model.pt", *SITES} <= set(cross[site])
+    for site in SITES:  # the server's models, each site on its own slice; no site's model goes to another
+        assert set(cross[site]) == {"SRV_FL_global_model.pt", "SRV_best_FL_global_model.pt"}
         assert 0 <= cross[site]["SRV_FL_global_model.pt"]["val_mean_auroc"] <= 1
     assert {p.name for p in (server / "tb_events").iterdir()} == set(SITES)
-    for site in SITES:  # kept on disk so a restarted site process can still submit its model
-        assert (workspace / site / "simulate_job" / f"app_{site}" / "local_model.pt").is_file()
+    best = load_checkpoint(server / "app_server" / "best_FL_global_model.pt")
+    for site in SITES:
+        assert (_app(workspace, site) / "local_model.pt").is_file()  # a restarted site process resumes from it
+        published = load_checkpoint(_app(workspace, site) / PUBLISHED_MODEL_FILE)
+        assert published.class_names == best.class_names and published.meta["round"] == best.meta["round"]
+        assert torch.equal(published.state[W], best.state[W])
+
+
+def test_before_publication_no_site_receives_or_keeps_another_sites_class_names(main_run):
+    workspace, _ = main_run
+    union = set(NIH_LABELS) | set(CHEXPERT_LABELS)
+    for site, own in SITES.items():
+        records = read_audit(_app(workspace, site))
+        tasks = [record["task"] for record in records]
+        published = tasks.index("publish")
+        assert set(tasks[:published]) == {"describe", "train", "validate"} and tasks[published + 1 :] == ["publish"]
+        for record in records[:published]:  # every task of every type, received and sent
+            assert set(record["class_names"]) <= set(own), record
+            assert record["head_shapes"].get(W, [len(own)])[0] == len(own), record
+        assert set(records[published]["class_names"]) == union and records[published]["direction"] == "received"
+        foreign = union - set(own)
+        for path in sorted((workspace / site).rglob("*")):  # the site's whole workspace: files and logs
+            if not path.is_file() or path.name == PUBLISHED_MODEL_FILE:
+                continue
+            if path.suffix == ".pt":
+                payload = torch.load(path, weights_only=True)
+                if payload.get("task") != "publish":  # the published model's exchange record is publication
+                    assert not foreign & set(payload.get("class_names", [])), path
+                continue
+            text = path.read_text(errors="replace")
+            if path.name == AUDIT_FILE:
+                text = "\n".join(text.splitlines()[:published])
+            assert not [name for name in foreign if name in text], path
 
 
 def test_same_class_sets_give_flares_own_fedavg(tmp_path):
@@ -139,7 +176,7 @@ def test_same_class_sets_give_flares_own_fedavg(tmp_path):
         "site-b": {**nih, "record_exchanges": "full", "seed": 7, "embedded": {**nih["embedded"], "seed": 1}},
     }  # other data, same labels
     controller = {"num_rounds": 1, "final_validation": False}
-    write_job(SurgicalAggregationRecipe("fedavg", sites, controller, cross_site_evaluation=False), tmp_path / "job")
+    write_job(SurgicalAggregationRecipe("fedavg", sites, controller, publish_global_model=False), tmp_path / "job")
     server = _simulate(tmp_path / "job", tmp_path / "ws", tmp_path / "cache", "-t", "2")
 
     helper = WeightedAggregationHelper()
@@ -148,10 +185,51 @@ def test_same_class_sets_give_flares_own_fedavg(tmp_path):
         assert sent["class_names"] == list(NIH_LABELS)
         helper.add({k: v.numpy() for k, v in sent["state"].items()}, 1.0, site, 0)
     flare_fedavg = helper.get_result()
-    ours = load_checkpoint(server / "app_server" / "FL_global_model.pt").state
-    assert set(ours) == set(flare_fedavg)
+    ours_model = load_checkpoint(server / "app_server" / "FL_global_model.pt")
+    ours = ours_model.state
+    assert set(ours) == set(flare_fedavg) and sorted(ours_model.class_names) == sorted(NIH_LABELS)
+    # FLARE averages by position (both sites list the classes alike); the union lists them by name
+    by_name = [list(NIH_LABELS).index(name) for name in ours_model.class_names]
+    for key in (W, B):
+        flare_fedavg[key] = flare_fedavg[key][by_name]
     for key, value in flare_fedavg.items():
         if ours[key].dtype == torch.int64:  # BatchNorm counters: FLARE averages as float, we round back
             assert ours[key].item() == round(float(value)), key
         else:
             np.testing.assert_allclose(ours[key].numpy(), value, atol=TOL, rtol=0, err_msg=key)
+
+
+def test_a_new_hospital_joins_a_federation_that_continues_from_its_best_model(tmp_path):
+    base = tiny_sites(nih_chexpert_recipe().site_configs, tmp_path / "cache")
+
+    def site(kind: str, labels: list[str], seed: int = 0) -> dict:
+        config = base[f"site-{kind}"]
+        return {
+            **config,
+            "data": {**config["data"], "labels": labels},
+            "embedded": {**config["embedded"], "seed": seed},
+        }
+
+    first_sites = {
+        "site-a": site("nih", ["Atelectasis", "Mass", "Effusion"]),
+        "site-b": site("chexpert", ["Atelectasis", "Lung Opacity", "Pleural Effusion"]),
+    }
+    write_job(SurgicalAggregationRecipe("first", first_sites, {"num_rounds": 1}), tmp_path / "job1")
+    first = _simulate(tmp_path / "job1", tmp_path / "ws1", tmp_path / "cache")
+    best = first / "app_server" / "best_FL_global_model.pt"
+    joined = {**first_sites, "site-c": site("nih", ["Hernia", "Fibrosis"], seed=2)}  # classes nobody had
+    recipe = SurgicalAggregationRecipe("second", joined, {"num_rounds": 1}, initial_model=str(best))
+    write_job(recipe, tmp_path / "job2")
+    second = _simulate(tmp_path / "job2", tmp_path / "ws2", tmp_path / "cache")
+
+    earlier = load_checkpoint(best)
+    later = load_checkpoint(second / "app_server" / "FL_global_model.pt")
+    assert earlier.class_names == ["Atelectasis", "Lung Opacity", "Mass", "Pleural Effusion"]
+    assert later.class_names == [*earlier.class_names, "Fibrosis", "Hernia"]  # the union grows
+    learned = _rows({"state": earlier.state, "class_names": earlier.class_names})
+    for name in ("site-a", "site-b"):  # round 0 of the second job starts from the first job's rows
+        for class_name, row in _rows(_exchange(tmp_path / "ws2", name, 0, "received")).items():
+            np.testing.assert_allclose(row, learned[class_name], atol=TOL, err_msg=f"{name} {class_name}")
+    # only the newcomer's head starts from scratch, so only it warms up
+    warmed_up = {name: "head warm-up" in (tmp_path / "ws2" / name / "log.txt").read_text() for name in joined}
+    assert warmed_up == {"site-a": False, "site-b": False, "site-c": True}

@@ -7,12 +7,16 @@ then every started process stopped by its id.
 2. preinstalled: the sites allow-list the bundle's classes and refuse bring-your-own-code, so the
    byoc job fails to deploy and the same job without ``custom/`` completes (submitted through its
    recipe and FLARE's ``ProdEnv``, the admin API a production system offers).
+3. a server crash mid-federation: the server and its job process are killed by id, the daemon brings
+   the server back, and the same job submitted again continues from the last completed round.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -30,16 +34,9 @@ SITES = ["site-nih", "site-chexpert"]
 UNION = set(NIH_LABELS) | set(CHEXPERT_LABELS)
 
 
-def _job(root: Path, code: str, cross_site_evaluation: bool = True) -> Path:
+def _job(root: Path, code: str) -> Path:
     execution = "external_process" if code == "preinstalled" else "in_process"
-    recipe = tiny_recipe(
-        nih_chexpert_recipe,
-        root / "cache",
-        rounds=1,
-        code=code,
-        client_execution=execution,
-        cross_site_evaluation=cross_site_evaluation,
-    )
+    recipe = tiny_recipe(nih_chexpert_recipe, root / "cache", rounds=1, code=code, client_execution=execution)
     return write_job(recipe, root / f"job-{code}")
 
 
@@ -107,12 +104,63 @@ def test_preinstalled_poc_refuses_byoc_and_runs_the_allow_listed_job(tmp_path, m
             rounds=1,
             code="preinstalled",
             client_execution="external_process",
-            cross_site_evaluation=False,
         )
         job_id = recipe.run(ProdEnv(startup_kit_location=str(poc.kit(lead)), username=lead)).get_job_id()
         assert poc.wait(job_id, timeout=600) == COMPLETED
         result = poc.download(job_id, tmp_path / "downloads") / "workspace"
         model = load_checkpoint(result / "app_server" / "FL_global_model.pt")
         assert set(model.class_names) == UNION
+    finally:
+        _assert_all_stopped(poc, record)
+
+
+def _server_processes(poc: PocWorkspace) -> list[int]:
+    """The server's process (pid.fl) and the job processes it launched."""
+    server = int((poc.kit("server") / "pid.fl").read_text())
+    children = [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat") if _parent(stat) == server]
+    return [server, *children]
+
+
+def _pid_file(path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return -1
+
+
+def _parent(stat: Path) -> int:
+    try:
+        return int(stat.read_text().split(") ")[-1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def test_a_server_crash_costs_at_most_the_round_in_progress(tmp_path, monkeypatch):
+    poc, record = _started(tmp_path, "byoc", monkeypatch)
+    try:
+        job = write_job(tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=4), tmp_path / "job-crash")
+        crashed = poc.submit(job)
+        history = poc.kit("server") / crashed / "app_server" / "round_history.json"
+        deadline = time.monotonic() + 300
+        while not (history.is_file() and any("aggregation" in e for e in json.loads(history.read_text())[1:])):
+            assert time.monotonic() < deadline, "round 0 never finished"
+            time.sleep(0.5)
+        server = _server_processes(poc)
+        for pid in server:  # the crash: the server and its job process die mid-federation
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 120  # the server's daemon (startup/sub_start.sh) brings it back
+        while (restarted := _pid_file(poc.kit("server") / "pid.fl")) in server or not _alive(restarted):
+            assert time.monotonic() < deadline, "the server did not come back"
+            time.sleep(1)
+        resumed = poc.submit(job)  # the same job again: it continues the federation
+        assert poc.wait(resumed, timeout=600) == COMPLETED
+        workspace = poc.download(resumed, tmp_path / "downloads") / "workspace"
+        assert "resuming the federation saved by job " + crashed in (workspace / "log.txt").read_text()
+        result = workspace / "app_server"
+        rounds = [entry["round"] for entry in json.loads((result / "round_history.json").read_text())]
+        assert rounds == [-1, 0, 1, 2, 3]  # each global model exactly once
+        model = load_checkpoint(result / "FL_global_model.pt")
+        assert set(model.class_names) == UNION and model.meta["round"] == 3
+        assert (result / "best_FL_global_model.pt").is_file()
     finally:
         _assert_all_stopped(poc, record)

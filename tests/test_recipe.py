@@ -42,10 +42,11 @@ def test_main_job_layout():
     assert meta["deploy_map"] == {"app_server": ["server"], **{f"app_{site}": [site] for site in SITES}}
     assert meta["min_clients"] == 2 and meta["scope"] == "surgical_aggregation"
     server = json.loads((COMMITTED / "app_server/config/config_fed_server.json").read_text())
+    # no FLARE cross-site evaluation of the sites' models by default: it would reveal their class sets
     assert [w["path"] for w in server["workflows"]] == [
-        "surgical_aggregation.flare.controller.SurgicalAggregatorShareable",
-        "nvflare.app_common.workflows.cross_site_model_eval.CrossSiteModelEval",
+        "surgical_aggregation.flare.controller.SurgicalAggregatorShareable"
     ]
+    assert server["workflows"][0]["args"]["publish_global_model"] is True
     for site, kind in zip(SITES, ("nih", "chexpert"), strict=True):
         config = load_site_config(COMMITTED / f"app_{site}/config/site_configs/{site}.json")
         assert config.data.kind == kind and config.data.location is None  # embedded data out of the box
@@ -116,3 +117,11 @@ def test_write_job_takes_a_sites_own_config_in_place_of_the_default(tmp_path):
     chexpert = "app_site-chexpert/config/site_configs"
     assert _files(tmp_path / "job" / chexpert) == _files(COMMITTED / chexpert)  # the other site keeps its default
     assert main([*arguments[:3], "--site-config", f"site-xyz={tmp_path / 'site-nih.json'}"]) == 2
+
+
+def test_site_to_site_evaluation_is_an_explicit_option(tmp_path):
+    job = write_job(nih_chexpert_recipe(site_to_site_evaluation=True), tmp_path / "job")
+    workflows = json.loads((job / "app_server/config/config_fed_server.json").read_text())["workflows"]
+    evaluation = workflows[-1]
+    assert evaluation["path"] == "nvflare.app_common.workflows.cross_site_model_eval.CrossSiteModelEval"
+    assert "model_locator_id" not in evaluation["args"]  # the sites' models only; the server's go as slices

@@ -280,7 +280,7 @@ def test_one_round_report_job_through_the_simulator(tmp_path):
     app = tmp_path / "ws" / "server" / "simulate_job" / "app_server"
     model = load_checkpoint(app / "FL_global_model.pt")
     assert model.architecture == "report_mlp" and model.meta["round"] == 0
-    assert model.class_names == ["Cardiomegaly", "Pleural Effusion", "Lung Opacity", "Atelectasis"]
+    assert model.class_names == ["Atelectasis", "Cardiomegaly", "Lung Opacity", "Pleural Effusion"]  # by name
     assert model.state["features.0.weight"].shape == (512, 384)
     assert model.build_model()(torch.zeros(1, 384)).shape == (1, 4)
     cross = json.loads((app.parent / "cross_site_val" / "cross_val_results.json").read_text())

@@ -9,7 +9,7 @@ import torch
 from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.core.head import NAMED_HEAD, slice_for_client
 from surgical_aggregation.core.methods import SiteRecipe
-from surgical_aggregation.flare.audit import ExchangeRecorder
+from surgical_aggregation.flare.audit import EXCHANGES_DIR, SiteAudit, exchange_file_name, read_audit
 from surgical_aggregation.images.model import NamedDenseNet121
 from surgical_aggregation.site_data import prepare_site_data
 from surgical_aggregation.trainer import SiteTrainer, evaluation_metrics
@@ -117,13 +117,17 @@ def test_metrics_and_exchange_records(trainer, tmp_path):
     metrics = evaluation_metrics(trainer.validate(), "val")
     assert set(metrics) >= {"val_loss", "val_mean_auroc"}
     assert all(key.startswith("val_") for key in metrics)
-    recorder = ExchangeRecorder(tmp_path, "head")
-    recorder.record(4, "sent", trainer.state_dict(), trainer.class_names)
-    saved = torch.load(tmp_path / "round-004-sent.pt", weights_only=True)
+    audit = SiteAudit(tmp_path, "head")
+    audit.record("train", 4, "sent", trainer.class_names, trainer.state_dict(), metrics)
+    saved = torch.load(tmp_path / EXCHANGES_DIR / exchange_file_name("train", 4, "sent"), weights_only=True)
     assert saved["class_names"] == trainer.class_names and set(saved["state"]) == {W, B}
     assert torch.equal(saved["state"][W], trainer.state_dict()[W])
-    ExchangeRecorder(tmp_path / "off", "off").record(0, "sent", trainer.state_dict(), trainer.class_names)
-    assert not (tmp_path / "off").exists()
+    [entry] = read_audit(tmp_path)
+    assert (entry["task"], entry["round"], entry["direction"]) == ("train", 4, "sent")
+    assert entry["class_names"] == trainer.class_names and entry["head_shapes"][W] == [4, 1024]
+    assert entry["metrics"] == sorted(metrics) and entry["entries"] == len(trainer.state_dict())
+    SiteAudit(tmp_path / "off", "off").record("train", 0, "sent", trainer.class_names, trainer.state_dict())
+    assert not (tmp_path / "off" / EXCHANGES_DIR).exists() and len(read_audit(tmp_path / "off")) == 1
 
 
 def test_epochs_are_reproducible_across_restarts_and_differ_from_each_other(trainer):

@@ -142,6 +142,23 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
         "--ship-library", action="store_true", help="byoc: also copy the surgical_aggregation package into custom/"
     )
     parser.add_argument(
+        "--initial-model",
+        default=None,
+        help="continue a federation: start from this checkpoint of the bundle (e.g. the last job's best model, "
+        "as the server sees the path); its classes keep their learned rows, new classes get new ones",
+    )
+    parser.add_argument(
+        "--no-publish",
+        action="store_true",
+        help="keep the final global model on the server (by default it is published to every site at the end)",
+    )
+    parser.add_argument(
+        "--site-to-site-evaluation",
+        action="store_true",
+        help="add FLARE's cross-site evaluation of the sites' local models; it REVEALS each site's class set and "
+        "a model trained on its data alone to the other sites",
+    )
+    parser.add_argument(
         "--site-config",
         action="append",
         default=[],
@@ -319,8 +336,15 @@ def _write_job(args: argparse.Namespace) -> int:
         sites[site] = load_site_config(file).to_dict()
     # FLARE runs an in-process script only from the job's custom/ folder
     execution = "external_process" if args.code == "preinstalled" else "in_process"
-    make_recipe = BUNDLE_RECIPES[args.name]
-    recipe = make_recipe(sites, code=args.code, client_execution=execution, ship_library=args.ship_library)
+    recipe = BUNDLE_RECIPES[args.name](
+        sites,
+        code=args.code,
+        client_execution=execution,
+        ship_library=args.ship_library,
+        initial_model=args.initial_model,
+        publish_global_model=not args.no_publish,
+        site_to_site_evaluation=args.site_to_site_evaluation,
+    )
     print(f"wrote job {args.name!r} ({args.code}) to {write_job(recipe, args.out)}")
     return 0
 

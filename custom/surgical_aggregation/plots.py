@@ -13,26 +13,31 @@ import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
 
 def plot_training_curves(history: Sequence[Mapping], path: str | Path) -> Path:
-    """Validation loss and AUROC of the global model per round (mean and per site), and training loss."""
-    validated = [r for r in history if "validated_round" in r and not math.isnan(r.get("mean_val_loss", math.nan))]
+    """Validation loss and mean AUROC of each global model (the round that produced it; -1: before training),
+    per site and their mean, as the round history records them."""
+    validated = [
+        (entry["round"], entry["validation"])
+        for entry in history
+        if not math.isnan(entry.get("validation", {}).get("mean_val_loss", math.nan))
+    ]
     if not validated:
-        raise ValueError("no validated round to plot yet")
-    rounds = [r["validated_round"] for r in validated]
-    sites = sorted({site for r in validated for site in r.get("sites", {})})
+        raise ValueError("no validated global model to plot yet")
+    rounds = [round_number for round_number, _ in validated]
+    sites = sorted({site for _, validation in validated for site in validation.get("sites", {})})
     figure, (loss_axis, auroc_axis) = plt.subplots(1, 2, figsize=(11, 4))
-    loss_axis.plot(rounds, [r["mean_val_loss"] for r in validated], "k-o", label="mean of sites")
-    auroc_axis.plot(rounds, [r["mean_val_auroc"] for r in validated], "k-o", label="mean of sites")
+    loss_axis.plot(rounds, [v["mean_val_loss"] for _, v in validated], "k-o", label="mean of sites")
+    auroc_axis.plot(rounds, [v["mean_val_auroc"] for _, v in validated], "k-o", label="mean of sites")
     for site in sites:
-        points = [(r["validated_round"], r["sites"][site]) for r in validated if site in r.get("sites", {})]
-        loss_axis.plot([p[0] for p in points], [p[1].get("val_loss", math.nan) for p in points], "--", label=site)
-        auroc_axis.plot(
-            [p[0] for p in points], [p[1].get("val_mean_auroc", math.nan) for p in points], "--", label=site
-        )
-    best = [r["validated_round"] for r in validated if r.get("best")]
+        points = [(r, v["sites"][site]) for r, v in validated if site in v.get("sites", {})]
+        x = [point[0] for point in points]
+        loss_axis.plot(x, [metrics.get("val_loss", math.nan) for _, metrics in points], "--", label=site)
+        auroc_axis.plot(x, [metrics.get("val_mean_auroc", math.nan) for _, metrics in points], "--", label=site)
+    best = [round_number for round_number, validation in validated if validation.get("best")]
     for axis in (loss_axis, auroc_axis):
         for round_number in best[-1:]:
             axis.axvline(round_number, color="tab:green", alpha=0.4, label="best model")
-        axis.set_xlabel("round of the global model")
+        axis.set_xticks(rounds, ["init" if r < 0 else str(r) for r in rounds])
+        axis.set_xlabel("global model after round (init: before training)")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     loss_axis.set_ylabel("validation BCE loss")

@@ -106,7 +106,7 @@ def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions
         persistor["pretrained_weights"] = options.pretrained_weights
     name = f"{run.setting.name}-{run.method}"
     recipe = SurgicalAggregationRecipe(
-        name, sites, controller, persistor, cross_site_evaluation=False, tracking=options.tracking
+        name, sites, controller, persistor, publish_global_model=False, tracking=options.tracking
     )
     workspaces = folder / "workspace"
     shutil.rmtree(workspaces, ignore_errors=True)

@@ -1,7 +1,17 @@
-"""What a site received and sent, kept at the site so a hospital can verify what left it."""
+"""Everything a site received and sent, kept at the site so a hospital can verify what it learned and what left it.
+
+One JSON line per task and direction in ``audit/exchanges.jsonl`` (task, round, the head's class names
+and tensor shapes, which metrics; no weights), for every task type: the handshake, training,
+validation, model submission and the publication of the global model. Before publication, a site
+of a surgical-aggregation job receives only rows of its own classes, named in its own spelling; the
+records prove it. Optionally the head rows (or the whole state) themselves are kept in
+``exchanges/<task>-round-NNN-<direction>.pt`` (``record_exchanges``: head | full | off).
+"""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,26 +21,76 @@ import torch
 
 from ..core.head import NAMED_HEAD, to_numpy
 
+AUDIT_DIR = "audit"
+AUDIT_FILE = "exchanges.jsonl"
+EXCHANGES_DIR = "exchanges"
+RECORD_MODES = ("head", "full", "off")
 
-class ExchangeRecorder:
-    """Keeps what a site received and sent each round (head rows with names, or full states).
 
-    Lets a hospital verify what left the site, and lets tests check aggregation end to end.
-    """
+class SiteAudit:
+    """Appends one record per exchange; keeps the exchanged tensors when asked."""
 
-    def __init__(self, folder: str | Path, what: str = "head") -> None:
-        self.folder = Path(folder)
-        self.what = what
+    def __init__(self, app_dir: str | Path, record_tensors: str = "head") -> None:
+        if record_tensors not in RECORD_MODES:
+            raise ValueError(f"record_tensors must be one of {RECORD_MODES}, got {record_tensors!r}")
+        self.app_dir = Path(app_dir)
+        self.record_tensors = record_tensors
 
-    def record(self, round_number: int, direction: str, state: Mapping[str, Any], class_names: Sequence[str]) -> None:
-        if self.what == "off":
-            return
-        keys = NAMED_HEAD.keys if self.what == "head" else tuple(state)
+    @property
+    def path(self) -> Path:
+        return self.app_dir / AUDIT_DIR / AUDIT_FILE
+
+    def record(
+        self,
+        task: str,
+        round_number: int | None,
+        direction: str,
+        class_names: Sequence[str] = (),
+        state: Mapping[str, Any] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        note: str = "",
+    ) -> None:
+        """``direction``: received | sent | not_aggregated (the server said it dropped a sent result) | error."""
+        state = state or {}
+        entry = {
+            "time": round(time.time(), 3),
+            "task": task,
+            "round": round_number,
+            "direction": direction,
+            "class_names": list(class_names),
+            "head_shapes": {key: list(to_numpy(state[key]).shape) for key in NAMED_HEAD.keys if key in state},
+            "entries": len(state),
+            "metrics": sorted(metrics or {}),
+        }
+        if note:
+            entry["note"] = note
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as log:
+            log.write(json.dumps(entry) + "\n")
+        if state and self.record_tensors != "off":
+            self._keep_tensors(task, round_number, direction, class_names, state)
+
+    def _keep_tensors(
+        self, task: str, round_number: int | None, direction: str, class_names: Sequence[str], state: Mapping
+    ) -> None:
+        keys = [key for key in NAMED_HEAD.keys if key in state] if self.record_tensors == "head" else list(state)
         payload = {
+            "task": task,
             "round": round_number,
             "direction": direction,
             "class_names": list(class_names),
             "state": {key: torch.as_tensor(np.array(to_numpy(state[key]))) for key in keys},
         }
-        self.folder.mkdir(parents=True, exist_ok=True)
-        torch.save(payload, self.folder / f"round-{round_number:03d}-{direction}.pt")
+        folder = self.app_dir / EXCHANGES_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(payload, folder / exchange_file_name(task, round_number, direction))
+
+
+def exchange_file_name(task: str, round_number: int | None, direction: str) -> str:
+    return f"{task}-round-{-1 if round_number is None else round_number:03d}-{direction}.pt"
+
+
+def read_audit(app_dir: str | Path) -> list[dict[str, Any]]:
+    """A site's audit records, oldest first."""
+    path = Path(app_dir) / AUDIT_DIR / AUDIT_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []

@@ -9,12 +9,14 @@ Finds the site's config (``config.find_site_config``) and answers the server's t
 * ``train``: load the received slice (backbone + this site's rows, matched by name), validate it
   (the global model's validation), warm up the head on the first round, train the local epochs,
   validate the local model, send weights, metrics, sample count and class names;
-* ``validate``: evaluate any model (the union global model, another site's model) on this
-  site's validation split, over the classes both have, picked by name (FLARE cross-site evaluation);
-* ``submit_model``: send the local model with its class names.
+* ``validate``: evaluate a model on this site's validation split, over the classes both have, picked
+  by name (the server's models arrive as this site's slice; with site-to-site evaluation, another
+  site's model arrives whole);
+* ``submit_model``: send the local model with its class names (site-to-site evaluation only);
+* ``publish``: keep the published global model (union head, class names) in the job's folder.
 
-Training curves go to TensorBoard through FLARE; what was received and sent each round is
-kept under ``exchanges/`` in the site's job folder.
+Training curves go to TensorBoard (or MLflow) through FLARE; every task received and every result
+sent is recorded in the site's ``audit/exchanges.jsonl`` (``flare.audit``).
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ import nvflare.client as flare
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.client.tracking import SummaryWriter
 
+from ..checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_checkpoint
 from ..config import SiteConfig, find_site_config, load_site_config
 from ..core.head import numpy_state
 from ..core.methods import recipe_from_meta
 from ..site_data import SiteData, prepare_site_data, resolve_table, split_table
 from ..trainer import SiteTrainer, Tracker, evaluation_metrics
-from .audit import ExchangeRecorder
+from .audit import SiteAudit
 from .protocol import (
     META_CLASS_NAMES,
     META_DATA,
@@ -40,12 +43,18 @@ from .protocol import (
     META_NUM_SAMPLES,
     META_PREPROCESSING,
     META_RECIPE,
+    META_ROUND,
     META_WANT_LABEL_COUNTS,
     META_WARMUP,
     TASK_DESCRIBE,
+    TASK_PUBLISH,
+    TASK_SUBMIT_MODEL,
+    TASK_TRAIN,
+    TASK_VALIDATE,
 )
 
 LOCAL_MODEL_FILE = "local_model.pt"
+PUBLISHED_MODEL_FILE = "published_global_model.pt"  # the global model the server published at the end
 # metric sent to the server -> the curve it is tracked as, per round
 ROUND_CURVES = {
     "val_loss": "global_model/val_loss",
@@ -74,7 +83,8 @@ class ClientSession:
         self.log = log
         self.tracker = tracker
         self.table = resolve_table(config, log)
-        self.recorder = ExchangeRecorder(app_dir / "exchanges", config.record_exchanges)
+        self.audit = SiteAudit(app_dir, config.record_exchanges)
+        self.app_dir = app_dir
         self.local_model_path = app_dir / LOCAL_MODEL_FILE
         self._trainer: SiteTrainer | None = None
 
@@ -94,17 +104,26 @@ class ClientSession:
         return self._trainer
 
     def handle(self, task: str, received: FLModel) -> FLModel:
+        """Answer one task; the task as received and the answer as sent are both recorded in the audit."""
+        meta = received.meta or {}
+        round_number = received.current_round if task == TASK_TRAIN else meta.get(META_ROUND)
+        self.audit.record(task, round_number, "received", meta.get(META_CLASS_NAMES) or [], received.params)
         if task == TASK_DESCRIBE:
-            return self.describe(bool((received.meta or {}).get(META_WANT_LABEL_COUNTS)))
-        if flare.is_train():
-            return self.train(received)
-        if flare.is_evaluate():
-            return self.validate(received)
-        if flare.is_submit_model():
-            return FLModel(
-                params=numpy_state(self.trainer.state_dict()), meta={META_CLASS_NAMES: self.trainer.head_classes}
-            )
-        raise ValueError(f"{self.site}: unknown task {task!r}")
+            answer = self.describe(bool(meta.get(META_WANT_LABEL_COUNTS)))
+        elif task == TASK_TRAIN:
+            answer = self.train(received)
+        elif task == TASK_VALIDATE:
+            answer = self.validate(received)
+        elif task == TASK_SUBMIT_MODEL:
+            state = numpy_state(self.trainer.state_dict())
+            answer = FLModel(params=state, meta={META_CLASS_NAMES: self.trainer.head_classes})
+        elif task == TASK_PUBLISH:
+            answer = self.keep_published(received)
+        else:
+            raise ValueError(f"{self.site}: unknown task {task!r}")
+        sent = (answer.meta or {}).get(META_CLASS_NAMES) or []
+        self.audit.record(task, round_number, "sent", sent, answer.params, answer.metrics)
+        return answer
 
     def describe(self, with_label_counts: bool = False) -> FLModel:
         """Class names and sizes; per-class training counts only when asked (FedSLD shares them by design)."""
@@ -132,7 +151,6 @@ class ClientSession:
         trainer = self.trainer
         round_number = received.current_round or 0
         classes = received.meta.get(META_CLASS_NAMES) or self.class_names
-        self.recorder.record(round_number, "received", received.params, classes)
         trainer.set_recipe(recipe_from_meta(received.meta.get(META_RECIPE) or {}))
         trainer.load_global(received.params, classes)
         global_evaluation = trainer.validate()
@@ -140,7 +158,6 @@ class ClientSession:
         local_evaluation = trainer.validate()
         trainer.save(self.local_model_path)
         state = trainer.state_dict()
-        self.recorder.record(round_number, "sent", state, trainer.head_classes)
         metrics = evaluation_metrics(global_evaluation, "val")
         metrics.update({f"local_{k}": v for k, v in evaluation_metrics(local_evaluation, "val").items()})
         metrics["train_loss"] = report.train_losses[-1]
@@ -177,14 +194,26 @@ class ClientSession:
         evaluation = self.trainer.evaluate_state(received.params, classes)
         shared = [name for name in self.class_names if name in classes]
         self.log.info(
-            "%s validation of a %d-class model on its %d shared classes: loss %.4f, mean AUROC %.4f",
+            "%s validation of a model with %d of its %d classes: loss %.4f, mean AUROC %.4f",
             self.site,
-            len(classes),
             len(shared),
+            len(self.class_names),
             evaluation.loss,
             evaluation.mean_auroc,
         )
         return FLModel(metrics=evaluation_metrics(evaluation, "val"))
+
+    def keep_published(self, received: FLModel) -> FLModel:
+        """The published global model: kept in the job's folder, where hospital IT finds it (``predict`` scores
+        any of its classes, labelled at this site or not)."""
+        meta = dict(received.meta or {})
+        classes = meta.pop(META_CLASS_NAMES, None) or []
+        preprocessing = meta.get(META_PREPROCESSING) or {}
+        path = self.app_dir / PUBLISHED_MODEL_FILE
+        meta.update({ARCHITECTURE_KEY: self.config.modality.architecture, PREPROCESSING_KEY: preprocessing})
+        save_checkpoint(path, numpy_state(received.params), classes, int(preprocessing.get("in_channels", 1)), **meta)
+        self.log.info("%s received the published global model (%d classes): %s", self.site, len(classes), path)
+        return FLModel(params={}, meta={"kept": str(path)})
 
 
 def main() -> None:

@@ -1,22 +1,30 @@
 """``SurgicalAggregatorShareable``: the FLARE 2.9 server workflow of surgical aggregation.
 
-A thin layer over :mod:`surgical_aggregation.aggregation`:
+A thin layer over :mod:`surgical_aggregation.core.aggregation`:
 
-1. handshake: every site reports its class names (no site learns the others'); the union head
-   is built from them, each class's first row identical at every site;
-2. each round every site receives the backbone plus only its own head rows, in its own order;
-   contributions are validated and aggregated one by one as they arrive (an invalid one is
-   rejected with a logged reason, the others still aggregate);
+1. handshake: every site reports its class names; the union head is built from them (classes in
+   name order, so the union's order says nothing of who brought what), each class's first row
+   identical at every site. A job started from an earlier global model (``initial_model``) keeps
+   its classes and their learned rows and adds the new ones;
+2. each round every site receives the backbone plus only its own head rows, in its own order and
+   spelling; contributions are validated and aggregated one by one as they arrive (an invalid one
+   is rejected with a logged reason, the others still aggregate);
 3. the latest global model is saved every round; the best one is chosen by the mean of the
-   sites' validation BCE loss of the global model (mean validation AUROC is logged too), with
+   sites' validation BCE loss of the global model they received (mean AUROC is logged too), with
    early stopping (patience, min delta);
-4. a site that fails or drops out costs at most the round's timeout; with fewer than
-   ``min_clients`` valid contributions the last good global model is kept.
+4. at the end every site validates its slice of the last global model, and of the best one (the
+   evaluation of the server's models, written to ``cross_site_val/cross_val_results.json`` as
+   FLARE's cross-site evaluation would); then, unless ``publish_global_model`` is off, the best
+   global model (union head, class names, preprocessing) is published to every site. Before
+   publication no site receives a row or a name of a class it does not label;
+5. the federation's state is persisted after every round (``flare.state``): a job of the same name
+   submitted after a server crash continues from the last completed round.
 
 The comparators of the papers run through this same workflow with ``method`` (see
-:mod:`surgical_aggregation.methods`): ``vanilla`` and ``partial_loss`` send every site the whole
-union head, ``personal`` (PFL) lets each site keep its head and saves one personal model per
-site under ``personal_models/``; ``label_prior`` adds FedSLD's handshake and ``proximal_mu`` FedProx.
+:mod:`surgical_aggregation.core.methods`): ``vanilla`` and ``partial_loss`` send every site the whole
+union head (they need it; they are not private about class sets), ``personal`` (PFL) lets each
+site keep its head and saves one personal model per site under ``personal_models/``;
+``label_prior`` adds FedSLD's handshake and ``proximal_mu`` FedProx.
 """
 
 from __future__ import annotations
@@ -25,14 +33,17 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from nvflare.apis.dxo import DXO, DataKind
+from nvflare.apis.fl_constant import FLContextKey
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_common.abstract.model import make_model_learnable
-from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_constant import AppConstants, DefaultCheckpointFileName
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.model_controller import ModelController
 from nvflare.fuel.utils.log_utils import center_message
@@ -40,7 +51,7 @@ from nvflare.fuel.utils.log_utils import center_message
 from ..checkpoint import save_checkpoint
 from ..core.aggregation import BACKBONE_STRATEGIES, WEIGHTINGS, Contribution, ContributionRejected, SurgicalAggregator
 from ..core.head import NAMED_HEAD, batchnorm_keys, extend_head, slice_for_client, to_numpy
-from ..core.labels import canonical_name, canonical_names, union_labels
+from ..core.labels import canonical_name, canonical_names
 from ..core.methods import (
     LabelCounts,
     SiteRecipe,
@@ -57,16 +68,21 @@ from .protocol import (
     META_NUM_SAMPLES,
     META_PREPROCESSING,
     META_RECIPE,
+    META_ROUND,
     META_WANT_LABEL_COUNTS,
     META_WARMUP,
     TASK_DESCRIBE,
+    TASK_PUBLISH,
     TASK_TRAIN,
     TASK_VALIDATE,
 )
+from .state import FederationState, SavedVersion, load_state, save_state, state_path
 
 HISTORY_FILE = "round_history.json"
 CURVES_FILE = "training_curves.png"
 PERSONAL_MODELS_DIR = "personal_models"  # PFL: <site>.pt (latest) and best_<site>.pt
+INITIAL_ROUND = -1  # the round of the global model before any training
+SERVER_MODEL_PREFIX = "SRV_"  # how FLARE's cross-site evaluation names the server's models in its results
 
 
 @dataclass
@@ -79,19 +95,13 @@ class SiteInfo:
     label_counts: dict[str, LabelCounts] = field(default_factory=dict)  # FedSLD only
 
 
-@dataclass
-class GlobalVersion:
-    """A global model and the round that produced it (kept until the sites have validated it)."""
-
-    round: int
-    state: dict[str, Any]
-    class_names: list[str]
-    personal: dict[str, dict[str, Any]] = field(default_factory=dict)  # PFL: site -> its full model state
-
-
 def _mean(values: list[float]) -> float:
     values = [v for v in values if v is not None and not math.isnan(v)]
     return float(np.mean(values)) if values else math.nan
+
+
+def _model_label(round_number: int) -> str:
+    return "before training" if round_number == INITIAL_ROUND else f"after round {round_number}"
 
 
 class SurgicalAggregatorShareable(ModelController):
@@ -107,6 +117,7 @@ class SurgicalAggregatorShareable(ModelController):
         "handshake_timeout",
         "train_timeout",
         "validate_timeout",
+        "publish_global_model",
     )
 
     def __init__(
@@ -124,6 +135,8 @@ class SurgicalAggregatorShareable(ModelController):
         train_timeout: int = 3600,
         validate_timeout: int = 1800,
         final_validation: bool = True,
+        publish_global_model: bool = True,
+        resume: bool = True,
         head_seed: int = 0,
         persistor_id: str = AppConstants.DEFAULT_PERSISTOR_ID,
     ) -> None:
@@ -143,7 +156,12 @@ class SurgicalAggregatorShareable(ModelController):
                 validation loss by more than ``min_delta``.
             handshake_timeout / train_timeout / validate_timeout: seconds a site may take per task
                 (0 waits forever; a dropped site then hangs the run).
-            final_validation: validate the last global model after the last round, so it can be the best.
+            final_validation: validate the last global model (and the best) after the last round.
+            publish_global_model: at the end, send the best global model (the union head and its class
+                names) to every site, which keeps it in its workspace. This is when the sites learn the
+                union's class names; off, the model stays on the server.
+            resume: continue an unfinished federation of the same job name from its last completed round
+                (after a server crash); off, a job always starts afresh.
             head_seed: seed of the initial head rows (one generator per class name).
         """
         super().__init__(persistor_id=persistor_id, ignore_result_error=True)
@@ -170,52 +188,43 @@ class SurgicalAggregatorShareable(ModelController):
         self.train_timeout = train_timeout
         self.validate_timeout = validate_timeout
         self.final_validation = final_validation
+        self.publish_global_model = publish_global_model
+        self.resume = resume
         self.head_seed = head_seed
         self.head = NAMED_HEAD
 
         self._sites: dict[str, SiteInfo] = {}
         self._prior: dict[str, float] = {}
-        self._personal_parts: dict[str, dict[str, Any]] = {}  # PFL: site -> entries it keeps
-        self._warmed_up: set[str] = set()
-        self._history: list[dict[str, Any]] = []
-        self._best_loss = math.inf
-        self._best_round: int | None = None
-        self._rounds_without_improvement = 0
+        self._federation: FederationState | None = None
+        self._state_file: Path | None = None
 
     # --- the workflow -------------------------------------------------------------------------
 
     def run(self) -> None:
         self.info(center_message("Start surgical aggregation"))
         initial = self.load_model()
-        state = dict(initial.params)
-        classes = canonical_names(initial.meta.get(META_CLASS_NAMES, []), "initial model")
         self._sites = self._handshake()
         if self.label_prior:
             self._prior = federation_label_prior({site: info.label_counts for site, info in self._sites.items()})
             self.info(f"federation label prior (FedSLD): { {k: round(v, 4) for k, v in self._prior.items()} }")
-        ordered = [self._sites[site].classes for site in sorted(self._sites)]
-        state, classes = extend_head(state, classes, union_labels(*ordered), self.head, self.head_seed)
-        self.info(f"union head: {len(classes)} classes {classes}")
-
-        latest: GlobalVersion | None = None
-        for round_number in range(self.num_rounds):
+        federation = self._start(initial)
+        latest = federation.latest
+        for round_number in range(latest.round + 1, self.num_rounds):
             if self.abort_signal.triggered:
                 return
+            if federation.rounds_without_improvement >= self.patience:
+                break
             self.info(center_message(f"Round {round_number} started", boarder_str="-"))
             self._set_round(round_number)
             self.event(AppEventType.ROUND_STARTED)
             started = time.perf_counter()
-            record: dict[str, Any] = {"round": round_number}
-            aggregator = self._train_round(round_number, state, classes, record)
+            aggregator, site_metrics = self._train_round(round_number, latest)
             if aggregator is None:  # aborted
                 return
-            if latest is not None:  # the sites validated the model they received: the previous global
-                self._consider(latest, record["sites"], record)
+            self._judge(latest, site_metrics)  # the sites validated the model they received: the previous one
             self.event(AppEventType.BEFORE_AGGREGATION)
             aggregated = aggregator.finalize()
-            record.update(
-                accepted=aggregated.accepted, rejected=aggregated.rejected, new_classes=aggregated.new_classes
-            )
+            state, classes = latest.state, latest.class_names
             if len(aggregated.accepted) >= self.min_clients:
                 state, classes = aggregated.state, aggregated.class_names
                 self.info(f"round {round_number}: aggregated {aggregated.accepted}; union {len(classes)} classes")
@@ -224,26 +233,94 @@ class SurgicalAggregatorShareable(ModelController):
                     f"round {round_number}: only {len(aggregated.accepted)} valid contribution(s) "
                     f"({aggregated.accepted}), {self.min_clients} needed: keeping the last good global model"
                 )
-            latest = GlobalVersion(round_number, state, classes, self._personal_models(state))
-            self._publish(latest, AppEventType.AFTER_AGGREGATION)
+            latest = SavedVersion(round_number, state, classes, self._personal_models(state))
+            self._entry(round_number)["aggregation"] = {
+                "accepted": aggregated.accepted,
+                "rejected": aggregated.rejected,
+                "missing": sorted(set(self._sites) - set(site_metrics)),
+                "seconds": round(time.perf_counter() - started, 2),
+            }
+            federation.latest = latest
+            self._make_global(latest, AppEventType.AFTER_AGGREGATION)
             self.save_model(self._as_flmodel(latest))
             self._save_personal(latest)
-            record["seconds"] = round(time.perf_counter() - started, 2)
-            self._record(record)
-            if self._rounds_without_improvement >= self.patience:
+            self._checkpoint_round()
+            if federation.rounds_without_improvement >= self.patience:
                 self.info(f"early stop: {self.patience} validated rounds without improvement beyond {self.min_delta}")
-                break
 
-        if self.final_validation and latest is not None:
-            record = {"round": latest.round, "final_validation": True}
-            metrics = self._validate(latest)
-            self._consider(latest, metrics, record)
-            self._record(record)
+        if self.final_validation and latest.round > INITIAL_ROUND:
+            self._judge(latest, self._validate(latest))
+            self._evaluate_server_models(latest)
+        if self.publish_global_model:
+            self._publish_best()
+        else:
+            self.info("the global model is not published to the sites (publish_global_model is off)")
+        federation.finished = True
+        self._checkpoint_round()
         self.info(
-            f"best global model: round {self._best_round} (mean validation loss {self._best_loss:.4f}); "
-            f"files in {self.get_app_dir()}"
+            f"best global model: {_model_label(federation.best.round) if federation.best else 'none'} "
+            f"(mean validation loss {federation.best_loss:.4f}); files in {self.get_app_dir()}"
         )
         self.info(center_message("Finished surgical aggregation"))
+
+    # --- the federation's state ------------------------------------------------------------------
+
+    def _settings(self) -> dict[str, Any]:
+        return {"method": self.method, "backbone_strategy": self.backbone_strategy, "weighting": self.weighting}
+
+    def _start(self, initial: FLModel) -> FederationState:
+        """A fresh federation from the initial model, or the unfinished one this job continues."""
+        self._state_file = self._state_location()
+        saved = load_state(self._state_file) if self.resume else None
+        if saved is not None and not saved.finished:
+            if saved.settings != self._settings():
+                raise RuntimeError(
+                    f"the unfinished federation in {self._state_file} ran with {saved.settings}, this job asks for "
+                    f"{self._settings()}; remove that folder to start afresh, or submit the job unchanged"
+                )
+            self.info(
+                f"resuming the federation saved by job {saved.job_id} after round {saved.latest.round} "
+                f"({self._state_file}): union of {len(saved.latest.class_names)} classes, "
+                f"{len(saved.history)} model(s) in the history"
+            )
+            federation = saved
+        else:
+            state = dict(initial.params)
+            classes = canonical_names(initial.meta.get(META_CLASS_NAMES, []), "initial model")
+            if classes:
+                self.info(f"starting from an earlier global model with {len(classes)} classes")
+            version = SavedVersion(INITIAL_ROUND, state, classes)
+            federation = FederationState(self._settings(), version, None, math.inf, 0, [], [], {}, [])
+        self._federation = federation
+        self._grow_union()
+        if federation.best is not None:  # the new job's folder gets the best model too
+            self._make_global(federation.best, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
+        self._checkpoint_round()
+        return federation
+
+    def _grow_union(self) -> None:
+        """Append rows, in name order, for the handshake's classes the global model does not have yet."""
+        federation = self._federation
+        latest = federation.latest
+        new = sorted({name for info in self._sites.values() for name in info.classes} - set(latest.class_names))
+        if not new:
+            self.info(f"union head: {len(latest.class_names)} classes")
+            return
+        state, classes = extend_head(latest.state, latest.class_names, new, self.head, self.head_seed)
+        federation.latest = SavedVersion(latest.round, state, classes, latest.personal)
+        federation.fresh_classes = sorted({*federation.fresh_classes, *new})
+        self.info(f"union head: {len(classes)} classes ({len(new)} new: their rows start from scratch)")
+
+    def _state_location(self) -> Path:
+        """``<server workspace>/surgical_aggregation/<job name>/federation.pt``: shared by the jobs of one name."""
+        job_meta = self.fl_ctx.get_prop(FLContextKey.JOB_META) or {}
+        workspace = self.fl_ctx.get_engine().get_workspace()
+        return state_path(workspace.get_root_dir(), str(job_meta.get("name", "job")))
+
+    def _checkpoint_round(self) -> None:
+        self._federation.job_id = self.fl_ctx.get_job_id() or ""
+        save_state(self._state_file, self._federation)
+        self._write_history()
 
     # --- steps ------------------------------------------------------------------------------------
 
@@ -271,7 +348,7 @@ class SurgicalAggregatorShareable(ModelController):
             sites[site] = SiteInfo(
                 classes, reported, samples, str(result.meta.get(META_DATA, "")), preprocessing, counts
             )
-            self.info(f"{site}: {len(classes)} classes, {samples} training images ({sites[site].data})")
+            self.info(f"{site}: {len(classes)} classes, {samples} training samples ({sites[site].data})")
         settings = {json.dumps(info.preprocessing, sort_keys=True) for info in sites.values()}
         if len(settings) > 1:
             self.warning(f"sites preprocess images differently: {[(s, i.preprocessing) for s, i in sites.items()]}")
@@ -280,7 +357,7 @@ class SurgicalAggregatorShareable(ModelController):
                 f"only {len(sites)} site(s) answered the handshake ({sorted(sites)}); {self.min_clients} needed. "
                 "See the sites' logs for their errors."
             )
-        return sites
+        return dict(sorted(sites.items()))
 
     def _label_counts(self, site: str, reported: list[str], counts: Any) -> dict[str, LabelCounts]:
         """FedSLD: the site's per-class training counts, by canonical name (empty when not asked for)."""
@@ -296,24 +373,40 @@ class SurgicalAggregatorShareable(ModelController):
 
     def _personal_models(self, state: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """PFL: each site's model = the global backbone with the entries that site keeps (head, FedBN's BN)."""
-        return {site: {**state, **parts} for site, parts in self._personal_parts.items()}
+        return {site: {**state, **parts} for site, parts in self._federation.personal_parts.items()}
 
     def _keep_personal(self, site: str, result_state: dict[str, Any]) -> None:
         keys = set(self.head.keys)
         if self.backbone_strategy == "fedbn":
             keys |= batchnorm_keys(result_state)
-        self._personal_parts[site] = {key: to_numpy(result_state[key]) for key in keys}
+        self._federation.personal_parts[site] = {key: to_numpy(result_state[key]) for key in keys}
 
-    def _train_round(
-        self, round_number: int, state: dict, classes: list[str], record: dict
-    ) -> SurgicalAggregator | None:
-        """Send each site its slice; aggregate the results as they arrive."""
+    def _slice(self, version: SavedVersion, site: str, info: SiteInfo, **meta: Any) -> FLModel:
+        """What a site may see of ``version``: the backbone and its own rows in its own spelling (PFL: its
+        personal model; union-head comparators: the whole union)."""
+        if site in version.personal:
+            return FLModel(params=version.personal[site], meta={META_CLASS_NAMES: info.reported, **meta})
+        head_classes = head_classes_for_site(self.method, info.classes, version.class_names)
+        names = head_classes if head_classes != info.classes else info.reported
+        params = slice_for_client(version.state, version.class_names, head_classes, self.head)
+        return FLModel(params=params, meta={META_CLASS_NAMES: names, **meta})
+
+    def _to_each_site(self, task: str, data: Callable[[str, SiteInfo], FLModel], timeout: int, callback) -> bool:
+        """One task per site, each with its own data; False when aborted while waiting."""
+        for site, info in self._sites.items():
+            self.send_model(task_name=task, data=data(site, info), targets=[site], timeout=timeout, callback=callback)
+        return self._wait()
+
+    def _train_round(self, round_number: int, latest: SavedVersion) -> tuple[SurgicalAggregator | None, dict]:
+        """Send each site its slice; aggregate the results as they arrive. Returns the aggregator (None when
+        aborted) and the metrics each site reported (its validation of the model it received)."""
         aggregator = SurgicalAggregator(
-            state, classes, self.backbone_strategy, self.weighting, self.head, normalize_name=canonical_name
-        )
+            latest.state, latest.class_names, self.backbone_strategy, self.weighting, self.head,
+            normalize_name=canonical_name,
+        )  # fmt: skip
         lock = threading.Lock()
         site_metrics: dict[str, dict] = {}
-        record["sites"] = site_metrics
+        federation = self._federation
 
         def accept(result: FLModel) -> bool:
             site = result.meta.get("client_name", "?")
@@ -336,84 +429,116 @@ class SurgicalAggregatorShareable(ModelController):
             self.info(f"round {round_number}: accepted the contribution of {site}")
             return True
 
-        for site, info in self._sites.items():
-            warmup = site not in self._warmed_up
-            self._warmed_up.add(site)
-            head_classes = head_classes_for_site(self.method, info.classes, classes)
-            self.send_model(
-                task_name=TASK_TRAIN,
-                data=FLModel(
-                    params=slice_for_client(state, classes, head_classes, self.head),
-                    current_round=round_number,
-                    total_rounds=self.num_rounds,
-                    meta={
-                        # the site's own spelling for its own classes; the union's names for union heads
-                        META_CLASS_NAMES: head_classes if head_classes != info.classes else info.reported,
-                        META_RECIPE: recipe_meta(self._recipe(info)),
-                        META_WARMUP: warmup,
-                    },
-                ),
-                targets=[site],
-                timeout=self.train_timeout,
-                callback=accept,
-            )
-        if not self._wait():
-            return None
+        def train_data(site: str, info: SiteInfo) -> FLModel:
+            # a site warms its head up once, when any of its classes starts from a fresh row
+            warmup = site not in federation.warmed_up and bool(set(info.classes) & set(federation.fresh_classes))
+            if site not in federation.warmed_up:
+                federation.warmed_up.append(site)
+            model = self._slice(latest, site, info, **{META_RECIPE: recipe_meta(self._recipe(info))})
+            model.meta[META_WARMUP] = warmup
+            model.current_round, model.total_rounds = round_number, self.num_rounds
+            return model
+
+        if not self._to_each_site(TASK_TRAIN, train_data, self.train_timeout, accept):
+            return None, site_metrics
         missing = sorted(set(self._sites) - set(site_metrics))
         if missing:
             self.warning(f"round {round_number}: no result from {missing} (failed or timed out); continuing without")
-        return aggregator
+        return aggregator, site_metrics
 
-    def _validate(self, version: GlobalVersion) -> dict[str, dict]:
-        """Each site validates its slice of ``version`` (PFL: its personal model); returns site -> metrics."""
-        if not version.personal:
-            results = self.send_model_and_wait(
-                task_name=TASK_VALIDATE,
-                data=FLModel(params=version.state, meta={META_CLASS_NAMES: version.class_names}),
-                timeout=self.validate_timeout,
-            )
-            return {result.meta.get("client_name", "?"): dict(result.metrics or {}) for result in results}
+    def _validate(self, version: SavedVersion) -> dict[str, dict]:
+        """Each site validates its slice of ``version``; returns site -> metrics."""
         metrics: dict[str, dict] = {}
 
         def collect(result: FLModel) -> None:
             metrics[result.meta.get("client_name", "?")] = dict(result.metrics or {})
 
-        for site, state in version.personal.items():
-            self.send_model(
-                task_name=TASK_VALIDATE,
-                data=FLModel(params=state, meta={META_CLASS_NAMES: self._sites[site].classes}),
-                targets=[site],
-                timeout=self.validate_timeout,
-                callback=collect,
-            )
-        self._wait()
+        self._to_each_site(
+            TASK_VALIDATE,
+            lambda site, info: self._slice(version, site, info, **{META_ROUND: version.round}),
+            self.validate_timeout,
+            collect,
+        )
         return metrics
 
-    def _consider(self, version: GlobalVersion, site_metrics: dict[str, dict], record: dict) -> None:
-        """Best-model selection and early stopping on the mean of the sites' validation losses."""
+    def _judge(self, version: SavedVersion, site_metrics: dict[str, dict]) -> None:
+        """Record the sites' validation of ``version``; best-model selection and early stopping on the mean of
+        their validation losses (the model before training is recorded, never selected)."""
+        federation = self._federation
         losses = [metrics.get("val_loss") for metrics in site_metrics.values()]
         aurocs = [metrics.get("val_mean_auroc") for metrics in site_metrics.values()]
         mean_loss, mean_auroc = _mean(losses), _mean(aurocs)
-        record.update(validated_round=version.round, mean_val_loss=mean_loss, mean_val_auroc=mean_auroc)
-        record.setdefault("sites", site_metrics)
+        validation = {"sites": site_metrics, "mean_val_loss": mean_loss, "mean_val_auroc": mean_auroc}
+        self._entry(version.round)["validation"] = validation
         if math.isnan(mean_loss):
-            self.warning(f"global model of round {version.round}: no validation loss reported")
+            self.warning(f"global model {_model_label(version.round)}: no validation loss reported")
             return
         self.info(
-            f"global model of round {version.round}: mean validation loss {mean_loss:.4f}, "
+            f"global model {_model_label(version.round)}: mean validation loss {mean_loss:.4f}, "
             f"mean validation AUROC {mean_auroc:.4f} over {len(site_metrics)} site(s)"
         )
-        if mean_loss < self._best_loss - self.min_delta:
-            self._best_loss, self._best_round = mean_loss, version.round
-            self._rounds_without_improvement = 0
-            record["best"] = True
-            self._publish(version, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
+        if version.round == INITIAL_ROUND:
+            return
+        if mean_loss < federation.best_loss - self.min_delta:
+            federation.best_loss, federation.best = mean_loss, version
+            federation.rounds_without_improvement = 0
+            validation["best"] = True
+            self._make_global(version, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
             self._save_personal(version, best=True)
-            self.info(f"new best global model: round {version.round}")
+            self.info(f"new best global model: {_model_label(version.round)}")
         else:
-            self._rounds_without_improvement += 1
+            federation.rounds_without_improvement += 1
 
-    # --- FLARE plumbing ------------------------------------------------------------------------------
+    def _evaluate_server_models(self, latest: SavedVersion) -> None:
+        """The server's saved models (latest, best), each validated by every site on its own slice: FLARE's
+        ``cross_val_results.json`` of the server's models, without sending any site another site's rows."""
+        best = self._federation.best
+        models = {DefaultCheckpointFileName.GLOBAL_MODEL: latest}
+        if best is not None:
+            models[DefaultCheckpointFileName.BEST_GLOBAL_MODEL] = best
+        results: dict[int, dict[str, dict]] = {latest.round: self._entry(latest.round)["validation"]["sites"]}
+        for name, version in models.items():
+            if version.round not in results:
+                results[version.round] = self._validate(version)
+            for site, metrics in results[version.round].items():
+                self.fl_ctx.set_prop(AppConstants.MODEL_OWNER, SERVER_MODEL_PREFIX + name, private=True)
+                self.fl_ctx.set_prop(AppConstants.DATA_CLIENT, site, private=True)
+                result = DXO(data_kind=DataKind.METRICS, data=metrics).to_shareable()
+                self.fl_ctx.set_prop(AppConstants.VALIDATION_RESULT, result, private=True)
+                self.event(AppEventType.VALIDATION_RESULT_RECEIVED)
+
+    def _publish_best(self) -> None:
+        """Send every site the best global model (union head, class names, preprocessing): from here on the
+        sites know the union's class names."""
+        federation = self._federation
+        version = federation.best or federation.latest
+        meta = {**self._model_meta(version), META_ROUND: version.round}
+        received: list[str] = []
+
+        def collect(result: FLModel) -> None:
+            received.append(result.meta.get("client_name", "?"))
+
+        self.info(
+            f"publishing the best global model ({_model_label(version.round)}, {len(version.class_names)} classes) "
+            "to every site: the sites learn the union's class names now"
+        )
+        self._to_each_site(
+            TASK_PUBLISH, lambda site, info: FLModel(params=version.state, meta=meta), self.validate_timeout, collect
+        )
+        self.info(f"the global model was published to {sorted(received)}")
+
+    # --- history and FLARE plumbing -----------------------------------------------------------------
+
+    def _entry(self, round_number: int) -> dict[str, Any]:
+        """The history's entry for the global model of ``round_number`` (created in round order)."""
+        history = self._federation.history
+        for entry in history:
+            if entry["round"] == round_number:
+                return entry
+        entry = {"round": round_number, "model": _model_label(round_number)}
+        history.append(entry)
+        history.sort(key=lambda item: item["round"])
+        return entry
 
     def _wait(self) -> bool:
         while self.get_num_standing_tasks():
@@ -427,7 +552,7 @@ class SurgicalAggregatorShareable(ModelController):
         self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, round_number, private=True, sticky=True)
         self.fl_ctx.set_prop(AppConstants.NUM_ROUNDS, self.num_rounds, private=True, sticky=True)
 
-    def _model_meta(self, version: GlobalVersion) -> dict[str, Any]:
+    def _model_meta(self, version: SavedVersion) -> dict[str, Any]:
         """Stored with the saved model: what it predicts, when it was made, how to feed it images."""
         first_site = self._sites[sorted(self._sites)[0]]
         return {
@@ -435,9 +560,9 @@ class SurgicalAggregatorShareable(ModelController):
             "round": version.round,
             "method": self.method,
             META_PREPROCESSING: first_site.preprocessing,
-        }  # no per-site class lists: the file may be shared with sites, which must not learn each other's
+        }  # no per-site class lists: the file is published to the sites, which must not learn each other's
 
-    def _save_personal(self, version: GlobalVersion, best: bool = False) -> None:
+    def _save_personal(self, version: SavedVersion, best: bool = False) -> None:
         """PFL: ``personal_models/<site>.pt`` (latest) or ``best_<site>.pt``, each with the site's classes."""
         if not version.personal:
             return
@@ -448,21 +573,22 @@ class SurgicalAggregatorShareable(ModelController):
             name = f"best_{site}.pt" if best else f"{site}.pt"
             save_checkpoint(folder / name, state, self._sites[site].classes, in_channels, site=site, **meta)
 
-    def _as_flmodel(self, version: GlobalVersion) -> FLModel:
+    def _as_flmodel(self, version: SavedVersion) -> FLModel:
         return FLModel(params=version.state, current_round=version.round, meta=self._model_meta(version))
 
-    def _publish(self, version: GlobalVersion, event: str) -> None:
+    def _make_global(self, version: SavedVersion, event: str) -> None:
         """Make ``version`` the context's global model and fire ``event`` (the persistor saves the best)."""
         learnable = make_model_learnable(version.state, self._model_meta(version))
         self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
         self.event(event)
 
-    def _record(self, record: dict) -> None:
-        """Append to the round history (JSON) and redraw the training curves (PNG) next to the models."""
-        self._history.append(record)
+    def _write_history(self) -> None:
+        """The round history (JSON) and the training curves (PNG) next to the models."""
+        history = self._federation.history
         app_dir = Path(self.get_app_dir())
-        (app_dir / HISTORY_FILE).write_text(json.dumps(self._history, indent=2, default=float))
-        try:
-            plot_training_curves(self._history, app_dir / CURVES_FILE)
-        except (ValueError, OSError) as error:
-            self.warning(f"could not draw {CURVES_FILE}: {error}")
+        (app_dir / HISTORY_FILE).write_text(json.dumps(history, indent=2, default=float))
+        if any("validation" in entry for entry in history):
+            try:
+                plot_training_curves(history, app_dir / CURVES_FILE)
+            except OSError as error:
+                self.warning(f"could not draw {CURVES_FILE}: {error}")

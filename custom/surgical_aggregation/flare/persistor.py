@@ -1,4 +1,4 @@
-"""FLARE persistor and model locator for a global model whose head rows carry class names.
+"""FLARE persistor for a global model whose head rows carry class names.
 
 FLARE's ``PTFileModelPersistor`` rebuilds a fixed ``nn.Module`` and cannot follow a head that
 grows as sites join, nor keep the rows' class names. These components store the package's
@@ -13,15 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from nvflare.apis.dxo import DXO, DataKind
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.model import ModelLearnable, ModelLearnableKey, make_model_learnable
-from nvflare.app_common.abstract.model_locator import ModelLocator
 from nvflare.app_common.abstract.model_persistor import ModelPersistor
 from nvflare.app_common.app_constant import AppConstants, DefaultCheckpointFileName
 from nvflare.app_common.app_event_type import AppEventType
-from nvflare.app_common.model_desc import ModelDescriptor
 
 from ..checkpoint import ARCHITECTURE_KEY, initial_global_state, load_checkpoint, save_checkpoint
 from ..core.head import numpy_state
@@ -101,48 +98,3 @@ class SurgicalModelPersistor(ModelPersistor):
                 self._write(learnable, self._app_dir(fl_ctx) / self.best_global_model_file_name)
         elif event == EventType.START_RUN:
             self._app_dir(fl_ctx).mkdir(parents=True, exist_ok=True)
-
-    def get_model_inventory(self, fl_ctx: FLContext) -> dict[str, ModelDescriptor]:
-        inventory = {}
-        for name in (self.global_model_file_name, self.best_global_model_file_name):
-            path = self._app_dir(fl_ctx) / name
-            if path.is_file():
-                inventory[name] = ModelDescriptor(name=name, location=str(path), model_format="PT", props={})
-        return inventory
-
-    def get_model(self, model_file: str, fl_ctx: FLContext) -> ModelLearnable | None:
-        descriptor = self.get_model_inventory(fl_ctx).get(model_file)
-        if descriptor is None:
-            return None
-        checkpoint = load_checkpoint(descriptor.location)
-        return make_model_learnable(
-            numpy_state(checkpoint.state), {META_CLASS_NAMES: checkpoint.class_names, **checkpoint.meta}
-        )
-
-
-class SurgicalModelLocator(ModelLocator):
-    """Hands the server's saved global models to FLARE's cross-site evaluation, with their class names."""
-
-    def __init__(self, persistor_id: str = "persistor") -> None:
-        super().__init__()
-        self.persistor_id = persistor_id
-
-    def _persistor(self, fl_ctx: FLContext) -> SurgicalModelPersistor:
-        persistor = fl_ctx.get_engine().get_component(self.persistor_id)
-        if not isinstance(persistor, SurgicalModelPersistor):
-            raise TypeError(f"component {self.persistor_id!r} must be a SurgicalModelPersistor, got {type(persistor)}")
-        return persistor
-
-    def get_model_names(self, fl_ctx: FLContext) -> list[str]:
-        return list(self._persistor(fl_ctx).get_model_inventory(fl_ctx))
-
-    def locate_model(self, model_name: str, fl_ctx: FLContext) -> DXO | None:
-        learnable = self._persistor(fl_ctx).get_model(model_name, fl_ctx)
-        if learnable is None:
-            return None
-        meta = learnable.get(ModelLearnableKey.META) or {}
-        return DXO(
-            data_kind=DataKind.WEIGHTS,
-            data=learnable[ModelLearnableKey.WEIGHTS],
-            meta={META_CLASS_NAMES: list(meta.get(META_CLASS_NAMES, []))},
-        )

@@ -4,7 +4,8 @@ command line offers for the FLARE layer (this module imports nothing, so the com
 TASK_DESCRIBE = "describe"  # handshake: a site reports its class names and sample count
 TASK_TRAIN = "train"
 TASK_VALIDATE = "validate"
-TASK_SUBMIT_MODEL = "submit_model"
+TASK_SUBMIT_MODEL = "submit_model"  # FLARE's cross-site evaluation of the sites' models (site_to_site_evaluation)
+TASK_PUBLISH = "publish"  # the end of a job: the best global model, union head and class names, to every site
 
 META_CLASS_NAMES = "class_names"  # names of the head rows in the params, in row order
 META_NUM_SAMPLES = "num_samples"  # training images behind a contribution
@@ -13,7 +14,8 @@ META_WANT_LABEL_COUNTS = "want_label_counts"  # handshake: the server asks for p
 META_LABEL_COUNTS = "label_counts"  # class -> [positives, labelled] on the site's training split
 META_WARMUP = "warmup"  # warm up the head (backbone frozen) before this round's training
 META_DATA = "data"  # a site's one-line description of its data (no paths, no counts per class)
-META_PREPROCESSING = "preprocessing"  # image_size / in_channels / imagenet_normalize a site trains with
+META_PREPROCESSING = "preprocessing"  # what a site feeds the model (its modality's description)
+META_ROUND = "model_round"  # which global model a validation or publication carries (-1: before training)
 
 # How the bundle's code reaches the participants (see flare.recipe) and the bundle's jobs (its recipes).
 CODE_DELIVERIES = ("byoc", "preinstalled")

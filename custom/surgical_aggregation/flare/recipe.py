@@ -1,7 +1,7 @@
 """``SurgicalAggregationRecipe``: a job of this bundle as an NVIDIA FLARE 2.9 Recipe.
 
-The recipe builds the server side (``SurgicalAggregatorShareable``, the persistor and model locator
-of named-head models, TensorBoard streaming, optionally FLARE's cross-site evaluation) and one app
+The recipe builds the server side (``SurgicalAggregatorShareable``, the persistor of named-head
+models, TensorBoard streaming, optionally FLARE's cross-site evaluation of the sites' models) and one app
 per site (the Client API trainer, and that site's default config under
 ``app_<site>/config/site_configs/<site>.json``, so no site's job folder carries another site's
 config). Run it with FLARE's environments::
@@ -49,7 +49,7 @@ from ..config import site_config_from_dict
 from ..core.errors import SiteConfigError
 from ..profiles import DEMO, REPORT
 from .controller import SurgicalAggregatorShareable
-from .persistor import SurgicalModelLocator, SurgicalModelPersistor
+from .persistor import SurgicalModelPersistor
 from .protocol import BUNDLE_JOBS, CODE_DELIVERIES
 from .tracking import TRACKERS
 
@@ -77,7 +77,6 @@ PRIVACY_SCOPE = "surgical_aggregation"
 SITE_CONFIGS_DIR = "site_configs"  # under each site app's config/ folder
 CONTROLLER_ID = "surgical_aggregation"
 PERSISTOR_ID = "persistor"
-MODEL_LOCATOR_ID = "model_locator"
 ANALYTICS_EVENT = "analytix_log_stats"  # what the sites' SummaryWriter emits; streamed to the server
 
 
@@ -90,9 +89,17 @@ class SurgicalAggregationRecipe(Recipe):
             written, with every default explicit, as that site's default config.
         controller: ``SurgicalAggregatorShareable`` arguments (``num_rounds``, ``method``, ...);
             ``min_clients`` defaults to every site.
-        persistor: ``SurgicalModelPersistor`` arguments (``seed``, ``pretrained_weights``,
-            ``initial_model``); the architecture and the model's input follow the sites' data.
-        cross_site_evaluation: add FLARE's cross-site evaluation of the server's and the sites' models.
+        persistor: ``SurgicalModelPersistor`` arguments (``seed``, ``pretrained_weights``); the architecture
+            and the model's input follow the sites' data.
+        initial_model: a checkpoint of this bundle to continue from (e.g. the last job's best model, or a
+            published one): its classes keep their learned rows, a hospital's new classes get new rows.
+            Relative paths are relative to the server's app folder.
+        publish_global_model: at the end, send the best global model (union head and class names) to
+            every site; this is when the sites learn the union's class names. Off: it stays on the server.
+        site_to_site_evaluation: add FLARE's cross-site evaluation of the sites' local models: each site's
+            model (its class names and weights trained on its data alone) is sent to every other site.
+            Off by default: it reveals each site's class set to the others. (The server's models are
+            always evaluated, each site on its own slice.)
         client_execution: ``in_process`` (FLARE's default) or ``external_process``.
         code: ``byoc`` or ``preinstalled`` (see the module docstring).
         ship_library: byoc only: copy the surgical_aggregation package into each site's ``custom/``.
@@ -108,7 +115,9 @@ class SurgicalAggregationRecipe(Recipe):
         sites: Mapping[str, Mapping[str, Any]],
         controller: Mapping[str, Any] | None = None,
         persistor: Mapping[str, Any] | None = None,
-        cross_site_evaluation: bool = True,
+        initial_model: str | None = None,
+        publish_global_model: bool = True,
+        site_to_site_evaluation: bool = False,
         client_execution: str = "in_process",
         code: str = "byoc",
         ship_library: bool = False,
@@ -128,13 +137,19 @@ class SurgicalAggregationRecipe(Recipe):
             raise ValueError(f"job {name!r} mixes data modalities {sorted(modalities)}; one model reads one kind")
         first = next(iter(configs.values()))
         self.site_configs = {site: config.to_dict() for site, config in configs.items()}  # every field explicit
-        self.controller_args = {"min_clients": len(configs), **(controller or {})}
+        self.controller_args = {
+            "min_clients": len(configs),
+            **(controller or {}),
+            "publish_global_model": publish_global_model,
+        }
         self.persistor_args = {
             "architecture": first.modality.architecture,
             "preprocessing": first.modality.preprocessing(first),
             **(persistor or {}),
         }
-        self.cross_site_evaluation = cross_site_evaluation
+        if initial_model is not None:
+            self.persistor_args["initial_model"] = str(initial_model)
+        self.site_to_site_evaluation = site_to_site_evaluation
         self.client_execution = client_execution
         self.code = code
         self.ship_library = ship_library
@@ -149,7 +164,6 @@ class SurgicalAggregationRecipe(Recipe):
         job.set_app_packages([PACKAGE_DIR.name])  # the package is installed (or shipped explicitly), never copied
         job.to_server(aggregator, id=CONTROLLER_ID)
         job.to_server(model_persistor, id=PERSISTOR_ID)
-        job.to_server(SurgicalModelLocator(persistor_id=PERSISTOR_ID), id=MODEL_LOCATOR_ID)
         job.to_server(ValidationJsonGenerator(), id="json_generator")
         if tracking == "mlflow":
             from nvflare.app_opt.tracking.mlflow.mlflow_receiver import MLflowReceiver  # imports MLflow: when asked
@@ -158,11 +172,9 @@ class SurgicalAggregationRecipe(Recipe):
             job.to_server(receiver, id="mlflow_receiver")
         else:
             job.to_server(TBAnalyticsReceiver(), id="tb_receiver")
-        if cross_site_evaluation:
-            evaluation = CrossSiteModelEval(
-                model_locator_id=MODEL_LOCATOR_ID, submit_model_timeout=600, validation_timeout=1800
-            )
-            job.to_server(evaluation, id="cross_site_evaluation")
+        if site_to_site_evaluation:  # without a model locator FLARE evaluates only the sites' models
+            evaluation = CrossSiteModelEval(submit_model_timeout=600, validation_timeout=1800)
+            job.to_server(evaluation, id="site_to_site_evaluation")
         super().__init__(job)
 
     @property
