@@ -250,6 +250,36 @@ def test_broken_contribution_is_rejected_and_the_rest_aggregate(three_clients, b
     )
 
 
+def test_a_contribution_carries_exactly_the_classes_its_site_declared():
+    aggregator = SurgicalAggregator(toy_state(0, 1), [], head=TOY_HEAD, normalize_name=canonical_name)
+    declared = ["Pleural Effusion", "Mass"]
+    with pytest.raises(ContributionRejected, match=r"rows for classes it did not declare: \['Fracture'\]"):
+        aggregator.add(Contribution("site-a", toy_state(2, 2), ["Mass", "Fracture"], expected_classes=declared))
+    with pytest.raises(ContributionRejected, match=r"no rows for its classes \['Pleural Effusion'\]"):
+        aggregator.add(Contribution("site-a", toy_state(1, 2), ["Mass"], expected_classes=declared))
+    # any order and spelling that canonicalises to the declared classes
+    aggregator.add(Contribution("site-a", toy_state(2, 2), ["Mass", "Effusion"], expected_classes=declared))
+    assert aggregator.finalize().class_names == ["Mass", "Pleural Effusion"]
+
+
+@pytest.mark.parametrize(
+    ("state", "names", "reason"),
+    [
+        ([1, 2], ["Mass"], "its weights are a list, not named arrays"),
+        (None, ["Mass"], "its weights are a NoneType, not named arrays"),
+        ("weights", ["Mass"], "its weights are a str, not named arrays"),
+        ({}, "Mass", "its class names are not a list of names: 'Mass'"),
+        ({}, [3], "its class names are not a list of names: [3]"),
+        ({}, 7, "its class names are not a list of names: 7"),
+    ],
+)
+def test_a_contribution_of_the_wrong_types_is_rejected_not_raised(state, names, reason):
+    aggregator = SurgicalAggregator(toy_state(0, 1), [], head=TOY_HEAD)
+    with pytest.raises(ContributionRejected) as caught:
+        aggregator.add(Contribution("site-a", toy_state(1, 2) if state == {} else state, names))
+    assert caught.value.reason == reason and aggregator.rejected == {"site-a": reason}
+
+
 def test_duplicate_and_unknown_class_names_are_rejected():
     aggregator = SurgicalAggregator(toy_state(0, 1), [], head=TOY_HEAD, normalize_name=canonical_name)
     with pytest.raises(ContributionRejected, match="duplicate class names \\['Pleural Effusion'\\]"):

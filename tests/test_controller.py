@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 from nvflare.apis.dxo import from_shareable
+from nvflare.apis.fl_constant import ReturnCode
 from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import make_reply
 from nvflare.apis.signal import Signal
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_common.app_constant import AppConstants
@@ -25,6 +27,8 @@ from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
 from surgical_aggregation.flare.protocol import (
     META_CLASS_NAMES,
     META_NUM_SAMPLES,
+    META_OUTCOME,
+    META_PREPROCESSING,
     META_WARMUP,
     TASK_DESCRIBE,
     TASK_PUBLISH,
@@ -34,7 +38,8 @@ from surgical_aggregation.flare.protocol import (
 
 from helpers import TOY_HEAD, rows_by_name, toy_state
 
-Behaviour = Callable[[int, dict], dict | None]  # (round, received params) -> sent params (None: no answer)
+Behaviour = Callable[[int, dict], dict | str | None]  # (round, received params) -> sent params
+FAILS = "fails"  # a behaviour's answer when the site's task raises: FLARE returns an error code, no result
 
 
 class FakeSite:
@@ -43,23 +48,35 @@ class FakeSite:
         self.behaviour = behaviour or (lambda round_number, params: _shifted(params, 0.01 * (1 + round_number)))
         self.received: list[tuple[list[str], dict]] = []  # training tasks: (class names, params)
         self.warmups: list[bool] = []  # the server's warm-up request in each training task
+        self.training_rounds: list[int] = []  # the round of each training task it received
         self.tasks: list[tuple[str, list[str], dict]] = []  # every task after the handshake: (task, names, params)
+        self.outcomes: list[dict] = []  # what the server said of its previous training results
+        self.preprocessing = {"image_size": 64, "in_channels": 1, "imagenet_normalize": True}
+        self.metrics_override: dict | None = None  # sent instead of honest metrics with training results
+        self.validation_override: dict | None = None  # ... with the final validation's
 
     def answer(self, task: str, data: FLModel) -> FLModel | None:
         meta = {"client_name": self.name, META_CLASS_NAMES: self.classes, META_NUM_SAMPLES: 10}
         if task == TASK_DESCRIBE:
-            return FLModel(params={}, metrics={"num_train": 10}, meta=meta)
+            return FLModel(params={}, metrics={"num_train": 10}, meta={**meta, META_PREPROCESSING: self.preprocessing})
         self.tasks.append((task, list(data.meta.get(META_CLASS_NAMES) or []), data.params))
+        if META_OUTCOME in data.meta:
+            self.outcomes.append(data.meta[META_OUTCOME])
         if task == TASK_PUBLISH:
             return FLModel(params={}, meta={"client_name": self.name})
         round_number = data.current_round if task != TASK_VALIDATE else len(self.losses) - 1
         metrics = {"val_loss": self.losses[min(round_number, len(self.losses) - 1)], "val_mean_auroc": 0.7}
+        if self.metrics_override is not None and task == TASK_TRAIN:
+            metrics = {**metrics, **self.metrics_override}
         if task == TASK_VALIDATE:
-            return FLModel(metrics=metrics, meta=meta)
+            return FLModel(metrics={**metrics, **(self.validation_override or {})}, meta=meta)
         self.received.append((list(data.meta[META_CLASS_NAMES]), data.params))
+        self.training_rounds.append(data.current_round)
         self.warmups.append(bool(data.meta[META_WARMUP]))
         params = self.behaviour(round_number, data.params)
-        return None if params is None else FLModel(params=params, metrics=metrics, meta=meta)
+        if params is None or params == FAILS:
+            return params
+        return FLModel(params=params, metrics=metrics, meta=meta)
 
 
 def _shifted(params: dict, amount: float) -> dict:
@@ -76,6 +93,9 @@ class Harness(SurgicalAggregatorShareable):
         self.fl_ctx, self.abort_signal = FLContext(), Signal()
         self.app_dir, self.saved, self.events, self.messages = app_dir, [], [], []
         self.validation_results: list[tuple[str, str, dict]] = []  # (model, site, metrics), as FLARE's JSON gets them
+        self.dead: set[str] = set()  # sites FLARE deems disconnected
+        self.unanswered: set[str] = set()  # tasks sent to sites that never answered (standing until cancelled)
+        self.cancelled = 0
 
     @property
     def history(self) -> list[dict]:
@@ -87,12 +107,26 @@ class Harness(SurgicalAggregatorShareable):
         return [answer for answer in answers if answer is not None]
 
     def send_model(self, task_name="train", data=None, targets=None, min_responses=None, timeout=0, callback=None):
-        answer = self.sites[targets[0]].answer(task_name, data)
-        if answer is not None:
+        site = targets[0]
+        answer = self.sites[site].answer(task_name, data)
+        if answer is None:
+            if site in self.dead:
+                self.unanswered.add(site)  # a dead site's task stands until it times out or is cancelled
+            return
+        failed = answer == FAILS
+        reply = make_reply(ReturnCode.EXECUTION_EXCEPTION if failed else ReturnCode.OK)
+        if self._accept_train_result(site, reply, self.fl_ctx) and not failed:  # FLARE's path for every answer
             callback(answer)
 
     def get_num_standing_tasks(self) -> int:
-        return 0
+        return len(self.unanswered)
+
+    def get_client_disconnect_time(self, client_name):
+        return 1.0 if client_name in self.dead else None
+
+    def cancel_all_tasks(self, completion_status=None, fl_ctx=None):
+        self.cancelled += 1
+        self.unanswered.clear()
 
     # persistence, events, logs
     def load_model(self) -> FLModel:
@@ -317,3 +351,199 @@ def test_an_unfinished_federation_is_not_continued_with_another_method(tmp_path)
         Harness([FakeSite("site-a", ["Mass"], [0.5], crash)], tmp_path, num_rounds=2, min_clients=1).run()
     with pytest.raises(RuntimeError, match=r"ran with .*'method': 'surgical'.*remove that folder to start afresh"):
         Harness([FakeSite("site-a", ["Mass"], [0.5])], tmp_path, num_rounds=2, min_clients=1, method="personal").run()
+
+
+# --- sites that are broken, hostile, dead or slow: one test per case the server must survive -------------------
+
+
+class RenamingSite(FakeSite):
+    def __init__(self, name, classes, losses, sent_names):
+        super().__init__(name, classes, losses)
+        self.sent_names = sent_names
+
+    def answer(self, task, data):
+        answer = super().answer(task, data)
+        if task == TASK_TRAIN and answer is not None:
+            answer.meta[META_CLASS_NAMES] = self.sent_names
+        return answer
+
+
+def test_a_row_for_a_class_the_site_never_declared_is_rejected(tmp_path):
+    liar = RenamingSite("site-a", ["Mass", "Pneumothorax"], [0.5, 0.4], ["Mass", "Fracture"])
+    honest = FakeSite("site-b", ["Fracture", "Mass"], [0.5, 0.4])
+    harness = Harness([liar, honest], tmp_path, num_rounds=1, min_clients=1)
+    harness.run()
+    reason = harness.history[1]["aggregation"]["rejected"]["site-a"]
+    assert reason == "rows for classes it did not declare: ['Fracture']"
+    final = rows_by_name(harness.saved[-1].params, harness.saved[-1].meta[META_CLASS_NAMES])
+    sent_by_honest = rows_by_name(_shifted(honest.received[0][1], 0.01), honest.classes)
+    np.testing.assert_allclose(final["Fracture"], sent_by_honest["Fracture"], atol=1e-6)  # site-b's row alone
+    assert liar.outcomes[-1] == {"task": TASK_TRAIN, "round": 0, "status": "rejected", "reason": reason}
+
+
+def test_a_row_for_a_class_no_site_has_does_not_grow_the_union(tmp_path):
+    grower = RenamingSite("site-a", ["Mass"], [0.5, 0.4], ["Pneumomediastinum"])
+    harness = Harness([grower, FakeSite("site-b", ["Edema"], [0.5, 0.4])], tmp_path, num_rounds=1, min_clients=1)
+    harness.run()
+    assert harness.saved[-1].meta[META_CLASS_NAMES] == ["Edema", "Mass"]  # the union grows only at the handshake
+    assert "did not declare: ['Pneumomediastinum']" in harness.history[1]["aggregation"]["rejected"]["site-a"]
+
+
+def test_an_update_out_of_proportion_is_rejected(tmp_path):
+    def scaled(round_number, params):
+        return {key: value * 1e30 if value.is_floating_point() else value for key, value in _shifted(params, 0).items()}
+
+    honest = [FakeSite("site-a", ["Mass"], [0.5, 0.4]), FakeSite("site-b", ["Mass"], [0.5, 0.4])]
+    harness = Harness([*honest, FakeSite("site-c", ["Mass"], [0.5, 0.4], scaled)], tmp_path, num_rounds=2)
+    harness.run()
+    for entry in harness.history[1:]:
+        assert entry["aggregation"]["accepted"] == ["site-a", "site-b"]
+        assert "update norm" in entry["aggregation"]["rejected"]["site-c"]
+        assert "out of proportion: more than 10 x the median" in entry["aggregation"]["rejected"]["site-c"]
+    assert float(np.abs(np.asarray(harness.saved[-1].params["head.weight"])).max()) < 10
+    # with the bound off (research), the same update is taken
+    off = Harness([FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-c", ["Mass"], [0.5], scaled)],
+                  tmp_path / "off", num_rounds=1, update_bound=None)  # fmt: skip
+    off.run()
+    assert off.history[1]["aggregation"]["accepted"] == ["site-a", "site-c"]
+
+
+def test_a_forged_validation_loss_does_not_steer_model_selection(tmp_path):
+    forger = FakeSite("site-b", ["Edema"], [0.6, 0.6, 0.6])
+    forger.metrics_override = {"val_loss": -1e9}
+    honest = FakeSite("site-a", ["Mass"], [0.9, 0.3, 0.5])  # round 0's model is the best by honest losses
+    harness = Harness([honest, forger], tmp_path, num_rounds=3, min_clients=1)
+    harness.run()
+    rejected = harness.history[1]["aggregation"]["rejected_metrics"]["site-b"]
+    assert rejected == ["val_loss = -1e+09 is outside [0, 100]"]
+    assert set(harness.history[1]["validation"]["sites"]) == {"site-a"}  # only the checked metrics judged it
+    assert harness._federation.best.round == 0 and harness.best_rounds() == [0]
+
+
+def test_a_forged_final_validation_does_not_pick_the_best_model(tmp_path):
+    forger = FakeSite("site-b", ["Edema"], [0.6, 0.6, 0.6])
+    forger.validation_override = {"val_loss": -1e9, "val_mean_auroc": "high"}
+    honest = FakeSite("site-a", ["Mass"], [0.9, 0.3, 0.5])
+    harness = Harness([honest, forger], tmp_path, num_rounds=3, min_clients=1)
+    harness.run()
+    final = harness.history[-1]
+    assert final["rejected_validation_metrics"] == {
+        "site-b": ["val_loss = -1e+09 is outside [0, 100]", "val_mean_auroc is not a number: 'high'"]
+    }
+    assert set(final["validation"]["sites"]) == {"site-a"} and final["validation"]["mean_val_loss"] == 0.5
+    assert harness._federation.best.round == 0  # (0.3 + 0.6) / 2 = 0.45 stays the lowest mean
+
+
+def test_a_metric_that_is_not_a_number_is_rejected_and_the_run_goes_on(tmp_path):
+    wordy = FakeSite("site-b", ["Edema"], [0.6, 0.5])
+    wordy.metrics_override = {"val_loss": "0.5", "val_mean_auroc": float("nan")}
+    harness = Harness([FakeSite("site-a", ["Mass"], [0.6, 0.5]), wordy], tmp_path, num_rounds=2)
+    harness.run()
+    problems = harness.history[1]["aggregation"]["rejected_metrics"]["site-b"]
+    assert problems == ["val_loss is not a number: '0.5'", "val_mean_auroc is not finite: nan"]
+    assert harness.history[1]["aggregation"]["accepted"] == ["site-a", "site-b"]  # the weights are fine
+    assert harness.history[-1]["validation"]["sites"]  # the final validation ran
+    assert wordy.outcomes[0]["status"] == "aggregated" and wordy.outcomes[0]["rejected_metrics"] == problems
+
+
+def test_a_dead_site_is_not_waited_for_and_may_come_back(tmp_path):
+    def dies_in_round_1(round_number, params):
+        if round_number == 1:
+            harness.dead.add("site-b")
+            return None  # no answer: its task stands
+        return _shifted(params, 0.01)
+
+    def brings_b_back_in_round_3(round_number, params):
+        if round_number == 3:
+            harness.dead.clear()  # FLARE sees site-b again (its next heartbeat)
+        return _shifted(params, 0.01)
+
+    sites = [
+        FakeSite("site-a", ["Mass"], [0.5, 0.4, 0.3, 0.3], brings_b_back_in_round_3),
+        FakeSite("site-b", ["Edema"], [0.5, 0.4, 0.3, 0.3], dies_in_round_1),
+    ]
+    harness = Harness(sites, tmp_path, num_rounds=4, min_clients=1)
+    harness.run()
+    assert harness.cancelled == 1  # round 1 stopped waiting once only the dead site was awaited
+    assert "['site-b'] disconnected: not waiting for their answers" in _messages(harness, "warning")
+    assert "site-b is disconnected: no train task for it" in _messages(harness, "warning")  # round 2
+    assert [entry["aggregation"]["accepted"] for entry in harness.history[1:]] == [
+        ["site-a", "site-b"],
+        ["site-a"],
+        ["site-a"],
+        ["site-a", "site-b"],
+    ]
+    assert sites[1].training_rounds == [0, 1, 3]  # no task while it was disconnected
+
+
+def test_a_failed_task_is_recorded_and_the_round_goes_on(tmp_path):
+    def job_process_killed_in_round_1(round_number, params):
+        return FAILS if round_number == 1 else _shifted(params, 0.01)  # FLARE: EXECUTION_EXCEPTION, no result
+
+    failing = FakeSite("site-b", ["Edema"], [0.5, 0.4, 0.3], job_process_killed_in_round_1)
+    harness = Harness([FakeSite("site-a", ["Mass"], [0.5, 0.4, 0.3]), failing], tmp_path, num_rounds=3, min_clients=1)
+    harness.run()
+    assert [entry["aggregation"]["failed"] for entry in harness.history[1:]] == [
+        {},
+        {"site-b": "EXECUTION_EXCEPTION"},
+        {},
+    ]
+    assert (
+        harness.history[2]["aggregation"]["accepted"] == ["site-a"]
+        and harness.history[2]["aggregation"]["missing"] == []
+    )
+    assert "round 1: the training task of site-b failed (EXECUTION_EXCEPTION)" in _messages(harness, "error")
+    assert failing.outcomes[1] == {
+        "task": TASK_TRAIN, "round": 1, "status": "failed", "reason": "its training task failed (EXECUTION_EXCEPTION)",
+    }  # fmt: skip
+    assert harness.history[3]["aggregation"]["accepted"] == ["site-a", "site-b"]  # back in the next round
+
+
+def test_a_late_result_is_told_to_the_site_as_not_aggregated(tmp_path):
+    def late_in_round_0(round_number, params):
+        return None if round_number == 0 else _shifted(params, 0.01)  # FLARE dropped its late result
+
+    late = FakeSite("site-b", ["Edema"], [0.5, 0.4], late_in_round_0)
+    Harness([FakeSite("site-a", ["Mass"], [0.5, 0.4]), late], tmp_path, num_rounds=2, min_clients=1).run()
+    assert late.outcomes[0] == {
+        "task": TASK_TRAIN, "round": 0, "status": "not_received",
+        "reason": "no result arrived in time; a late result is dropped",
+    }  # fmt: skip
+    assert late.outcomes[1] == {"task": TASK_TRAIN, "round": 1, "status": "aggregated"}
+
+
+def test_a_federation_that_never_made_progress_fails_and_names_the_sites(tmp_path):
+    def unreadable_images(round_number, params):
+        return FAILS  # the site raises UnreadableImagesError every round
+
+    sites = [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-b", ["Edema"], [0.5], unreadable_images)]
+    harness = Harness(sites, tmp_path, num_rounds=2, min_clients=2)
+    with pytest.raises(RuntimeError, match=r"made no progress: in 2 round\(s\) none aggregated 2 valid"):
+        harness.run()
+    assert [entry["aggregation"]["failed"] for entry in harness.history[1:]] == [{"site-b": "EXECUTION_EXCEPTION"}] * 2
+    assert harness.history[1]["aggregation"]["accepted"] == ["site-a"]
+    assert harness.best_rounds() == []  # no model is labelled best
+    assert "site-b: its training task failed (EXECUTION_EXCEPTION)" in _messages(harness, "error")
+    assert "site-a: its result was valid, but no round had 2 valid contributions" in _messages(harness, "error")
+    assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in sites)  # nothing published
+    assert harness._federation.finished  # a corrected job starts afresh
+
+
+def test_one_preprocessing_per_federation(tmp_path):
+    small = FakeSite("site-b", ["Edema"], [0.5, 0.4])
+    small.preprocessing = {**small.preprocessing, "image_size": 32}
+    sites = [FakeSite("site-a", ["Mass"], [0.5, 0.4]), small]
+    harness = Harness(sites, tmp_path, num_rounds=1, min_clients=1)
+    harness.run()
+    assert (
+        "handshake with site-b refused: it preprocesses its data otherwise: image_size 32 (the federation's: 64)"
+        in (_messages(harness, "error"))
+    )
+    assert harness.saved[-1].meta[META_PREPROCESSING]["image_size"] == 64 and small.tasks == []
+    # a job may set the federation's preprocessing: then a site that differs from it is refused, by name
+    decided = Harness(
+        [FakeSite("site-a", ["Mass"], [0.5, 0.4]), FakeSite("site-b", ["Edema"], [0.5, 0.4])], tmp_path / "job",
+        num_rounds=1, min_clients=1, preprocessing={"image_size": 128, "in_channels": 1, "imagenet_normalize": True},
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"only 0 site\(s\) answered the handshake"):
+        decided.run()

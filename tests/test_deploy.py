@@ -17,11 +17,13 @@ from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.flare.deploy import (
     DATA_LOCATION_PLACEHOLDER,
+    SERVER_HEARTBEAT_TIMEOUT,
     SITE_CONFIG_TEMPLATE,
     authorization_for,
     bundle_component_paths,
     class_allow_list,
     job_component_paths,
+    set_heartbeat_timeout,
     site_config_template,
     write_local_folder,
 )
@@ -83,6 +85,8 @@ def test_the_project_names_the_jobs_sites():
 def test_kits_are_mtls_with_the_sites_names_and_certificates(byoc_kits):
     server = _json(byoc_kits / SERVER / "startup" / "fed_server.json")
     assert server["servers"][0]["connection_security"] == "mtls"
+    # a site that went down is logged out after 2 minutes without a heartbeat (FLARE's default: 10 minutes)
+    assert server["servers"][0]["heart_beat_timeout"] == SERVER_HEARTBEAT_TIMEOUT == 120
     for site in SITES:
         startup = byoc_kits / site / "startup"
         client = _json(startup / "fed_client.json")
@@ -164,6 +168,13 @@ def test_authorization_for_preinstalled_spells_out_the_project_admins_rights():
     }
     assert authorization_for("byoc", provisioned) == provisioned
     assert provisioned["permissions"]["project_admin"] == "any"  # the input is not modified
+
+
+def test_the_heartbeat_timeout_must_leave_room_for_the_sites_heartbeats(tmp_path):
+    with pytest.raises(ValueError, match="must exceed the sites' 10 s heartbeat interval, got 5"):
+        set_heartbeat_timeout(tmp_path, 5)
+    with pytest.raises(FileNotFoundError, match=r"fed_server.json: not found; is .* a server's startup/ folder\?"):
+        set_heartbeat_timeout(tmp_path, 60)
 
 
 def test_local_folder_errors_name_the_problem(tmp_path):

@@ -5,6 +5,9 @@
    FLARE restarts the sites' processes between tasks), with cross-site evaluation.
 2. Two sites with the same class set, one round: the global model equals FLARE's own FedAvg
    aggregation (``WeightedAggregationHelper``) of the same client updates.
+3. A new hospital joins a federation that continues from its best model.
+4. A site whose images are truncated (``on_unreadable: error``) fails every round: the job that never
+   made progress exits non-zero, labels no model best and names the sites and reasons.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.flare.audit import AUDIT_FILE, EXCHANGES_DIR, exchange_file_name, read_audit
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
+from surgical_aggregation.images.synthetic import generate_nih
 
 from helpers import tiny_recipe, tiny_sites
 
@@ -35,7 +39,8 @@ W, B = NAMED_HEAD.keys
 SITES = {"site-nih": list(NIH_LABELS), "site-chexpert": list(CHEXPERT_LABELS)}
 
 
-def _simulate(job: Path, workspace: Path, cache: Path, *extra: str) -> Path:
+def _run_simulator(job: Path, workspace: Path, cache: Path, *extra: str) -> tuple[int, str]:
+    """``nvflare simulator <job> -w <workspace>``: (exit code, output)."""
     nvflare = Path(sys.executable).parent / "nvflare"
     env = {**os.environ, "SURGICAL_AGGREGATION_CACHE": str(cache), "PATH": f"{nvflare.parent}:{os.environ['PATH']}"}
     result = subprocess.run(
@@ -47,7 +52,12 @@ def _simulate(job: Path, workspace: Path, cache: Path, *extra: str) -> Path:
     )
     log = result.stdout + result.stderr
     (workspace.parent / "simulator.log").write_text(log)
-    assert result.returncode == 0, log[-5000:]
+    return result.returncode, log
+
+
+def _simulate(job: Path, workspace: Path, cache: Path, *extra: str) -> Path:
+    code, log = _run_simulator(job, workspace, cache, *extra)
+    assert code == 0, log[-5000:]
     return workspace / "server" / "simulate_job"
 
 
@@ -233,3 +243,29 @@ def test_a_new_hospital_joins_a_federation_that_continues_from_its_best_model(tm
     # only the newcomer's head starts from scratch, so only it warms up
     warmed_up = {name: "head warm-up" in (tmp_path / "ws2" / name / "log.txt").read_text() for name in joined}
     assert warmed_up == {"site-a": False, "site-b": False, "site-c": True}
+
+
+def test_a_job_that_never_made_progress_fails_and_says_why(tmp_path):
+    data = generate_nih(tmp_path / "nih", n_patients=30, image_size=32).root
+    for image in sorted((data / "images").glob("*.png"))[:3]:  # 3 truncated files
+        image.write_bytes(image.read_bytes()[:100])
+    recipe = tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=1)
+    sites = dict(recipe.site_configs)
+    sites["site-nih"] = {**sites["site-nih"], "data": {**sites["site-nih"]["data"], "location": str(data)}}
+    sites["site-nih"]["on_unreadable"] = "error"
+    write_job(SurgicalAggregationRecipe("nih_chexpert", sites, recipe.controller_args), tmp_path / "job")
+
+    code, output = _run_simulator(tmp_path / "job", tmp_path / "ws", tmp_path / "cache", "-t", "2")
+    assert code == 2, output[-3000:]  # the simulator's exit code when the workflow fails
+    server = tmp_path / "ws" / "server" / "simulate_job" / "app_server"
+    assert not (server / "best_FL_global_model.pt").exists()
+    assert load_checkpoint(server / "FL_global_model.pt").meta["trained"] is False  # the initial weights, marked
+    history = json.loads((server / "round_history.json").read_text())
+    failed = history[1]["aggregation"]["failed"]  # FLARE's return code (an in-process script: TASK_ABORTED)
+    assert list(failed) == ["site-nih"] and history[1]["aggregation"]["accepted"] == ["site-chexpert"]
+    server_log = (tmp_path / "ws" / "server" / "log.txt").read_text()
+    assert f"site-nih: its training task failed ({failed['site-nih']})" in server_log
+    assert "site-chexpert: its result was valid, but no round had 2 valid contributions" in server_log
+    assert "the federation made no progress: in 1 round(s) none aggregated 2 valid contribution(s)" in server_log
+    site_log = (tmp_path / "ws" / "site-nih" / "log.txt").read_text()
+    assert "3 unreadable image(s)" in site_log  # the site's own log names the cause

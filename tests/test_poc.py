@@ -9,6 +9,9 @@ then every started process stopped by its id.
    recipe and FLARE's ``ProdEnv``, the admin API a production system offers).
 3. a server crash mid-federation: the server and its job process are killed by id, the daemon brings
    the server back, and the same job submitted again continues from the last completed round.
+4. a site goes down mid-federation (its daemon, process and job process killed by id): the server logs it
+   out after the heartbeat timeout, the controller stops waiting for it, and the job finishes with the
+   other site, in bounded time, with the union model.
 """
 
 from __future__ import annotations
@@ -40,10 +43,10 @@ def _job(root: Path, code: str) -> Path:
     return write_job(recipe, root / f"job-{code}")
 
 
-def _started(root: Path, code: str, monkeypatch) -> tuple[PocWorkspace, dict]:
+def _started(root: Path, code: str, monkeypatch, **prepare) -> tuple[PocWorkspace, dict]:
     monkeypatch.setenv("SURGICAL_AGGREGATION_CACHE", str(root / "cache"))
     poc = PocWorkspace(root / "poc")
-    assert poc.prepare(_job(root, "byoc"), code) == SITES
+    assert poc.prepare(_job(root, "byoc"), code, **prepare) == SITES
     return poc, poc.start()
 
 
@@ -114,11 +117,18 @@ def test_preinstalled_poc_refuses_byoc_and_runs_the_allow_listed_job(tmp_path, m
         _assert_all_stopped(poc, record)
 
 
-def _server_processes(poc: PocWorkspace) -> list[int]:
-    """The server's process (pid.fl) and the job processes it launched."""
-    server = int((poc.kit("server") / "pid.fl").read_text())
-    children = [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat") if _parent(stat) == server]
-    return [server, *children]
+def _processes(poc: PocWorkspace, participant: str) -> list[int]:
+    """A participant's process (pid.fl) and the job processes it launched."""
+    main = int((poc.kit(participant) / "pid.fl").read_text())
+    children = [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat") if _parent(stat) == main]
+    return [main, *children]
+
+
+def _wait_for_round_0(history: Path) -> None:
+    deadline = time.monotonic() + 300
+    while not (history.is_file() and any("aggregation" in e for e in json.loads(history.read_text())[1:])):
+        assert time.monotonic() < deadline, "round 0 never finished"
+        time.sleep(0.5)
 
 
 def _pid_file(path: Path) -> int:
@@ -140,12 +150,8 @@ def test_a_server_crash_costs_at_most_the_round_in_progress(tmp_path, monkeypatc
     try:
         job = write_job(tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=4), tmp_path / "job-crash")
         crashed = poc.submit(job)
-        history = poc.kit("server") / crashed / "app_server" / "round_history.json"
-        deadline = time.monotonic() + 300
-        while not (history.is_file() and any("aggregation" in e for e in json.loads(history.read_text())[1:])):
-            assert time.monotonic() < deadline, "round 0 never finished"
-            time.sleep(0.5)
-        server = _server_processes(poc)
+        _wait_for_round_0(poc.kit("server") / crashed / "app_server" / "round_history.json")
+        server = _processes(poc, "server")
         for pid in server:  # the crash: the server and its job process die mid-federation
             os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 120  # the server's daemon (startup/sub_start.sh) brings it back
@@ -162,5 +168,33 @@ def test_a_server_crash_costs_at_most_the_round_in_progress(tmp_path, monkeypatc
         model = load_checkpoint(result / "FL_global_model.pt")
         assert set(model.class_names) == UNION and model.meta["round"] == 3
         assert (result / "best_FL_global_model.pt").is_file()
+    finally:
+        _assert_all_stopped(poc, record)
+
+
+def test_a_site_that_goes_down_is_dropped_and_the_others_finish(tmp_path, monkeypatch):
+    # a short heartbeat timeout and grace period keep the test to a couple of minutes; the defaults are
+    # SERVER_HEARTBEAT_TIMEOUT (120 s) and FLARE's 60 s grace
+    monkeypatch.setenv("NVFLARE_DEAD_CLIENT_GRACE_PERIOD", "5")
+    poc, record = _started(tmp_path, "byoc", monkeypatch, heartbeat_timeout=30)
+    try:
+        recipe = tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=3, controller={"min_clients": 1})
+        job_id = poc.submit(write_job(recipe, tmp_path / "job-site-down"))
+        _wait_for_round_0(poc.kit("server") / job_id / "app_server" / "round_history.json")
+        daemon = int((poc.kit("site-chexpert") / "daemon_pid.fl").read_text())
+        site = _processes(poc, "site-chexpert")
+        killed = time.monotonic()
+        for pid in [daemon, *site]:  # the daemon first, so nothing restarts the site
+            os.kill(pid, signal.SIGKILL)
+        assert poc.wait(job_id, timeout=600) == COMPLETED
+        assert time.monotonic() - killed < 240  # not the 900 s train timeout per round
+        workspace = poc.download(job_id, tmp_path / "downloads") / "workspace"
+        log = (workspace / "log.txt").read_text()
+        assert "site-chexpert is disconnected: no train task for it" in log
+        history = json.loads((workspace / "app_server" / "round_history.json").read_text())
+        assert sorted(history[1]["aggregation"]["accepted"]) == sorted(SITES)
+        assert history[-1]["aggregation"]["accepted"] == ["site-nih"]
+        model = load_checkpoint(workspace / "app_server" / "FL_global_model.pt")
+        assert set(model.class_names) == UNION and model.meta["round"] == 2 and model.meta["trained"]
     finally:
         _assert_all_stopped(poc, record)

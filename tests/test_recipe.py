@@ -107,16 +107,37 @@ def test_code_delivery_combinations_that_cannot_work_are_refused():
 
 
 def test_write_job_takes_a_sites_own_config_in_place_of_the_default(tmp_path):
-    real = {"data": {"kind": "nih", "location": str(tmp_path / "NIH")}, "learning_rate": 1e-5}
+    real = {"data": {"kind": "nih", "location": str(tmp_path / "NIH")}, "learning_rate": 1e-5, "image_size": 64}
     (tmp_path / "site-nih.json").write_text(json.dumps(real))
     arguments = ["write-job", "--out", str(tmp_path / "job"), "--site-config", f"site-nih={tmp_path / 'site-nih.json'}"]
     assert main(arguments) == 0
     written = load_site_config(tmp_path / "job/app_site-nih/config/site_configs/site-nih.json")
     assert written.data.location == str(tmp_path / "NIH") and written.learning_rate == 1e-5
-    assert written.image_size == 224  # fields left out take the defaults (the papers' recipe)
+    assert written.warmup_epochs == 15  # fields left out take the defaults (the papers' recipe)
     chexpert = "app_site-chexpert/config/site_configs"
     assert _files(tmp_path / "job" / chexpert) == _files(COMMITTED / chexpert)  # the other site keeps its default
     assert main([*arguments[:3], "--site-config", f"site-xyz={tmp_path / 'site-nih.json'}"]) == 2
+
+
+def test_a_job_whose_sites_preprocess_differently_is_refused(tmp_path, capsys):
+    larger = {"data": {"kind": "nih", "location": str(tmp_path / "NIH")}}  # the default 224 px, the other site 64
+    (tmp_path / "site-nih.json").write_text(json.dumps(larger))
+    site_config = f"site-nih={tmp_path / 'site-nih.json'}"
+    assert main(["write-job", "--out", str(tmp_path / "job"), "--site-config", site_config]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: job 'nih_chexpert': site 'site-chexpert' preprocesses its data otherwise than 'site-nih': "
+        "image_size 64 (vs 224); one preprocessing per federation"
+    )
+    assert not (tmp_path / "job").exists()
+
+
+def test_the_job_sets_the_federations_preprocessing_and_each_tasks_time(tmp_path):
+    arguments = ["write-job", "--out", str(tmp_path / "job"), "--train-timeout", "7200", "--handshake-timeout", "3600"]
+    assert main(arguments) == 0
+    controller = json.loads((tmp_path / "job/app_server/config/config_fed_server.json").read_text())["workflows"][0]
+    assert controller["args"]["preprocessing"] == {"image_size": 64, "in_channels": 1, "imagenet_normalize": True}
+    timeouts = {name: controller["args"][f"{name}_timeout"] for name in ("handshake", "train", "validate")}
+    assert timeouts == {"handshake": 3600, "train": 7200, "validate": 300}  # validate: the job's default
 
 
 def test_site_to_site_evaluation_is_an_explicit_option(tmp_path):

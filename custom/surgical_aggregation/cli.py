@@ -24,7 +24,7 @@ from pathlib import Path
 from .core.errors import SiteConfigError, UserError
 from .data.storage import default_cache_root
 from .data.table import UNCERTAINTY_POLICIES
-from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES
+from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES, TIMED_TASKS
 from .images.cache import ON_ERROR_POLICIES
 from .images.layouts import DATASET_KINDS
 from .images.synthetic import GENERATORS
@@ -158,6 +158,14 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
         help="add FLARE's cross-site evaluation of the sites' local models; it REVEALS each site's class set and "
         "a model trained on its data alone to the other sites",
     )
+    for task in TIMED_TASKS:
+        parser.add_argument(
+            f"--{task}-timeout",
+            type=int,
+            default=None,
+            metavar="SECONDS",
+            help=f"seconds a site may take for a {task} task (default: the job's, sized for the embedded data)",
+        )
     parser.add_argument(
         "--site-config",
         action="append",
@@ -336,8 +344,10 @@ def _write_job(args: argparse.Namespace) -> int:
         sites[site] = load_site_config(file).to_dict()
     # FLARE runs an in-process script only from the job's custom/ folder
     execution = "external_process" if args.code == "preinstalled" else "in_process"
+    timeouts = {f"{task}_timeout": getattr(args, f"{task}_timeout") for task in TIMED_TASKS}
     recipe = BUNDLE_RECIPES[args.name](
         sites,
+        controller={name: seconds for name, seconds in timeouts.items() if seconds is not None},
         code=args.code,
         client_execution=execution,
         ship_library=args.ship_library,

@@ -19,7 +19,7 @@ reason naming the client and leaves the sums untouched.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -50,6 +50,8 @@ class Contribution:
     state: StateDict
     class_names: Sequence[str]
     num_samples: int = 0
+    # the classes the client may send rows for (what it declared at the handshake); None: any, new ones appended
+    expected_classes: Sequence[str] | None = None
 
 
 @dataclass
@@ -203,20 +205,31 @@ class SurgicalAggregator:
         Validation is complete before anything is accumulated, so a rejected contribution
         leaves no trace in the sums.
         """
+        weight, checked = self.check(contribution)
+        self._accumulate(contribution, weight, checked)
+        self.accepted.append(contribution.client)
+
+    def check(self, contribution: Contribution) -> tuple[float, Any]:
+        """Every check of :meth:`add`, without accumulating; raises :class:`ContributionRejected` (and records
+        the rejection). Returns what :meth:`add` needs."""
         try:
-            weight = self._weight(contribution)
-            checked = self._validate(contribution)
+            return self._weight(contribution), self._validate(contribution)
         except ContributionRejected as rejection:
             self.rejected[contribution.client] = rejection.reason
             raise
-        self._accumulate(contribution, weight, checked)
-        self.accepted.append(contribution.client)
 
     def _weight(self, contribution: Contribution) -> float:
         """The contribution's weight, after the checks that do not depend on the model's layout."""
         client = contribution.client
         if client in self.accepted:
             raise ContributionRejected(client, "this client already contributed in this round")
+        if not isinstance(contribution.state, Mapping):
+            raise ContributionRejected(
+                client, f"its weights are a {type(contribution.state).__name__}, not named arrays"
+            )
+        names = contribution.class_names
+        if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+            raise ContributionRejected(client, f"its class names are not a list of names: {names!r}"[:200])
         unknown = sorted(set(contribution.state) - self._allowed_keys)
         if unknown:
             raise ContributionRejected(client, f"{len(unknown)} unknown key(s), e.g. {unknown[:3]}")
@@ -239,6 +252,14 @@ class SurgicalAggregator:
         duplicates = sorted({name for name in class_names if class_names.count(name) > 1})
         if duplicates:
             raise ContributionRejected(client, f"duplicate class names {duplicates} in {raw_names}")
+        if contribution.expected_classes is not None:
+            expected = {self._normalize(name) for name in contribution.expected_classes}
+            undeclared = sorted(set(class_names) - expected)
+            if undeclared:
+                raise ContributionRejected(client, f"rows for classes it did not declare: {undeclared}")
+            left_out = sorted(expected - set(class_names))
+            if left_out:
+                raise ContributionRejected(client, f"no rows for its classes {left_out}")
 
         state = contribution.state
         problems = self._backbone.problems(state)

@@ -49,8 +49,11 @@ class SiteAudit:
         state: Mapping[str, Any] | None = None,
         metrics: Mapping[str, Any] | None = None,
         note: str = "",
+        keep_tensors: bool = True,
     ) -> None:
-        """``direction``: received | sent | not_aggregated (the server said it dropped a sent result) | error."""
+        """``direction``: received | sent, or what the server later said of a sent training result: aggregated |
+        not_aggregated (rejected, or it never arrived: a late result is dropped).
+        ``keep_tensors`` off: the exchange has its own file (the published model), only the record is kept."""
         state = state or {}
         entry = {
             "time": round(time.time(), 3),
@@ -67,7 +70,7 @@ class SiteAudit:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as log:
             log.write(json.dumps(entry) + "\n")
-        if state and self.record_tensors != "off":
+        if state and keep_tensors and self.record_tensors != "off":
             self._keep_tensors(task, round_number, direction, class_names, state)
 
     def _keep_tensors(

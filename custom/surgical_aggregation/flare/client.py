@@ -41,6 +41,7 @@ from .protocol import (
     META_DATA,
     META_LABEL_COUNTS,
     META_NUM_SAMPLES,
+    META_OUTCOME,
     META_PREPROCESSING,
     META_RECIPE,
     META_ROUND,
@@ -106,8 +107,12 @@ class ClientSession:
     def handle(self, task: str, received: FLModel) -> FLModel:
         """Answer one task; the task as received and the answer as sent are both recorded in the audit."""
         meta = received.meta or {}
+        if meta.get(META_OUTCOME):
+            self.record_outcome(meta[META_OUTCOME])
         round_number = received.current_round if task == TASK_TRAIN else meta.get(META_ROUND)
-        self.audit.record(task, round_number, "received", meta.get(META_CLASS_NAMES) or [], received.params)
+        names = meta.get(META_CLASS_NAMES) or []
+        # the published model is kept whole in its own file: no second copy among the exchanges
+        self.audit.record(task, round_number, "received", names, received.params, keep_tensors=task != TASK_PUBLISH)
         if task == TASK_DESCRIBE:
             answer = self.describe(bool(meta.get(META_WANT_LABEL_COUNTS)))
         elif task == TASK_TRAIN:
@@ -124,6 +129,22 @@ class ClientSession:
         sent = (answer.meta or {}).get(META_CLASS_NAMES) or []
         self.audit.record(task, round_number, "sent", sent, answer.params, answer.metrics)
         return answer
+
+    def record_outcome(self, outcome: dict) -> None:
+        """What the server did with this site's last training result: logged, and recorded in the audit (a result
+        the server never aggregated is not left standing as merely "sent")."""
+        task, round_number, status = outcome.get("task"), outcome.get("round"), outcome.get("status")
+        note = "; ".join(str(part) for part in (outcome.get("reason"), outcome.get("rejected_metrics")) if part)
+        if status == "aggregated":
+            self.audit.record(task, round_number, "aggregated", note=note)
+            if note:
+                self.log.warning(
+                    "%s round %s: aggregated, but the server dropped metrics: %s", self.site, round_number, note
+                )
+            return
+        self.audit.record(task, round_number, "not_aggregated", note=f"{status}: {note}")
+        self.log.warning("%s round %s: the server did NOT aggregate this site's result (%s): %s",
+                         self.site, round_number, status, note)  # fmt: skip
 
     def describe(self, with_label_counts: bool = False) -> FLModel:
         """Class names and sizes; per-class training counts only when asked (FedSLD shares them by design)."""

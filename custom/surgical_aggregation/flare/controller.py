@@ -33,14 +33,16 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from nvflare.apis.dxo import DXO, DataKind
-from nvflare.apis.fl_constant import FLContextKey
+from nvflare.apis.fl_constant import FLContextKey, ReturnCode
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_common.abstract.model import make_model_learnable
 from nvflare.app_common.app_constant import AppConstants, DefaultCheckpointFileName
@@ -49,7 +51,15 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from nvflare.fuel.utils.log_utils import center_message
 
 from ..checkpoint import save_checkpoint
-from ..core.aggregation import BACKBONE_STRATEGIES, WEIGHTINGS, Contribution, ContributionRejected, SurgicalAggregator
+from ..core.aggregation import (
+    BACKBONE_STRATEGIES,
+    WEIGHTINGS,
+    AggregationResult,
+    Contribution,
+    ContributionRejected,
+    SurgicalAggregator,
+)
+from ..core.checks import DEFAULT_UPDATE_BOUND, check_metrics, out_of_proportion, update_norm
 from ..core.head import NAMED_HEAD, batchnorm_keys, extend_head, slice_for_client, to_numpy
 from ..core.labels import canonical_name, canonical_names
 from ..core.methods import (
@@ -66,6 +76,7 @@ from .protocol import (
     META_DATA,
     META_LABEL_COUNTS,
     META_NUM_SAMPLES,
+    META_OUTCOME,
     META_PREPROCESSING,
     META_RECIPE,
     META_ROUND,
@@ -95,6 +106,25 @@ class SiteInfo:
     label_counts: dict[str, LabelCounts] = field(default_factory=dict)  # FedSLD only
 
 
+@dataclass
+class RoundResult:
+    """What one training round gathered, before aggregation."""
+
+    contributions: dict[str, Contribution] = field(default_factory=dict)  # structurally valid ones
+    sent: dict[str, FLModel] = field(default_factory=dict)  # site -> the slice it received (the update's reference)
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> its checked validation metrics
+    rejected: dict[str, str] = field(default_factory=dict)  # site -> why its contribution was rejected
+    failed: dict[str, str] = field(default_factory=dict)  # site -> the return code of its failed task
+    metric_problems: dict[str, list[str]] = field(default_factory=dict)  # site -> metrics it sent that were dropped
+    update_norms: dict[str, float] = field(default_factory=dict)  # site -> norm of (sent - received)
+
+
+def _missing(sites: Mapping[str, Any], gathered: RoundResult) -> list[str]:
+    """The sites of the federation from which nothing came back in a round."""
+    answered = set(gathered.contributions) | set(gathered.rejected) | set(gathered.failed)
+    return sorted(set(sites) - answered)
+
+
 def _mean(values: list[float]) -> float:
     values = [v for v in values if v is not None and not math.isnan(v)]
     return float(np.mean(values)) if values else math.nan
@@ -118,6 +148,7 @@ class SurgicalAggregatorShareable(ModelController):
         "train_timeout",
         "validate_timeout",
         "publish_global_model",
+        "update_bound",
     )
 
     def __init__(
@@ -137,6 +168,8 @@ class SurgicalAggregatorShareable(ModelController):
         final_validation: bool = True,
         publish_global_model: bool = True,
         resume: bool = True,
+        update_bound: float | None = DEFAULT_UPDATE_BOUND,
+        preprocessing: dict | None = None,
         head_seed: int = 0,
         persistor_id: str = AppConstants.DEFAULT_PERSISTOR_ID,
     ) -> None:
@@ -162,6 +195,11 @@ class SurgicalAggregatorShareable(ModelController):
                 union's class names; off, the model stays on the server.
             resume: continue an unfinished federation of the same job name from its last completed round
                 (after a server crash); off, a job always starts afresh.
+            update_bound: reject a contribution whose update norm is more than this many times the median of
+                the round's other contributions (or of the previous round's); None turns the bound off (research).
+            preprocessing: what every site must feed the model (image size, channels, normalisation, or the
+                sentence encoder); a site that reports another is refused at the handshake. None: the first
+                site's (in name order) decides.
             head_seed: seed of the initial head rows (one generator per class name).
         """
         super().__init__(persistor_id=persistor_id, ignore_result_error=True)
@@ -190,6 +228,10 @@ class SurgicalAggregatorShareable(ModelController):
         self.final_validation = final_validation
         self.publish_global_model = publish_global_model
         self.resume = resume
+        if update_bound is not None and not update_bound > 1:
+            raise ValueError(f"update_bound must be above 1 (or None for no bound), got {update_bound!r}")
+        self.update_bound = update_bound
+        self.preprocessing = preprocessing
         self.head_seed = head_seed
         self.head = NAMED_HEAD
 
@@ -197,6 +239,11 @@ class SurgicalAggregatorShareable(ModelController):
         self._prior: dict[str, float] = {}
         self._federation: FederationState | None = None
         self._state_file: Path | None = None
+        self._federation_preprocessing: dict[str, Any] = {}
+        self._outcomes: dict[str, dict[str, Any]] = {}  # site -> how its last result fared, told with its next task
+        self._outstanding: set[str] = set()  # sites whose answer to the current task is awaited
+        self._failed: dict[str, str] = {}  # site -> return code, for the current task's answers that were errors
+        self._lock = threading.Lock()
 
     # --- the workflow -------------------------------------------------------------------------
 
@@ -218,28 +265,36 @@ class SurgicalAggregatorShareable(ModelController):
             self._set_round(round_number)
             self.event(AppEventType.ROUND_STARTED)
             started = time.perf_counter()
-            aggregator, site_metrics = self._train_round(round_number, latest)
-            if aggregator is None:  # aborted
+            gathered = self._train_round(round_number, latest)
+            if gathered is None:  # aborted
                 return
-            self._judge(latest, site_metrics)  # the sites validated the model they received: the previous one
             self.event(AppEventType.BEFORE_AGGREGATION)
-            aggregated = aggregator.finalize()
-            state, classes = latest.state, latest.class_names
+            aggregated = self._aggregate(round_number, latest, gathered)
+            # the sites validated the model they received (the previous one); only accepted sites' checked metrics
+            self._judge(
+                latest, {site: gathered.metrics[site] for site in aggregated.accepted if site in gathered.metrics}
+            )
+            state, classes, trained = latest.state, latest.class_names, latest.trained
             if len(aggregated.accepted) >= self.min_clients:
-                state, classes = aggregated.state, aggregated.class_names
+                state, classes, trained = aggregated.state, aggregated.class_names, True
+                federation.aggregated_rounds += 1
                 self.info(f"round {round_number}: aggregated {aggregated.accepted}; union {len(classes)} classes")
             else:
                 self.warning(
                     f"round {round_number}: only {len(aggregated.accepted)} valid contribution(s) "
                     f"({aggregated.accepted}), {self.min_clients} needed: keeping the last good global model"
                 )
-            latest = SavedVersion(round_number, state, classes, self._personal_models(state))
+            latest = SavedVersion(round_number, state, classes, self._personal_models(state), trained)
             self._entry(round_number)["aggregation"] = {
                 "accepted": aggregated.accepted,
                 "rejected": aggregated.rejected,
-                "missing": sorted(set(self._sites) - set(site_metrics)),
+                "failed": gathered.failed,
+                "missing": _missing(self._sites, gathered),
+                "rejected_metrics": gathered.metric_problems,
+                "update_norms": {site: float(f"{norm:.4g}") for site, norm in gathered.update_norms.items()},
                 "seconds": round(time.perf_counter() - started, 2),
             }
+            self._tell_outcomes(round_number, aggregated, gathered)
             federation.latest = latest
             self._make_global(latest, AppEventType.AFTER_AGGREGATION)
             self.save_model(self._as_flmodel(latest))
@@ -248,6 +303,8 @@ class SurgicalAggregatorShareable(ModelController):
             if federation.rounds_without_improvement >= self.patience:
                 self.info(f"early stop: {self.patience} validated rounds without improvement beyond {self.min_delta}")
 
+        if latest.round > INITIAL_ROUND and federation.aggregated_rounds == 0:
+            self._fail_without_progress(latest.round)
         if self.final_validation and latest.round > INITIAL_ROUND:
             self._judge(latest, self._validate(latest))
             self._evaluate_server_models(latest)
@@ -341,23 +398,40 @@ class SurgicalAggregatorShareable(ModelController):
                     raise ValueError(f"site {site} reported no class names")
                 samples = int(result.meta.get(META_NUM_SAMPLES, 0))
                 counts = self._label_counts(site, reported, result.meta.get(META_LABEL_COUNTS))
+                preprocessing = result.meta.get(META_PREPROCESSING) or {}
+                if not isinstance(preprocessing, dict):
+                    raise ValueError(f"site {site} described its preprocessing as {preprocessing!r}, not a mapping")
             except (ValueError, TypeError) as error:
                 self.error(f"handshake with {site} failed, leaving it out: {error}")
                 continue
-            preprocessing = dict(result.meta.get(META_PREPROCESSING) or {})
             sites[site] = SiteInfo(
                 classes, reported, samples, str(result.meta.get(META_DATA, "")), preprocessing, counts
             )
             self.info(f"{site}: {len(classes)} classes, {samples} training samples ({sites[site].data})")
-        settings = {json.dumps(info.preprocessing, sort_keys=True) for info in sites.values()}
-        if len(settings) > 1:
-            self.warning(f"sites preprocess images differently: {[(s, i.preprocessing) for s, i in sites.items()]}")
+        sites = dict(sorted(sites.items()))
+        federation = self.preprocessing or (next(iter(sites.values())).preprocessing if sites else {})
+        self._federation_preprocessing = dict(federation)
+        for site, info in list(sites.items()):
+            differences = {
+                key: (info.preprocessing.get(key), federation.get(key))
+                for key in sorted(set(federation) | set(info.preprocessing))
+                if info.preprocessing.get(key) != federation.get(key)
+            }
+            if differences:
+                details = ", ".join(
+                    f"{key} {mine!r} (the federation's: {theirs!r})" for key, (mine, theirs) in differences.items()
+                )
+                self.error(
+                    f"handshake with {site} refused: it preprocesses its data otherwise: {details}; one preprocessing "
+                    "per federation, so the model can be used on every site's data (set these in its site config)"
+                )
+                del sites[site]
         if len(sites) < self.min_clients:
             raise RuntimeError(
                 f"only {len(sites)} site(s) answered the handshake ({sorted(sites)}); {self.min_clients} needed. "
                 "See the sites' logs for their errors."
             )
-        return dict(sorted(sites.items()))
+        return sites
 
     def _label_counts(self, site: str, reported: list[str], counts: Any) -> dict[str, LabelCounts]:
         """FedSLD: the site's per-class training counts, by canonical name (empty when not asked for)."""
@@ -391,21 +465,46 @@ class SurgicalAggregatorShareable(ModelController):
         params = slice_for_client(version.state, version.class_names, head_classes, self.head)
         return FLModel(params=params, meta={META_CLASS_NAMES: names, **meta})
 
+    def _alive(self, site: str) -> bool:
+        """False while FLARE deems the site disconnected (it may come back; then it is sent tasks again)."""
+        return self.get_client_disconnect_time(site) is None
+
     def _to_each_site(self, task: str, data: Callable[[str, SiteInfo], FLModel], timeout: int, callback) -> bool:
-        """One task per site, each with its own data; False when aborted while waiting."""
+        """One task per live site, each with its own data (and how the site's last result fared); False when
+        aborted while waiting."""
+
+        with self._lock:
+            self._outstanding, self._failed = set(), {}
         for site, info in self._sites.items():
-            self.send_model(task_name=task, data=data(site, info), targets=[site], timeout=timeout, callback=callback)
+            if not self._alive(site):
+                self.warning(f"{site} is disconnected: no {task} task for it")
+                continue
+            model = data(site, info)
+            if site in self._outcomes:
+                model.meta[META_OUTCOME] = self._outcomes.pop(site)
+            with self._lock:
+                self._outstanding.add(site)
+            self.send_model(task_name=task, data=model, targets=[site], timeout=timeout, callback=callback)
         return self._wait()
 
-    def _train_round(self, round_number: int, latest: SavedVersion) -> tuple[SurgicalAggregator | None, dict]:
-        """Send each site its slice; aggregate the results as they arrive. Returns the aggregator (None when
-        aborted) and the metrics each site reported (its validation of the model it received)."""
-        aggregator = SurgicalAggregator(
-            latest.state, latest.class_names, self.backbone_strategy, self.weighting, self.head,
-            normalize_name=canonical_name,
-        )  # fmt: skip
-        lock = threading.Lock()
-        site_metrics: dict[str, dict] = {}
+    def _accept_train_result(
+        self, client_name: str, result: Shareable, fl_ctx: FLContext, is_unknown_task: bool = False
+    ) -> bool:
+        """FLARE's first look at every answer (errors included): the site is no longer awaited; a failed task is
+        remembered for the round's record and the site's outcome."""
+        if not is_unknown_task:  # an unknown task is a late answer to an earlier one: dropped below
+            with self._lock:
+                self._outstanding.discard(client_name)
+                code = result.get_return_code(ReturnCode.OK)
+                if code != ReturnCode.OK:
+                    self._failed[client_name] = str(code)
+        return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
+
+    def _train_round(self, round_number: int, latest: SavedVersion) -> RoundResult | None:
+        """Send each site its slice; check each result as it arrives (structure, declared rows, metrics). Returns
+        what was gathered (None when aborted)."""
+        aggregator = self._aggregator(latest)
+        gathered = RoundResult()
         federation = self._federation
 
         def accept(result: FLModel) -> bool:
@@ -416,17 +515,23 @@ class SurgicalAggregatorShareable(ModelController):
                 state=result.params or {},
                 class_names=meta.get(META_CLASS_NAMES) or [],
                 num_samples=meta.get(META_NUM_SAMPLES, 0),
+                expected_classes=head_classes_for_site(self.method, self._sites[site].classes, latest.class_names),
             )
-            with lock:
-                site_metrics[site] = dict(result.metrics or {})
+            metrics, problems = check_metrics(result.metrics or {})
+            with self._lock:
+                if problems:
+                    gathered.metric_problems[site] = problems
+                    self.error(f"round {round_number}: rejected metric(s) of {site}: {'; '.join(problems)}")
+                if "val_loss" in metrics:
+                    gathered.metrics[site] = metrics
                 try:
-                    aggregator.add(contribution)
+                    aggregator.check(contribution)
                 except ContributionRejected as rejection:
+                    gathered.rejected[site] = rejection.reason
                     self.error(f"round {round_number}: {rejection}")
                     return False
-                if self.method == "personal":
-                    self._keep_personal(site, contribution.state)
-            self.info(f"round {round_number}: accepted the contribution of {site}")
+                gathered.contributions[site] = contribution
+            self.info(f"round {round_number}: received a valid contribution from {site}")
             return True
 
         def train_data(site: str, info: SiteInfo) -> FLModel:
@@ -435,23 +540,83 @@ class SurgicalAggregatorShareable(ModelController):
             if site not in federation.warmed_up:
                 federation.warmed_up.append(site)
             model = self._slice(latest, site, info, **{META_RECIPE: recipe_meta(self._recipe(info))})
+            gathered.sent[site] = model
             model.meta[META_WARMUP] = warmup
             model.current_round, model.total_rounds = round_number, self.num_rounds
             return model
 
         if not self._to_each_site(TASK_TRAIN, train_data, self.train_timeout, accept):
-            return None, site_metrics
-        missing = sorted(set(self._sites) - set(site_metrics))
+            return None
+        with self._lock:
+            gathered.failed = dict(self._failed)
+        for site, code in gathered.failed.items():
+            self.error(f"round {round_number}: the training task of {site} failed ({code}); its log names the cause")
+        missing = _missing(self._sites, gathered)
         if missing:
-            self.warning(f"round {round_number}: no result from {missing} (failed or timed out); continuing without")
-        return aggregator, site_metrics
+            self.warning(f"round {round_number}: no result from {missing} (late or disconnected)")
+        return gathered
+
+    def _aggregator(self, latest: SavedVersion) -> SurgicalAggregator:
+        return SurgicalAggregator(
+            latest.state, latest.class_names, self.backbone_strategy, self.weighting, self.head,
+            normalize_name=canonical_name,
+        )  # fmt: skip
+
+    def _aggregate(self, round_number: int, latest: SavedVersion, gathered: RoundResult) -> AggregationResult:
+        """The round's aggregation: contributions whose update is out of proportion are rejected first."""
+        federation = self._federation
+        gathered.update_norms = norms = {
+            site: update_norm(
+                contribution.state, contribution.class_names, gathered.sent[site].params,
+                gathered.sent[site].meta[META_CLASS_NAMES], self.head, canonical_name,
+            )
+            for site, contribution in gathered.contributions.items()
+        }  # fmt: skip
+        too_large = out_of_proportion(norms, federation.update_norm_median, self.update_bound)
+        aggregator = self._aggregator(latest)
+        for site, reason in too_large.items():
+            aggregator.rejected[site] = reason
+            self.error(f"round {round_number}: contribution from {site!r} rejected: {reason}")
+        for site, contribution in gathered.contributions.items():
+            if site not in too_large:
+                aggregator.add(contribution)
+                if self.method == "personal":
+                    self._keep_personal(site, contribution.state)
+        aggregator.rejected.update(gathered.rejected)
+        accepted_norms = [norm for site, norm in norms.items() if site not in too_large]
+        if accepted_norms:
+            federation.update_norm_median = float(np.median(accepted_norms))
+        return aggregator.finalize()
+
+    def _tell_outcomes(self, round_number: int, aggregated: AggregationResult, gathered: RoundResult) -> None:
+        """How each site's result fared, told to the site with its next task (its log and audit record it)."""
+        for site in self._sites:
+            if site in aggregated.accepted:
+                outcome = {"status": "aggregated"}
+            elif site in aggregated.rejected:
+                outcome = {"status": "rejected", "reason": aggregated.rejected[site]}
+            elif site in gathered.failed:
+                outcome = {"status": "failed", "reason": f"its training task failed ({gathered.failed[site]})"}
+            else:
+                outcome = {"status": "not_received", "reason": "no result arrived in time; a late result is dropped"}
+            if gathered.metric_problems.get(site):
+                outcome["rejected_metrics"] = gathered.metric_problems[site]
+            self._outcomes[site] = {"task": TASK_TRAIN, "round": round_number, **outcome}
 
     def _validate(self, version: SavedVersion) -> dict[str, dict]:
-        """Each site validates its slice of ``version``; returns site -> metrics."""
+        """Each site validates its slice of ``version``; returns site -> its checked metrics (a site whose
+        validation loss is rejected is left out; the reasons go to the log and the round's history)."""
         metrics: dict[str, dict] = {}
 
         def collect(result: FLModel) -> None:
-            metrics[result.meta.get("client_name", "?")] = dict(result.metrics or {})
+            site = result.meta.get("client_name", "?")
+            valid, problems = check_metrics(result.metrics or {})
+            with self._lock:
+                if problems:
+                    self._entry(version.round).setdefault("rejected_validation_metrics", {})[site] = problems
+                    self.error(f"rejected validation metric(s) of {site}: {'; '.join(problems)}")
+                if "val_loss" in valid:
+                    metrics[site] = valid
 
         self._to_each_site(
             TASK_VALIDATE,
@@ -477,7 +642,7 @@ class SurgicalAggregatorShareable(ModelController):
             f"global model {_model_label(version.round)}: mean validation loss {mean_loss:.4f}, "
             f"mean validation AUROC {mean_auroc:.4f} over {len(site_metrics)} site(s)"
         )
-        if version.round == INITIAL_ROUND:
+        if not version.trained:  # the model before training, or no aggregation ever happened
             return
         if mean_loss < federation.best_loss - self.min_delta:
             federation.best_loss, federation.best = mean_loss, version
@@ -527,6 +692,25 @@ class SurgicalAggregatorShareable(ModelController):
         )
         self.info(f"the global model was published to {sorted(received)}")
 
+    def _fail_without_progress(self, last_round: int) -> None:
+        """No round aggregated ``min_clients`` valid contributions: the job fails, naming the sites and why."""
+        federation = self._federation
+        federation.finished = True  # nothing to resume: a corrected job starts afresh
+        self._checkpoint_round()
+        reasons = {}
+        for site in self._sites:
+            outcome = self._outcomes.get(site, {"status": "not_received"})
+            if outcome["status"] == "aggregated":
+                reasons[site] = f"its result was valid, but no round had {self.min_clients} valid contributions"
+            else:
+                reasons[site] = outcome.get("reason", outcome["status"])
+        for site, reason in reasons.items():
+            self.error(f"{site}: {reason}")
+        raise RuntimeError(
+            f"the federation made no progress: in {last_round + 1} round(s) none aggregated {self.min_clients} valid "
+            f"contribution(s) (min_clients); no global model was trained or published. Per site: {reasons}"
+        )
+
     # --- history and FLARE plumbing -----------------------------------------------------------------
 
     def _entry(self, round_number: int) -> dict[str, Any]:
@@ -541,10 +725,17 @@ class SurgicalAggregatorShareable(ModelController):
         return entry
 
     def _wait(self) -> bool:
+        """Until every task is answered or timed out, or every site still awaited is disconnected."""
         while self.get_num_standing_tasks():
             if self.abort_signal.triggered:
                 self.info("abort signal received: stopping")
                 return False
+            with self._lock:
+                awaited = set(self._outstanding)
+            if awaited and not any(self._alive(site) for site in awaited):
+                self.warning(f"{sorted(awaited)} disconnected: not waiting for their answers")
+                self.cancel_all_tasks(fl_ctx=self.fl_ctx)
+                break
             time.sleep(self._task_check_period)
         return True
 
@@ -554,12 +745,12 @@ class SurgicalAggregatorShareable(ModelController):
 
     def _model_meta(self, version: SavedVersion) -> dict[str, Any]:
         """Stored with the saved model: what it predicts, when it was made, how to feed it images."""
-        first_site = self._sites[sorted(self._sites)[0]]
         return {
             META_CLASS_NAMES: version.class_names,
             "round": version.round,
+            "trained": version.trained,  # False: no aggregation has happened yet (the initial weights)
             "method": self.method,
-            META_PREPROCESSING: first_site.preprocessing,
+            META_PREPROCESSING: self._federation_preprocessing,
         }  # no per-site class lists: the file is published to the sites, which must not learn each other's
 
     def _save_personal(self, version: SavedVersion, best: bool = False) -> None:

@@ -38,6 +38,10 @@ from .recipe import BUNDLE_RECIPES, PRIVACY_SCOPE, write_job
 SITE_CONFIG_TEMPLATE = f"{SITE_LOCAL_CONFIG}.template"
 DATA_LOCATION_PLACEHOLDER = "REQUIRED: the dataset folder at this site (the CSV file for kind csv)"
 DATA_KIND_PROPERTY = "data_kind"  # a client's property in project.yml: nih | chexpert | mimic | csv
+# Seconds without a heartbeat (a site sends one every 10 s) after which the server logs a site out; the
+# running job then deems it disconnected after FLARE's grace period (60 s) and the controller stops waiting
+# for it. FLARE's default is 600; a site that comes back is re-activated by its next heartbeat.
+SERVER_HEARTBEAT_TIMEOUT = 120
 
 
 def component_paths(config: Any) -> set[str]:
@@ -142,6 +146,20 @@ def write_local_folder(
     return [local / name for name in files]
 
 
+def set_heartbeat_timeout(startup_dir: str | Path, seconds: int = SERVER_HEARTBEAT_TIMEOUT) -> Path:
+    """Write ``heart_beat_timeout`` into the server's ``startup/fed_server.json`` (read when the server starts)."""
+    if seconds <= 10:
+        raise ValueError(f"the heartbeat timeout must exceed the sites' 10 s heartbeat interval, got {seconds}")
+    path = Path(startup_dir) / "fed_server.json"
+    if not path.is_file():
+        raise DataNotFoundError(f"{path}: not found; is {startup_dir} a server's startup/ folder?")
+    config = json.loads(path.read_text())
+    for server in config["servers"]:
+        server["heart_beat_timeout"] = seconds
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
 def _read_json(local: Path, name: str) -> dict[str, Any]:
     for path in (local / name, local / f"{name}.default"):
         if path.is_file():
@@ -155,20 +173,23 @@ def _check_code(code: str) -> None:
 
 
 class SurgicalAggregationBuilder(Builder):
-    """Provisioning builder: this bundle's ``local/`` files in the server's and every site's kit.
+    """Provisioning builder: this bundle's ``local/`` files in the server's and every site's kit, and the
+    server's heartbeat timeout (how soon a site that went down is logged out, see ``SERVER_HEARTBEAT_TIMEOUT``).
 
     Put it after ``StaticFileBuilder`` (it reads the ``*.default`` files that builder writes). A
     client's ``data_kind`` property in ``project.yml`` fills in its site config template.
     """
 
-    def __init__(self, code: str = "byoc"):
+    def __init__(self, code: str = "byoc", heartbeat_timeout: int = SERVER_HEARTBEAT_TIMEOUT):
         _check_code(code)
         self.code = code
+        self.heartbeat_timeout = heartbeat_timeout
 
     def build(self, project: Project, ctx: ProvisionContext) -> None:
         server = project.get_server()
         if server is not None:
             write_local_folder(ctx.get_local_dir(server), "server", self.code)
+            set_heartbeat_timeout(ctx.get_kit_dir(server), self.heartbeat_timeout)
         for client in project.get_clients():
             kind = client.get_prop(DATA_KIND_PROPERTY)
             write_local_folder(ctx.get_local_dir(client), "client", self.code, kind)

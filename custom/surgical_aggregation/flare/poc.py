@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from ..core.errors import DataNotFoundError, UserError
-from .deploy import write_local_folder
+from .deploy import SERVER_HEARTBEAT_TIMEOUT, set_heartbeat_timeout, write_local_folder
 from .protocol import CODE_DELIVERIES
 from .recipe import SERVER_SITE
 
@@ -177,8 +177,15 @@ class PocWorkspace:
 
     # --- steps ---------------------------------------------------------------------------------
 
-    def prepare(self, job_folder: str | Path, code: str = "byoc", port: int | None = None) -> list[str]:
-        """A fresh POC for the job's sites (replacing this workspace's previous one). Returns the sites."""
+    def prepare(
+        self,
+        job_folder: str | Path,
+        code: str = "byoc",
+        port: int | None = None,
+        heartbeat_timeout: int = SERVER_HEARTBEAT_TIMEOUT,
+    ) -> list[str]:
+        """A fresh POC for the job's sites (replacing this workspace's previous one), its server set up as the
+        provisioning builder sets up a real one. Returns the sites."""
         if code not in CODE_DELIVERIES:
             raise ValueError(f"code must be one of {CODE_DELIVERIES}, got {code!r}")
         if self.processes_file.exists():
@@ -191,6 +198,7 @@ class PocWorkspace:
         self._checked("poc", "prepare", "-i", str(project), "--force")
         # after FLARE's own POC set-up, which rewrites the server's resources.json
         write_local_folder(self.kit(SERVER_NAME) / "local", "server", code)
+        set_heartbeat_timeout(self.kit(SERVER_NAME) / "startup", heartbeat_timeout)
         for site in sites:
             write_local_folder(self.kit(site) / "local", "client", code)
         log.info("POC for %s (%s) prepared in %s", ", ".join(sites), code, self.poc_dir)

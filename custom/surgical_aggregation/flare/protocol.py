@@ -15,8 +15,12 @@ META_LABEL_COUNTS = "label_counts"  # class -> [positives, labelled] on the site
 META_WARMUP = "warmup"  # warm up the head (backbone frozen) before this round's training
 META_DATA = "data"  # a site's one-line description of its data (no paths, no counts per class)
 META_PREPROCESSING = "preprocessing"  # what a site feeds the model (its modality's description)
+META_OUTCOME = "last_outcome"  # how its last training result fared: aggregated | rejected | failed | not_received
 META_ROUND = "model_round"  # which global model a validation or publication carries (-1: before training)
 
 # How the bundle's code reaches the participants (see flare.recipe) and the bundle's jobs (its recipes).
 CODE_DELIVERIES = ("byoc", "preinstalled")
+# The tasks whose time a site is given is a job setting: the controller's ``<task>_timeout`` (publication
+# shares validation's).
+TIMED_TASKS = ("handshake", "train", "validate")
 BUNDLE_JOBS = ("nih_chexpert", "report_labeling")

@@ -45,7 +45,7 @@ from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import Recipe
 
-from ..config import site_config_from_dict
+from ..config import SiteConfig, site_config_from_dict
 from ..core.errors import SiteConfigError
 from ..profiles import DEMO, REPORT
 from .controller import SurgicalAggregatorShareable
@@ -136,17 +136,16 @@ class SurgicalAggregationRecipe(Recipe):
         if len(modalities) > 1:
             raise ValueError(f"job {name!r} mixes data modalities {sorted(modalities)}; one model reads one kind")
         first = next(iter(configs.values()))
+        preprocessing = _one_preprocessing(name, configs)
         self.site_configs = {site: config.to_dict() for site, config in configs.items()}  # every field explicit
         self.controller_args = {
             "min_clients": len(configs),
             **(controller or {}),
             "publish_global_model": publish_global_model,
+            "preprocessing": preprocessing,  # the server refuses a site that feeds the model otherwise
         }
-        self.persistor_args = {
-            "architecture": first.modality.architecture,
-            "preprocessing": first.modality.preprocessing(first),
-            **(persistor or {}),
-        }
+        self.persistor_args = {"architecture": first.modality.architecture, "preprocessing": preprocessing}
+        self.persistor_args.update(persistor or {})
         if initial_model is not None:
             self.persistor_args["initial_model"] = str(initial_model)
         self.site_to_site_evaluation = site_to_site_evaluation
@@ -226,6 +225,24 @@ class SurgicalAggregationRecipe(Recipe):
         return target
 
 
+def _one_preprocessing(job: str, configs: Mapping[str, SiteConfig]) -> dict[str, Any]:
+    """The preprocessing every site of the job uses; sites that differ are named."""
+    described = {site: config.modality.preprocessing(config) for site, config in configs.items()}
+    first_site, first = next(iter(described.items()))
+    for site, preprocessing in described.items():
+        differences = [
+            f"{key} {preprocessing.get(key)!r} (vs {first.get(key)!r})"
+            for key in sorted(set(first) | set(preprocessing))
+            if preprocessing.get(key) != first.get(key)
+        ]
+        if differences:
+            raise SiteConfigError(
+                f"job {job!r}: site {site!r} preprocesses its data otherwise than {first_site!r}: "
+                f"{', '.join(differences)}; one preprocessing per federation"
+            )
+    return dict(first)
+
+
 def _json(content: Mapping[str, Any]) -> str:
     return json.dumps(content, indent=2) + "\n"
 
@@ -267,6 +284,11 @@ def _with_sites(defaults: dict[str, dict[str, Any]], sites: Mapping[str, Mapping
     return {**defaults, **{site: dict(config) for site, config in (sites or {}).items()}}
 
 
+# The bundle jobs' seconds per task, sized for the embedded data on a CPU (a handshake ~10 s, a round's
+# training ~1 min) with room for a loaded machine; real data needs more (write-job --train-timeout ...).
+JOB_TIMEOUTS = {"handshake_timeout": 300, "train_timeout": 900, "validate_timeout": 300}
+
+
 def nih_chexpert_recipe(
     sites: Mapping[str, Mapping[str, Any]] | None = None, **options: Any
 ) -> SurgicalAggregationRecipe:
@@ -277,7 +299,7 @@ def nih_chexpert_recipe(
         "site-nih": DEMO.site_config({"kind": "nih"}),
         "site-chexpert": DEMO.site_config({"kind": "chexpert"}),
     }
-    controller = {"num_rounds": DEMO.rounds, "patience": DEMO.patience, **_TIMEOUTS, **options.pop("controller", {})}
+    controller = {"num_rounds": DEMO.rounds, "patience": DEMO.patience, **JOB_TIMEOUTS, **options.pop("controller", {})}
     return SurgicalAggregationRecipe("nih_chexpert", _with_sites(defaults, sites), controller=controller, **options)
 
 
@@ -302,7 +324,6 @@ IU_JOB_LABELS = (
 # 10 aggregations keep `nvflare simulator jobs/report_labeling` to minutes on a CPU (the single-process
 # simulator restarts each site for every task); the experiments use the report profile's 20
 REPORT_JOB_ROUNDS = 10
-_TIMEOUTS = {"handshake_timeout": 600, "train_timeout": 3600, "validate_timeout": 1800}
 
 
 def report_labeling_recipe(
@@ -324,7 +345,7 @@ def report_labeling_recipe(
         "num_rounds": REPORT_JOB_ROUNDS,
         "weighting": "samples",
         "patience": REPORT.patience,
-        **_TIMEOUTS,
+        **JOB_TIMEOUTS,
         **options.pop("controller", {}),
     }
     return SurgicalAggregationRecipe("report_labeling", _with_sites(defaults, sites), controller=controller, **options)

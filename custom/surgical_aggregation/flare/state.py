@@ -32,6 +32,7 @@ class SavedVersion:
     state: dict[str, Any]
     class_names: list[str]
     personal: dict[str, dict[str, Any]] = field(default_factory=dict)  # PFL: site -> its full model state
+    trained: bool = False  # some round's aggregation is in it (only such a model can be the best)
 
 
 @dataclass
@@ -47,6 +48,8 @@ class FederationState:
     history: list[dict[str, Any]]
     finished: bool = False
     job_id: str = ""  # the job that wrote it last
+    update_norm_median: float | None = None  # of the last round's accepted updates (the next round's reference)
+    aggregated_rounds: int = 0  # rounds that aggregated min_clients valid contributions
 
 
 def state_path(workspace_root: str | Path, job_name: str) -> Path:
@@ -65,6 +68,7 @@ def _version_payload(version: SavedVersion | None) -> dict[str, Any] | None:
         "state": _tensors(version.state),
         "class_names": list(version.class_names),
         "personal": {site: _tensors(parts) for site, parts in version.personal.items()},
+        "trained": version.trained,
     }
 
 
@@ -73,7 +77,9 @@ def _version(payload: dict[str, Any] | None) -> SavedVersion | None:
         return None
     to_arrays = lambda state: {key: value.numpy() for key, value in state.items()}  # noqa: E731
     personal = {site: to_arrays(parts) for site, parts in payload["personal"].items()}
-    return SavedVersion(int(payload["round"]), to_arrays(payload["state"]), list(payload["class_names"]), personal)
+    return SavedVersion(
+        int(payload["round"]), to_arrays(payload["state"]), list(payload["class_names"]), personal, payload["trained"]
+    )
 
 
 def save_state(path: Path, federation: FederationState) -> None:
