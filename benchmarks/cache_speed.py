@@ -2,7 +2,7 @@
 
 Not a test: it generates NIH-sized (1024 x 1024 PNG) images in a temporary folder and times
 (1) decoding + resizing from the PNGs, as every epoch would without a cache, (2) building the
-cache once, and (3) reading the cached uint8 arrays, with and without the training transforms.
+cache once, and (3) reading the cached uint8 arrays, with and without the training augmentation (batches of 64, CPU).
 
     python benchmarks/cache_speed.py --images 200 --size 224
 """
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from surgical_aggregation.data.cache import build_cache
-from surgical_aggregation.data.images import read_grayscale
-from surgical_aggregation.data.sources import load_table
-from surgical_aggregation.data.synthetic import generate_nih
-from surgical_aggregation.data.transforms import image_transforms
+from surgical_aggregation.images.cache import build_cache
+from surgical_aggregation.images.decode import read_grayscale
+from surgical_aggregation.images.layouts import load_table
+from surgical_aggregation.images.synthetic import generate_nih
+from surgical_aggregation.images.transforms import image_batch_transform
 
 
 def _rate(count: int, seconds: float) -> str:
@@ -60,17 +60,17 @@ def main() -> None:
             cache.read(path)
         cache_seconds = time.perf_counter() - started
 
-        transform = image_transforms(args.size, train=True)
+        transform = image_batch_transform(args.size, train=True)
         started = time.perf_counter()
-        for path in paths:
-            transform(cache.read(path))
+        for first in range(0, len(paths), 64):
+            transform(torch.stack([torch.from_numpy(cache.read(path)) for path in paths[first : first + 64]]))
         transform_seconds = time.perf_counter() - started
 
         rows = [
             ("decode + resize from source (1 thread)", source_seconds),
             (f"build the cache ({args.workers} threads)", build_seconds),
             ("read from the cache", cache_seconds),
-            ("read from the cache + training transforms", transform_seconds),
+            ("read from the cache + training augmentation", transform_seconds),
         ]
         for label, seconds in rows:
             print(f"{label:<44}{_rate(len(paths), seconds)}")

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("data",),
     ("images", "reports"),
     ("modalities",),
-    ("config", "profiles", "metrics", "plots"),
+    ("config", "profiles", "metrics", "plots", "run_summary"),
     ("site_data", "loops", "checkpoint"),
     ("trainer", "inference"),
     ("flare",),

@@ -6,7 +6,7 @@ import torch
 from surgical_aggregation.images.dataset import ChestXrayDataset, cache_table
 from surgical_aggregation.images.layouts import load_table
 from surgical_aggregation.images.model import NamedDenseNet121
-from surgical_aggregation.images.transforms import image_transforms
+from surgical_aggregation.images.transforms import image_batch_transform
 from surgical_aggregation.loops import evaluate, make_loader, masked_bce_with_logits, train_epoch
 
 
@@ -23,7 +23,7 @@ def test_masked_bce_counts_only_labelled_entries():
 def test_densenet_trained_a_few_steps_on_generated_data_lowers_its_loss(nih_data, tmp_path):
     torch.manual_seed(0)
     table, cache, _ = cache_table(load_table("nih", nih_data.root), tmp_path / "cache", 32, progress=False)
-    dataset = ChestXrayDataset(table, cache, image_transforms(32, train=False))
+    dataset = ChestXrayDataset(table, cache, image_batch_transform(32, train=False))
     loader = make_loader(dataset, batch_size=16, train=True, seed=0)
     fixed = make_loader(dataset, batch_size=64, train=False)
     model = NamedDenseNet121(table.classes)

@@ -5,6 +5,7 @@
 * ``predict``   score a folder or CSV of images with a model: per-class probabilities by class name;
 * ``evaluate``  per-class AUROC of a model on a labelled set (the classes both have), table + plot;
 * ``write-job`` (re)write a FLARE job folder of this bundle (e.g. ``jobs/nih_chexpert``) from its recipe;
+* ``simulate``  run one of the bundle's jobs in FLARE's simulator, one process per site, then summarise;
 * ``experiment`` run (or resume) a grid of the papers' comparisons and write tables and plots;
 * ``poc``       rehearse a deployment locally: prepare, start, submit (wait, download), stop, run.
 
@@ -166,6 +167,10 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
             metavar="SECONDS",
             help=f"seconds a site may take for a {task} task (default: the job's, sized for the embedded data)",
         )
+    _add_site_config_option(parser)
+
+
+def _add_site_config_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--site-config",
         action="append",
@@ -173,6 +178,35 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
         metavar="SITE=FILE",
         help="use this site config file (e.g. real data) instead of the job's default for SITE; repeatable",
     )
+
+
+def _site_configs(entries: Sequence[str]) -> dict[str, dict]:
+    """``--site-config SITE=FILE`` entries: site -> its config (loaded and checked)."""
+    from .config import load_site_config
+
+    sites = {}
+    for entry in entries:
+        site, separator, file = entry.partition("=")
+        if not separator or not site or not file:
+            raise SiteConfigError(f"--site-config takes SITE=FILE, got {entry!r}")
+        sites[site] = load_site_config(file).to_dict()
+    return sites
+
+
+def _add_simulate(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "simulate",
+        help="run one of the bundle's jobs in FLARE's simulator (SimEnv): one process per site, the CPU cores "
+        "shared among them, a summary of the results at the end",
+    )
+    parser.add_argument("--name", default="nih_chexpert", choices=BUNDLE_JOBS, help="which of the bundle's jobs")
+    parser.add_argument(
+        "--workspace",
+        type=Path,
+        default=Path("results/simulation"),
+        help="FLARE's workspaces go to <workspace>/<job name> (default results/simulation)",
+    )
+    _add_site_config_option(parser)
 
 
 def _add_poc(commands: argparse._SubParsersAction) -> None:
@@ -333,15 +367,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _write_job(args: argparse.Namespace) -> int:
-    from .config import load_site_config
     from .flare.recipe import BUNDLE_RECIPES, write_job  # imports FLARE: only for this command
 
-    sites = {}
-    for entry in args.site_config:
-        site, separator, file = entry.partition("=")
-        if not separator or not site or not file:
-            raise SiteConfigError(f"--site-config takes SITE=FILE, got {entry!r}")
-        sites[site] = load_site_config(file).to_dict()
+    sites = _site_configs(args.site_config)
     # FLARE runs an in-process script only from the job's custom/ folder
     execution = "external_process" if args.code == "preinstalled" else "in_process"
     timeouts = {f"{task}_timeout": getattr(args, f"{task}_timeout") for task in TIMED_TASKS}
@@ -356,6 +384,16 @@ def _write_job(args: argparse.Namespace) -> int:
         site_to_site_evaluation=args.site_to_site_evaluation,
     )
     print(f"wrote job {args.name!r} ({args.code}) to {write_job(recipe, args.out)}")
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from .flare.recipe import BUNDLE_RECIPES  # imports FLARE: only for this command
+    from .flare.simulation import simulate
+
+    recipe = BUNDLE_RECIPES[args.name](_site_configs(args.site_config))
+    result = simulate(recipe, args.workspace)
+    print("\n".join(result.summary()))
     return 0
 
 
@@ -462,6 +500,7 @@ HANDLERS = {
     "predict": (_add_predict, _predict),
     "evaluate": (_add_evaluate, _evaluate),
     "write-job": (_add_write_job, _write_job),
+    "simulate": (_add_simulate, _simulate),
     "experiment": (_add_experiment, _experiment),
     "poc": (_add_poc, _poc),
 }

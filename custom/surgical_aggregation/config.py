@@ -17,6 +17,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from .core.devices import AUTO
 from .core.errors import DuplicateLabelError, SiteConfigError, UnknownLabelError
 from .core.labels import canonical_names
 from .data.storage import default_cache_root
@@ -24,7 +25,8 @@ from .images.cache import ON_ERROR_POLICIES
 from .modalities import DATA_KINDS, Modality, modality_for_kind
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
-DEVICES = ("auto", "cpu", "cuda")
+COMPILE_MODES = ("off", "on")
+DEVICES = (AUTO, "cpu", "cuda")
 
 
 @dataclass
@@ -70,11 +72,12 @@ class SiteConfig:
     warmup_epochs: int = 15
     warmup_learning_rate: float = 1e-3
     max_batches_per_epoch: int | None = None  # cap for quick runs; null = whole epochs
-    workers: int = 0  # DataLoader worker processes
+    workers: int | str = AUTO  # DataLoader worker processes; auto: core.devices.auto_workers
     cache_threads: int = 4  # threads decoding images into the preprocessing cache
     cpu_threads: int | None = None  # torch CPU threads; null = torch's default
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    amp: bool = True  # mixed precision on CUDA (ignored on CPU)
+    device: str = AUTO  # auto | cpu | cuda | cuda:N
+    amp: bool = True  # mixed precision on CUDA: bf16 where the GPU has it, else fp16 (ignored on CPU)
+    compile: str = "off"  # on: torch.compile the training step (a first-step cost; see docs/performance.md)
     cache_dir: str | None = None  # null = $SURGICAL_AGGREGATION_CACHE or ~/.cache/surgical_aggregation
     on_unreadable: str = "error"  # unreadable images: error (list them and stop) | skip (leave out, count)
     seed: int = 0
@@ -111,6 +114,14 @@ def _check_type(value: Any, expected: Any, where: str) -> Any:
         options = [option for option in get_args(expected) if option is not type(None)]
         if value is None and len(options) < len(get_args(expected)):
             return None
+        if len(options) > 1:
+            for option in options:
+                try:
+                    return _check_type(value, option, where)
+                except SiteConfigError:
+                    continue
+            words = " or ".join(_TYPE_WORDS[get_origin(option) or option] for option in options)
+            raise SiteConfigError(f"{where} must be {words}, got {value!r}")
         expected = options[0]
     if value is None:
         raise SiteConfigError(f"{where} must not be null")
@@ -180,9 +191,12 @@ def _validate(config: SiteConfig, where: str) -> None:
             raise fail(name, f"must be positive, got {value}")
     if config.image_size < 16:
         raise fail("image_size", f"must be at least 16 pixels (DenseNet121 downsamples 32x), got {config.image_size}")
-    for name in ("warmup_epochs", "workers"):
-        if getattr(config, name) < 0:
-            raise fail(name, f"must not be negative, got {getattr(config, name)}")
+    if config.warmup_epochs < 0:
+        raise fail("warmup_epochs", f"must not be negative, got {config.warmup_epochs}")
+    if config.workers != AUTO and not (isinstance(config.workers, int) and config.workers >= 0):
+        raise fail("workers", f"must be a whole number >= 0 or {AUTO!r}, got {config.workers!r}")
+    if config.compile not in COMPILE_MODES:
+        raise fail("compile", f"must be one of {list(COMPILE_MODES)}, got {config.compile!r}")
     for name in ("learning_rate", "warmup_learning_rate"):
         if not getattr(config, name) > 0:
             raise fail(name, f"must be positive, got {getattr(config, name)}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from torch.utils.data import Dataset
 
 from .checkpoint import PREPROCESSING_KEY, Checkpoint, load_checkpoint
 from .config import load_site_config
-from .core.devices import resolve_device
+from .core.devices import auto_workers, autocast_dtype, resolve_device
 from .core.errors import DataNotFoundError, DatasetFormatError, ModelFileError, SiteConfigError
 from .data.splits import patient_split
 from .data.storage import default_cache_root
@@ -25,8 +26,8 @@ from .data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable
 from .images.cache import OnError
 from .images.dataset import ChestXrayDataset, cache_table
 from .images.layouts import load_table
-from .images.transforms import image_transforms
-from .loops import make_loader, predict
+from .images.transforms import ImageBatchTransform, image_batch_transform
+from .loops import make_loader, place_model, predict
 from .metrics import (
     ConfidenceInterval,
     align_by_name,
@@ -58,8 +59,8 @@ class Preprocessing:
             raise ModelFileError("the model file does not say which image size it was trained at: pass --image-size")
         return cls(int(size), checkpoint.in_channels, bool(stored.get("imagenet_normalize", True)))
 
-    def transform(self):
-        return image_transforms(self.image_size, False, self.in_channels, self.imagenet_normalize)
+    def transform(self) -> ImageBatchTransform:
+        return image_batch_transform(self.image_size, False, self.in_channels, self.imagenet_normalize)
 
 
 def list_images(source: str | Path, image_column: str = PATH_COLUMN) -> list[str]:
@@ -116,8 +117,9 @@ def score_images(
 def predict_checkpoint(checkpoint: Checkpoint, dataset: Dataset, batch_size: int, device_spec: str) -> np.ndarray:
     """(N, classes) probabilities of a checkpoint's model on a dataset of this package (images or reports)."""
     device = resolve_device(device_spec)
-    model = checkpoint.build_model().to(device)
-    probabilities, _, _ = predict(model, make_loader(dataset, batch_size, train=False), device)
+    model = place_model(checkpoint.build_model(), device)
+    loader = make_loader(dataset, batch_size, train=False, workers=auto_workers(device))
+    probabilities, _, _ = predict(model, loader, device, autocast_dtype(device, amp=True), progress=sys.stderr.isatty())
     return probabilities
 
 

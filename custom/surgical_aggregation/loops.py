@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from monai.data import DataLoader
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from .core.head import NAMED_HEAD
@@ -21,6 +20,9 @@ from .core.methods import label_prior_weights
 from .metrics import bce_loss, mean_defined, per_class_auroc
 
 logger = logging.getLogger(__name__)
+PREFETCH_BATCHES = 4  # per loader worker, on a GPU machine
+CHECK_EVERY_STEPS = 50  # a non-finite loss is looked for (one host sync) this often, and at the end
+PROGRESS_SECONDS = 15.0  # without a progress bar, a log line at least this often
 
 
 def batchnorm_modules(model: nn.Module) -> Iterator[nn.modules.batchnorm._BatchNorm]:
@@ -59,7 +61,8 @@ def set_backbone_trainable(model: nn.Module, trainable: bool, frozen_batchnorm: 
 
 
 def make_loader(dataset: Dataset, batch_size: int, train: bool, workers: int = 0, seed: int = 0) -> DataLoader:
-    """MONAI's DataLoader seeds each worker's random transforms differently (plain torch does not)."""
+    """Batches of the dataset's items as stored (cached uint8 images, embeddings): the float work is the
+    dataset's ``batch_transform``, on the training device. Pinned and prefetched when there is a GPU."""
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(
         dataset,
@@ -70,7 +73,22 @@ def make_loader(dataset: Dataset, batch_size: int, train: bool, workers: int = 0
         generator=generator,
         persistent_workers=workers > 0,
         pin_memory=torch.cuda.is_available(),
+        prefetch_factor=PREFETCH_BATCHES if workers > 0 else None,
     )
+
+
+def model_inputs(loader: DataLoader, batch: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+    """A batch's inputs on ``device``, through the dataset's batch step; channels-last for conv nets on a GPU."""
+    inputs = loader.dataset.batch_transform(batch["image"].to(device, non_blocking=True))
+    if device.type == "cuda" and inputs.dim() == 4:
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    return inputs
+
+
+def place_model(model: nn.Module, device: torch.device) -> nn.Module:
+    """The model on ``device``; channels-last on a GPU (what cuDNN's fastest convolutions read)."""
+    model = model.to(device)
+    return model.to(memory_format=torch.channels_last) if device.type == "cuda" else model
 
 
 def masked_bce_with_logits(
@@ -86,8 +104,8 @@ def masked_bce_with_logits(
     return (losses * mask).sum() / mask.sum().clamp_min(1.0)
 
 
-def _autocast(device: torch.device, amp: bool):
-    return torch.autocast(device_type="cuda", dtype=torch.float16) if amp and device.type == "cuda" else nullcontext()
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else nullcontext()
 
 
 @dataclass
@@ -102,7 +120,7 @@ def train_epoch(
     loader: DataLoader,
     optimizer: torch.optim.Optimizer,
     device: torch.device,
-    amp: bool = False,
+    autocast: torch.dtype | None = None,
     scaler: torch.amp.GradScaler | None = None,
     max_steps: int | None = None,
     progress: bool = False,
@@ -110,33 +128,36 @@ def train_epoch(
     class_prior: torch.Tensor | None = None,
     penalty: Callable[[], torch.Tensor] | None = None,
     frozen_batchnorm: bool = False,
+    log: logging.Logger = logger,
 ) -> EpochResult:
     """One pass over ``loader`` (or ``max_steps`` batches); returns the sample-weighted mean loss.
 
-    ``class_prior`` (C,) turns on FedSLD's re-weighting; ``penalty()`` is added to every batch's
-    loss (e.g. FedProx's proximal term) but not to the reported loss. ``frozen_batchnorm`` keeps
-    BatchNorm statistics fixed (FedBN+).
+    ``autocast``: the mixed-precision dtype (None: full precision); ``scaler`` for fp16. ``class_prior``
+    (C,) turns on FedSLD's re-weighting; ``penalty()`` is added to every batch's loss (e.g. FedProx's
+    proximal term) but not to the reported loss. ``frozen_batchnorm`` keeps BatchNorm statistics fixed
+    (FedBN+). The losses stay on the device (no host sync per step): a non-finite one is found within
+    ``CHECK_EVERY_STEPS`` steps and stops training with its step.
     """
     prior = None if class_prior is None else class_prior.to(device)
     train_mode(model, frozen_batchnorm)
-    started = time.perf_counter()
-    total, samples = 0.0, 0
-    batches = tqdm(loader, desc=description, unit="batch", disable=not progress, leave=False)
+    started = last_report = time.perf_counter()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
+    samples, steps = 0, min(len(loader), max_steps) if max_steps is not None else len(loader)
+    batches = tqdm(loader, desc=description, unit="batch", disable=not progress, leave=False, total=steps)
     for step, batch in enumerate(batches):
-        if max_steps is not None and step >= max_steps:
+        if step >= steps:
             break
-        images = batch["image"].to(device, non_blocking=True)
+        inputs = model_inputs(loader, batch, device)
         target = batch["label"].to(device, non_blocking=True)
         mask = batch["mask"].to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
-        with _autocast(device, amp):
+        with _autocast(device, autocast):
             weights = None if prior is None else label_prior_weights(target, mask, prior)
-            loss = masked_bce_with_logits(model(images), target, mask, weights)
+            loss = masked_bce_with_logits(model(inputs), target, mask, weights)
         objective = loss if penalty is None else loss + penalty()
-        if not torch.isfinite(objective):
-            raise FloatingPointError(
-                f"{description}: loss became {objective.item()} at step {step}; lower the learning rate"
-            )
+        bad = ~torch.isfinite(objective.detach())
+        first_bad_step = torch.where(bad & (first_bad_step < 0), step, first_bad_step)
         if scaler is not None:
             scaler.scale(objective).backward()
             scaler.step(optimizer)
@@ -144,28 +165,53 @@ def train_epoch(
         else:
             objective.backward()
             optimizer.step()
-        total += loss.item() * len(images)
-        samples += len(images)
-        batches.set_postfix(loss=f"{total / samples:.4f}")
-    return EpochResult(loss=total / max(samples, 1), samples=samples, seconds=time.perf_counter() - started)
+        total += loss.detach().double() * len(inputs)
+        samples += len(inputs)
+        if (step + 1) % CHECK_EVERY_STEPS == 0:
+            _stop_if_not_finite(first_bad_step, description)
+        if progress and (step + 1) % 10 == 0:
+            batches.set_postfix(loss=f"{total.item() / samples:.4f}")
+        elif not progress and time.perf_counter() - last_report > PROGRESS_SECONDS:
+            last_report = time.perf_counter()
+            log.info("%s: step %d/%d, loss %.4f so far", description, step + 1, steps, total.item() / samples)
+    _stop_if_not_finite(first_bad_step, description)
+    return EpochResult(loss=total.item() / max(samples, 1), samples=samples, seconds=time.perf_counter() - started)
+
+
+def _stop_if_not_finite(first_bad_step: torch.Tensor, description: str) -> None:
+    step = int(first_bad_step.item())
+    if step >= 0:
+        raise FloatingPointError(
+            f"{description}: the loss became NaN or infinite at step {step}; lower the learning rate"
+        )
 
 
 @torch.no_grad()
 def predict(
-    model: nn.Module, loader: DataLoader, device: torch.device, amp: bool = False, progress: bool = False
+    model: nn.Module,
+    loader: DataLoader,
+    device: torch.device,
+    autocast: torch.dtype | None = None,
+    progress: bool = False,
+    description: str = "predict",
+    log: logging.Logger = logger,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(probabilities, labels, mask), each (N, n_classes)."""
+    """(probabilities, labels, mask), each (N, n_classes); the probabilities stay on the device until the end."""
     model.eval()
     probabilities, labels, masks = [], [], []
-    for batch in tqdm(loader, desc="predict", unit="batch", disable=not progress, leave=False):
-        with _autocast(device, amp):
-            logits = model(batch["image"].to(device, non_blocking=True))
-        probabilities.append(torch.sigmoid(logits.float()).cpu().numpy())
-        labels.append(batch["label"].numpy())
-        masks.append(batch["mask"].numpy())
+    started = last_report = time.perf_counter()
+    for step, batch in enumerate(tqdm(loader, desc=description, unit="batch", disable=not progress, leave=False)):
+        with _autocast(device, autocast):
+            logits = model(model_inputs(loader, batch, device))
+        probabilities.append(torch.sigmoid(logits.float()))
+        labels.append(batch["label"])
+        masks.append(batch["mask"])
+        if not progress and time.perf_counter() - last_report > PROGRESS_SECONDS:
+            last_report = time.perf_counter()
+            log.info("%s: batch %d/%d (%.0f s)", description, step + 1, len(loader), last_report - started)
     if not probabilities:
         raise ValueError("cannot evaluate on an empty dataset")
-    return np.concatenate(probabilities), np.concatenate(labels), np.concatenate(masks)
+    return torch.cat(probabilities).cpu().numpy(), torch.cat(labels).numpy(), torch.cat(masks).numpy()
 
 
 @dataclass
@@ -181,11 +227,11 @@ def evaluate(
     loader: DataLoader,
     device: torch.device,
     class_names: Sequence[str],
-    amp: bool = False,
+    autocast: torch.dtype | None = None,
     progress: bool = False,
 ) -> Evaluation:
     """Validation BCE loss and per-class / mean AUROC (undefined classes are NaN, left out of the mean)."""
-    probabilities, labels, mask = predict(model, loader, device, amp, progress)
+    probabilities, labels, mask = predict(model, loader, device, autocast, progress)
     aurocs = per_class_auroc(labels, probabilities, class_names, mask)
     return Evaluation(
         loss=bce_loss(labels, probabilities, mask),

@@ -36,8 +36,8 @@ PAPER = Profile(
     "paper",
     "The papers' recipe (the site config's defaults): DenseNet121 at 224 px, batch 64, Adam at 5e-5 after a "
     "15-epoch head warm-up at 1e-3, 1 local epoch per round, up to 150 rounds with patience 25, 70/10/20 split. "
-    "Loader threads sized for a GPU machine.",
-    training={"workers": 8, "cache_threads": 8},
+    "Cache threads sized for a GPU machine (the loader's workers are the default, auto).",
+    training={"cache_threads": 8},
 )
 DEMO = Profile(
     "demo",

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch.utils.data import ConcatDataset, Dataset
 
 from .config import SiteConfig
@@ -50,6 +51,10 @@ class CombinedDataset(ConcatDataset):
     def reseed(self, seed: int) -> None:
         for offset, part in enumerate(self.datasets):
             part.reseed(seed + offset)
+
+    def batch_transform(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The parts come from one config's preprocessing (the centralized baseline): the first part's step."""
+        return self.datasets[0].batch_transform(inputs)
 
 
 @dataclass

@@ -17,11 +17,19 @@ import torch
 
 from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, save_checkpoint
 from .config import SiteConfig
-from .core.devices import resolve_device
+from .core.devices import autocast_dtype, resolve_device, resolve_workers
 from .core.head import NAMED_HEAD, batchnorm_keys, place_rows
 from .core.labels import canonical_name
 from .core.methods import SiteRecipe, prior_vector
-from .loops import Evaluation, freeze_batchnorm, make_loader, predict, set_backbone_trainable, train_epoch
+from .loops import (
+    Evaluation,
+    freeze_batchnorm,
+    make_loader,
+    place_model,
+    predict,
+    set_backbone_trainable,
+    train_epoch,
+)
 from .metrics import bce_loss, mean_defined, per_class_auroc
 from .site_data import SiteData
 
@@ -37,12 +45,16 @@ def evaluation_metrics(evaluation: Evaluation, prefix: str = "val") -> dict[str,
     return {key: float(value) for key, value in metrics.items() if not math.isnan(value)}
 
 
-def make_optimizer(config: SiteConfig, parameters, learning_rate: float) -> torch.optim.Optimizer:
+def make_optimizer(
+    config: SiteConfig, parameters, learning_rate: float, device: torch.device | None = None
+) -> torch.optim.Optimizer:
+    """The config's optimizer over the trainable parameters; Adam/AdamW fused into one kernel on a GPU."""
     trainable = [p for p in parameters if p.requires_grad]
     if config.optimizer == "sgd":
         return torch.optim.SGD(trainable, lr=learning_rate, momentum=0.9, weight_decay=config.weight_decay)
     optimizer = torch.optim.AdamW if config.optimizer == "adamw" else torch.optim.Adam
-    return optimizer(trainable, lr=learning_rate, weight_decay=config.weight_decay)
+    fused = device is not None and device.type == "cuda"
+    return optimizer(trainable, lr=learning_rate, weight_decay=config.weight_decay, fused=fused or None)
 
 
 @dataclass
@@ -79,8 +91,9 @@ class SiteTrainer:
             torch.set_num_threads(config.cpu_threads)
         torch.manual_seed(config.seed)
         self.device = resolve_device(config.device)
-        self.amp = config.amp and self.device.type == "cuda"
-        self.scaler = torch.amp.GradScaler("cuda") if self.amp else None
+        self.autocast = autocast_dtype(self.device, config.amp)
+        self.scaler = torch.amp.GradScaler("cuda") if self.autocast == torch.float16 else None
+        self.workers = resolve_workers(config.workers, self.device)
         self.modality = config.modality
         self.preprocessing = self.modality.preprocessing(config)
         self.recipe = SiteRecipe()
@@ -88,7 +101,7 @@ class SiteTrainer:
         self._penalty: Callable[[], torch.Tensor] | None = None
         self.head_classes: list[str] = []
         self._set_head(data.class_names)
-        self.val_loader = make_loader(data.val, config.batch_size, False, config.workers)
+        self.val_loader = make_loader(data.val, config.batch_size, False, self.workers)
         self.epochs_done = 0  # step counter for training curves
 
     @property
@@ -104,14 +117,16 @@ class SiteTrainer:
         if classes == self.head_classes:
             return
         self.head_classes = classes
-        self.model = self._new_model(classes).to(self.device)
+        self.model = place_model(self._new_model(classes), self.device)
+        # the compiled step shares the model's parameters; state is always read from the model itself
+        self.training_model = torch.compile(self.model) if self.config.compile == "on" else self.model
         self._rebuild_train_loader()
 
     def _rebuild_train_loader(self) -> None:
         train = self.data.train
         if self.head_classes != self.class_names:
             train = train.relabelled(self.head_classes, self.recipe.missing_labels)
-        self.train_loader = make_loader(train, self.config.batch_size, True, self.config.workers, self.config.seed)
+        self.train_loader = make_loader(train, self.config.batch_size, True, self.workers, self.config.seed)
 
     def set_recipe(self, recipe: SiteRecipe) -> None:
         """The method's site-side settings (sent by the server with every training task)."""
@@ -187,13 +202,13 @@ class SiteTrainer:
         report = FitReport()
         if warmup and config.warmup_epochs > 0:
             set_backbone_trainable(self.model, False, frozen_bn)
-            optimizer = make_optimizer(config, self.model.parameters(), config.warmup_learning_rate)
+            optimizer = make_optimizer(config, self.model.parameters(), config.warmup_learning_rate, self.device)
             for epoch in range(config.warmup_epochs):
                 result = self._epoch(optimizer, f"round {round_number} head warm-up", epoch, config.warmup_epochs)
                 report.warmup_losses.append(result.loss)
                 report.seconds += result.seconds
             set_backbone_trainable(self.model, True, frozen_bn)
-        optimizer = make_optimizer(config, self.model.parameters(), config.learning_rate)
+        optimizer = make_optimizer(config, self.model.parameters(), config.learning_rate, self.device)
         for epoch in range(config.local_epochs):
             result = self._epoch(optimizer, f"round {round_number} training", epoch, config.local_epochs)
             report.train_losses.append(result.loss)
@@ -222,17 +237,18 @@ class SiteTrainer:
     def _epoch(self, optimizer: torch.optim.Optimizer, phase: str, epoch: int, epochs: int):
         self._reseed()
         result = train_epoch(
-            self.model,
+            self.training_model,
             self.train_loader,
             optimizer,
             self.device,
-            amp=self.amp,
+            autocast=self.autocast,
             scaler=self.scaler,
             max_steps=self.config.max_batches_per_epoch,
             description=f"{self.site_name} {phase}",
             class_prior=self._prior,
             penalty=self._penalty,
             frozen_batchnorm=self.recipe.freezes_batchnorm,
+            log=self.log,
         )
         self.epochs_done += 1
         self.log.info(
@@ -261,7 +277,7 @@ class SiteTrainer:
     def evaluate_state(self, state: Mapping[str, Any], class_names: Sequence[str]) -> Evaluation:
         """Any model (the union global model, another site's model) on this site's validation split,
         over the classes both have, picked by name. The local model is left untouched."""
-        model = self._new_model(self.class_names).to(self.device)
+        model = place_model(self._new_model(self.class_names), self.device)
         placed, present = place_rows(
             model.state_dict(), self.class_names, state, class_names, normalize_name=canonical_name
         )
@@ -272,7 +288,9 @@ class SiteTrainer:
 
     def _evaluate(self, model: torch.nn.Module, model_classes: Sequence[str], classes: Sequence[str]) -> Evaluation:
         """``model`` (head rows ``model_classes``) on the validation split, over ``classes`` (own ones)."""
-        probabilities, labels, mask = predict(model, self.val_loader, self.device, self.amp)
+        probabilities, labels, mask = predict(
+            model, self.val_loader, self.device, self.autocast, description=f"{self.site_name} validation", log=self.log
+        )
         own = self.class_names
         probabilities = probabilities[:, [list(model_classes).index(name) for name in classes]]
         columns = [own.index(name) for name in classes]

@@ -71,6 +71,7 @@ from ..core.methods import (
     recipe_meta,
 )
 from ..plots import plot_training_curves
+from ..run_summary import INITIAL_ROUND, model_label, summary_lines
 from .protocol import (
     META_CLASS_NAMES,
     META_DATA,
@@ -90,9 +91,10 @@ from .protocol import (
 from .state import FederationState, SavedVersion, load_state, save_state, state_path
 
 HISTORY_FILE = "round_history.json"
+# where FLARE's ValidationJsonGenerator writes the sites' evaluation of the server's models
+CROSS_SITE_FOLDER, CROSS_SITE_FILE = "cross_site_val", "cross_val_results.json"
 CURVES_FILE = "training_curves.png"
 PERSONAL_MODELS_DIR = "personal_models"  # PFL: <site>.pt (latest) and best_<site>.pt
-INITIAL_ROUND = -1  # the round of the global model before any training
 SERVER_MODEL_PREFIX = "SRV_"  # how FLARE's cross-site evaluation names the server's models in its results
 
 
@@ -119,6 +121,17 @@ class RoundResult:
     update_norms: dict[str, float] = field(default_factory=dict)  # site -> norm of (sent - received)
 
 
+def result_files(server_app: Path) -> dict[str, Path]:
+    """What a finished run leaves in the server's app folder (and its run folder), by what it is."""
+    return {
+        "best model": server_app / DefaultCheckpointFileName.BEST_GLOBAL_MODEL,
+        "final model": server_app / DefaultCheckpointFileName.GLOBAL_MODEL,
+        "round history": server_app / HISTORY_FILE,
+        "training curves": server_app / CURVES_FILE,
+        "per-site evaluation": server_app.parent / CROSS_SITE_FOLDER / CROSS_SITE_FILE,
+    }
+
+
 def _missing(sites: Mapping[str, Any], gathered: RoundResult) -> list[str]:
     """The sites of the federation from which nothing came back in a round."""
     answered = set(gathered.contributions) | set(gathered.rejected) | set(gathered.failed)
@@ -128,10 +141,6 @@ def _missing(sites: Mapping[str, Any], gathered: RoundResult) -> list[str]:
 def _mean(values: list[float]) -> float:
     values = [v for v in values if v is not None and not math.isnan(v)]
     return float(np.mean(values)) if values else math.nan
-
-
-def _model_label(round_number: int) -> str:
-    return "before training" if round_number == INITIAL_ROUND else f"after round {round_number}"
 
 
 class SurgicalAggregatorShareable(ModelController):
@@ -314,11 +323,9 @@ class SurgicalAggregatorShareable(ModelController):
             self.info("the global model is not published to the sites (publish_global_model is off)")
         federation.finished = True
         self._checkpoint_round()
-        self.info(
-            f"best global model: {_model_label(federation.best.round) if federation.best else 'none'} "
-            f"(mean validation loss {federation.best_loss:.4f}); files in {self.get_app_dir()}"
-        )
         self.info(center_message("Finished surgical aggregation"))
+        for line in summary_lines(federation.history, result_files(Path(self.get_app_dir()))):
+            self.info(line)
 
     # --- the federation's state ------------------------------------------------------------------
 
@@ -577,7 +584,7 @@ class SurgicalAggregatorShareable(ModelController):
         for site, reason in too_large.items():
             aggregator.rejected[site] = reason
             self.error(f"round {round_number}: contribution from {site!r} rejected: {reason}")
-        for site, contribution in gathered.contributions.items():
+        for site, contribution in sorted(gathered.contributions.items()):  # name order: the same sums every run
             if site not in too_large:
                 aggregator.add(contribution)
                 if self.method == "personal":
@@ -636,10 +643,10 @@ class SurgicalAggregatorShareable(ModelController):
         validation = {"sites": site_metrics, "mean_val_loss": mean_loss, "mean_val_auroc": mean_auroc}
         self._entry(version.round)["validation"] = validation
         if math.isnan(mean_loss):
-            self.warning(f"global model {_model_label(version.round)}: no validation loss reported")
+            self.warning(f"global model {model_label(version.round)}: no validation loss reported")
             return
         self.info(
-            f"global model {_model_label(version.round)}: mean validation loss {mean_loss:.4f}, "
+            f"global model {model_label(version.round)}: mean validation loss {mean_loss:.4f}, "
             f"mean validation AUROC {mean_auroc:.4f} over {len(site_metrics)} site(s)"
         )
         if not version.trained:  # the model before training, or no aggregation ever happened
@@ -650,7 +657,7 @@ class SurgicalAggregatorShareable(ModelController):
             validation["best"] = True
             self._make_global(version, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
             self._save_personal(version, best=True)
-            self.info(f"new best global model: {_model_label(version.round)}")
+            self.info(f"new best global model: {model_label(version.round)}")
         else:
             federation.rounds_without_improvement += 1
 
@@ -684,7 +691,7 @@ class SurgicalAggregatorShareable(ModelController):
             received.append(result.meta.get("client_name", "?"))
 
         self.info(
-            f"publishing the best global model ({_model_label(version.round)}, {len(version.class_names)} classes) "
+            f"publishing the best global model ({model_label(version.round)}, {len(version.class_names)} classes) "
             "to every site: the sites learn the union's class names now"
         )
         self._to_each_site(
@@ -719,7 +726,7 @@ class SurgicalAggregatorShareable(ModelController):
         for entry in history:
             if entry["round"] == round_number:
                 return entry
-        entry = {"round": round_number, "model": _model_label(round_number)}
+        entry = {"round": round_number, "model": model_label(round_number)}
         history.append(entry)
         history.sort(key=lambda item: item["round"])
         return entry

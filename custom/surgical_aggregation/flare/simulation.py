@@ -8,6 +8,7 @@ asks for "the best global model" rather than for a path.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,8 @@ from pathlib import Path
 from nvflare.app_common.app_constant import DefaultCheckpointFileName
 from nvflare.recipe import SimEnv
 
-from .controller import CURVES_FILE, HISTORY_FILE, PERSONAL_MODELS_DIR
+from ..run_summary import summary_lines
+from .controller import CURVES_FILE, HISTORY_FILE, PERSONAL_MODELS_DIR, result_files
 from .recipe import SurgicalAggregationRecipe
 from .tracking import MLFLOW_STORE
 
@@ -51,6 +53,12 @@ class FederationResult:
         best = self.server_app / DefaultCheckpointFileName.BEST_GLOBAL_MODEL
         return best if best.is_file() else self.server_app / DefaultCheckpointFileName.GLOBAL_MODEL
 
+    def summary(self) -> list[str]:
+        """The best and final global models' validation and where the files are (see ``run_summary``)."""
+        history = json.loads(self.history.read_text()) if self.history.is_file() else []
+        files = {**result_files(self.server_app), "site logs": f"{self.workspace}/<site>/log.txt"}
+        return summary_lines(history, files)
+
     def personal_model(self, site: str) -> Path:
         """PFL: a site's best personal model, or its latest."""
         folder = self.server_app / PERSONAL_MODELS_DIR
@@ -82,14 +90,34 @@ def _output_to(log_file: Path | None) -> Iterator[None]:
             os.close(saved[1])
 
 
+THREADS_VARIABLE = "OMP_NUM_THREADS"  # torch's default number of CPU threads in a process that starts with it
+
+
+@contextlib.contextmanager
+def cores_shared_by(processes: int) -> Iterator[int]:
+    """While sites run side by side on this machine, each site process's torch takes its share of the cores
+    (the processes inherit ``OMP_NUM_THREADS``; two sites with all cores each run many times slower). A value
+    already set is kept; a site config's ``cpu_threads`` overrides both. Yields the threads per process."""
+    if THREADS_VARIABLE in os.environ:
+        yield int(os.environ[THREADS_VARIABLE])
+        return
+    share = max(1, (os.cpu_count() or 1) // max(processes, 1))
+    os.environ[THREADS_VARIABLE] = str(share)
+    try:
+        yield share
+    finally:
+        os.environ.pop(THREADS_VARIABLE, None)
+
+
 def simulate(
     recipe: SurgicalAggregationRecipe, workspace_root: Path, log_file: Path | None = None, threads: int | None = None
 ) -> FederationResult:
     """Run ``recipe`` in FLARE's simulator under ``workspace_root/<job name>``; one thread per site by default
-    (each site keeps its process, and its local model, between tasks)."""
-    env = SimEnv(clients=recipe.sites, num_threads=threads or len(recipe.sites), workspace_root=str(workspace_root))
+    (each site keeps its process, and its local model, between tasks), the cores shared among them."""
+    parallel = threads or len(recipe.sites)
+    env = SimEnv(clients=recipe.sites, num_threads=parallel, workspace_root=str(workspace_root))
     try:
-        with _output_to(log_file):
+        with _output_to(log_file), cores_shared_by(parallel):
             run = recipe.run(env)
     except RuntimeError as error:
         where = f"; see {log_file}" if log_file else ""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 
 from ..data.table import LabelTable, MissingClassPolicy
 from .cache import CacheReport, ImageCache, OnError, build_cache, cache_directory
+from .transforms import ImageBatchTransform
 
 
 class ImageReader(Protocol):
@@ -19,10 +20,11 @@ class ImageReader(Protocol):
 
 
 class ChestXrayDataset(Dataset):
-    """Items are dicts: ``image`` (C, H, W) float tensor, ``label`` and ``mask`` (n_classes,) floats.
+    """Items are dicts: ``image`` (1, H, W) uint8 tensor as cached, ``label`` and ``mask`` (n_classes,) floats.
 
-    ``classes`` picks and orders label columns by name (default: the table's own);
-    ``missing`` says what a class the table does not label becomes (see
+    The float work (scaling, augmentation, normalisation) is :meth:`batch_transform`, applied by the loops
+    to whole batches on the training device. ``classes`` picks and orders label columns by name (default:
+    the table's own); ``missing`` says what a class the table does not label becomes (see
     :meth:`LabelTable.label_matrix`).
     """
 
@@ -30,7 +32,7 @@ class ChestXrayDataset(Dataset):
         self,
         table: LabelTable,
         images: ImageReader,
-        transform: Callable[[np.ndarray], torch.Tensor],
+        transform: ImageBatchTransform,
         classes: Sequence[str] | None = None,
         missing: MissingClassPolicy = "error",
     ) -> None:
@@ -51,12 +53,15 @@ class ChestXrayDataset(Dataset):
         return ChestXrayDataset(self.table, self.images, self.transform, classes, missing)
 
     def reseed(self, seed: int) -> None:
-        """Seed the random transforms (no effect on deterministic ones)."""
-        if hasattr(self.transform, "set_random_state"):
-            self.transform.set_random_state(seed=seed % 2**32)
+        """Seed the augmentation (no effect without)."""
+        self.transform.reseed(seed)
+
+    def batch_transform(self, images: torch.Tensor) -> torch.Tensor:
+        """A batch of items' ``image`` (on the training device) -> the model's input."""
+        return self.transform(images)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        image = self.transform(self.images.read(self.paths[index]))
+        image = torch.from_numpy(self.images.read(self.paths[index])).unsqueeze(0)
         return {"image": image, "label": self.labels[index], "mask": self.mask[index]}
 
 

@@ -15,6 +15,7 @@ from ..data.table import LabelTable, MaterialisedTable
 from .dataset import ChestXrayDataset, cache_table
 from .layouts import DATASET_KINDS, load_table
 from .synthetic import GENERATORS, ensure_generated
+from .transforms import image_batch_transform
 
 if TYPE_CHECKING:  # the config sits above the modalities; they only read it
     from ..config import SiteConfig
@@ -69,22 +70,18 @@ class ImageModality:
     def materialise(
         self, config: SiteConfig, table: LabelTable, log: logging.Logger, progress: bool
     ) -> MaterialisedTable:
-        from .transforms import Augmentation, image_transforms  # MONAI: imported where images are transformed
-
         kept, cache, report = cache_table(
             table, config.cache_root, config.image_size, config.on_unreadable, config.cache_threads, progress
         )
         if report.failures:
             log.warning("left out %d unreadable image(s), e.g. %s", len(report.failures), report.failures[:3])
-        augmentation = Augmentation() if config.augment else None
 
         def dataset(split: LabelTable, train: bool) -> ChestXrayDataset:
-            transform = image_transforms(
+            transform = image_batch_transform(
                 config.image_size,
                 train=train and config.augment,
                 in_channels=config.in_channels,
                 imagenet_normalize=config.imagenet_normalize,
-                augmentation=augmentation,
             )
             return ChestXrayDataset(split, cache, transform, classes=kept.classes)
 

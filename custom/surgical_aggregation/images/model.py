@@ -7,13 +7,12 @@ which. Nothing is downloaded: ImageNet weights come from a local file placed by 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-
-# the DenseNet module itself: ``monai.networks.nets`` imports every network (transformers among them)
-from monai.networks.nets.densenet import DenseNet121
 
 from ..core.errors import ModelFileError
 from ..core.head import NAMED_HEAD
@@ -21,6 +20,27 @@ from ..core.labels import canonical_names
 from ..data.storage import read_tensor_file
 
 FEATURE_DIM = 1024
+# Packages MONAI's import pulls in for networks and handlers this bundle does not use: ``import monai``
+# imports every submodule, and TransChex loads transformers (2 s), the MLflow handler mlflow (0.5 s).
+MONAI_UNUSED_IMPORTS = ("transformers", "mlflow")
+
+
+@contextmanager
+def _imports_left_out(names: Sequence[str]):
+    """While importing MONAI: ``names`` (not yet imported) fail to import, which MONAI's optional imports
+    take as "not installed". Afterwards they import normally (the report modality uses transformers)."""
+    blocked = [name for name in names if name not in sys.modules]
+    sys.modules.update(dict.fromkeys(blocked))
+    try:
+        yield
+    finally:
+        for name in blocked:
+            if sys.modules.get(name, ...) is None:
+                del sys.modules[name]
+
+
+with _imports_left_out(MONAI_UNUSED_IMPORTS):
+    from monai.networks.nets.densenet import DenseNet121
 
 
 class NamedDenseNet121(DenseNet121):

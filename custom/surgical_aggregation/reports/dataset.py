@@ -49,6 +49,10 @@ class ReportDataset(Dataset):
     def reseed(self, seed: int) -> None:
         """Nothing random per sample (dropout is in the model)."""
 
+    def batch_transform(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The embeddings are the model's input as they are."""
+        return inputs
+
 
 def embed_table(
     table: LabelTable, cache_root: str | Path, model: str, device: str = "cpu", progress: bool = False

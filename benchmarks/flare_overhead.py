@@ -1,0 +1,114 @@
+"""What FLARE's simulator adds to the default job: its wall time against the same work in a bare loop.
+
+Not a test. In one run, on a warm cache (the sites' embedded data are generated and decoded first,
+untimed), it times
+  (1) the default job (``jobs/nih_chexpert``'s recipe) in FLARE's simulator as the README runs it
+      (``surgical-aggregation simulate``: one process per site, the cores shared among them), and
+  (2) the same work without FLARE: the same site configs, one process, the sites one after the other
+      with every core: per round each site loads its slice of the global model, validates it, warms its
+      head up (round 0), trains its local epochs and validates again; the rows are aggregated by name;
+      at the end each site validates the final and the best global model.
+and prints both wall times and their ratio (min and median over ``--repeats``).
+
+    python benchmarks/flare_overhead.py --repeats 2 --out overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from surgical_aggregation.config import site_config_from_dict
+from surgical_aggregation.core.aggregation import Contribution, SurgicalAggregator
+from surgical_aggregation.core.head import slice_for_client
+from surgical_aggregation.core.labels import canonical_name
+from surgical_aggregation.data.storage import CACHE_ENV
+from surgical_aggregation.flare.recipe import nih_chexpert_recipe
+from surgical_aggregation.flare.simulation import simulate
+from surgical_aggregation.images.modality import IMAGES
+from surgical_aggregation.site_data import prepare_site_data
+from surgical_aggregation.trainer import SiteTrainer
+
+
+def bare_loop(rounds: int) -> float:
+    """(2): seconds for the default job's work without FLARE."""
+    started = time.perf_counter()
+    recipe = nih_chexpert_recipe()
+    configs = {site: site_config_from_dict(values) for site, values in recipe.site_configs.items()}
+    quiet = logging.getLogger("bare-loop")
+    trainers = {
+        site: SiteTrainer(config, prepare_site_data(config, quiet), site, quiet) for site, config in configs.items()
+    }
+    union = sorted({name for trainer in trainers.values() for name in trainer.class_names})
+    first = next(iter(configs.values()))
+    torch.manual_seed(0)
+    state = IMAGES.build_model(union, IMAGES.preprocessing(first)).state_dict()
+    for round_number in range(rounds):
+        aggregator = SurgicalAggregator(state, union, normalize_name=canonical_name)
+        for site, trainer in trainers.items():
+            trainer.load_global(slice_for_client(state, union, trainer.class_names), trainer.class_names)
+            trainer.validate()
+            trainer.fit(round_number, warmup=round_number == 0)
+            trainer.validate()
+            aggregator.add(Contribution(site, trainer.state_dict(), trainer.class_names, len(trainer.data.train)))
+        state = aggregator.finalize().state
+    for trainer in trainers.values():
+        for _ in range(2):  # the final model and the best one
+            trainer.evaluate_state(state, union)
+    return time.perf_counter() - started
+
+
+def simulator(workspace: Path) -> float:
+    """(1): seconds for the default job in FLARE's simulator, as ``surgical-aggregation simulate`` runs it."""
+    started = time.perf_counter()
+    simulate(nih_chexpert_recipe(), workspace, log_file=workspace / "simulator.log")
+    return time.perf_counter() - started
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None, help="JSON file for the results")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    rounds = nih_chexpert_recipe().controller_args["num_rounds"]
+    with tempfile.TemporaryDirectory(prefix="flare-overhead-") as root:
+        os.environ[CACHE_ENV] = str(Path(root) / "cache")
+        for values in nih_chexpert_recipe().site_configs.values():  # warm cache: generated and decoded once
+            prepare_site_data(site_config_from_dict(values))
+        bare, simulated = [], []
+        for repeat in range(args.repeats):
+            bare.append(bare_loop(rounds))
+            simulated.append(simulator(Path(root) / f"simulation-{repeat}"))
+            print(f"repeat {repeat + 1}: simulator {simulated[-1]:.1f} s, bare loop {bare[-1]:.1f} s")
+    results = {
+        "cpu_count": os.cpu_count(),
+        "rounds": rounds,
+        "simulator_seconds": _spread(simulated),
+        "bare_loop_seconds": _spread(bare),
+        "ratio": statistics.median(simulated) / statistics.median(bare),
+    }
+    print(
+        f"default job, {os.cpu_count()} cores: simulator {results['simulator_seconds']['median']:.1f} s "
+        f"(min {results['simulator_seconds']['min']:.1f}), bare loop {results['bare_loop_seconds']['median']:.1f} s "
+        f"(min {results['bare_loop_seconds']['min']:.1f}); ratio {results['ratio']:.2f}"
+    )
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

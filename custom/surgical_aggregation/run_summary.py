@@ -1,0 +1,57 @@
+"""The end of a federated run in a few lines: which global model is best, how it validates, where the files are.
+
+Read from the round history the controller writes (one entry per global model, ``round`` -1 before
+training, ``validation`` with each site's metrics and ``best`` on the best model). Printed last by
+``surgical-aggregation simulate`` and ``poc``, and logged by the controller as its last lines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+INITIAL_ROUND = -1  # the history's entry for the model before training
+
+
+def model_label(round_number: int) -> str:
+    return "before training" if round_number == INITIAL_ROUND else f"after round {round_number}"
+
+
+def _validated(history: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [
+        entry for entry in history if not math.isnan(float(entry.get("validation", {}).get("mean_val_loss", math.nan)))
+    ]
+
+
+def _describe(entry: Mapping[str, Any]) -> str:
+    validation = entry["validation"]
+    sites = ", ".join(
+        f"{site} {metrics['val_mean_auroc']:.3f}"
+        for site, metrics in sorted(validation.get("sites", {}).items())
+        if "val_mean_auroc" in metrics
+    )
+    return (
+        f"{model_label(entry['round'])}: mean validation loss {validation['mean_val_loss']:.4f}, "
+        f"mean AUROC {validation['mean_val_auroc']:.3f} ({sites})"
+    )
+
+
+def summary_lines(history: Sequence[Mapping[str, Any]], files: Mapping[str, Path | str]) -> list[str]:
+    """The best, final and initial global models' validation, then the files: each ``Path`` that exists, and
+    each ``str`` (a pattern, e.g. ``<workspace>/<site>/log.txt``) as it is."""
+    validated = _validated(history)
+    best = [entry for entry in validated if entry["validation"].get("best")]
+    lines = ["results of the federation"]
+    lines.append(f"  best global model   {_describe(best[-1])}" if best else "  best global model   none")
+    trained = [entry for entry in validated if entry["round"] != INITIAL_ROUND]
+    if trained:
+        lines.append(f"  final global model  {_describe(trained[-1])}")
+    initial = [entry for entry in validated if entry["round"] == INITIAL_ROUND]
+    if initial:
+        lines.append(f"  initial model       {_describe(initial[0])}")
+    width = max((len(label) for label in files), default=0)
+    shown = {label: path for label, path in files.items() if isinstance(path, str) or path.exists()}
+    lines += [f"  {label.ljust(width)}  {path}" for label, path in shown.items()]
+    return lines
