@@ -75,7 +75,8 @@ def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
     monkeypatch.setenv("SURGICAL_AGGREGATION_CACHE", str(cache))
     profile = Profile(
         "tiny",
-        {
+        "tiny images, two batches per epoch: the grid's machinery, not its numbers",
+        training={
             "image_size": 32,
             "batch_size": 8,
             "max_batches_per_epoch": 2,

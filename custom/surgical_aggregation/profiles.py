@@ -23,6 +23,12 @@ class Profile:
     patience: int = 25  # validated rounds without improvement of the mean validation loss
     split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)  # train / validation / test, by patient
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.description, str):  # e.g. the training settings given in its place
+            raise TypeError(
+                f"profile {self.name!r}: description must be a string, got {type(self.description).__name__}"
+            )
+
     def site_config(self, data: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
         """A site config dict: ``data`` (kind, location, labels, ...) with this profile's split and training."""
         return {
