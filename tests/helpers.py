@@ -97,3 +97,34 @@ def tiny_recipe(make_recipe, cache: Path, rounds: int, **options) -> SurgicalAgg
     }
     sites = tiny_sites(bundle.site_configs, cache)
     return SurgicalAggregationRecipe(bundle.name, sites, controller=controller, **options)
+
+
+def union_of_the_seven_label_files() -> set[str]:
+    """The classes of NIH, CheXpert, PadChest, VinDr-CXR, Google's NIH labels, RSNA and SIIM, read straight from
+    torchxrayvision's copies of their label files with pandas (not through the bundle's loaders), by the rules
+    ``images/public.py`` documents, named through the built-in vocabulary."""
+    import ast
+
+    import pandas as pd
+
+    from surgical_aggregation.core.labels import canonical_name
+
+    raw_names: set[str] = set()
+    nih = pd.read_csv(require_reference("Data_Entry_2017_v2020.csv.gz"), usecols=["Finding Labels"])
+    raw_names |= {token for labels in nih["Finding Labels"] for token in labels.split("|")} - {"No Finding"}
+    chexpert = pd.read_csv(require_reference("chexpert_train.csv.gz"), nrows=0)
+    raw_names |= set(chexpert.columns[5:]) - {"No Finding"}
+    padchest = pd.read_csv(
+        require_reference("PADCHEST_chest_x_ray_images_labels_160K_01.02.19.csv.gz"),
+        usecols=["Projection", "Labels"],
+    )
+    frontal = padchest[padchest["Projection"].isin(["PA", "AP", "AP_horizontal"]) & padchest["Labels"].notna()]
+    lists = [[name.strip() for name in ast.literal_eval(text)] for text in frontal["Labels"]]
+    remarks = {"", "normal", "exclude", "suboptimal study", "unchanged"}
+    raw_names |= {name for names in lists if "exclude" not in names for name in names} - remarks
+    vindr = pd.read_csv(require_reference("vinbigdata-train.csv.gz"), usecols=["class_name"])
+    raw_names |= set(vindr["class_name"]) - {"No finding"}
+    raw_names |= {"Fracture", "Pneumothorax", "Airspace opacity", "Nodule or mass"}  # Google's four columns
+    raw_names |= {"Pneumonia"}  # RSNA's Target
+    raw_names |= {"Pneumothorax"}  # SIIM's masks
+    return {canonical_name(name) for name in raw_names}

@@ -8,7 +8,7 @@ import torch
 
 from surgical_aggregation.core.aggregation import Contribution, ContributionRejected, SurgicalAggregator
 from surgical_aggregation.core.head import batchnorm_keys, slice_for_client
-from surgical_aggregation.core.labels import canonical_name
+from surgical_aggregation.core.labels import Vocabulary, canonical_name
 from surgical_aggregation.images.model import NamedDenseNet121
 
 from helpers import TOY_HEAD, fedavg_reference, rows_by_name, toy_state
@@ -280,11 +280,12 @@ def test_a_contribution_of_the_wrong_types_is_rejected_not_raised(state, names, 
     assert caught.value.reason == reason and aggregator.rejected == {"site-a": reason}
 
 
-def test_duplicate_and_unknown_class_names_are_rejected():
-    aggregator = SurgicalAggregator(toy_state(0, 1), [], head=TOY_HEAD, normalize_name=canonical_name)
+def test_duplicate_and_unaccepted_class_names_are_rejected():
+    closed = Vocabulary(accepted=["Effusion", "Mass"])  # a job's closed vocabulary
+    aggregator = SurgicalAggregator(toy_state(0, 1), [], head=TOY_HEAD, normalize_name=closed.canonical)
     with pytest.raises(ContributionRejected, match="duplicate class names \\['Pleural Effusion'\\]"):
         aggregator.add(Contribution("site-x", toy_state(2, 2), ["Effusion", "Pleural Effusion"]))
-    with pytest.raises(ContributionRejected, match="unknown label 'Efusion'"):
+    with pytest.raises(ContributionRejected, match=r"class 'Efusion' .* is not one of the job's accepted classes"):
         aggregator.add(Contribution("site-y", toy_state(2, 2), ["Efusion", "Mass"]))
     with pytest.raises(ContributionRejected, match="positive sample count"):
         SurgicalAggregator(toy_state(0, 1), [], weighting="samples", head=TOY_HEAD).add(

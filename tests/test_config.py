@@ -31,21 +31,39 @@ def test_values_are_read_and_labels_canonicalised(tmp_path):
     assert config.learning_rate == 1.0 and isinstance(config.learning_rate, float)
 
 
+def test_a_sites_label_aliases_come_inline_or_from_a_file_next_to_its_config(tmp_path):
+    (tmp_path / "our-names.yaml").write_text("TB: Tuberculosis\nPneumo: Pneumothorax\n")
+    path = tmp_path / "site.json"
+    path.write_text(
+        json.dumps({"data": {"labels": ["TB", "Pneumo", "Pneumonitis"], "label_aliases": "our-names.yaml"}})
+    )
+    config = load_site_config(path)
+    assert config.data.labels == ["Tuberculosis", "Pneumothorax", "Pneumonitis"]  # "Pneumonitis": a class of its own
+    assert config.data.label_aliases == {"TB": "Tuberculosis", "Pneumo": "Pneumothorax"}  # inlined: a job carries them
+    assert site_config_from_dict(config.to_dict()).data.labels == config.data.labels
+    assert config.vocabulary({"Tuberculosis": "Mycobacterial infection"}).canonical("TB") == "Mycobacterial infection"
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
         ({"batch_sise": 8}, r"site.json: unknown field\(s\) \['batch_sise'\]; known fields:"),
-        ({"data": {"root": "/x"}}, r"site.json.data: unknown field\(s\) \['root'\]"),
-        ({"batch_size": "64"}, r"site.json.batch_size must be a whole number, got '64'"),
-        ({"batch_size": 0}, r"site.json.batch_size must be positive, got 0"),
-        ({"amp": 1}, r"site.json.amp must be true or false, got 1"),
-        ({"data": {"kind": "dicom"}}, r"site.json.data.kind must be one of"),
-        ({"data": {"kind": "csv"}}, r"site.json.data.location is required for kind 'csv'"),
-        ({"data": {"labels": ["Pneumonitis"]}}, r"site.json.data.labels: unknown label 'Pneumonitis'"),
-        ({"data": {"split_fractions": [0.8, 0.0, 0.2]}}, r"site.json.data.split_fractions must sum to 1"),
-        ({"optimizer": "lamb"}, r"site.json.optimizer must be one of \['adam', 'adamw', 'sgd'\]"),
-        ({"device": "tpu"}, r"site.json.device must be auto, cpu, cuda or cuda:N"),
-        ({"image_size": 8}, r"site.json.image_size must be at least 16 pixels"),
+        ({"data": {"root": "/x"}}, r"site.json: unknown field\(s\) \['data.root'\]; known fields of data: \['kind',"),
+        ({"batch_size": "64"}, r"site.json: batch_size must be a whole number, got '64'"),
+        ({"batch_size": 0}, r"site.json: batch_size must be positive, got 0"),
+        ({"amp": 1}, r"site.json: amp must be true or false, got 1"),
+        ({"data": {"kind": "dicom"}}, r"site.json: data.kind must be one of"),
+        ({"data": {"kind": "csv"}}, r"site.json: data.location is required for kind 'csv'"),
+        (
+            {"data": {"labels": ["Effusion", "pleural effusions"]}},
+            r"site.json: data.labels: label 'pleural effusions' duplicates 'Effusion': both mean 'Pleural Effusion'",
+        ),
+        ({"data": {"label_aliases": {"TB": 3}}}, r"site.json: data.label_aliases: entry 'TB': 3: both must be"),
+        ({"data": {"label_aliases": "none.json"}}, r"site.json: data.label_aliases: alias file not found: .*none.json"),
+        ({"data": {"split_fractions": [0.8, 0.0, 0.2]}}, r"site.json: data.split_fractions must sum to 1"),
+        ({"optimizer": "lamb"}, r"site.json: optimizer must be one of \['adam', 'adamw', 'sgd'\]"),
+        ({"device": "tpu"}, r"site.json: device must be auto, cpu, cuda or cuda:N"),
+        ({"image_size": 8}, r"site.json: image_size must be at least 16 pixels"),
     ],
 )
 def test_errors_name_the_file_and_field(tmp_path, values, message):

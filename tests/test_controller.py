@@ -186,15 +186,41 @@ def test_union_slices_and_aggregation(tmp_path):
     assert (tmp_path / "round_history.json").is_file() and (tmp_path / "training_curves.png").is_file()
 
 
-def test_handshake_leaves_out_a_site_with_unknown_labels(tmp_path):
-    good = [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-b", ["Edema"], [0.5])]
-    harness = Harness([*good, FakeSite("site-c", ["Tumour"], [0.5])], tmp_path, num_rounds=1)
+def test_a_class_outside_the_built_in_vocabulary_joins_as_its_own_class(tmp_path):
+    sites = [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-b", ["Tumour", "Edema"], [0.5])]
+    harness = Harness(sites, tmp_path, num_rounds=1)
     harness.run()
-    assert "handshake with site-c failed, leaving it out" in _messages(harness, "error")
-    assert "unknown label 'Tumour'" in _messages(harness, "error")
-    assert harness.saved[-1].meta[META_CLASS_NAMES] == ["Edema", "Mass"]
+    assert harness.saved[-1].meta[META_CLASS_NAMES] == ["Edema", "Mass", "Tumour"]
+    assert _messages(harness, "error") == ""
+
+
+def test_a_closed_vocabulary_refuses_a_site_bringing_another_class_and_goes_on(tmp_path):
+    accepted = ["mass", "Effusion", "Edema"]  # read through the aliases: "Effusion" is "Pleural Effusion"
+    sites = [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-b", ["Edema"], [0.5])]
+    refused = FakeSite("site-c", ["Edema", "Tumour"], [0.5])
+    harness = Harness([*sites, refused], tmp_path, num_rounds=1, min_clients=2, accepted_classes=accepted)
+    harness.run()
+    assert (
+        "handshake with site-c failed, leaving it out: site site-c's class names: class 'Tumour' (from 'Tumour') "
+        "is not one of the job's accepted classes: Mass, Pleural Effusion, Edema"
+    ) in _messages(harness, "error")
+    assert harness.saved[-1].meta[META_CLASS_NAMES] == ["Edema", "Mass"] and refused.tasks == []
     with pytest.raises(RuntimeError, match=r"only 1 site\(s\) answered the handshake"):
-        Harness([good[0], FakeSite("site-c", ["Tumour"], [0.5])], tmp_path, num_rounds=1).run()
+        Harness([sites[0], refused], tmp_path / "two", num_rounds=1, accepted_classes=accepted).run()
+
+
+def test_the_job_aliases_make_two_spellings_one_row(tmp_path):
+    a = FakeSite("site-a", ["TB", "Mass"], [0.5, 0.4])
+    b = FakeSite("site-b", ["tuberculosis"], [0.6, 0.5])
+    harness = Harness([a, b], tmp_path, num_rounds=1, label_aliases={"TB": "Tuberculosis"})
+    harness.run()
+    final = harness.saved[-1]
+    assert final.meta[META_CLASS_NAMES] == ["Mass", "Tuberculosis"]
+    sent = {site.name: rows_by_name(site.received[0][1], site.classes) for site in (a, b)}
+    shared = (sent["site-a"]["TB"] + sent["site-b"]["tuberculosis"]) / 2 + 0.01  # each sent its slice + 0.01
+    np.testing.assert_allclose(
+        rows_by_name(final.params, final.meta[META_CLASS_NAMES])["Tuberculosis"], shared, atol=1e-6
+    )
 
 
 def test_broken_update_is_rejected_and_the_round_continues(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from surgical_aggregation.core.errors import DatasetFormatError, SiteConfigError, UnknownLabelError
+from surgical_aggregation.core.errors import DatasetFormatError, SiteConfigError
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.images.chexpert import resolve_chexpert_path
 from surgical_aggregation.images.layouts import load_table
@@ -49,7 +49,7 @@ def test_nih_errors_name_the_problem(nih_data, tmp_path):
     with pytest.raises(DatasetFormatError, match=r"Data_Entry_2017.csv: missing column\(s\) \['Finding Labels'\]"):
         load_table("nih", tmp_path, image_dir=tmp_path)
     (tmp_path / "Data_Entry_2017.csv").write_text("Image Index,Finding Labels,Patient ID\na.png,Mass|Tumour,1\n")
-    with pytest.raises(UnknownLabelError, match=r"Data_Entry_2017.csv column 'Finding Labels': unknown label 'Tumour'"):
+    with pytest.raises(DatasetFormatError, match=r"Data_Entry_2017.csv: 'Tumour' is not an NIH ChestX-ray14 finding"):
         load_table("nih", tmp_path, image_dir=tmp_path)
     with pytest.raises(FileNotFoundError, match="no NIH image folder"):
         load_table("nih", tmp_path)
@@ -157,9 +157,12 @@ def test_generic_csv_with_aliases_and_relative_paths(tmp_path):
 
 
 def test_generic_csv_errors(tmp_path):
-    pd.DataFrame({"path": ["a.png"], "patient_id": ["1"], "Pneumonitis": [1]}).to_csv(tmp_path / "l.csv", index=False)
-    with pytest.raises(UnknownLabelError, match=r"l.csv column 'Pneumonitis': unknown label"):
-        load_table("csv", tmp_path / "l.csv")
+    # a finding outside the built-in vocabulary is a class of its own; a column that holds no labels is named
+    pd.DataFrame({"path": ["a.png"], "patient_id": ["1"], "pneumonitis": [1]}).to_csv(tmp_path / "l.csv", index=False)
+    assert load_table("csv", tmp_path / "l.csv").classes == ["Pneumonitis"]
+    pd.DataFrame({"path": ["a.png"], "patient_id": ["1"], "Mass": [1], "Sex": ["F"]}).to_csv(tmp_path / "s.csv")
+    with pytest.raises(DatasetFormatError, match=r"s.csv column 'Sex'"):
+        load_table("csv", tmp_path / "s.csv")
     pd.DataFrame({"image": ["a.png"], "Mass": [1]}).to_csv(tmp_path / "m.csv", index=False)
     with pytest.raises(DatasetFormatError, match=r"m.csv: missing column\(s\) \['path', 'patient_id'\]"):
         load_table("csv", tmp_path / "m.csv")

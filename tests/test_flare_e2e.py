@@ -5,9 +5,12 @@
    FLARE restarts the sites' processes between tasks), with cross-site evaluation.
 2. Two sites with the same class set, one round: the global model equals FLARE's own FedAvg
    aggregation (``WeightedAggregationHelper``) of the same client updates.
-3. A new hospital joins a federation that continues from its best model.
+3. A new hospital, with a finding of its own (a CSV's "Tuberculosis" column), joins a federation that continues
+   from its best model.
 4. A site whose images are truncated (``on_unreadable: error``) fails every round: the job that never
    made progress exits non-zero, labels no model best and names the sites and reasons.
+5. The consortium job: seven datasets, each with its own label scheme; the union of their real label files.
+6. The same seed gives the same round history and model on a CPU.
 """
 
 from __future__ import annotations
@@ -22,16 +25,25 @@ import numpy as np
 import pytest
 import torch
 from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedAggregationHelper
+from PIL import Image
 
 from surgical_aggregation.checkpoint import load_checkpoint
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.flare.audit import AUDIT_FILE, EXCHANGES_DIR, exchange_file_name, read_audit
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
-from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
-from surgical_aggregation.images.synthetic import generate_nih
+from surgical_aggregation.flare.recipe import (
+    CONSORTIUM_PATIENTS,
+    SurgicalAggregationRecipe,
+    cxr_consortium_recipe,
+    nih_chexpert_recipe,
+    write_job,
+)
+from surgical_aggregation.flare.simulation import simulate
+from surgical_aggregation.images.synthetic import STYLES, generate_nih, render_image
+from surgical_aggregation.inference import score_images
 
-from helpers import tiny_recipe, tiny_sites
+from helpers import tiny_recipe, tiny_sites, union_of_the_seven_label_files
 
 pytestmark = pytest.mark.slow
 TOL = 1e-6
@@ -209,8 +221,27 @@ def test_same_class_sets_give_flares_own_fedavg(tmp_path):
             np.testing.assert_allclose(ours[key].numpy(), value, atol=TOL, rtol=0, err_msg=key)
 
 
-def test_a_new_hospital_joins_a_federation_that_continues_from_its_best_model(tmp_path):
+def _csv_site_with_tuberculosis(root: Path, patients: int = 30, size: int = 32) -> Path:
+    """A hospital's own CSV (path, patient_id, Tuberculosis, Effusion) over generated images: Tuberculosis is in
+    no built-in vocabulary and no other site's label set."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for index in range(patients):
+        findings = {"Tuberculosis": float(index % 3 == 0), "Pleural Effusion": float(index % 4 == 0)}
+        image = render_image(findings, size, STYLES["nih"], rng)
+        (root / "img").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image, mode="L").save(root / "img" / f"{index}.png")
+        tuberculosis, effusion = int(findings["Tuberculosis"]), int(findings["Pleural Effusion"])
+        rows.append(f"img/{index}.png,p{index},{tuberculosis},{effusion}")
+    (root / "labels.csv").write_text("path,patient_id,Tuberculosis,Effusion\n" + "\n".join(rows) + "\n")
+    return root / "labels.csv"
+
+
+def test_a_new_hospital_with_its_own_finding_joins_a_federation_that_continues_from_its_best_model(
+    tmp_path, monkeypatch
+):
     base = tiny_sites(nih_chexpert_recipe().site_configs, tmp_path / "cache")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one process per site (-t), sharing the cores
 
     def site(kind: str, labels: list[str], seed: int = 0) -> dict:
         config = base[f"site-{kind}"]
@@ -225,17 +256,21 @@ def test_a_new_hospital_joins_a_federation_that_continues_from_its_best_model(tm
         "site-b": site("chexpert", ["Atelectasis", "Lung Opacity", "Pleural Effusion"]),
     }
     write_job(SurgicalAggregationRecipe("first", first_sites, {"num_rounds": 1}), tmp_path / "job1")
-    first = _simulate(tmp_path / "job1", tmp_path / "ws1", tmp_path / "cache")
+    first = _simulate(tmp_path / "job1", tmp_path / "ws1", tmp_path / "cache", "-t", "2")
     best = first / "app_server" / "best_FL_global_model.pt"
-    joined = {**first_sites, "site-c": site("nih", ["Hernia", "Fibrosis"], seed=2)}  # classes nobody had
+    # the newcomer: a CSV whose "Tuberculosis" column no vocabulary and no other site has
+    csv = _csv_site_with_tuberculosis(tmp_path / "hospital")
+    newcomer = {**base["site-nih"], "data": {**base["site-nih"]["data"], "kind": "csv", "location": str(csv)}}
+    joined = {**first_sites, "site-c": newcomer}
     recipe = SurgicalAggregationRecipe("second", joined, {"num_rounds": 1}, initial_model=str(best))
     write_job(recipe, tmp_path / "job2")
-    second = _simulate(tmp_path / "job2", tmp_path / "ws2", tmp_path / "cache")
+    second = _simulate(tmp_path / "job2", tmp_path / "ws2", tmp_path / "cache", "-t", "3")
 
     earlier = load_checkpoint(best)
-    later = load_checkpoint(second / "app_server" / "FL_global_model.pt")
+    final = second / "app_server" / "FL_global_model.pt"
+    later = load_checkpoint(final)
     assert earlier.class_names == ["Atelectasis", "Lung Opacity", "Mass", "Pleural Effusion"]
-    assert later.class_names == [*earlier.class_names, "Fibrosis", "Hernia"]  # the union grows
+    assert later.class_names == [*earlier.class_names, "Tuberculosis"]  # the union grows by the new finding
     learned = _rows({"state": earlier.state, "class_names": earlier.class_names})
     for name in ("site-a", "site-b"):  # round 0 of the second job starts from the first job's rows
         for class_name, row in _rows(_exchange(tmp_path / "ws2", name, 0, "received")).items():
@@ -243,6 +278,29 @@ def test_a_new_hospital_joins_a_federation_that_continues_from_its_best_model(tm
     # only the newcomer's head starts from scratch, so only it warms up
     warmed_up = {name: "head warm-up" in (tmp_path / "ws2" / name / "log.txt").read_text() for name in joined}
     assert warmed_up == {"site-a": False, "site-b": False, "site-c": True}
+    # the saved global model predicts Tuberculosis, by name
+    scores, failures = score_images(final, [str(csv.parent / "img" / "0.png")], cache_dir=tmp_path / "cache")
+    assert failures == [] and list(scores.columns) == ["path", *later.class_names]
+    assert 0 < scores["Tuberculosis"].iloc[0] < 1
+
+
+def test_the_consortium_of_seven_datasets_learns_the_union_of_their_label_files(tmp_path, monkeypatch):
+    """``jobs/cxr_consortium`` as ``nvflare simulator`` runs it (one process per site), tiny: its global model's
+    classes are the union of the seven real label files, computed without the bundle's loaders."""
+    expected = union_of_the_seven_label_files()
+    recipe = cxr_consortium_recipe()
+    sites = tiny_sites(recipe.site_configs, tmp_path / "cache")
+    sites["site-padchest"]["embedded"]["patients"] = CONSORTIUM_PATIENTS["padchest"]  # every PadChest finding
+    tiny = SurgicalAggregationRecipe(recipe.name, sites, controller={**recipe.controller_args, "num_rounds": 1})
+    write_job(tiny, tmp_path / "job")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # seven site processes share the cores
+    server = _simulate(tmp_path / "job", tmp_path / "ws", tmp_path / "cache", "-t", str(len(sites)))
+    final = load_checkpoint(server / "app_server" / "FL_global_model.pt")
+    assert set(final.class_names) == expected and len(final.class_names) == len(expected) == 199
+    assert final.class_names == sorted(final.class_names)  # a fresh union: rows in name order
+    union = (server / "app_server" / "union_classes.csv").read_text().splitlines()
+    assert union[0] == "class,sites,labelled_by,shared" and len(union) == 1 + 199
+    assert union[1] == "Pneumothorax,site-chexpert;site-google;site-nih;site-padchest;site-siim;site-vindr,6,yes"
 
 
 def test_a_job_that_never_made_progress_fails_and_says_why(tmp_path):
@@ -269,3 +327,24 @@ def test_a_job_that_never_made_progress_fails_and_says_why(tmp_path):
     assert "the federation made no progress: in 1 round(s) none aggregated 2 valid contribution(s)" in server_log
     site_log = (tmp_path / "ws" / "site-nih" / "log.txt").read_text()
     assert "3 unreadable image(s)" in site_log  # the site's own log names the cause
+
+
+def _without_timings(value):
+    if isinstance(value, dict):
+        return {key: _without_timings(item) for key, item in value.items() if key != "seconds"}
+    if isinstance(value, list):
+        return [_without_timings(item) for item in value]
+    return value
+
+
+def test_the_same_seed_gives_the_same_round_history_on_a_cpu(tmp_path):
+    """Two runs of one tiny job (sites in parallel processes, results arriving in any order): every validation,
+    aggregation and model choice is the same; only the seconds differ."""
+    histories, models = [], []
+    for run in ("first", "second"):
+        recipe = tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=2)
+        server = simulate(recipe, tmp_path / run, log_file=tmp_path / f"{run}.log").server_app
+        histories.append(_without_timings(json.loads((server / "round_history.json").read_text())))
+        models.append(load_checkpoint(server / "FL_global_model.pt").state)
+    assert histories[0] == histories[1]
+    assert all(torch.equal(models[0][key], models[1][key]) for key in models[0])

@@ -15,6 +15,7 @@ from surgical_aggregation.cli import main
 from surgical_aggregation.config import load_site_config
 from surgical_aggregation.images.layouts import load_table
 from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.inference import labelled_set
 from surgical_aggregation.site_data import resolve_table, split_table
 
 MODEL_CLASSES = ["Mass", "Fracture", "Pleural Effusion"]
@@ -74,7 +75,15 @@ def test_evaluate_uses_shared_classes_by_name_and_matches_sklearn(model_file, ni
         expected = roc_auc_score(labels.loc[scores.index, row.class_name], scores[row.class_name])
         assert row.auroc == pytest.approx(expected, abs=1e-9)
         assert row.positives == int(labels[row.class_name].sum())
-    assert "mean AUROC over 2 classes" in capsys.readouterr().out
+    output = capsys.readouterr().out
+    assert "mean AUROC over 2 classes" in output
+    assert f"{nih_data.root.name} (nih, all): {nih_data.n_images} images" in output
+
+
+def test_an_evaluation_title_names_the_kind_once(nih_data, tmp_path):
+    (tmp_path / "nih").symlink_to(nih_data.root)
+    assert labelled_set(kind="nih", data=tmp_path / "nih", split="all")[1] == "nih (all)"
+    assert labelled_set(kind="nih", data=nih_data.root, split="test")[1] == f"{nih_data.root.name} (nih, test)"
 
 
 def test_evaluate_a_sites_test_split_from_its_config(model_file, nih_data, tmp_path, capsys):

@@ -21,8 +21,8 @@ def test_head_rows_carry_canonical_class_names():
     assert head["class_layers.out.bias"].shape == (3,)
     assert len(backbone) == 725
     assert model(torch.zeros(2, 1, 32, 32)).shape == (2, 3)
-    with pytest.raises(ValueError, match="unknown label 'Heria'"):
-        NamedDenseNet121(["Heria"])
+    with pytest.raises(ValueError, match="'hernias' duplicates 'Hernia'"):
+        NamedDenseNet121(["Hernia", "hernias"])
 
 
 def test_checkpoint_round_trip_keeps_names_and_weights(tmp_path):

@@ -10,7 +10,8 @@ import pytest
 
 import surgical_aggregation
 from surgical_aggregation.cli import main
-from surgical_aggregation.config import SiteConfigError, load_site_config
+from surgical_aggregation.config import JOB_DEFAULT_ORIGIN, SiteConfigError, load_site_config
+from surgical_aggregation.flare.client import _config_hint
 from surgical_aggregation.flare.protocol import BUNDLE_JOBS
 from surgical_aggregation.flare.recipe import (
     CLIENT_COMMAND,
@@ -70,7 +71,7 @@ def test_bad_arguments_are_refused_before_anything_is_built():
         nih_chexpert_recipe(controller={"backbone_strategy": "fedprox"})
     sites = nih_chexpert_recipe().site_configs
     sites["site-nih"]["batch_size"] = -1
-    with pytest.raises(SiteConfigError, match=r"job 'broken' site 'site-nih'\.batch_size must be positive"):
+    with pytest.raises(SiteConfigError, match=r"job 'broken' site 'site-nih': batch_size must be positive"):
         SurgicalAggregationRecipe("broken", sites)
 
 
@@ -140,9 +141,47 @@ def test_the_job_sets_the_federations_preprocessing_and_each_tasks_time(tmp_path
     assert timeouts == {"handshake": 3600, "train": 7200, "validate": 300}  # validate: the job's default
 
 
+def test_the_job_carries_its_label_aliases_to_the_server_and_every_site_and_its_accepted_classes(tmp_path):
+    (tmp_path / "consortium.json").write_text(json.dumps({"Opacity": "Consolidation", "TB": "Tuberculosis"}))
+    arguments = ["write-job", "--out", str(tmp_path / "job"), "--label-aliases", str(tmp_path / "consortium.json")]
+    accepted = ["--accepted-class", "Effusion", "--accepted-class", "Tuberculosis"]
+    assert main([*arguments, *accepted]) == 0
+    controller = json.loads((tmp_path / "job/app_server/config/config_fed_server.json").read_text())["workflows"][0]
+    aliases = {"Opacity": "Consolidation", "TB": "Tuberculosis"}
+    assert controller["args"]["label_aliases"] == aliases
+    assert controller["args"]["accepted_classes"] == ["Pleural Effusion", "Tuberculosis"]
+    for site in ("site-nih", "site-chexpert"):
+        assert json.loads((tmp_path / f"job/app_{site}/config/label_aliases.json").read_text()) == aliases
+    # without them the job has neither
+    assert main(["write-job", "--out", str(tmp_path / "plain")]) == 0
+    plain = json.loads((tmp_path / "plain/app_server/config/config_fed_server.json").read_text())["workflows"][0]
+    assert "label_aliases" not in plain["args"] and "accepted_classes" not in plain["args"]
+    assert not (tmp_path / "plain/app_site-nih/config/label_aliases.json").exists()
+
+
+def test_a_bad_job_alias_file_is_one_error_line(tmp_path, capsys):
+    (tmp_path / "consortium.json").write_text('{"TB": ""}')
+    arguments = ["write-job", "--out", str(tmp_path / "job"), "--label-aliases", str(tmp_path / "consortium.json")]
+    assert main(arguments) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path / 'consortium.json'}: entry 'TB': '': both must be non-empty names"
+    )
+
+
 def test_site_to_site_evaluation_is_an_explicit_option(tmp_path):
     job = write_job(nih_chexpert_recipe(site_to_site_evaluation=True), tmp_path / "job")
     workflows = json.loads((job / "app_server/config/config_fed_server.json").read_text())["workflows"]
     evaluation = workflows[-1]
     assert evaluation["path"] == "nvflare.app_common.workflows.cross_site_model_eval.CrossSiteModelEval"
     assert "model_locator_id" not in evaluation["args"]  # the sites' models only; the server's go as slices
+
+
+def test_a_site_config_error_at_a_site_names_the_file_the_user_edits():
+    copy = Path("/ws/site-nih/simulate_job/app_site-nih/config/site_configs/site-nih.json")  # the workspace's copy
+    assert _config_hint("site-nih", copy, JOB_DEFAULT_ORIGIN) == (
+        " (site config: the job's app_site-nih/config/site_configs/site-nih.json; correct it in the job folder and "
+        "run it again)"
+    )
+    own = Path("/hospital/ws/local/surgical_aggregation.json")
+    assert _config_hint("site-nih", own, "the site's local folder") == f" (site config: {own}, the site's local folder)"
+    assert _config_hint("site-nih", None, "") == ""  # no config found: the error lists where it looked

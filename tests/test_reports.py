@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import torch
 
 from surgical_aggregation.checkpoint import initial_global_state, load_checkpoint
 from surgical_aggregation.core.aggregation import Contribution, SurgicalAggregator
-from surgical_aggregation.core.errors import DatasetFormatError, UnknownLabelError
+from surgical_aggregation.core.errors import DatasetFormatError
 from surgical_aggregation.core.head import NAMED_HEAD, numpy_state, slice_for_client
 from surgical_aggregation.data.reference import reference_file
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, report_labeling_recipe, write_job
@@ -135,9 +137,8 @@ def test_report_csv_matches_columns_by_name_and_skips_empty_text(tmp_path):
     path.write_text("report,Effusion,Pleural Effusion\nA,1,1\n")
     with pytest.raises(DatasetFormatError, match="name the same finding twice"):
         load_report_csv(path)
-    path.write_text("report,Heart Thing\nA,1\n")
-    with pytest.raises(UnknownLabelError, match="unknown label 'Heart Thing'"):
-        load_report_csv(path)
+    path.write_text("report,Heart Things\nA,1\n")
+    assert load_report_csv(path)[0].classes == ["Heart thing"]  # outside the built-in vocabulary: its own class
     with pytest.raises(DatasetFormatError, match="no text column 'text'"):
         load_report_csv(path, text_column="text")
 
@@ -154,6 +155,32 @@ class CountingEncoder:
     def encode(self, texts):
         self.calls += list(texts)
         return np.array([[len(t), t.count("a"), t.count("e"), hash(self.key) % 7] for t in texts], np.float32)
+
+
+class SlowCountingEncoder(CountingEncoder):
+    """Slow enough that two sites starting together would both compute everything without the cache's lock."""
+
+    def encode(self, texts):
+        time.sleep(0.2)
+        return super().encode(texts)
+
+
+def test_two_sites_of_one_machine_embed_each_text_once(tmp_path):
+    texts = [f"report number {index} with an effusion" for index in range(40)]
+    encoders = [SlowCountingEncoder(), SlowCountingEncoder()]
+    caches = [EmbeddingCache(tmp_path, encoder) for encoder in encoders]  # both opened before either computed
+    results: dict[int, tuple] = {}
+    threads = [
+        threading.Thread(target=lambda i=i: results.__setitem__(i, caches[i].embed(texts, progress=False, chunk=8)))
+        for i in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(len(encoder.calls) for encoder in encoders) == [0, 40]  # one site computed, the other read
+    assert sorted(computed for _, computed in results.values()) == [0, 40]
+    np.testing.assert_array_equal(results[0][0], results[1][0])
 
 
 def test_embedding_cache_computes_each_text_once_per_model(tmp_path):

@@ -1,17 +1,20 @@
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.data.reference import NIH_LABEL_FILE
 from surgical_aggregation.data.splits import patient_split, patient_strata
 from surgical_aggregation.data.table import LabelTable
 from surgical_aggregation.images.layouts import load_table
 from surgical_aggregation.images.nih import read_nih_labels
+from surgical_aggregation.site_data import prepare_site_data, resolve_table, split_table
 
 from helpers import require_reference
 
@@ -86,3 +89,21 @@ def test_custom_fractions_and_errors(nih_data):
     with pytest.raises(ValueError, match="2 split names for 3 fractions"):
         patient_split(table, names=("a", "b"))
     assert np.isclose(sum(s.n_patients for s in halves.values()), table.n_patients)
+
+
+def test_unreadable_images_leave_the_split_the_handshake_counted_less_those_images(nih_data, tmp_path):
+    root = tmp_path / "nih"
+    shutil.copytree(nih_data.root, root)
+    broken = sorted((root / "images").iterdir())[1:9:2]  # 4 files, wherever their patients fell
+    for path in broken:
+        path.write_bytes(b"truncated")
+    values = {"data": {"kind": "nih", "location": str(root)}, "image_size": 32, "on_unreadable": "skip"}
+    config = site_config_from_dict({**values, "cache_dir": str(tmp_path / "cache")})
+    handshake = split_table(resolve_table(config), config)  # what the site reports before the cache is built
+    data = prepare_site_data(config)
+    unreadable = {str(path) for path in broken}
+    for name, dataset in (("train", data.train), ("val", data.val), ("test", data.test)):
+        assert dataset.paths == [path for path in handshake[name].paths if path not in unreadable]
+    assert sum(len(handshake[name]) for name in handshake) - len(broken) == len(data.train) + len(data.val) + len(
+        data.test
+    )

@@ -18,6 +18,7 @@ from surgical_aggregation.images.layouts import load_table
 from surgical_aggregation.images.synthetic import (
     MARKER_FILE,
     ensure_generated,
+    finding_glyph,
     finding_glyphs,
     generate_chexpert,
     generate_nih,
@@ -53,6 +54,17 @@ def test_glyphs_are_distinct_even_mirrored():
         for second in shapes[i + 1 :]:
             assert np.abs(first - second).sum() >= 8
             assert np.abs(first - second[:, ::-1]).sum() >= 8
+
+
+def test_a_finding_outside_the_table_gets_a_glyph_of_its_own_from_its_name():
+    table = list(finding_glyphs().values())
+    tuberculosis = finding_glyph("Tuberculosis")
+    assert np.array_equal(tuberculosis, finding_glyph("Tuberculosis"))  # the name alone decides it
+    assert not np.array_equal(tuberculosis, finding_glyph("Copd sign"))
+    for glyph in (tuberculosis, finding_glyph("Copd sign")):
+        assert 9 <= glyph.sum() <= 16
+        assert all(np.abs(glyph - other).sum() >= 8 and np.abs(glyph - other[:, ::-1]).sum() >= 8 for other in table)
+    assert finding_glyph("Mass") is finding_glyphs()["Mass"]
 
 
 def test_every_finding_leaves_a_class_specific_trace(nih_data):
@@ -113,5 +125,5 @@ def test_ensure_generated_reuses_and_regenerates(tmp_path):
     bigger, created = ensure_generated("nih", tmp_path, n_patients=9, image_size=16, label_source="builtin")
     assert created and bigger.n_patients == 9
     assert "embedded nih dataset" in bigger.describe()
-    with pytest.raises(ValueError, match="no generator for 'padchest'"):
-        ensure_generated("padchest", tmp_path)
+    with pytest.raises(ValueError, match="no generator for 'dicom'"):
+        ensure_generated("dicom", tmp_path)

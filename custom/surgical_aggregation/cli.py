@@ -69,10 +69,13 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "generate",
         help="write the embedded demo datasets (generated images in the real layouts)",
-        description="Write small generated datasets in the exact NIH, CheXpert and MIMIC-CXR-JPG folder layouts.",
+        description="Write small generated datasets in the exact folder layouts of NIH, CheXpert, MIMIC-CXR-JPG, "
+        "PadChest, VinDr-CXR, Google's NIH labels, RSNA and SIIM (the last five: real label rows only).",
     )
     parser.add_argument("--kind", choices=[*GENERATORS, "all"], default="all")
-    parser.add_argument("--out", required=True, type=Path, help="parent folder; each kind goes to <out>/<kind>")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="the dataset's folder for one --kind; for all, <out>/<kind> each"
+    )
     parser.add_argument("--patients", type=int, default=200, help="patients per dataset")
     parser.add_argument("--size", type=int, default=64, help="image side in pixels")
     parser.add_argument("--seed", type=int, default=0)
@@ -158,6 +161,22 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="add FLARE's cross-site evaluation of the sites' local models; it REVEALS each site's class set and "
         "a model trained on its data alone to the other sites",
+    )
+    parser.add_argument(
+        "--label-aliases",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help='the consortium\'s synonyms for class names: a JSON/YAML mapping {"alias": "class name"}; they win '
+        "over the built-in ones, and the server and every site apply them",
+    )
+    parser.add_argument(
+        "--accepted-class",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a closed vocabulary: a class the job accepts (repeat for each); a site bringing any other is refused "
+        "at the handshake. Default: any class joins",
     )
     for task in TIMED_TASKS:
         parser.add_argument(
@@ -367,9 +386,12 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _write_job(args: argparse.Namespace) -> int:
+    from .core.labels import Vocabulary, read_alias_file, vocabulary_in_use
     from .flare.recipe import BUNDLE_RECIPES, write_job  # imports FLARE: only for this command
 
-    sites = _site_configs(args.site_config)
+    aliases = read_alias_file(args.label_aliases) if args.label_aliases else {}
+    with vocabulary_in_use(Vocabulary([(aliases, str(args.label_aliases))])):  # site labels read as the job reads them
+        sites = _site_configs(args.site_config)
     # FLARE runs an in-process script only from the job's custom/ folder
     execution = "external_process" if args.code == "preinstalled" else "in_process"
     timeouts = {f"{task}_timeout": getattr(args, f"{task}_timeout") for task in TIMED_TASKS}
@@ -382,6 +404,8 @@ def _write_job(args: argparse.Namespace) -> int:
         initial_model=args.initial_model,
         publish_global_model=not args.no_publish,
         site_to_site_evaluation=args.site_to_site_evaluation,
+        label_aliases=aliases,
+        accepted_classes=args.accepted_class,
     )
     print(f"wrote job {args.name!r} ({args.code}) to {write_job(recipe, args.out)}")
     return 0
@@ -460,7 +484,7 @@ def _generate(args: argparse.Namespace) -> int:
     for kind in list(GENERATORS) if args.kind == "all" else [args.kind]:
         dataset, created = ensure_generated(
             kind,
-            args.out / kind,
+            args.out / kind if args.kind == "all" else args.out,
             n_patients=args.patients,
             image_size=args.size,
             seed=args.seed,

@@ -18,8 +18,8 @@ from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from .core.devices import AUTO
-from .core.errors import DuplicateLabelError, SiteConfigError, UnknownLabelError
-from .core.labels import canonical_names
+from .core.errors import AliasFileError, DuplicateLabelError, SiteConfigError, UnknownLabelError
+from .core.labels import Vocabulary, active_vocabulary, read_alias_file
 from .data.storage import default_cache_root
 from .images.cache import ON_ERROR_POLICIES
 from .modalities import DATA_KINDS, Modality, modality_for_kind
@@ -35,6 +35,9 @@ class DataConfig:
     location: str | None = None  # data folder (CSV file for csv); null = embedded generated data
     options: dict[str, Any] = field(default_factory=dict)  # passed to the loader, e.g. {"uncertainty": "ignore"}
     labels: list[str] | None = None  # the findings this site trains on, in its order (default: all of the dataset's)
+    # this site's synonyms for its label names, {"alias": "class name"}: inline, or a JSON/YAML alias file
+    # (a path relative to this config file), read when the config is loaded
+    label_aliases: dict[str, str] | str | None = None
     split_fractions: list[float] = field(default_factory=lambda: [0.7, 0.1, 0.2])  # train / validation / test
     split_seed: int = 0
     # Simulated federations from one dataset: the train and validation patients are dealt IID
@@ -92,6 +95,12 @@ class SiteConfig:
         """What the data is (images or reports), and so which model reads it."""
         return modality_for_kind(self.data.kind)
 
+    def vocabulary(self, job_aliases: Mapping[str, str] | None = None) -> Vocabulary:
+        """How this site names classes: the built-in vocabulary, its own aliases, then the job's (which win)."""
+        return Vocabulary(
+            [(self.data.label_aliases or {}, "data.label_aliases"), (job_aliases or {}, "the job's aliases")]
+        )
+
     @property
     def cache_root(self) -> Path:
         """Where decoded images, embeddings and embedded datasets are kept."""
@@ -133,39 +142,53 @@ def _check_type(value: Any, expected: Any, where: str) -> Any:
     return value
 
 
-def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
+def _build(cls: type, values: Mapping[str, Any], source: str, prefix: str = "") -> Any:
+    """``cls`` from a JSON object; errors read ``<source>: <field> ...`` (``prefix``: the enclosing field's path)."""
     if not isinstance(values, Mapping):
-        raise SiteConfigError(f"{where} must be an object, got {values!r}")
+        what = prefix.rstrip(".") or "the config"
+        raise SiteConfigError(f"{source}: {what} must be an object, got {values!r}")
     hints = get_type_hints(cls)
     known = [f.name for f in fields(cls)]
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise SiteConfigError(f"{where}: unknown field(s) {unknown}; known fields: {known}")
+        of = f" of {prefix.rstrip('.')}" if prefix else ""
+        raise SiteConfigError(
+            f"{source}: unknown field(s) {[prefix + name for name in unknown]}; known fields{of}: {known}"
+        )
     arguments = {}
     for name, value in values.items():
         expected = hints[name]
         if dataclasses.is_dataclass(expected):
-            arguments[name] = _build(expected, value, f"{where}.{name}")
+            arguments[name] = _build(expected, value, source, f"{prefix}{name}.")
         else:
-            arguments[name] = _check_type(value, expected, f"{where}.{name}")
+            arguments[name] = _check_type(value, expected, f"{source}: {prefix}{name}")
     return cls(**arguments)
 
 
-def _validate(config: SiteConfig, where: str) -> None:
+def _validate(config: SiteConfig, where: str, base_dir: Path | None) -> None:
     def fail(field_name: str, message: str) -> SiteConfigError:
-        return SiteConfigError(f"{where}.{field_name} {message}")
+        return SiteConfigError(f"{where}: {field_name} {message}")
 
     data = config.data
     if data.kind not in DATA_KINDS:
         raise fail("data.kind", f"must be one of {list(DATA_KINDS)}, got {data.kind!r}")
     config.modality.check(config, where)
-    if data.labels is not None:
-        if not data.labels:
-            raise fail("data.labels", "must list at least one finding (or be null for all of the dataset's)")
+    if isinstance(data.label_aliases, str):  # inlined, so that a job written from this config carries them
+        path = Path(data.label_aliases).expanduser()
         try:
-            data.labels = canonical_names(data.labels, f"{where}.data.labels")
-        except (UnknownLabelError, DuplicateLabelError) as error:
-            raise SiteConfigError(str(error)) from None
+            data.label_aliases = read_alias_file(path if path.is_absolute() or base_dir is None else base_dir / path)
+        except AliasFileError as error:
+            raise SiteConfigError(f"{where}: data.label_aliases: {error}") from None
+    try:
+        vocabulary = config.vocabulary(active_vocabulary().aliases)
+        if data.labels is not None:
+            if not data.labels:
+                raise fail("data.labels", "must list at least one finding (or be null for all of the dataset's)")
+            data.labels = vocabulary.canonical_list(data.labels, f"{where}: data.labels")
+    except AliasFileError as error:
+        raise SiteConfigError(f"{where}: {error}") from None
+    except (UnknownLabelError, DuplicateLabelError) as error:
+        raise SiteConfigError(str(error)) from None
     fractions = data.split_fractions
     if len(fractions) != 3 or any(not isinstance(f, (int, float)) or f < 0 for f in fractions):
         raise fail("data.split_fractions", f"must be three non-negative numbers (train, val, test), got {fractions}")
@@ -216,10 +239,13 @@ def _validate(config: SiteConfig, where: str) -> None:
         raise fail("record_exchanges", f"must be head, full or off, got {config.record_exchanges!r}")
 
 
-def site_config_from_dict(values: Mapping[str, Any], where: str = "site config") -> SiteConfig:
-    """Build and validate a :class:`SiteConfig`; ``where`` names the source in errors."""
+def site_config_from_dict(
+    values: Mapping[str, Any], where: str = "site config", base_dir: Path | None = None
+) -> SiteConfig:
+    """Build and validate a :class:`SiteConfig`; ``where`` names the source in errors, ``base_dir`` is where
+    relative file names in it start (its file's folder)."""
     config = _build(SiteConfig, values, where)
-    _validate(config, where)
+    _validate(config, where, base_dir)
     return config
 
 
@@ -231,10 +257,12 @@ def load_site_config(path: str | Path) -> SiteConfig:
         values = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise SiteConfigError(f"{path}: not valid JSON ({error})") from None
-    return site_config_from_dict(values, where=str(path))
+    return site_config_from_dict(values, where=str(path), base_dir=path.parent)
 
 
 SITE_CONFIG_ENV = "SURGICAL_AGGREGATION_SITE_CONFIG"
+SITE_CONFIGS_DIR = "site_configs"  # a job's default configs, under each site app's config/ folder
+JOB_DEFAULT_ORIGIN = "the job's default for this site"
 SITE_LOCAL_CONFIG = "surgical_aggregation.json"
 
 
@@ -254,7 +282,7 @@ def find_site_config(site_name: str, app_dir: str | Path) -> tuple[Path, str]:
         candidates.append((Path(os.environ[SITE_CONFIG_ENV]), f"${SITE_CONFIG_ENV}"))
     if len(app_dir.parents) >= 2:
         candidates.append((app_dir.parents[1] / "local" / SITE_LOCAL_CONFIG, "the site's local folder"))
-    candidates.append((app_dir / "config" / "site_configs" / f"{site_name}.json", "the job's default for this site"))
+    candidates.append((app_dir / "config" / SITE_CONFIGS_DIR / f"{site_name}.json", JOB_DEFAULT_ORIGIN))
     for path, origin in candidates:
         if path.is_file():
             return path, origin

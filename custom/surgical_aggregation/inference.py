@@ -84,7 +84,12 @@ def _cached_dataset(
 ) -> tuple[ChestXrayDataset, LabelTable, list[tuple[str, str]]]:
     """Decode each image once into the preprocessing cache; unreadable ones are left out (or raise)."""
     kept, cache, report = cache_table(
-        table, cache_dir or default_cache_root(), preprocessing.image_size, on_error, workers=4, progress=False
+        table,
+        cache_dir or default_cache_root(),
+        preprocessing.image_size,
+        on_error,
+        workers=4,
+        progress=sys.stderr.isatty(),  # a bar at a terminal, else a log line every PROGRESS_SECONDS
     )
     if report.failures:
         logger.warning("left out %d unreadable image(s), e.g. %s", len(report.failures), report.failures[:3])
@@ -238,7 +243,8 @@ def labelled_set(
     options = {} if uncertainty is None else {"uncertainty": uncertainty}
     table = load_table(kind, data, **options)
     table = table if split == "all" else patient_split(table)[split]
-    return table, f"{kind} {data.name} ({split})"
+    named = data.name if data.name.lower() != kind.lower() else ""  # "mimic", not "mimic mimic"
+    return table, f"{named} ({kind}, {split})" if named else f"{kind} ({split})"
 
 
 def write_evaluation(report: EvaluationReport, folder: str | Path, title: str) -> list[Path]:

@@ -17,12 +17,12 @@ from tqdm.auto import tqdm
 
 from .core.head import NAMED_HEAD
 from .core.methods import label_prior_weights
+from .core.progress import PROGRESS_SECONDS
 from .metrics import bce_loss, mean_defined, per_class_auroc
 
 logger = logging.getLogger(__name__)
 PREFETCH_BATCHES = 4  # per loader worker, on a GPU machine
 CHECK_EVERY_STEPS = 50  # a non-finite loss is looked for (one host sync) this often, and at the end
-PROGRESS_SECONDS = 15.0  # without a progress bar, a log line at least this often
 
 
 def batchnorm_modules(model: nn.Module) -> Iterator[nn.modules.batchnorm._BatchNorm]:

@@ -55,3 +55,53 @@ def summary_lines(history: Sequence[Mapping[str, Any]], files: Mapping[str, Path
     shown = {label: path for label, path in files.items() if isinstance(path, str) or path.exists()}
     lines += [f"  {label.ljust(width)}  {path}" for label, path in shown.items()]
     return lines
+
+
+def union_table(site_classes: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
+    """One row per class of the union: which sites label it, and whether it is shared (by 2+ sites) or unique.
+
+    Sorted by how many sites label the class (most first), then by name. The server alone knows this (from
+    the handshake); it stays on the server, like the sites' class sets.
+    """
+    holders: dict[str, list[str]] = {}
+    for site in sorted(site_classes):
+        for name in site_classes[site]:
+            holders.setdefault(name, []).append(site)
+    rows = [
+        {"class": name, "sites": sites, "labelled_by": len(sites), "shared": len(sites) > 1}
+        for name, sites in holders.items()
+    ]
+    return sorted(rows, key=lambda row: (-row["labelled_by"], row["class"]))
+
+
+def union_table_lines(rows: Sequence[Mapping[str, Any]], limit: int | None = None) -> list[str]:
+    """The union table in Markdown; only its first ``limit`` rows (and how many are left out) when given."""
+    shared = sum(row["shared"] for row in rows)
+    lines = [
+        f"union of {len(rows)} classes: {shared} shared by 2+ sites, {len(rows) - shared} labelled by one site",
+        "| class | sites | labelled by | shared |",
+        "| --- | --- | --- | --- |",
+    ]
+    shown = rows if limit is None else rows[:limit]
+    lines += [
+        f"| {row['class']} | {', '.join(row['sites'])} | {row['labelled_by']} | {'yes' if row['shared'] else 'no'} |"
+        for row in shown
+    ]
+    if len(shown) < len(rows):
+        lines.append(f"... {len(rows) - len(shown)} more")
+    return lines
+
+
+def write_union_table(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """The union table as CSV (class, sites joined by ';', labelled_by, shared)."""
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["class", "sites", "labelled_by", "shared"])
+        for row in rows:
+            writer.writerow(
+                [row["class"], ";".join(row["sites"]), row["labelled_by"], "yes" if row["shared"] else "no"]
+            )
+    return path

@@ -16,17 +16,25 @@ import torch
 from torch.utils.data import ConcatDataset, Dataset
 
 from .config import SiteConfig
-from .core.errors import SiteConfigError
+from .core.errors import DataNotFoundError, SiteConfigError
+from .core.labels import active_vocabulary, vocabulary_in_use
 from .data.splits import DEFAULT_SPLIT_NAMES, patient_split
-from .data.table import LabelTable, MaterialisedTable
+from .data.table import PATH_COLUMN, LabelTable, MaterialisedTable
 
 logger = logging.getLogger(__name__)
 
 
 def resolve_table(config: SiteConfig, log: logging.Logger = logger) -> LabelTable:
-    """The site's label table (real data, or the embedded dataset), restricted to its labels."""
+    """The site's label table (real data, or the embedded dataset), restricted to its labels. Its label
+    names are read through the site's vocabulary (its own aliases, and the job's when a job runs)."""
     data = config.data
-    table = config.modality.load_table(config, log)
+    with vocabulary_in_use(config.vocabulary(active_vocabulary().aliases)):
+        try:
+            table = config.modality.load_table(config, log)
+        except DataNotFoundError as error:
+            if data.location is None:
+                raise
+            raise DataNotFoundError(f"data.location {data.location!r}: {error}") from None
     if data.labels is not None:
         missing = [name for name in data.labels if name not in table.classes]
         if missing:
@@ -93,6 +101,10 @@ def split_table(table: LabelTable, config: SiteConfig) -> dict[str, LabelTable]:
     return splits
 
 
+def _usable_rows(split: LabelTable, usable: set[str]) -> LabelTable:
+    return split.subset(split.frame[PATH_COLUMN].isin(usable).to_numpy())
+
+
 def prepare_site_data(
     config: SiteConfig, log: logging.Logger = logger, progress: bool = False, table: LabelTable | None = None
 ) -> SiteData:
@@ -102,10 +114,14 @@ def prepare_site_data(
     """
     table = table if table is not None else resolve_table(config, log)
     modality = config.modality
+    # split before anything is left out, so the handshake's counts (the same split) hold, less unreadable images
+    splits = split_table(table, config)
     materialised = modality.materialise(config, table, log, progress)
     log.info(materialised.summary)
-    splits = split_table(materialised.table, config)
-    train, val, test = (materialised.dataset(splits[name], name == "train") for name in DEFAULT_SPLIT_NAMES)
+    usable = set(materialised.table.paths)
+    train, val, test = (
+        materialised.dataset(_usable_rows(splits[name], usable), name == "train") for name in DEFAULT_SPLIT_NAMES
+    )
     for name, split in (("training", train), ("validation", val)):
         if len(split) == 0:
             raise SiteConfigError(

@@ -23,7 +23,11 @@ class DatasetFormatError(UserError, ValueError):
 
 
 class UnknownLabelError(UserError, ValueError):
-    """A label name that is neither a canonical finding nor a known alias."""
+    """A label that is not a name, or a class a closed vocabulary (a job's accepted classes) does not accept."""
+
+
+class AliasFileError(UserError, ValueError):
+    """An alias mapping (a consortium's or a site's) that cannot be used; the message names the file and entry."""
 
 
 class DuplicateLabelError(UserError, ValueError):

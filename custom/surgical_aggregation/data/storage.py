@@ -39,6 +39,10 @@ def exclusive(directory: Path) -> Iterator[None]:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+TORCH_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since 1.6
+PICKLE_PROTOCOL_MARK = b"\x80"  # the legacy format: a bare pickle
+
+
 def read_tensor_file(path: Path, what: str) -> object:
     """A file written by ``torch.save``, loaded safely (``weights_only``); a file that is not one, or that
     holds more than tensors and plain containers, is a :class:`ModelFileError` naming it."""
@@ -46,10 +50,18 @@ def read_tensor_file(path: Path, what: str) -> object:
 
     if not path.is_file():
         raise DataNotFoundError(f"{what} not found: {path}")
+    with path.open("rb") as handle:
+        head = handle.read(4)
+    if not (head.startswith(TORCH_ZIP_MAGIC) or head[:1] == PICKLE_PROTOCOL_MARK):
+        raise ModelFileError(
+            f"{path}: not a {what}: one is written by torch.save (a zip archive), this file starts with {head!r}"
+        )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:  # torch's safe loader met something other than tensors
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ModelFileError(f"{path}: not a {what} this bundle can read safely ({first_line})") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as error:
-        raise ModelFileError(f"{path}: not a {what} (a file written by torch.save): {error}") from None
+    except pickle.UnpicklingError:  # torch's safe loader met something other than tensors
+        raise ModelFileError(
+            f"{path}: not a {what} this bundle reads: it holds objects other than tensors, names and numbers, "
+            "which are not loaded (unpickling them could run code)"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile) as error:
+        raise ModelFileError(f"{path}: not a {what} (a file written by torch.save): {error!r}") from None

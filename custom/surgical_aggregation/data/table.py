@@ -120,13 +120,14 @@ def apply_uncertainty(values: pd.Series, policy: UncertaintyPolicy, where: str) 
 
 
 def read_label_csv(path: Path, required: Sequence[str]) -> pd.DataFrame:
-    """Read a CSV (optionally gzipped) and check it has the ``required`` columns."""
+    """Read a CSV (optionally gzipped or zipped) and check it has the ``required`` columns (names stripped)."""
     if not path.is_file():
         raise DataNotFoundError(f"label file not found: {path}")
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=True)
     except (pd.errors.ParserError, UnicodeDecodeError, EOFError, OSError) as error:
         raise DatasetFormatError(f"{path}: cannot read as CSV ({error})") from None
+    frame.columns = [str(column).strip() for column in frame.columns]  # e.g. SIIM's " EncodedPixels"
     missing = [column for column in required if column not in frame.columns]
     if missing:
         raise DatasetFormatError(f"{path}: missing column(s) {missing}; found {list(frame.columns)}")

@@ -30,13 +30,16 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.client.tracking import SummaryWriter
 
 from ..checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_checkpoint
-from ..config import SiteConfig, find_site_config, load_site_config
+from ..config import JOB_DEFAULT_ORIGIN, SITE_CONFIGS_DIR, SiteConfig, find_site_config, load_site_config
+from ..core.errors import UserError
 from ..core.head import numpy_state
+from ..core.labels import Vocabulary, read_alias_file, vocabulary_in_use
 from ..core.methods import recipe_from_meta
 from ..site_data import SiteData, prepare_site_data, resolve_table, split_table
 from ..trainer import SiteTrainer, Tracker, evaluation_metrics
 from .audit import SiteAudit
 from .protocol import (
+    JOB_ALIASES_FILE,
     META_CLASS_NAMES,
     META_DATA,
     META_LABEL_COUNTS,
@@ -237,6 +240,16 @@ class ClientSession:
         return FLModel(params={}, meta={"kept": str(path)})
 
 
+def _config_hint(site: str, path: Path | None, origin: str) -> str:
+    """Where the user fixes a site's config: the job's copy is the job folder's file, not the workspace's."""
+    if path is None:
+        return ""
+    if origin == JOB_DEFAULT_ORIGIN:
+        job_file = f"app_{site}/config/{SITE_CONFIGS_DIR}/{site}.json"
+        return f" (site config: the job's {job_file}; correct it in the job folder and run it again)"
+    return f" (site config: {path}, {origin})"
+
+
 def main() -> None:
     if not logging.getLogger().handlers:  # an external process; in-process, FLARE's logging is already set up
         logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
@@ -245,22 +258,32 @@ def main() -> None:
     site = flare.get_site_name()
     log = logging.getLogger(f"surgical_aggregation.{site}")
     app_dir = job_app_dir(site, flare.get_job_id())
+    path, origin = None, ""
     try:
-        path, origin = find_site_config(site, app_dir)
-        config = load_site_config(path)
+        job_aliases = app_dir / "config" / JOB_ALIASES_FILE
+        job_vocabulary = Vocabulary([(read_alias_file(job_aliases), str(job_aliases))] if job_aliases.is_file() else [])
+        with vocabulary_in_use(job_vocabulary):
+            path, origin = find_site_config(site, app_dir)
+            config = load_site_config(path)
         log.info("%s: site config %s (%s)", site, path, origin)
+        vocabulary = config.vocabulary(job_vocabulary.aliases)
         writer = SummaryWriter()
-        session = ClientSession(
-            site, config, app_dir, log, tracker=lambda tag, value, step: writer.add_scalar(tag, value, step)
-        )
+        with vocabulary_in_use(vocabulary):
+            session = ClientSession(
+                site, config, app_dir, log, tracker=lambda tag, value, step: writer.add_scalar(tag, value, step)
+            )
+    except UserError as error:
+        log.error("%s cannot start: %s%s", site, error, _config_hint(site, path, origin))
+        raise
     except Exception as error:
         log.error("%s cannot start: %s", site, error)
         raise
-    while flare.is_running():
-        received = flare.receive()
-        if received is None:
-            break
-        flare.send(session.handle(flare.get_task_name(), received))
+    with vocabulary_in_use(vocabulary):  # every name this site reads or sends, the job's and its own aliases
+        while flare.is_running():
+            received = flare.receive()
+            if received is None:
+                break
+            flare.send(session.handle(flare.get_task_name(), received))
 
 
 if __name__ == "__main__":

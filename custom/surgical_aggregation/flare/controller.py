@@ -61,7 +61,7 @@ from ..core.aggregation import (
 )
 from ..core.checks import DEFAULT_UPDATE_BOUND, check_metrics, out_of_proportion, update_norm
 from ..core.head import NAMED_HEAD, batchnorm_keys, extend_head, slice_for_client, to_numpy
-from ..core.labels import canonical_name, canonical_names
+from ..core.labels import Vocabulary
 from ..core.methods import (
     LabelCounts,
     SiteRecipe,
@@ -71,7 +71,14 @@ from ..core.methods import (
     recipe_meta,
 )
 from ..plots import plot_training_curves
-from ..run_summary import INITIAL_ROUND, model_label, summary_lines
+from ..run_summary import (
+    INITIAL_ROUND,
+    model_label,
+    summary_lines,
+    union_table,
+    union_table_lines,
+    write_union_table,
+)
 from .protocol import (
     META_CLASS_NAMES,
     META_DATA,
@@ -94,6 +101,8 @@ HISTORY_FILE = "round_history.json"
 # where FLARE's ValidationJsonGenerator writes the sites' evaluation of the server's models
 CROSS_SITE_FOLDER, CROSS_SITE_FILE = "cross_site_val", "cross_val_results.json"
 CURVES_FILE = "training_curves.png"
+UNION_FILE = "union_classes.csv"  # each class of the union, which sites label it (on the server only)
+UNION_LOG_ROWS = 25  # the head of the union table in the server's log; the CSV has every class
 PERSONAL_MODELS_DIR = "personal_models"  # PFL: <site>.pt (latest) and best_<site>.pt
 SERVER_MODEL_PREFIX = "SRV_"  # how FLARE's cross-site evaluation names the server's models in its results
 
@@ -129,6 +138,7 @@ def result_files(server_app: Path) -> dict[str, Path]:
         "round history": server_app / HISTORY_FILE,
         "training curves": server_app / CURVES_FILE,
         "per-site evaluation": server_app.parent / CROSS_SITE_FOLDER / CROSS_SITE_FILE,
+        "union table": server_app / UNION_FILE,
     }
 
 
@@ -179,6 +189,8 @@ class SurgicalAggregatorShareable(ModelController):
         resume: bool = True,
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         preprocessing: dict | None = None,
+        label_aliases: dict | None = None,
+        accepted_classes: list | None = None,
         head_seed: int = 0,
         persistor_id: str = AppConstants.DEFAULT_PERSISTOR_ID,
     ) -> None:
@@ -209,6 +221,10 @@ class SurgicalAggregatorShareable(ModelController):
             preprocessing: what every site must feed the model (image size, channels, normalisation, or the
                 sentence encoder); a site that reports another is refused at the handshake. None: the first
                 site's (in name order) decides.
+            label_aliases: the consortium's synonyms, ``{"alias": "class name"}``, over the built-in ones; the
+                sites read the same mapping from the job (``config/label_aliases.json``).
+            accepted_classes: a closed vocabulary: a site bringing any other class is refused at the handshake
+                (the run goes on with the others if ``min_clients`` allows). None: any class may join.
             head_seed: seed of the initial head rows (one generator per class name).
         """
         super().__init__(persistor_id=persistor_id, ignore_result_error=True)
@@ -241,6 +257,12 @@ class SurgicalAggregatorShareable(ModelController):
             raise ValueError(f"update_bound must be above 1 (or None for no bound), got {update_bound!r}")
         self.update_bound = update_bound
         self.preprocessing = preprocessing
+        self.label_aliases = label_aliases  # the job's file is written from these attributes: None stays None
+        self.accepted_classes = accepted_classes
+        # how the server reads class names: the built-in vocabulary, the job's aliases, its accepted classes
+        self.vocabulary = Vocabulary(
+            [(label_aliases or {}, "the job's label_aliases")], accepted_classes, "the job's accepted_classes"
+        )
         self.head_seed = head_seed
         self.head = NAMED_HEAD
 
@@ -350,17 +372,26 @@ class SurgicalAggregatorShareable(ModelController):
             federation = saved
         else:
             state = dict(initial.params)
-            classes = canonical_names(initial.meta.get(META_CLASS_NAMES, []), "initial model")
+            classes = self.vocabulary.canonical_list(initial.meta.get(META_CLASS_NAMES, []), "initial model")
             if classes:
                 self.info(f"starting from an earlier global model with {len(classes)} classes")
             version = SavedVersion(INITIAL_ROUND, state, classes)
             federation = FederationState(self._settings(), version, None, math.inf, 0, [], [], {}, [])
         self._federation = federation
         self._grow_union()
+        self._write_union_table()
         if federation.best is not None:  # the new job's folder gets the best model too
             self._make_global(federation.best, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
         self._checkpoint_round()
         return federation
+
+    def _write_union_table(self) -> None:
+        """Which sites label which class of this job (the handshake's), logged (its head) and saved as CSV."""
+        rows = union_table({site: info.classes for site, info in self._sites.items()})
+        path = write_union_table(rows, Path(self.get_app_dir()) / UNION_FILE)
+        for line in union_table_lines(rows, limit=UNION_LOG_ROWS):
+            self.info(line)
+        self.info(f"the union table: {path}")
 
     def _grow_union(self) -> None:
         """Append rows, in name order, for the handshake's classes the global model does not have yet."""
@@ -400,7 +431,7 @@ class SurgicalAggregatorShareable(ModelController):
             site = result.meta.get("client_name", "?")
             try:
                 reported = [str(name) for name in result.meta.get(META_CLASS_NAMES) or []]
-                classes = canonical_names(reported, f"site {site}'s class names")
+                classes = self.vocabulary.canonical_list(reported, f"site {site}'s class names")
                 if not classes:
                     raise ValueError(f"site {site} reported no class names")
                 samples = int(result.meta.get(META_NUM_SAMPLES, 0))
@@ -446,7 +477,9 @@ class SurgicalAggregatorShareable(ModelController):
             return {}
         if not isinstance(counts, dict) or set(counts) != set(reported):
             raise ValueError(f"site {site} sent no per-class counts for its classes {reported} (FedSLD needs them)")
-        return {canonical_name(name): LabelCounts(int(value[0]), int(value[1])) for name, value in counts.items()}
+        return {
+            self.vocabulary.canonical(name): LabelCounts(int(value[0]), int(value[1])) for name, value in counts.items()
+        }
 
     def _recipe(self, info: SiteInfo) -> SiteRecipe:
         prior = {name: self._prior[name] for name in info.classes if name in self._prior} or None
@@ -566,7 +599,7 @@ class SurgicalAggregatorShareable(ModelController):
     def _aggregator(self, latest: SavedVersion) -> SurgicalAggregator:
         return SurgicalAggregator(
             latest.state, latest.class_names, self.backbone_strategy, self.weighting, self.head,
-            normalize_name=canonical_name,
+            normalize_name=self.vocabulary.canonical,
         )  # fmt: skip
 
     def _aggregate(self, round_number: int, latest: SavedVersion, gathered: RoundResult) -> AggregationResult:
@@ -575,7 +608,7 @@ class SurgicalAggregatorShareable(ModelController):
         gathered.update_norms = norms = {
             site: update_norm(
                 contribution.state, contribution.class_names, gathered.sent[site].params,
-                gathered.sent[site].meta[META_CLASS_NAMES], self.head, canonical_name,
+                gathered.sent[site].meta[META_CLASS_NAMES], self.head, self.vocabulary.canonical,
             )
             for site, contribution in gathered.contributions.items()
         }  # fmt: skip

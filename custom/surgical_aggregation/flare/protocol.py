@@ -23,4 +23,6 @@ CODE_DELIVERIES = ("byoc", "preinstalled")
 # The tasks whose time a site is given is a job setting: the controller's ``<task>_timeout`` (publication
 # shares validation's).
 TIMED_TASKS = ("handshake", "train", "validate")
-BUNDLE_JOBS = ("nih_chexpert", "report_labeling")
+BUNDLE_JOBS = ("nih_chexpert", "report_labeling", "cxr_consortium")
+# The job's label aliases (the consortium's), in each site app's config/ folder; the server has them inline.
+JOB_ALIASES_FILE = "label_aliases.json"

@@ -33,7 +33,7 @@ import json
 import shutil
 import tempfile
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +45,13 @@ from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import Recipe
 
-from ..config import SiteConfig, site_config_from_dict
+from ..config import SITE_CONFIGS_DIR, SiteConfig, site_config_from_dict
 from ..core.errors import SiteConfigError
+from ..core.labels import Vocabulary, read_alias_file, vocabulary_in_use
 from ..profiles import DEMO, REPORT
 from .controller import SurgicalAggregatorShareable
 from .persistor import SurgicalModelPersistor
-from .protocol import BUNDLE_JOBS, CODE_DELIVERIES
+from .protocol import BUNDLE_JOBS, CODE_DELIVERIES, JOB_ALIASES_FILE
 from .tracking import TRACKERS
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the installed surgical_aggregation package
@@ -74,7 +75,6 @@ SERVER_SITE = "server"
 # The privacy scope the jobs name in meta.json: a site whose local/privacy.json defines scopes runs
 # them only if it defines this one (flare.deploy writes it); a site without privacy.json runs them.
 PRIVACY_SCOPE = "surgical_aggregation"
-SITE_CONFIGS_DIR = "site_configs"  # under each site app's config/ folder
 CONTROLLER_ID = "surgical_aggregation"
 PERSISTOR_ID = "persistor"
 ANALYTICS_EVENT = "analytix_log_stats"  # what the sites' SummaryWriter emits; streamed to the server
@@ -91,6 +91,10 @@ class SurgicalAggregationRecipe(Recipe):
             ``min_clients`` defaults to every site.
         persistor: ``SurgicalModelPersistor`` arguments (``seed``, ``pretrained_weights``); the architecture
             and the model's input follow the sites' data.
+        label_aliases: the consortium's synonyms for class names, a mapping ``{"alias": "class name"}`` or a
+            JSON/YAML alias file; they win over the built-in ones, and the server and every site apply them.
+        accepted_classes: a closed vocabulary: the only classes a site may bring (by name, through the
+            aliases); a site bringing another is refused at the handshake. None (default): any class joins.
         initial_model: a checkpoint of this bundle to continue from (e.g. the last job's best model, or a
             published one): its classes keep their learned rows, a hospital's new classes get new rows.
             Relative paths are relative to the server's app folder.
@@ -115,6 +119,8 @@ class SurgicalAggregationRecipe(Recipe):
         sites: Mapping[str, Mapping[str, Any]],
         controller: Mapping[str, Any] | None = None,
         persistor: Mapping[str, Any] | None = None,
+        label_aliases: Mapping[str, str] | str | Path | None = None,
+        accepted_classes: Sequence[str] | None = None,
         initial_model: str | None = None,
         publish_global_model: bool = True,
         site_to_site_evaluation: bool = False,
@@ -129,9 +135,15 @@ class SurgicalAggregationRecipe(Recipe):
             raise ValueError(f"tracking must be one of {TRACKERS}, got {tracking!r}")
         if not sites:
             raise ValueError(f"job {name!r} has no sites")
-        configs = {
-            site: site_config_from_dict(values, where=f"job {name!r} site {site!r}") for site, values in sites.items()
-        }
+        if isinstance(label_aliases, (str, Path)):
+            label_aliases = read_alias_file(label_aliases)
+        self.label_aliases = dict(label_aliases or {})
+        vocabulary = Vocabulary([(self.label_aliases, f"job {name!r} label_aliases")], accepted_classes)
+        with vocabulary_in_use(vocabulary):  # the sites' label lists are read as the job reads them
+            configs = {
+                site: site_config_from_dict(values, where=f"job {name!r} site {site!r}")
+                for site, values in sites.items()
+            }
         modalities = {config.modality.name for config in configs.values()}
         if len(modalities) > 1:
             raise ValueError(f"job {name!r} mixes data modalities {sorted(modalities)}; one model reads one kind")
@@ -144,6 +156,10 @@ class SurgicalAggregationRecipe(Recipe):
             "publish_global_model": publish_global_model,
             "preprocessing": preprocessing,  # the server refuses a site that feeds the model otherwise
         }
+        if self.label_aliases:
+            self.controller_args["label_aliases"] = self.label_aliases
+        if accepted_classes is not None:
+            self.controller_args["accepted_classes"] = list(vocabulary.accepted)
         self.persistor_args = {"architecture": first.modality.architecture, "preprocessing": preprocessing}
         self.persistor_args.update(persistor or {})
         if initial_model is not None:
@@ -197,6 +213,9 @@ class SurgicalAggregationRecipe(Recipe):
             self._job.to(ConvertToFedEvent(events_to_convert=[ANALYTICS_EVENT]), site, id="event_to_fed")
             config_file = self._stage(f"{site}/{site}.json", _json(config))
             self._job.add_file_to(str(config_file), site, dest_dir=SITE_CONFIGS_DIR, app_folder_type="config")
+            if self.label_aliases:
+                aliases = self._stage(f"{site}/{JOB_ALIASES_FILE}", _json(self.label_aliases))
+                self._job.add_file_to(str(aliases), site, app_folder_type="config")
             if self.code == "byoc" and self.client_execution == "in_process":
                 self._job.add_file_to(str(self._stage(CLIENT_ENTRY_POINT, CLIENT_ENTRY_POINT_SOURCE)), site)
             if self.ship_library:
@@ -351,4 +370,40 @@ def report_labeling_recipe(
     return SurgicalAggregationRecipe("report_labeling", _with_sites(defaults, sites), controller=controller, **options)
 
 
-BUNDLE_RECIPES = dict(zip(BUNDLE_JOBS, (nih_chexpert_recipe, report_labeling_recipe), strict=True))
+# The consortium job: one site per public dataset the bundle reads, each with its own label scheme, embedded
+# data by default. PadChest's 189 findings need about 190 patients to all have a positive image.
+CONSORTIUM_SITES = {
+    "site-nih": "nih",
+    "site-chexpert": "chexpert",
+    "site-padchest": "padchest",
+    "site-vindr": "vindr",
+    "site-google": "google-nih",
+    "site-rsna": "rsna",
+    "site-siim": "siim",
+}
+CONSORTIUM_PATIENTS = {"padchest": 200}  # the others: 100 each
+CONSORTIUM_ROUNDS = 3
+
+
+def cxr_consortium_recipe(
+    sites: Mapping[str, Mapping[str, Any]] | None = None, **options: Any
+) -> SurgicalAggregationRecipe:
+    """``jobs/cxr_consortium``: seven sites, one per dataset (NIH, CheXpert, PadChest, VinDr-CXR, Google's NIH
+    labels, RSNA, SIIM), each with its own label scheme; the union head covers every finding any site labels
+    (over 200). Demo profile, 3 rounds, embedded data unless a site config names real data."""
+    defaults = {
+        site: DEMO.site_config({"kind": kind}, embedded={"patients": CONSORTIUM_PATIENTS.get(kind, 100)})
+        for site, kind in CONSORTIUM_SITES.items()
+    }
+    controller = {
+        "num_rounds": CONSORTIUM_ROUNDS,
+        "patience": DEMO.patience,
+        **JOB_TIMEOUTS,
+        **options.pop("controller", {}),
+    }
+    return SurgicalAggregationRecipe("cxr_consortium", _with_sites(defaults, sites), controller=controller, **options)
+
+
+BUNDLE_RECIPES = dict(
+    zip(BUNDLE_JOBS, (nih_chexpert_recipe, report_labeling_recipe, cxr_consortium_recipe), strict=True)
+)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -24,8 +25,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..core.errors import DataNotFoundError, ImageLoadError
+from ..core.progress import PROGRESS_SECONDS
 from ..data.storage import exclusive
 from .decode import read_grayscale
+
+logger = logging.getLogger(__name__)
 
 OnError = Literal["error", "skip"]
 ON_ERROR_POLICIES: tuple[str, ...] = ("error", "skip")
@@ -215,9 +219,13 @@ def _extend(
     row = len(carried)
     tasks = [(path, size) for path, _ in todo]
     bar = tqdm(total=len(tasks), desc=f"caching {size}px images", unit="img", disable=not progress, mininterval=2)
+    started = last_log = time.monotonic()
     with bar:
-        for path, array, reason in _decoded(tasks, workers):
+        for done, (path, array, reason) in enumerate(_decoded(tasks, workers), start=1):
             bar.update()
+            if not progress and time.monotonic() - last_log >= PROGRESS_SECONDS:  # a log line instead of the bar
+                last_log = time.monotonic()
+                logger.info("caching %dpx images: %d/%d (%.0f s)", size, done, len(tasks), last_log - started)
             if array is None:
                 report.failures.append((path, reason))
                 continue

@@ -11,13 +11,15 @@ from .chexpert import load_chexpert
 from .csv_table import load_csv_table
 from .mimic import load_mimic
 from .nih import load_nih
+from .public import PUBLIC_LOADERS
 
-LOADERS = {"nih": load_nih, "chexpert": load_chexpert, "mimic": load_mimic, "csv": load_csv_table}
+LOADERS = {"nih": load_nih, "chexpert": load_chexpert, "mimic": load_mimic, "csv": load_csv_table, **PUBLIC_LOADERS}
 DATASET_KINDS: tuple[str, ...] = tuple(LOADERS)
 
 
 def load_table(kind: str, location: str | Path, **options: Any) -> LabelTable:
-    """Read a dataset: ``location`` is the data folder (nih, chexpert, mimic) or the CSV file (csv).
+    """Read a dataset: ``location`` is the data folder (nih, chexpert, mimic, the public datasets of ``public``)
+    or the CSV file (csv).
 
     ``options`` go to the loader (e.g. ``uncertainty="ignore"`` for chexpert/mimic/csv,
     ``image_dir`` for nih, ``image_column``/``label_columns`` for csv); an option the loader

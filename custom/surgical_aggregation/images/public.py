@@ -1,0 +1,286 @@
+"""Five more public chest X-ray datasets, each with its own label scheme: PadChest, VinDr-CXR, Google's expert
+labels of NIH images, RSNA pneumonia and SIIM pneumothorax.
+
+Each is read from its real release layout (label file and image folder, below); label names go through the
+site's vocabulary like any other, so PadChest's ~180 findings join as classes of their own next to the
+built-in ones. DICOM releases (VinDr-CXR, RSNA, SIIM) are read as PNG conversions (the widely shared
+Kaggle ones) at the path the DICOM had, with ``.png``: this bundle decodes PNG and JPEG only.
+
+=============  ==========================================================  ============================================
+kind           label file (in the data folder)                              images
+=============  ==========================================================  ============================================
+``padchest``   ``PADCHEST_chest_x_ray_images_labels_160K_01.02.19.csv``      ``<ImageDir>/<ImageID>`` (folders 0 ... 54)
+               (or ``.csv.gz``): one row per image, ``Labels`` a list
+``vindr``      ``train.csv``: one row per radiologist's box (3 readers      ``train/<image_id>.png``
+               per image)
+``google-nih`` ``google2019_nih-chest-xray-labels.csv`` (or ``.csv.gz``):   NIH's ``images/<Image Index>`` (or
+               YES/NO for 4 findings                                         ``images_001/images/`` ...)
+``rsna``       ``stage_2_train_labels.csv``: one row per box, ``Target``    ``stage_2_train_images/<patientId>.png``
+``siim``       ``train-rle.csv``: one row per mask, ``-1`` for none          ``images/<ImageId>.png``
+=============  ==========================================================  ============================================
+
+Rules, each an option of the loader (``data.options`` in a site config):
+
+* PadChest: frontal projections only (``projections``: PA, AP, AP_horizontal); labels by physicians and by
+  the report-labelling model alike (``labelled_by``: ``all``, ``physician`` or ``model``); "normal" is No
+  Finding (dropped); "exclude", "suboptimal study" and "unchanged" are remarks, not findings: images marked
+  "exclude" are left out, the others are kept without those labels; images without a label list are left out.
+* VinDr-CXR: a finding is positive on an image when at least ``min_readers`` (default 2, a majority of the
+  3) radiologists marked it, negative otherwise; "No finding" is dropped. No patient ids: each image is its
+  own patient.
+* Google's NIH labels: YES positive, NO negative; NIH's patient ids.
+* RSNA: "Pneumonia" is positive when any box of the image has ``Target`` 1 (the challenge's "lung opacity
+  suggestive of pneumonia"); each image (``patientId``) is its own patient.
+* SIIM: "Pneumothorax" is positive when any mask of the image is not ``-1``; each image its own patient.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..core.errors import DataNotFoundError, DatasetFormatError
+from ..core.labels import NO_FINDING, canonical_names
+from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable, find_file, read_label_csv
+from .nih import nih_image_index
+
+KEY_COLUMN = "key"  # a parsed frame's link back to the raw rows it came from (an image id)
+
+PADCHEST_PROJECTIONS = ("PA", "AP", "AP_horizontal")
+PADCHEST_REMARKS = ("exclude", "suboptimal study", "unchanged")  # labels that are not findings
+PADCHEST_LABELLERS = {"all": None, "physician": "Physician", "model": "RNN_model"}
+VINDR_NO_FINDING = "No finding"
+
+
+def _positives_by_name(keys: pd.Series, patients: pd.Series, tokens: pd.Series, where: str) -> pd.DataFrame:
+    """Images x classes (1.0 / 0.0) from each image's list of raw label names, classes in name order."""
+    raw_names = sorted({name for names in tokens for name in names})
+    canonical = dict(zip(raw_names, canonical_names(raw_names, where), strict=True))
+    classes = sorted({name for name in canonical.values() if name != NO_FINDING})
+    present = tokens.map(lambda names: {canonical[name] for name in names})
+    columns = {name: present.map(lambda found, name=name: name in found).to_numpy(np.float32) for name in classes}
+    return pd.DataFrame({KEY_COLUMN: keys.to_numpy(), PATIENT_COLUMN: patients.astype(str).to_numpy(), **columns})
+
+
+def parse_padchest(
+    raw: pd.DataFrame, where: str, projections: Sequence[str] = PADCHEST_PROJECTIONS, labelled_by: str = "all"
+) -> pd.DataFrame:
+    if labelled_by not in PADCHEST_LABELLERS:
+        raise DatasetFormatError(f"{where}: labelled_by must be one of {list(PADCHEST_LABELLERS)}, got {labelled_by!r}")
+    rows = raw[raw["Projection"].isin(list(projections)) & raw["Labels"].notna()]
+    if PADCHEST_LABELLERS[labelled_by] is not None:
+        rows = rows[rows["MethodLabel"] == PADCHEST_LABELLERS[labelled_by]]
+
+    def names(text: str) -> list[str]:
+        try:
+            listed = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise DatasetFormatError(f"{where}: Labels {text!r} is not a list of names") from None
+        return [name.strip() for name in listed if isinstance(name, str) and name.strip()]
+
+    tokens = rows["Labels"].map(names)
+    kept = ~tokens.map(lambda found: "exclude" in found)
+    rows, tokens = rows[kept], tokens[kept].map(lambda found: [n for n in found if n not in PADCHEST_REMARKS])
+    parsed = _positives_by_name(rows["ImageID"], rows["PatientID"], tokens, f"{where} column 'Labels'")
+    parsed[PATH_COLUMN] = (rows["ImageDir"].astype(int).astype(str) + "/" + rows["ImageID"]).to_numpy()
+    return parsed
+
+
+def parse_vindr(raw: pd.DataFrame, where: str, min_readers: int = 2) -> pd.DataFrame:
+    if not isinstance(min_readers, int) or not 1 <= min_readers <= 3:
+        raise DatasetFormatError(f"{where}: min_readers must be 1, 2 or 3, got {min_readers!r}")
+    readers = raw.groupby(["image_id", "class_name"])["rad_id"].nunique()
+    positive = readers[readers >= min_readers].reset_index().groupby("image_id")["class_name"].agg(list)
+    images = pd.Series(sorted(raw["image_id"].unique()))
+    found = images.map(lambda image: positive.get(image, []))
+    parsed = _positives_by_name(images, images, found, f"{where} column 'class_name'")
+    for name in canonical_names(sorted(set(raw["class_name"]) - {VINDR_NO_FINDING}), f"{where} column 'class_name'"):
+        if name not in parsed:  # labelled by the dataset, positive on none of these images
+            parsed[name] = np.float32(0)
+    parsed[PATH_COLUMN] = [f"train/{image}.png" for image in images]
+    return parsed
+
+
+GOOGLE_FINDINGS = ("Fracture", "Pneumothorax", "Airspace opacity", "Nodule or mass")
+
+
+def parse_google_nih(raw: pd.DataFrame, where: str) -> pd.DataFrame:
+    values = raw[list(GOOGLE_FINDINGS)].apply(lambda column: column.astype(str).str.strip().str.upper())
+    unexpected = sorted(set(values.to_numpy().ravel()) - {"YES", "NO"})
+    if unexpected:
+        raise DatasetFormatError(f"{where}: the findings' columns hold YES or NO, found {unexpected[:3]}")
+    classes = canonical_names(GOOGLE_FINDINGS, f"{where} columns")
+    parsed = pd.DataFrame({KEY_COLUMN: raw["Image Index"].to_numpy(), PATIENT_COLUMN: raw["Patient ID"].astype(str)})
+    for column, name in zip(GOOGLE_FINDINGS, classes, strict=True):
+        parsed[name] = (values[column] == "YES").to_numpy(np.float32)
+    parsed[PATH_COLUMN] = parsed[KEY_COLUMN]
+    return parsed.reset_index(drop=True)
+
+
+def _any_per_image(keys: pd.Series, positive: pd.Series, name: str, where: str, folder: str) -> pd.DataFrame:
+    per_image = positive.groupby(keys.to_numpy()).any()
+    (classes,) = canonical_names([name], where)
+    return pd.DataFrame(
+        {
+            KEY_COLUMN: per_image.index,
+            PATIENT_COLUMN: per_image.index.astype(str),
+            classes: per_image.to_numpy(np.float32),
+            PATH_COLUMN: [f"{folder}/{key}.png" for key in per_image.index],
+        }
+    )
+
+
+def parse_rsna(raw: pd.DataFrame, where: str) -> pd.DataFrame:
+    target = pd.to_numeric(raw["Target"], errors="coerce")
+    if target.isna().any() or not target.isin([0, 1]).all():
+        raise DatasetFormatError(f"{where}: column 'Target' holds 0 or 1")
+    return _any_per_image(raw["patientId"], target == 1, "Pneumonia", where, "stage_2_train_images")
+
+
+SIIM_MASK_COLUMN = "EncodedPixels"
+
+
+def parse_siim(raw: pd.DataFrame, where: str) -> pd.DataFrame:
+    masks = raw[SIIM_MASK_COLUMN].astype(str).str.strip()
+    return _any_per_image(raw["ImageId"], masks != "-1", "Pneumothorax", where, "images")
+
+
+@dataclass(frozen=True)
+class PublicDataset:
+    """One public dataset's release layout: where its labels are and how they are read."""
+
+    kind: str
+    title: str
+    label_files: tuple[str, ...]  # accepted names in the data folder (each also .gz); generated data: the first
+    reference: str  # the same file in torchxrayvision's data folder (real label rows for embedded data)
+    key_column: str  # the raw column that names an image
+    required: tuple[str, ...]  # raw columns the parser reads
+    parse: Callable[..., pd.DataFrame]
+
+
+PUBLIC_DATASETS: dict[str, PublicDataset] = {
+    dataset.kind: dataset
+    for dataset in (
+        PublicDataset(
+            "padchest",
+            "PadChest",
+            ("PADCHEST_chest_x_ray_images_labels_160K_01.02.19.csv",),
+            "PADCHEST_chest_x_ray_images_labels_160K_01.02.19.csv.gz",
+            "ImageID",
+            ("ImageID", "ImageDir", "PatientID", "Projection", "MethodLabel", "Labels"),
+            parse_padchest,
+        ),
+        PublicDataset(
+            "vindr",
+            "VinDr-CXR",
+            ("train.csv",),
+            "vinbigdata-train.csv.gz",
+            "image_id",
+            ("image_id", "class_name", "rad_id"),
+            parse_vindr,
+        ),
+        PublicDataset(
+            "google-nih",
+            "Google's expert labels of NIH ChestX-ray14 images",
+            ("google2019_nih-chest-xray-labels.csv",),
+            "google2019_nih-chest-xray-labels.csv.gz",
+            "Image Index",
+            ("Image Index", "Patient ID", *GOOGLE_FINDINGS),
+            parse_google_nih,
+        ),
+        PublicDataset(
+            "rsna",
+            "RSNA Pneumonia Detection",
+            ("stage_2_train_labels.csv", "stage_2_train_labels.csv.zip"),
+            "kaggle_stage_2_train_labels.csv.zip",
+            "patientId",
+            ("patientId", "Target"),
+            parse_rsna,
+        ),
+        PublicDataset(
+            "siim",
+            "SIIM-ACR Pneumothorax Segmentation",
+            ("train-rle.csv",),
+            "siim-pneumothorax-train-rle.csv.gz",
+            "ImageId",
+            ("ImageId", SIIM_MASK_COLUMN),
+            parse_siim,
+        ),
+    )
+}
+
+
+def read_public_labels(kind: str, label_file: Path, **options) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(raw rows, parsed images) of a public dataset's label file; ``options`` go to its rule."""
+    dataset = PUBLIC_DATASETS[kind]
+    raw = read_label_csv(label_file, dataset.required)
+    parsed = dataset.parse(raw, str(label_file), **options)
+    if parsed.empty:
+        raise DatasetFormatError(f"{label_file}: no usable {dataset.title} images under these options {options}")
+    return raw, parsed
+
+
+def _load(kind: str, root: str | Path, label_file: str | Path | None, **options) -> LabelTable:
+    dataset = PUBLIC_DATASETS[kind]
+    root = Path(root)
+    if not root.is_dir():
+        raise DataNotFoundError(f"{dataset.title} data folder not found: {root}")
+    path = Path(label_file) if label_file else find_file(root, dataset.label_files, f"{dataset.title} label file")
+    _, parsed = read_public_labels(kind, path, **options)
+    if kind == "google-nih":  # NIH's image folders
+        index = nih_image_index(root)
+        if index is None:
+            raise DataNotFoundError(f"no NIH image folder under {root}: expected images/ or images_001/images/ ...")
+        if isinstance(index, dict):
+            located = [index.get(name, root / "images" / name) for name in parsed[PATH_COLUMN]]
+        else:
+            located = [index / name for name in parsed[PATH_COLUMN]]
+    else:
+        located = [root / relative for relative in parsed[PATH_COLUMN]]
+    parsed[PATH_COLUMN] = [str(path) for path in located]
+    classes = [column for column in parsed.columns if column not in (KEY_COLUMN, PATIENT_COLUMN, PATH_COLUMN)]
+    return LabelTable(source=kind, root=root, classes=classes, frame=parsed.drop(columns=KEY_COLUMN))
+
+
+def load_padchest(
+    root: str | Path,
+    label_file: str | Path | None = None,
+    projections: Sequence[str] = PADCHEST_PROJECTIONS,
+    labelled_by: str = "all",
+) -> LabelTable:
+    """PadChest (see the module docstring): frontal images, every finding of its label lists a class."""
+    return _load("padchest", root, label_file, projections=tuple(projections), labelled_by=labelled_by)
+
+
+def load_vindr(root: str | Path, label_file: str | Path | None = None, min_readers: int = 2) -> LabelTable:
+    """VinDr-CXR's training set: image-level labels from the radiologists' boxes (``min_readers`` agree)."""
+    return _load("vindr", root, label_file, min_readers=min_readers)
+
+
+def load_google_nih(root: str | Path, label_file: str | Path | None = None) -> LabelTable:
+    """Google's expert labels (4 findings) of NIH ChestX-ray14 images."""
+    return _load("google-nih", root, label_file)
+
+
+def load_rsna(root: str | Path, label_file: str | Path | None = None) -> LabelTable:
+    """RSNA Pneumonia Detection's training labels: one class, Pneumonia."""
+    return _load("rsna", root, label_file)
+
+
+def load_siim(root: str | Path, label_file: str | Path | None = None) -> LabelTable:
+    """SIIM-ACR Pneumothorax's training masks as image labels: one class, Pneumothorax."""
+    return _load("siim", root, label_file)
+
+
+PUBLIC_LOADERS = {
+    "padchest": load_padchest,
+    "vindr": load_vindr,
+    "google-nih": load_google_nih,
+    "rsna": load_rsna,
+    "siim": load_siim,
+}
