@@ -157,6 +157,9 @@ class Harness(SurgicalAggregatorShareable):
     def error(self, msg: str) -> None:
         self.messages.append(("error", msg))
 
+    def panic(self, reason: str, fl_ctx=None) -> None:  # FLARE aborts the job; here the test sees it raised
+        raise RuntimeError(reason)
+
     def best_rounds(self) -> list[int]:
         return [ml["meta"]["round"] for event, ml in self.events if event == AppEventType.GLOBAL_BEST_MODEL_AVAILABLE]
 

@@ -163,6 +163,13 @@ def test_generic_csv_errors(tmp_path):
     pd.DataFrame({"path": ["a.png"], "patient_id": ["1"], "Mass": [1], "Sex": ["F"]}).to_csv(tmp_path / "s.csv")
     with pytest.raises(DatasetFormatError, match=r"s.csv column 'Sex'"):
         load_table("csv", tmp_path / "s.csv")
+    both = {"path": ["a.png"], "patient_id": ["1"], "Effusion": [1], "Tuberculosis": [0], "Pleural Effusion": [1]}
+    pd.DataFrame(both).to_csv(tmp_path / "e.csv", index=False)
+    with pytest.raises(DatasetFormatError) as caught:
+        load_table("csv", tmp_path / "e.csv")
+    assert str(caught.value) == (
+        f"{tmp_path / 'e.csv'}: columns 'Effusion' and 'Pleural Effusion' both mean 'Pleural Effusion'"
+    )
     pd.DataFrame({"image": ["a.png"], "Mass": [1]}).to_csv(tmp_path / "m.csv", index=False)
     with pytest.raises(DatasetFormatError, match=r"m.csv: missing column\(s\) \['path', 'patient_id'\]"):
         load_table("csv", tmp_path / "m.csv")

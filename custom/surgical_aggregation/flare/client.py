@@ -240,6 +240,10 @@ class ClientSession:
         return FLModel(params={}, meta={"kept": str(path)})
 
 
+class SiteCannotStart(RuntimeError):
+    """A site's own mistake (its config, its data) stops it before its first task; the message says what to fix."""
+
+
 def _config_hint(site: str, path: Path | None, origin: str) -> str:
     """Where the user fixes a site's config: the job's copy is the job folder's file, not the workspace's."""
     if path is None:
@@ -272,9 +276,10 @@ def main() -> None:
             session = ClientSession(
                 site, config, app_dir, log, tracker=lambda tag, value, step: writer.add_scalar(tag, value, step)
             )
-    except UserError as error:
-        log.error("%s cannot start: %s%s", site, error, _config_hint(site, path, origin))
-        raise
+    except UserError as error:  # FLARE prints the traceback of what the script raises: keep it to this frame
+        message = f"{site} cannot start: {error}{_config_hint(site, path, origin)}"
+        log.error(message)
+        raise SiteCannotStart(message) from None
     except Exception as error:
         log.error("%s cannot start: %s", site, error)
         raise

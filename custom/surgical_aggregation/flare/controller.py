@@ -153,6 +153,10 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
+class FederationCannotProceed(RuntimeError):
+    """Why a job stops early (too few sites at the handshake, no progress, an incompatible saved federation)."""
+
+
 class SurgicalAggregatorShareable(ModelController):
     # written into the job's config even at their defaults, so an operator reading it sees the method
     _always_serialize_args = (
@@ -279,6 +283,13 @@ class SurgicalAggregatorShareable(ModelController):
     # --- the workflow -------------------------------------------------------------------------
 
     def run(self) -> None:
+        try:
+            self._run()
+        except FederationCannotProceed as reason:  # the job's own end, said once (FLARE would add a traceback)
+            self.error(str(reason))
+            self.panic(str(reason))
+
+    def _run(self) -> None:
         self.info(center_message("Start surgical aggregation"))
         initial = self.load_model()
         self._sites = self._handshake()
@@ -360,7 +371,7 @@ class SurgicalAggregatorShareable(ModelController):
         saved = load_state(self._state_file) if self.resume else None
         if saved is not None and not saved.finished:
             if saved.settings != self._settings():
-                raise RuntimeError(
+                raise FederationCannotProceed(
                     f"the unfinished federation in {self._state_file} ran with {saved.settings}, this job asks for "
                     f"{self._settings()}; remove that folder to start afresh, or submit the job unchanged"
                 )
@@ -465,7 +476,7 @@ class SurgicalAggregatorShareable(ModelController):
                 )
                 del sites[site]
         if len(sites) < self.min_clients:
-            raise RuntimeError(
+            raise FederationCannotProceed(
                 f"only {len(sites)} site(s) answered the handshake ({sorted(sites)}); {self.min_clients} needed. "
                 "See the sites' logs for their errors."
             )
@@ -746,7 +757,7 @@ class SurgicalAggregatorShareable(ModelController):
                 reasons[site] = outcome.get("reason", outcome["status"])
         for site, reason in reasons.items():
             self.error(f"{site}: {reason}")
-        raise RuntimeError(
+        raise FederationCannotProceed(
             f"the federation made no progress: in {last_round + 1} round(s) none aggregated {self.min_clients} valid "
             f"contribution(s) (min_clients); no global model was trained or published. Per site: {reasons}"
         )

@@ -49,10 +49,11 @@ def load_csv_table(
     names: dict[str, str] = {}
     for column in label_columns:
         name = canonical_name(column, f"{csv_path} column {column!r}")
-        if name in names.values():
-            raise DatasetFormatError(f"{csv_path}: columns {column!r} and another both mean {name!r}")
-        if name != NO_FINDING:
-            names[column] = name
+        same = [earlier for earlier, meaning in names.items() if meaning == name]
+        if same:
+            raise DatasetFormatError(f"{csv_path}: columns {same[0]!r} and {column!r} both mean {name!r}")
+        names[column] = name
+    names = {column: name for column, name in names.items() if name != NO_FINDING}
     base = Path(image_root) if image_root is not None else csv_path.parent
     listed = raw[image_column]
     if listed.isna().any():
