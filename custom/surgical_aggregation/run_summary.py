@@ -7,6 +7,7 @@ training, ``validation`` with each site's metrics and ``best`` on the best model
 
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -94,8 +95,6 @@ def union_table_lines(rows: Sequence[Mapping[str, Any]], limit: int | None = Non
 
 def write_union_table(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """The union table as CSV (class, sites joined by ';', labelled_by, shared)."""
-    import csv
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)

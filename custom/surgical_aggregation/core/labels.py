@@ -286,17 +286,18 @@ def read_alias_file(path: str | Path) -> dict[str, str]:
     if not path.is_file():
         raise AliasFileError(f"alias file not found: {path}")
     text = path.read_text(encoding="utf-8")
-    try:
-        if path.suffix.lower() in (".yaml", ".yml"):
-            import yaml  # installed with FLARE; only alias files in YAML need it
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml  # installed with FLARE; only alias files in YAML need it
 
+        try:
             mapping = yaml.safe_load(text)
-        else:
+        except yaml.YAMLError as error:
+            raise AliasFileError(f"{path}: not a JSON/YAML mapping: {error}") from None
+    else:
+        try:  # a repeated entry raises AliasFileError from the hook, naming the entry
             mapping = json.loads(text, object_pairs_hook=lambda pairs: _no_repeats(pairs, path))
-    except (ValueError, ImportError) as error:
-        raise AliasFileError(f"{path}: not a JSON/YAML mapping: {error}") from None
-    except Exception as error:  # yaml.YAMLError: the module may be missing, so it is not named above
-        raise AliasFileError(f"{path}: not a YAML mapping: {error}") from None
+        except json.JSONDecodeError as error:
+            raise AliasFileError(f"{path}: not a JSON/YAML mapping: {error}") from None
     if not isinstance(mapping, dict):
         raise AliasFileError(f"{path}: must map each alias to a class name, got {type(mapping).__name__}")
     Vocabulary([(mapping, str(path))])  # validates every entry

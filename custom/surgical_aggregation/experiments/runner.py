@@ -73,7 +73,9 @@ class Run:
 
 
 def _sites_for_run(run: Run, options: RunOptions) -> dict[str, dict[str, Any]]:
-    threads = options.cpu_threads or max(1, (os.cpu_count() or 1) // len(run.setting.sites))
+    from ..flare.simulation import cores_per_process  # FLARE only where a federation runs
+
+    threads = options.cpu_threads or cores_per_process(len(run.setting.sites))
     return {
         name: _for_run(config, run, options) | {"cpu_threads": threads} for name, config in run.setting.sites.items()
     }

@@ -93,6 +93,11 @@ def _output_to(log_file: Path | None) -> Iterator[None]:
 THREADS_VARIABLE = "OMP_NUM_THREADS"  # torch's default number of CPU threads in a process that starts with it
 
 
+def cores_per_process(processes: int) -> int:
+    """This machine's cores shared among ``processes`` site processes (at least one each)."""
+    return max(1, (os.cpu_count() or 1) // max(processes, 1))
+
+
 @contextlib.contextmanager
 def cores_shared_by(processes: int) -> Iterator[int]:
     """While sites run side by side on this machine, each site process's torch takes its share of the cores
@@ -101,7 +106,7 @@ def cores_shared_by(processes: int) -> Iterator[int]:
     if THREADS_VARIABLE in os.environ:
         yield int(os.environ[THREADS_VARIABLE])
         return
-    share = max(1, (os.cpu_count() or 1) // max(processes, 1))
+    share = cores_per_process(processes)
     os.environ[THREADS_VARIABLE] = str(share)
     try:
         yield share

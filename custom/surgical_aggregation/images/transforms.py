@@ -68,6 +68,12 @@ class ImageBatchTransform:
         self.std = torch.tensor(std).view(1, -1, 1, 1)
         self.generator = torch.Generator().manual_seed(0)
 
+    def _statistics_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalisation's mean and std on ``device``, copied there once rather than every batch."""
+        if self.mean.device != device:
+            self.mean, self.std = self.mean.to(device), self.std.to(device)
+        return self.mean, self.std
+
     def reseed(self, seed: int) -> None:
         """The augmentation's random draws from here on (no effect without augmentation)."""
         self.generator.manual_seed(seed % 2**63)
@@ -82,7 +88,7 @@ class ImageBatchTransform:
             batch = self._augment(batch, self.augmentation)
         if self.in_channels == 3:
             batch = batch.expand(-1, 3, -1, -1)
-        mean, std = self.mean.to(batch.device), self.std.to(batch.device)
+        mean, std = self._statistics_on(batch.device)
         return (batch - mean) / std
 
     def _draw(self, count: int, low: float, high: float, applies: torch.Tensor, neutral: float) -> torch.Tensor:
