@@ -4,6 +4,7 @@ this bundle's local/ files (allow-list and authorization per code mode) and pass
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,9 @@ import pytest
 import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from nvflare.apis.job_launcher_spec import JobReturnCode
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
+from nvflare.app_common.job_launcher.process_launcher import ProcessHandle
 
 from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.flare.deploy import (
@@ -27,6 +30,7 @@ from surgical_aggregation.flare.deploy import (
     site_config_template,
     write_local_folder,
 )
+from surgical_aggregation.flare.launcher import SITE_LAUNCHER, LostProcessHandle
 from surgical_aggregation.flare.poc import free_port
 from surgical_aggregation.flare.recipe import PRIVACY_SCOPE, nih_chexpert_recipe, write_job
 from surgical_aggregation.site_data import resolve_table
@@ -107,11 +111,22 @@ def test_admin_certificates_carry_their_roles(byoc_kits):
         assert subject.get_attributes_for_oid(NameOID.UNSTRUCTURED_NAME)[0].value == role
 
 
+def _without_launcher(resources: dict) -> tuple[dict, list[str]]:
+    """The resources less their job launcher component, and the launcher's class path(s)."""
+    others = [component for component in resources["components"] if component["id"] != "process_launcher"]
+    launchers = [component["path"] for component in resources["components"] if component["id"] == "process_launcher"]
+    return {**resources, "components": others}, launchers
+
+
 def test_byoc_kits_keep_flares_policies_and_get_the_bundles_files(byoc_kits):
     for participant in (SERVER, *SITES):
         local = byoc_kits / participant / "local"
         assert _json(local / "authorization.json") == _json(local / "authorization.json.default")
-        assert _json(local / "resources.json") == _json(local / "resources.json.default")
+        resources, launchers = _without_launcher(_json(local / "resources.json"))
+        default, default_launchers = _without_launcher(_json(local / "resources.json.default"))
+        assert resources == default
+        # a site launches its job processes with the bundle's launcher (a killed one costs the job one site)
+        assert launchers == (default_launchers if participant == SERVER else [SITE_LAUNCHER])
         assert _json(local / "privacy.json")["default_scope"] == PRIVACY_SCOPE
     lead = _json(byoc_kits / "site-nih" / "local" / "authorization.json")["permissions"]["lead"]
     assert lead["byoc"] == "any" and lead["submit_job"] == "any"
@@ -135,6 +150,9 @@ def test_preinstalled_kits_allow_list_the_bundle_and_refuse_byoc(tmp_path):
         assert not any(entry.endswith(".") for entry in allowed)  # exact classes, no package wildcards
         # everything else of FLARE's default resources is kept
         default = _json(local / "resources.json.default")
+        if participant != SERVER:
+            resources, _ = _without_launcher(resources)
+            default, _ = _without_launcher(default)
         assert {k: v for k, v in resources.items() if k != "class_allow_list"} == {
             k: v for k, v in default.items() if k != "class_allow_list"
         }
@@ -205,3 +223,20 @@ def test_committed_site_config_template_is_the_generators():
     assert committed == site_config_template()
     with pytest.raises(FileNotFoundError, match="NIH data folder not found: REQUIRED: the dataset folder"):
         resolve_table(site_config_from_dict(committed))  # the placeholder is refused, not mistaken for data
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ("import time; time.sleep(60)", JobReturnCode.UNKNOWN),  # killed by a signal below
+        ("raise SystemExit(1)", JobReturnCode.EXECUTION_ERROR),
+        ("pass", JobReturnCode.SUCCESS),
+    ],
+)
+def test_the_site_launcher_reports_only_a_killed_job_process_as_no_failure(command, expected):
+    process = subprocess.Popen([sys.executable, "-c", command])
+    handle = LostProcessHandle(ProcessHandle(process=process), "job-1")
+    if expected == JobReturnCode.UNKNOWN:
+        process.send_signal(signal.SIGKILL)
+    handle.wait()
+    assert handle.poll() == expected

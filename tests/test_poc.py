@@ -12,6 +12,8 @@ then every started process stopped by its id.
 4. a site goes down mid-federation (its daemon, process and job process killed by id): the server logs it
    out after the heartbeat timeout, the controller stops waiting for it, and the job finishes with the
    other site, in bounded time, with the union model.
+5. a site's job process alone is killed mid-federation (the site stays up): the site's launcher reports it
+   as the site leaving the job, not as the job's failure, and the job finishes with the other site.
 """
 
 from __future__ import annotations
@@ -113,6 +115,34 @@ def test_preinstalled_poc_refuses_byoc_and_runs_the_allow_listed_job(tmp_path, m
         result = poc.download(job_id, tmp_path / "downloads") / "workspace"
         model = load_checkpoint(result / "app_server" / "FL_global_model.pt")
         assert set(model.class_names) == UNION
+    finally:
+        _assert_all_stopped(poc, record)
+
+
+def test_a_site_whose_job_process_is_killed_is_dropped_and_the_others_finish(tmp_path, monkeypatch):
+    monkeypatch.setenv("NVFLARE_DEAD_CLIENT_GRACE_PERIOD", "5")  # FLARE's default is 60 s
+    poc, record = _started(tmp_path, "byoc", monkeypatch)
+    try:
+        recipe = tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=3, controller={"min_clients": 1})
+        job_id = poc.submit(write_job(recipe, tmp_path / "job-process-killed"))
+        _wait_for_round_0(poc.kit("server") / job_id / "app_server" / "round_history.json")
+        site, *job_processes = _processes(poc, "site-chexpert")
+        assert job_processes, "site-chexpert runs no job process"
+        killed = time.monotonic()
+        for pid in job_processes:  # the job process only: the site itself stays up
+            os.kill(pid, signal.SIGKILL)
+        assert poc.wait(job_id, timeout=600) == COMPLETED  # FLARE's own launcher fails the job here
+        assert time.monotonic() - killed < 240
+        assert _alive(site)
+        site_log = (poc.kit("site-chexpert") / "log.txt").read_text()
+        assert f"the job process of job {job_id} ended by signal 9" in site_log
+        workspace = poc.download(job_id, tmp_path / "downloads") / "workspace"
+        assert "site-chexpert is disconnected: no train task for it" in (workspace / "log.txt").read_text()
+        history = json.loads((workspace / "app_server" / "round_history.json").read_text())
+        assert sorted(history[1]["aggregation"]["accepted"]) == sorted(SITES)
+        assert history[-1]["aggregation"]["accepted"] == ["site-nih"]
+        model = load_checkpoint(workspace / "app_server" / "FL_global_model.pt")
+        assert set(model.class_names) == UNION and model.meta["round"] == 2 and model.meta["trained"]
     finally:
         _assert_all_stopped(poc, record)
 

@@ -12,6 +12,9 @@ mode (``flare.recipe.CODE_DELIVERIES``) needs:
   ``resources.json`` adds the exact classes of the bundle's jobs to FLARE's default allow-list,
   and ``authorization.json`` takes ``byoc`` from every role, so a job with ``custom/`` is refused.
 
+A site's ``resources.json`` launches job processes with :class:`.launcher.SiteJobLauncher`, under which a
+killed job process costs the job one site instead of failing it.
+
 ``privacy.json`` defines the scope the bundle's jobs run in (``meta.json`` ``scope``); it
 filters nothing (see ``provisioning/README.md`` for what leaves a site).
 """
@@ -32,6 +35,7 @@ from ..config import SITE_LOCAL_CONFIG, site_config_from_dict
 from ..core.errors import DataNotFoundError
 from ..modalities import DATA_KINDS
 from ..profiles import PAPER
+from .launcher import with_site_launcher
 from .protocol import CODE_DELIVERIES
 from .recipe import BUNDLE_RECIPES, PRIVACY_SCOPE, write_job
 
@@ -134,6 +138,8 @@ def write_local_folder(
     local = Path(local_dir)
     resources = _read_json(local, "resources.json")
     authorization = _read_json(local, "authorization.json")
+    if role == "client":
+        resources = with_site_launcher(resources)
     files = {
         "resources.json": resources_for(code, resources),
         "authorization.json": authorization_for(code, authorization),
