@@ -319,14 +319,34 @@ def test_a_job_that_never_made_progress_fails_and_says_why(tmp_path):
     assert not (server / "best_FL_global_model.pt").exists()
     assert load_checkpoint(server / "FL_global_model.pt").meta["trained"] is False  # the initial weights, marked
     history = json.loads((server / "round_history.json").read_text())
-    failed = history[1]["aggregation"]["failed"]  # FLARE's return code (an in-process script: TASK_ABORTED)
+    failed = history[1]["aggregation"]["failed"]  # FLARE's return code
     assert list(failed) == ["site-nih"] and history[1]["aggregation"]["accepted"] == ["site-chexpert"]
     server_log = (tmp_path / "ws" / "server" / "log.txt").read_text()
     assert f"site-nih: its training task failed ({failed['site-nih']})" in server_log
     assert "site-chexpert: its result was valid, but no round had 2 valid contributions" in server_log
     assert "the federation made no progress: in 1 round(s) none aggregated 2 valid contribution(s)" in server_log
     site_log = (tmp_path / "ws" / "site-nih" / "log.txt").read_text()
-    assert "3 unreadable image(s)" in site_log  # the site's own log names the cause
+    cause = [line for line in site_log.splitlines() if "site-nih cannot go on: its train task failed" in line]
+    assert len(cause) == 1 and "3 unreadable image(s)" in cause[0]  # one line names the cause
+    assert "surgical_aggregation/flare/client.py" not in site_log  # not FLARE's tracebacks of the script
+
+
+def test_a_site_config_mistake_is_one_line_naming_the_job_file(tmp_path):
+    job = write_job(tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=1), tmp_path / "job")
+    config_file = job / "app_site-nih" / "config" / "site_configs" / "site-nih.json"
+    config = json.loads(config_file.read_text())
+    config["batch_size"] = str(config["batch_size"])  # "4" instead of 4, as a hand edit might leave it
+    config_file.write_text(json.dumps(config))
+
+    code, output = _run_simulator(job, tmp_path / "ws", tmp_path / "cache", "-t", "2")
+    assert code == 2, output[-3000:]
+    mistake = f"batch_size must be a whole number, got '{config['batch_size']}'"
+    lines = [line for line in output.splitlines() if mistake in line]
+    assert len(lines) == 1, output  # said once, not in three tracebacks
+    assert "site-nih cannot start" in lines[0]
+    assert "correct it in the job folder" in lines[0] and "app_site-nih/config/site_configs/site-nih.json" in lines[0]
+    assert "surgical_aggregation/flare/client.py" not in output  # no traceback through the site's script
+    assert "only 1 site(s) answered the handshake (['site-chexpert']); 2 needed" in output
 
 
 def _without_timings(value):

@@ -240,10 +240,6 @@ class ClientSession:
         return FLModel(params={}, meta={"kept": str(path)})
 
 
-class SiteCannotStart(RuntimeError):
-    """A site's own mistake (its config, its data) stops it before its first task; the message says what to fix."""
-
-
 def _config_hint(site: str, path: Path | None, origin: str) -> str:
     """Where the user fixes a site's config: the job's copy is the job folder's file, not the workspace's."""
     if path is None:
@@ -276,10 +272,12 @@ def main() -> None:
             session = ClientSession(
                 site, config, app_dir, log, tracker=lambda tag, value, step: writer.add_scalar(tag, value, step)
             )
-    except UserError as error:  # FLARE prints the traceback of what the script raises: keep it to this frame
-        message = f"{site} cannot start: {error}{_config_hint(site, path, origin)}"
-        log.error(message)
-        raise SiteCannotStart(message) from None
+    except UserError as error:
+        # A site's own mistake (its config, its data) is this one line. FLARE prints an exception from the
+        # script three times with its traceback; SystemExit ends the script (in-process: its thread) quietly,
+        # and FLARE fails the task ("trainer thread exited before producing a result", or the exit code).
+        log.error("%s cannot start: %s%s", site, error, _config_hint(site, path, origin))
+        raise SystemExit(1) from None
     except Exception as error:
         log.error("%s cannot start: %s", site, error)
         raise
@@ -288,7 +286,13 @@ def main() -> None:
             received = flare.receive()
             if received is None:
                 break
-            flare.send(session.handle(flare.get_task_name(), received))
+            task = flare.get_task_name()
+            try:
+                result = session.handle(task, received)
+            except UserError as error:  # e.g. unreadable images under on_unreadable: error; a bug keeps its traceback
+                log.error("%s cannot go on: its %s task failed: %s", site, task, error)
+                raise SystemExit(1) from None
+            flare.send(result)
 
 
 if __name__ == "__main__":
