@@ -431,8 +431,12 @@ def test_an_update_out_of_proportion_is_rejected(tmp_path):
         assert "out of proportion: more than 10 x the median" in entry["aggregation"]["rejected"]["site-c"]
     assert float(np.abs(np.asarray(harness.saved[-1].params["head.weight"])).max()) < 10
     # with the bound off (research), the same update is taken
-    off = Harness([FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-c", ["Mass"], [0.5], scaled)],
-                  tmp_path / "off", num_rounds=1, update_bound=None)  # fmt: skip
+    off = Harness(
+        [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-c", ["Mass"], [0.5], scaled)],
+        tmp_path / "off",
+        num_rounds=1,
+        update_bound=None,
+    )
     off.run()
     assert off.history[1]["aggregation"]["accepted"] == ["site-a", "site-c"]
 
@@ -523,8 +527,11 @@ def test_a_failed_task_is_recorded_and_the_round_goes_on(tmp_path):
     )
     assert "round 1: the training task of site-b failed (EXECUTION_EXCEPTION)" in _messages(harness, "error")
     assert failing.outcomes[1] == {
-        "task": TASK_TRAIN, "round": 1, "status": "failed", "reason": "its training task failed (EXECUTION_EXCEPTION)",
-    }  # fmt: skip
+        "task": TASK_TRAIN,
+        "round": 1,
+        "status": "failed",
+        "reason": "its training task failed (EXECUTION_EXCEPTION)",
+    }
     assert harness.history[3]["aggregation"]["accepted"] == ["site-a", "site-b"]  # back in the next round
 
 
@@ -535,9 +542,11 @@ def test_a_late_result_is_told_to_the_site_as_not_aggregated(tmp_path):
     late = FakeSite("site-b", ["Edema"], [0.5, 0.4], late_in_round_0)
     Harness([FakeSite("site-a", ["Mass"], [0.5, 0.4]), late], tmp_path, num_rounds=2, min_clients=1).run()
     assert late.outcomes[0] == {
-        "task": TASK_TRAIN, "round": 0, "status": "not_received",
+        "task": TASK_TRAIN,
+        "round": 0,
+        "status": "not_received",
         "reason": "no result arrived in time; a late result is dropped",
-    }  # fmt: skip
+    }
     assert late.outcomes[1] == {"task": TASK_TRAIN, "round": 1, "status": "aggregated"}
 
 
@@ -571,8 +580,11 @@ def test_one_preprocessing_per_federation(tmp_path):
     assert harness.saved[-1].meta[META_PREPROCESSING]["image_size"] == 64 and small.tasks == []
     # a job may set the federation's preprocessing: then a site that differs from it is refused, by name
     decided = Harness(
-        [FakeSite("site-a", ["Mass"], [0.5, 0.4]), FakeSite("site-b", ["Edema"], [0.5, 0.4])], tmp_path / "job",
-        num_rounds=1, min_clients=1, preprocessing={"image_size": 128, "in_channels": 1, "imagenet_normalize": True},
-    )  # fmt: skip
+        [FakeSite("site-a", ["Mass"], [0.5, 0.4]), FakeSite("site-b", ["Edema"], [0.5, 0.4])],
+        tmp_path / "job",
+        num_rounds=1,
+        min_clients=1,
+        preprocessing={"image_size": 128, "in_channels": 1, "imagenet_normalize": True},
+    )
     with pytest.raises(RuntimeError, match=r"only 0 site\(s\) answered the handshake"):
         decided.run()

@@ -146,8 +146,13 @@ class ClientSession:
                 )
             return
         self.audit.record(task, round_number, "not_aggregated", note=f"{status}: {note}")
-        self.log.warning("%s round %s: the server did NOT aggregate this site's result (%s): %s",
-                         self.site, round_number, status, note)  # fmt: skip
+        self.log.warning(
+            "%s round %s: the server did NOT aggregate this site's result (%s): %s",
+            self.site,
+            round_number,
+            status,
+            note,
+        )
 
     def describe(self, with_label_counts: bool = False) -> FLModel:
         """Class names and sizes; per-class training counts only when asked (FedSLD shares them by design)."""

@@ -609,20 +609,28 @@ class SurgicalAggregatorShareable(ModelController):
 
     def _aggregator(self, latest: SavedVersion) -> SurgicalAggregator:
         return SurgicalAggregator(
-            latest.state, latest.class_names, self.backbone_strategy, self.weighting, self.head,
+            latest.state,
+            latest.class_names,
+            self.backbone_strategy,
+            self.weighting,
+            self.head,
             normalize_name=self.vocabulary.canonical,
-        )  # fmt: skip
+        )
 
     def _aggregate(self, round_number: int, latest: SavedVersion, gathered: RoundResult) -> AggregationResult:
         """The round's aggregation: contributions whose update is out of proportion are rejected first."""
         federation = self._federation
         gathered.update_norms = norms = {
             site: update_norm(
-                contribution.state, contribution.class_names, gathered.sent[site].params,
-                gathered.sent[site].meta[META_CLASS_NAMES], self.head, self.vocabulary.canonical,
+                contribution.state,
+                contribution.class_names,
+                gathered.sent[site].params,
+                gathered.sent[site].meta[META_CLASS_NAMES],
+                self.head,
+                self.vocabulary.canonical,
             )
             for site, contribution in gathered.contributions.items()
-        }  # fmt: skip
+        }
         too_large = out_of_proportion(norms, federation.update_norm_median, self.update_bound)
         aggregator = self._aggregator(latest)
         for site, reason in too_large.items():
