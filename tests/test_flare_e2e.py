@@ -331,6 +331,21 @@ def test_a_job_that_never_made_progress_fails_and_says_why(tmp_path):
     assert "surgical_aggregation/flare/client.py" not in site_log  # not FLARE's tracebacks of the script
 
 
+def test_a_site_training_on_two_processes_takes_part_like_any_other(tmp_path):
+    recipe = tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=1)
+    sites = dict(recipe.site_configs)
+    sites["site-nih"] = {**sites["site-nih"], "gpus": 2, "device": "cpu", "cpu_threads": 1}  # gloo on a CPU
+    write_job(SurgicalAggregationRecipe("nih_chexpert", sites, recipe.controller_args), tmp_path / "job")
+
+    server = _simulate(tmp_path / "job", tmp_path / "ws", tmp_path / "cache", "-t", "2")
+    history = json.loads((server / "app_server" / "round_history.json").read_text())
+    assert [entry["aggregation"]["accepted"] for entry in history[1:]] == [["site-chexpert", "site-nih"]]
+    model = load_checkpoint(server / "app_server" / "FL_global_model.pt")
+    assert set(model.class_names) == set(NIH_LABELS) | set(CHEXPERT_LABELS)
+    site_log = (tmp_path / "ws" / "site-nih" / "log.txt").read_text()
+    assert "training on 2 processes (gloo backend)" in site_log
+
+
 def test_a_site_config_mistake_is_one_line_naming_the_job_file(tmp_path):
     job = write_job(tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=1), tmp_path / "job")
     config_file = job / "app_site-nih" / "config" / "site_configs" / "site-nih.json"

@@ -79,6 +79,9 @@ class SiteConfig:
     cache_threads: int = 4  # threads decoding images into the preprocessing cache
     cpu_threads: int | None = None  # torch CPU threads; null = torch's default
     device: str = AUTO  # auto | cpu | cuda | cuda:N
+    # processes that train the local epochs together (PyTorch DDP): one per GPU from the device's index on
+    # (cuda:N, N+1, ...); on a CPU, processes over gloo (for tests). 1 = this process alone
+    gpus: int = 1
     amp: bool = True  # mixed precision on CUDA: bf16 where the GPU has it, else fp16 (ignored on CPU)
     compile: str = "off"  # on: torch.compile the training step (a first-step cost; see docs/performance.md)
     cache_dir: str | None = None  # null = $SURGICAL_AGGREGATION_CACHE or ~/.cache/surgical_aggregation
@@ -208,6 +211,7 @@ def _validate(config: SiteConfig, where: str, base_dir: Path | None) -> None:
         "embedded.patients": config.embedded.patients,
         "embedded.image_size": config.embedded.image_size,
         "cache_threads": config.cache_threads,
+        "gpus": config.gpus,
     }
     for name, value in positive.items():
         if value <= 0:

@@ -19,6 +19,7 @@ from .core.head import NAMED_HEAD
 from .core.methods import label_prior_weights
 from .core.progress import PROGRESS_SECONDS
 from .metrics import bce_loss, mean_defined, per_class_auroc
+from .parallel import RowShard
 
 logger = logging.getLogger(__name__)
 PREFETCH_BATCHES = 4  # per loader worker, on a GPU machine
@@ -91,6 +92,17 @@ def place_model(model: nn.Module, device: torch.device) -> nn.Module:
     return model.to(memory_format=torch.channels_last) if device.type == "cuda" else model
 
 
+def masked_bce_terms(
+    logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of the labelled entries' BCE, number of labelled entries): the masked mean's two parts, which
+    ranks training on parts of one batch add up before dividing."""
+    losses = nn.functional.binary_cross_entropy_with_logits(logits.float(), target, reduction="none")
+    if weights is not None:
+        losses = losses * weights
+    return (losses * mask).sum(), mask.sum()
+
+
 def masked_bce_with_logits(
     logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -98,10 +110,8 @@ def masked_bce_with_logits(
 
     ``weights`` (same shape) re-weights the entries, e.g. FedSLD's label-prior weights.
     """
-    losses = nn.functional.binary_cross_entropy_with_logits(logits.float(), target, reduction="none")
-    if weights is not None:
-        losses = losses * weights
-    return (losses * mask).sum() / mask.sum().clamp_min(1.0)
+    summed, labelled = masked_bce_terms(logits, target, mask, weights)
+    return summed / labelled.clamp_min(1.0)
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):
@@ -129,6 +139,7 @@ def train_epoch(
     penalty: Callable[[], torch.Tensor] | None = None,
     frozen_batchnorm: bool = False,
     log: logging.Logger = logger,
+    shard: RowShard | None = None,
 ) -> EpochResult:
     """One pass over ``loader`` (or ``max_steps`` batches); returns the sample-weighted mean loss.
 
@@ -136,7 +147,9 @@ def train_epoch(
     (C,) turns on FedSLD's re-weighting; ``penalty()`` is added to every batch's loss (e.g. FedProx's
     proximal term) but not to the reported loss. ``frozen_batchnorm`` keeps BatchNorm statistics fixed
     (FedBN+). The losses stay on the device (no host sync per step): a non-finite one is found within
-    ``CHECK_EVERY_STEPS`` steps and stops training with its step.
+    ``CHECK_EVERY_STEPS`` steps and stops training with its step. ``shard``: this process is one of several
+    training on the same batches (``model`` wrapped in DDP); it computes its rows of each batch, and the
+    loss is scaled so that DDP's gradient average is the gradient of the whole batch's loss.
     """
     prior = None if class_prior is None else class_prior.to(device)
     train_mode(model, frozen_batchnorm)
@@ -151,11 +164,20 @@ def train_epoch(
         inputs = model_inputs(loader, batch, device)
         target = batch["label"].to(device, non_blocking=True)
         mask = batch["mask"].to(device, non_blocking=True)
+        count = len(inputs)  # the whole batch's samples
+        if shard is not None:
+            rows = shard.rows(count)
+            inputs, target, mask = inputs[rows], target[rows], mask[rows]
         optimizer.zero_grad(set_to_none=True)
         with _autocast(device, autocast):
             weights = None if prior is None else label_prior_weights(target, mask, prior)
-            loss = masked_bce_with_logits(model(inputs), target, mask, weights)
-        objective = loss if penalty is None else loss + penalty()
+            summed, labelled = masked_bce_terms(model(inputs), target, mask, weights)
+        if shard is not None:
+            labelled = shard.total(labelled)  # the whole batch's labelled entries
+        loss = summed / labelled.clamp_min(1.0)  # with a shard: this process's share of the batch's loss
+        objective = loss if shard is None else loss * shard.world  # DDP averages the ranks' gradients
+        if penalty is not None:
+            objective = objective + penalty()
         bad = ~torch.isfinite(objective.detach())
         first_bad_step = torch.where(bad & (first_bad_step < 0), step, first_bad_step)
         if scaler is not None:
@@ -165,20 +187,24 @@ def train_epoch(
         else:
             objective.backward()
             optimizer.step()
-        total += loss.detach().double() * len(inputs)
-        samples += len(inputs)
+        total += loss.detach().double() * count
+        samples += count
         if (step + 1) % CHECK_EVERY_STEPS == 0:
-            _stop_if_not_finite(first_bad_step, description)
+            _stop_if_not_finite(first_bad_step, description, shard)
         if progress and (step + 1) % 10 == 0:
             batches.set_postfix(loss=f"{total.item() / samples:.4f}")
         elif not progress and time.perf_counter() - last_report > PROGRESS_SECONDS:
             last_report = time.perf_counter()
             log.info("%s: step %d/%d, loss %.4f so far", description, step + 1, steps, total.item() / samples)
-    _stop_if_not_finite(first_bad_step, description)
+    _stop_if_not_finite(first_bad_step, description, shard)
+    if shard is not None:
+        total = shard.total(total)  # each rank summed its share of every batch's loss
     return EpochResult(loss=total.item() / max(samples, 1), samples=samples, seconds=time.perf_counter() - started)
 
 
-def _stop_if_not_finite(first_bad_step: torch.Tensor, description: str) -> None:
+def _stop_if_not_finite(first_bad_step: torch.Tensor, description: str, shard: RowShard | None = None) -> None:
+    if shard is not None:  # every rank stops together, at the first bad step any of them met
+        first_bad_step = shard.largest(first_bad_step)
     step = int(first_bad_step.item())
     if step >= 0:
         raise FloatingPointError(

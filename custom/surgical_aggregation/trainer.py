@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, sa
 from .config import SiteConfig
 from .core.devices import autocast_dtype, resolve_device, resolve_workers
 from .core.head import NAMED_HEAD, batchnorm_keys, place_rows
-from .core.labels import canonical_name
+from .core.labels import active_vocabulary, canonical_name
 from .core.methods import SiteRecipe, prior_vector
 from .loops import (
     Evaluation,
@@ -31,6 +32,7 @@ from .loops import (
     train_epoch,
 )
 from .metrics import bce_loss, mean_defined, per_class_auroc
+from .parallel import FitRequest, RankGroup
 from .site_data import SiteData
 
 logger = logging.getLogger(__name__)
@@ -81,16 +83,20 @@ class SiteTrainer:
         site_name: str = "site",
         log: logging.Logger = logger,
         tracker: Tracker | None = None,
+        group: RankGroup | None = None,
     ) -> None:
+        """``group``: a helper's place in the site's training group (``gpus`` > 1); rank 0 starts its group
+        at its first fit."""
         self.config = config
         self.data = data
         self.site_name = site_name
         self.log = log
         self.tracker = tracker
+        self.group = group
         if config.cpu_threads:
             torch.set_num_threads(config.cpu_threads)
         torch.manual_seed(config.seed)
-        self.device = resolve_device(config.device)
+        self.device = group.device if group is not None else resolve_device(config.device)
         self.autocast = autocast_dtype(self.device, config.amp)
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast == torch.float16 else None
         self.workers = resolve_workers(config.workers, self.device)
@@ -195,6 +201,12 @@ class SiteTrainer:
         FedProx's proximal term (towards the model as loaded from the server).
         """
         config = self.config
+        group = self._training_group()
+        if group is not None:
+            if group.rank == 0:
+                request = FitRequest(round_number, warmup, self.recipe, self.head_classes, self.epochs_done)
+                group.announce(request)
+            group.broadcast_state(self.model)  # the helpers start from the model rank 0 loaded
         frozen_bn = self.recipe.freezes_batchnorm
         freeze_batchnorm(self.model, frozen_bn)
         self._prior = prior_vector(self.recipe.label_prior, self.head_classes)
@@ -203,18 +215,57 @@ class SiteTrainer:
         if warmup and config.warmup_epochs > 0:
             set_backbone_trainable(self.model, False, frozen_bn)
             optimizer = make_optimizer(config, self.model.parameters(), config.warmup_learning_rate, self.device)
-            for epoch in range(config.warmup_epochs):
-                result = self._epoch(optimizer, f"round {round_number} head warm-up", epoch, config.warmup_epochs)
-                report.warmup_losses.append(result.loss)
-                report.seconds += result.seconds
+            with self._steps_on(group, frozen_bn):
+                for epoch in range(config.warmup_epochs):
+                    phase = f"round {round_number} head warm-up"
+                    result = self._epoch(optimizer, phase, epoch, config.warmup_epochs)
+                    report.warmup_losses.append(result.loss)
+                    report.seconds += result.seconds
             set_backbone_trainable(self.model, True, frozen_bn)
         optimizer = make_optimizer(config, self.model.parameters(), config.learning_rate, self.device)
-        for epoch in range(config.local_epochs):
-            result = self._epoch(optimizer, f"round {round_number} training", epoch, config.local_epochs)
-            report.train_losses.append(result.loss)
-            report.samples = result.samples
-            report.seconds += result.seconds
+        with self._steps_on(group, frozen_bn):
+            for epoch in range(config.local_epochs):
+                result = self._epoch(optimizer, f"round {round_number} training", epoch, config.local_epochs)
+                report.train_losses.append(result.loss)
+                report.samples = result.samples
+                report.seconds += result.seconds
         return report
+
+    def _training_group(self) -> RankGroup | None:
+        """The site's training group (``gpus`` > 1), started at the first fit; None for one process."""
+        if self.group is None and self.config.gpus > 1:
+            spec = {
+                "site": self.site_name,
+                "config": self.config.to_dict(),
+                "aliases": dict(active_vocabulary().aliases),  # the job's and the site's, as this process reads
+            }
+            self.group = RankGroup.start(self.config.gpus, self.device, spec, self.log)
+        return self.group
+
+    @contextmanager
+    def _steps_on(self, group: RankGroup | None, frozen_batchnorm: bool) -> Iterator[None]:
+        """A phase's training steps: through DDP over the group (its trainable parameters as now), or as usual."""
+        if group is None:
+            yield
+            return
+        single = self.training_model
+        self.training_model = group.parallel(self.model, batchnorm_trained=not frozen_batchnorm)
+        try:
+            yield
+        finally:
+            self.training_model = single
+
+    def close(self) -> None:
+        """Rank 0: end the training group's helpers (they also leave by themselves when this process ends)."""
+        if self.group is not None and self.group.rank == 0:
+            self.group.close()
+            self.group = None
+
+    def apply(self, request: FitRequest) -> None:
+        """A helper: take the state of the fit rank 0 announced (the weights follow by broadcast)."""
+        self.set_recipe(request.recipe)
+        self._set_head(request.head_classes)
+        self.epochs_done = request.epochs_done
 
     def _proximal_term(self) -> Callable[[], torch.Tensor]:
         """FedProx: mu/2 * ||w - w_global||^2 over the trainable parameters."""
@@ -249,6 +300,7 @@ class SiteTrainer:
             penalty=self._penalty,
             frozen_batchnorm=self.recipe.freezes_batchnorm,
             log=self.log,
+            shard=None if self.group is None else self.group.shard,
         )
         self.epochs_done += 1
         self.log.info(

@@ -92,6 +92,13 @@ class ClientSession:
         self.local_model_path = app_dir / LOCAL_MODEL_FILE
         self._trainer: SiteTrainer | None = None
 
+    def __enter__(self) -> ClientSession:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._trainer is not None:
+            self._trainer.close()  # the helpers of a site training on several GPUs leave with the job
+
     @property
     def class_names(self) -> list[str]:
         return list(self.table.classes)
@@ -286,7 +293,7 @@ def main() -> None:
     except Exception as error:
         log.error("%s cannot start: %s", site, error)
         raise
-    with vocabulary_in_use(vocabulary):  # every name this site reads or sends, the job's and its own aliases
+    with vocabulary_in_use(vocabulary), session:  # the job's and the site's names, in everything sent and read
         while flare.is_running():
             received = flare.receive()
             if received is None:
