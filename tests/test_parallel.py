@@ -81,3 +81,15 @@ def test_a_helper_that_cannot_start_is_an_error_at_rank_0_not_a_hang(tmp_path):
     spec = {"site": "site-test", "config": config, "aliases": {}}
     with pytest.raises(RuntimeError, match=r"training helper rank 1 \(process \d+\) exited with code 1 before joining"):
         RankGroup.start(2, torch.device("cpu"), spec)
+
+
+def test_with_batchnorm_trained_two_cpu_processes_train_on_their_own_rows_statistics(nih_data, tmp_path):
+    trainer = _trainer(nih_data, tmp_path / "cache", 2)
+    trainer.set_recipe(SiteRecipe(backbone_strategy="fedavg"))  # BatchNorm trains: per-rank statistics on a CPU
+    before = {key: value.clone() for key, value in trainer.state_dict().items()}
+    report = trainer.fit(0, warmup=False)
+    after = trainer.state_dict()
+    trainer.close()
+    assert report.samples == 24 and all(torch.isfinite(torch.tensor(report.train_losses)))
+    running_mean = "features.norm0.running_mean"
+    assert not torch.equal(before[running_mean], after[running_mean])  # BatchNorm's statistics moved
