@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,10 +37,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .core.errors import SiteConfigError
+
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"  # the group lives on one machine
 HELPER_MODULE = "surgical_aggregation.rank_helper"
+PACKAGE_PARENT = Path(__file__).resolve().parents[1]
 PARENT_PID_VARIABLE = "SURGICAL_AGGREGATION_PARENT_PID"  # tells a helper which process is its rank 0
 POLL_SECONDS = 0.2
 # A collective waits this long for the other ranks (a helper that died shows as this timeout at rank 0).
@@ -105,6 +109,7 @@ class RankGroup:
     device: torch.device
     parent_pid: int | None = None  # a helper's rank 0 process: gone means leave
     helpers: list[subprocess.Popen] = field(default_factory=list)
+    folder: Path | None = None  # rank 0: where the helpers' site spec is
     fits: int = 0
 
     @property
@@ -118,22 +123,29 @@ class RankGroup:
         """Rank 0: start ``world - 1`` helpers that build the site from ``helper_spec`` (its config as a dict,
         its vocabulary's aliases, its name), and join the process group with them."""
         if device.type == "cuda" and (device.index or 0) + world > torch.cuda.device_count():
-            raise RuntimeError(
-                f"gpus: {world} from {device} needs {(device.index or 0) + world} GPUs; this machine has "
+            raise SiteConfigError(
+                f"gpus: {world} from device {device} needs {(device.index or 0) + world} GPUs; this machine has "
                 f"{torch.cuda.device_count()}"
             )
         store = dist.TCPStore(HOST, 0, world, is_master=True, wait_for_workers=False, timeout=COLLECTIVE_TIMEOUT)
-        spec_file = Path(tempfile.mkdtemp(prefix="surgical-aggregation-ranks-")) / "site.json"
-        spec_file.write_text(json.dumps(helper_spec))
-        helpers = [
-            subprocess.Popen(
-                [sys.executable, "-m", HELPER_MODULE, str(spec_file), str(rank), str(world), str(store.port)],
-                env={**os.environ, PARENT_PID_VARIABLE: str(os.getpid())},
-            )
-            for rank in range(1, world)
-        ]
-        group = cls(0, world, store, rank_device(device, 0), helpers=helpers)
-        group._await_helpers()
+        folder = Path(tempfile.mkdtemp(prefix="surgical-aggregation-ranks-"))
+        (folder / "site.json").write_text(json.dumps(helper_spec))
+        # the helpers import the very package this process runs (installed, or shipped with the job)
+        path = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")]))
+        environment = {**os.environ, PARENT_PID_VARIABLE: str(os.getpid()), "PYTHONPATH": path}
+        spec = str(folder / "site.json")
+        helpers = []
+        for rank in range(1, world):
+            command = [sys.executable, "-m", HELPER_MODULE, spec, str(rank), str(world), str(store.port)]
+            helpers.append(subprocess.Popen(command, env=environment))
+        group = cls(0, world, store, rank_device(device, 0), helpers=helpers, folder=folder)
+        try:
+            group._await_helpers()
+        except RuntimeError:
+            for helper in helpers:
+                helper.kill()
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         group._join()
         pids = [helper.pid for helper in helpers]
         log.info("training on %d processes (%s backend): this one and helpers %s", world, backend_for(device), pids)
@@ -220,6 +232,8 @@ class RankGroup:
             except subprocess.TimeoutExpired:
                 helper.kill()
         dist.destroy_process_group()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
