@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .core.errors import SiteConfigError
+from .core.methods import SiteRecipe
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class FitRequest:
 
     round_number: int
     warmup: bool
-    recipe: Any  # core.methods.SiteRecipe
+    recipe: SiteRecipe
     head_classes: list[str]
     epochs_done: int
 
@@ -196,7 +197,7 @@ class RankGroup:
         """A helper: the next fit, or None once rank 0 closed the group or its process is gone."""
         key = f"fit/{self.fits}"
         while not self.store.check([key]):
-            if self.parent_pid is not None and not _alive(self.parent_pid):
+            if self.parent_pid is not None and not process_alive(self.parent_pid):
                 return None
             time.sleep(POLL_SECONDS)
         value = self.store.get(key)
@@ -236,11 +237,15 @@ class RankGroup:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+    except OSError:
+        return True

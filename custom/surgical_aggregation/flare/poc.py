@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from ..core.errors import DataNotFoundError, UserError
+from ..parallel import process_alive
 from .deploy import SERVER_HEARTBEAT_TIMEOUT, set_heartbeat_timeout, write_local_folder
 from .protocol import CODE_DELIVERIES
 from .recipe import SERVER_SITE
@@ -98,19 +99,6 @@ def poc_project(sites: list[str], port: int) -> dict:
             {"path": "nvflare.lighter.impl.signature.SignatureBuilder"},
         ],
     }
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
-    except OSError:
-        return True
 
 
 @dataclass(frozen=True)
@@ -279,9 +267,9 @@ class PocWorkspace:
             log.warning("nvflare poc stop failed (exit %d); ending the processes by id", result.returncode)
         pids = sorted(set(record["pids"].values()) | set(self._group_members(record["process_group"])))
         deadline = time.monotonic() + grace
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(process_alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.5)
-        killed = [pid for pid in pids if _alive(pid)]
+        killed = [pid for pid in pids if process_alive(pid)]
         for pid in killed:
             log.warning("process %d still running after shutdown; killing it", pid)
             with contextlib.suppress(ProcessLookupError):
