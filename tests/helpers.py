@@ -37,6 +37,32 @@ def toy_state(n_classes: int, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
+class ToyNet(torch.nn.Module):
+    """The miniature model whose state :func:`toy_state` is: conv -> BatchNorm -> ReLU -> global mean -> head."""
+
+    def __init__(self, n_classes: int) -> None:
+        super().__init__()
+        self.backbone = torch.nn.Module()
+        self.backbone.conv = torch.nn.Conv2d(1, TOY_FEATURES, 3, bias=False)
+        self.backbone.bn = torch.nn.BatchNorm2d(TOY_FEATURES)
+        self.head = torch.nn.Linear(TOY_FEATURES, n_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        features = torch.relu(self.backbone.bn(self.backbone.conv(images))).mean(dim=(2, 3))
+        return self.head(features)
+
+
+TOY_PROBE = torch.linspace(-1, 1, 2 * 8 * 8).reshape(2, 1, 8, 8)
+
+
+def toy_outputs(state: dict, class_names: Sequence[str]) -> np.ndarray:
+    """A toy state's outputs on a fixed probe input, in eval mode: the server's model check of the test harness."""
+    model = ToyNet(len(class_names)).eval()
+    model.load_state_dict({key: torch.as_tensor(np.asarray(value)) for key, value in state.items()})
+    with torch.no_grad():
+        return model(TOY_PROBE).numpy()
+
+
 def fedavg_reference(states: Sequence[dict], weights: Sequence[float] | None = None) -> dict[str, torch.Tensor]:
     """Plain FedAvg written out by hand (the reference surgical aggregation must reduce to): the weighted
     mean of every entry in float64, integer entries rounded back, each cast to its original dtype."""

@@ -338,7 +338,7 @@ def test_identical_class_sets_reject_a_mismatched_head_and_keep_the_others():
     classes = ["Mass", "Edema", "Hernia"]
     aggregator = SurgicalAggregator(toy_state(3, 0), classes, head=TOY_HEAD)
     aggregator.add(Contribution("a", toy_state(3, 1), classes))
-    with pytest.raises(ContributionRejected, match=r"head 'head.weight' has shape \(2, 4\), expected \(3, 4\)"):
+    with pytest.raises(ContributionRejected, match=r"'head.weight' has shape \(2, 4\), expected \(3, 4\)"):
         aggregator.add(Contribution("b", toy_state(2, 2), classes))
     result = aggregator.finalize()
     assert torch.equal(result.state["head.weight"], toy_state(3, 1)["head.weight"])

@@ -7,165 +7,23 @@ aggregation, rejection, min_clients, best-model selection and early stopping are
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from nvflare.apis.dxo import from_shareable
-from nvflare.apis.fl_constant import ReturnCode
-from nvflare.apis.fl_context import FLContext
-from nvflare.apis.shareable import make_reply
-from nvflare.apis.signal import Signal
-from nvflare.app_common.abstract.fl_model import FLModel
-from nvflare.app_common.app_constant import AppConstants
-from nvflare.app_common.app_event_type import AppEventType
 
 from surgical_aggregation.core.head import initial_head_rows
-from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
 from surgical_aggregation.flare.protocol import (
     META_CLASS_NAMES,
-    META_NUM_SAMPLES,
-    META_OUTCOME,
     META_PREPROCESSING,
-    META_WARMUP,
-    TASK_DESCRIBE,
     TASK_PUBLISH,
+    TASK_REFUSED,
     TASK_TRAIN,
     TASK_VALIDATE,
 )
 
-from helpers import TOY_HEAD, rows_by_name, toy_state
-
-Behaviour = Callable[[int, dict], dict | str | None]  # (round, received params) -> sent params
-FAILS = "fails"  # a behaviour's answer when the site's task raises: FLARE returns an error code, no result
-
-
-class FakeSite:
-    def __init__(self, name: str, classes: list[str], losses: list[float], behaviour: Behaviour | None = None):
-        self.name, self.classes, self.losses = name, classes, losses
-        self.behaviour = behaviour or (lambda round_number, params: _shifted(params, 0.01 * (1 + round_number)))
-        self.received: list[tuple[list[str], dict]] = []  # training tasks: (class names, params)
-        self.warmups: list[bool] = []  # the server's warm-up request in each training task
-        self.training_rounds: list[int] = []  # the round of each training task it received
-        self.tasks: list[tuple[str, list[str], dict]] = []  # every task after the handshake: (task, names, params)
-        self.outcomes: list[dict] = []  # what the server said of its previous training results
-        self.preprocessing = {"image_size": 64, "in_channels": 1, "imagenet_normalize": True}
-        self.metrics_override: dict | None = None  # sent instead of honest metrics with training results
-        self.validation_override: dict | None = None  # ... with the final validation's
-
-    def answer(self, task: str, data: FLModel) -> FLModel | None:
-        meta = {"client_name": self.name, META_CLASS_NAMES: self.classes, META_NUM_SAMPLES: 10}
-        if task == TASK_DESCRIBE:
-            return FLModel(params={}, metrics={"num_train": 10}, meta={**meta, META_PREPROCESSING: self.preprocessing})
-        self.tasks.append((task, list(data.meta.get(META_CLASS_NAMES) or []), data.params))
-        if META_OUTCOME in data.meta:
-            self.outcomes.append(data.meta[META_OUTCOME])
-        if task == TASK_PUBLISH:
-            return FLModel(params={}, meta={"client_name": self.name})
-        round_number = data.current_round if task != TASK_VALIDATE else len(self.losses) - 1
-        metrics = {"val_loss": self.losses[min(round_number, len(self.losses) - 1)], "val_mean_auroc": 0.7}
-        if self.metrics_override is not None and task == TASK_TRAIN:
-            metrics = {**metrics, **self.metrics_override}
-        if task == TASK_VALIDATE:
-            return FLModel(metrics={**metrics, **(self.validation_override or {})}, meta=meta)
-        self.received.append((list(data.meta[META_CLASS_NAMES]), data.params))
-        self.training_rounds.append(data.current_round)
-        self.warmups.append(bool(data.meta[META_WARMUP]))
-        params = self.behaviour(round_number, data.params)
-        if params is None or params == FAILS:
-            return params
-        return FLModel(params=params, metrics=metrics, meta=meta)
-
-
-def _shifted(params: dict, amount: float) -> dict:
-    tensors = {key: torch.as_tensor(value) for key, value in params.items()}  # FLARE sends NumPy, tests torch
-    return {key: value + amount if value.is_floating_point() else value.clone() for key, value in tensors.items()}
-
-
-class Harness(SurgicalAggregatorShareable):
-    def __init__(self, sites: list[FakeSite], app_dir, initial: tuple[dict, list[str]] | None = None, **arguments):
-        super().__init__(**arguments)
-        self.head = TOY_HEAD
-        self.sites = {site.name: site for site in sites}
-        self.initial = initial or (toy_state(0, seed=0), [])
-        self.fl_ctx, self.abort_signal = FLContext(), Signal()
-        self.app_dir, self.saved, self.events, self.messages = app_dir, [], [], []
-        self.validation_results: list[tuple[str, str, dict]] = []  # (model, site, metrics), as FLARE's JSON gets them
-        self.dead: set[str] = set()  # sites FLARE deems disconnected
-        self.unanswered: set[str] = set()  # tasks sent to sites that never answered (standing until cancelled)
-        self.cancelled = 0
-
-    @property
-    def history(self) -> list[dict]:
-        return self._federation.history
-
-    # transport
-    def send_model_and_wait(self, task_name="train", data=None, targets=None, min_responses=None, timeout=0):
-        answers = [site.answer(task_name, data) for site in self.sites.values()]
-        return [answer for answer in answers if answer is not None]
-
-    def send_model(self, task_name="train", data=None, targets=None, min_responses=None, timeout=0, callback=None):
-        site = targets[0]
-        answer = self.sites[site].answer(task_name, data)
-        if answer is None:
-            if site in self.dead:
-                self.unanswered.add(site)  # a dead site's task stands until it times out or is cancelled
-            return
-        failed = answer == FAILS
-        reply = make_reply(ReturnCode.EXECUTION_EXCEPTION if failed else ReturnCode.OK)
-        if self._accept_train_result(site, reply, self.fl_ctx) and not failed:  # FLARE's path for every answer
-            callback(answer)
-
-    def get_num_standing_tasks(self) -> int:
-        return len(self.unanswered)
-
-    def get_client_disconnect_time(self, client_name):
-        return 1.0 if client_name in self.dead else None
-
-    def cancel_all_tasks(self, completion_status=None, fl_ctx=None):
-        self.cancelled += 1
-        self.unanswered.clear()
-
-    # persistence, events, logs
-    def load_model(self) -> FLModel:
-        return FLModel(params=self.initial[0], meta={META_CLASS_NAMES: self.initial[1]})
-
-    def _state_location(self) -> Path:
-        return Path(self.app_dir) / "federation" / "federation.pt"
-
-    def save_model(self, model: FLModel) -> None:
-        self.saved.append(model)
-
-    def get_app_dir(self) -> str:
-        return str(self.app_dir)
-
-    def event(self, event_type: str) -> None:
-        self.events.append((event_type, self.fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)))
-        if event_type == AppEventType.VALIDATION_RESULT_RECEIVED:
-            owner, site = self.fl_ctx.get_prop(AppConstants.MODEL_OWNER), self.fl_ctx.get_prop(AppConstants.DATA_CLIENT)
-            metrics = from_shareable(self.fl_ctx.get_prop(AppConstants.VALIDATION_RESULT)).data
-            self.validation_results.append((owner, site, metrics))
-
-    def info(self, msg: str) -> None:
-        self.messages.append(("info", msg))
-
-    def warning(self, msg: str) -> None:
-        self.messages.append(("warning", msg))
-
-    def error(self, msg: str) -> None:
-        self.messages.append(("error", msg))
-
-    def panic(self, reason: str, fl_ctx=None) -> None:  # FLARE aborts the job; here the test sees it raised
-        raise RuntimeError(reason)
-
-    def best_rounds(self) -> list[int]:
-        return [ml["meta"]["round"] for event, ml in self.events if event == AppEventType.GLOBAL_BEST_MODEL_AVAILABLE]
-
-
-def _messages(harness: Harness, level: str) -> str:
-    return "\n".join(text for kind, text in harness.messages if kind == level)
+from fake_sites import FAILS, FakeSite, Harness, messages, shifted
+from helpers import rows_by_name, toy_state
 
 
 def test_union_slices_and_aggregation(tmp_path):
@@ -194,7 +52,7 @@ def test_a_class_outside_the_built_in_vocabulary_joins_as_its_own_class(tmp_path
     harness = Harness(sites, tmp_path, num_rounds=1)
     harness.run()
     assert harness.saved[-1].meta[META_CLASS_NAMES] == ["Edema", "Mass", "Tumour"]
-    assert _messages(harness, "error") == ""
+    assert messages(harness, "error") == ""
 
 
 def test_a_closed_vocabulary_refuses_a_site_bringing_another_class_and_goes_on(tmp_path):
@@ -206,8 +64,17 @@ def test_a_closed_vocabulary_refuses_a_site_bringing_another_class_and_goes_on(t
     assert (
         "handshake with site-c failed, leaving it out: site site-c's class names: class 'Tumour' (from 'Tumour') "
         "is not one of the job's accepted classes: Mass, Pleural Effusion, Edema"
-    ) in _messages(harness, "error")
-    assert harness.saved[-1].meta[META_CLASS_NAMES] == ["Edema", "Mass"] and refused.tasks == []
+    ) in messages(harness, "error")
+    assert harness.saved[-1].meta[META_CLASS_NAMES] == ["Edema", "Mass"]
+    assert [task for task, _, _ in refused.tasks] == [TASK_REFUSED]  # told why, then nothing more
+    assert refused.outcomes == [
+        {
+            "task": "describe",
+            "status": "refused",
+            "reason": "site site-c's class names: class 'Tumour' (from 'Tumour') is not one of the job's accepted "
+            "classes: Mass, Pleural Effusion, Edema",
+        }
+    ]
     with pytest.raises(RuntimeError, match=r"only 1 site\(s\) answered the handshake"):
         Harness([sites[0], refused], tmp_path / "two", num_rounds=1, accepted_classes=accepted).run()
 
@@ -228,7 +95,7 @@ def test_the_job_aliases_make_two_spellings_one_row(tmp_path):
 
 def test_broken_update_is_rejected_and_the_round_continues(tmp_path):
     def nan_in_round_1(round_number, params):
-        sent = _shifted(params, 0.01)
+        sent = shifted(params, 0.01)
         if round_number == 1:
             sent["backbone.conv.weight"][0, 0, 0, 0] = math.nan
         return sent
@@ -240,26 +107,26 @@ def test_broken_update_is_rejected_and_the_round_continues(tmp_path):
     ]
     harness = Harness(sites, tmp_path, num_rounds=2, min_clients=2)
     harness.run()
-    assert "contribution from 'site-c' rejected: 'backbone.conv.weight' has 1 non-finite" in _messages(harness, "error")
+    assert "contribution from 'site-c' rejected: 'backbone.conv.weight' has 1 non-finite" in messages(harness, "error")
     round_1 = next(entry for entry in harness.history if entry["round"] == 1)["aggregation"]
     assert round_1["accepted"] == ["site-a", "site-b"] and "site-c" in round_1["rejected"]
     final = harness.saved[-1].params
     assert torch.isfinite(final["backbone.conv.weight"]).all()
     # Edema's row now comes from site-b alone
-    sent_b = rows_by_name(_shifted(sites[1].received[1][1], 0.02), sites[1].classes)
+    sent_b = rows_by_name(shifted(sites[1].received[1][1], 0.02), sites[1].classes)
     union = harness.saved[-1].meta[META_CLASS_NAMES]
     np.testing.assert_allclose(rows_by_name(final, union)["Edema"], sent_b["Edema"], atol=1e-6)
 
 
 def test_too_few_valid_contributions_keep_the_last_good_model(tmp_path):
     def silent_after_round_0(round_number, params):
-        return _shifted(params, 0.01) if round_number == 0 else None  # drops out
+        return shifted(params, 0.01) if round_number == 0 else None  # drops out
 
     sites = [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-b", ["Edema"], [0.5], silent_after_round_0)]
     harness = Harness(sites, tmp_path, num_rounds=2, min_clients=2)
     harness.run()
-    assert "round 1: no result from ['site-b']" in _messages(harness, "warning")
-    assert "keeping the last good global model" in _messages(harness, "warning")
+    assert "round 1: no result from ['site-b']" in messages(harness, "warning")
+    assert "keeping the last good global model" in messages(harness, "warning")
     after_round_0, after_round_1 = harness.saved[0].params, harness.saved[1].params
     for key in after_round_0:
         assert torch.equal(torch.as_tensor(after_round_0[key]), torch.as_tensor(after_round_1[key])), key
@@ -280,7 +147,7 @@ def test_best_model_by_mean_validation_loss_and_early_stopping(tmp_path):
     assert harness.best_rounds() == [0, 1]
     assert harness._federation.best.round == 1
     assert max(r["round"] for r in harness.history) == 5  # round 6 never ran
-    assert "early stop: 3 validated rounds without improvement" in _messages(harness, "info")
+    assert "early stop: 3 validated rounds without improvement" in messages(harness, "info")
 
 
 def test_the_server_asks_each_site_to_warm_up_its_head_once(tmp_path):
@@ -345,7 +212,7 @@ def test_a_crashed_federation_resumes_from_its_last_completed_round(tmp_path):
     def crash_in_round_2(round_number, params):
         if round_number == 2:
             raise ConnectionError("the server went down")
-        return _shifted(params, 0.01)
+        return shifted(params, 0.01)
 
     losses = [0.9, 0.5, 0.4, 0.45, 0.3]
     sites = [FakeSite("site-a", ["Mass"], losses), FakeSite("site-b", ["Edema"], losses, crash_in_round_2)]
@@ -357,7 +224,7 @@ def test_a_crashed_federation_resumes_from_its_last_completed_round(tmp_path):
     again = [FakeSite("site-a", ["Mass"], losses), FakeSite("site-b", ["Edema"], losses)]
     harness = Harness(again, tmp_path, num_rounds=4)
     harness.run()
-    assert "resuming the federation saved by job" in _messages(harness, "info")
+    assert "resuming the federation saved by job" in messages(harness, "info")
     assert [entry["round"] for entry in harness.history] == [-1, 0, 1, 2, 3]  # each model once
     assert all("aggregation" in entry for entry in harness.history[1:])
     assert [site.warmups for site in again] == [[False, False], [False, False]]  # warmed up before the crash
@@ -378,7 +245,7 @@ def test_an_unfinished_federation_is_not_continued_with_another_method(tmp_path)
 
     with pytest.raises(ConnectionError):
         Harness([FakeSite("site-a", ["Mass"], [0.5], crash)], tmp_path, num_rounds=2, min_clients=1).run()
-    with pytest.raises(RuntimeError, match=r"ran with .*'method': 'surgical'.*remove that folder to start afresh"):
+    with pytest.raises(RuntimeError, match=r"ran with .*'method': 'surgical'.*with resume \"never\" to start afresh"):
         Harness([FakeSite("site-a", ["Mass"], [0.5])], tmp_path, num_rounds=2, min_clients=1, method="personal").run()
 
 
@@ -405,7 +272,7 @@ def test_a_row_for_a_class_the_site_never_declared_is_rejected(tmp_path):
     reason = harness.history[1]["aggregation"]["rejected"]["site-a"]
     assert reason == "rows for classes it did not declare: ['Fracture']"
     final = rows_by_name(harness.saved[-1].params, harness.saved[-1].meta[META_CLASS_NAMES])
-    sent_by_honest = rows_by_name(_shifted(honest.received[0][1], 0.01), honest.classes)
+    sent_by_honest = rows_by_name(shifted(honest.received[0][1], 0.01), honest.classes)
     np.testing.assert_allclose(final["Fracture"], sent_by_honest["Fracture"], atol=1e-6)  # site-b's row alone
     assert liar.outcomes[-1] == {"task": TASK_TRAIN, "round": 0, "status": "rejected", "reason": reason}
 
@@ -419,20 +286,22 @@ def test_a_row_for_a_class_no_site_has_does_not_grow_the_union(tmp_path):
 
 
 def test_an_update_out_of_proportion_is_rejected(tmp_path):
-    def scaled(round_number, params):
-        return {key: value * 1e30 if value.is_floating_point() else value for key, value in _shifted(params, 0).items()}
+    def scaled(factor):
+        return lambda round_number, params: {
+            key: value * factor if value.is_floating_point() else value for key, value in shifted(params, 0).items()
+        }
 
     honest = [FakeSite("site-a", ["Mass"], [0.5, 0.4]), FakeSite("site-b", ["Mass"], [0.5, 0.4])]
-    harness = Harness([*honest, FakeSite("site-c", ["Mass"], [0.5, 0.4], scaled)], tmp_path, num_rounds=2)
+    harness = Harness([*honest, FakeSite("site-c", ["Mass"], [0.5, 0.4], scaled(1e30))], tmp_path, num_rounds=2)
     harness.run()
     for entry in harness.history[1:]:
         assert entry["aggregation"]["accepted"] == ["site-a", "site-b"]
-        assert "update norm" in entry["aggregation"]["rejected"]["site-c"]
-        assert "out of proportion: more than 10 x the median" in entry["aggregation"]["rejected"]["site-c"]
+        reason = entry["aggregation"]["rejected"]["site-c"]
+        assert reason.startswith("its update of the backbone weights is 1e+30 times their size; this federation ")
     assert float(np.abs(np.asarray(harness.saved[-1].params["head.weight"])).max()) < 10
-    # with the bound off (research), the same update is taken
+    # with the bound off (research), a update ten times the weights' size is taken
     off = Harness(
-        [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-c", ["Mass"], [0.5], scaled)],
+        [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-c", ["Mass"], [0.5], scaled(10.0))],
         tmp_path / "off",
         num_rounds=1,
         update_bound=None,
@@ -484,12 +353,12 @@ def test_a_dead_site_is_not_waited_for_and_may_come_back(tmp_path):
         if round_number == 1:
             harness.dead.add("site-b")
             return None  # no answer: its task stands
-        return _shifted(params, 0.01)
+        return shifted(params, 0.01)
 
     def brings_b_back_in_round_3(round_number, params):
         if round_number == 3:
             harness.dead.clear()  # FLARE sees site-b again (its next heartbeat)
-        return _shifted(params, 0.01)
+        return shifted(params, 0.01)
 
     sites = [
         FakeSite("site-a", ["Mass"], [0.5, 0.4, 0.3, 0.3], brings_b_back_in_round_3),
@@ -498,8 +367,8 @@ def test_a_dead_site_is_not_waited_for_and_may_come_back(tmp_path):
     harness = Harness(sites, tmp_path, num_rounds=4, min_clients=1)
     harness.run()
     assert harness.cancelled == 1  # round 1 stopped waiting once only the dead site was awaited
-    assert "['site-b'] disconnected: not waiting for their answers" in _messages(harness, "warning")
-    assert "site-b is disconnected: no train task for it" in _messages(harness, "warning")  # round 2
+    assert "['site-b'] disconnected: not waiting for their answers" in messages(harness, "warning")
+    assert "site-b is disconnected: no train task for it" in messages(harness, "warning")  # round 2
     assert [entry["aggregation"]["accepted"] for entry in harness.history[1:]] == [
         ["site-a", "site-b"],
         ["site-a"],
@@ -511,7 +380,7 @@ def test_a_dead_site_is_not_waited_for_and_may_come_back(tmp_path):
 
 def test_a_failed_task_is_recorded_and_the_round_goes_on(tmp_path):
     def job_process_killed_in_round_1(round_number, params):
-        return FAILS if round_number == 1 else _shifted(params, 0.01)  # FLARE: EXECUTION_EXCEPTION, no result
+        return FAILS if round_number == 1 else shifted(params, 0.01)  # FLARE: EXECUTION_EXCEPTION, no result
 
     failing = FakeSite("site-b", ["Edema"], [0.5, 0.4, 0.3], job_process_killed_in_round_1)
     harness = Harness([FakeSite("site-a", ["Mass"], [0.5, 0.4, 0.3]), failing], tmp_path, num_rounds=3, min_clients=1)
@@ -525,7 +394,7 @@ def test_a_failed_task_is_recorded_and_the_round_goes_on(tmp_path):
         harness.history[2]["aggregation"]["accepted"] == ["site-a"]
         and harness.history[2]["aggregation"]["missing"] == []
     )
-    assert "round 1: the training task of site-b failed (EXECUTION_EXCEPTION)" in _messages(harness, "error")
+    assert "round 1: the training task of site-b failed (EXECUTION_EXCEPTION)" in messages(harness, "error")
     assert failing.outcomes[1] == {
         "task": TASK_TRAIN,
         "round": 1,
@@ -537,7 +406,7 @@ def test_a_failed_task_is_recorded_and_the_round_goes_on(tmp_path):
 
 def test_a_late_result_is_told_to_the_site_as_not_aggregated(tmp_path):
     def late_in_round_0(round_number, params):
-        return None if round_number == 0 else _shifted(params, 0.01)  # FLARE dropped its late result
+        return None if round_number == 0 else shifted(params, 0.01)  # FLARE dropped its late result
 
     late = FakeSite("site-b", ["Edema"], [0.5, 0.4], late_in_round_0)
     Harness([FakeSite("site-a", ["Mass"], [0.5, 0.4]), late], tmp_path, num_rounds=2, min_clients=1).run()
@@ -561,8 +430,8 @@ def test_a_federation_that_never_made_progress_fails_and_names_the_sites(tmp_pat
     assert [entry["aggregation"]["failed"] for entry in harness.history[1:]] == [{"site-b": "EXECUTION_EXCEPTION"}] * 2
     assert harness.history[1]["aggregation"]["accepted"] == ["site-a"]
     assert harness.best_rounds() == []  # no model is labelled best
-    assert "site-b: its training task failed (EXECUTION_EXCEPTION)" in _messages(harness, "error")
-    assert "site-a: its result was valid, but no round had 2 valid contributions" in _messages(harness, "error")
+    assert "site-b: its training task failed (EXECUTION_EXCEPTION)" in messages(harness, "error")
+    assert "site-a: its result was valid, but no round had 2 valid contributions" in messages(harness, "error")
     assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in sites)  # nothing published
     assert harness._federation.finished  # a corrected job starts afresh
 
@@ -575,9 +444,11 @@ def test_one_preprocessing_per_federation(tmp_path):
     harness.run()
     assert (
         "handshake with site-b refused: it preprocesses its data otherwise: image_size 32 (the federation's: 64)"
-        in (_messages(harness, "error"))
+        in (messages(harness, "error"))
     )
-    assert harness.saved[-1].meta[META_PREPROCESSING]["image_size"] == 64 and small.tasks == []
+    assert harness.saved[-1].meta[META_PREPROCESSING]["image_size"] == 64
+    assert [task for task, _, _ in small.tasks] == [TASK_REFUSED]
+    assert small.outcomes[0]["reason"].endswith('set "image_size": 64 in its site config')
     # a job may set the federation's preprocessing: then a site that differs from it is refused, by name
     decided = Harness(
         [FakeSite("site-a", ["Mass"], [0.5, 0.4]), FakeSite("site-b", ["Edema"], [0.5, 0.4])],

@@ -30,8 +30,8 @@ from surgical_aggregation.images.model import NamedDenseNet121
 from surgical_aggregation.loops import masked_bce_with_logits
 from surgical_aggregation.site_data import prepare_site_data
 from surgical_aggregation.trainer import SiteTrainer
-from test_controller import FakeSite, Harness, _shifted
 
+from fake_sites import FakeSite, Harness, shifted
 from helpers import rows_by_name
 
 W, B = NAMED_HEAD.keys
@@ -62,8 +62,8 @@ class EchoSite(FakeSite):
 
 def _federation(method: str, tmp_path, classes_a: list[str], classes_b: list[str], **arguments) -> Harness:
     sites = [
-        EchoSite("site-a", classes_a, [0.5, 0.4, 0.3], lambda r, p: _shifted(p, 0.01 * (1 + r))),
-        EchoSite("site-b", classes_b, [0.6, 0.5, 0.4], lambda r, p: _shifted(p, -0.03 * (1 + r))),
+        EchoSite("site-a", classes_a, [0.5, 0.4, 0.3], lambda r, p: shifted(p, 0.01 * (1 + r))),
+        EchoSite("site-b", classes_b, [0.6, 0.5, 0.4], lambda r, p: shifted(p, -0.03 * (1 + r))),
     ]
     harness = Harness(sites, tmp_path / method, num_rounds=2, method=method, **arguments)
     (tmp_path / method).mkdir()
@@ -102,7 +102,7 @@ def test_union_head_methods_send_every_site_the_whole_union(tmp_path):
     # every row is averaged over both sites (plain FedAvg), unlike surgical aggregation
     shifts = {"site-a": 0.02, "site-b": -0.06}
     sent = {
-        name: rows_by_name(_shifted(harness.sites[name].received[1][1], shift), union) for name, shift in shifts.items()
+        name: rows_by_name(shifted(harness.sites[name].received[1][1], shift), union) for name, shift in shifts.items()
     }
     result = rows_by_name(harness.saved[-1].params, union)
     for name in union:
@@ -119,7 +119,7 @@ def test_surgical_sends_only_own_rows_and_personal_keeps_models_per_site(tmp_pat
     assert latest_a.class_names == ["Mass", "Pleural Effusion"] and latest_a.meta["site"] == "site-a"
     # site-a's personal model: its own last head rows (sent in round 1), the averaged backbone
     site_a = personal.sites["site-a"]
-    own_rows = rows_by_name(_shifted(site_a.received[1][1], 0.02), ["Mass", "Pleural Effusion"])
+    own_rows = rows_by_name(shifted(site_a.received[1][1], 0.02), ["Mass", "Pleural Effusion"])
     np.testing.assert_allclose(rows_by_name(latest_a.state, latest_a.class_names)["Mass"], own_rows["Mass"], atol=1e-6)
     global_state = personal.saved[-1].params
     np.testing.assert_allclose(
@@ -134,7 +134,7 @@ def test_surgical_sends_only_own_rows_and_personal_keeps_models_per_site(tmp_pat
 
 def test_fedsld_prior_is_computed_from_the_handshake_and_sent_per_site(tmp_path):
     counts_a = {"Mass": [3, 10], "Effusion": [5, 10]}
-    counts_b = {"Pleural Effusion": [1, 30], "Hernia": [2, 29]}
+    counts_b = {"Pleural Effusion": [1, 10], "Hernia": [2, 9]}  # at most the 10 training images each site declares
     sites = [
         EchoSite("site-a", ["Mass", "Effusion"], [0.5, 0.4, 0.3], counts=counts_a),
         EchoSite("site-b", ["Pleural Effusion", "Hernia"], [0.6, 0.5, 0.4], counts=counts_b),
@@ -142,9 +142,9 @@ def test_fedsld_prior_is_computed_from_the_handshake_and_sent_per_site(tmp_path)
     harness = Harness(sites, tmp_path, num_rounds=1, label_prior=True, weighting="samples")
     harness.run()
     assert sites[0].handshake_meta[META_WANT_LABEL_COUNTS] is True
-    # by hand: Pleural Effusion = (5 + 1) / (10 + 30), Mass = 3/10, Hernia = 2/29
-    assert sites[0].recipes[0]["label_prior"] == pytest.approx({"Mass": 0.3, "Pleural Effusion": 6 / 40})
-    assert sites[1].recipes[0]["label_prior"] == pytest.approx({"Pleural Effusion": 6 / 40, "Hernia": 2 / 29})
+    # by hand: Pleural Effusion = (5 + 1) / (10 + 10), Mass = 3/10, Hernia = 2/9
+    assert sites[0].recipes[0]["label_prior"] == pytest.approx({"Mass": 0.3, "Pleural Effusion": 6 / 20})
+    assert sites[1].recipes[0]["label_prior"] == pytest.approx({"Pleural Effusion": 6 / 20, "Hernia": 2 / 9})
     # without FedSLD nothing is asked for and no prior is sent
     plain = [EchoSite("site-a", ["Mass"], [0.5]), EchoSite("site-b", ["Edema"], [0.5])]
     Harness(plain, tmp_path, num_rounds=1).run()

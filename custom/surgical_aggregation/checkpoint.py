@@ -8,17 +8,18 @@ or the sentence encoder), the round that produced it, and so on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from .core.errors import ModelFileError
 from .core.head import NAMED_HEAD
-from .data.storage import read_tensor_file
+from .data.storage import read_tensor_file, write_atomically
 from .modalities import ARCHITECTURES, DEFAULT_ARCHITECTURE, modality_for_architecture
 
 PREPROCESSING_KEY = "preprocessing"  # checkpoint meta: what the model is fed (the modality's description)
@@ -55,19 +56,15 @@ def save_checkpoint(
     in_channels: int = 1,
     **meta: Any,
 ) -> Path:
-    """Write atomically (temp file + rename) so a crash never leaves a half-written model."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write atomically (temp file, fsync, rename) so a crash never leaves a half-written model; a full disk is a
+    :class:`~surgical_aggregation.core.errors.StorageError` and the previous file stays."""
     payload = {
         "model": {key: torch.as_tensor(value).detach().cpu() for key, value in state.items()},
         "class_names": list(class_names),
         "in_channels": in_channels,
         "meta": meta,
     }
-    temporary = path.with_name(path.name + ".tmp")
-    torch.save(payload, temporary)
-    temporary.replace(path)
-    return path
+    return write_atomically(Path(path), lambda handle: torch.save(payload, handle), "model file")
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -111,3 +108,24 @@ def initial_global_state(
     for key in NAMED_HEAD.keys:
         state[key] = state[key][:0].clone()
     return state
+
+
+def probe_outputs(
+    architecture: str, preprocessing: Mapping[str, Any]
+) -> Callable[[Mapping[str, Any], Sequence[str]], Any]:
+    """The outputs of a model state (any head size) on the modality's fixed probe input, in eval mode: the server's
+    model check (:func:`surgical_aggregation.core.checks.model_problems`)."""
+    modality = modality_for_architecture(architecture)
+    inputs = modality.probe_input(preprocessing)
+    models: dict[int, nn.Module] = {}
+
+    def outputs(state: Mapping[str, Any], class_names: Sequence[str]) -> Any:
+        rows = len(class_names)
+        if rows not in models:  # the names only size the head here
+            models[rows] = modality.build_model([f"probe class {index}" for index in range(rows)], preprocessing).eval()
+        model = models[rows]
+        model.load_state_dict({key: torch.as_tensor(np.asarray(value)) for key, value in state.items()})
+        with torch.inference_mode():
+            return model(inputs).float().numpy()
+
+    return outputs

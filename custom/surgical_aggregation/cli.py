@@ -25,7 +25,7 @@ from pathlib import Path
 from .core.errors import SiteConfigError, UserError
 from .data.storage import default_cache_root
 from .data.table import UNCERTAINTY_POLICIES
-from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES, TIMED_TASKS
+from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES, RESUME_CHOICES, TIMED_TASKS
 from .images.cache import ON_ERROR_POLICIES
 from .images.layouts import DATASET_KINDS
 from .images.synthetic import GENERATORS
@@ -177,6 +177,21 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="a closed vocabulary: a class the job accepts (repeat for each); a site bringing any other is refused "
         "at the handshake. Default: any class joins",
+    )
+    parser.add_argument(
+        "--resume",
+        choices=RESUME_CHOICES,
+        default=None,
+        help="an unfinished federation of this job's name on the server (after a crash): latest (default) continues "
+        "from its last saved round, backup from the state saved one round earlier, never starts afresh",
+    )
+    parser.add_argument(
+        "--judging-site",
+        action="append",
+        default=None,
+        metavar="SITE",
+        help="a site whose validation losses select the best model and stop early (repeat for each; default: every "
+        "accepted site, their median with three or more)",
     )
     for task in TIMED_TASKS:
         parser.add_argument(
@@ -394,10 +409,11 @@ def _write_job(args: argparse.Namespace) -> int:
         sites = _site_configs(args.site_config)
     # FLARE runs an in-process script only from the job's custom/ folder
     execution = "external_process" if args.code == "preinstalled" else "in_process"
-    timeouts = {f"{task}_timeout": getattr(args, f"{task}_timeout") for task in TIMED_TASKS}
+    controller = {f"{task}_timeout": getattr(args, f"{task}_timeout") for task in TIMED_TASKS}
+    controller.update(resume=args.resume, judging_sites=args.judging_site)
     recipe = BUNDLE_RECIPES[args.name](
         sites,
-        controller={name: seconds for name, seconds in timeouts.items() if seconds is not None},
+        controller={name: value for name, value in controller.items() if value is not None},
         code=args.code,
         client_execution=execution,
         ship_library=args.ship_library,

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
 from torch import nn
 
 from .core.errors import SiteConfigError
@@ -56,6 +57,10 @@ class Modality(Protocol):
 
     def load_pretrained(self, model: nn.Module, weights_path: str) -> None:
         """Load local pretrained backbone weights into ``model`` (refused where the modality has none)."""
+
+    def probe_input(self, preprocessing: Mapping[str, Any]) -> torch.Tensor:
+        """Two fixed inputs, preprocessed as ``preprocessing`` says: the server's check that a model's outputs are
+        finite feeds them to every candidate global model."""
 
 
 MODALITIES: tuple[Modality, ...] = (IMAGES, REPORTS)

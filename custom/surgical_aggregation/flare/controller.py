@@ -1,17 +1,21 @@
 """``SurgicalAggregatorShareable``: the FLARE 2.9 server workflow of surgical aggregation.
 
-A thin layer over :mod:`surgical_aggregation.core.aggregation`:
+The federation's loop, in FLARE terms; what it decides lives beside it: the handshake's checks in
+:mod:`.handshake`, a round's checks and aggregation in :mod:`.rounds`, the server's rules in
+:mod:`surgical_aggregation.core.checks`, best-model selection and the persisted state in :mod:`.state`.
 
 1. handshake: every site reports its class names; the union head is built from them (classes in
    name order, so the union's order says nothing of who brought what), each class's first row
    identical at every site. A job started from an earlier global model (``initial_model``) keeps
    its classes and their learned rows and adds the new ones;
 2. each round every site receives the backbone plus only its own head rows, in its own order and
-   spelling; contributions are validated and aggregated one by one as they arrive (an invalid one
-   is rejected with a logged reason, the others still aggregate);
-3. the latest global model is saved every round; the best one is chosen by the mean of the
-   sites' validation BCE loss of the global model they received (mean AUROC is logged too), with
-   early stopping (patience, min delta);
+   spelling; each result is checked as it arrives and held until the round ends; then the updates are
+   bounded, the valid results aggregated, and the candidate global model checked before it replaces the
+   last good one (a failing candidate is taken apart by leaving each result out). A rejected result is
+   logged with its reason, which the site is told with its next task;
+3. the latest global model is saved every round; the best one is chosen by the sites' validation BCE loss
+   of the global model they received (the mean of two sites', the median of three or more, or of the
+   job's ``judging_sites``), with early stopping (patience, min delta);
 4. at the end every site validates its slice of the last global model, and of the best one (the
    evaluation of the server's models, written to ``cross_site_val/cross_val_results.json`` as
    FLARE's cross-site evaluation would); then, unless ``publish_global_model`` is off, the best
@@ -33,8 +37,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,39 +53,36 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.workflows.model_controller import ModelController
 from nvflare.fuel.utils.log_utils import center_message
 
-from ..checkpoint import save_checkpoint
-from ..core.aggregation import (
-    BACKBONE_STRATEGIES,
-    WEIGHTINGS,
-    AggregationResult,
-    Contribution,
-    ContributionRejected,
-    SurgicalAggregator,
+from ..checkpoint import ARCHITECTURE_KEY, probe_outputs, save_checkpoint
+from ..core.aggregation import BACKBONE_STRATEGIES, WEIGHTINGS, Contribution, SurgicalAggregator
+from ..core.checks import (
+    DEFAULT_MAX_CLASS_NAME_LENGTH,
+    DEFAULT_MAX_CLASSES_PER_SITE,
+    DEFAULT_UPDATE_BOUND,
+    ModelOutputs,
+    UpdateReference,
+    check_metrics,
+    judged_loss,
+    model_problems,
 )
-from ..core.checks import DEFAULT_UPDATE_BOUND, check_metrics, out_of_proportion, update_norm
+from ..core.errors import UserError
 from ..core.head import NAMED_HEAD, batchnorm_keys, extend_head, slice_for_client, to_numpy
 from ..core.labels import Vocabulary
-from ..core.methods import (
-    LabelCounts,
-    SiteRecipe,
-    check_method,
-    federation_label_prior,
-    head_classes_for_site,
-    recipe_meta,
-)
+from ..core.methods import SiteRecipe, check_method, federation_label_prior, head_classes_for_site, recipe_meta
+from ..data.storage import write_atomically
+from ..modalities import DEFAULT_ARCHITECTURE
 from ..plots import plot_training_curves
-from ..run_summary import (
-    INITIAL_ROUND,
-    model_label,
-    summary_lines,
-    union_table,
-    union_table_lines,
-    write_union_table,
+from ..run_summary import INITIAL_ROUND, model_label, summary_lines, union_table, union_table_lines, write_union_table
+from .handshake import (
+    HandshakeRefused,
+    HandshakeRules,
+    SiteInfo,
+    read_site,
+    refuse_look_alikes,
+    refuse_other_preprocessing,
 )
 from .protocol import (
     META_CLASS_NAMES,
-    META_DATA,
-    META_LABEL_COUNTS,
     META_NUM_SAMPLES,
     META_OUTCOME,
     META_PREPROCESSING,
@@ -90,12 +90,24 @@ from .protocol import (
     META_ROUND,
     META_WANT_LABEL_COUNTS,
     META_WARMUP,
+    RESUME_CHOICES,
+    RESUME_LATEST,
+    RESUME_NEVER,
     TASK_DESCRIBE,
     TASK_PUBLISH,
+    TASK_REFUSED,
     TASK_TRAIN,
     TASK_VALIDATE,
 )
-from .state import FederationState, SavedVersion, load_state, save_state, state_path
+from .rounds import Round, RoundRules
+from .state import (
+    FederationState,
+    SavedVersion,
+    load_state,
+    save_state,
+    select,
+    state_path,
+)
 
 HISTORY_FILE = "round_history.json"
 # where FLARE's ValidationJsonGenerator writes the sites' evaluation of the server's models
@@ -105,29 +117,6 @@ UNION_FILE = "union_classes.csv"  # each class of the union, which sites label i
 UNION_LOG_ROWS = 25  # the head of the union table in the server's log; the CSV has every class
 PERSONAL_MODELS_DIR = "personal_models"  # PFL: <site>.pt (latest) and best_<site>.pt
 SERVER_MODEL_PREFIX = "SRV_"  # how FLARE's cross-site evaluation names the server's models in its results
-
-
-@dataclass
-class SiteInfo:
-    classes: list[str]  # canonical names
-    reported: list[str]  # the site's own spelling and order, echoed back to it
-    num_samples: int
-    data: str
-    preprocessing: dict[str, Any]
-    label_counts: dict[str, LabelCounts] = field(default_factory=dict)  # FedSLD only
-
-
-@dataclass
-class RoundResult:
-    """What one training round gathered, before aggregation."""
-
-    contributions: dict[str, Contribution] = field(default_factory=dict)  # structurally valid ones
-    sent: dict[str, FLModel] = field(default_factory=dict)  # site -> the slice it received (the update's reference)
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> its checked validation metrics
-    rejected: dict[str, str] = field(default_factory=dict)  # site -> why its contribution was rejected
-    failed: dict[str, str] = field(default_factory=dict)  # site -> the return code of its failed task
-    metric_problems: dict[str, list[str]] = field(default_factory=dict)  # site -> metrics it sent that were dropped
-    update_norms: dict[str, float] = field(default_factory=dict)  # site -> norm of (sent - received)
 
 
 def result_files(server_app: Path) -> dict[str, Path]:
@@ -142,19 +131,14 @@ def result_files(server_app: Path) -> dict[str, Path]:
     }
 
 
-def _missing(sites: Mapping[str, Any], gathered: RoundResult) -> list[str]:
-    """The sites of the federation from which nothing came back in a round."""
-    answered = set(gathered.contributions) | set(gathered.rejected) | set(gathered.failed)
-    return sorted(set(sites) - answered)
-
-
 def _mean(values: list[float]) -> float:
     values = [v for v in values if v is not None and not math.isnan(v)]
     return float(np.mean(values)) if values else math.nan
 
 
 class FederationCannotProceed(RuntimeError):
-    """Why a job stops early (too few sites at the handshake, no progress, an incompatible saved federation)."""
+    """Why a job stops early (too few sites at the handshake, no progress, an unusable model, a saved federation
+    that cannot be continued, a full disk)."""
 
 
 class SurgicalAggregatorShareable(ModelController):
@@ -190,8 +174,11 @@ class SurgicalAggregatorShareable(ModelController):
         validate_timeout: int = 1800,
         final_validation: bool = True,
         publish_global_model: bool = True,
-        resume: bool = True,
+        resume: str | bool = RESUME_LATEST,
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
+        judging_sites: list | None = None,
+        max_classes_per_site: int = DEFAULT_MAX_CLASSES_PER_SITE,
+        max_class_name_length: int = DEFAULT_MAX_CLASS_NAME_LENGTH,
         preprocessing: dict | None = None,
         label_aliases: dict | None = None,
         accepted_classes: list | None = None,
@@ -206,11 +193,12 @@ class SurgicalAggregatorShareable(ModelController):
             backbone_strategy: "fedavg" (average everything, BatchNorm statistics included),
                 "fedbn_plus" (BatchNorm frozen at the initial statistics on every site, never averaged)
                 or "fedbn" (each site keeps and trains its own BatchNorm; PFL only).
-            weighting: "uniform" (the papers' unweighted mean) or "samples" (by training images).
+            weighting: "uniform" (the papers' unweighted mean) or "samples" (by training images, at most what each
+                site declared at the handshake).
             label_prior: FedSLD: sites share per-class training counts once, and re-weight their loss
                 by the federation's label prior the server computes from them.
             proximal_mu: FedProx's proximal term weight (0 = off).
-            patience: stop after this many validated rounds without improvement of the mean
+            patience: stop after this many validated rounds without improvement of the judged
                 validation loss by more than ``min_delta``.
             handshake_timeout / train_timeout / validate_timeout: seconds a site may take per task
                 (0 waits forever; a dropped site then hangs the run).
@@ -218,10 +206,15 @@ class SurgicalAggregatorShareable(ModelController):
             publish_global_model: at the end, send the best global model (the union head and its class
                 names) to every site, which keeps it in its workspace. This is when the sites learn the
                 union's class names; off, the model stays on the server.
-            resume: continue an unfinished federation of the same job name from its last completed round
-                (after a server crash); off, a job always starts afresh.
-            update_bound: reject a contribution whose update norm is more than this many times the median of
-                the round's other contributions (or of the previous round's); None turns the bound off (research).
+            resume: how a job treats an unfinished federation of its name saved by an earlier job (after a server
+                crash): "latest" continues from its last completed round, "backup" from the state saved one
+                round earlier (when the latest is damaged), "never" starts afresh.
+            update_bound: reject a result whose update of a part of the model (backbone weights, BatchNorm
+                statistics, a head row) is more than this many times the typical accepted update of earlier
+                rounds; caps relative to the global model apply too. None turns every update bound off (research).
+            judging_sites: the sites whose validation losses select the best model and stop early (None: every
+                site whose result was accepted; their mean with two, their median with three or more).
+            max_classes_per_site / max_class_name_length: what a site may report at the handshake.
             preprocessing: what every site must feed the model (image size, channels, normalisation, or the
                 sentence encoder); a site that reports another is refused at the handshake. None: the first
                 site's (in name order) decides.
@@ -239,9 +232,21 @@ class SurgicalAggregatorShareable(ModelController):
         check_method(method, backbone_strategy)
         if not proximal_mu >= 0:
             raise ValueError(f"proximal_mu must not be negative, got {proximal_mu!r}")
-        for name, value in (("num_rounds", num_rounds), ("min_clients", min_clients)):
-            if not isinstance(value, int) or value < 1:
+        for name, value in (
+            ("num_rounds", num_rounds),
+            ("min_clients", min_clients),
+            ("max_classes_per_site", max_classes_per_site),
+            ("max_class_name_length", max_class_name_length),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        resume = {True: RESUME_LATEST, False: RESUME_NEVER}.get(resume, resume) if isinstance(resume, bool) else resume
+        if resume not in RESUME_CHOICES:
+            raise ValueError(f"resume must be one of {RESUME_CHOICES}, got {resume!r}")
+        if update_bound is not None and not update_bound > 1:
+            raise ValueError(f"update_bound must be above 1 (or None for no bound), got {update_bound!r}")
+        if judging_sites is not None and (isinstance(judging_sites, str) or not judging_sites):
+            raise ValueError(f"judging_sites must list at least one site name (or be None), got {judging_sites!r}")
         self.num_rounds = num_rounds
         self.min_clients = min_clients
         self.method = method
@@ -257,9 +262,10 @@ class SurgicalAggregatorShareable(ModelController):
         self.final_validation = final_validation
         self.publish_global_model = publish_global_model
         self.resume = resume
-        if update_bound is not None and not update_bound > 1:
-            raise ValueError(f"update_bound must be above 1 (or None for no bound), got {update_bound!r}")
         self.update_bound = update_bound
+        self.judging_sites = list(judging_sites) if judging_sites is not None else None
+        self.max_classes_per_site = max_classes_per_site
+        self.max_class_name_length = max_class_name_length
         self.preprocessing = preprocessing
         self.label_aliases = label_aliases  # the job's file is written from these attributes: None stays None
         self.accepted_classes = accepted_classes
@@ -274,7 +280,10 @@ class SurgicalAggregatorShareable(ModelController):
         self._prior: dict[str, float] = {}
         self._federation: FederationState | None = None
         self._state_file: Path | None = None
+        self._architecture = DEFAULT_ARCHITECTURE
         self._federation_preprocessing: dict[str, Any] = {}
+        self._outputs: ModelOutputs | None = None
+        self._reference = UpdateReference()
         self._outcomes: dict[str, dict[str, Any]] = {}  # site -> how its last result fared, told with its next task
         self._outstanding: set[str] = set()  # sites whose answer to the current task is awaited
         self._failed: dict[str, str] = {}  # site -> return code, for the current task's answers that were errors
@@ -285,14 +294,16 @@ class SurgicalAggregatorShareable(ModelController):
     def run(self) -> None:
         try:
             self._run()
-        except FederationCannotProceed as reason:  # the job's own end, said once (FLARE would add a traceback)
+        except (FederationCannotProceed, UserError) as reason:  # the job's own end, said once (FLARE adds a traceback)
             self.error(str(reason))
             self.panic(str(reason))
 
     def _run(self) -> None:
         self.info(center_message("Start surgical aggregation"))
         initial = self.load_model()
-        self._sites = self._handshake()
+        self._architecture = str((initial.meta or {}).get(ARCHITECTURE_KEY, DEFAULT_ARCHITECTURE))
+        self._sites = self._handshake(list((initial.meta or {}).get(META_CLASS_NAMES, [])))
+        self._outputs = self._probe()
         if self.label_prior:
             self._prior = federation_label_prior({site: info.label_counts for site, info in self._sites.items()})
             self.info(f"federation label prior (FedSLD): { {k: round(v, 4) for k, v in self._prior.items()} }")
@@ -311,7 +322,7 @@ class SurgicalAggregatorShareable(ModelController):
             if gathered is None:  # aborted
                 return
             self.event(AppEventType.BEFORE_AGGREGATION)
-            aggregated = self._aggregate(round_number, latest, gathered)
+            aggregated = self._aggregate(gathered, latest)
             # the sites validated the model they received (the previous one); only accepted sites' checked metrics
             self._judge(
                 latest, {site: gathered.metrics[site] for site in aggregated.accepted if site in gathered.metrics}
@@ -327,17 +338,13 @@ class SurgicalAggregatorShareable(ModelController):
                     f"({aggregated.accepted}), {self.min_clients} needed: keeping the last good global model"
                 )
             latest = SavedVersion(round_number, state, classes, self._personal_models(state), trained)
-            self._entry(round_number)["aggregation"] = {
-                "accepted": aggregated.accepted,
-                "rejected": aggregated.rejected,
-                "failed": gathered.failed,
-                "missing": _missing(self._sites, gathered),
-                "rejected_metrics": gathered.metric_problems,
-                "update_norms": {site: float(f"{norm:.4g}") for site, norm in gathered.update_norms.items()},
-                "seconds": round(time.perf_counter() - started, 2),
-            }
-            self._tell_outcomes(round_number, aggregated, gathered)
+            missing = sorted(set(self._sites) - gathered.answered())
+            self._entry(round_number)["aggregation"] = gathered.record(
+                aggregated.accepted, missing, time.perf_counter() - started
+            )
+            self._tell_outcomes(gathered, aggregated.accepted)
             federation.latest = latest
+            federation.typical_updates = list(self._reference.rounds)
             self._make_global(latest, AppEventType.AFTER_AGGREGATION)
             self.save_model(self._as_flmodel(latest))
             self._save_personal(latest)
@@ -350,6 +357,7 @@ class SurgicalAggregatorShareable(ModelController):
         if self.final_validation and latest.round > INITIAL_ROUND:
             self._judge(latest, self._validate(latest))
             self._evaluate_server_models(latest)
+        self._refuse_unusable(federation.best or latest, "the best global model")
         if self.publish_global_model:
             self._publish_best()
         else:
@@ -368,12 +376,12 @@ class SurgicalAggregatorShareable(ModelController):
     def _start(self, initial: FLModel) -> FederationState:
         """A fresh federation from the initial model, or the unfinished one this job continues."""
         self._state_file = self._state_location()
-        saved = load_state(self._state_file) if self.resume else None
+        saved = load_state(self._state_file, self.resume)
         if saved is not None and not saved.finished:
             if saved.settings != self._settings():
                 raise FederationCannotProceed(
                     f"the unfinished federation in {self._state_file} ran with {saved.settings}, this job asks for "
-                    f"{self._settings()}; remove that folder to start afresh, or submit the job unchanged"
+                    f'{self._settings()}; submit the job unchanged, or with resume "never" to start afresh'
                 )
             self.info(
                 f"resuming the federation saved by job {saved.job_id} after round {saved.latest.round} "
@@ -389,12 +397,26 @@ class SurgicalAggregatorShareable(ModelController):
             version = SavedVersion(INITIAL_ROUND, state, classes)
             federation = FederationState(self._settings(), version, None, math.inf, 0, [], [], {}, [])
         self._federation = federation
+        self._reference = UpdateReference(list(federation.typical_updates))
         self._grow_union()
+        self._refuse_unusable(federation.latest, "the global model this job starts from")
         self._write_union_table()
         if federation.best is not None:  # the new job's folder gets the best model too
             self._make_global(federation.best, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
         self._checkpoint_round()
         return federation
+
+    def _probe(self) -> ModelOutputs:
+        """The model check's forward pass: the federation's model on its modality's probe input."""
+        return probe_outputs(self._architecture, self._federation_preprocessing)
+
+    def _refuse_unusable(self, version: SavedVersion, what: str) -> None:
+        """A model that fails the model check cannot start, continue or end a federation: the job fails."""
+        problems = model_problems(version.state, version.class_names, self._outputs)
+        if problems:
+            raise FederationCannotProceed(
+                f"{what} ({model_label(version.round)}) cannot be used: {'; '.join(problems[:3])}"
+            )
 
     def _write_union_table(self) -> None:
         """Which sites label which class of this job (the handshake's), logged (its head) and saved as CSV."""
@@ -430,51 +452,35 @@ class SurgicalAggregatorShareable(ModelController):
 
     # --- steps ------------------------------------------------------------------------------------
 
-    def _handshake(self) -> dict[str, SiteInfo]:
-        """Ask every site for its class names; at least ``min_clients`` must answer validly."""
+    def _handshake(self, initial_classes: list[str]) -> dict[str, SiteInfo]:
+        """Ask every site for its class names; at least ``min_clients`` must pass the handshake's checks (a class
+        must not look like one of ``initial_classes``, the model's, either)."""
         results = self.send_model_and_wait(
             task_name=TASK_DESCRIBE,
             data=FLModel(params={}, meta={META_WANT_LABEL_COUNTS: self.label_prior}),
             timeout=self.handshake_timeout,
         )
+        rules = HandshakeRules(self.vocabulary, self.max_classes_per_site, self.max_class_name_length, self.label_prior)
         sites: dict[str, SiteInfo] = {}
+        refused: dict[str, str] = {}
         for result in results:
             site = result.meta.get("client_name", "?")
             try:
-                reported = [str(name) for name in result.meta.get(META_CLASS_NAMES) or []]
-                classes = self.vocabulary.canonical_list(reported, f"site {site}'s class names")
-                if not classes:
-                    raise ValueError(f"site {site} reported no class names")
-                samples = int(result.meta.get(META_NUM_SAMPLES, 0))
-                counts = self._label_counts(site, reported, result.meta.get(META_LABEL_COUNTS))
-                preprocessing = result.meta.get(META_PREPROCESSING) or {}
-                if not isinstance(preprocessing, dict):
-                    raise ValueError(f"site {site} described its preprocessing as {preprocessing!r}, not a mapping")
-            except (ValueError, TypeError) as error:
-                self.error(f"handshake with {site} failed, leaving it out: {error}")
+                sites[site] = read_site(site, result.meta or {}, rules)
+            except HandshakeRefused as refusal:
+                self.error(f"handshake with {site} failed, leaving it out: {refusal}")
+                refused[site] = str(refusal)
                 continue
-            sites[site] = SiteInfo(
-                classes, reported, samples, str(result.meta.get(META_DATA, "")), preprocessing, counts
-            )
-            self.info(f"{site}: {len(classes)} classes, {samples} training samples ({sites[site].data})")
+            info = sites[site]
+            self.info(f"{site}: {len(info.classes)} classes, {info.num_samples} training samples ({info.data})")
         sites = dict(sorted(sites.items()))
         federation = self.preprocessing or (next(iter(sites.values())).preprocessing if sites else {})
         self._federation_preprocessing = dict(federation)
-        for site, info in list(sites.items()):
-            differences = {
-                key: (info.preprocessing.get(key), federation.get(key))
-                for key in sorted(set(federation) | set(info.preprocessing))
-                if info.preprocessing.get(key) != federation.get(key)
-            }
-            if differences:
-                details = ", ".join(
-                    f"{key} {mine!r} (the federation's: {theirs!r})" for key, (mine, theirs) in differences.items()
-                )
-                self.error(
-                    f"handshake with {site} refused: it preprocesses its data otherwise: {details}; one preprocessing "
-                    "per federation, so the model can be used on every site's data (set these in its site config)"
-                )
-                del sites[site]
+        others = {**refuse_look_alikes(sites, initial_classes), **refuse_other_preprocessing(sites, federation)}
+        for site, reason in sorted(others.items()):
+            self.error(f"handshake with {site} refused: {reason}")
+            sites.pop(site, None)
+        self._tell_refused({**refused, **others})
         if len(sites) < self.min_clients:
             raise FederationCannotProceed(
                 f"only {len(sites)} site(s) answered the handshake ({sorted(sites)}); {self.min_clients} needed. "
@@ -482,15 +488,16 @@ class SurgicalAggregatorShareable(ModelController):
             )
         return sites
 
-    def _label_counts(self, site: str, reported: list[str], counts: Any) -> dict[str, LabelCounts]:
-        """FedSLD: the site's per-class training counts, by canonical name (empty when not asked for)."""
-        if not self.label_prior:
-            return {}
-        if not isinstance(counts, dict) or set(counts) != set(reported):
-            raise ValueError(f"site {site} sent no per-class counts for its classes {reported} (FedSLD needs them)")
-        return {
-            self.vocabulary.canonical(name): LabelCounts(int(value[0]), int(value[1])) for name, value in counts.items()
-        }
+    def _tell_refused(self, refused: dict[str, str]) -> None:
+        """Each site refused at the handshake is told why (its log says it, in one line), then sent nothing more."""
+        if not refused:
+            return
+
+        def outcome(site: str, info: SiteInfo | None) -> FLModel:
+            reason = {"task": TASK_DESCRIBE, "status": "refused", "reason": refused[site]}
+            return FLModel(params={}, meta={META_OUTCOME: reason})
+
+        self._to_each_site(TASK_REFUSED, outcome, self.handshake_timeout, lambda result: None, sorted(refused))
 
     def _recipe(self, info: SiteInfo) -> SiteRecipe:
         prior = {name: self._prior[name] for name in info.classes if name in self._prior} or None
@@ -520,17 +527,24 @@ class SurgicalAggregatorShareable(ModelController):
         """False while FLARE deems the site disconnected (it may come back; then it is sent tasks again)."""
         return self.get_client_disconnect_time(site) is None
 
-    def _to_each_site(self, task: str, data: Callable[[str, SiteInfo], FLModel], timeout: int, callback) -> bool:
-        """One task per live site, each with its own data (and how the site's last result fared); False when
-        aborted while waiting."""
+    def _to_each_site(
+        self,
+        task: str,
+        data: Callable[[str, SiteInfo | None], FLModel],
+        timeout: int,
+        callback,
+        sites: list[str] | None = None,
+    ) -> bool:
+        """One task per live site of the federation (or of ``sites``), each with its own data (and how the site's
+        last result fared); False when aborted while waiting."""
 
         with self._lock:
             self._outstanding, self._failed = set(), {}
-        for site, info in self._sites.items():
+        for site in list(self._sites) if sites is None else sites:
             if not self._alive(site):
                 self.warning(f"{site} is disconnected: no {task} task for it")
                 continue
-            model = data(site, info)
+            model = data(site, self._sites.get(site))
             if site in self._outcomes:
                 model.meta[META_OUTCOME] = self._outcomes.pop(site)
             with self._lock:
@@ -551,39 +565,42 @@ class SurgicalAggregatorShareable(ModelController):
                     self._failed[client_name] = str(code)
         return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
 
-    def _train_round(self, round_number: int, latest: SavedVersion) -> RoundResult | None:
-        """Send each site its slice; check each result as it arrives (structure, declared rows, metrics). Returns
-        what was gathered (None when aborted)."""
-        aggregator = self._aggregator(latest)
-        gathered = RoundResult()
+    def _train_round(self, round_number: int, latest: SavedVersion) -> Round | None:
+        """Send each site its slice; check each result as it arrives (structure, declared rows, values, metrics).
+        Returns what was gathered (None when aborted)."""
+        checker = self._aggregator(latest)
+        gathered = Round(round_number)
         federation = self._federation
+        sent: dict[str, FLModel] = {}
 
-        def accept(result: FLModel) -> bool:
+        def accept(result: FLModel) -> None:
             site = result.meta.get("client_name", "?")
-            meta = result.meta or {}
+            info, meta = self._sites[site], result.meta or {}
             contribution = Contribution(
                 client=site,
                 state=result.params or {},
                 class_names=meta.get(META_CLASS_NAMES) or [],
                 num_samples=meta.get(META_NUM_SAMPLES, 0),
-                expected_classes=head_classes_for_site(self.method, self._sites[site].classes, latest.class_names),
+                expected_classes=head_classes_for_site(self.method, info.classes, latest.class_names),
+                declared_samples=info.num_samples,
             )
-            metrics, problems = check_metrics(result.metrics or {})
             with self._lock:
-                if problems:
-                    gathered.metric_problems[site] = problems
-                    self.error(f"round {round_number}: rejected metric(s) of {site}: {'; '.join(problems)}")
-                if "val_loss" in metrics:
-                    gathered.metrics[site] = metrics
-                try:
-                    aggregator.check(contribution)
-                except ContributionRejected as rejection:
-                    gathered.rejected[site] = rejection.reason
-                    self.error(f"round {round_number}: {rejection}")
-                    return False
-                gathered.contributions[site] = contribution
-            self.info(f"round {round_number}: received a valid contribution from {site}")
-            return True
+                reason = gathered.receive(
+                    contribution,
+                    result.metrics or {},
+                    [*info.classes, *info.reported],
+                    sent[site].params,
+                    sent[site].meta[META_CLASS_NAMES],
+                    bool(sent[site].meta[META_WARMUP]),
+                    checker,
+                )
+                if gathered.metric_problems.get(site):
+                    problems = "; ".join(gathered.metric_problems[site])
+                    self.error(f"round {round_number}: rejected metric(s) of {site}: {problems}")
+            if reason is None:
+                self.info(f"round {round_number}: received a valid contribution from {site}")
+            else:
+                self.error(f"round {round_number}: contribution from {site!r} rejected: {reason}")
 
         def train_data(site: str, info: SiteInfo) -> FLModel:
             # a site warms its head up once, when any of its classes starts from a fresh row
@@ -591,7 +608,7 @@ class SurgicalAggregatorShareable(ModelController):
             if site not in federation.warmed_up:
                 federation.warmed_up.append(site)
             model = self._slice(latest, site, info, **{META_RECIPE: recipe_meta(self._recipe(info))})
-            gathered.sent[site] = model
+            sent[site] = model
             model.meta[META_WARMUP] = warmup
             model.current_round, model.total_rounds = round_number, self.num_rounds
             return model
@@ -602,7 +619,7 @@ class SurgicalAggregatorShareable(ModelController):
             gathered.failed = dict(self._failed)
         for site, code in gathered.failed.items():
             self.error(f"round {round_number}: the training task of {site} failed ({code}); its log names the cause")
-        missing = _missing(self._sites, gathered)
+        missing = sorted(set(self._sites) - gathered.answered())
         if missing:
             self.warning(f"round {round_number}: no result from {missing} (late or disconnected)")
         return gathered
@@ -617,50 +634,58 @@ class SurgicalAggregatorShareable(ModelController):
             normalize_name=self.vocabulary.canonical,
         )
 
-    def _aggregate(self, round_number: int, latest: SavedVersion, gathered: RoundResult) -> AggregationResult:
-        """The round's aggregation: contributions whose update is out of proportion are rejected first."""
-        federation = self._federation
-        gathered.update_norms = norms = {
-            site: update_norm(
-                contribution.state,
-                contribution.class_names,
-                gathered.sent[site].params,
-                gathered.sent[site].meta[META_CLASS_NAMES],
-                self.head,
-                self.vocabulary.canonical,
+    def _aggregate(self, gathered: Round, latest: SavedVersion):
+        """The round's aggregation after its update bounds and the candidate model's check (see ``rounds``)."""
+        rules = RoundRules(
+            self.backbone_strategy,
+            self.weighting,
+            self.head,
+            self.vocabulary.canonical,
+            self.update_bound,
+            self._outputs,
+        )
+        already = set(gathered.rejected)
+        aggregated = gathered.aggregate(latest.state, latest.class_names, rules, self._reference)
+        for site, reason in sorted(aggregated.rejected.items()):
+            if site not in already:
+                self.error(f"round {gathered.number}: contribution from {site!r} rejected: {reason}")
+            for detail in gathered.rejection_details.get(site, []):
+                self.info(f"round {gathered.number}: {site}'s update, against the typical one: {detail}")
+        if gathered.model_check:
+            self.error(
+                f"round {gathered.number}: the candidate global model failed the model check "
+                f"({'; '.join(gathered.model_check[:3])}); "
+                + (
+                    f"aggregated without {sorted(set(aggregated.rejected) - already)}"
+                    if aggregated.accepted
+                    else "the round's aggregation is discarded and the last good global model stays"
+                )
             )
-            for site, contribution in gathered.contributions.items()
-        }
-        too_large = out_of_proportion(norms, federation.update_norm_median, self.update_bound)
-        aggregator = self._aggregator(latest)
-        for site, reason in too_large.items():
-            aggregator.rejected[site] = reason
-            self.error(f"round {round_number}: contribution from {site!r} rejected: {reason}")
-        for site, contribution in sorted(gathered.contributions.items()):  # name order: the same sums every run
-            if site not in too_large:
-                aggregator.add(contribution)
-                if self.method == "personal":
-                    self._keep_personal(site, contribution.state)
-        aggregator.rejected.update(gathered.rejected)
-        accepted_norms = [norm for site, norm in norms.items() if site not in too_large]
-        if accepted_norms:
-            federation.update_norm_median = float(np.median(accepted_norms))
-        return aggregator.finalize()
+        if gathered.free_riders:
+            self.warning(
+                f"round {gathered.number}: free-rider(s) {gathered.free_riders}: their updates barely moved the model"
+            )
+        if self.method == "personal":
+            for site in aggregated.accepted:
+                self._keep_personal(site, gathered.arrivals[site].contribution.state)
+        return aggregated
 
-    def _tell_outcomes(self, round_number: int, aggregated: AggregationResult, gathered: RoundResult) -> None:
+    def _tell_outcomes(self, gathered: Round, accepted: list[str]) -> None:
         """How each site's result fared, told to the site with its next task (its log and audit record it)."""
         for site in self._sites:
-            if site in aggregated.accepted:
+            if site in accepted:
                 outcome = {"status": "aggregated"}
-            elif site in aggregated.rejected:
-                outcome = {"status": "rejected", "reason": aggregated.rejected[site]}
+                if site in gathered.free_riders:
+                    outcome["note"] = "its update barely moved the model (recorded as a free-rider)"
+            elif site in gathered.rejected:
+                outcome = {"status": "rejected", "reason": gathered.rejected[site]}
             elif site in gathered.failed:
                 outcome = {"status": "failed", "reason": f"its training task failed ({gathered.failed[site]})"}
             else:
                 outcome = {"status": "not_received", "reason": "no result arrived in time; a late result is dropped"}
             if gathered.metric_problems.get(site):
                 outcome["rejected_metrics"] = gathered.metric_problems[site]
-            self._outcomes[site] = {"task": TASK_TRAIN, "round": round_number, **outcome}
+            self._outcomes[site] = {"task": TASK_TRAIN, "round": gathered.number, **outcome}
 
     def _validate(self, version: SavedVersion) -> dict[str, dict]:
         """Each site validates its slice of ``version``; returns site -> its checked metrics (a site whose
@@ -669,7 +694,8 @@ class SurgicalAggregatorShareable(ModelController):
 
         def collect(result: FLModel) -> None:
             site = result.meta.get("client_name", "?")
-            valid, problems = check_metrics(result.metrics or {})
+            info = self._sites[site]
+            valid, problems = check_metrics(result.metrics or {}, [*info.classes, *info.reported])
             with self._lock:
                 if problems:
                     self._entry(version.round).setdefault("rejected_validation_metrics", {})[site] = problems
@@ -686,32 +712,36 @@ class SurgicalAggregatorShareable(ModelController):
         return metrics
 
     def _judge(self, version: SavedVersion, site_metrics: dict[str, dict]) -> None:
-        """Record the sites' validation of ``version``; best-model selection and early stopping on the mean of
-        their validation losses (the model before training is recorded, never selected)."""
-        federation = self._federation
-        losses = [metrics.get("val_loss") for metrics in site_metrics.values()]
-        aurocs = [metrics.get("val_mean_auroc") for metrics in site_metrics.values()]
-        mean_loss, mean_auroc = _mean(losses), _mean(aurocs)
-        validation = {"sites": site_metrics, "mean_val_loss": mean_loss, "mean_val_auroc": mean_auroc}
+        """Record the sites' validation of ``version``; best-model selection and early stopping on the judged
+        validation loss (the mean of two judging sites', the median of three or more)."""
+        judges = {
+            site: metrics["val_loss"]
+            for site, metrics in site_metrics.items()
+            if self.judging_sites is None or site in self.judging_sites
+        }
+        judged, statistic = judged_loss(judges)
+        mean_loss = _mean([metrics.get("val_loss") for metrics in site_metrics.values()])
+        mean_auroc = _mean([metrics.get("val_mean_auroc") for metrics in site_metrics.values()])
+        validation = {
+            "sites": site_metrics,
+            "mean_val_loss": mean_loss,
+            "mean_val_auroc": mean_auroc,
+            "judged_val_loss": judged,
+            "judged_by": {"statistic": statistic, "sites": sorted(judges)},
+        }
         self._entry(version.round)["validation"] = validation
-        if math.isnan(mean_loss):
-            self.warning(f"global model {model_label(version.round)}: no validation loss reported")
+        if math.isnan(judged):
+            self.warning(f"global model {model_label(version.round)}: no validation loss of a judging site")
             return
         self.info(
-            f"global model {model_label(version.round)}: mean validation loss {mean_loss:.4f}, "
+            f"global model {model_label(version.round)}: {statistic} validation loss {judged:.4f} of {sorted(judges)}, "
             f"mean validation AUROC {mean_auroc:.4f} over {len(site_metrics)} site(s)"
         )
-        if not version.trained:  # the model before training, or no aggregation ever happened
-            return
-        if mean_loss < federation.best_loss - self.min_delta:
-            federation.best_loss, federation.best = mean_loss, version
-            federation.rounds_without_improvement = 0
+        if select(self._federation, version, judged, self.min_delta):
             validation["best"] = True
             self._make_global(version, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
             self._save_personal(version, best=True)
             self.info(f"new best global model: {model_label(version.round)}")
-        else:
-            federation.rounds_without_improvement += 1
 
     def _evaluate_server_models(self, latest: SavedVersion) -> None:
         """The server's saved models (latest, best), each validated by every site on its own slice: FLARE's
@@ -725,10 +755,11 @@ class SurgicalAggregatorShareable(ModelController):
             if version.round not in results:
                 results[version.round] = self._validate(version)
             for site, metrics in results[version.round].items():
-                self.fl_ctx.set_prop(AppConstants.MODEL_OWNER, SERVER_MODEL_PREFIX + name, private=True)
-                self.fl_ctx.set_prop(AppConstants.DATA_CLIENT, site, private=True)
+                # not sticky: FLARE's cross-site evaluation of the sites' models sets the same properties afterwards
+                self.fl_ctx.set_prop(AppConstants.MODEL_OWNER, SERVER_MODEL_PREFIX + name, private=True, sticky=False)
+                self.fl_ctx.set_prop(AppConstants.DATA_CLIENT, site, private=True, sticky=False)
                 result = DXO(data_kind=DataKind.METRICS, data=metrics).to_shareable()
-                self.fl_ctx.set_prop(AppConstants.VALIDATION_RESULT, result, private=True)
+                self.fl_ctx.set_prop(AppConstants.VALIDATION_RESULT, result, private=True, sticky=False)
                 self.event(AppEventType.VALIDATION_RESULT_RECEIVED)
 
     def _publish_best(self) -> None:
@@ -836,7 +867,8 @@ class SurgicalAggregatorShareable(ModelController):
         """The round history (JSON) and the training curves (PNG) next to the models."""
         history = self._federation.history
         app_dir = Path(self.get_app_dir())
-        (app_dir / HISTORY_FILE).write_text(json.dumps(history, indent=2, default=float))
+        text = json.dumps(history, indent=2, default=float).encode()
+        write_atomically(app_dir / HISTORY_FILE, lambda handle: handle.write(text), "round history")
         if any("validation" in entry for entry in history):
             try:
                 plot_training_curves(history, app_dir / CURVES_FILE)

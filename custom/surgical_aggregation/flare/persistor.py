@@ -72,14 +72,15 @@ class SurgicalModelPersistor(ModelPersistor):
             self.log_info(
                 fl_ctx, f"initial global model from {self.initial_model}: {len(checkpoint.class_names)} classes"
             )
-            return make_model_learnable(numpy_state(checkpoint.state), {META_CLASS_NAMES: checkpoint.class_names})
+            meta = {META_CLASS_NAMES: checkpoint.class_names, ARCHITECTURE_KEY: checkpoint.architecture}
+            return make_model_learnable(numpy_state(checkpoint.state), meta)
         weights = self.pretrained_weights and self._resolve(self.pretrained_weights, fl_ctx)
         state = initial_global_state(self.architecture, self.preprocessing, self.seed, weights or None)
         origin = f"ImageNet weights from {weights}" if weights else f"random initialisation (seed {self.seed})"
         self.log_info(
             fl_ctx, f"initial global {self.architecture}: {origin}; the head grows as sites report their classes"
         )
-        return make_model_learnable(numpy_state(state), {META_CLASS_NAMES: []})
+        return make_model_learnable(numpy_state(state), {META_CLASS_NAMES: [], ARCHITECTURE_KEY: self.architecture})
 
     def _write(self, learnable: ModelLearnable, path: Path) -> None:
         meta = dict(learnable.get(ModelLearnableKey.META) or {})

@@ -5,6 +5,7 @@ TASK_DESCRIBE = "describe"  # handshake: a site reports its class names and samp
 TASK_TRAIN = "train"
 TASK_VALIDATE = "validate"
 TASK_SUBMIT_MODEL = "submit_model"  # FLARE's cross-site evaluation of the sites' models (site_to_site_evaluation)
+TASK_REFUSED = "refused"  # the end of a job for a site refused at the handshake: the reason, and nothing else
 TASK_PUBLISH = "publish"  # the end of a job: the best global model, union head and class names, to every site
 
 META_CLASS_NAMES = "class_names"  # names of the head rows in the params, in row order
@@ -24,5 +25,9 @@ CODE_DELIVERIES = ("byoc", "preinstalled")
 # shares validation's).
 TIMED_TASKS = ("handshake", "train", "validate")
 BUNDLE_JOBS = ("nih_chexpert", "report_labeling", "cxr_consortium")
+# How a job treats an unfinished federation of its name saved by an earlier job (the controller's ``resume``):
+# continue from its last saved round, from the state saved one round earlier, or start afresh.
+RESUME_LATEST, RESUME_BACKUP, RESUME_NEVER = "latest", "backup", "never"
+RESUME_CHOICES = (RESUME_LATEST, RESUME_BACKUP, RESUME_NEVER)
 # The job's label aliases (the consortium's), in each site app's config/ folder; the server has them inline.
 JOB_ALIASES_FILE = "label_aliases.json"

@@ -3,14 +3,24 @@
 FLARE 2.9 cannot restore this workflow after a server crash: its component snapshot
 (``ServerEngine.persist_components``) saves nothing for a ``ModelController``, and the crashed job stays
 RUNNING in the job store. So the controller writes its own state after every completed round to
-``<server workspace>/surgical_aggregation/<job name>/federation.pt``, outside any one job's folder; a job
-of the same name submitted later finds it and continues from the next round with its union, best
-model, early-stopping counters, warm-up state and round history. A federation that finished marks
-its state finished, so the next job of that name starts afresh.
+``<server workspace>/surgical_aggregation/<job name>/``, outside any one job's folder; a job of the same name
+submitted later finds it and continues from the next round with its union, best model, early-stopping
+counters, warm-up state, update history and round history. A federation that finished marks its state
+finished, so the next job of that name starts afresh.
+
+The folder holds three files, each written atomically (temporary file, fsync, rename):
+
+* ``federation.pt``: the state after the last completed round;
+* ``federation.previous.pt``: the state one save earlier (the backup a corrupt ``federation.pt`` falls back to,
+  with ``resume: "backup"``);
+* ``federation.json``: a small readable record (job, round, finished) that says a state should exist, so a
+  deleted ``federation.pt`` is reported rather than silently restarted from round 0.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,10 +28,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core.errors import ModelFileError, StateFileError
 from ..core.head import to_numpy
+from ..data.storage import keep_previous, read_tensor_file, write_atomically
+from .protocol import RESUME_BACKUP, RESUME_LATEST, RESUME_NEVER
 
 STATE_DIR = "surgical_aggregation"
 STATE_FILE = "federation.pt"
+BACKUP_FILE = "federation.previous.pt"
+STATUS_FILE = "federation.json"
 
 
 @dataclass
@@ -48,12 +63,20 @@ class FederationState:
     history: list[dict[str, Any]]
     finished: bool = False
     job_id: str = ""  # the job that wrote it last
-    update_norm_median: float | None = None  # of the last round's accepted updates (the next round's reference)
+    typical_updates: list[dict[str, float]] = field(default_factory=list)  # core.checks.UpdateReference.rounds
     aggregated_rounds: int = 0  # rounds that aggregated min_clients valid contributions
 
 
 def state_path(workspace_root: str | Path, job_name: str) -> Path:
     return Path(workspace_root) / STATE_DIR / job_name / STATE_FILE
+
+
+def backup_path(path: Path) -> Path:
+    return path.with_name(BACKUP_FILE)
+
+
+def status_path(path: Path) -> Path:
+    return path.with_name(STATUS_FILE)
 
 
 def _tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -83,24 +106,79 @@ def _version(payload: dict[str, Any] | None) -> SavedVersion | None:
 
 
 def save_state(path: Path, federation: FederationState) -> None:
-    """Write atomically (temp file + rename): a crash while writing leaves the previous round's state."""
+    """Keep the previous save as the backup, write the new state atomically, then its status record. A full disk
+    raises :class:`StorageError` with every earlier file intact."""
     payload = asdict(federation)
     payload["latest"] = _version_payload(federation.latest)
     payload["best"] = _version_payload(federation.best)
     payload["personal_parts"] = {site: _tensors(parts) for site, parts in federation.personal_parts.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    torch.save(payload, temporary)
-    temporary.replace(path)
+    keep_previous(path, backup_path(path))
+    write_atomically(path, lambda handle: torch.save(payload, handle), "federation state")
+    status = {"job_id": federation.job_id, "round": federation.latest.round, "finished": federation.finished}
+    write_atomically(status_path(path), lambda handle: handle.write(json.dumps(status).encode()), "federation status")
 
 
-def load_state(path: Path) -> FederationState | None:
-    if not path.is_file():
+def _what_to_do(path: Path) -> str:
+    backup = backup_path(path)
+    options = []
+    if backup.is_file():
+        options.append(
+            f'continue from the state saved one round earlier ({backup.name}): submit the job with resume "backup"'
+        )
+    options.append(f'start the federation afresh: submit the job with resume "never" (or remove {path.parent})')
+    return "; or ".join(options)
+
+
+def _read(path: Path) -> FederationState:
+    try:
+        payload = read_tensor_file(path, "federation state")
+        payload["latest"] = _version(payload["latest"])
+        payload["best"] = _version(payload["best"])
+        payload["personal_parts"] = {
+            site: {key: value.numpy() for key, value in parts.items()}
+            for site, parts in payload["personal_parts"].items()
+        }
+        return FederationState(**payload)
+    except (ModelFileError, KeyError, TypeError, AttributeError) as error:
+        raise StateFileError(f"the saved federation {path} cannot be read ({error}); to {_what_to_do(path)}") from None
+
+
+def load_state(path: Path, resume: str = RESUME_LATEST) -> FederationState | None:
+    """The saved federation a job continues, or None (start afresh). ``resume``: "latest" reads ``federation.pt``,
+    "backup" the state saved one round earlier, "never" nothing. A state that should exist but is missing or
+    unreadable is a :class:`StateFileError` naming the file and the two ways on."""
+    if resume == RESUME_NEVER:
         return None
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    payload["latest"] = _version(payload["latest"])
-    payload["best"] = _version(payload["best"])
-    payload["personal_parts"] = {
-        site: {key: value.numpy() for key, value in parts.items()} for site, parts in payload["personal_parts"].items()
-    }
-    return FederationState(**payload)
+    if resume == RESUME_BACKUP:
+        backup = backup_path(path)
+        if not backup.is_file():
+            raise StateFileError(f'resume "backup" asks for {backup}, which does not exist')
+        return _read(backup)
+    if path.is_file():
+        return _read(path)
+    status = status_path(path)
+    if status.is_file():
+        try:
+            recorded = json.loads(status.read_text())
+        except (OSError, ValueError):
+            recorded = {}
+        if not recorded.get("finished", False):
+            raise StateFileError(
+                f"{status} records an unfinished federation (job {recorded.get('job_id', '?')}, round "
+                f"{recorded.get('round', '?')}), but its state {path} is missing; to {_what_to_do(path)}"
+            )
+    return None
+
+
+def select(federation: FederationState, version: SavedVersion, judged_loss: float, min_delta: float) -> bool:
+    """Best-model selection and early stopping on the judged validation loss of ``version``: True when it becomes the
+    best (lower than the best so far by more than ``min_delta``); otherwise one more round without improvement. A
+    model no aggregation went into (the initial one) and a model without a judged loss are never judged."""
+    if not version.trained or math.isnan(judged_loss):
+        return False
+    if judged_loss < federation.best_loss - min_delta:
+        federation.best_loss, federation.best = judged_loss, version
+        federation.rounds_without_improvement = 0
+        return True
+    federation.rounds_without_improvement += 1
+    return False

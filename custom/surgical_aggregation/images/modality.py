@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from ..core.errors import SiteConfigError
@@ -96,6 +97,15 @@ class ImageModality:
         from .model import load_pretrained_backbone
 
         load_pretrained_backbone(model, weights_path)
+
+    def probe_input(self, preprocessing: Mapping[str, Any]) -> torch.Tensor:
+        size = int(preprocessing.get("image_size", 224))
+        channels = int(preprocessing.get("in_channels", 1))
+        images = torch.randint(
+            0, 256, (2, 1, size, size), generator=torch.Generator().manual_seed(0), dtype=torch.uint8
+        )
+        normalize = bool(preprocessing.get("imagenet_normalize", True))
+        return image_batch_transform(size, train=False, in_channels=channels, imagenet_normalize=normalize)(images)
 
 
 IMAGES = ImageModality()

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from ..core.devices import resolve_device
@@ -70,6 +71,13 @@ class ReportModality:
         raise SiteConfigError(
             f"pretrained weights ({weights_path}) are ImageNet DenseNet121 weights; the report MLP has none"
         )
+
+    def probe_input(self, preprocessing: Mapping[str, Any]) -> torch.Tensor:
+        width = int(
+            preprocessing.get("in_features") or embedding_dimension(preprocessing.get("embedding_model", MINILM))
+        )
+        vectors = torch.randn(2, width, generator=torch.Generator().manual_seed(0))
+        return vectors / vectors.norm(dim=1, keepdim=True)  # sentence embeddings are unit vectors
 
 
 REPORTS = ReportModality()

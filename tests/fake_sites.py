@@ -1,0 +1,168 @@
+"""Simulated sites in place of FLARE's transport, for the controller's tests.
+
+Only the transport (send/wait), persistence and logging are replaced; handshake, slicing, checks,
+aggregation, rejection, min_clients, best-model selection and early stopping are the real code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from nvflare.apis.dxo import from_shareable
+from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import make_reply
+from nvflare.apis.signal import Signal
+from nvflare.app_common.abstract.fl_model import FLModel
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+
+from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
+from surgical_aggregation.flare.protocol import (
+    META_CLASS_NAMES,
+    META_NUM_SAMPLES,
+    META_OUTCOME,
+    META_PREPROCESSING,
+    META_WARMUP,
+    TASK_DESCRIBE,
+    TASK_PUBLISH,
+    TASK_REFUSED,
+    TASK_TRAIN,
+    TASK_VALIDATE,
+)
+
+from helpers import TOY_HEAD, toy_outputs, toy_state
+
+Behaviour = Callable[[int, dict], dict | str | None]  # (round, received params) -> sent params
+FAILS = "fails"  # a behaviour's answer when the site's task raises: FLARE returns an error code, no result
+
+
+class FakeSite:
+    def __init__(self, name: str, classes: list[str], losses: list[float], behaviour: Behaviour | None = None):
+        self.name, self.classes, self.losses = name, classes, losses
+        self.behaviour = behaviour or (lambda round_number, params: shifted(params, 0.01 * (1 + round_number)))
+        self.received: list[tuple[list[str], dict]] = []  # training tasks: (class names, params)
+        self.warmups: list[bool] = []  # the server's warm-up request in each training task
+        self.training_rounds: list[int] = []  # the round of each training task it received
+        self.tasks: list[tuple[str, list[str], dict]] = []  # every task after the handshake: (task, names, params)
+        self.outcomes: list[dict] = []  # what the server said of its previous training results
+        self.preprocessing = {"image_size": 64, "in_channels": 1, "imagenet_normalize": True}
+        self.metrics_override: dict | None = None  # sent instead of honest metrics with training results
+        self.validation_override: dict | None = None  # ... with the final validation's
+
+    def answer(self, task: str, data: FLModel) -> FLModel | None:
+        meta = {"client_name": self.name, META_CLASS_NAMES: self.classes, META_NUM_SAMPLES: 10}
+        if task == TASK_DESCRIBE:
+            return FLModel(params={}, metrics={"num_train": 10}, meta={**meta, META_PREPROCESSING: self.preprocessing})
+        self.tasks.append((task, list(data.meta.get(META_CLASS_NAMES) or []), data.params))
+        if META_OUTCOME in data.meta:
+            self.outcomes.append(data.meta[META_OUTCOME])
+        if task in (TASK_PUBLISH, TASK_REFUSED):
+            return FLModel(params={}, meta={"client_name": self.name})
+        round_number = data.current_round if task != TASK_VALIDATE else len(self.losses) - 1
+        metrics = {"val_loss": self.losses[min(round_number, len(self.losses) - 1)], "val_mean_auroc": 0.7}
+        if self.metrics_override is not None and task == TASK_TRAIN:
+            metrics = {**metrics, **self.metrics_override}
+        if task == TASK_VALIDATE:
+            return FLModel(metrics={**metrics, **(self.validation_override or {})}, meta=meta)
+        self.received.append((list(data.meta[META_CLASS_NAMES]), data.params))
+        self.training_rounds.append(data.current_round)
+        self.warmups.append(bool(data.meta[META_WARMUP]))
+        params = self.behaviour(round_number, data.params)
+        if params is None or params == FAILS:
+            return params
+        return FLModel(params=params, metrics=metrics, meta=meta)
+
+
+def shifted(params: dict, amount: float) -> dict:
+    tensors = {key: torch.as_tensor(value) for key, value in params.items()}  # FLARE sends NumPy, tests torch
+    return {key: value + amount if value.is_floating_point() else value.clone() for key, value in tensors.items()}
+
+
+class Harness(SurgicalAggregatorShareable):
+    def __init__(self, sites: list[FakeSite], app_dir, initial: tuple[dict, list[str]] | None = None, **arguments):
+        super().__init__(**arguments)
+        self.head = TOY_HEAD
+        self.sites = {site.name: site for site in sites}
+        self.initial = initial or (toy_state(0, seed=0), [])
+        self.fl_ctx, self.abort_signal = FLContext(), Signal()
+        self.app_dir, self.saved, self.events, self.messages = app_dir, [], [], []
+        self.validation_results: list[tuple[str, str, dict]] = []  # (model, site, metrics), as FLARE's JSON gets them
+        self.dead: set[str] = set()  # sites FLARE deems disconnected
+        self.unanswered: set[str] = set()  # tasks sent to sites that never answered (standing until cancelled)
+        self.cancelled = 0
+
+    @property
+    def history(self) -> list[dict]:
+        return self._federation.history
+
+    # transport
+    def send_model_and_wait(self, task_name="train", data=None, targets=None, min_responses=None, timeout=0):
+        answers = [site.answer(task_name, data) for site in self.sites.values()]
+        return [answer for answer in answers if answer is not None]
+
+    def send_model(self, task_name="train", data=None, targets=None, min_responses=None, timeout=0, callback=None):
+        site = targets[0]
+        answer = self.sites[site].answer(task_name, data)
+        if answer is None:
+            if site in self.dead:
+                self.unanswered.add(site)  # a dead site's task stands until it times out or is cancelled
+            return
+        failed = answer == FAILS
+        reply = make_reply(ReturnCode.EXECUTION_EXCEPTION if failed else ReturnCode.OK)
+        if self._accept_train_result(site, reply, self.fl_ctx) and not failed:  # FLARE's path for every answer
+            callback(answer)
+
+    def get_num_standing_tasks(self) -> int:
+        return len(self.unanswered)
+
+    def get_client_disconnect_time(self, client_name):
+        return 1.0 if client_name in self.dead else None
+
+    def cancel_all_tasks(self, completion_status=None, fl_ctx=None):
+        self.cancelled += 1
+        self.unanswered.clear()
+
+    # persistence, events, logs
+    def load_model(self) -> FLModel:
+        return FLModel(params=self.initial[0], meta={META_CLASS_NAMES: self.initial[1]})
+
+    def _probe(self):  # the model check's forward pass on the toy model
+        return toy_outputs
+
+    def _state_location(self) -> Path:
+        return Path(self.app_dir) / "federation" / "federation.pt"
+
+    def save_model(self, model: FLModel) -> None:
+        self.saved.append(model)
+
+    def get_app_dir(self) -> str:
+        return str(self.app_dir)
+
+    def event(self, event_type: str) -> None:
+        self.events.append((event_type, self.fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)))
+        if event_type == AppEventType.VALIDATION_RESULT_RECEIVED:
+            owner, site = self.fl_ctx.get_prop(AppConstants.MODEL_OWNER), self.fl_ctx.get_prop(AppConstants.DATA_CLIENT)
+            metrics = from_shareable(self.fl_ctx.get_prop(AppConstants.VALIDATION_RESULT)).data
+            self.validation_results.append((owner, site, metrics))
+
+    def info(self, msg: str) -> None:
+        self.messages.append(("info", msg))
+
+    def warning(self, msg: str) -> None:
+        self.messages.append(("warning", msg))
+
+    def error(self, msg: str) -> None:
+        self.messages.append(("error", msg))
+
+    def panic(self, reason: str, fl_ctx=None) -> None:  # FLARE aborts the job; here the test sees it raised
+        raise RuntimeError(reason)
+
+    def best_rounds(self) -> list[int]:
+        return [ml["meta"]["round"] for event, ml in self.events if event == AppEventType.GLOBAL_BEST_MODEL_AVAILABLE]
+
+
+def messages(harness: Harness, level: str) -> str:
+    return "\n".join(text for kind, text in harness.messages if kind == level)

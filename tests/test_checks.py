@@ -1,0 +1,174 @@
+"""The server's checks as plain functions (``core/checks.py``), with hand-computed expectations."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from surgical_aggregation.core.checks import (
+    CHECKS,
+    ROWS,
+    STAGES,
+    STATISTICS,
+    WEIGHTS,
+    UpdateReference,
+    UpdateSizes,
+    blame_for_failing_model,
+    check_metrics,
+    confusable_skeleton,
+    document_checks,
+    free_riders,
+    judged_loss,
+    model_problems,
+    update_problems,
+    update_sizes,
+)
+from surgical_aggregation.core.head import HeadSpec
+
+HEAD = HeadSpec("head.weight", "head.bias")
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "server-checks.md"
+
+
+def _state(conv: list[float], mean: list[float], var: list[float], rows: list[list[float]]) -> dict[str, np.ndarray]:
+    rows_array = np.asarray(rows, dtype=np.float32)
+    return {
+        "conv.weight": np.asarray(conv, dtype=np.float32),
+        "bn.running_mean": np.asarray(mean, dtype=np.float32),
+        "bn.running_var": np.asarray(var, dtype=np.float32),
+        "bn.num_batches_tracked": np.asarray(3, dtype=np.int64),
+        "head.weight": rows_array[:, :-1],
+        "head.bias": rows_array[:, -1],
+    }
+
+
+def test_update_sizes_are_each_parts_change_over_its_size_with_rows_matched_by_name():
+    received = _state([3.0, 4.0], [0.0, 0.0], [1.0, 1.0], [[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]])  # rows: Mass, Edema
+    sent = _state([3.0, 4.5], [0.5, 0.0], [1.0, 0.5], [[0.0, 2.5, 0.0], [1.0, 0.0, 0.0]])  # rows: Edema, Mass
+    keys = ["conv.weight", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"]
+    sizes = update_sizes(sent, ["Edema", "Mass"], received, ["Mass", "Edema"], keys, HEAD)
+    assert sizes.groups[WEIGHTS] == pytest.approx(0.5 / 5.0)
+    assert sizes.groups[STATISTICS] == pytest.approx(math.sqrt(0.5**2 + 0.5**2) / math.sqrt(2.0))
+    assert sizes.rows == pytest.approx({"Edema": 0.5 / 2.0, "Mass": 0.0})
+    assert sizes.summary() == {WEIGHTS: 0.1, STATISTICS: 0.5, ROWS: 0.125}
+
+
+def test_a_row_near_zero_is_measured_against_the_floor():
+    received = _state([1.0], [0.0], [1.0], [[0.0, 0.0, 0.0]])
+    sent = _state([1.0], [0.0], [1.0], [[0.3, 0.0, 0.4]])
+    sizes = update_sizes(sent, ["Mass"], received, ["Mass"], ["conv.weight"], HEAD)
+    assert sizes.rows == {"Mass": pytest.approx(0.5 / 0.1)}
+
+
+def test_the_typical_update_is_the_median_of_round_medians_over_the_last_ten_rounds():
+    reference = UpdateReference()
+    assert reference.typical(WEIGHTS) is None
+    for value in range(1, 13):
+        reference.record(
+            [UpdateSizes({WEIGHTS: float(value)}), UpdateSizes({WEIGHTS: float(value) + 2})], [False, False]
+        )
+    assert [entry[WEIGHTS] for entry in reference.rounds][-1] == 13.0  # the round's median: mean of two
+    assert reference.typical(WEIGHTS) == pytest.approx(np.median([v + 1.0 for v in range(3, 13)]))
+    warmup_rows = UpdateReference()
+    warmup_rows.record([UpdateSizes({}, {"Mass": 0.4})], [True])  # a warm-up's rows do not make the typical
+    assert warmup_rows.rounds == []
+
+
+def test_the_bound_has_a_cap_and_a_history_and_names_only_the_sites_own_figures():
+    reference = UpdateReference([{WEIGHTS: 0.01, ROWS: 0.05}])
+    fine = UpdateSizes({WEIGHTS: 0.09}, {"Mass": 0.4})
+    assert update_problems(fine, reference, 10.0, warmup=False) == ([], [])
+    history, details = update_problems(UpdateSizes({WEIGHTS: 0.2}), reference, 10.0, warmup=False)
+    assert history == [
+        "its update of the backbone weights is 0.2 times their size, more than update_bound (10) times the typical "
+        "accepted update of earlier rounds"
+    ]
+    assert details == ["the backbone weights: 0.2 > 10 x 0.01"]
+    capped, _ = update_problems(UpdateSizes({WEIGHTS: 2.0}), UpdateReference(), 10.0, warmup=False)
+    assert capped == [
+        "its update of the backbone weights is 2 times their size; this federation accepts at most 1 in one round"
+    ]
+    warm, _ = update_problems(UpdateSizes({}, {"Mass": 3.0}), reference, 10.0, warmup=True)
+    assert warm == []  # a warm-up's rows: the cap only (3 < 10)
+    assert update_problems(UpdateSizes({WEIGHTS: 1e9}), reference, None, warmup=False) == ([], [])  # bound off
+
+
+def test_free_riders_are_zero_or_negligible_against_the_rounds_largest_update():
+    sizes = {"a": UpdateSizes({WEIGHTS: 0.01}), "b": UpdateSizes({WEIGHTS: 0.0}), "c": UpdateSizes({WEIGHTS: 5e-6})}
+    assert free_riders(sizes) == ["b", "c"]
+    assert free_riders({"a": UpdateSizes({WEIGHTS: 0.01}), "d": UpdateSizes({WEIGHTS: 2e-5})}) == []
+
+
+def test_the_candidate_check_leaves_each_result_out_then_tries_each_alone_then_discards():
+    def checker(broken: set[str], together: set[str] = frozenset()):
+        def problems_of(sites):
+            if set(sites) & broken or (together and together <= set(sites)):
+                return ["outputs not finite"]
+            return []
+
+        return problems_of
+
+    kept, rejected, problems = blame_for_failing_model(["a", "b", "c"], checker({"c"}))
+    assert (kept, list(rejected), problems) == (["a", "b"], ["c"], ["outputs not finite"])
+    assert rejected["c"].endswith("without it the check passes")
+    kept, rejected, _ = blame_for_failing_model(["a", "b", "c", "d"], checker({"c", "d"}))
+    assert kept == ["a", "b"] and sorted(rejected) == ["c", "d"]
+    assert (
+        rejected["c"] == "the global model aggregated from its result alone fails the model check (outputs not finite)"
+    )
+    # only all three together fail: leaving any one out passes, so no one can be singled out
+    kept, rejected, _ = blame_for_failing_model(["a", "b", "c"], checker(set(), together={"a", "b", "c"}))
+    assert kept == [] and set(rejected) == {"a", "b", "c"}
+    assert rejected["a"] == (
+        "the round's global model failed the model check (outputs not finite) and no single result could be blamed: "
+        "the round's aggregation was discarded"
+    )
+    kept, rejected, _ = blame_for_failing_model(["a", "b"], checker({"a", "b"}))  # each breaks it, alone too
+    assert kept == [] and set(rejected) == {"a", "b"}
+    assert blame_for_failing_model(["a"], checker(set())) == (["a"], {}, [])
+
+
+def test_the_model_check_reads_values_statistics_and_outputs():
+    good = _state([1.0], [0.0], [1.0], [[1.0, 0.0, 0.0]])
+    assert model_problems(good, ["Mass"], lambda state, names: np.zeros((2, 1))) == []
+    bad_var = {**good, "bn.running_var": np.asarray([-1.0], dtype=np.float32)}
+    assert model_problems(bad_var, ["Mass"], None) == [
+        "'bn.running_var' has 1 value(s) at or below 0 (a variance is positive)"
+    ]
+    outputs = lambda state, names: np.asarray([[np.inf], [1.0]])  # noqa: E731
+    assert model_problems(good, ["Mass"], outputs) == [
+        "the model's outputs on the probe input have 1 non-finite value(s)"
+    ]
+
+
+def test_look_alike_names_share_a_skeleton_and_different_names_do_not():
+    assert confusable_skeleton("\u041cass") == confusable_skeleton("Mass")  # Cyrillic capital Em
+    assert confusable_skeleton("Ed\u0435ma") == confusable_skeleton("Edema")  # Cyrillic small ie
+    assert confusable_skeleton("Mass") != confusable_skeleton("Mask")
+
+
+def test_metrics_keep_documented_keys_of_the_sites_own_classes():
+    valid, problems = check_metrics(
+        {"val_loss": 0.3, "val_auroc/Mass": 0.8, "val_auroc/Hernia": 0.7, "val_mean_auroc": 1.5, "extra": 1},
+        ["Mass"],
+    )
+    assert valid == {"val_loss": 0.3, "val_auroc/Mass": 0.8}
+    assert problems == [
+        "val_mean_auroc = 1.5 is outside [0, 1]",
+        "2 undocumented metric key(s) dropped, e.g. ['val_auroc/Hernia', 'extra']",
+    ]
+
+
+def test_the_judged_loss_is_the_mean_of_two_and_the_median_of_three_or_more():
+    assert judged_loss({"a": 0.2, "b": 0.4}) == (pytest.approx(0.3), "mean")
+    assert judged_loss({"a": 0.2, "b": 0.4, "c": 100.0}) == (0.4, "median")
+    assert judged_loss({"a": math.nan}) == (pytest.approx(math.nan, nan_ok=True), "none")
+
+
+def test_the_server_checks_page_lists_every_check_of_the_registry():
+    page = DOCS.read_text()
+    assert document_checks(page) == page, "run: python -m surgical_aggregation.core.checks docs/server-checks.md"
+    assert {check.stage for check in CHECKS} == set(STAGES)
+    assert len({check.name for check in CHECKS}) == len(CHECKS)

@@ -1,0 +1,536 @@
+"""One hostile or broken site cannot break, poison or steer the federation: every attack of the issue, as a test.
+
+Controller-level, with simulated sites (``fake_sites``): each test asserts that the run goes on with the honest
+sites, that the model published at the end is finite and, where the attacker's results were rejected, that it
+is exactly the model of the same run in which that site's results never counted; and that the reason is logged
+and told to the site. The simulator-level attacks are in ``test_flare_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+import stat
+
+import numpy as np
+import pytest
+import torch
+
+from surgical_aggregation.core.checks import WEIGHTS, UpdateReference
+from surgical_aggregation.core.errors import StorageError
+from surgical_aggregation.data import storage
+from surgical_aggregation.flare.protocol import (
+    META_CLASS_NAMES,
+    META_NUM_SAMPLES,
+    TASK_PUBLISH,
+    TASK_REFUSED,
+    TASK_TRAIN,
+)
+from surgical_aggregation.flare.state import BACKUP_FILE, STATUS_FILE, load_state
+from surgical_aggregation.run_summary import summary_lines
+
+from fake_sites import FakeSite, Harness, messages, shifted
+
+
+def _tensors(params: dict) -> dict[str, torch.Tensor]:
+    return {key: torch.as_tensor(np.asarray(value)) for key, value in params.items()}
+
+
+def trained(variance_factor: float):
+    """An honest-looking update: +0.01 (1 + round) on every weight, mean and head row; running variances times
+    ``variance_factor``."""
+
+    def update(round_number: int, params: dict) -> dict:
+        sent = shifted(params, 0.01 * (1 + round_number))
+        sent["backbone.bn.running_var"] = _tensors(params)["backbone.bn.running_var"] * variance_factor
+        return sent
+
+    return update
+
+
+def scaled_update(factor: float, honest) -> callable:
+    """received + factor x (the honest update): x5 amplifies it, -5 flips and amplifies it."""
+
+    def attack(round_number: int, params: dict) -> dict:
+        received, update = _tensors(params), honest(round_number, params)
+        return {
+            key: received[key] + factor * (update[key] - received[key]) if received[key].is_floating_point() else value
+            for key, value in update.items()
+        }
+
+    return attack
+
+
+def withheld(round_number: int, params: dict) -> dict:
+    """The reference: a result the server rejects for its structure, so that the site's results never count."""
+    sent = trained(0.9)(round_number, params)
+    del sent["head.bias"]
+    return sent
+
+
+def _run(tmp_path, attacker_behaviour, rounds: int = 3, **arguments) -> tuple[Harness, list[FakeSite]]:
+    sites = [
+        FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.4, 0.45]),
+        FakeSite("site-b", ["Mass", "Edema"], [0.8, 0.6, 0.5, 0.45]),
+        FakeSite("site-c", ["Edema"], [0.7, 0.5, 0.4, 0.4], attacker_behaviour),
+    ]
+    harness = Harness(sites, tmp_path, num_rounds=rounds, min_clients=2, **arguments)
+    harness.run()
+    return harness, sites
+
+
+def _published(site: FakeSite) -> dict:
+    task, _, params = site.tasks[-1]
+    assert task == TASK_PUBLISH
+    return params
+
+
+def _assert_same_model(first: dict, second: dict) -> None:
+    assert set(first) == set(second)
+    for key in first:
+        np.testing.assert_array_equal(np.asarray(first[key]), np.asarray(second[key]), err_msg=key)
+
+
+def _assert_rejected_every_round(harness: Harness, site: str, reason: str) -> None:
+    for entry in harness.history[1:]:
+        aggregation = entry["aggregation"]
+        assert aggregation["accepted"] == ["site-a", "site-b"], aggregation
+        assert reason in aggregation["rejected"][site], aggregation["rejected"][site]
+        assert f"contribution from '{site}' rejected: {aggregation['rejected'][site]}" in messages(harness, "error")
+
+
+ATTACKS = {
+    "an update scaled x5 that leaves negative running variances": (
+        scaled_update(5.0, trained(0.75)),
+        "'backbone.bn.running_var' has 4 value(s) at or below 0 (a variance is positive)",
+    ),
+    "an update flipped and scaled x5": (
+        scaled_update(-5.0, trained(1.25)),
+        "'backbone.bn.running_var' has 4 value(s) at or below 0 (a variance is positive)",
+    ),
+    "negative running variances at an honest update's size": (
+        lambda round_number, params: {
+            **trained(1.0)(round_number, params),
+            "backbone.bn.running_var": -_tensors(params)["backbone.bn.running_var"],
+        },
+        "'backbone.bn.running_var' has 4 value(s) at or below 0",
+    ),
+    "a complex64 array holding a NaN": (
+        lambda round_number, params: {
+            **trained(1.0)(round_number, params),
+            "backbone.conv.weight": np.full((4, 1, 3, 3), complex(math.nan, 0), dtype=np.complex64),
+        },
+        "'backbone.conv.weight' is complex64, the global model's is float32",
+    ),
+    "a string array of the right shape": (
+        lambda round_number, params: {
+            **trained(1.0)(round_number, params),
+            "backbone.conv.weight": np.full((4, 1, 3, 3), "0.1"),
+        },
+        "'backbone.conv.weight' is <U3, the global model's is float32",
+    ),
+    "float64 weights": (
+        lambda round_number, params: {
+            key: value.double() if value.is_floating_point() else value
+            for key, value in trained(1.0)(round_number, params).items()
+        },
+        "is float64, the global model's is float32",
+    ),
+    "backbone weights moved 212 times an honest round": (
+        lambda round_number, params: {
+            **scaled_update(212.0, trained(1.0))(round_number, params),
+            **{key: value for key, value in trained(1.0)(round_number, params).items() if "running" in key},
+            "head.weight": trained(1.0)(round_number, params)["head.weight"],
+            "head.bias": trained(1.0)(round_number, params)["head.bias"],
+        },
+        "its update of the backbone weights is ",
+    ),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_an_attack_is_rejected_every_round_and_the_model_is_the_honest_sites_own(tmp_path, attack):
+    behaviour, reason = ATTACKS[attack]
+    harness, sites = _run(tmp_path / "attacked", behaviour)
+    _assert_rejected_every_round(harness, "site-c", reason)
+    attacker = sites[2]
+    assert [outcome["status"] for outcome in attacker.outcomes] == ["rejected"] * 3  # told with its next tasks
+    assert reason in attacker.outcomes[0]["reason"]
+    published = _published(sites[0])
+    assert all(np.isfinite(np.asarray(value, dtype=np.float64)).all() for value in published.values())
+
+    reference, reference_sites = _run(tmp_path / "reference", withheld)
+    _assert_same_model(harness.saved[-1].params, reference.saved[-1].params)
+    _assert_same_model(published, _published(reference_sites[0]))
+    assert harness._federation.best.round == reference._federation.best.round
+
+
+def test_a_candidate_model_that_fails_the_model_check_is_taken_apart_by_leaving_each_result_out(tmp_path):
+    def overflowing(round_number, params):  # finite and valid alone; its outputs on the probe overflow float32
+        return {**trained(1.0)(round_number, params), "backbone.conv.weight": torch.full((4, 1, 3, 3), 3e38)}
+
+    harness, sites = _run(tmp_path / "one", overflowing, update_bound=None)  # no update bound: the model check decides
+    for entry in harness.history[1:]:
+        aggregation = entry["aggregation"]
+        assert aggregation["accepted"] == ["site-a", "site-b"]
+        [problem] = aggregation["model_check"]
+        assert re.fullmatch(r"the model's outputs on the probe input have \d+ non-finite value\(s\)", problem)
+        assert aggregation["rejected"]["site-c"] == (
+            f"the global model aggregated with its result failed the model check ({problem}); without it the "
+            "check passes"
+        )
+    assert "the candidate global model failed the model check" in messages(harness, "error")
+    reference, _ = _run(tmp_path / "reference", withheld, update_bound=None)
+    _assert_same_model(harness.saved[-1].params, reference.saved[-1].params)
+
+    # two such sites: leaving either out does not help, each fails alone, both are rejected
+    sites = [
+        FakeSite("site-a", ["Mass"], [0.9, 0.5]),
+        FakeSite("site-b", ["Mass", "Edema"], [0.8, 0.6]),
+        FakeSite("site-c", ["Edema"], [0.7, 0.5], overflowing),
+        FakeSite("site-d", ["Edema"], [0.7, 0.5], overflowing),
+    ]
+    two = Harness(sites, tmp_path / "two", num_rounds=1, min_clients=2, update_bound=None)
+    two.run()
+    aggregation = two.history[1]["aggregation"]
+    assert aggregation["accepted"] == ["site-a", "site-b"]
+    for site in ("site-c", "site-d"):
+        assert aggregation["rejected"][site].startswith("the global model aggregated from its result alone fails")
+
+
+def test_a_model_that_cannot_be_used_never_starts_or_ends_a_federation(tmp_path):
+    from helpers import toy_state
+
+    broken = toy_state(1, seed=3)
+    broken["backbone.bn.running_var"][0] = -1.0
+    sites = [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-b", ["Mass"], [0.5])]
+    harness = Harness(sites, tmp_path, initial=(broken, ["Mass"]), num_rounds=1)
+    with pytest.raises(RuntimeError, match=r"the global model this job starts from \(before training\) cannot be used"):
+        harness.run()
+    assert all(site.tasks == [] for site in sites)  # no site was sent the model
+
+
+# --- the bound: no site can move it, and it bounds the weights ------------------------------------------------
+
+
+def free_rider(round_number, params):
+    return shifted(params, 0.0)  # sends back what it received
+
+
+@pytest.mark.parametrize("free_riders", [1, 2])
+def test_free_riders_cannot_get_an_honest_site_rejected(tmp_path, free_riders):
+    honest = FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.4, 0.3, 0.3])
+    riders = [FakeSite(f"site-r{i}", ["Mass"], [0.9, 0.5, 0.4, 0.3, 0.3], free_rider) for i in range(free_riders)]
+    harness = Harness([honest, *riders], tmp_path, num_rounds=4, min_clients=1)
+    harness.run()
+    names = sorted(site.name for site in riders)
+    for entry in harness.history[1:]:
+        assert entry["aggregation"]["accepted"] == ["site-a", *names]  # every round, the honest site included
+        assert entry["aggregation"]["free_riders"] == names
+    assert all(outcome["note"].startswith("its update barely moved the model") for outcome in riders[0].outcomes)
+    # the typical update is the honest site's alone
+    assert [entry[WEIGHTS] for entry in harness._federation.typical_updates] == pytest.approx(
+        [entry["aggregation"]["update_sizes"]["site-a"][WEIGHTS] for entry in harness.history[1:]], rel=1e-3
+    )
+
+
+def test_an_update_above_the_typical_one_is_rejected_without_revealing_the_others_figures(tmp_path):
+    def grows_in_round_2(round_number, params):
+        factor = 20.0 if round_number == 2 else 1.0
+        return scaled_update(factor, trained(1.0))(round_number, params)
+
+    harness, _ = _run(tmp_path, grows_in_round_2, rounds=3)
+    reason = harness.history[3]["aggregation"]["rejected"]["site-c"]
+    assert reason.startswith("its update of the backbone weights is ")
+    assert "more than update_bound (10) times the typical accepted update of earlier rounds" in reason
+    typical = UpdateReference(harness._federation.typical_updates[:2]).typical(WEIGHTS)
+    for figure in (typical, 10 * typical):
+        for style in (".3g", ".4g", ".2g"):
+            assert format(figure, style) not in reason  # the site learns its own figure only
+    assert f"x {typical:.4g}" in messages(harness, "info")  # the server's log has the reference
+    assert (
+        harness.history[1]["aggregation"]["accepted"]
+        == harness.history[2]["aggregation"]["accepted"]
+        == [
+            "site-a",
+            "site-b",
+            "site-c",
+        ]
+    )
+
+
+def _row_attack(change, attacked_round: int = 2):
+    def attack(round_number, params):
+        sent = trained(1.0)(round_number, params)
+        if round_number == attacked_round:
+            change(sent, _tensors(params))
+        return sent
+
+    return attack
+
+
+def _swap_rows(sent, received):
+    sent["head.weight"] = sent["head.weight"][[1, 0]]
+    sent["head.bias"] = sent["head.bias"][[1, 0]]
+
+
+def _one_row_times(factor):
+    def change(sent, received):
+        for key in ("head.weight", "head.bias"):
+            sent[key][0] = received[key][0] + factor * (sent[key][0] - received[key][0])
+
+    return change
+
+
+def _withhold(sent, received):
+    del sent["head.bias"]
+
+
+ROW_ATTACKS = {  # (change, round, the reason's start)
+    "swapped rows, after a round of typical row updates": (_swap_rows, 2, "its update of the head row of 'Mass'"),
+    "one row x100, after a round of typical row updates": (
+        _one_row_times(100),
+        2,
+        "its update of the head row of 'Mass'",
+    ),
+    "one row x1000, before any typical row update": (_one_row_times(1000), 1, "its update of the head row of 'Mass'"),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ROW_ATTACKS))
+def test_head_rows_are_bounded_one_by_one(tmp_path, attack):
+    change, attacked_round, reason = ROW_ATTACKS[attack]
+
+    def run(behaviour, folder):
+        sites = [
+            FakeSite("site-a", ["Mass", "Edema"], [0.9, 0.5, 0.4, 0.4], behaviour),
+            FakeSite("site-b", ["Mass", "Edema"], [0.8, 0.6, 0.5, 0.4]),
+            FakeSite("site-c", ["Edema", "Mass"], [0.8, 0.6, 0.5, 0.4]),
+        ]
+        harness = Harness(sites, tmp_path / folder, num_rounds=3, min_clients=2)
+        harness.run()
+        return harness, sites
+
+    harness, sites = run(_row_attack(change, attacked_round), "attacked")
+    aggregation = harness.history[1 + attacked_round]["aggregation"]
+    assert aggregation["rejected"]["site-a"].startswith(reason) and aggregation["accepted"] == ["site-b", "site-c"]
+    assert sites[0].outcomes[attacked_round]["status"] == "rejected"
+    reference, reference_sites = run(_row_attack(_withhold, attacked_round), "reference")
+    _assert_same_model(harness.saved[-1].params, reference.saved[-1].params)
+    _assert_same_model(_published(sites[1]), _published(reference_sites[1]))
+
+
+# --- selection no single site decides ---------------------------------------------------------------------------
+
+
+def test_with_three_or_more_sites_one_site_cannot_pick_the_best_model_or_stop_the_federation(tmp_path):
+    honest = [0.9, 0.7, 0.5, 0.55, 0.6, 0.65, 0.6]  # the global model of round 1 is the best
+    sites = [FakeSite(f"site-{i}", ["Mass"], honest) for i in range(6)]
+    liar = FakeSite("site-x", ["Mass"], [100.0, 100.0, 100.0, 100.0, 0.0, 100.0, 100.0])  # wants round 3's
+    harness = Harness([*sites, liar], tmp_path, num_rounds=6, patience=10)
+    harness.run()
+    assert harness._federation.best.round == 1
+    judged = harness.history[2]["validation"]
+    assert judged["judged_by"]["statistic"] == "median" and judged["judged_val_loss"] == pytest.approx(0.5)
+    assert summary_lines(harness.history, {})[1].startswith(
+        "  best global model   after round 1: median validation loss 0.5000"
+    )
+
+    # rising forged losses cannot stop early a federation whose honest sites still improve
+    improving = [FakeSite(f"site-{i}", ["Mass"], [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]) for i in range(2)]
+    stopper = FakeSite("site-x", ["Mass"], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    stopped = Harness([*improving, stopper], tmp_path / "stop", num_rounds=5, patience=2)
+    stopped.run()
+    assert max(entry["round"] for entry in stopped.history) == 4 and stopped._federation.best.round == 4
+
+
+def test_with_two_sites_the_job_names_the_sites_whose_metrics_judge(tmp_path):
+    honest = FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.6, 0.7])  # round 0's model is the best by its losses
+    forger = FakeSite("site-b", ["Edema"], [0.9, 5.0, 5.0, 0.0])  # would pick round 2's with the mean
+    harness = Harness([honest, forger], tmp_path, num_rounds=3, judging_sites=["site-a"])
+    harness.run()
+    assert harness._federation.best.round == 0
+    assert harness.history[1]["validation"]["judged_by"] == {"statistic": "mean", "sites": ["site-a"]}
+    assert "after round 0: mean of site-a's validation loss 0.5000" in summary_lines(harness.history, {})[1]
+
+
+class InflatedSamples(FakeSite):
+    def answer(self, task, data):
+        answer = super().answer(task, data)
+        if task == TASK_TRAIN and answer is not None:
+            answer.meta[META_NUM_SAMPLES] = 10**12  # declared 10 at the handshake
+        return answer
+
+
+def test_a_result_cannot_claim_more_samples_than_its_site_declared(tmp_path):
+    inflated = InflatedSamples("site-c", ["Edema"], [0.7, 0.5])
+    sites = [FakeSite("site-a", ["Mass"], [0.9, 0.5]), FakeSite("site-b", ["Mass", "Edema"], [0.8, 0.6]), inflated]
+    harness = Harness(sites, tmp_path, num_rounds=2, weighting="samples")
+    harness.run()
+    for entry in harness.history[1:]:
+        assert entry["aggregation"]["rejected"] == {
+            "site-c": "it reports 1000000000000 training samples, more than the 10 it declared at the handshake"
+        }
+
+
+def test_only_documented_metric_keys_are_kept(tmp_path):
+    flooding = FakeSite("site-b", ["Edema"], [0.6, 0.5, 0.5])
+    flooding.metrics_override = {**{f"junk/{i}": 0.5 for i in range(100_000)}, "x" * 1_000_000: 0.5}
+    flooding.validation_override = flooding.metrics_override
+    harness = Harness([FakeSite("site-a", ["Mass"], [0.6, 0.5, 0.5]), flooding], tmp_path, num_rounds=2)
+    harness.run()
+    problems = harness.history[1]["aggregation"]["rejected_metrics"]["site-b"]
+    assert problems == ["100001 undocumented metric key(s) dropped, e.g. ['junk/0', 'junk/1', 'junk/2']"]
+    assert set(harness.history[1]["validation"]["sites"]["site-b"]) == {"val_loss", "val_mean_auroc"}
+    assert (tmp_path / "round_history.json").stat().st_size < 20_000
+
+
+# --- handshake limits --------------------------------------------------------------------------------------------
+
+HANDSHAKE_REFUSALS = {
+    "5000 classes": (
+        [f"Finding {i}" for i in range(5000)],
+        "site site-b reports 5000 classes; this job accepts at most 256 per site (max_classes_per_site)",
+    ),
+    "a 10 KB name": (["Mass", "M" * 10_000], "has 10000 characters; this job accepts at most 100"),
+    "an escape sequence": (["Mass\x1b[31m"], "contains a control character (U+001B)"),
+    "a NUL": (["Ma\x00ss"], "contains a control character (U+0000)"),
+    "a zero-width space": (["Ma\u200bss"], "contains a format character (U+200B)"),
+    "a Cyrillic look-alike": (
+        ["\u041cass"],
+        "class '\u041cass' (from '\u041cass') looks like the class 'Mass' (Unicode confusables): rename it, or map "
+        "it to that class with an alias",
+    ),
+    "a Greek look-alike of another site's class": (
+        ["Tub\u0435rculosis"],  # a Cyrillic "е"
+        "looks like the class 'Tuberculosis'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HANDSHAKE_REFUSALS))
+def test_the_handshake_refuses_names_no_hospital_would_use(tmp_path, case):
+    names, reason = HANDSHAKE_REFUSALS[case]
+    site_a = FakeSite("site-a", ["Tuberculosis", "Edema"], [0.6, 0.5])
+    hostile = FakeSite("site-b", names, [0.6, 0.5])
+    harness = Harness([site_a, hostile, FakeSite("site-c", ["Edema"], [0.6, 0.5])], tmp_path, num_rounds=1)
+    harness.run()
+    refused = [text for level, text in harness.messages if "handshake with site-b" in text]
+    assert len(refused) == 1 and reason in refused[0]
+    assert [task for task, _, _ in hostile.tasks] == [TASK_REFUSED]  # told why, then nothing more
+    assert reason in hostile.outcomes[0]["reason"]
+    union = harness.saved[-1].meta[META_CLASS_NAMES]
+    assert union == ["Edema", "Tuberculosis"]
+    assert (tmp_path / "union_classes.csv").read_text().splitlines()[1:] == [
+        "Edema,site-a;site-c,2,yes",
+        "Tuberculosis,site-a,1,no",
+    ]
+
+
+def test_fullwidth_letters_are_the_plain_class(tmp_path):
+    a = FakeSite("site-a", ["Mass"], [0.6, 0.5])
+    b = FakeSite("site-b", ["\uff2d\uff41\uff53\uff53", "Edema"], [0.6, 0.5])  # "Ｍａｓｓ"
+    harness = Harness([a, b], tmp_path, num_rounds=1)
+    harness.run()
+    assert harness.saved[-1].meta[META_CLASS_NAMES] == ["Edema", "Mass"]
+    assert b.received[0][0] == ["\uff2d\uff41\uff53\uff53", "Edema"]  # its own spelling, echoed back
+
+
+# --- state files that fail safely ---------------------------------------------------------------------------------
+
+
+def _crashed_in_round_2(tmp_path) -> None:
+    def crash(round_number, params):
+        if round_number == 2:
+            raise ConnectionError("the server went down")
+        return shifted(params, 0.01)
+
+    sites = [FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.4, 0.45]), FakeSite("site-b", ["Edema"], [0.9, 0.5, 0.4], crash)]
+    with pytest.raises(ConnectionError):
+        Harness(sites, tmp_path, num_rounds=4).run()
+
+
+def _sites() -> list[FakeSite]:
+    return [FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.4, 0.45]), FakeSite("site-b", ["Edema"], [0.9, 0.5, 0.4, 0.4])]
+
+
+def test_a_corrupt_state_names_the_file_and_the_two_ways_on(tmp_path):
+    _crashed_in_round_2(tmp_path)
+    state = Harness(_sites(), tmp_path, num_rounds=4)._state_location()
+    state.write_bytes(state.read_bytes()[:1000])  # truncated by a crash of the disk, say
+    with pytest.raises(RuntimeError) as refused:
+        Harness(_sites(), tmp_path, num_rounds=4).run()
+    message = str(refused.value)
+    assert message.startswith(f"the saved federation {state} cannot be read (")
+    assert 'submit the job with resume "backup"' in message and 'submit the job with resume "never"' in message
+
+    resumed = Harness(_sites(), tmp_path, num_rounds=4, resume="backup")  # the state saved after round 0
+    resumed.run()
+    assert "resuming the federation saved by job  after round 0" in messages(resumed, "info")
+    assert [entry["round"] for entry in resumed.history] == [-1, 0, 1, 2, 3]
+
+    afresh = Harness(_sites(), tmp_path / "afresh", num_rounds=1)
+    afresh.run()
+    assert [entry["round"] for entry in afresh.history] == [-1, 0]
+
+
+def test_a_missing_state_of_an_unfinished_federation_is_reported_not_restarted(tmp_path):
+    _crashed_in_round_2(tmp_path)
+    state = Harness(_sites(), tmp_path, num_rounds=4)._state_location()
+    state.unlink()
+    with pytest.raises(
+        RuntimeError, match=r"federation.json records an unfinished federation .*round 1\), but its state"
+    ):
+        Harness(_sites(), tmp_path, num_rounds=4).run()
+    started_afresh = Harness(_sites(), tmp_path, num_rounds=1, resume="never")
+    started_afresh.run()
+    assert [entry["round"] for entry in started_afresh.history] == [-1, 0]
+
+
+def test_a_full_disk_names_the_cause_and_keeps_the_last_good_state(tmp_path, monkeypatch):
+    written = {"files": 0}
+    real_fsync = storage.os.fsync
+
+    def fsync(descriptor):
+        if stat.S_ISREG(os.fstat(descriptor).st_mode):
+            written["files"] += 1
+            if written["files"] > 6:  # state, status and history at the start and after round 0; then the disk is full
+                raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(storage.os, "fsync", fsync)
+    harness = Harness(_sites(), tmp_path, num_rounds=4)
+    with pytest.raises(RuntimeError) as failed:
+        harness.run()
+    assert str(failed.value) == (
+        f"could not write the federation state {harness._state_location()}: no space left on the device; the "
+        "previous federation.pt is kept"
+    )
+    folder = harness._state_location().parent
+    no_temporary_files = sorted([BACKUP_FILE, "federation.pt", STATUS_FILE])
+    assert sorted(path.name for path in folder.iterdir()) == no_temporary_files
+    monkeypatch.setattr(storage.os, "fsync", real_fsync)
+    saved = load_state(harness._state_location())
+    assert saved is not None and saved.latest.round >= 0 and not saved.finished
+    assert json.loads((folder / STATUS_FILE).read_text())["round"] == saved.latest.round
+
+
+def test_a_model_file_written_on_a_full_disk_leaves_the_previous_one(tmp_path, monkeypatch):
+    from surgical_aggregation.checkpoint import load_checkpoint, save_checkpoint
+
+    path = save_checkpoint(tmp_path / "FL_global_model.pt", {"w": torch.ones(2)}, [], round=1)
+
+    def full(descriptor):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(storage.os, "fsync", full)
+    with pytest.raises(StorageError) as failed:
+        save_checkpoint(path, {"w": torch.zeros(2)}, [], round=2)
+    assert str(failed.value) == (
+        f"could not write the model file {path}: no space left on the device; the previous FL_global_model.pt is kept"
+    )
+    assert [item.name for item in tmp_path.iterdir()] == ["FL_global_model.pt"]
+    assert load_checkpoint(path).meta["round"] == 1
