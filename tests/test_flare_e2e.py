@@ -11,10 +11,13 @@
    made progress exits non-zero, labels no model best and names the sites and reasons.
 5. The consortium job: seven datasets, each with its own label scheme; the union of their real label files.
 6. The same seed gives the same round history and model on a CPU.
+7. A hostile site (its client script wrapped by ``benchmarks/hostile_site.py``) sends negative running variances
+   every round, with FLARE's site-to-site evaluation at the end; and a job whose initial model cannot be used.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -27,7 +30,7 @@ import torch
 from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedAggregationHelper
 from PIL import Image
 
-from surgical_aggregation.checkpoint import load_checkpoint
+from surgical_aggregation.checkpoint import load_checkpoint, probe_outputs, save_checkpoint
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.flare.audit import AUDIT_FILE, EXCHANGES_DIR, exchange_file_name, read_audit
@@ -40,6 +43,7 @@ from surgical_aggregation.flare.recipe import (
     write_job,
 )
 from surgical_aggregation.flare.simulation import simulate
+from surgical_aggregation.images.modality import IMAGES
 from surgical_aggregation.images.synthetic import STYLES, generate_nih, render_image
 from surgical_aggregation.inference import score_images
 
@@ -158,6 +162,8 @@ def test_run_artefacts(main_run):
     assert {p.name for p in (server / "tb_events").iterdir()} == set(SITES)
     best = load_checkpoint(server / "app_server" / "best_FL_global_model.pt")
     for site in SITES:
+        meta = json.loads((workspace / site / "simulate_job" / "meta.json").read_text())
+        assert {client["name"] for client in meta["job_clients"]} == set(SITES)  # FLARE tells each site who takes part
         assert (_app(workspace, site) / "local_model.pt").is_file()  # a restarted site process resumes from it
         published = load_checkpoint(_app(workspace, site) / PUBLISHED_MODEL_FILE)
         assert published.class_names == best.class_names and published.meta["round"] == best.meta["round"]
@@ -383,3 +389,80 @@ def test_the_same_seed_gives_the_same_round_history_on_a_cpu(tmp_path):
         models.append(load_checkpoint(server / "FL_global_model.pt").state)
     assert histories[0] == histories[1]
     assert all(torch.equal(models[0][key], models[1][key]) for key in models[0])
+
+
+# --- a hostile site, and a model that cannot be used ---------------------------------------------------------
+
+
+def _benchmark(name: str):
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def hostile_run(tmp_path_factory):
+    """One tiny job for several tests: site-chexpert sends four negative running variances with every result (before
+    the server checked BatchNorm statistics, every output of the global model became NaN and the simulator still
+    exited 0); FLARE's evaluation of the sites' models on each other's data runs at the end."""
+    root = tmp_path_factory.mktemp("hostile")
+    recipe = tiny_recipe(
+        nih_chexpert_recipe, root / "cache", rounds=2, site_to_site_evaluation=True, controller={"min_clients": 1}
+    )
+    job = _benchmark("hostile_site").write_hostile_job(recipe, root / "job", "negative_running_var")
+    code, output = _run_simulator(job, root / "ws", root / "cache", "-t", "2")
+    return code, output, root / "ws"
+
+
+def test_a_site_sending_negative_running_variances_is_rejected_and_the_published_model_is_usable(hostile_run):
+    code, output, workspace = hostile_run
+    assert code == 0, output[-3000:]
+    server = workspace / "server" / "simulate_job" / "app_server"
+    history = json.loads((server / "round_history.json").read_text())
+    for entry in history[1:]:
+        assert entry["aggregation"]["accepted"] == ["site-nih"]
+        assert "running_var' has 4 value(s) at or below 0" in entry["aggregation"]["rejected"]["site-chexpert"]
+    published = load_checkpoint(_app(workspace, "site-nih") / PUBLISHED_MODEL_FILE)
+    assert all(bool(torch.isfinite(value.double()).all()) for value in published.state.values())
+    outputs = probe_outputs(published.architecture, published.preprocessing)(published.state, published.class_names)
+    assert outputs.shape == (2, 20) and np.isfinite(outputs).all()
+    site_log = (workspace / "site-chexpert" / "log.txt").read_text()
+    assert "round 0: the server did NOT aggregate this site's result (rejected): " in site_log
+
+
+def test_site_to_site_evaluation_results_are_in_the_results_file_one_exchange_file_per_model(hostile_run):
+    _, _, workspace = hostile_run
+    cross = json.loads(
+        (workspace / "server" / "simulate_job" / "cross_site_val" / "cross_val_results.json").read_text()
+    )
+    for site in SITES:
+        owners = set(cross[site])
+        assert owners == {"SRV_FL_global_model.pt", "SRV_best_FL_global_model.pt", "site-nih", "site-chexpert"}
+        assert cross[site]["site-nih"] != cross[site]["SRV_best_FL_global_model.pt"]  # not written over each other
+        received = [
+            r for r in read_audit(_app(workspace, site)) if r["task"] == "validate" and r["direction"] == "received"
+        ]
+        files = [record["tensors"] for record in received]
+        assert len(received) >= 4 and len(set(files)) == len(files)  # the server's models and both sites' models
+        assert all((_app(workspace, site) / name).is_file() for name in files)
+
+
+def test_a_job_whose_global_model_cannot_be_used_ends_with_a_non_zero_exit_code(tmp_path):
+    preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
+    classes = list(NIH_LABELS)
+    state = IMAGES.build_model(classes, preprocessing).state_dict()
+    state["features.conv0.weight"][0, 0, 0, 0] = float("nan")
+    initial = save_checkpoint(
+        tmp_path / "earlier.pt", state, classes, architecture="densenet121", preprocessing=preprocessing
+    )
+    recipe = tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=1, initial_model=str(initial))
+    code, output = _run_simulator(write_job(recipe, tmp_path / "job"), tmp_path / "ws", tmp_path / "cache", "-t", "2")
+    assert code == 2, output[-3000:]
+    assert (
+        "the global model this job starts from (before training) cannot be used: 'features.conv0.weight' has 1 "
+        "non-finite value(s) (NaN/Inf)" in output
+    )
+    assert not (tmp_path / "ws" / "server" / "simulate_job" / "app_server" / "best_FL_global_model.pt").exists()
+    assert "Round 0 started" not in output  # no site was sent the model

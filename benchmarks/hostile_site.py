@@ -1,0 +1,183 @@
+"""A hostile site in the default job: three attacks against the honest reference, in FLARE's simulator.
+
+Not a test (``tests/test_flare_e2e.py`` runs one attack on a tiny job). It runs the default job
+(``jobs/nih_chexpert``'s recipe) once per case with ``site-chexpert``'s client script wrapped so that its
+training results are altered before they are sent:
+
+  withheld              every result of the site is rejected for its structure (a key left out): the same job
+                        without that site's contributions, the reference the attacks are held to
+  x5                    the site's update scaled by 5
+  flip_x5               the site's update negated and scaled by 5
+  negative_running_var  four channels of one running variance negative, the rest of the update honest
+  honest                the site as it is (the job as the README runs it)
+
+The job runs with ``min_clients: 1``, so that a round in which only the honest site's result is valid still
+updates the model (with the job's ``min_clients: 2``, a two-site federation whose other site is rejected every
+round ends without progress, exit code 2, naming that site and its reason). For each case: the simulator's exit
+code, how each of the site's results fared, whether the published model is finite, and its validation loss (the
+sites' mean, as the job selects) against the withheld run's. The issue's acceptance: every attacked job completes
+with a finite published model whose loss is no worse than the withheld run's by more than 0.01.
+
+    python benchmarks/hostile_site.py --out results/hostile_site   # about 8 minutes on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from surgical_aggregation.checkpoint import load_checkpoint
+from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
+from surgical_aggregation.flare.controller import HISTORY_FILE
+from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
+
+ATTACKS = ("withheld", "x5", "flip_x5", "negative_running_var", "honest")
+HOSTILE_SITE = "site-chexpert"
+
+# The hostile site's custom/client.py: the bundle's site script with ClientSession.train wrapped.
+HOSTILE_CLIENT = '''"""A hostile site (a benchmark and test double, not part of the product): the bundle's site
+script, whose training results are altered ({attack!r}) before they are sent."""
+
+import numpy as np
+
+from surgical_aggregation.core.head import NAMED_HEAD
+from surgical_aggregation.flare import client
+
+ATTACK = {attack!r}
+
+
+def altered(received, sent):
+    sent = dict(sent)
+    if ATTACK == "withheld":
+        del sent[NAMED_HEAD.bias_key]
+    elif ATTACK in ("x5", "flip_x5"):
+        factor = 5.0 if ATTACK == "x5" else -5.0
+        for key, value in sent.items():
+            if np.issubdtype(value.dtype, np.floating):
+                sent[key] = (received[key] + factor * (value - received[key])).astype(value.dtype)
+    elif ATTACK == "negative_running_var":
+        key = sorted(key for key in sent if key.endswith(".running_var"))[0]
+        variance = sent[key].copy()
+        variance[:4] = -variance[:4]
+        sent[key] = variance
+    return sent
+
+
+_train = client.ClientSession.train
+
+
+def train(self, received):
+    answer = _train(self, received)
+    answer.params = altered(received.params, answer.params)
+    return answer
+
+
+client.ClientSession.train = train
+client.main()
+'''
+
+
+def write_hostile_job(recipe: SurgicalAggregationRecipe, folder: Path, attack: str, site: str = HOSTILE_SITE) -> Path:
+    """``recipe``'s job folder with ``site``'s client script replaced by the hostile one."""
+    if attack not in ATTACKS:
+        raise ValueError(f"unknown attack {attack!r}; one of {ATTACKS}")
+    job = write_job(recipe, folder)
+    if attack != "honest":
+        (job / f"app_{site}" / "custom" / "client.py").write_text(HOSTILE_CLIENT.format(attack=attack))
+    return job
+
+
+def run_simulator(job: Path, workspace: Path, *extra: str, timeout: int = 1800) -> tuple[int, str]:
+    """``nvflare simulator <job> -w <workspace>`` with the sites in parallel threads: (exit code, output)."""
+    nvflare = Path(sys.executable).parent / "nvflare"
+    threads = str(len([app for app in job.iterdir() if app.name.startswith("app_site")]))
+    env = {**os.environ, "PATH": f"{nvflare.parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [str(nvflare), "simulator", str(job), "-w", str(workspace), "-t", threads, *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+def outcome(workspace: Path, code: int, site: str = HOSTILE_SITE) -> dict:
+    """What a finished run left: how the site's results fared, the published model and its validation loss."""
+    server = workspace / "server" / "simulate_job" / "app_server"
+    history = json.loads((server / HISTORY_FILE).read_text()) if (server / HISTORY_FILE).is_file() else []
+    rounds = [entry["aggregation"] for entry in history if "aggregation" in entry]
+    best = [entry for entry in history if entry.get("validation", {}).get("best")]
+    published_file = next(workspace.glob(f"site-nih/*/app_site-nih/{PUBLISHED_MODEL_FILE}"), None)
+    finite = None
+    if published_file is not None:
+        state = load_checkpoint(published_file).state
+        finite = all(bool(np.isfinite(value.double().numpy()).all()) for value in state.values())
+    final = history[-1].get("validation", {}) if history else {}
+    return {
+        "exit_code": code,
+        "site_results": ["accepted" if site in entry["accepted"] else "rejected" for entry in rounds],
+        "first_reason": next((entry["rejected"][site] for entry in rounds if site in entry["rejected"]), None),
+        "published_finite": finite,
+        "best_round": best[-1]["round"] if best else None,
+        "best_val_loss": best[-1]["validation"]["judged_val_loss"] if best else math.nan,
+        "judged_by": best[-1]["validation"]["judged_by"]["sites"] if best else [],
+        "final_val_loss": {name: metrics["val_loss"] for name, metrics in final.get("sites", {}).items()},
+    }
+
+
+def table(results: dict[str, dict]) -> list[str]:
+    reference = results.get("withheld", {}).get("best_val_loss", math.nan)
+    lines = [
+        "| case | exit code | the site's results (by round) | published model finite | best round | its validation "
+        "loss (judged by) | vs withheld | final model's validation loss at each site |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for case, result in results.items():
+        loss = result["best_val_loss"]
+        final = ", ".join(f"{site} {value:.4f}" for site, value in sorted(result["final_val_loss"].items()))
+        lines.append(
+            f"| {case} | {result['exit_code']} | {', '.join(result['site_results'])} | {result['published_finite']} "
+            f"| {result['best_round']} | {loss:.4f} ({', '.join(result['judged_by'])}) | {loss - reference:+.4f} "
+            f"| {final} |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the jobs, workspaces and results.json")
+    parser.add_argument("--attacks", nargs="+", choices=ATTACKS, default=list(ATTACKS))
+    parser.add_argument("--table-only", action="store_true", help="only read the finished runs under --out again")
+    args = parser.parse_args(argv)
+    results = {}
+    if args.table_only:
+        earlier = json.loads((args.out / "results.json").read_text())
+        for attack in args.attacks:
+            code, seconds = earlier[attack]["exit_code"], earlier[attack]["seconds"]
+            results[attack] = {**outcome(args.out / "workspaces" / attack, code), "seconds": seconds}
+        print("\n".join(table(results)))
+        return results
+    for attack in args.attacks:
+        started = time.perf_counter()
+        recipe = nih_chexpert_recipe(controller={"min_clients": 1})
+        job = write_hostile_job(recipe, args.out / "jobs" / attack, attack)
+        code, log = run_simulator(job, args.out / "workspaces" / attack)
+        (args.out / f"{attack}.log").write_text(log)
+        results[attack] = {**outcome(args.out / "workspaces" / attack, code), "seconds": time.perf_counter() - started}
+        print(f"{attack}: {results[attack]}", flush=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print("\n".join(table(results)))
+    return results
+
+
+if __name__ == "__main__":
+    main()
