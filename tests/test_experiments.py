@@ -13,8 +13,8 @@ import pytest
 from scipy import stats
 
 from surgical_aggregation.experiments.grids import DataSources, simulated_nih
-from surgical_aggregation.experiments.runner import RunOptions, run_settings
-from surgical_aggregation.experiments.summary import RESULT_FILE, shared_vs_unique, summary_table
+from surgical_aggregation.experiments.runner import METHOD_FIELDS, RunOptions, run_settings
+from surgical_aggregation.experiments.summary import RESULT_FILE, flags, shared_vs_unique, summary_table
 from surgical_aggregation.profiles import Profile
 
 CLASSES = ["Mass", "Edema", "Hernia", "Nodule", "Fibrosis", "Emphysema"]
@@ -48,6 +48,17 @@ def _fixed_frames() -> tuple[pd.DataFrame, pd.DataFrame]:
     return results, per_class
 
 
+def differences_but_the_methods(records: dict[str, dict]) -> dict[str, dict]:
+    """Per method, the fields of its training record (``result.json``'s ``training``) that are not the method's own
+    and differ from the first method's: empty when every method trained alike."""
+    shared = {m: {k: v for k, v in r.items() if k not in METHOD_FIELDS} for m, r in records.items()}
+    first = next(iter(shared.values()))
+    found = {m: {k: (v, first.get(k)) for k, v in fields.items() if v != first.get(k)} for m, fields in shared.items()}
+    found = {m: fields for m, fields in found.items() if fields}
+    missing = {m: set(first) - set(fields) for m, fields in shared.items() if set(first) - set(fields)}
+    return {**found, **{m: {"missing": sorted(keys)} for m, keys in missing.items()}}
+
+
 def test_summary_statistics_match_scipy():
     results, per_class = _fixed_frames()
     table = summary_table(results, per_class).set_index("method")
@@ -69,6 +80,21 @@ def test_shared_vs_unique_by_hand():
     assert split.loc["vanilla", "other_classes"] == pytest.approx(np.mean(VANILLA[2:]))
 
 
+def test_a_selected_model_below_chance_or_far_below_the_last_is_flagged_with_its_round():
+    base = {"setting": "s", "seed": 0, "test_set": "nih"}
+    rows = [
+        {**base, "method": "vanilla", "model": "selected", "round": 1, "val_mean_auroc": 0.180},
+        {**base, "method": "vanilla", "model": "last", "round": 4, "val_mean_auroc": 0.635},
+        {**base, "method": "surgical", "model": "selected", "round": 3, "val_mean_auroc": 0.766},
+        {**base, "method": "surgical", "model": "last", "round": 4, "val_mean_auroc": 0.800},  # 0.034 below: fine
+    ]
+    assert flags(pd.DataFrame(rows)) == [
+        "s, vanilla FL, seed 0: the selected model (round 1) validates at mean AUROC 0.180, below chance",
+        "s, vanilla FL, seed 0: the selected model (round 1) validates at mean AUROC 0.180, 0.455 below the last "
+        "round's (round 4, 0.635)",
+    ]
+
+
 @pytest.mark.slow
 def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
@@ -88,6 +114,7 @@ def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
         },
         rounds=2,
         split_fractions=(0.6, 0.2, 0.2),
+        pretraining={"patients": 40, "epochs": 1},
     )
     sources = DataSources(embedded_patients=40, embedded_image_size=32)
     setting = simulated_nih(2, Fraction(0), 1, sources, profile, "psi", 0.0)
@@ -110,6 +137,23 @@ def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
     run_folder = out / "runs" / setting.name / "surgical" / "seed0"
     assert (run_folder / "models" / "global.pt").is_file() and not (run_folder / "workspace").exists()
     assert (run_folder / "round_history.json").is_file()
+
+    # the selected and the last model of every run, tested, with their rounds and validation
+    for method, result in results.items():
+        assert set(result["models"]) == {"selected", "last"}, method
+        assert result["models"]["last"]["round"] == 1 and result["models"]["selected"]["round"] in (0, 1)
+        assert result["test_sets"] == result["models"]["selected"]["test_sets"]
+        assert [point["round"] for point in result["curve"]][-2:] == [0, 1]
+    assert set(per_class["model"]) == {"selected", "last"}
+    text = summary.read_text()
+    assert text.startswith("Initial model of every method: pretrained here: DenseNet121 trained centrally for 1 epochs")
+    assert "Per-round validation" in text and "| FL + surgical aggregation | 0 | last (1) |" in text
+    assert (out / "plots" / f"validation_{setting.name}_seed0.png").is_file()
+
+    # like-for-like: every method trained with the same initial model, BatchNorm handling, recipe and selection
+    records = {m: r["training"] for m, r in results.items()}
+    assert {record["batchnorm"] for record in records.values()} == {"frozen at the initial model's statistics"}
+    assert differences_but_the_methods(records) == {}
 
     # resumable: a second call finds every run finished and trains nothing
     stamps = {m: (out / "runs" / setting.name / m / "seed0" / RESULT_FILE).stat().st_mtime_ns for m in methods}

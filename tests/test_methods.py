@@ -12,8 +12,10 @@ from surgical_aggregation.checkpoint import load_checkpoint
 from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.core.head import NAMED_HEAD, batchnorm_keys, slice_for_client
 from surgical_aggregation.core.methods import (
+    IdentityBatchNormError,
     LabelCounts,
     SiteRecipe,
+    batchnorm_at_defaults,
     controller_arguments,
     federation_label_prior,
     label_prior_weights,
@@ -32,7 +34,7 @@ from surgical_aggregation.site_data import prepare_site_data
 from surgical_aggregation.trainer import SiteTrainer
 
 from fake_sites import FakeSite, Harness, shifted
-from helpers import rows_by_name
+from helpers import rows_by_name, toy_state
 
 W, B = NAMED_HEAD.keys
 
@@ -306,3 +308,51 @@ def test_a_union_model_is_validated_on_the_site_own_classes(site):
     assert list(ours.per_class_auroc) == ["Mass", "Atelectasis"]
     assert ours.loss == pytest.approx(theirs.loss, abs=1e-6)
     np.testing.assert_allclose(list(ours.per_class_auroc.values()), list(theirs.per_class_auroc.values()))
+
+
+# --- FedBN+ needs BatchNorm statistics worth freezing --------------------------------------------------------------
+
+
+def test_fedbn_plus_is_refused_on_a_model_whose_batchnorm_holds_its_defaults(nih_data, tmp_path):
+    config = site_config_from_dict(
+        {
+            "data": {"kind": "nih", "location": str(nih_data.root), "labels": ["Mass", "Hernia"]},
+            "image_size": 32,
+            "batch_size": 8,
+            "max_batches_per_epoch": 1,
+            "cache_dir": str(tmp_path),
+        }
+    )
+    trainer = SiteTrainer(config, prepare_site_data(config), "site-test")
+    assert batchnorm_at_defaults(trainer.model.state_dict())
+    trainer.set_recipe(SiteRecipe(backbone_strategy="fedbn_plus"))
+    with pytest.raises(IdentityBatchNormError, match=r"site site-test: FedBN\+ .* hold their defaults"):
+        trainer.fit(0, warmup=False)
+    trainer.set_recipe(SiteRecipe(backbone_strategy="fedbn_plus", identity_batchnorm=True))  # asked for exactly that
+    trainer.fit(0, warmup=False)
+    assert batchnorm_at_defaults(trainer.model.state_dict())  # frozen: still the defaults
+    trainer.set_recipe(SiteRecipe())  # FedAvg: BatchNorm learns statistics ...
+    trainer.fit(1, warmup=False)
+    assert not batchnorm_at_defaults(trainer.model.state_dict())
+    trainer.set_recipe(SiteRecipe(backbone_strategy="fedbn_plus"))  # ... which FedBN+ may then freeze
+    trainer.fit(2, warmup=False)
+
+
+def test_a_fedbn_plus_job_from_default_statistics_is_refused_at_its_start(tmp_path):
+    initial = toy_state(0, seed=0)
+    initial["backbone.bn.running_mean"].zero_()
+    initial["backbone.bn.running_var"].fill_(1.0)
+    sites = [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-b", ["Edema"], [0.5])]
+    with pytest.raises(RuntimeError, match=r"the global model this job starts from: FedBN\+ .* hold their defaults"):
+        Harness(sites, tmp_path, initial=(initial, []), num_rounds=1, backbone_strategy="fedbn_plus").run()
+    assert all(site.received == [] for site in sites)
+    asked = Harness(
+        sites,
+        tmp_path / "asked",
+        initial=(initial, []),
+        num_rounds=1,
+        backbone_strategy="fedbn_plus",
+        identity_batchnorm=True,
+    )
+    asked.run()
+    assert asked.history[1]["aggregation"]["accepted"] == ["site-a", "site-b"]

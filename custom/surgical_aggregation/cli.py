@@ -6,6 +6,7 @@
 * ``evaluate``  per-class AUROC of a model on a labelled set (the classes both have), table + plot;
 * ``write-job`` (re)write a FLARE job folder of this bundle (e.g. ``jobs/nih_chexpert``) from its recipe;
 * ``simulate``  run one of the bundle's jobs in FLARE's simulator, one process per site, then summarise;
+* ``pretrain``  train the offline stand-in for ImageNet weights (DenseNet121 on the embedded PadChest layout);
 * ``experiment`` run (or resume) a grid of the papers' comparisons and write tables and plots;
 * ``poc``       rehearse a deployment locally: prepare, start, submit (wait, download), stop, run.
 
@@ -307,6 +308,14 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--weighting", choices=("uniform", "samples"), default="uniform", help="aggregation weights")
     parser.add_argument("--pretrained", default=None, help="local ImageNet DenseNet121 weights for every model")
+    parser.add_argument(
+        "--pretrain",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="without --pretrained: start every model from a backbone trained first on the embedded PadChest-layout "
+        "dataset (see 'pretrain'): always, never, or auto (when FedBN+ needs BatchNorm statistics and the data is "
+        "embedded; FedBN+ on real data without --pretrained is refused)",
+    )
     parser.add_argument("--only", nargs="+", default=[], help="run only settings whose name contains one of these")
     parser.add_argument("--cache-dir", default=None, help=f"cache root (default {default_cache_root()})")
     parser.add_argument("--keep-workspaces", action="store_true", help="keep the FLARE simulator workspaces")
@@ -347,12 +356,13 @@ def _experiment(args: argparse.Namespace) -> int:
         print("\n".join(plan_grid(grid_settings(args.grid, sources, profile), sources, args.out)))
         return 0
     options = RunOptions(
-        args.backbone,
-        args.weighting,
-        args.pretrained,
-        args.bootstrap,
-        args.keep_workspaces,
-        args.tracking,
+        backbone_strategy=args.backbone,
+        weighting=args.weighting,
+        pretrained_weights=args.pretrained,
+        pretrain=args.pretrain,
+        bootstrap=args.bootstrap,
+        keep_workspaces=args.keep_workspaces,
+        tracking=args.tracking,
         cache_dir=args.cache_dir,
     )
     summary = run_grid(args.grid, args.methods, args.seeds, sources, profile, args.out, options, args.only)
@@ -534,6 +544,45 @@ def _printer(name: str) -> logging.Logger:
     return printer
 
 
+def _add_pretrain(commands: argparse._SubParsersAction) -> None:
+    from .profiles import PROFILES
+
+    parser = commands.add_parser(
+        "pretrain",
+        help="train the offline stand-in for ImageNet weights: DenseNet121 on the embedded PadChest-layout dataset",
+        description="Train a DenseNet121 backbone centrally on the embedded PadChest-layout dataset (no site of the "
+        "bundle's grids holds it) with a profile's image size and recipe, and write it where --pretrained reads it "
+        "(cached by its settings). FedBN+ freezes BatchNorm at the initial model's statistics: this gives it "
+        "statistics to freeze when no ImageNet weights are at hand. 'experiment' does this by itself when needed.",
+    )
+    parser.add_argument(
+        "--profile", choices=sorted(PROFILES), default="demo", help="image size and recipe (default demo)"
+    )
+    parser.add_argument(
+        "--patients", type=int, default=None, help="patients of the embedded dataset (default: the profile's)"
+    )
+    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default: the profile's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-dir", default=None, help=f"cache root (default {default_cache_root()})")
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .experiments.pretraining import Pretraining, pretrained_backbone
+    from .profiles import PROFILES
+
+    profile = PROFILES[args.profile]
+    pretraining = Pretraining.for_profile(profile)
+    changes = {"patients": args.patients, "epochs": args.epochs, "seed": args.seed}
+    pretraining = dataclasses.replace(
+        pretraining, **{key: value for key, value in changes.items() if value is not None}
+    )
+    path = pretrained_backbone(profile, pretraining, args.cache_dir)
+    print(f"{pretraining.describe()}: {path} (use it with --pretrained)")
+    return 0
+
+
 HANDLERS = {
     "prepare": (_add_prepare, _prepare),
     "generate": (_add_generate, _generate),
@@ -541,6 +590,7 @@ HANDLERS = {
     "evaluate": (_add_evaluate, _evaluate),
     "write-job": (_add_write_job, _write_job),
     "simulate": (_add_simulate, _simulate),
+    "pretrain": (_add_pretrain, _pretrain),
     "experiment": (_add_experiment, _experiment),
     "poc": (_add_poc, _poc),
 }

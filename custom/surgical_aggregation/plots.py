@@ -78,14 +78,28 @@ def plot_metric_vs_factor(
     factor: str,
     title: str,
     labels: Mapping[str, str] | None = None,
+    dashed: Sequence[str] = (),
 ) -> Path:
-    """One line per method: (factor value, mean AUROC, low, high) points, the band being the CI or seed range."""
+    """One line per method: (factor value, mean AUROC, low, high) points, the band being the CI or seed range; the
+    lines in ``dashed`` dashed, in the colour of the line before them (e.g. a method's last model after its
+    selected one)."""
     figure, axis = plt.subplots(figsize=(7, 4.5))
+    colour = None
     for method, points in curves.items():
         points = sorted(points)
         x = [p[0] for p in points]
-        axis.plot(x, [p[1] for p in points], "-o", label=(labels or {}).get(method, method))
-        axis.fill_between(x, [p[2] for p in points], [p[3] for p in points], alpha=0.15)
+        style = "--o" if method in dashed else "-o"
+        (line,) = axis.plot(
+            x,
+            [p[1] for p in points],
+            style,
+            label=(labels or {}).get(method, method),
+            color=colour if method in dashed else None,
+        )
+        colour = line.get_color()
+        axis.fill_between(
+            x, [p[2] for p in points], [p[3] for p in points], alpha=0.15 if method not in dashed else 0.05
+        )
     names = {
         "psi": "label heterogeneity ψ",
         "K": "number of sites K",
@@ -124,4 +138,35 @@ def plot_per_class_by_method(
     axis.set_xlabel("AUROC" + ("   (* held by every site)" if marked else ""))
     axis.set_title(title)
     axis.legend(fontsize=8, loc="lower right")
+    return _save(figure, path)
+
+
+def plot_validation_curves(
+    series: Mapping[str, Sequence[tuple[int, float, float]]],
+    marks: Mapping[str, int | None],
+    path: str | Path,
+    title: str,
+    labels: Mapping[str, str] | None = None,
+) -> Path:
+    """Per method, (round, validation loss, validation mean AUROC) by round, the round in ``marks`` (the selected
+    model) circled: what explains the selected and the last models' test figures."""
+    figure, (loss_axis, auroc_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    for method, points in series.items():
+        points = sorted(points)
+        rounds = [p[0] for p in points]
+        label = (labels or {}).get(method, method)
+        (line,) = loss_axis.plot(rounds, [p[1] for p in points], "-o", markersize=3, label=label)
+        auroc_axis.plot(rounds, [p[2] for p in points], "-o", markersize=3, color=line.get_color(), label=label)
+        chosen = [p for p in points if p[0] == marks.get(method)]
+        for axis, index in ((loss_axis, 1), (auroc_axis, 2)):
+            for point in chosen:
+                axis.plot(point[0], point[index], "o", markersize=11, fillstyle="none", color=line.get_color())
+    loss_axis.set_ylabel("validation loss (selects the model)")
+    auroc_axis.set_ylabel("validation mean AUROC")
+    auroc_axis.axhline(0.5, color="grey", linestyle=":")
+    for axis in (loss_axis, auroc_axis):
+        axis.set_xlabel("round (-1: before training; circled: the selected model)")
+        axis.grid(alpha=0.3)
+    auroc_axis.legend(fontsize=8)
+    figure.suptitle(title)
     return _save(figure, path)

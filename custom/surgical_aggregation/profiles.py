@@ -21,7 +21,10 @@ class Profile:
     training: Mapping[str, Any] = field(default_factory=dict)  # site-config fields that differ from the defaults
     rounds: int = 150
     patience: int = 25  # validated rounds without improvement of the mean validation loss
+    min_delta: float = 1e-4  # the improvement that counts
     split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)  # train / validation / test, by patient
+    # the embedded stand-in for ImageNet weights (experiments.pretraining): patients of the dataset, epochs
+    pretraining: Mapping[str, int] = field(default_factory=lambda: {"patients": 1000, "epochs": 5})
 
     def __post_init__(self) -> None:
         if not isinstance(self.description, str):  # e.g. the training settings given in its place

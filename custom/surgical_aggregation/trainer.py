@@ -21,7 +21,7 @@ from .config import SiteConfig
 from .core.devices import autocast_dtype, resolve_device, resolve_workers
 from .core.head import NAMED_HEAD, batchnorm_keys, place_rows
 from .core.labels import active_vocabulary, canonical_name
-from .core.methods import SiteRecipe, prior_vector
+from .core.methods import SiteRecipe, check_batchnorm, prior_vector
 from .loops import (
     Evaluation,
     freeze_batchnorm,
@@ -201,6 +201,7 @@ class SiteTrainer:
         FedProx's proximal term (towards the model as loaded from the server).
         """
         config = self.config
+        check_batchnorm(self.recipe, self.model.state_dict(), f"site {self.site_name}")
         group = self._training_group()
         if group is not None:
             if group.rank == 0:

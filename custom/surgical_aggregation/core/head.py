@@ -9,6 +9,7 @@ NumPy arrays alike (FLARE exchanges NumPy).
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -77,6 +78,19 @@ def batchnorm_keys(state: StateDict) -> set[str]:
                 if prefix + suffix in state:
                     keys.add(prefix + suffix)
     return keys
+
+
+def backbone_digest(state: StateDict, head: HeadSpec = NAMED_HEAD) -> str:
+    """A SHA-256 of the backbone's entries (names, dtypes, shapes, values; the head left out): whether two models
+    start from the same backbone, whatever their head."""
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        if key in head.keys:
+            continue
+        array = np.ascontiguousarray(to_numpy(state[key]))
+        digest.update(f"{key}:{array.dtype}:{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def split_backbone_head(state: StateDict, head: HeadSpec = NAMED_HEAD) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .errors import UserError
+
 METHODS: tuple[str, ...] = ("surgical", "vanilla", "partial_loss", "personal")
 UNION_HEAD_METHODS = ("vanilla", "partial_loss")
 
@@ -42,6 +44,7 @@ class SiteRecipe:
     backbone_strategy: str = "fedavg"
     proximal_mu: float = 0.0
     label_prior: Mapping[str, float] | None = None  # class -> federation's positive rate (FedSLD)
+    identity_batchnorm: bool = False  # FedBN+ on a model whose BatchNorm holds its default statistics, on purpose
 
     def __post_init__(self) -> None:
         check_method(self.method, self.backbone_strategy)
@@ -68,6 +71,39 @@ class SiteRecipe:
     @property
     def freezes_batchnorm(self) -> bool:
         return self.backbone_strategy == "fedbn_plus"
+
+
+class IdentityBatchNormError(UserError, ValueError):
+    """FedBN+ asked of a model whose BatchNorm layers hold their default statistics (see :func:`check_batchnorm`)."""
+
+
+def batchnorm_at_defaults(state: Mapping[str, Any]) -> bool:
+    """Whether every BatchNorm layer of ``state`` holds its default statistics (running mean 0, variance 1): a model
+    built from scratch, never trained or loaded with pretrained weights. False without BatchNorm layers."""
+    means = [key for key in state if key.endswith(".running_mean")]
+    if not means:
+        return False
+    for key in means:
+        variance = state[key[: -len("running_mean")] + "running_var"]
+        if bool(torch.as_tensor(np.asarray(state[key])).any()) or not bool(
+            (torch.as_tensor(np.asarray(variance)) == 1).all()
+        ):
+            return False
+    return True
+
+
+def check_batchnorm(recipe: SiteRecipe, state: Mapping[str, Any], where: str) -> None:
+    """FedBN+ freezes BatchNorm at the model's statistics; refuse when those are the defaults (every BatchNorm the
+    identity, the network unnormalised) unless the recipe asks for exactly that (``identity_batchnorm``)."""
+    if recipe.freezes_batchnorm and not recipe.identity_batchnorm and batchnorm_at_defaults(state):
+        raise IdentityBatchNormError(
+            f"{where}: FedBN+ (backbone_strategy fedbn_plus) freezes BatchNorm at the initial model's statistics, but "
+            "its BatchNorm layers hold their defaults (running mean 0, variance 1): frozen, every BatchNorm is the "
+            "identity and the network is unnormalised. Start from weights whose statistics were learned "
+            "(pretrained_weights: local ImageNet DenseNet121 weights, or the embedded stand-in of "
+            "'surgical-aggregation pretrain'), or use backbone_strategy fedavg; to train the unnormalised network on "
+            "purpose, set identity_batchnorm"
+        )
 
 
 def check_method(method: str, backbone_strategy: str) -> None:
@@ -144,6 +180,7 @@ def recipe_meta(recipe: SiteRecipe) -> dict[str, Any]:
         "backbone_strategy": recipe.backbone_strategy,
         "proximal_mu": recipe.proximal_mu,
         "label_prior": dict(recipe.label_prior) if recipe.label_prior else None,
+        "identity_batchnorm": recipe.identity_batchnorm,
     }
 
 
@@ -153,6 +190,7 @@ def recipe_from_meta(meta: Mapping[str, Any]) -> SiteRecipe:
         backbone_strategy=str(meta.get("backbone_strategy", "fedavg")),
         proximal_mu=float(meta.get("proximal_mu", 0.0)),
         label_prior=meta.get("label_prior") or None,
+        identity_batchnorm=bool(meta.get("identity_batchnorm", False)),
     )
 
 

@@ -6,14 +6,22 @@ by the same site trainer without FLARE. Every model is then evaluated on the set
 (and the external set) by class name. Each run's folder gets ``result.json`` and ``per_class_auroc.csv``
 when it finishes, so an interrupted grid resumes where it stopped.
 
+Every method of a setting trains like-for-like: the same initial model (:class:`~.pretraining.InitialModel`), the
+same BatchNorm handling (the grid's backbone strategy, applied to the centralized and individual models too), the
+same site-config training fields, budget and selection rule; each run records what it trained with in its
+``result.json`` (``training``), and two models of every run are evaluated: the selected one (lowest validation loss)
+and the last round's.
+
 Layout of ``<out>``::
 
-    plan.json                              settings: sites, label sets, test sets
+    plan.json                              settings: sites, label sets, test sets; the initial model
     runs/<setting>/<method>/seed<k>/       result.json, per_class_auroc.csv, simulator.log, models/
-    per_class_auroc.csv                    every run, every test set, every class
-    summary.csv / summary.md               the papers' table: mean AUROC (95% CI), p vs surgical aggregation
+    per_class_auroc.csv                    every run, both models, every test set, every class
+    summary.csv / summary.md               the papers' table for the selected and the last models, per-round
+                                           validation, flags
     shared_vs_unique.csv                   mean AUROC over classes every site holds vs the others
-    plots/                                 mean AUROC vs K / psi / N per method; per-class AUROC per setting
+    plots/                                 mean AUROC vs K / psi / N per method; per-class AUROC per setting;
+                                           per-round validation per setting and seed
 """
 
 from __future__ import annotations
@@ -24,24 +32,34 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from ..config import site_config_from_dict
+from ..checkpoint import initial_global_state
+from ..config import SiteConfig, site_config_from_dict
 from ..core.errors import SiteConfigError
-from ..core.methods import COMPARATORS, POOLED_COMPARATORS, controller_arguments
+from ..core.head import backbone_digest
+from ..core.methods import COMPARATORS, POOLED_COMPARATORS, SiteRecipe, controller_arguments
 from ..data.storage import CACHE_ENV, default_cache_root
 from ..inference import evaluate_models, evaluate_with_thresholds
 from ..profiles import Profile
 from ..site_data import prepare_site_data, resolve_table, split_table
-from .baselines import train_pooled
+from .baselines import BaselineResult, pooled_config, train_pooled
 from .grids import DataSources, Setting, dataset_identity, full_dataset_config, grid_settings
+from .pretraining import InitialModel, Pretraining, pretrained_backbone
 from .summary import PER_CLASS_FILE, RESULT_FILE, summarize
 
 logger = logging.getLogger(__name__)
+
+
+PRETRAIN_CHOICES = ("auto", "always", "never")  # the embedded stand-in for ImageNet weights (experiments.pretraining)
+SELECTED, LAST = "selected", "last"  # the two models of every run that are evaluated
+# The fields of a run's training record that are the method's own; every other field is the same for every method
+# of a setting (tests/test_experiments.py checks it).
+METHOD_FIELDS = ("method", "federated", "head", "missing_labels", "aggregation", "data")
 
 
 @dataclass
@@ -51,6 +69,10 @@ class RunOptions:
     backbone_strategy: str = "fedbn_plus"  # the papers' (FedBN+): BatchNorm frozen, never averaged
     weighting: str = "uniform"
     pretrained_weights: str | None = None  # local ImageNet DenseNet121 checkpoint for every model
+    # without weights: train the embedded stand-in first (always), never, or when FedBN+ needs statistics and the data
+    # is embedded (auto; FedBN+ on real data without weights is refused)
+    pretrain: str = "auto"
+    initial_model: str = ""  # what every model starts from (set by the runner)
     bootstrap: int = 1000
     keep_workspaces: bool = False
     tracking: str = "tensorboard"  # or "mlflow": FLARE's MLflow receiver; its store is kept in the run's folder
@@ -92,8 +114,191 @@ def _for_run(config: dict[str, Any], run: Run, options: RunOptions) -> dict[str,
     return values
 
 
-def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions) -> dict[str, list[Path]]:
-    """Build the run's recipe and simulate it; returns the models to evaluate, by dataset identity."""
+# What each method changes (the fields of :data:`METHOD_FIELDS`), by the federated method the controller runs ...
+_AVERAGED = "the backbone averaged"
+FEDERATED_METHOD_FIELDS: dict[str, dict[str, Any]] = {
+    "surgical": {
+        "head": "each site its own classes",
+        "missing_labels": "not in the site's head",
+        "aggregation": f"{_AVERAGED}; head rows averaged by class name over the sites that label them",
+    },
+    "vanilla": {
+        "head": "the union at every site",
+        "missing_labels": "negative",
+        "aggregation": f"{_AVERAGED}; the union head averaged (FedAvg)",
+    },
+    "partial_loss": {
+        "head": "the union at every site",
+        "missing_labels": "left out of the loss",
+        "aggregation": f"{_AVERAGED}; the union head averaged (FedAvg)",
+    },
+    "personal": {
+        "head": "each site its own classes, kept at the site",
+        "missing_labels": "not in the site's head",
+        "aggregation": f"{_AVERAGED}; heads stay at the sites",
+    },
+}
+# ... and by pooled comparator
+POOLED_METHOD_FIELDS: dict[str, dict[str, Any]] = {
+    "centralized": {
+        "head": "the union",
+        "missing_labels": "negative",
+        "aggregation": "none: one model on the sites' data pooled",
+    },
+    "centralized_full": {
+        "head": "the union",
+        "missing_labels": "none: every class labelled",
+        "aggregation": "none: one model on the sites' data pooled",
+    },
+    "individual": {
+        "head": "every class of its dataset",
+        "missing_labels": "none: every class of its dataset labelled",
+        "aggregation": "none: one model per dataset",
+    },
+}
+
+
+def _method_fields(run: Run, options: RunOptions) -> dict[str, Any]:
+    if run.method in POOLED_COMPARATORS:
+        return {"method": run.method, "federated": False, "data": "pooled", **POOLED_METHOD_FIELDS[run.method]}
+    arguments = controller_arguments(run.method, options.backbone_strategy, options.weighting)
+    described = FEDERATED_METHOD_FIELDS[arguments["method"]]
+    extras = [f"{name} {arguments[name]}" for name in ("label_prior", "proximal_mu", "weighting") if name in arguments]
+    aggregation = described["aggregation"] + (f" ({', '.join(extras)})" if extras else "")
+    return {
+        "method": run.method,
+        "federated": True,
+        "data": "each site trains on its own data",
+        **described,
+        "aggregation": aggregation,
+    }
+
+
+def _freezes_batchnorm(methods: Sequence[str], options: RunOptions) -> bool:
+    """Whether a method of the grid trains with BatchNorm frozen (FedBN+), pooled baselines following the grid."""
+    for method in methods:
+        strategy = (
+            options.backbone_strategy
+            if method in POOLED_COMPARATORS
+            else controller_arguments(method, options.backbone_strategy, options.weighting)["backbone_strategy"]
+        )
+        if strategy == "fedbn_plus":
+            return True
+    return False
+
+
+def with_initial_model(
+    settings: Sequence[Setting], methods: Sequence[str], profile: Profile, options: RunOptions
+) -> RunOptions:
+    """``options`` with the grid's initial model decided (and, for the embedded stand-in, trained or found in the
+    cache): given weights; else the stand-in when asked, or when FedBN+ needs statistics and the data is embedded;
+    else from scratch. FedBN+ on real data without weights is refused here, before anything trains."""
+    if options.pretrain not in PRETRAIN_CHOICES:
+        raise SiteConfigError(f"pretrain must be one of {PRETRAIN_CHOICES}, got {options.pretrain!r}")
+    if options.pretrained_weights:
+        initial = InitialModel.from_weights(options.pretrained_weights)
+        return replace(options, initial_model=initial.description)
+    needed = _freezes_batchnorm(methods, options)
+    embedded = all(config["data"].get("location") is None for s in settings for config in s.sites.values())
+    if options.pretrain == "always" or (options.pretrain == "auto" and needed and embedded):
+        pretraining = Pretraining.for_profile(profile)
+        path = pretrained_backbone(profile, pretraining, options.cache_dir)
+        initial = InitialModel.from_weights(path, pretraining.describe())
+        return replace(options, pretrained_weights=str(path), initial_model=initial.description)
+    if needed and options.pretrain == "auto":
+        raise SiteConfigError(
+            "FedBN+ freezes BatchNorm at the initial model's statistics, and a model from scratch has none: pass "
+            "--pretrained with local ImageNet DenseNet121 weights, --pretrain for the embedded stand-in (trained on "
+            "generated images, not real X-rays), or --backbone fedavg"
+        )
+    return replace(options, initial_model=InitialModel().description)
+
+
+def _initial(options: RunOptions) -> InitialModel:
+    return InitialModel(options.pretrained_weights, options.initial_model)
+
+
+def training_record(
+    config: SiteConfig,
+    parallel: int,
+    profile: Profile,
+    options: RunOptions,
+    batchnorm: str,
+    initial_backbone: str,
+    method: dict[str, Any],
+) -> dict[str, Any]:
+    """What a run trained with, read from the config a trainer of it ran (``parallel`` of them side by side: the
+    federation's sites), how it handled BatchNorm, the digest of the backbone it started from and its settings;
+    ``method``: the method's own fields (:data:`METHOD_FIELDS`)."""
+    cap = config.max_batches_per_epoch
+    return {
+        **{name: getattr(config, name) for name in TRAINED_FIELDS},
+        "images_per_round_cap": None if cap is None else cap * config.batch_size * parallel,
+        "rounds": profile.rounds,
+        "selection": f"the lowest validation loss over the sites' validation images; patience {profile.patience}, "
+        f"min delta {profile.min_delta:g}",
+        "initial_model": options.initial_model,
+        "initial_backbone_sha256": initial_backbone[:16],
+        "batchnorm": batchnorm,
+        **method,
+    }
+
+
+BATCHNORM_HANDLING = {
+    "fedavg": "trained",
+    "fedbn_plus": "frozen at the initial model's statistics",
+    "fedbn": "trained, kept at each site",
+}
+# the site-config fields every method of a setting trains with (the record's shared part)
+TRAINED_FIELDS = (
+    "image_size",
+    "in_channels",
+    "imagenet_normalize",
+    "augment",
+    "batch_size",
+    "optimizer",
+    "learning_rate",
+    "weight_decay",
+    "local_epochs",
+    "warmup_epochs",
+    "warmup_learning_rate",
+    "amp",
+    "seed",
+)
+
+
+def _history_curve(history: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
+    """The per-round validation of a federation's global models (round -1: before training)."""
+    curve = []
+    for entry in history:
+        validation = entry.get("validation") or {}
+        if "mean_val_loss" in validation:
+            curve.append(
+                {
+                    "round": entry["round"],
+                    "val_loss": validation.get("judged_val_loss", validation["mean_val_loss"]),
+                    "val_mean_auroc": validation["mean_val_auroc"],
+                }
+            )
+    return curve
+
+
+def _federation_start(recipe: Any) -> str:
+    """The backbone digest of the initial global model the recipe's persistor builds (the same call, the same
+    arguments)."""
+    arguments = recipe.persistor_args
+    state = initial_global_state(
+        arguments["architecture"],
+        arguments["preprocessing"],
+        arguments.get("seed", 0),
+        arguments.get("pretrained_weights"),
+    )
+    return backbone_digest(state)
+
+
+def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions) -> tuple[dict, dict]:
+    """Build the run's recipe and simulate it; returns ({selected|last: the models to evaluate, by dataset
+    identity}, the run's record: training settings, per-round validation, the two models' rounds)."""
     from ..flare.recipe import SurgicalAggregationRecipe  # FLARE only where a federation runs
     from ..flare.simulation import simulate
 
@@ -101,6 +306,7 @@ def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions
     controller = {
         "num_rounds": profile.rounds,
         "patience": profile.patience,
+        "min_delta": profile.min_delta,
         **controller_arguments(run.method, options.backbone_strategy, options.weighting),
     }
     persistor = {"seed": run.seed}
@@ -121,41 +327,110 @@ def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions
             shutil.copy2(source, folder / source.name)
     if result.mlflow_store.is_file():
         shutil.copy2(result.mlflow_store, folder / result.mlflow_store.name)
-    chosen: dict[str, list[Path]] = {}
+    chosen: dict[str, dict[str, list[Path]]] = {SELECTED: {}, LAST: {}}
     if controller["method"] == "personal":
         for site, config in sites.items():
-            target = models / f"{site}.pt"
-            shutil.copy2(result.personal_model(site), target)
-            chosen.setdefault(dataset_identity(config), []).append(target)
+            for kind, source in (
+                (SELECTED, result.personal_model(site)),
+                (LAST, result.personal_model(site, last=True)),
+            ):
+                target = models / f"{site}{'' if kind == SELECTED else '-last'}.pt"
+                shutil.copy2(source, target)
+                chosen[kind].setdefault(dataset_identity(config), []).append(target)
     else:
-        target = models / "global.pt"
-        shutil.copy2(result.best_global_model, target)
-        chosen["*"] = [target]
+        for kind, source, name in (
+            (SELECTED, result.best_global_model, "global.pt"),
+            (LAST, result.final_global_model, "global-last.pt"),
+        ):
+            shutil.copy2(source, models / name)
+            chosen[kind]["*"] = [models / name]
+    history = json.loads(result.history.read_text()) if result.history.is_file() else []
+    best = [entry["round"] for entry in history if entry.get("validation", {}).get("best")]
+    trained = [entry["round"] for entry in history if entry.get("aggregation")]
+    method = _method_fields(run, options)
+    record = {
+        "training": training_record(
+            site_config_from_dict(next(iter(sites.values()))),
+            len(sites),
+            profile,
+            options,
+            BATCHNORM_HANDLING[controller["backbone_strategy"]],
+            _federation_start(recipe),
+            method,
+        ),
+        "curve": _history_curve(history),
+        "rounds": {SELECTED: best[-1] if best else None, LAST: trained[-1] if trained else None},
+    }
     if not options.keep_workspaces:
         shutil.rmtree(workspaces, ignore_errors=True)
-    return chosen
+    return chosen, record
 
 
-def _run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -> dict[str, list[Path]]:
-    """Centralized (all sites pooled) or individual (one model per dataset), trained without FLARE."""
+def _run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -> tuple[dict, dict]:
+    """Centralized (all sites pooled) or individual (one model per dataset), trained without FLARE like the
+    federations of the grid (initial model, BatchNorm handling, budget, selection)."""
     sites = _sites_for_run(run, options)
     models = folder / "models"
+    recipe = SiteRecipe(backbone_strategy=options.backbone_strategy)
+    initial = _initial(options)
+    first = site_config_from_dict(next(iter(sites.values())))
+    architecture, preprocessing = first.modality.architecture, first.modality.preprocessing(first)
+
+    def initial_state(classes: list[str]) -> dict[str, Any]:
+        return initial.state(architecture, preprocessing, run.seed, classes)
+
+    def train(configs, path: Path, name: str) -> BaselineResult:
+        return train_pooled(
+            configs,
+            profile.rounds,
+            path,
+            profile.patience,
+            profile.min_delta,
+            name,
+            recipe=recipe,
+            initial_state=initial_state,
+        )
+
+    chosen: dict[str, dict[str, list[Path]]] = {SELECTED: {}, LAST: {}}
     if run.method in ("centralized", "centralized_full"):
         if run.method == "centralized_full":  # every site labels the whole union (its dataset labels it all)
             union = list(dict.fromkeys(name for labels in run.setting.label_sets.values() for name in labels))
             sites = {site: {**config, "data": {**config["data"], "labels": union}} for site, config in sites.items()}
         configs = {site: site_config_from_dict(config, f"{run.title} {site}") for site, config in sites.items()}
-        path = models / f"{run.method}.pt"
-        train_pooled(configs, profile.rounds, path, profile.patience, name=run.method)
-        return {"*": [path]}
-    chosen: dict[str, list[Path]] = {}
-    by_dataset = {dataset_identity(config): config for config in sites.values()}
-    for index, (identity, config) in enumerate(sorted(by_dataset.items())):
-        widened = site_config_from_dict(full_dataset_config(config), f"{run.title} dataset {identity}")
-        path = models / f"individual-{index}.pt"
-        train_pooled({identity: widened}, profile.rounds, path, profile.patience, name=f"individual {identity}")
-        chosen[identity] = [path]
-    return chosen
+        results = [train(configs, models / f"{run.method}.pt", run.method)]
+        chosen[SELECTED]["*"], chosen[LAST]["*"] = [results[0].checkpoint], [results[0].last_checkpoint]
+        trained = pooled_config(configs)
+    else:
+        results = []
+        by_dataset = {dataset_identity(config): config for config in sites.values()}
+        for index, (identity, config) in enumerate(sorted(by_dataset.items())):
+            widened = full_dataset_config(config)
+            if widened.get("max_batches_per_epoch"):  # the dataset's sites' budget, as centralized pools it
+                holders = sum(dataset_identity(other) == identity for other in sites.values())
+                widened["max_batches_per_epoch"] *= holders
+            configs = {identity: site_config_from_dict(widened, f"{run.title} dataset {identity}")}
+            results.append(train(configs, models / f"individual-{index}.pt", f"individual {identity}"))
+            chosen[SELECTED][identity], chosen[LAST][identity] = [results[-1].checkpoint], [results[-1].last_checkpoint]
+            trained = configs[identity]
+    curve = [
+        {"round": entry["round"], "val_loss": entry["val_loss"], "val_mean_auroc": entry["val_mean_auroc"]}
+        for entry in results[0].history
+    ]
+    last = results[0].history[-1]["round"] if results[0].history else None
+    record = {
+        "training": training_record(
+            trained,
+            1,
+            profile,
+            options,
+            BATCHNORM_HANDLING["fedbn_plus" if results[0].frozen_batchnorm else "fedavg"],
+            results[0].initial_backbone,
+            _method_fields(run, options),
+        ),
+        "curve": curve,
+        "rounds": {SELECTED: results[0].best_epoch, LAST: last},
+    }
+    return chosen, record
 
 
 def _models_for(test_identity: str, models: dict[str, list[Path]]) -> list[Path]:
@@ -197,7 +472,7 @@ def evaluate_run(run: Run, models: dict[str, list[Path]], options: RunOptions) -
 
 
 def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
-    """Train (unless finished before) and evaluate one run; returns its result."""
+    """Train (unless finished before) and evaluate one run's selected and last models; returns its result."""
     folder = run.folder(out)
     result_path = folder / RESULT_FILE
     if result_path.is_file():
@@ -205,10 +480,16 @@ def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     train = _run_pooled if run.method in POOLED_COMPARATORS else _run_federated
-    models = train(run, folder, profile, options)
+    models, record = train(run, folder, profile, options)
     trained = time.perf_counter() - started
-    per_class, summary = evaluate_run(run, models, options)
-    per_class.to_csv(folder / PER_CLASS_FILE, index=False)
+    validation = {entry["round"]: entry for entry in record["curve"]}
+    evaluated, frames = {}, []
+    for kind in (SELECTED, LAST):
+        per_class, summary = evaluate_run(run, models[kind], options)
+        frames.append(per_class.assign(model=kind))
+        round_number = record["rounds"][kind]
+        evaluated[kind] = {"round": round_number, "validation": validation.get(round_number), "test_sets": summary}
+    pd.concat(frames, ignore_index=True).to_csv(folder / PER_CLASS_FILE, index=False)
     result = {
         "setting": run.setting.name,
         "factor": run.setting.factor,
@@ -217,7 +498,10 @@ def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
         "seed": run.seed,
         "train_seconds": round(trained, 1),
         "seconds": round(time.perf_counter() - started, 1),
-        "test_sets": summary,
+        "test_sets": evaluated[SELECTED]["test_sets"],  # the selected model's, as the papers report
+        "models": evaluated,
+        "curve": record["curve"],
+        "training": record["training"],
     }
     result_path.write_text(json.dumps(result, indent=2) + "\n")  # last: its presence marks the run finished
     return result
@@ -265,6 +549,9 @@ def run_settings(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = plan(settings, methods, seeds)
+    os.environ.setdefault(CACHE_ENV, str(options.cache_dir or default_cache_root()))
+    options = with_initial_model(settings, methods, profile, options)
+    logger.info("initial model of every method: %s", options.initial_model)
     (out / "plan.json").write_text(
         json.dumps(
             {
@@ -290,7 +577,6 @@ def run_settings(
         )
         + "\n"
     )
-    os.environ.setdefault(CACHE_ENV, str(options.cache_dir or default_cache_root()))
     started = time.perf_counter()
     for index, run in enumerate(runs, start=1):
         done = (run.folder(out) / RESULT_FILE).is_file()

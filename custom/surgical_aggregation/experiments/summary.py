@@ -1,9 +1,13 @@
 """The papers' statistics and figures from the finished runs of a grid: tables (markdown, CSV) and plots.
 
-``summary.md`` / ``summary.csv`` are the papers' table: mean AUROC (bootstrap 95% CI) per setting, test set,
-method and seed, with a paired two-tailed t-test across classes against surgical aggregation (Shapiro-Wilk
-of the differences beside it, Wilcoxon in the CSV); ``shared_vs_unique.csv`` splits each mean into the
-classes every site holds and the others; ``plots/`` has mean AUROC vs the grid's factor and per-class bars.
+``summary.md`` / ``summary.csv`` are the papers' table for both models of every run, the selected one (lowest
+validation loss) and the last round's: mean AUROC (bootstrap 95% CI) per setting, test set, method, seed and model,
+with the model's round and validation mean AUROC, and a paired two-tailed t-test across classes against surgical
+aggregation's model of the same kind (Shapiro-Wilk of the differences beside it, Wilcoxon in the CSV). A selected
+model that validates below chance, or far below the last round's, is flagged with its round. ``summary.md`` also
+states the initial model and the selection rule, and lists each run's per-round validation;
+``shared_vs_unique.csv`` splits each mean into the classes every site holds and the others; ``plots/`` has mean
+AUROC vs the grid's factor (selected solid, last dashed), per-class bars and the per-round validation curves.
 """
 
 from __future__ import annotations
@@ -19,34 +23,52 @@ import pandas as pd
 from ..core.errors import DataNotFoundError
 from ..core.methods import COMPARATOR_LABELS
 from ..metrics import paired_t_test
-from ..plots import plot_metric_vs_factor, plot_per_class_by_method
+from ..plots import plot_metric_vs_factor, plot_per_class_by_method, plot_validation_curves
 
 logger = logging.getLogger(__name__)
 REFERENCE_METHOD = "surgical"
 RESULT_FILE = "result.json"
 PER_CLASS_FILE = "per_class_auroc.csv"
+MODELS = ("selected", "last")  # the models of every run, as result.json names them
+FLAG_DROP = 0.05  # a selected model whose validation mean AUROC is this far below the last round's is flagged
+SELECTION_RULE = (
+    "the global model (a baseline: the round) with the lowest validation loss, the sites' binary cross-entropy of "
+    "the model they received on their own validation images and over their own classes only (a class a site does "
+    "not label never counts, for every method: vanilla FL's forced negatives are training labels, not validation "
+    "labels)"
+)
 
 
-def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """All finished runs: (results, one row per test set; per-class AUROC with a ``shared`` column)."""
+def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """All finished runs: (results, one row per model and test set; per-class AUROC with ``model`` and ``shared``
+    columns; the per-round validation curves)."""
     planned = json.loads((out / "plan.json").read_text())
     shared = {s["name"]: set(s["shared_classes"]) for s in planned["settings"]}
-    results, per_class = [], []
+    results, per_class, curves = [], [], []
     for path in sorted((out / "runs").glob(f"*/*/seed*/{RESULT_FILE}")):
         result = json.loads(path.read_text())
-        for test_set, values in result["test_sets"].items():
-            results.append(
-                {key: result[key] for key in ("setting", "factor", "value", "method", "seed")}
-                | {"test_set": test_set, **values}
-            )
+        keys = {key: result[key] for key in ("setting", "factor", "value", "method", "seed")}
+        models = result.get("models") or {
+            "selected": {"round": None, "validation": None, "test_sets": result["test_sets"]}
+        }
+        for kind, model in models.items():
+            validation = model.get("validation") or {}
+            for test_set, values in model["test_sets"].items():
+                results.append(
+                    keys
+                    | {
+                        "model": kind,
+                        "round": model.get("round"),
+                        "val_mean_auroc": validation.get("val_mean_auroc", math.nan),
+                        "test_set": test_set,
+                        **values,
+                    }
+                )
+        curves += [keys | point for point in result.get("curve", [])]
         frame = pd.read_csv(path.parent / PER_CLASS_FILE)
-        frame = frame.assign(
-            setting=result["setting"],
-            factor=result["factor"],
-            value=result["value"],
-            method=result["method"],
-            seed=result["seed"],
-        )
+        if "model" not in frame:
+            frame["model"] = "selected"
+        frame = frame.assign(**keys)
         frame["shared"] = frame["class_name"].isin(shared.get(result["setting"], set()))
         per_class.append(frame)
     if not results:
@@ -54,11 +76,17 @@ def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     order = {method: rank for rank, method in enumerate(planned["methods"])}  # the table follows --methods
     results_frame = pd.DataFrame(results)
     results_frame = results_frame.sort_values(
-        ["value", "seed", "method"],
-        key=lambda column: column.map(order) if column.name == "method" else column,
+        ["value", "seed", "method", "model"],
+        key=lambda column: (
+            column.map(order)
+            if column.name == "method"
+            else column.map(MODELS.index)
+            if column.name == "model"
+            else column
+        ),
         kind="stable",
     )
-    return results_frame.reset_index(drop=True), pd.concat(per_class, ignore_index=True)
+    return results_frame.reset_index(drop=True), pd.concat(per_class, ignore_index=True), pd.DataFrame(curves)
 
 
 def _reference(methods: Sequence[str]) -> str | None:
@@ -67,15 +95,23 @@ def _reference(methods: Sequence[str]) -> str | None:
     return next((m for m in methods if m.startswith(REFERENCE_METHOD)), None)
 
 
+def _with_model(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame if "model" in frame else frame.assign(model="selected")
+
+
 def summary_table(results: pd.DataFrame, per_class: pd.DataFrame) -> pd.DataFrame:
-    """Mean AUROC (95% CI) per setting / test set / method / seed, with paired t-tests across classes
-    against surgical aggregation (Shapiro-Wilk on the differences; Wilcoxon alongside)."""
+    """Mean AUROC (95% CI) per setting / test set / method / seed / model, with paired t-tests across classes
+    against surgical aggregation's model of the same kind (Shapiro-Wilk on the differences; Wilcoxon alongside)."""
+    results, per_class = _with_model(results), _with_model(per_class)
     reference = _reference(list(results["method"].unique()))
     rows = []
-    keys = ["setting", "test_set", "seed"]
-    for (setting, test_set, seed), group in results.groupby(keys, sort=False):
+    keys = ["setting", "test_set", "seed", "model"]
+    for (setting, test_set, seed, model), group in results.groupby(keys, sort=False):
         classes = per_class[
-            (per_class.setting == setting) & (per_class.test_set == test_set) & (per_class.seed == seed)
+            (per_class.setting == setting)
+            & (per_class.test_set == test_set)
+            & (per_class.seed == seed)
+            & (per_class.model == model)
         ]
         by_method = {m: frame.set_index("class_name")["auroc"] for m, frame in classes.groupby("method")}
         for row in group.itertuples(index=False):
@@ -93,23 +129,52 @@ def summary_table(results: pd.DataFrame, per_class: pd.DataFrame) -> pd.DataFram
                         mean_difference=test.mean_difference,
                     )
                 except ValueError as error:  # fewer than two defined pairs
-                    logger.warning("%s %s %s: no paired test (%s)", setting, test_set, row.method, error)
+                    logger.warning("%s %s %s %s: no paired test (%s)", setting, test_set, row.method, model, error)
             rows.append(entry)
     return pd.DataFrame(rows)
 
 
 def shared_vs_unique(per_class: pd.DataFrame) -> pd.DataFrame:
     """Mean AUROC over the classes every site holds, and over the others (held by some sites only)."""
-    grouped = per_class.groupby(["setting", "test_set", "method", "seed", "shared"])["auroc"].mean().unstack()
+    per_class = _with_model(per_class)
+    keys = ["setting", "test_set", "method", "seed", "model"]
+    grouped = per_class.groupby([*keys, "shared"])["auroc"].mean().unstack()
     grouped = grouped.rename(columns={True: "shared_classes", False: "other_classes"}).reset_index()
     for column in ("shared_classes", "other_classes"):
         if column not in grouped:
             grouped[column] = math.nan
-    return grouped[["setting", "test_set", "method", "seed", "shared_classes", "other_classes"]]
+    return grouped[[*keys, "shared_classes", "other_classes"]]
+
+
+def flags(results: pd.DataFrame) -> list[str]:
+    """Selected models that validate below chance, or more than :data:`FLAG_DROP` below the last round's model."""
+    lines = []
+    runs = results.drop_duplicates(["setting", "method", "seed", "model"])
+    for (setting, method, seed), group in runs.groupby(["setting", "method", "seed"], sort=False):
+        by_model = group.set_index("model")
+        if "selected" not in by_model.index:
+            continue
+        selected = by_model.loc["selected"]
+        value, label = selected["val_mean_auroc"], COMPARATOR_LABELS.get(method, method)
+        where = f"{setting}, {label}, seed {seed}: the selected model (round {_round(selected['round'])})"
+        if not math.isnan(value) and value < 0.5:
+            lines.append(f"{where} validates at mean AUROC {value:.3f}, below chance")
+        if "last" in by_model.index:
+            last = by_model.loc["last"]["val_mean_auroc"]
+            if not math.isnan(value) and not math.isnan(last) and last - value > FLAG_DROP:
+                lines.append(
+                    f"{where} validates at mean AUROC {value:.3f}, {last - value:.3f} below the last round's "
+                    f"(round {_round(by_model.loc['last']['round'])}, {last:.3f})"
+                )
+    return lines
 
 
 def _number(value: float) -> str:
-    return "—" if math.isnan(value) else f"{value:.3f}"
+    return "—" if value is None or math.isnan(value) else f"{value:.3f}"
+
+
+def _round(value) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else str(int(value))
 
 
 def _markdown(table: pd.DataFrame, reference: str | None) -> str:
@@ -120,9 +185,9 @@ def _markdown(table: pd.DataFrame, reference: str | None) -> str:
         lines += [
             f"### {setting} — {test_set} test set",
             "",
-            f"| method | seed | mean AUROC (95% CI) |{extra_header} classes | p vs {reference or '-'} "
-            "| Shapiro-Wilk p |",
-            "| --- | --- | --- |" + (" --- |" if thresholded else "") + " --- | --- | --- |",
+            f"| method | seed | model (round) | validation mean AUROC | mean AUROC (95% CI) |{extra_header} classes "
+            f"| p vs {reference or '-'} | Shapiro-Wilk p |",
+            "| --- | --- | --- | --- | --- |" + (" --- |" if thresholded else "") + " --- | --- | --- |",
         ]
         for row in group.itertuples(index=False):
             p = "—" if math.isnan(row.p_value) else f"{row.p_value:.3g}"
@@ -133,9 +198,38 @@ def _markdown(table: pd.DataFrame, reference: str | None) -> str:
                 else ""
             )
             lines.append(
-                f"| {row.label} | {row.seed} | {row.mean_auroc:.3f} ({row.ci_low:.3f}–{row.ci_high:.3f}) |{extra}"
-                f" {row.classes} | {p} | {shapiro} |"
+                f"| {row.label} | {row.seed} | {row.model} ({_round(row.round)}) | {_number(row.val_mean_auroc)} "
+                f"| {row.mean_auroc:.3f} ({row.ci_low:.3f}–{row.ci_high:.3f}) |{extra} {row.classes} | {p} "
+                f"| {shapiro} |"
             )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _curves_markdown(curves: pd.DataFrame, results: pd.DataFrame) -> str:
+    """Per setting and seed, each method's validation mean AUROC by round (* marks the selected model)."""
+    if curves.empty:
+        return ""
+    selected = {
+        (row.setting, row.method, row.seed): row.round
+        for row in results[results.model == "selected"].itertuples(index=False)
+    }
+    lines = ["", "### Per-round validation (mean AUROC over the sites' validation; * the selected model)", ""]
+    for (setting, seed), group in curves.groupby(["setting", "seed"], sort=False):
+        rounds = sorted(group["round"].unique())
+        lines += [
+            f"**{setting}, seed {seed}**",
+            "",
+            "| method | " + " | ".join("before" if r < 0 else str(r) for r in rounds) + " |",
+            "| --- |" + " --- |" * len(rounds),
+        ]
+        for method, points in group.groupby("method", sort=False):
+            values = dict(zip(points["round"], points["val_mean_auroc"], strict=True))
+            chosen = selected.get((setting, method, seed))
+            cells = [
+                _number(values.get(r, math.nan)) + ("*" if chosen is not None and r == chosen else "") for r in rounds
+            ]
+            lines.append(f"| {COMPARATOR_LABELS.get(method, method)} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -143,53 +237,91 @@ def _markdown(table: pd.DataFrame, reference: str | None) -> str:
 def summarize(out: str | Path) -> Path:
     """Write the tables and plots of every finished run under ``out``; returns ``summary.md``."""
     out = Path(out)
-    results, per_class = collect(out)
+    planned = json.loads((out / "plan.json").read_text())
+    results, per_class, curves = collect(out)
     per_class.to_csv(out / PER_CLASS_FILE, index=False)
     table = summary_table(results, per_class)
     table.to_csv(out / "summary.csv", index=False)
     reference = _reference(list(results["method"].unique()))
-    text = _markdown(table, reference)
+    options = planned.get("options", {})
+    text = (
+        f"Initial model of every method: {options.get('initial_model') or 'not recorded'}; backbone strategy of the "
+        f"federated methods and the baselines: {options.get('backbone_strategy', '?')}.\n\n"
+        f"Selected model: {SELECTION_RULE}; patience {planned.get('profile', {}).get('patience', '?')}. "
+        "Last model: the last round's.\n\n"
+    )
+    flagged = flags(results)
+    if flagged:
+        text += "**Flagged selected models**\n\n" + "".join(f"- {line}\n" for line in flagged) + "\n"
+    text += _markdown(table, reference)
+    text += _curves_markdown(curves, results)
     split = shared_vs_unique(per_class)
     split.to_csv(out / "shared_vs_unique.csv", index=False)
-    text += "\n### Classes every site holds vs the others (mean AUROC)\n\n| setting | test set | method | seed | shared | others |\n| --- | --- | --- | --- | --- | --- |\n"  # noqa: E501
+    text += (
+        "\n### Classes every site holds vs the others (mean AUROC)\n\n"
+        "| setting | test set | method | seed | model | shared | others |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |\n"
+    )
     for row in split.itertuples(index=False):
         text += (
             f"| {row.setting} | {row.test_set} | {COMPARATOR_LABELS.get(row.method, row.method)} | {row.seed} "
-            f"| {_number(row.shared_classes)} | {_number(row.other_classes)} |\n"
+            f"| {row.model} | {_number(row.shared_classes)} | {_number(row.other_classes)} |\n"
         )
     path = out / "summary.md"
     path.write_text(text)
-    _plots(results, per_class, out / "plots")
+    _plots(results, per_class, curves, out / "plots")
     return path
 
 
-def _plots(results: pd.DataFrame, per_class: pd.DataFrame, folder: Path) -> None:
-    """Mean AUROC vs the grid's factor (mean over seeds; band = CI for one seed, seed range otherwise),
-    and per-class AUROC per setting and test set (seed mean)."""
+def _plots(results: pd.DataFrame, per_class: pd.DataFrame, curves: pd.DataFrame, folder: Path) -> None:
+    """Mean AUROC vs the grid's factor (mean over seeds; band = CI for one seed, seed range otherwise; selected
+    models solid, last dashed), per-class AUROC of the selected models per setting and test set (seed mean), and
+    the per-round validation curves per setting and seed."""
     for (factor, test_set), group in results.groupby(["factor", "test_set"]):
-        curves: dict[str, list[tuple[float, float, float, float]]] = {}
-        for (method, value), points in group.groupby(["method", "value"]):
+        lines: dict[str, list[tuple[float, float, float, float]]] = {}
+        for (method, model, value), points in group.groupby(["method", "model", "value"]):
             if len(points) == 1:
                 band = (points["ci_low"].iloc[0], points["ci_high"].iloc[0])
             else:
                 band = (points["mean_auroc"].min(), points["mean_auroc"].max())
-            curves.setdefault(method, []).append((value, points["mean_auroc"].mean(), *band))
+            lines.setdefault(f"{method}|{model}", []).append((value, points["mean_auroc"].mean(), *band))
         if group["value"].nunique() > 1:
+            labels = {
+                key: f"{COMPARATOR_LABELS.get(key.split('|')[0], key.split('|')[0])} ({key.split('|')[1]})"
+                for key in lines
+            }
             plot_metric_vs_factor(
-                curves,
+                lines,
                 folder / f"mean_auroc_vs_{factor}_{test_set}.png",
                 factor,
-                f"{test_set} test set",
-                COMPARATOR_LABELS,
+                f"{test_set} test set (selected models solid, last dashed)",
+                labels,
+                dashed=[key for key in lines if key.endswith("|last")],
             )
-    for (setting, test_set), group in per_class.groupby(["setting", "test_set"]):
+    selected = per_class[per_class.model == "selected"]
+    for (setting, test_set), group in selected.groupby(["setting", "test_set"]):
         means = group.groupby(["method", "class_name"], sort=False)["auroc"].mean()
         aurocs = {method: means[method].to_dict() for method in group["method"].unique()}
         shared = sorted(set(group.loc[group["shared"], "class_name"]))
         plot_per_class_by_method(
             aurocs,
             folder / f"per_class_{setting}_{test_set}.png",
-            f"{setting}: {test_set} test set",
+            f"{setting}: {test_set} test set (selected models)",
             COMPARATOR_LABELS,
             shared,
+        )
+    if curves.empty:
+        return
+    chosen = results[results.model == "selected"].drop_duplicates(["setting", "method", "seed"])
+    for (setting, seed), group in curves.groupby(["setting", "seed"]):
+        series = {
+            method: [(row.round, row.val_loss, row.val_mean_auroc) for row in points.itertuples(index=False)]
+            for method, points in group.groupby("method", sort=False)
+        }
+        marks = {
+            row.method: row.round
+            for row in chosen[(chosen.setting == setting) & (chosen.seed == seed)].itertuples(index=False)
+        }
+        plot_validation_curves(
+            series, marks, folder / f"validation_{setting}_seed{seed}.png", f"{setting}, seed {seed}", COMPARATOR_LABELS
         )

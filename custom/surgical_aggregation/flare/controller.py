@@ -68,7 +68,15 @@ from ..core.checks import (
 from ..core.errors import UserError
 from ..core.head import NAMED_HEAD, batchnorm_keys, extend_head, slice_for_client, to_numpy
 from ..core.labels import Vocabulary
-from ..core.methods import SiteRecipe, check_method, federation_label_prior, head_classes_for_site, recipe_meta
+from ..core.methods import (
+    IdentityBatchNormError,
+    SiteRecipe,
+    check_batchnorm,
+    check_method,
+    federation_label_prior,
+    head_classes_for_site,
+    recipe_meta,
+)
 from ..data.storage import write_atomically
 from ..modalities import DEFAULT_ARCHITECTURE
 from ..plots import plot_training_curves
@@ -177,6 +185,7 @@ class SurgicalAggregatorShareable(ModelController):
         resume: str | bool = RESUME_LATEST,
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         judging_sites: list | None = None,
+        identity_batchnorm: bool = False,
         max_classes_per_site: int = DEFAULT_MAX_CLASSES_PER_SITE,
         max_class_name_length: int = DEFAULT_MAX_CLASS_NAME_LENGTH,
         preprocessing: dict | None = None,
@@ -214,6 +223,8 @@ class SurgicalAggregatorShareable(ModelController):
                 rounds; caps relative to the global model apply too. None turns every update bound off (research).
             judging_sites: the sites whose validation losses select the best model and stop early (None: every
                 site whose result was accepted; their mean with two, their median with three or more).
+            identity_batchnorm: with ``fedbn_plus``, train a model whose BatchNorm holds its default statistics
+                (every BatchNorm the identity) on purpose; by default such a job is refused at its start.
             max_classes_per_site / max_class_name_length: what a site may report at the handshake.
             preprocessing: what every site must feed the model (image size, channels, normalisation, or the
                 sentence encoder); a site that reports another is refused at the handshake. None: the first
@@ -264,6 +275,7 @@ class SurgicalAggregatorShareable(ModelController):
         self.resume = resume
         self.update_bound = update_bound
         self.judging_sites = list(judging_sites) if judging_sites is not None else None
+        self.identity_batchnorm = identity_batchnorm
         self.max_classes_per_site = max_classes_per_site
         self.max_class_name_length = max_class_name_length
         self.preprocessing = preprocessing
@@ -400,6 +412,10 @@ class SurgicalAggregatorShareable(ModelController):
         self._reference = UpdateReference(list(federation.typical_updates))
         self._grow_union()
         self._refuse_unusable(federation.latest, "the global model this job starts from")
+        try:
+            check_batchnorm(self._recipe(None), federation.latest.state, "the global model this job starts from")
+        except IdentityBatchNormError as error:
+            raise FederationCannotProceed(str(error)) from None
         self._write_union_table()
         if federation.best is not None:  # the new job's folder gets the best model too
             self._make_global(federation.best, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
@@ -499,9 +515,11 @@ class SurgicalAggregatorShareable(ModelController):
 
         self._to_each_site(TASK_REFUSED, outcome, self.handshake_timeout, lambda result: None, sorted(refused))
 
-    def _recipe(self, info: SiteInfo) -> SiteRecipe:
-        prior = {name: self._prior[name] for name in info.classes if name in self._prior} or None
-        return SiteRecipe(self.method, self.backbone_strategy, self.proximal_mu, prior)
+    def _recipe(self, info: SiteInfo | None) -> SiteRecipe:
+        """The method's site-side settings for a site (None: those that are the same for every site)."""
+        classes = info.classes if info is not None else []
+        prior = {name: self._prior[name] for name in classes if name in self._prior} or None
+        return SiteRecipe(self.method, self.backbone_strategy, self.proximal_mu, prior, self.identity_batchnorm)
 
     def _personal_models(self, state: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """PFL: each site's model = the global backbone with the entries that site keeps (head, FedBN's BN)."""

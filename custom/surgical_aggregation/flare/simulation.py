@@ -48,6 +48,11 @@ class FederationResult:
         return self.server_app.parent / MLFLOW_STORE
 
     @property
+    def final_global_model(self) -> Path:
+        """The last round's global model."""
+        return self.server_app / DefaultCheckpointFileName.GLOBAL_MODEL
+
+    @property
     def best_global_model(self) -> Path:
         """The best global model, or the latest when no round was ever judged best."""
         best = self.server_app / DefaultCheckpointFileName.BEST_GLOBAL_MODEL
@@ -59,11 +64,11 @@ class FederationResult:
         files = {**result_files(self.server_app), "site logs": f"{self.workspace}/<site>/log.txt"}
         return summary_lines(history, files)
 
-    def personal_model(self, site: str) -> Path:
-        """PFL: a site's best personal model, or its latest."""
+    def personal_model(self, site: str, last: bool = False) -> Path:
+        """PFL: a site's best personal model (or its latest when none was judged best), or its latest."""
         folder = self.server_app / PERSONAL_MODELS_DIR
         best = folder / f"best_{site}.pt"
-        return best if best.is_file() else folder / f"{site}.pt"
+        return best if best.is_file() and not last else folder / f"{site}.pt"
 
 
 @contextlib.contextmanager

@@ -1,0 +1,130 @@
+"""An offline stand-in for the papers' ImageNet start: a DenseNet121 backbone trained centrally on a dataset no site of
+the federation holds.
+
+The papers start every model from ImageNet weights, and FedBN+ freezes BatchNorm at those weights' statistics.
+Nothing can be downloaded here, and a DenseNet121 built from scratch holds BatchNorm's default statistics (mean 0,
+variance 1): frozen, every BatchNorm is the identity and the network is unnormalised. This module trains the
+backbone on the embedded PadChest-layout dataset (generated from PadChest's real label rows, 189 findings, a source
+style of its own) with the profile's image size and recipe, BatchNorm training normally, and saves it in the format
+``--pretrained`` reads: ``{"state_dict": <backbone>, "pretraining": <what it was trained on>}``.
+
+It is closer to the downstream task than ImageNet is (the embedded findings share their drawings across datasets),
+so absolute figures from it are optimistic; it is the same initial model for every method of a grid, which is what
+a comparison needs. The file is cached under ``<cache>/pretrained/`` by its settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import initial_global_state
+from ..config import site_config_from_dict
+from ..core.head import NAMED_HEAD, extend_head
+from ..data.storage import default_cache_root, exclusive, write_atomically
+from ..profiles import Profile
+from ..site_data import prepare_site_data
+from ..trainer import SiteTrainer
+
+logger = logging.getLogger(__name__)
+
+PRETRAINING_KIND = "padchest"  # a dataset layout no site of the bundle's grids uses
+PRETRAINING_KEY = "pretraining"  # what a pretrained weights file says it was trained on
+
+
+@dataclass(frozen=True)
+class Pretraining:
+    """What the stand-in backbone is trained on and how (the profile gives the rest of the recipe)."""
+
+    image_size: int
+    patients: int = 1000
+    epochs: int = 5
+    seed: int = 0
+
+    @classmethod
+    def for_profile(cls, profile: Profile) -> Pretraining:
+        """At the profile's image size, with its pretraining budget."""
+        image_size = site_config_from_dict(profile.site_config({"kind": PRETRAINING_KIND})).image_size
+        return cls(image_size, **dict(profile.pretraining))
+
+    @property
+    def name(self) -> str:
+        return f"{PRETRAINING_KIND}-{self.image_size}px-{self.patients}p-{self.epochs}e-s{self.seed}"
+
+    def describe(self) -> str:
+        return (
+            f"pretrained here: DenseNet121 trained centrally for {self.epochs} epochs on the embedded "
+            f"{PRETRAINING_KIND} dataset ({self.patients} patients, {self.image_size} px; no site's data)"
+        )
+
+
+def pretrained_backbone(
+    profile: Profile, pretraining: Pretraining, cache_root: str | Path | None = None, log: logging.Logger = logger
+) -> Path:
+    """The stand-in backbone's weights file, trained now unless cached; returns its path."""
+    folder = Path(cache_root or default_cache_root()) / "pretrained"
+    path = folder / f"{pretraining.name}.pt"
+    with exclusive(folder):
+        if path.is_file():
+            log.info("pretrained backbone: %s (%s)", path, pretraining.describe())
+            return path
+        started = time.perf_counter()
+        values = profile.site_config(
+            {"kind": PRETRAINING_KIND},
+            embedded={"patients": pretraining.patients, "image_size": pretraining.image_size, "seed": pretraining.seed},
+            image_size=pretraining.image_size,
+            seed=pretraining.seed,
+            record_exchanges="off",
+        )
+        if cache_root is not None:
+            values["cache_dir"] = str(cache_root)
+        config = site_config_from_dict(values, "pretraining")
+        data = prepare_site_data(config, log)
+        log.info("pretraining on %s", data.summary())
+        trainer = SiteTrainer(config, data, "pretraining", log)
+        for epoch in range(pretraining.epochs):
+            trainer.fit(epoch, warmup=epoch == 0)
+            evaluation = trainer.validate()
+            log.info(
+                "pretraining epoch %d/%d: validation loss %.4f, mean AUROC %.4f",
+                epoch + 1,
+                pretraining.epochs,
+                evaluation.loss,
+                evaluation.mean_auroc,
+            )
+        backbone = {key: value for key, value in trainer.state_dict().items() if key not in NAMED_HEAD.keys}
+        record = {**asdict(pretraining), "description": pretraining.describe(), "classes": len(data.class_names)}
+        payload: dict[str, Any] = {"state_dict": backbone, PRETRAINING_KEY: json.dumps(record)}
+        write_atomically(path, lambda handle: torch.save(payload, handle), "pretrained backbone")
+        log.info("pretrained backbone in %.0f s: %s", time.perf_counter() - started, path)
+    return path
+
+
+@dataclass(frozen=True)
+class InitialModel:
+    """The model every method of a comparison starts from, exactly as a federation's persistor and controller build
+    it: the backbone seeded by the run's seed (or pretrained weights), and fresh head rows seeded by class name."""
+
+    pretrained_weights: str | None = None
+    description: str = "from scratch: DenseNet121 seeded by each run's seed, BatchNorm at its default statistics"
+
+    @classmethod
+    def from_weights(cls, path: str | Path, description: str | None = None) -> InitialModel:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+        return cls(str(path), f"{description or 'pretrained weights'}: {path} (sha256 {digest}...)")
+
+    def state(
+        self, architecture: str, preprocessing: Mapping[str, Any], seed: int, classes: Sequence[str]
+    ) -> dict[str, torch.Tensor]:
+        """The initial global model with head rows for ``classes``."""
+        state = initial_global_state(architecture, preprocessing, seed, self.pretrained_weights)
+        extended, _ = extend_head(state, [], sorted(classes))
+        return extended
