@@ -125,7 +125,7 @@ def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
     out = tmp_path / "out"
     results = {m: json.loads((out / "runs" / setting.name / m / "seed0" / RESULT_FILE).read_text()) for m in methods}
     means = {m: r["test_sets"]["nih"]["mean_auroc"] for m, r in results.items()}
-    assert max(means[m] for m in methods[:3]) - min(means[m] for m in methods[:3]) <= 0.01, means
+    assert means["surgical"] == means["vanilla"] == means["partial_loss"], means  # psi = 0: the same model
     assert all(r["test_sets"]["nih"]["classes"] >= 10 for r in results.values())  # the 14 NIH classes, tested
     assert set(results["surgical"]["test_sets"]) == {"nih", "mimic"}
     table = pd.read_csv(out / "summary.csv")

@@ -234,15 +234,16 @@ def test_site_labels_per_method(site):
         trainer.load_global(_global(union), union)
         batches[method] = (trainer.head_classes, _first_batch(trainer))
     assert batches["surgical"][0] == ["Mass", "Atelectasis"]
-    assert batches["vanilla"][0] == batches["partial_loss"][0] == union
+    # the union head: the site's own classes first, in its order, then the others in the server's
+    assert batches["vanilla"][0] == batches["partial_loss"][0] == ["Mass", "Atelectasis", "Hernia"]
     own = batches["surgical"][1]
     for method in ("vanilla", "partial_loss"):
         batch = batches[method][1]
         torch.testing.assert_close(batch["image"], own["image"])  # the same images in the same order
-        torch.testing.assert_close(batch["label"][:, [0, 2]], own["label"])
-        assert (batch["label"][:, 1] == 0).all()  # Hernia: not this site's label
-    assert (batches["vanilla"][1]["mask"][:, 1] == 1).all()  # vanilla: a negative
-    assert (batches["partial_loss"][1]["mask"][:, 1] == 0).all()  # partial loss: left out of the loss
+        torch.testing.assert_close(batch["label"][:, [0, 1]], own["label"])
+        assert (batch["label"][:, 2] == 0).all()  # Hernia: not this site's label
+    assert (batches["vanilla"][1]["mask"][:, 2] == 1).all()  # vanilla: a negative
+    assert (batches["partial_loss"][1]["mask"][:, 2] == 0).all()  # partial loss: left out of the loss
 
 
 def test_at_psi_zero_the_site_trains_identically_under_the_three_methods(site):

@@ -32,7 +32,7 @@ from .loops import (
     train_epoch,
 )
 from .metrics import bce_loss, mean_defined, per_class_auroc
-from .parallel import FitRequest, RankGroup
+from .parallel import FitRequest, RankGroup, check_gpus
 from .site_data import SiteData
 
 logger = logging.getLogger(__name__)
@@ -97,6 +97,8 @@ class SiteTrainer:
             torch.set_num_threads(config.cpu_threads)
         torch.manual_seed(config.seed)
         self.device = group.device if group is not None else resolve_device(config.device)
+        if group is None:
+            check_gpus(config.gpus, self.device, config.device, f"site {site_name}")
         self.autocast = autocast_dtype(self.device, config.amp)
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast == torch.float16 else None
         self.workers = resolve_workers(config.workers, self.device)
@@ -181,12 +183,14 @@ class SiteTrainer:
     def load_global(self, state: Mapping[str, Any], class_names: Sequence[str]) -> None:
         """Load a global model slice; it must hold rows for every class of this site.
 
-        Under a union-head recipe the model's head becomes ``class_names`` (the union, in the
-        server's order); otherwise it stays the site's own classes.
+        Under a union-head recipe the model's head becomes the union ``class_names``: the site's own classes first,
+        in its order, then the others in the server's (rows are matched by name either way, and with identical class
+        sets the computation is then exactly surgical aggregation's); otherwise it stays the site's own classes.
         """
         canonical = [canonical_name(name) for name in class_names]
-        if self.recipe.trains_union_head:
-            self._set_head(canonical)
+        if self.recipe.trains_union_head:  # its own classes first, in its order: with every class shared (psi = 0)
+            own = [name for name in self.class_names if name in canonical]  # the head is surgical aggregation's
+            self._set_head([*own, *(name for name in canonical if name not in own)])
         placed, present = place_rows(self.model.state_dict(), self.head_classes, state, canonical, self._kept_locally())
         missing = [name for name in self.head_classes if name not in present]
         if missing:
