@@ -89,7 +89,7 @@ def write_hostile_job(recipe: SurgicalAggregationRecipe, folder: Path, attack: s
     """``recipe``'s job folder with ``site``'s client script replaced by the hostile one."""
     if attack not in ATTACKS:
         raise ValueError(f"unknown attack {attack!r}; one of {ATTACKS}")
-    job = write_job(recipe, folder)
+    job = write_job(recipe, folder, force=True)  # the benchmark's own folder: its last hostile job is replaced
     if attack != "honest":
         (job / f"app_{site}" / "custom" / "client.py").write_text(HOSTILE_CLIENT.format(attack=attack))
     return job

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-from surgical_aggregation.cli import main
+from surgical_aggregation.cli import HANDLERS, main
 
 
 def test_generate_then_prepare(tmp_path, capsys):
@@ -59,3 +62,35 @@ def test_predict_with_a_file_that_is_not_a_model_says_so_in_one_line(nih_data, t
         error = capsys.readouterr().err.strip()
         assert error.startswith(f"error: {model}: not a model file") and reason in error
         assert "\n" not in error and "weights_only" not in error
+
+
+HEAVY_PACKAGES = ("torch", "pandas", "nvflare", "monai", "sklearn", "transformers")
+
+
+@pytest.mark.parametrize("command", [None, *HANDLERS])
+def test_help_loads_no_heavy_package(command):
+    """--help of every subcommand builds the whole parser without importing torch, pandas, FLARE or MONAI (each
+    costs seconds on a small machine); the names it lists come from modules that import nothing."""
+    arguments = ["--help"] if command is None else [command, "--help"]
+    script = (
+        "import sys\n"
+        "from surgical_aggregation.cli import main\n"
+        f"try:\n    main({arguments!r})\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(name for name in {HEAVY_PACKAGES!r} if name in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_registries_are_keyed_by_the_names_the_command_line_lists():
+    from surgical_aggregation.images.layouts import LOADERS
+    from surgical_aggregation.images.names import GENERATED_KINDS, LAYOUT_KINDS, PUBLIC_KINDS
+    from surgical_aggregation.images.public import PUBLIC_DATASETS, PUBLIC_LOADERS
+    from surgical_aggregation.images.synthetic import GENERATORS
+    from surgical_aggregation.modalities import DATA_KINDS
+    from surgical_aggregation.modalities.registry import MODALITIES
+
+    assert tuple(LOADERS) == LAYOUT_KINDS and tuple(GENERATORS) == GENERATED_KINDS
+    assert tuple(PUBLIC_DATASETS) == tuple(PUBLIC_LOADERS) == PUBLIC_KINDS
+    assert tuple(kind for modality in MODALITIES for kind in modality.kinds) == DATA_KINDS

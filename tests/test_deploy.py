@@ -30,6 +30,7 @@ from surgical_aggregation.flare.deploy import (
     site_config_template,
     write_local_folder,
 )
+from surgical_aggregation.flare.job_folder import controller_settings
 from surgical_aggregation.flare.launcher import SITE_LAUNCHER, LostProcessHandle
 from surgical_aggregation.flare.poc import free_port
 from surgical_aggregation.flare.recipe import PRIVACY_SCOPE, nih_chexpert_recipe, write_job
@@ -37,6 +38,7 @@ from surgical_aggregation.site_data import resolve_table
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PROJECT = REPOSITORY / "provisioning" / "project.yml"
+MAIN_JOB = REPOSITORY / "jobs" / "nih_chexpert"
 NVFLARE = Path(sys.executable).parent / "nvflare"
 SERVER = "fl-server.consortium.example"
 SITES = {"site-nih": "nih", "site-chexpert": "chexpert"}
@@ -59,7 +61,8 @@ def _provision(tmp_path: Path, code: str) -> Path:
     project = yaml.safe_load(PROJECT.read_text())
     server = next(p for p in project["participants"] if p["type"] == "server")
     server["fed_learn_port"], server["admin_port"] = free_port(), free_port()
-    next(b for b in project["builders"] if b["path"].endswith("SurgicalAggregationBuilder"))["args"]["code"] = code
+    builder = next(b for b in project["builders"] if b["path"].endswith("SurgicalAggregationBuilder"))
+    builder["args"] = {**builder["args"], "code": code, "job": str(REPOSITORY / builder["args"]["job"])}
     copy = tmp_path / "project.yml"
     copy.write_text(yaml.safe_dump(project))
     result = subprocess.run(
@@ -133,7 +136,8 @@ def test_byoc_kits_keep_flares_policies_and_get_the_bundles_files(byoc_kits):
     for site, kind in SITES.items():
         template = _json(byoc_kits / site / "local" / SITE_CONFIG_TEMPLATE)
         assert template["data"]["kind"] == kind and template["data"]["location"] == DATA_LOCATION_PLACEHOLDER
-        assert template["image_size"] == 224 and template["device"] == "auto"
+        job_preprocessing = controller_settings(MAIN_JOB)["preprocessing"]  # the kits are for the main job
+        assert {key: template[key] for key in job_preprocessing} == job_preprocessing and template["device"] == "auto"
         site_config_from_dict(template)  # a valid config once the location is filled in
     assert not (byoc_kits / SERVER / "local" / SITE_CONFIG_TEMPLATE).exists()
 
@@ -220,8 +224,8 @@ def test_kits_pass_preflight_except_reaching_a_server_that_is_not_running(byoc_k
 
 def test_committed_site_config_template_is_the_generators():
     committed = _json(REPOSITORY / "provisioning" / "site_config.template.json")
-    assert committed == site_config_template()
-    with pytest.raises(FileNotFoundError, match="NIH data folder not found: REQUIRED: the dataset folder"):
+    assert committed == site_config_template(job=MAIN_JOB)
+    with pytest.raises(FileNotFoundError, match=r"data\.location still holds the template's placeholder"):
         resolve_table(site_config_from_dict(committed))  # the placeholder is refused, not mistaken for data
 
 

@@ -45,7 +45,7 @@ from surgical_aggregation.flare.recipe import (
 from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.images.modality import IMAGES
 from surgical_aggregation.images.synthetic import STYLES, generate_nih, render_image
-from surgical_aggregation.inference import score_images
+from surgical_aggregation.inference import score
 
 from helpers import tiny_recipe, tiny_sites, union_of_the_seven_label_files
 
@@ -285,8 +285,10 @@ def test_a_new_hospital_with_its_own_finding_joins_a_federation_that_continues_f
     warmed_up = {name: "head warm-up" in (tmp_path / "ws2" / name / "log.txt").read_text() for name in joined}
     assert warmed_up == {"site-a": False, "site-b": False, "site-c": True}
     # the saved global model predicts Tuberculosis, by name
-    scores, failures = score_images(final, [str(csv.parent / "img" / "0.png")], cache_dir=tmp_path / "cache")
-    assert failures == [] and list(scores.columns) == ["path", *later.class_names]
+    one = tmp_path / "one.csv"
+    one.write_text(f"path\n{csv.parent / 'img' / '0.png'}\n")
+    scores, failures = score(final, one, cache_dir=tmp_path / "cache")
+    assert failures == [] and list(scores.columns) == ["path", "status", *later.class_names]
     assert 0 < scores["Tuberculosis"].iloc[0] < 1
 
 

@@ -18,11 +18,12 @@ from surgical_aggregation.images.transforms import (
 
 
 def test_sixteen_bit_png_is_stretched_to_eight_bits(tmp_path):
-    values = np.array([[1000, 3000], [5000, 9000]], dtype=np.uint16)
+    block = np.ones((8, 8), dtype=np.uint16)  # 16 x 16: the smallest image that is read (MIN_IMAGE_SIDE)
+    values = np.kron(np.array([[1000, 3000], [5000, 9000]], dtype=np.uint16), block)
     Image.fromarray(values).save(tmp_path / "deep.png")
     array = read_grayscale(tmp_path / "deep.png")
     assert array.dtype == np.uint8
-    assert array.tolist() == [[0, 64], [128, 255]]
+    assert array.tolist() == np.kron(np.array([[0, 64], [128, 255]]), block).tolist()
 
 
 def test_rgb_and_non_square_images_become_square_gray(tmp_path):

@@ -37,12 +37,15 @@ def test_predict_writes_one_column_per_class_and_skips_unreadable(model_file, ni
     cache = ["--cache-dir", str(tmp_path / "cache")]
     assert main(["predict", "--model", str(model_file), "--images", str(images), "--out", str(out), *cache]) == 0
     scores = pd.read_csv(out)
-    assert list(scores.columns) == ["path", *MODEL_CLASSES]
-    assert len(scores) == nih_data.n_images
-    assert scores[MODEL_CLASSES].stack().between(0, 1).all()
+    assert list(scores.columns) == ["path", "status", *MODEL_CLASSES]
+    assert len(scores) == nih_data.n_images + 1  # every input has its row, the unreadable one too
+    broken = scores[scores["path"].str.endswith("broken.png")]
+    assert broken["status"].iloc[0].startswith("cannot decode image") and broken[MODEL_CLASSES].isna().all(axis=None)
+    readable = scores[scores["status"] == "ok"]
+    assert len(readable) == nih_data.n_images and readable[MODEL_CLASSES].stack().between(0, 1).all()
     output = capsys.readouterr().out
-    assert f"scored {nih_data.n_images} image(s) for 3 classes" in output
-    assert "skipped" in output and "broken.png" in output
+    assert f"scored {nih_data.n_images} of {nih_data.n_images + 1} input(s) for 3 classes" in output
+    assert "not scored" in output and "broken.png" in output
 
 
 def test_evaluate_uses_shared_classes_by_name_and_matches_sklearn(model_file, nih_data, tmp_path, capsys):

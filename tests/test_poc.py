@@ -3,7 +3,9 @@ the job's site names, ``nvflare job submit`` through the admin API, ``job wait``
 then every started process stopped by its id.
 
 1. byoc (the default): the tiny main job completes and the downloaded result holds the 20-class
-   union model; users without the ``submit_job`` right are refused.
+   union model; users without the ``submit_job`` right are refused. ``site-nih`` joins as the hospital IT
+   guide says: its kit's template (written from the job) filled in with its data folder, ``check-site``
+   passed, then the job run with that site config.
 2. preinstalled: the sites allow-list the bundle's classes and refuse bring-your-own-code, so the
    byoc job fails to deploy and the same job without ``custom/`` completes (submitted through its
    recipe and FLARE's ``ProdEnv``, the admin API a production system offers).
@@ -28,9 +30,11 @@ import pytest
 from nvflare.recipe import ProdEnv
 
 from surgical_aggregation.checkpoint import load_checkpoint
+from surgical_aggregation.cli import main
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.flare.poc import COMPLETED, USERS, PocWorkspace, SubmissionRefused, job_sites
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe, write_job
+from surgical_aggregation.images.synthetic import generate_nih
 from surgical_aggregation.parallel import process_alive
 
 from helpers import tiny_recipe
@@ -74,10 +78,22 @@ def test_poc_isolation_and_site_names(tmp_path):
     assert (tmp_path / "precious" / "notes.txt").is_file()
 
 
+def _follow_the_hospital_it_guide(poc: PocWorkspace, job: Path, data: Path) -> Path:
+    """provisioning/README.md, "For hospital IT", step 3 and the check: the kit's template, filled in, checked."""
+    local = poc.kit("site-nih") / "local"
+    config = json.loads((local / "surgical_aggregation.json.template").read_text())
+    config["data"]["location"] = str(data)
+    (local / "surgical_aggregation.json").write_text(json.dumps(config, indent=2))
+    assert main(["check-site", "--job", str(job), "--config", str(local / "surgical_aggregation.json")]) == 0
+    return local / "surgical_aggregation.json"
+
+
 def test_byoc_poc_end_to_end(tmp_path, monkeypatch):
     poc, record = _started(tmp_path, "byoc", monkeypatch)
     try:
         job = tmp_path / "job-byoc"
+        data = generate_nih(tmp_path / "hospital-nih", n_patients=30, image_size=32, label_source="builtin").root
+        site_config = _follow_the_hospital_it_guide(poc, job, data)
         for role in ("org_admin", "member"):  # FLARE's default authorization: no submit_job right
             with pytest.raises(SubmissionRefused, match=f"'{USERS[role]}' is not authorized for 'submit_job'"):
                 poc.submit(job, USERS[role])
@@ -89,6 +105,11 @@ def test_byoc_poc_end_to_end(tmp_path, monkeypatch):
         assert (result / "app_server" / "best_FL_global_model.pt").is_file()
         cross = json.loads((result / "cross_site_val" / "cross_val_results.json").read_text())
         assert set(cross) == set(SITES)
+        history = json.loads((result / "app_server" / "round_history.json").read_text())
+        assert history[1]["aggregation"]["accepted"] == SITES[::-1]  # site-nih passed the handshake and trained
+        site_log = (poc.kit("site-nih") / job_id / "log.txt").read_text()
+        assert f"site-nih: site config {site_config} (the site's local folder)" in site_log
+        assert f"nih data at {data}" in site_log
     finally:
         _assert_all_stopped(poc, record)
     poc.clean()

@@ -371,3 +371,65 @@ def test_report_evaluation_thresholds_on_validation_and_scores_the_test_split(tm
         assert (row["accuracy"], row["sensitivity"], row["specificity"]) == pytest.approx(
             (expected.accuracy, expected.sensitivity, expected.specificity), abs=TOL
         )
+
+
+def test_a_report_model_is_usable_from_the_command_line(tmp_path, capsys):
+    """evaluate and predict read a report model's inputs through its modality: a report CSV in (embedded by the
+    model's encoder), per-finding probabilities out; thresholds chosen on the validation split travel with a copy
+    of the model, and predict --calls applies them."""
+    from surgical_aggregation.checkpoint import save_checkpoint
+    from surgical_aggregation.cli import main
+    from surgical_aggregation.inference import THRESHOLDS_KEY
+
+    rng = np.random.default_rng(0)
+    texts = ["pulmonary edema and an enlarged heart", "the heart is enlarged", "edema in both lungs", "clear lungs"]
+    rows = [texts[i % 4] for i in range(60)]
+    labelled = pd.DataFrame(
+        {
+            "report_id": [f"r{i}" for i in range(60)],
+            "report": rows,
+            "Edema": [int("edema" in text) for text in rows],
+            "Cardiomegaly": [int("heart" in text) for text in rows],
+        }
+    )
+    labelled_csv = tmp_path / "labelled.csv"
+    labelled.to_csv(labelled_csv, index=False)
+    torch.manual_seed(int(rng.integers(100)))
+    model = ReportMLP(["Cardiomegaly", "Edema"], in_features=384)
+    meta = {"architecture": "report_mlp", "preprocessing": {"embedding_model": "all-MiniLM-L6-v2", "in_features": 384}}
+    model_file = save_checkpoint(tmp_path / "model.pt", model.state_dict(), model.class_names, **meta)
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+
+    evaluate = ["evaluate", "--model", str(model_file), "--kind", "report_csv", "--data", str(labelled_csv)]
+    assert main([*evaluate, "--split", "all", "--out", str(tmp_path / "all"), "--bootstrap", "20", *cache]) == 0
+    assert "labelled.csv (report_csv, all): 60 reports" in capsys.readouterr().out
+    table = pd.read_csv(tmp_path / "all" / "per_class_auroc.csv")
+    assert table["class_name"].tolist() == ["Edema", "Cardiomegaly"]
+
+    with_thresholds = tmp_path / "model-thresholds.pt"
+    arguments = [*evaluate, "--out", str(tmp_path / "t"), "--thresholds-out", str(with_thresholds), "--bootstrap", "20"]
+    assert main([*arguments, *cache]) == 0
+    saved = load_checkpoint(with_thresholds).meta[THRESHOLDS_KEY]
+    assert set(saved["values"]) == {"Edema", "Cardiomegaly"} and saved["rule"] == "Youden's J"
+    assert saved["chosen_on"] == "labelled.csv (report_csv, validation split)"
+
+    to_score = tmp_path / "new.csv"
+    pd.DataFrame({"report": ["edema again", "", "a normal study"]}).to_csv(to_score, index=False)
+    out = tmp_path / "scores.csv"
+    predict = ["predict", "--model", str(with_thresholds), "--input", str(to_score), "--out", str(out), "--calls"]
+    assert main([*predict, *cache]) == 0
+    scores = pd.read_csv(out, dtype={"report_id": str})
+    assert list(scores.columns) == [
+        "report_id",
+        "status",
+        "Cardiomegaly",
+        "Edema",
+        "Cardiomegaly (call)",
+        "Edema (call)",
+    ]
+    assert scores["status"].tolist() == ["ok", "no text", "ok"]
+    for name in ("Cardiomegaly", "Edema"):
+        expected = (scores[name] >= saved["values"][name]).where(scores[name].notna())
+        assert scores[f"{name} (call)"].tolist()[0] == int(expected.iloc[0])
+    assert main(["predict", "--model", str(model_file), "--input", str(to_score), "--out", str(out), "--calls"]) == 2
+    assert "has no thresholds to call positives with" in capsys.readouterr().err

@@ -6,6 +6,7 @@
 * ``evaluate``  per-class AUROC of a model on a labelled set (the classes both have), table + plot;
 * ``write-job`` (re)write a FLARE job folder of this bundle (e.g. ``jobs/nih_chexpert``) from its recipe;
 * ``simulate``  run one of the bundle's jobs in FLARE's simulator, one process per site, then summarise;
+* ``check-site`` check a site config against the job it will run, before a federation does;
 * ``pretrain``  train the offline stand-in for ImageNet weights (DenseNet121 on the embedded PadChest layout);
 * ``experiment`` run (or resume) a grid of the papers' comparisons and write tables and plots;
 * ``poc``       rehearse a deployment locally: prepare, start, submit (wait, download), stop, run.
@@ -23,16 +24,27 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .core.errors import SiteConfigError, UserError
+from .core.errors import DatasetFormatError, SiteConfigError, UserError
+from .data.names import UNCERTAINTY_POLICIES
 from .data.storage import default_cache_root
-from .data.table import UNCERTAINTY_POLICIES
 from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES, RESUME_CHOICES, TIMED_TASKS
-from .images.cache import ON_ERROR_POLICIES
-from .images.layouts import DATASET_KINDS
-from .images.synthetic import GENERATORS
+from .images.names import GENERATED_KINDS, ON_ERROR_POLICIES
 from .modalities import DATA_KINDS
 
 POC_STEPS = ("prepare", "start", "submit", "stop", "run")
+
+
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 POC_DEFAULT_JOB = Path("jobs/nih_chexpert")
 
 
@@ -51,9 +63,9 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
         help="dataset folder (the CSV file for the CSV kinds); needed for image kinds; the IU reports default to "
         "torchxrayvision's archive",
     )
-    parser.add_argument("--size", type=int, default=224, help="side of the cached square images (default 224)")
+    parser.add_argument("--size", type=_positive, default=224, help="side of the cached square images (default 224)")
     parser.add_argument("--cache-dir", type=Path, default=None, help=f"cache root (default {default_cache_root()})")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decoding threads")
+    parser.add_argument("--workers", type=_positive, default=os.cpu_count() or 1, help="decoding threads")
     parser.add_argument(
         "--on-error",
         choices=ON_ERROR_POLICIES,
@@ -73,12 +85,12 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         description="Write small generated datasets in the exact folder layouts of NIH, CheXpert, MIMIC-CXR-JPG, "
         "PadChest, VinDr-CXR, Google's NIH labels, RSNA and SIIM (the last five: real label rows only).",
     )
-    parser.add_argument("--kind", choices=[*GENERATORS, "all"], default="all")
+    parser.add_argument("--kind", choices=[*GENERATED_KINDS, "all"], default="all")
     parser.add_argument(
         "--out", required=True, type=Path, help="the dataset's folder for one --kind; for all, <out>/<kind> each"
     )
-    parser.add_argument("--patients", type=int, default=200, help="patients per dataset")
-    parser.add_argument("--size", type=int, default=64, help="image side in pixels")
+    parser.add_argument("--patients", type=_positive, default=200, help="patients per dataset")
+    parser.add_argument("--size", type=_positive, default=64, help="image side in pixels")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--labels",
@@ -91,13 +103,34 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
 def _add_predict(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "predict",
-        help="score images with a model: one probability column per class name",
-        description="Score a folder (recursively) or a CSV of images with a saved model.",
+        help="score images (or reports) with a model: one probability column per class name",
+        description="Score a folder (recursively) or a CSV of images, or a CSV of report texts, with a saved model "
+        "(its file says which it reads). Every input gets a row: its status ('ok', or why it could not be read) "
+        "and one probability column per class name.",
     )
     parser.add_argument("--model", required=True, type=Path, help="e.g. .../app_server/best_FL_global_model.pt")
-    parser.add_argument("--images", required=True, type=Path, help="a folder of images, or a CSV with an image column")
-    parser.add_argument("--image-column", default="path", help="the CSV's image path column (default: path)")
-    parser.add_argument("--out", required=True, type=Path, help="CSV to write: path + one column per class")
+    parser.add_argument(
+        "--input",
+        "--images",
+        dest="source",
+        required=True,
+        type=Path,
+        help="a folder of images, a CSV with an image column, or (report models) a CSV with a text column",
+    )
+    parser.add_argument(
+        "--column",
+        "--image-column",
+        dest="column",
+        default=None,
+        help="the CSV's image path column (default: path) or report text column (default: report)",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="CSV file to write")
+    parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="add a 0/1 column per class, positive at or above the threshold saved with the model (see evaluate "
+        "--thresholds-out)",
+    )
     _add_model_options(parser)
 
 
@@ -105,13 +138,16 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "evaluate",
         help="per-class AUROC of a model on a labelled set (only the classes the set has)",
-        description="Evaluate a saved model on labelled data: per-class AUROC by class name, mean AUROC with a "
-        "bootstrap 95%% CI; writes per_class_auroc.csv/.png and summary.txt.",
+        description="Evaluate a saved model on labelled data (images, or reports for a report model): per-class AUROC "
+        "by class name, mean AUROC with a bootstrap 95% CI; writes per_class_auroc.csv/.png and summary.txt. With "
+        "--thresholds-out, each class's threshold is chosen on the validation split (Youden's J), the test split is "
+        "evaluated at it (accuracy, sensitivity, specificity), and a copy of the model carrying the thresholds is "
+        "written for 'predict --calls'.",
     )
     parser.add_argument("--model", required=True, type=Path)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--site-config", type=Path, help="use a site's data exactly as its config defines it")
-    source.add_argument("--kind", choices=DATASET_KINDS, help="on-disk layout of the labelled set (with --data)")
+    source.add_argument("--kind", choices=DATA_KINDS, help="what the labelled set is, and its layout (with --data)")
     parser.add_argument("--data", type=Path, help="dataset folder (or CSV file for --kind csv)")
     parser.add_argument("--uncertainty", choices=UNCERTAINTY_POLICIES, default=None)
     parser.add_argument(
@@ -121,12 +157,20 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
         help="which patient-level split to evaluate on (default test; 'all' for an external set)",
     )
     parser.add_argument("--out", required=True, type=Path, help="folder for the table, plot and summary")
-    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CI")
+    parser.add_argument("--bootstrap", type=_positive, default=1000, help="bootstrap resamples for the CI")
+    parser.add_argument(
+        "--thresholds-out",
+        type=Path,
+        default=None,
+        metavar="MODEL_FILE",
+        help="choose per-class thresholds on the validation split, evaluate the test split at them, and write a copy "
+        "of the model carrying them here",
+    )
     _add_model_options(parser)
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--image-size", type=int, default=None, help="override the size stored with the model")
+    parser.add_argument("--image-size", type=_positive, default=None, help="override the size stored with the model")
     parser.add_argument("--cache-dir", type=Path, default=None, help=f"cache root (default {default_cache_root()})")
     parser.add_argument("--on-error", choices=ON_ERROR_POLICIES, default="skip", help="unreadable images")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -135,7 +179,15 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 def _add_write_job(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("write-job", help="(re)write a FLARE job folder of this bundle from its recipe")
     parser.add_argument("--name", default="nih_chexpert", choices=BUNDLE_JOBS, help="which of the bundle's jobs")
-    parser.add_argument("--out", required=True, type=Path, help="job folder to write (replaced if present)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="job folder to write: absent, empty, or a job folder write-job wrote and nobody changed",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace --out even if it holds other files (they are deleted)"
+    )
     parser.add_argument(
         "--code",
         choices=CODE_DELIVERIES,
@@ -294,12 +346,12 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds (default: 0)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="demo", help="training recipe (default demo)")
-    parser.add_argument("--rounds", type=int, default=None, help="override the profile's number of rounds")
+    parser.add_argument("--rounds", type=_positive, default=None, help="override the profile's number of rounds")
     parser.add_argument("--out", required=True, type=Path, help="results folder (resumes when it exists)")
     parser.add_argument("--nih", default=None, help="NIH ChestX-ray14 folder (default: embedded data)")
     parser.add_argument("--chexpert", default=None, help="CheXpert folder (default: embedded data)")
     parser.add_argument("--mimic", default=None, help="MIMIC-CXR-JPG folder, the external test set (default: embedded)")
-    parser.add_argument("--embedded-patients", type=int, default=400, help="patients per embedded dataset")
+    parser.add_argument("--embedded-patients", type=_positive, default=400, help="patients per embedded dataset")
     parser.add_argument(
         "--backbone",
         choices=("fedavg", "fedbn_plus"),
@@ -326,7 +378,7 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
         help="experiment tracking of each federation: TensorBoard (default) or MLflow (FLARE's receiver; an "
         "SQLite store, mlflow.db, in each run's folder)",
     )
-    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
+    parser.add_argument("--bootstrap", type=_positive, default=1000, help="bootstrap resamples for the CIs")
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -341,7 +393,7 @@ def _experiment(args: argparse.Namespace) -> int:
 
     from .experiments.grids import DataSources, grid_settings
     from .experiments.planning import plan_grid
-    from .experiments.runner import RunOptions, run_grid
+    from .experiments.runner import RunOptions, run_grid, write_plan
     from .experiments.summary import summarize
     from .profiles import PROFILES
 
@@ -352,9 +404,6 @@ def _experiment(args: argparse.Namespace) -> int:
     if args.rounds is not None:
         profile = dataclasses.replace(profile, rounds=args.rounds)
     sources = DataSources(args.nih, args.chexpert, args.mimic, embedded_patients=args.embedded_patients)
-    if args.dry_run:
-        print("\n".join(plan_grid(grid_settings(args.grid, sources, profile), sources, args.out)))
-        return 0
     options = RunOptions(
         backbone_strategy=args.backbone,
         weighting=args.weighting,
@@ -365,48 +414,90 @@ def _experiment(args: argparse.Namespace) -> int:
         tracking=args.tracking,
         cache_dir=args.cache_dir,
     )
+    if args.dry_run:  # the initial model is decided (and the stand-in trained) when the grid runs
+        settings = grid_settings(args.grid, sources, profile)
+        plan = write_plan(
+            args.out,
+            settings,
+            args.methods,
+            args.seeds,
+            profile,
+            options,
+            {"grid": args.grid, "data": dataclasses.asdict(sources)},
+        )
+        print("\n".join(plan_grid(settings, sources, args.out)))
+        print(f"wrote {plan}")
+        return 0
     summary = run_grid(args.grid, args.methods, args.seeds, sources, profile, args.out, options, args.only)
     print(summary.read_text())
     print(f"wrote {summary} (tables, plots/ and per-run folders under {args.out})")
     return 0
 
 
-def _predict(args: argparse.Namespace) -> int:
-    from .inference import list_images, score_images
+def _output_file(path: Path, option: str) -> Path:
+    """A file to write: refused when it is a folder (one line naming it), its folder made when missing."""
+    if path.is_dir():
+        raise SiteConfigError(f"{option} {path.resolve()} is a folder; give the file to write")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
-    scores, failures = score_images(
+
+def _predict(args: argparse.Namespace) -> int:
+    from .inference import STATUS_COLUMN, score
+
+    out = _output_file(args.out, "--out")
+    scores, failures = score(
         args.model,
-        list_images(args.images, args.image_column),
+        args.source,
+        args.column,
         args.image_size,
         args.cache_dir,
         args.on_error,
         device=args.device,
+        calls=args.calls,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    scores.to_csv(args.out, index=False)
-    print(f"scored {len(scores)} image(s) for {len(scores.columns) - 1} classes -> {args.out}")
+    scores.to_csv(out, index=False)
+    classes = [column for column in scores.columns[2:] if not column.endswith(")")]
+    print(f"scored {len(scores) - len(failures)} of {len(scores)} input(s) for {len(classes)} classes -> {out}")
     for path, reason in failures[:20]:
-        print(f"  skipped {path}: {reason}")
+        print(f"  not scored {path}: {reason} ({STATUS_COLUMN} column of the output)")
+    if len(failures) > 20:
+        print(f"  ... and {len(failures) - 20} more")
     return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .inference import evaluate_on_table, labelled_set, write_evaluation
-
-    table, title = labelled_set(args.site_config, args.kind, args.data, args.uncertainty, args.split)
-    report = evaluate_on_table(
-        args.model,
-        table,
-        image_size=args.image_size,
-        cache_dir=args.cache_dir,
-        on_error=args.on_error,
-        device=args.device,
-        bootstrap=args.bootstrap,
+    from .inference import (
+        evaluate_and_choose_thresholds,
+        evaluate_on_table,
+        labelled_splits,
+        save_thresholds,
+        write_evaluation,
     )
-    print(f"{title}: {report.n_images} images")
+
+    splits, title = labelled_splits(args.site_config, args.kind, args.data, args.uncertainty)
+    options = {
+        "cache_dir": args.cache_dir,
+        "on_error": args.on_error,
+        "device": args.device,
+        "bootstrap": args.bootstrap,
+    }
+    if args.thresholds_out is not None:
+        target = _output_file(args.thresholds_out, "--thresholds-out")
+        report = evaluate_and_choose_thresholds(args.model, splits, image_size=args.image_size, **options)
+        title = title.format(split="test, thresholds from val")
+    else:
+        report = evaluate_on_table(args.model, splits[args.split], image_size=args.image_size, **options)
+        title = title.format(split=args.split)
+    print(f"{title}: {report.n_images} {report.noun}")
     print(report.text())
     for path in write_evaluation(report, args.out, title):
         print(f"wrote {path}")
+    if args.thresholds_out is not None:
+        saved = save_thresholds(
+            args.model, report, title.replace("test, thresholds from val", "validation split"), target
+        )
+        print(f"wrote {saved}: the model with its thresholds (predict --calls)")
     return 0
 
 
@@ -433,7 +524,7 @@ def _write_job(args: argparse.Namespace) -> int:
         label_aliases=aliases,
         accepted_classes=args.accepted_class,
     )
-    print(f"wrote job {args.name!r} ({args.code}) to {write_job(recipe, args.out)}")
+    print(f"wrote job {args.name!r} ({args.code}) to {write_job(recipe, args.out, force=args.force)}")
     return 0
 
 
@@ -443,6 +534,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
     recipe = BUNDLE_RECIPES[args.name](_site_configs(args.site_config))
     result = simulate(recipe, args.workspace)
+    if result.earlier_results is not None:
+        print(f"the earlier results in this workspace were kept: moved to {result.earlier_results}")
     print("\n".join(result.summary()))
     return 0
 
@@ -480,7 +573,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from .config import site_config_from_dict
     from .site_data import prepare_cache
 
-    if args.data is None and args.kind in GENERATORS:
+    if args.data is None and args.kind in GENERATED_KINDS:
         raise SiteConfigError(f"--data is required for --kind {args.kind} (embedded data are prepared on first use)")
     options = {} if args.uncertainty is None else {"uncertainty": args.uncertainty}
     data = {"kind": args.kind, "location": None if args.data is None else str(args.data), "options": options}
@@ -500,6 +593,8 @@ def _prepare(args: argparse.Namespace) -> int:
         print(f"  skipped {path}: {reason}")
     if len(prepared.left_out) > 20:
         print(f"  ... and {len(prepared.left_out) - 20} more")
+    if len(prepared.table) == 0:
+        raise DatasetFormatError(f"none of the {config.modality.sample_noun} of {args.data} can be used (listed above)")
     print(f"{len(prepared.table)} {config.modality.sample_noun} ready for training")
     return 0
 
@@ -507,7 +602,7 @@ def _prepare(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from .images.synthetic import ensure_generated
 
-    for kind in list(GENERATORS) if args.kind == "all" else [args.kind]:
+    for kind in GENERATED_KINDS if args.kind == "all" else [args.kind]:
         dataset, created = ensure_generated(
             kind,
             args.out / kind if args.kind == "all" else args.out,
@@ -544,6 +639,36 @@ def _printer(name: str) -> logging.Logger:
     return printer
 
 
+def _add_check_site(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "check-site",
+        help="check a site config against the job it will run: fields, preprocessing, labels, a sample of the data",
+        description="Both sides of a job's handshake, before a federation runs: the site config read as the site "
+        "reads it (the job's label aliases under its own), its data loaded and split, its labels read as the server "
+        "reads them (new classes listed, closed vocabularies and limits applied), the federation's preprocessing "
+        "compared, and a sample of every split read as training reads it. Exit code 0 when the site would pass the "
+        "handshake, 2 with each problem on its own line otherwise.",
+    )
+    parser.add_argument("--job", type=Path, default=POC_DEFAULT_JOB, help=f"the job folder (default {POC_DEFAULT_JOB})")
+    parser.add_argument(
+        "--config", required=True, type=Path, help="the site config, e.g. <kit>/local/surgical_aggregation.json"
+    )
+    parser.add_argument(
+        "--site", default=None, help="the site's name in the job (default: the kit's, else 'this site')"
+    )
+
+
+def _check_site(args: argparse.Namespace) -> int:
+    from .flare.site_check import check_site
+
+    site = args.site
+    if site is None and args.config.resolve().parent.name == "local":  # <kit>/local/<config>: the kit's name
+        site = args.config.resolve().parent.parent.name
+    result = check_site(args.job, args.config, site)
+    print("\n".join(result.lines))
+    return 0 if result.passed else 2
+
+
 def _add_pretrain(commands: argparse._SubParsersAction) -> None:
     from .profiles import PROFILES
 
@@ -559,9 +684,9 @@ def _add_pretrain(commands: argparse._SubParsersAction) -> None:
         "--profile", choices=sorted(PROFILES), default="demo", help="image size and recipe (default demo)"
     )
     parser.add_argument(
-        "--patients", type=int, default=None, help="patients of the embedded dataset (default: the profile's)"
+        "--patients", type=_positive, default=None, help="patients of the embedded dataset (default: the profile's)"
     )
-    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default: the profile's)")
+    parser.add_argument("--epochs", type=_positive, default=None, help="training epochs (default: the profile's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache-dir", default=None, help=f"cache root (default {default_cache_root()})")
 
@@ -590,6 +715,7 @@ HANDLERS = {
     "evaluate": (_add_evaluate, _evaluate),
     "write-job": (_add_write_job, _write_job),
     "simulate": (_add_simulate, _simulate),
+    "check-site": (_add_check_site, _check_site),
     "pretrain": (_add_pretrain, _pretrain),
     "experiment": (_add_experiment, _experiment),
     "poc": (_add_poc, _poc),

@@ -21,8 +21,9 @@ from .core.devices import AUTO
 from .core.errors import AliasFileError, DuplicateLabelError, SiteConfigError, UnknownLabelError
 from .core.labels import Vocabulary, active_vocabulary, read_alias_file
 from .data.storage import default_cache_root
-from .images.cache import ON_ERROR_POLICIES
-from .modalities import DATA_KINDS, Modality, modality_for_kind
+from .images.names import ON_ERROR_POLICIES
+from .modalities import DATA_KINDS
+from .modalities.registry import Modality, modality_for_kind
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 COMPILE_MODES = ("off", "on")
@@ -175,6 +176,12 @@ def _validate(config: SiteConfig, where: str, base_dir: Path | None) -> None:
     data = config.data
     if data.kind not in DATA_KINDS:
         raise fail("data.kind", f"must be one of {list(DATA_KINDS)}, got {data.kind!r}")
+    if base_dir is not None:  # relative paths start at the config file's folder, as data.label_aliases does
+        location = data.location
+        if location not in (None, DATA_LOCATION_PLACEHOLDER) and not Path(location).expanduser().is_absolute():
+            data.location = str((base_dir / data.location).resolve())
+        if config.cache_dir is not None and not Path(config.cache_dir).expanduser().is_absolute():
+            config.cache_dir = str((base_dir / config.cache_dir).resolve())
     config.modality.check(config, where)
     if isinstance(data.label_aliases, str):  # inlined, so that a job written from this config carries them
         path = Path(data.label_aliases).expanduser()
@@ -264,6 +271,8 @@ def load_site_config(path: str | Path) -> SiteConfig:
     return site_config_from_dict(values, where=str(path), base_dir=path.parent)
 
 
+# data.location in a provisioned kit's template, refused until hospital IT sets it
+DATA_LOCATION_PLACEHOLDER = "REQUIRED: the dataset folder at this site (the CSV file for kind csv)"
 SITE_CONFIG_ENV = "SURGICAL_AGGREGATION_SITE_CONFIG"
 SITE_CONFIGS_DIR = "site_configs"  # a job's default configs, under each site app's config/ folder
 JOB_DEFAULT_ORIGIN = "the job's default for this site"

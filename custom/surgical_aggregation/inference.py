@@ -3,9 +3,9 @@ accuracy, sensitivity and specificity at Youden thresholds where the modality as
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,17 +16,13 @@ import numpy as np
 import pandas as pd
 from torch.utils.data import Dataset
 
-from .checkpoint import PREPROCESSING_KEY, Checkpoint, load_checkpoint
-from .config import load_site_config
+from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from .config import load_site_config, site_config_from_dict
 from .core.devices import auto_workers, autocast_dtype, resolve_device
 from .core.errors import DataNotFoundError, DatasetFormatError, ModelFileError, SiteConfigError
 from .data.splits import patient_split
-from .data.storage import default_cache_root
-from .data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable
+from .data.table import LabelTable
 from .images.cache import OnError
-from .images.dataset import ChestXrayDataset, cache_table
-from .images.layouts import load_table
-from .images.transforms import ImageBatchTransform, image_batch_transform
 from .loops import make_loader, place_model, predict
 from .metrics import (
     ConfidenceInterval,
@@ -36,87 +32,70 @@ from .metrics import (
     threshold_metrics,
     youden_threshold,
 )
+from .modalities.registry import modality_for_architecture
 from .plots import plot_per_class_auroc
 from .site_data import resolve_table, split_table
 
 logger = logging.getLogger(__name__)
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 THRESHOLD_COLUMNS = ("threshold", "accuracy", "sensitivity", "specificity")
 
 
-@dataclass(frozen=True)
-class Preprocessing:
-    image_size: int
-    in_channels: int
-    imagenet_normalize: bool
-
-    @classmethod
-    def of(cls, checkpoint: Checkpoint, image_size: int | None = None) -> Preprocessing:
-        """What the model was trained with (stored by the server), unless overridden."""
-        stored = checkpoint.meta.get(PREPROCESSING_KEY) or {}
-        size = image_size or stored.get("image_size")
-        if size is None:
-            raise ModelFileError("the model file does not say which image size it was trained at: pass --image-size")
-        return cls(int(size), checkpoint.in_channels, bool(stored.get("imagenet_normalize", True)))
-
-    def transform(self) -> ImageBatchTransform:
-        return image_batch_transform(self.image_size, False, self.in_channels, self.imagenet_normalize)
+STATUS_COLUMN = "status"  # predict's output: "ok", or why the input could not be scored
+READABLE = "ok"
+THRESHOLDS_KEY = "thresholds"  # checkpoint meta: {"values": {class: threshold}, "chosen_on": ...} (evaluate saves it)
+CALL_SUFFIX = " (call)"  # predict's positive-call columns: "<class> (call)", 1 at or above the class's threshold
 
 
-def list_images(source: str | Path, image_column: str = PATH_COLUMN) -> list[str]:
-    """Image paths from a folder (recursively, by suffix) or from a CSV's ``image_column``."""
-    source = Path(source)
-    if source.is_dir():
-        paths = sorted(str(p) for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-        if not paths:
-            raise DataNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {source}")
-        return paths
-    if not source.is_file():
-        raise DataNotFoundError(f"not a folder or CSV file: {source}")
-    frame = pd.read_csv(source, dtype=str)
-    if image_column not in frame:
-        raise DatasetFormatError(f"{source}: no {image_column!r} column; columns are {list(frame.columns)}")
-    return [str(p if Path(p).is_absolute() else source.parent / p) for p in frame[image_column]]
+def model_preprocessing(checkpoint: Checkpoint, image_size: int | None = None) -> dict[str, Any]:
+    """What the model was trained to read (stored with it), with an image size given for a file that lacks one."""
+    preprocessing = dict(checkpoint.preprocessing)
+    if image_size is not None:
+        preprocessing["image_size"] = image_size
+    return preprocessing
 
 
-def _cached_dataset(
-    table: LabelTable, preprocessing: Preprocessing, cache_dir: str | Path | None, on_error: OnError
-) -> tuple[ChestXrayDataset, LabelTable, list[tuple[str, str]]]:
-    """Decode each image once into the preprocessing cache; unreadable ones are left out (or raise)."""
-    kept, cache, report = cache_table(
-        table,
-        cache_dir or default_cache_root(),
-        preprocessing.image_size,
-        on_error,
-        workers=4,
-        progress=sys.stderr.isatty(),  # a bar at a terminal, else a log line every PROGRESS_SECONDS
-    )
-    if report.failures:
-        logger.warning("left out %d unreadable image(s), e.g. %s", len(report.failures), report.failures[:3])
-    return ChestXrayDataset(kept, cache, preprocessing.transform()), kept, report.failures
-
-
-def score_images(
+def score(
     checkpoint_path: str | Path,
-    paths: Sequence[str],
+    source: str | Path,
+    column: str | None = None,
     image_size: int | None = None,
     cache_dir: str | Path | None = None,
     on_error: OnError = "skip",
     batch_size: int = 32,
     device: str = "auto",
+    calls: bool = False,
 ) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
-    """Per-class probabilities (one column per class name) for each readable image, and the unreadable ones."""
+    """Score every input of ``source`` (images: a folder or a CSV's image column; reports: a CSV's text column, as
+    the model's modality reads): one row per input, its ``status`` (``ok``, or why it was left out, its scores then
+    empty) and one probability column per class name; with ``calls``, a 0/1 column per class that has a threshold
+    saved with the model. Returns the table and the inputs left out."""
     checkpoint = load_checkpoint(checkpoint_path)
-    preprocessing = Preprocessing.of(checkpoint, image_size)
-    paths = [str(Path(p).resolve()) for p in paths]
-    root = Path(os.path.commonpath(paths)) if paths else Path(".")
-    table = LabelTable("scored", root, [], pd.DataFrame({PATH_COLUMN: paths, PATIENT_COLUMN: paths}))
-    dataset, kept, failures = _cached_dataset(table, preprocessing, cache_dir, on_error)
+    modality = modality_for_architecture(checkpoint.architecture)
+    table = modality.unlabelled_table(Path(source), column)
+    preprocessing = model_preprocessing(checkpoint, image_size)
+    dataset, kept, failures = modality.scoring_dataset(
+        table, preprocessing, None if cache_dir is None else str(cache_dir), on_error, device
+    )
     if len(kept) == 0:
-        raise DataNotFoundError(f"none of the {len(paths)} images could be read, e.g. {failures[:3]}")
-    scores = pd.DataFrame(predict_checkpoint(checkpoint, dataset, batch_size, device), columns=checkpoint.class_names)
-    scores.insert(0, PATH_COLUMN, kept.paths)
-    return scores, failures
+        raise DataNotFoundError(f"none of the {len(table)} inputs of {source} could be read, e.g. {failures[:3]}")
+    probabilities = predict_checkpoint(checkpoint, dataset, batch_size, device)
+    scored = pd.DataFrame(probabilities, columns=checkpoint.class_names, index=kept.paths)
+    reasons = dict(failures)
+    frame = pd.DataFrame({modality.row_column: table.paths})
+    frame[STATUS_COLUMN] = [reasons.get(row, READABLE) for row in table.paths]
+    frame = frame.join(scored, on=modality.row_column)
+    if calls:
+        thresholds = (checkpoint.meta.get(THRESHOLDS_KEY) or {}).get("values")
+        if not thresholds:
+            raise ModelFileError(
+                f"{checkpoint_path} has no thresholds to call positives with: choose them on a validation split "
+                "with 'surgical-aggregation evaluate --model ... --thresholds-out <model file>'"
+            )
+        for name in checkpoint.class_names:  # in the model's order, each class that has a threshold
+            threshold = thresholds.get(name)
+            if threshold is not None and not math.isnan(threshold):
+                frame[name + CALL_SUFFIX] = (frame[name] >= threshold).astype("Int64").where(frame[name].notna())
+    return frame, failures
 
 
 def predict_checkpoint(checkpoint: Checkpoint, dataset: Dataset, batch_size: int, device_spec: str) -> np.ndarray:
@@ -133,7 +112,8 @@ class EvaluationReport:
     per_class: pd.DataFrame  # class, auroc, positives, negatives
     mean_auroc: ConfidenceInterval
     missing_in_model: list[str]
-    n_images: int
+    n_images: int  # the inputs evaluated (images or reports)
+    noun: str = "images"
 
     def text(self) -> str:
         lines = [f"{'class':<28}{'AUROC':>8}{'positives':>11}{'negatives':>11}"]
@@ -170,15 +150,36 @@ def evaluate_models(
         raise ValueError("no model to evaluate")
     checkpoints = [load_checkpoint(path) for path in checkpoint_paths]
     predicted = predicted_classes(checkpoints, table)
-    settings = {Preprocessing.of(checkpoint, image_size) for checkpoint in checkpoints}
-    if len(settings) > 1:
-        raise ModelFileError(f"the models were trained with different preprocessing {settings}; pass --image-size")
-    preprocessing = settings.pop()
-    dataset, kept, _ = _cached_dataset(table, preprocessing, cache_dir, on_error)
+    dataset, kept = scoring_dataset(checkpoints, table, image_size, cache_dir, on_error, device)
     probabilities = ensemble_probabilities(
         checkpoints, predicted, lambda checkpoint: predict_checkpoint(checkpoint, dataset, batch_size, device)
     )
-    return per_class_report(probabilities, predicted, kept, bootstrap)
+    report = per_class_report(probabilities, predicted, kept, bootstrap)
+    report.noun = modality_for_architecture(checkpoints[0].architecture).sample_noun
+    return report
+
+
+def scoring_dataset(
+    checkpoints: Sequence[Checkpoint],
+    table: LabelTable,
+    image_size: int | None = None,
+    cache_dir: str | Path | None = None,
+    on_error: OnError = "skip",
+    device: str = "auto",
+) -> tuple[Dataset, LabelTable]:
+    """``table`` as the models' inputs (their modality's, their preprocessing, which must be one); unreadable rows
+    are left out (logged) or raise, as ``on_error`` says."""
+    settings = {json.dumps(model_preprocessing(checkpoint, image_size), sort_keys=True) for checkpoint in checkpoints}
+    if len(settings) > 1:
+        raise ModelFileError(f"the models were trained with different preprocessing {sorted(settings)}")
+    modality = modality_for_architecture(checkpoints[0].architecture)
+    preprocessing = json.loads(settings.pop())
+    dataset, kept, failures = modality.scoring_dataset(
+        table, preprocessing, None if cache_dir is None else str(cache_dir), on_error, device
+    )
+    if failures:
+        logger.warning("left out %d unreadable input(s), e.g. %s", len(failures), failures[:3])
+    return dataset, kept
 
 
 def predicted_classes(checkpoints: Sequence[Checkpoint], table: LabelTable) -> list[str]:
@@ -232,19 +233,28 @@ def labelled_set(
     split: str = "test",
 ) -> tuple[LabelTable, str]:
     """The labelled set to evaluate on, and its title: a site's data exactly as its config defines it, or a
-    dataset folder of a known layout; ``split`` is a patient-level split, or ``all`` for an external set."""
+    dataset of a known kind (images or reports) at ``data``; ``split`` is a patient-level split, or ``all``."""
+    splits, title = labelled_splits(site_config, kind, data, uncertainty)
+    return splits[split], title.format(split=split)
+
+
+def labelled_splits(
+    site_config: Path | None = None, kind: str | None = None, data: Path | None = None, uncertainty: str | None = None
+) -> tuple[dict[str, LabelTable], str]:
+    """A labelled set's splits (``train``, ``val``, ``test``, patient-level, and ``all``) and its title, with
+    ``{split}`` where the split goes."""
     if site_config is not None:
         config = load_site_config(site_config)
         table = resolve_table(config)
-        table = table if split == "all" else split_table(table, config)[split]
-        return table, f"{site_config.stem} ({split})"
+        return {"all": table, **split_table(table, config)}, f"{site_config.stem} ({{split}})"
     if kind is None or data is None:
         raise SiteConfigError("name a labelled set: a site config, or a data kind with its folder (or CSV file)")
     options = {} if uncertainty is None else {"uncertainty": uncertainty}
-    table = load_table(kind, data, **options)
-    table = table if split == "all" else patient_split(table)[split]
+    values = {"data": {"kind": kind, "location": str(Path(data).resolve()), "options": options}}
+    config = site_config_from_dict(values, f"--kind {kind} --data {data}")
+    table = resolve_table(config)
     named = data.name if data.name.lower() != kind.lower() else ""  # "mimic", not "mimic mimic"
-    return table, f"{named} ({kind}, {split})" if named else f"{kind} ({split})"
+    return {"all": table, **patient_split(table)}, f"{named} ({kind}, {{split}})" if named else f"{kind} ({{split}})"
 
 
 def write_evaluation(report: EvaluationReport, folder: str | Path, title: str) -> list[Path]:
@@ -301,3 +311,33 @@ def evaluate_with_thresholds(
     for key in THRESHOLD_COLUMNS:
         report.per_class[key] = [getattr(row, key) for row in rows]
     return report
+
+
+def evaluate_and_choose_thresholds(
+    checkpoint_path: str | Path,
+    splits: dict[str, LabelTable],
+    cache_dir: str | Path | None = None,
+    on_error: OnError = "skip",
+    device: str = "auto",
+    bootstrap: int = 1000,
+    image_size: int | None = None,
+) -> EvaluationReport:
+    """The model on the ``test`` split, with each class's threshold chosen on the ``val`` split (Youden's J) and its
+    accuracy, sensitivity and specificity on ``test`` at that threshold."""
+    checkpoints = [load_checkpoint(checkpoint_path)]
+    val, _ = scoring_dataset(checkpoints, splits["val"], image_size, cache_dir, on_error, device)
+    test, _ = scoring_dataset(checkpoints, splits["test"], image_size, cache_dir, on_error, device)
+    report = evaluate_with_thresholds([checkpoint_path], val, test, bootstrap, device)
+    report.noun = modality_for_architecture(checkpoints[0].architecture).sample_noun
+    return report
+
+
+def save_thresholds(checkpoint_path: str | Path, report: EvaluationReport, chosen_on: str, out: str | Path) -> Path:
+    """A copy of the model with the report's thresholds stored in it (``predict --calls`` uses them)."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    values = {
+        row.class_name: None if math.isnan(row.threshold) else float(row.threshold)
+        for row in report.per_class.itertuples(index=False)
+    }
+    meta = {**checkpoint.meta, THRESHOLDS_KEY: {"values": values, "chosen_on": chosen_on, "rule": "Youden's J"}}
+    return save_checkpoint(out, checkpoint.state, checkpoint.class_names, checkpoint.in_channels, **meta)

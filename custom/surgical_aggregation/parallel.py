@@ -89,6 +89,25 @@ class FitRequest:
     epochs_done: int
 
 
+def check_gpus(gpus: int, device: torch.device, configured: str, where: str = "site config") -> None:
+    """``gpus: N`` needs N GPUs from the configured one; on a machine without a GPU it is refused, unless the config
+    asks for CPU ranks explicitly (``device: "cpu"``, what tests do)."""
+    if gpus <= 1:
+        return
+    if device.type == "cuda":
+        needed = (device.index or 0) + gpus
+        if needed > torch.cuda.device_count():
+            raise SiteConfigError(
+                f"{where}: gpus: {gpus} from device {device} needs {needed} GPUs; this machine has "
+                f"{torch.cuda.device_count()}"
+            )
+    elif configured != "cpu":
+        raise SiteConfigError(
+            f'{where}: gpus: {gpus}, but this machine has no GPU (device {configured!r} found none): set "gpus": 1, '
+            f'or "device": "cpu" to train on {gpus} CPU processes on purpose (tests do)'
+        )
+
+
 def rank_device(device: torch.device, rank: int) -> torch.device:
     """Rank ``rank``'s device: the GPU ``rank`` places after the configured one; the CPU stays the CPU."""
     if device.type != "cuda":
@@ -123,11 +142,7 @@ class RankGroup:
     ) -> RankGroup:
         """Rank 0: start ``world - 1`` helpers that build the site from ``helper_spec`` (its config as a dict,
         its vocabulary's aliases, its name), and join the process group with them."""
-        if device.type == "cuda" and (device.index or 0) + world > torch.cuda.device_count():
-            raise SiteConfigError(
-                f"gpus: {world} from device {device} needs {(device.index or 0) + world} GPUs; this machine has "
-                f"{torch.cuda.device_count()}"
-            )
+        check_gpus(world, device, "cpu" if device.type == "cpu" else str(device))
         store = dist.TCPStore(HOST, 0, world, is_master=True, wait_for_workers=False, timeout=COLLECTIVE_TIMEOUT)
         folder = Path(tempfile.mkdtemp(prefix="surgical-aggregation-ranks-"))
         (folder / "site.json").write_text(json.dumps(helper_spec))

@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.utils.data import ConcatDataset, Dataset
 
-from .config import SiteConfig
-from .core.errors import DataNotFoundError, SiteConfigError
+from .config import DATA_LOCATION_PLACEHOLDER, SiteConfig
+from .core.errors import DataNotFoundError, DatasetFormatError, SiteConfigError
 from .core.labels import active_vocabulary, vocabulary_in_use
 from .data.splits import DEFAULT_SPLIT_NAMES, patient_split
 from .data.table import PATH_COLUMN, LabelTable, MaterialisedTable
@@ -28,13 +29,28 @@ def resolve_table(config: SiteConfig, log: logging.Logger = logger) -> LabelTabl
     """The site's label table (real data, or the embedded dataset), restricted to its labels. Its label
     names are read through the site's vocabulary (its own aliases, and the job's when a job runs)."""
     data = config.data
+    if data.location == DATA_LOCATION_PLACEHOLDER:
+        raise DataNotFoundError(
+            "data.location still holds the template's placeholder: set it to the dataset folder at this site (the CSV "
+            "file for kind csv)"
+        )
+    where = (
+        f"data.location {str(Path(data.location).resolve())!r}" if data.location else f"the embedded {data.kind} data"
+    )
     with vocabulary_in_use(config.vocabulary(active_vocabulary().aliases)):
         try:
             table = config.modality.load_table(config, log)
         except DataNotFoundError as error:
             if data.location is None:
                 raise
-            raise DataNotFoundError(f"data.location {data.location!r}: {error}") from None
+            raise DataNotFoundError(f"{where}: {error}") from None
+    noun = config.modality.sample_noun
+    if len(table) == 0:
+        raise DatasetFormatError(
+            f"{where}: no {noun} in this {data.kind} data (an empty label file?); a site needs some"
+        )
+    if not table.classes:
+        raise DatasetFormatError(f"{where}: no label columns in this {data.kind} data; a site needs at least one")
     if data.labels is not None:
         missing = [name for name in data.labels if name not in table.classes]
         if missing:
@@ -43,6 +59,9 @@ def resolve_table(config: SiteConfig, log: logging.Logger = logger) -> LabelTabl
             )
         table.split_classes = table.split_classes or list(table.classes)
         table.classes = list(data.labels)
+    labelled = table.frame[list(table.classes)].notna().to_numpy().any()
+    if not labelled:
+        raise DatasetFormatError(f"{where}: none of its {len(table)} {noun} has a label for {table.classes}")
     return table
 
 

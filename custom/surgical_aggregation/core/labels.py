@@ -197,6 +197,10 @@ class Vocabulary:
         self.aliases = {alias: lookup[normal_form(alias)] for alias in self.aliases}
         self._lookup = lookup
 
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is a finding or a spelling of one in this vocabulary (else it is a class of its own)."""
+        return isinstance(name, str) and normal_form(name) in self._lookup
+
     def canonical(self, name: str, where: str = "") -> str:
         """The canonical spelling of ``name``; ``where`` (a file, a site, a config field) goes into errors."""
         found, outside = self._find(name, where)
@@ -293,7 +297,7 @@ def read_alias_file(path: str | Path) -> dict[str, str]:
         import yaml  # installed with FLARE; only alias files in YAML need it
 
         try:
-            mapping = yaml.safe_load(text)
+            mapping = yaml.load(text, Loader=_yaml_loader_without_repeats(yaml, path))
         except yaml.YAMLError as error:
             raise AliasFileError(f"{path}: not a JSON/YAML mapping: {error}") from None
     else:
@@ -305,6 +309,20 @@ def read_alias_file(path: str | Path) -> dict[str, str]:
         raise AliasFileError(f"{path}: must map each alias to a class name, got {type(mapping).__name__}")
     Vocabulary([(mapping, str(path))])  # validates every entry
     return mapping
+
+
+def _yaml_loader_without_repeats(yaml, path: Path):
+    """YAML's safe loader, refusing a mapping that names a key twice (YAML itself keeps the last silently)."""
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node):
+        pairs = [(loader.construct_object(key), loader.construct_object(value)) for key, value in node.value]
+        return _no_repeats(pairs, path)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return Loader
 
 
 def _no_repeats(pairs: list[tuple[str, object]], path: Path) -> dict:

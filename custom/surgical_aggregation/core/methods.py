@@ -25,12 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from .errors import UserError
+
+if TYPE_CHECKING:  # torch is imported where it computes: the command line reads this module's names without it
+    import torch
 
 METHODS: tuple[str, ...] = ("surgical", "vanilla", "partial_loss", "personal")
 UNION_HEAD_METHODS = ("vanilla", "partial_loss")
@@ -84,10 +86,8 @@ def batchnorm_at_defaults(state: Mapping[str, Any]) -> bool:
     if not means:
         return False
     for key in means:
-        variance = state[key[: -len("running_mean")] + "running_var"]
-        if bool(torch.as_tensor(np.asarray(state[key])).any()) or not bool(
-            (torch.as_tensor(np.asarray(variance)) == 1).all()
-        ):
+        variance = np.asarray(state[key[: -len("running_mean")] + "running_var"])
+        if np.asarray(state[key]).any() or not (variance == 1).all():
             return False
     return True
 
@@ -157,6 +157,8 @@ def label_prior_weights(target: torch.Tensor, mask: torch.Tensor, prior: torch.T
     is the batch's positive rate and P(c) the federation's. A class whose batch share matches the
     federation's gets weight 1. ``prior`` is (C,), NaN for classes without a prior (weight 1).
     """
+    import torch
+
     labelled = mask.sum(dim=0)
     batch_rate = (target * mask).sum(dim=0) / labelled.clamp_min(1.0)
     known = torch.isfinite(prior)
@@ -170,6 +172,8 @@ def prior_vector(prior: Mapping[str, float] | None, class_names: Sequence[str]) 
     """The prior in head-row order (NaN where a class has none), or None without a prior."""
     if not prior:
         return None
+    import torch
+
     return torch.tensor([float(prior.get(name, np.nan)) for name in class_names], dtype=torch.float32)
 
 

@@ -12,9 +12,9 @@ import pandas as pd
 from torch.utils.data import Dataset
 
 from ..core.errors import DataNotFoundError, DatasetFormatError
+from .names import UNCERTAINTY_POLICIES
 
 UncertaintyPolicy = Literal["zeros", "ones", "ignore"]
-UNCERTAINTY_POLICIES: tuple[str, ...] = ("zeros", "ones", "ignore")
 MissingClassPolicy = Literal["error", "negative", "unlabelled"]
 
 PATH_COLUMN = "path"
@@ -119,12 +119,16 @@ def apply_uncertainty(values: pd.Series, policy: UncertaintyPolicy, where: str) 
     return result
 
 
-def read_label_csv(path: Path, required: Sequence[str]) -> pd.DataFrame:
-    """Read a CSV (optionally gzipped or zipped) and check it has the ``required`` columns (names stripped)."""
+def read_label_csv(path: Path, required: Sequence[str], blank_only: bool = False) -> pd.DataFrame:
+    """Read a CSV (optionally gzipped or zipped) and check it has the ``required`` columns (names stripped).
+
+    ``blank_only``: only an empty cell is missing; "NA", "null", "nan" and the like stay text (a label column's
+    values are then checked against the documented set instead of silently read as blanks).
+    """
     if not path.is_file():
-        raise DataNotFoundError(f"label file not found: {path}")
+        raise DataNotFoundError(f"label file not found: {path.resolve()}")
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=True)
+        frame = pd.read_csv(path, dtype=str, keep_default_na=not blank_only, na_values=[""] if blank_only else None)
     except (pd.errors.ParserError, UnicodeDecodeError, EOFError, OSError) as error:
         raise DatasetFormatError(f"{path}: cannot read as CSV ({error})") from None
     frame.columns = [str(column).strip() for column in frame.columns]  # e.g. SIIM's " EncodedPixels"

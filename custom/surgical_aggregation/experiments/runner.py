@@ -536,6 +536,44 @@ def run_grid(
     return run_settings(settings, methods, seeds, profile, out, options, {"grid": grid, "data": asdict(sources)})
 
 
+PLAN_FILE = "plan.json"
+
+
+def write_plan(
+    out: Path,
+    settings: Sequence[Setting],
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    profile: Profile,
+    options: RunOptions,
+    description: dict[str, Any] | None = None,
+) -> Path:
+    """``plan.json``: the grid's settings (sites, label sets, test sets), methods, seeds, profile and options."""
+    out.mkdir(parents=True, exist_ok=True)
+    plan_data = {
+        **(description or {}),
+        "profile": asdict(profile),
+        "methods": list(methods),
+        "seeds": list(seeds),
+        "options": asdict(options),
+        "settings": [
+            {
+                "name": s.name,
+                "factor": s.factor,
+                "value": s.value,
+                "label_sets": s.label_sets,
+                "shared_classes": s.shared_classes,
+                "sites": s.sites,
+                "test_sets": [asdict(t) for t in s.test_sets],
+            }
+            for s in settings
+        ],
+    }
+    path = out / PLAN_FILE
+    path.write_text(json.dumps(plan_data, indent=2) + "\n")
+    return path
+
+
 def run_settings(
     settings: Sequence[Setting],
     methods: Sequence[str],
@@ -552,31 +590,7 @@ def run_settings(
     os.environ.setdefault(CACHE_ENV, str(options.cache_dir or default_cache_root()))
     options = with_initial_model(settings, methods, profile, options)
     logger.info("initial model of every method: %s", options.initial_model)
-    (out / "plan.json").write_text(
-        json.dumps(
-            {
-                **(description or {}),
-                "profile": asdict(profile),
-                "methods": list(methods),
-                "seeds": list(seeds),
-                "options": asdict(options),
-                "settings": [
-                    {
-                        "name": s.name,
-                        "factor": s.factor,
-                        "value": s.value,
-                        "label_sets": s.label_sets,
-                        "shared_classes": s.shared_classes,
-                        "sites": s.sites,
-                        "test_sets": [asdict(t) for t in s.test_sets],
-                    }
-                    for s in settings
-                ],
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    write_plan(out, settings, methods, seeds, profile, options, description)
     started = time.perf_counter()
     for index, run in enumerate(runs, start=1):
         done = (run.folder(out) / RESULT_FILE).is_file()

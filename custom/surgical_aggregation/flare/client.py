@@ -32,18 +32,20 @@ from nvflare.client.tracking import SummaryWriter
 
 from ..checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_checkpoint
 from ..config import JOB_DEFAULT_ORIGIN, SITE_CONFIGS_DIR, SiteConfig, find_site_config, load_site_config
+from ..core.devices import resolve_device
 from ..core.errors import UserError
 from ..core.head import numpy_state
 from ..core.labels import Vocabulary, read_alias_file, vocabulary_in_use
 from ..core.methods import recipe_from_meta
+from ..parallel import check_gpus
 from ..site_data import SiteData, prepare_site_data, resolve_table, split_table
 from ..trainer import SiteTrainer, Tracker, evaluation_metrics
 from .audit import SiteAudit
+from .handshake import site_handshake
 from .protocol import (
     JOB_ALIASES_FILE,
     META_CLASS_NAMES,
     META_DATA,
-    META_LABEL_COUNTS,
     META_NUM_SAMPLES,
     META_OUTCOME,
     META_PREPROCESSING,
@@ -88,6 +90,7 @@ class ClientSession:
         self.config = config
         self.log = log
         self.tracker = tracker
+        check_gpus(config.gpus, resolve_device(config.device), config.device, f"site {site}")  # at start, not first fit
         self.table = resolve_table(config, log)
         self.audit = SiteAudit(app_dir, config.record_exchanges)
         self.app_dir = app_dir
@@ -167,24 +170,11 @@ class ClientSession:
 
     def describe(self, with_label_counts: bool = False) -> FLModel:
         """Class names and sizes; per-class training counts only when asked (FedSLD shares them by design)."""
-        config = self.config
-        splits = split_table(self.table, config)
-        description = config.modality.describe(config, self.table)
-        preprocessing = config.modality.preprocessing(config)
-        self.log.info("%s: %d classes %s; %s", self.site, len(self.class_names), self.class_names, description)
-        meta = {
-            META_CLASS_NAMES: self.class_names,
-            META_NUM_SAMPLES: len(splits["train"]),
-            META_DATA: description,
-            META_PREPROCESSING: preprocessing,
-        }
+        meta = site_handshake(self.config, self.table, with_label_counts)
+        self.log.info("%s: %d classes %s; %s", self.site, len(self.class_names), self.class_names, meta[META_DATA])
         if with_label_counts:
-            train = splits["train"]
-            meta[META_LABEL_COUNTS] = {
-                name: [int((train.frame[name] == 1).sum()), int(train.frame[name].notna().sum())]
-                for name in self.class_names
-            }
             self.log.info("%s: sharing per-class training counts with the server (FedSLD)", self.site)
+        splits = split_table(self.table, self.config)
         return FLModel(params={}, metrics={"num_train": len(splits["train"]), "num_val": len(splits["val"])}, meta=meta)
 
     def train(self, received: FLModel) -> FLModel:

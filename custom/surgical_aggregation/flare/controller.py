@@ -90,6 +90,7 @@ from .handshake import (
     refuse_other_preprocessing,
 )
 from .protocol import (
+    JOB_FAILED,
     META_CLASS_NAMES,
     META_NUM_SAMPLES,
     META_OUTCOME,
@@ -307,7 +308,7 @@ class SurgicalAggregatorShareable(ModelController):
         try:
             self._run()
         except (FederationCannotProceed, UserError) as reason:  # the job's own end, said once (FLARE adds a traceback)
-            self.error(str(reason))
+            self.error(f"{JOB_FAILED}{reason}")
             self.panic(str(reason))
 
     def _run(self) -> None:

@@ -31,16 +31,16 @@ from typing import Any
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 from nvflare.lighter.spec import Builder, Project, ProvisionContext
 
-from ..config import SITE_LOCAL_CONFIG, site_config_from_dict
+from ..config import DATA_LOCATION_PLACEHOLDER, SITE_LOCAL_CONFIG, site_config_from_dict
 from ..core.errors import DataNotFoundError
 from ..modalities import DATA_KINDS
 from ..profiles import PAPER
+from .job_folder import site_default_config
 from .launcher import with_site_launcher
 from .protocol import CODE_DELIVERIES
 from .recipe import BUNDLE_RECIPES, PRIVACY_SCOPE, write_job
 
 SITE_CONFIG_TEMPLATE = f"{SITE_LOCAL_CONFIG}.template"
-DATA_LOCATION_PLACEHOLDER = "REQUIRED: the dataset folder at this site (the CSV file for kind csv)"
 DATA_KIND_PROPERTY = "data_kind"  # a client's property in project.yml: nih | chexpert | mimic | csv
 # Seconds without a heartbeat (a site sends one every 10 s) after which the server logs a site out; the
 # running job then deems it disconnected after FLARE's grace period (60 s) and the controller stops waiting
@@ -115,16 +115,34 @@ def privacy_policy() -> dict[str, Any]:
     return {"scopes": [scope], "default_scope": PRIVACY_SCOPE}
 
 
-def site_config_template(kind: str | None = None) -> dict[str, Any]:
-    """The site config hospital IT fills in: the papers' recipe, the dataset's kind, a location to set."""
-    values = PAPER.site_config({"kind": kind or "nih", "location": DATA_LOCATION_PLACEHOLDER}, device="auto")
+def site_config_template(
+    kind: str | None = None, job: str | Path | None = None, site: str | None = None
+) -> dict[str, Any]:
+    """The site config hospital IT fills in: the recipe of the job the kit is provisioned for (its default config for
+    ``site``, or its first site's), so that its preprocessing is the federation's; without a job, the papers' recipe.
+    The data is the site's to set: its kind (from ``project.yml``) and a location placeholder that is refused."""
+    if job is None:
+        values = PAPER.site_config({"kind": kind or "nih"}, device="auto")
+    else:
+        values = site_default_config(job, site)
+        values.pop("embedded", None)  # a site's own data replaces the embedded default
+        values.pop("cache_dir", None)
+        kind = kind or values["data"]["kind"]
+    data = {key: value for key, value in values["data"].items() if key not in ("location", "options", "labels")}
+    values["data"] = {**data, "kind": kind or "nih", "location": DATA_LOCATION_PLACEHOLDER, "labels": None}
     return site_config_from_dict(values, where="site config template").to_dict()
 
 
 def write_local_folder(
-    local_dir: str | Path, role: str, code: str = "byoc", data_kind: str | None = None
+    local_dir: str | Path,
+    role: str,
+    code: str = "byoc",
+    data_kind: str | None = None,
+    job: str | Path | None = None,
+    site: str | None = None,
 ) -> list[Path]:
-    """Write this bundle's files into a provisioned participant's ``local/`` (role: server | client).
+    """Write this bundle's files into a provisioned participant's ``local/`` (role: server | client); a site's config
+    template follows ``job``, the job folder the kit is provisioned for (``site``: the participant's name).
 
     Starts from the participant's ``resources.json`` / ``authorization.json`` when present (a POC
     server's ``resources.json`` carries its storage folders), else from FLARE's ``*.default``
@@ -146,7 +164,7 @@ def write_local_folder(
         "privacy.json": privacy_policy(),
     }
     if role == "client":
-        files[SITE_CONFIG_TEMPLATE] = site_config_template(data_kind)
+        files[SITE_CONFIG_TEMPLATE] = site_config_template(data_kind, job, site)
     for name, content in files.items():
         (local / name).write_text(json.dumps(content, indent=2) + "\n")
     return [local / name for name in files]
@@ -183,13 +201,15 @@ class SurgicalAggregationBuilder(Builder):
     server's heartbeat timeout (how soon a site that went down is logged out, see ``SERVER_HEARTBEAT_TIMEOUT``).
 
     Put it after ``StaticFileBuilder`` (it reads the ``*.default`` files that builder writes). A
-    client's ``data_kind`` property in ``project.yml`` fills in its site config template.
+    client's ``data_kind`` property in ``project.yml`` fills in its site config template, whose recipe and
+    preprocessing are those of ``job`` (a job folder, relative to where ``nvflare provision`` runs).
     """
 
-    def __init__(self, code: str = "byoc", heartbeat_timeout: int = SERVER_HEARTBEAT_TIMEOUT):
+    def __init__(self, code: str = "byoc", heartbeat_timeout: int = SERVER_HEARTBEAT_TIMEOUT, job: str | None = None):
         _check_code(code)
         self.code = code
         self.heartbeat_timeout = heartbeat_timeout
+        self.job = job
 
     def build(self, project: Project, ctx: ProvisionContext) -> None:
         server = project.get_server()
@@ -198,4 +218,4 @@ class SurgicalAggregationBuilder(Builder):
             set_heartbeat_timeout(ctx.get_kit_dir(server), self.heartbeat_timeout)
         for client in project.get_clients():
             kind = client.get_prop(DATA_KIND_PROPERTY)
-            write_local_folder(ctx.get_local_dir(client), "client", self.code, kind)
+            write_local_folder(ctx.get_local_dir(client), "client", self.code, kind, self.job, client.name)

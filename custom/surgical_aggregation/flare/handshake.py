@@ -4,7 +4,8 @@ A site reports its class names (in its own spelling and order), the size of its 
 description of its data and its preprocessing (and, for FedSLD, per-class counts). Each reply goes through
 the server's handshake checks (:mod:`surgical_aggregation.core.checks`); a site that fails one is left out
 with one reason, and the job goes on with the others when ``min_clients`` allows. No FLARE here: the
-controller sends the task and hands the replies' meta to :func:`read_site`.
+controller sends the task and hands the replies' meta to :func:`read_site`; a site builds its reply with
+:func:`site_handshake`, and ``check-site`` runs both sides before a federation does.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import SiteConfig
 from ..core.checks import (
     class_count_problem,
     class_name_problem,
@@ -24,9 +26,29 @@ from ..core.checks import (
 )
 from ..core.labels import BUILTIN_FINDINGS, Vocabulary
 from ..core.methods import LabelCounts
+from ..data.table import LabelTable
+from ..site_data import split_table
 from .protocol import META_CLASS_NAMES, META_DATA, META_LABEL_COUNTS, META_NUM_SAMPLES, META_PREPROCESSING
 
 MAX_DATA_DESCRIPTION = 200  # characters of a site's one-line description of its data kept by the server
+
+
+def site_handshake(config: SiteConfig, table: LabelTable, with_label_counts: bool = False) -> dict[str, Any]:
+    """What a site answers at the handshake (the meta of its ``describe`` result): its class names in its own order,
+    its training-set size, one line on its data, its preprocessing; per-class training counts only when asked
+    (FedSLD shares them by design)."""
+    train = split_table(table, config)["train"]
+    meta = {
+        META_CLASS_NAMES: list(table.classes),
+        META_NUM_SAMPLES: len(train),
+        META_DATA: config.modality.describe(config, table),
+        META_PREPROCESSING: config.modality.preprocessing(config),
+    }
+    if with_label_counts:
+        meta[META_LABEL_COUNTS] = {
+            name: [int((train.frame[name] == 1).sum()), int(train.frame[name].notna().sum())] for name in table.classes
+        }
+    return meta
 
 
 class HandshakeRefused(ValueError):

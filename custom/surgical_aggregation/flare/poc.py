@@ -30,11 +30,11 @@ from pathlib import Path
 
 import yaml
 
-from ..core.errors import DataNotFoundError, UserError
+from ..core.errors import UserError
 from ..parallel import process_alive
 from .deploy import SERVER_HEARTBEAT_TIMEOUT, set_heartbeat_timeout, write_local_folder
+from .job_folder import job_sites
 from .protocol import CODE_DELIVERIES
-from .recipe import SERVER_SITE
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +60,6 @@ class PocError(UserError, RuntimeError):
 
 class SubmissionRefused(PocError):
     """The server refused a job (e.g. the submitter lacks the right)."""
-
-
-def job_sites(job_folder: str | Path) -> list[str]:
-    """The client sites of a job folder's deploy map, in order."""
-    meta_path = Path(job_folder) / "meta.json"
-    if not meta_path.is_file():
-        raise DataNotFoundError(f"{meta_path}: not found; is {job_folder} a FLARE job folder?")
-    deploy_map = json.loads(meta_path.read_text()).get("deploy_map", {})
-    sites = [site for targets in deploy_map.values() for site in targets if site != SERVER_SITE]
-    if not sites:
-        raise ValueError(f"{meta_path}: deploy_map names no client site")
-    return list(dict.fromkeys(sites))
 
 
 def free_port() -> int:
@@ -187,8 +175,8 @@ class PocWorkspace:
         # after FLARE's own POC set-up, which rewrites the server's resources.json
         write_local_folder(self.kit(SERVER_NAME) / "local", "server", code)
         set_heartbeat_timeout(self.kit(SERVER_NAME) / "startup", heartbeat_timeout)
-        for site in sites:
-            write_local_folder(self.kit(site) / "local", "client", code)
+        for site in sites:  # each site's config template from the job it will run
+            write_local_folder(self.kit(site) / "local", "client", code, job=job_folder, site=site)
         log.info("POC for %s (%s) prepared in %s", ", ".join(sites), code, self.poc_dir)
         return sites
 

@@ -25,6 +25,10 @@ CODE_DELIVERIES = ("byoc", "preinstalled")
 # shares validation's).
 TIMED_TASKS = ("handshake", "train", "validate")
 BUNDLE_JOBS = ("nih_chexpert", "report_labeling", "cxr_consortium")
+SERVER_SITE = "server"  # the server's name in a job's deploy map
+JOB_FAILED = (
+    "the job cannot go on: "  # the server log's line with the reason a job failed (the simulate command reads it)
+)
 # How a job treats an unfinished federation of its name saved by an earlier job (the controller's ``resume``):
 # continue from its last saved round, from the state saved one round earlier, or start afresh.
 RESUME_LATEST, RESUME_BACKUP, RESUME_NEVER = "latest", "backup", "never"

@@ -29,6 +29,7 @@ keeps them identical).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -71,7 +72,6 @@ SERVER_CUSTOM_MARKER_TEXT = (
     "The folder marks the app as bring-your-own-code for FLARE, as the sites' apps are: its components are\n"
     "authorised by the submitter's byoc right instead of the server's class allow-list.\n"
 )
-SERVER_SITE = "server"
 # The privacy scope the jobs name in meta.json: a site whose local/privacy.json defines scopes runs
 # them only if it defines this one (flare.deploy writes it); a site without privacy.json runs them.
 PRIVACY_SCOPE = "surgical_aggregation"
@@ -156,6 +156,12 @@ class SurgicalAggregationRecipe(Recipe):
             "publish_global_model": publish_global_model,
             "preprocessing": preprocessing,  # the server refuses a site that feeds the model otherwise
         }
+        minimum = self.controller_args["min_clients"]
+        if isinstance(minimum, int) and not isinstance(minimum, bool) and minimum > len(configs):
+            raise SiteConfigError(
+                f"job {name!r}: min_clients {minimum} is more than its {len(configs)} site(s) "
+                f"{sorted(configs)}: no round could ever aggregate; set min_clients to at most {len(configs)}"
+            )
         if self.label_aliases:
             self.controller_args["label_aliases"] = self.label_aliases
         if accepted_classes is not None:
@@ -280,15 +286,64 @@ def _check_delivery(client_execution: str, code: str, ship_library: bool) -> Non
         raise ValueError("ship_library puts the package in custom/, which makes the job byoc")
 
 
-def write_job(recipe: SurgicalAggregationRecipe, folder: str | Path) -> Path:
-    """Export ``recipe`` to exactly ``folder`` (replacing an existing one). Returns the folder."""
+# Written into every job folder: each file write_job wrote and its digest. A folder is replaced only when it holds
+# exactly those files, unchanged (or is empty), so that nothing a user wrote or edited there is lost.
+JOB_MANIFEST = "job_manifest.json"
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {
+        path.relative_to(folder).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != JOB_MANIFEST
+    }
+
+
+def _not_replaceable(folder: Path) -> str | None:
+    """Why ``folder`` may not be replaced by a job folder (None: it is absent, empty, or a job folder write_job wrote
+    and nobody changed)."""
+    if not folder.exists():
+        return None
+    if not folder.is_dir():
+        return "is a file"
+    if not any(folder.iterdir()):
+        return None
+    manifest = folder / JOB_MANIFEST
+    if not manifest.is_file():
+        entries = sorted(path.name for path in folder.iterdir())
+        return f"holds files write-job did not write ({', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''})"
+    try:
+        written = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"has a {JOB_MANIFEST} write-job cannot read"
+    present = _digests(folder)
+    changed = sorted(name for name in present if written.get(name) != present[name])
+    if changed:
+        return f"holds files added or changed since write-job wrote it ({', '.join(changed[:5])})"
+    return None
+
+
+def write_job(recipe: SurgicalAggregationRecipe, folder: str | Path, force: bool = False) -> Path:
+    """Export ``recipe`` to exactly ``folder``: an absent or empty folder, or one that write_job wrote and nobody
+    changed since (its ``job_manifest.json`` says); anything else is refused unless ``force``. Returns the folder."""
     folder = Path(folder)
+    problem = _not_replaceable(folder)
+    if problem and not force:
+        raise SiteConfigError(
+            f"{folder.resolve()} {problem}: write-job replaces only an empty folder or a job folder it wrote; choose "
+            "another --out, or pass --force to replace it and everything in it"
+        )
     with tempfile.TemporaryDirectory(prefix="surgical-aggregation-export-") as root:
         recipe.export(root)
-        if folder.exists():
+        exported = Path(root) / recipe.name
+        manifest = {"written_by": "surgical-aggregation write-job", "job": recipe.name, "files": _digests(exported)}
+        (exported / JOB_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        if folder.is_dir():
             shutil.rmtree(folder)
+        elif folder.exists():
+            folder.unlink()
         folder.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(Path(root) / recipe.name), folder)
+        shutil.move(str(exported), folder)
     return folder
 
 

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,10 @@ from pathlib import Path
 from nvflare.app_common.app_constant import DefaultCheckpointFileName
 from nvflare.recipe import SimEnv
 
+from ..core.errors import UserError
 from ..run_summary import summary_lines
 from .controller import CURVES_FILE, HISTORY_FILE, PERSONAL_MODELS_DIR, result_files
+from .protocol import JOB_FAILED
 from .recipe import SurgicalAggregationRecipe
 from .tracking import MLFLOW_STORE
 
@@ -29,6 +32,7 @@ class FederationResult:
     """The files a finished simulated federation left in its workspace."""
 
     workspace: Path
+    earlier_results: Path | None = None  # where an earlier run's results in the same workspace were moved
 
     @property
     def server_app(self) -> Path:
@@ -125,11 +129,42 @@ def simulate(
     """Run ``recipe`` in FLARE's simulator under ``workspace_root/<job name>``; one thread per site by default
     (each site keeps its process, and its local model, between tasks), the cores shared among them."""
     parallel = threads or len(recipe.sites)
+    earlier = _move_aside(Path(workspace_root) / recipe.name)
     env = SimEnv(clients=recipe.sites, num_threads=parallel, workspace_root=str(workspace_root))
     try:
         with _output_to(log_file), cores_shared_by(parallel):
             run = recipe.run(env)
     except RuntimeError as error:
-        where = f"; see {log_file}" if log_file else ""
-        raise RuntimeError(f"the federation {recipe.name!r} failed in FLARE's simulator: {error}{where}") from None
-    return FederationResult(Path(env.get_job_result(run.get_job_id())))
+        server_log = Path(workspace_root) / recipe.name / "server" / "log.txt"
+        reason = _failure_reason(server_log) or str(error)
+        output = f"; output: {log_file}" if log_file else ""
+        raise FederationFailed(
+            f"the federation {recipe.name!r} failed: {reason} (server log: {server_log}{output})"
+        ) from None
+    return FederationResult(Path(env.get_job_result(run.get_job_id())), earlier)
+
+
+class FederationFailed(UserError, RuntimeError):
+    """A simulated federation that ended without a result; the message names the reason and where the logs are."""
+
+
+def _failure_reason(server_log: Path) -> str | None:
+    """The reason the controller gave for ending the job (its last such line in the server log)."""
+    if not server_log.is_file():
+        return None
+    lines = [line for line in server_log.read_text(errors="replace").splitlines() if JOB_FAILED in line]
+    return lines[-1].split(JOB_FAILED, 1)[1].strip() if lines else None
+
+
+def _move_aside(folder: Path) -> Path | None:
+    """An earlier run's workspace is kept, renamed ``<name>.earlier-<its time>``: FLARE's simulator would write
+    over it."""
+    if not folder.exists():
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(folder.stat().st_mtime))
+    target, copy = folder.with_name(f"{folder.name}.earlier-{stamp}"), 1
+    while target.exists():
+        copy += 1
+        target = folder.with_name(f"{folder.name}.earlier-{stamp}-{copy}")
+    folder.rename(target)
+    return target

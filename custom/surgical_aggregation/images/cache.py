@@ -28,11 +28,11 @@ from ..core.errors import DataNotFoundError, ImageLoadError
 from ..core.progress import PROGRESS_SECONDS
 from ..data.storage import exclusive
 from .decode import read_grayscale
+from .names import ON_ERROR_POLICIES
 
 logger = logging.getLogger(__name__)
 
 OnError = Literal["error", "skip"]
-ON_ERROR_POLICIES: tuple[str, ...] = ("error", "skip")
 INDEX_FILE = "index.json"
 CACHE_FORMAT = 1
 

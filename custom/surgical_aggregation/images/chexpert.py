@@ -57,7 +57,7 @@ def load_chexpert(
 
 
 def _read_one(path: Path, root: Path, uncertainty: UncertaintyPolicy) -> pd.DataFrame:
-    raw = read_label_csv(path, ["Path", VIEW_COLUMN, *CHEXPERT_LABELS])
+    raw = read_label_csv(path, ["Path", VIEW_COLUMN, *CHEXPERT_LABELS], blank_only=True)
     raw = raw[raw[VIEW_COLUMN].str.strip().str.casefold() == "frontal"].reset_index(drop=True)
     patients = raw["Path"].str.extract(r"(patient\d+)", expand=False)
     if patients.isna().any():

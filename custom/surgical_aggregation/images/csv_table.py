@@ -41,7 +41,7 @@ def load_csv_table(
     """
     csv_path = Path(csv_path)
     required = [image_column] + ([patient_column] if patient_column else [])
-    raw = read_label_csv(csv_path, required + list(label_columns or []))
+    raw = read_label_csv(csv_path, required + list(label_columns or []), blank_only=True)
     if label_columns is None:
         label_columns = [column for column in raw.columns if column not in required]
     if not label_columns:

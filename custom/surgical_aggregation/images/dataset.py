@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import pandas as pd
 import torch
 from torch.utils.data import Dataset
 
-from ..data.table import LabelTable, MissingClassPolicy
+from ..core.errors import DataNotFoundError, DatasetFormatError
+from ..data.table import PATH_COLUMN, LabelTable, MissingClassPolicy
 from .cache import CacheReport, ImageCache, OnError, build_cache, cache_directory
 from .transforms import ImageBatchTransform
 
@@ -82,3 +84,25 @@ def cache_table(
     cache, report = build_cache(table.paths, directory, size, on_error, workers, progress)
     readable = np.fromiter((path in cache for path in table.paths), dtype=bool, count=len(table))
     return table.subset(readable), cache, report
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+
+
+def list_images(source: str | Path, image_column: str = PATH_COLUMN) -> list[str]:
+    """Absolute image paths from a folder (recursively, by suffix) or from a CSV's ``image_column`` (relative paths
+    from the CSV's folder)."""
+    source = Path(source).resolve()
+    if source.is_dir():
+        paths = sorted(str(p) for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not paths:
+            raise DataNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {source}")
+        return paths
+    if not source.is_file():
+        raise DataNotFoundError(f"not a folder or CSV file: {source}")
+    frame = pd.read_csv(source, dtype=str)
+    if image_column not in frame:
+        raise DatasetFormatError(f"{source}: no {image_column!r} column; columns are {list(frame.columns)}")
+    if frame.empty:
+        raise DatasetFormatError(f"{source}: no rows")
+    return [str(Path(p) if Path(p).is_absolute() else (source.parent / p).resolve()) for p in frame[image_column]]

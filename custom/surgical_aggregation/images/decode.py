@@ -9,8 +9,12 @@ from PIL import Image, UnidentifiedImageError
 
 from ..core.errors import ImageLoadError
 
-# Decompression-bomb protection stays on, but real radiographs (up to ~4k x 4k) must pass.
-Image.MAX_IMAGE_PIXELS = 64_000_000
+# What an image may be. Real radiographs are up to ~4k x 4k (16 MP); above MAX_IMAGE_PIXELS a file is refused
+# before it is decoded (PIL's own decompression-bomb check is replaced by this one, which names the file); below
+# MIN_IMAGE_SIDE it carries too little to score. Either way the image is unreadable: on_unreadable decides.
+MAX_IMAGE_PIXELS = 64_000_000
+MIN_IMAGE_SIDE = 16
+Image.MAX_IMAGE_PIXELS = None
 
 
 def _to_uint8(image: Image.Image) -> np.ndarray:
@@ -32,6 +36,13 @@ def read_grayscale(path: str | Path, size: int | None = None) -> np.ndarray:
     """
     try:
         with Image.open(path) as image:
+            width, height = image.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise ImageLoadError(
+                    path, f"{width} x {height} pixels, more than the {MAX_IMAGE_PIXELS:,} an image may have"
+                )
+            if min(width, height) < MIN_IMAGE_SIDE:
+                raise ImageLoadError(path, f"{width} x {height} pixels, a side below the minimum of {MIN_IMAGE_SIDE}")
             if size is not None and image.format == "JPEG":
                 image.draft("L", (size, size))  # JPEG decodes at reduced scale: much faster
             image.load()

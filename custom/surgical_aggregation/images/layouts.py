@@ -10,11 +10,12 @@ from ..data.table import LabelTable
 from .chexpert import load_chexpert
 from .csv_table import load_csv_table
 from .mimic import load_mimic
+from .names import CHEXPERT, CSV, LAYOUT_KINDS, MIMIC, NIH
 from .nih import load_nih
 from .public import PUBLIC_LOADERS
 
-LOADERS = {"nih": load_nih, "chexpert": load_chexpert, "mimic": load_mimic, "csv": load_csv_table, **PUBLIC_LOADERS}
-DATASET_KINDS: tuple[str, ...] = tuple(LOADERS)
+LOADERS = {NIH: load_nih, CHEXPERT: load_chexpert, MIMIC: load_mimic, CSV: load_csv_table, **PUBLIC_LOADERS}
+DATASET_KINDS: tuple[str, ...] = LAYOUT_KINDS
 
 
 def load_table(kind: str, location: str | Path, **options: Any) -> LabelTable:

@@ -36,7 +36,7 @@ def load_mimic(root: str | Path, uncertainty: UncertaintyPolicy = "zeros") -> La
     if not root.is_dir():
         raise DataNotFoundError(f"MIMIC-CXR-JPG data folder not found: {root}")
     labels = read_label_csv(
-        find_file(root, [LABEL_FILE], "MIMIC label file"), ["subject_id", "study_id", *MIMIC_LABELS]
+        find_file(root, [LABEL_FILE], "MIMIC label file"), ["subject_id", "study_id", *MIMIC_LABELS], blank_only=True
     )
     metadata_path = find_file(root, [METADATA_FILE], "MIMIC metadata file")
     metadata = read_label_csv(metadata_path, ["dicom_id", "subject_id", "study_id", "ViewPosition"])

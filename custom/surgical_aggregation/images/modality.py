@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import torch
 from torch import nn
 
-from ..core.errors import SiteConfigError
-from ..data.storage import exclusive
-from ..data.table import LabelTable, MaterialisedTable
-from .dataset import ChestXrayDataset, cache_table
+from ..core.errors import ImageLoadError, ModelFileError, SiteConfigError
+from ..data.storage import default_cache_root, exclusive
+from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable, MaterialisedTable
+from .dataset import ChestXrayDataset, cache_table, list_images
+from .decode import read_grayscale
 from .layouts import DATASET_KINDS, load_table
+from .names import ARCHITECTURE
 from .synthetic import GENERATORS, ensure_generated
 from .transforms import image_batch_transform
 
@@ -26,7 +32,8 @@ if TYPE_CHECKING:  # the config sits above the modalities; they only read it
 class ImageModality:
     name: str = "images"
     kinds: tuple[str, ...] = DATASET_KINDS
-    architecture: str = "densenet121"
+    architecture: str = ARCHITECTURE
+    row_column: str = "path"  # what identifies an input in predict's output
     sample_noun: str = "images"
     threshold_metrics: bool = False
 
@@ -97,6 +104,42 @@ class ImageModality:
         from .model import load_pretrained_backbone
 
         load_pretrained_backbone(model, weights_path)
+
+    def unlabelled_table(self, source: Path, column: str | None) -> LabelTable:
+        paths = list_images(source, column or PATH_COLUMN)
+        root = Path(os.path.commonpath(paths)) if paths else Path(".")
+        return LabelTable("scored", root, [], pd.DataFrame({PATH_COLUMN: paths, PATIENT_COLUMN: paths}))
+
+    def scoring_dataset(
+        self, table: LabelTable, preprocessing: Mapping[str, Any], cache_dir: str | None, on_error: str, device: str
+    ) -> tuple[ChestXrayDataset, LabelTable, list[tuple[str, str]]]:
+        size = preprocessing.get("image_size")
+        if size is None:
+            raise ModelFileError("the model file does not say which image size it was trained at: pass --image-size")
+        kept, cache, report = cache_table(
+            table,
+            cache_dir or default_cache_root(),
+            int(size),
+            on_error,
+            workers=4,
+            progress=sys.stderr.isatty(),  # a bar at a terminal, else a log line every PROGRESS_SECONDS
+        )
+        transform = image_batch_transform(
+            int(size),
+            train=False,
+            in_channels=int(preprocessing.get("in_channels", 1)),
+            imagenet_normalize=bool(preprocessing.get("imagenet_normalize", True)),
+        )
+        return ChestXrayDataset(kept, cache, transform), kept, report.failures
+
+    def read_sample(self, table: LabelTable, config: SiteConfig, limit: int) -> list[tuple[str, str]]:
+        failures = []
+        for path in table.paths[:limit]:
+            try:
+                read_grayscale(path, config.image_size)
+            except ImageLoadError as error:
+                failures.append((path, error.reason))
+        return failures
 
     def probe_input(self, preprocessing: Mapping[str, Any]) -> torch.Tensor:
         size = int(preprocessing.get("image_size", 224))

@@ -44,6 +44,7 @@ from ..data.reference import CHEXPERT_LABEL_FILE, NIH_LABEL_FILE, reference_file
 from ..data.table import PATH_COLUMN, PATIENT_COLUMN
 from .chexpert import resolve_chexpert_path
 from .mimic import mimic_image_path
+from .names import CHEXPERT, MIMIC, NIH, PUBLIC_KINDS
 from .public import KEY_COLUMN, PUBLIC_DATASETS, read_public_labels
 
 logger = logging.getLogger(__name__)
@@ -553,10 +554,10 @@ def generate_public(
 
 
 GENERATORS = {
-    "nih": generate_nih,
-    "chexpert": generate_chexpert,
-    "mimic": generate_mimic,
-    **{kind: functools.partial(generate_public, kind) for kind in PUBLIC_DATASETS},
+    NIH: generate_nih,
+    CHEXPERT: generate_chexpert,
+    MIMIC: generate_mimic,
+    **{kind: functools.partial(generate_public, kind) for kind in PUBLIC_KINDS},
 }
 
 

@@ -24,11 +24,9 @@ from ..core.errors import DataNotFoundError, DatasetFormatError, SiteConfigError
 from ..core.labels import canonical_name
 from ..data.reference import reference_file
 from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable
+from .names import IU_REPORTS, REPORT_CSV, REPORT_KINDS
 
 IU_ARCHIVE = "NLMCXR_reports.tgz"
-IU_REPORTS = "iu_reports"  # the Indiana University reports (torchxrayvision's archive by default)
-REPORT_CSV = "report_csv"  # a hospital's own reports: a CSV of texts and 0/1 finding columns
-REPORT_KINDS: tuple[str, ...] = (IU_REPORTS, REPORT_CSV)
 TEXT_SECTIONS = ("FINDINGS", "IMPRESSION")
 
 # MeSH major heading (the part before the first "/"), or "heading/qualifier" where the qualifier
@@ -153,8 +151,40 @@ def load_iu_reports(archive: str | Path | None = None) -> tuple[LabelTable, Repo
     return report_table(frame, IU_REPORTS, path.parent, classes), ReportLoadSummary(str(path), read, read - len(frame))
 
 
+DEFAULT_TEXT_COLUMN = "report"  # a report CSV's text column unless told otherwise
+
+
+def _report_rows(frame: pd.DataFrame, text_column: str) -> pd.DataFrame:
+    """``report_id`` (the CSV's, else the row number) and the text with its whitespace collapsed."""
+    text = frame[text_column].fillna("").astype(str).str.split().str.join(" ")
+    ids = frame["report_id"].astype(str) if "report_id" in frame.columns else pd.Series(range(len(frame))).astype(str)
+    return pd.DataFrame({"report_id": ids, "text": text})
+
+
+def _read_report_frame(path: Path, text_column: str) -> pd.DataFrame:
+    if not path.is_file():
+        raise DataNotFoundError(f"report CSV not found: {path.resolve()}")
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as error:
+        raise DatasetFormatError(f"{path}: cannot read as CSV ({error})") from None
+    if text_column not in frame.columns:
+        raise DatasetFormatError(f"{path}: no text column {text_column!r}; columns are {list(frame.columns)}")
+    if frame.empty:
+        raise DatasetFormatError(f"{path}: no reports (a header only?)")
+    return frame
+
+
+def read_report_texts(path: str | Path, text_column: str = DEFAULT_TEXT_COLUMN) -> LabelTable:
+    """Reports to score (``predict``): every row of a CSV with a text column, no labels; a row without text stays
+    (the scoring says so)."""
+    path = Path(path)
+    rows = _report_rows(_read_report_frame(path, text_column), text_column)
+    return report_table(rows, str(path), path.parent, [])
+
+
 def load_report_csv(
-    path: str | Path, text_column: str = "report", label_columns: Sequence[str] | None = None
+    path: str | Path, text_column: str = DEFAULT_TEXT_COLUMN, label_columns: Sequence[str] | None = None
 ) -> tuple[LabelTable, ReportLoadSummary]:
     """A hospital's reports: one row per report, a text column and 0/1 label columns named by finding.
 
@@ -162,11 +192,7 @@ def load_report_csv(
     names are matched to canonical findings through the alias map; values must be 0 or 1.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DataNotFoundError(f"report CSV not found: {path}")
-    frame = pd.read_csv(path)
-    if text_column not in frame.columns:
-        raise DatasetFormatError(f"{path}: no text column {text_column!r}; columns are {list(frame.columns)}")
+    frame = _read_report_frame(path, text_column)
     columns = (
         list(label_columns)
         if label_columns is not None
@@ -185,10 +211,8 @@ def load_report_csv(
             raise DatasetFormatError(f"{path}: column {column!r} must hold 0 or 1, found {bad}")
     if len(set(names)) != len(names):
         raise DatasetFormatError(f"{path}: label columns {columns} name the same finding twice ({names})")
-    text = frame[text_column].fillna("").astype(str).str.split().str.join(" ")
-    keep = text.str.len() > 0
-    ids = frame["report_id"].astype(str) if "report_id" in frame.columns else pd.Series(range(len(frame))).astype(str)
-    rows = pd.DataFrame({"report_id": ids, "text": text})
+    rows = _report_rows(frame, text_column)
+    keep = rows["text"].str.len() > 0
     for column, name in zip(columns, names, strict=True):
         rows[name] = frame[column].astype(int)
     rows = rows[keep].reset_index(drop=True)

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from ..core.devices import resolve_device
-from ..core.errors import SiteConfigError
-from ..data.table import LabelTable, MaterialisedTable
-from .data import IU_REPORTS, REPORT_KINDS, load_reports
+from ..core.errors import DatasetFormatError, ModelFileError, SiteConfigError
+from ..data.storage import default_cache_root
+from ..data.table import PATH_COLUMN, LabelTable, MaterialisedTable
+from .data import DEFAULT_TEXT_COLUMN, TEXT_COLUMN, load_reports, read_report_texts
 from .embeddings import EMBEDDING_MODELS, MINILM, embedding_dimension
+from .names import ARCHITECTURE, IU_REPORTS, REPORT_KINDS
 
 if TYPE_CHECKING:  # the config sits above the modalities; they only read it
     from ..config import SiteConfig
@@ -24,7 +29,8 @@ if TYPE_CHECKING:  # the config sits above the modalities; they only read it
 class ReportModality:
     name: str = "reports"
     kinds: tuple[str, ...] = REPORT_KINDS
-    architecture: str = "report_mlp"
+    architecture: str = ARCHITECTURE
+    row_column: str = "report_id"  # what identifies an input in predict's output
     sample_noun: str = "reports"
     threshold_metrics: bool = True  # the report-labelling paper reports accuracy, sensitivity, specificity
 
@@ -71,6 +77,31 @@ class ReportModality:
         raise SiteConfigError(
             f"pretrained weights ({weights_path}) are ImageNet DenseNet121 weights; the report MLP has none"
         )
+
+    def unlabelled_table(self, source: Path, column: str | None) -> LabelTable:
+        return read_report_texts(source, column or DEFAULT_TEXT_COLUMN)
+
+    def scoring_dataset(
+        self, table: LabelTable, preprocessing: Mapping[str, Any], cache_dir: str | None, on_error: str, device: str
+    ) -> tuple[Dataset, LabelTable, list[tuple[str, str]]]:
+        from .dataset import ReportDataset, embed_table  # loads the sentence encoder only when needed
+
+        model = preprocessing.get("embedding_model", MINILM)
+        if model not in EMBEDDING_MODELS:
+            raise ModelFileError(f"the model's inputs come from {model!r}, which this bundle does not have")
+        texts = table.frame[TEXT_COLUMN]
+        empty = texts.str.len() == 0
+        left_out = [(row, "no text") for row in table.frame.loc[empty, PATH_COLUMN]]
+        if left_out and on_error == "error":
+            raise DatasetFormatError(f"{len(left_out)} report(s) without text, e.g. {[row for row, _ in left_out[:3]]}")
+        kept = table.subset(~empty.to_numpy())
+        embed_on = "cuda" if resolve_device(device).type == "cuda" else "cpu"
+        vectors, _ = embed_table(kept, cache_dir or default_cache_root(), model, embed_on, sys.stderr.isatty())
+        return ReportDataset(kept, vectors, kept.classes), kept, left_out
+
+    def read_sample(self, table: LabelTable, config: SiteConfig, limit: int) -> list[tuple[str, str]]:
+        texts = table.frame[TEXT_COLUMN].iloc[:limit]
+        return [(row, "no text") for row, text in zip(table.paths[:limit], texts, strict=True) if not text]
 
     def probe_input(self, preprocessing: Mapping[str, Any]) -> torch.Tensor:
         width = int(

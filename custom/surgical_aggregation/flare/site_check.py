@@ -1,0 +1,140 @@
+"""``check-site``: a site config checked against the job it will run, before any federation does.
+
+Both sides of the handshake, without FLARE: the site's config is read as the site would read it (the job's label
+aliases under its own), its data is loaded and split, its reply is built as the site builds it, and the server's
+handshake checks read that reply with the job's settings (vocabulary, accepted classes, limits, the federation's
+preprocessing). Then a sample of every split is read (images decoded at the job's size) and whatever cannot be read
+is listed. Everything the check finds is a line; a problem is a line that names the field or file and the value to
+write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import load_site_config
+from ..core.checks import DEFAULT_MAX_CLASS_NAME_LENGTH, DEFAULT_MAX_CLASSES_PER_SITE
+from ..core.devices import resolve_device
+from ..core.errors import UserError
+from ..core.labels import BUILTIN_VOCABULARY, Vocabulary, vocabulary_in_use
+from ..parallel import check_gpus
+from ..site_data import resolve_table, split_table
+from .handshake import (
+    HandshakeRefused,
+    HandshakeRules,
+    read_site,
+    refuse_look_alikes,
+    refuse_other_preprocessing,
+    site_handshake,
+)
+from .job_folder import controller_settings, job_label_aliases, job_sites
+
+SAMPLE_PER_SPLIT = 20  # inputs of each split that are actually read
+
+
+@dataclass
+class SiteCheck:
+    """What ``check-site`` found: every line it says, and the problems among them."""
+
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def problem(self, text: str) -> None:
+        self.problems.append(text)
+        self.lines.append(f"PROBLEM: {text}")
+
+
+def check_site(
+    job: str | Path, config_path: str | Path, site: str | None = None, sample: int = SAMPLE_PER_SPLIT
+) -> SiteCheck:
+    """Check the site config at ``config_path`` against the job folder ``job`` (``site``: the site's name in it)."""
+    job, config_path = Path(job), Path(config_path)
+    result = SiteCheck()
+    settings = controller_settings(job)
+    sites = job_sites(job)
+    name = site or (sites[0] if len(sites) == 1 else "this site")
+    aliases = job_label_aliases(job)
+    job_vocabulary = Vocabulary([(aliases, f"{job.resolve()}'s label aliases")] if aliases else [])
+    quiet = logging.getLogger("surgical_aggregation.check_site")
+    try:
+        with vocabulary_in_use(job_vocabulary):  # a site reads its config under the job's aliases
+            config = load_site_config(config_path)
+        check_gpus(config.gpus, resolve_device(config.device), config.device, str(config_path.resolve()))
+        result.lines.append(f"site config {config_path.resolve()}: every field is valid")
+        with vocabulary_in_use(config.vocabulary(job_vocabulary.aliases)):
+            table = resolve_table(config, quiet)
+            splits = split_table(table, config)
+            meta = site_handshake(config, table, bool(settings.get("label_prior")))
+    except UserError as error:
+        result.problem(str(error))
+        return result
+    counts = ", ".join(f"{split} {len(part)}" for split, part in splits.items())
+    result.lines.append(f"data: {config.modality.describe(config, table)}; patient-level splits: {counts}")
+    _check_handshake(result, name, meta, settings)
+    _check_sample(result, config, splits, sample)
+    verdict = "passes" if result.passed else "would be refused at"
+    result.lines.append(f"{name} {verdict} the handshake of job {job.name!r} ({job.resolve()})")
+    return result
+
+
+def _check_handshake(result: SiteCheck, site: str, meta: dict, settings: dict) -> None:
+    """The server's handshake checks on the site's reply, with the job's settings."""
+    vocabulary = Vocabulary(
+        [(settings.get("label_aliases") or {}, "the job's label_aliases")],
+        settings.get("accepted_classes"),
+        "the job's accepted_classes",
+    )
+    rules = HandshakeRules(
+        vocabulary,
+        settings.get("max_classes_per_site", DEFAULT_MAX_CLASSES_PER_SITE),
+        settings.get("max_class_name_length", DEFAULT_MAX_CLASS_NAME_LENGTH),
+        bool(settings.get("label_prior")),
+    )
+    try:
+        info = read_site(site, meta, rules)
+    except HandshakeRefused as refusal:
+        result.problem(f"the server would refuse the site: {refusal}")
+        return
+    classes = [
+        f"{name} (from {spelling!r})" if name != spelling else name
+        for name, spelling in zip(info.classes, info.reported, strict=True)
+    ]
+    result.lines.append(f"labels, as the server reads them: {len(classes)} classes: {', '.join(classes)}")
+    new = [name for name in info.classes if not BUILTIN_VOCABULARY.knows(name)]
+    if new:
+        result.lines.append(f"new to the built-in vocabulary (each joins as a class of its own): {', '.join(new)}")
+    preprocessing = settings.get("preprocessing") or {}
+    if preprocessing:
+        for problem in refuse_other_preprocessing({site: info}, preprocessing).values():
+            result.problem(f"the server would refuse the site: {problem}")
+        if not result.problems:
+            shown = ", ".join(f"{key} {json.dumps(value)}" for key, value in preprocessing.items())
+            result.lines.append(f"preprocessing: {shown}, the federation's")
+    for problem in refuse_look_alikes({site: info}, []).values():
+        result.problem(f"the server would refuse the site: {problem}")
+
+
+def _check_sample(result: SiteCheck, config, splits: dict, sample: int) -> None:
+    """Read the first ``sample`` inputs of every split as training will (images decoded at the job's size)."""
+    read, failures = [], []
+    for split, table in splits.items():
+        found = config.modality.read_sample(table, config, sample)
+        read.append(f"{split} {min(sample, len(table)) - len(found)} of {min(sample, len(table))}")
+        failures += found
+    result.lines.append(f"a sample read as training reads it: {', '.join(read)}")
+    stops = config.on_unreadable == "error"  # else they are left out, and the site says so
+    for row, reason in failures[:10]:
+        text = f"unreadable: {row}: {reason}"
+        if stops:
+            result.problem(f'{text} (on_unreadable: error stops the site; fix the file, or set "skip")')
+        else:
+            result.lines.append(f"{text} (left out: on_unreadable is skip)")
+    if len(failures) > 10:
+        result.lines.append(f"... and {len(failures) - 10} more unreadable inputs in the sample")

@@ -1,0 +1,284 @@
+"""Nothing lost, nothing refused by surprise: every bad input of a new user or hospital IT, as the command line meets
+it (input -> exit code and message), and what is kept."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from surgical_aggregation.cli import main
+from surgical_aggregation.core.errors import SiteConfigError
+from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe
+from surgical_aggregation.flare.simulation import _move_aside
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+MAIN_JOB = REPOSITORY / "jobs" / "nih_chexpert"
+TEMPLATE = REPOSITORY / "provisioning" / "site_config.template.json"
+
+
+@dataclass
+class Case:
+    """A command run on what ``setup`` wrote in a fresh folder; its exit code, a part of its output, and what must
+    hold afterwards."""
+
+    setup: Callable[[Path], list[str]]
+    code: int
+    message: str
+    after: Callable[[Path], None] | None = None
+
+
+def _csv_site(root: Path, rows: str, header: str = "path,patient_id,Mass") -> Path:
+    images = root / "img"
+    images.mkdir(parents=True, exist_ok=True)
+    for index in range(4):
+        Image.fromarray(np.full((32, 32), 40 * index, dtype=np.uint8)).save(images / f"{index}.png")
+    csv = root / "labels.csv"
+    csv.write_text(f"{header}\n{rows}")
+    return csv
+
+
+def _prepare(csv: Path, root: Path, *extra: str) -> list[str]:
+    return ["prepare", "--kind", "csv", "--data", str(csv), "--size", "32", "--cache-dir", str(root / "cache"), *extra]
+
+
+def _image(root: Path, width: int, height: int, name: str = "0.png") -> Path:
+    """A CSV site of one image of this size (a black PNG: large ones compress to little)."""
+    csv = _csv_site(root, f"img/{name},p0,1\n")
+    Image.new("L", (width, height)).save(root / "img" / name)
+    return csv
+
+
+def _site_config(root: Path, **fields) -> Path:
+    """The kit's template for the main job, filled in as the hospital IT guide says (with ``fields`` changed)."""
+    config = json.loads(TEMPLATE.read_text())
+    data = root / "nih"
+    if not data.exists():
+        from surgical_aggregation.images.synthetic import generate_nih
+
+        generate_nih(data, n_patients=30, image_size=32, label_source="builtin")
+    config["data"]["location"] = str(data)
+    config["cache_dir"] = str(root / "cache")
+    for name, value in fields.items():
+        target = config["data"] if name in config["data"] else config
+        target[name] = value
+    path = root / "local" / "surgical_aggregation.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _check_site(root: Path, **fields) -> list[str]:
+    return ["check-site", "--job", str(MAIN_JOB), "--config", str(_site_config(root, **fields)), "--site", "site-nih"]
+
+
+def _user_folder(root: Path) -> list[str]:
+    (root / "important").mkdir()
+    (root / "important" / "thesis.txt").write_text("precious")
+    return ["write-job", "--out", str(root / "important")]
+
+
+def _edited_job(root: Path) -> list[str]:
+    assert main(["write-job", "--out", str(root / "job")]) == 0
+    edited = root / "job" / "app_site-nih" / "config" / "site_configs" / "site-nih.json"
+    edited.write_text(edited.read_text().replace('"batch_size": 32', '"batch_size": 16'))
+    return ["write-job", "--out", str(root / "job")]
+
+
+def _yaml_aliases(root: Path) -> list[str]:
+    (root / "aliases.yaml").write_text("TB: Tuberculosis\nTB: Mass\n")
+    return ["write-job", "--out", str(root / "job"), "--label-aliases", str(root / "aliases.yaml")]
+
+
+def _relative_location(root: Path) -> list[str]:
+    config = json.loads(TEMPLATE.read_text())
+    config["data"]["location"] = "data/NIH"  # relative: from the config file's folder, local/
+    path = root / "local" / "surgical_aggregation.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(config))
+    return ["check-site", "--job", str(MAIN_JOB), "--config", str(path), "--site", "site-nih"]
+
+
+def _dicom_named_png(root: Path) -> list[str]:
+    from surgical_aggregation.checkpoint import save_checkpoint
+    from surgical_aggregation.images.model import NamedDenseNet121
+
+    images = root / "img"
+    images.mkdir()
+    Image.fromarray(np.zeros((32, 32), dtype=np.uint8)).save(images / "fine.png")
+    (images / "scan.png").write_bytes(b"\x00" * 128 + b"DICM" + b"\x00" * 64)  # a DICOM file's preamble
+    model = NamedDenseNet121(["Mass"])
+    preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
+    save_checkpoint(root / "model.pt", model.state_dict(), model.class_names, preprocessing=preprocessing)
+    cache = ["--cache-dir", str(root / "cache")]
+    return ["predict", "--model", str(root / "model.pt"), "--input", str(images), "--out", str(root / "s.csv"), *cache]
+
+
+def _scores_list_every_input(root: Path) -> None:
+    import pandas as pd
+
+    scores = pd.read_csv(root / "s.csv").set_index("path")
+    assert scores.loc[str(root / "img" / "fine.png"), "status"] == "ok"
+    assert scores.loc[str(root / "img" / "scan.png"), "status"].startswith("cannot decode image")
+
+
+def _predict_into_a_folder(root: Path) -> list[str]:
+    (root / "out").mkdir()
+    return ["predict", "--model", str(root / "m.pt"), "--input", str(root), "--out", str(root / "out")]
+
+
+CASES = {
+    "write-job into a folder holding a user's file": Case(
+        _user_folder,
+        2,
+        "holds files write-job did not write (thesis.txt): write-job replaces only an empty folder or a job folder it "
+        "wrote; choose another --out, or pass --force",
+        lambda root: (root / "important" / "thesis.txt").read_text() == "precious" or pytest.fail("lost"),
+    ),
+    "write-job over a job folder someone edited": Case(
+        _edited_job, 2, "holds files added or changed since write-job wrote it (app_site-nih/config/site_configs/"
+    ),
+    "a header-only CSV": Case(
+        lambda root: _prepare(_csv_site(root, ""), root), 2, "no images in this csv data (an empty label file?)"
+    ),
+    "NA as a label value": Case(
+        lambda root: _prepare(_csv_site(root, "img/0.png,p0,NA\n"), root),
+        2,
+        "column 'Mass': value 'NA' in data row 1; expected 1, 0, -1 or blank",
+    ),
+    "an image of 81 megapixels": Case(
+        lambda root: _prepare(_image(root, 9000, 9000), root, "--on-error", "error"),
+        2,
+        "9000 x 9000 pixels, more than the 64,000,000 an image may have",
+    ),
+    "an image of 81 megapixels, left out": Case(
+        lambda root: _prepare(_image(root, 9000, 9000), root, "--on-error", "skip"),
+        2,  # the only image is left out: nothing to prepare
+        "9000 x 9000 pixels, more than the 64,000,000 an image may have",
+    ),
+    "a 1 x 1 image": Case(
+        lambda root: _prepare(_image(root, 1, 1), root, "--on-error", "error"),
+        2,
+        "1 x 1 pixels, a side below the minimum of 16",
+    ),
+    "a DICOM file named .png": Case(_dicom_named_png, 0, "not scored", _scores_list_every_input),
+    "predict --out a folder": Case(_predict_into_a_folder, 2, "is a folder; give the file to write"),
+    "a repeated key in a YAML alias file": Case(
+        _yaml_aliases, 2, "entry 'TB' appears twice, mapped to 'Tuberculosis' and 'Mass'"
+    ),
+    "gpus: 2 on a machine without a GPU": Case(
+        lambda root: _check_site(root, gpus=2),
+        2,
+        'gpus: 2, but this machine has no GPU (device \'auto\' found none): set "gpus": 1, or "device": "cpu"',
+    ),
+    "generate --patients 0": Case(
+        lambda root: ["generate", "--out", str(root), "--patients", "0"], 2, "must be at least 1"
+    ),
+    "a relative data.location": Case(
+        _relative_location,
+        2,
+        "local/data/NIH",  # tried from the config file's folder, shown absolute
+    ),
+    "the template's placeholder left in": Case(
+        lambda root: ["check-site", "--job", str(MAIN_JOB), "--config", str(TEMPLATE), "--site", "site-nih"],
+        2,
+        "data.location still holds the template's placeholder",
+    ),
+    "a site config at another image size than the job's": Case(
+        lambda root: _check_site(root, image_size=224),
+        2,
+        "image_size 224 (the federation's: 64); one preprocessing per federation, so the model can be used on every "
+        'site\'s data: set "image_size": 64 in its site config',
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_bad_input_gets_one_clear_line(case, tmp_path, capsys):
+    expected = CASES[case]
+    arguments = expected.setup(tmp_path)
+    try:
+        code = main(arguments)
+    except SystemExit as exit:  # argparse's own refusals
+        code = exit.code
+    output = capsys.readouterr()
+    text = output.out + output.err
+    assert code == expected.code, text
+    assert expected.message in text, text
+    assert "Traceback" not in text
+    if expected.after is not None:
+        expected.after(tmp_path)
+
+
+def test_write_job_replaces_its_own_unchanged_folder_and_force_replaces_anything(tmp_path):
+    assert main(["write-job", "--out", str(tmp_path / "job")]) == 0
+    assert main(["write-job", "--out", str(tmp_path / "job")]) == 0  # its own, unchanged: replaced
+    (tmp_path / "job" / "notes.txt").write_text("mine")
+    assert main(["write-job", "--out", str(tmp_path / "job")]) == 2
+    assert main(["write-job", "--out", str(tmp_path / "job"), "--force"]) == 0  # asked for
+    assert not (tmp_path / "job" / "notes.txt").exists()
+
+
+def test_a_job_with_min_clients_above_its_sites_is_refused_when_written():
+    with pytest.raises(SiteConfigError, match=r"min_clients 3 is more than its 2 site\(s\)"):
+        nih_chexpert_recipe(controller={"min_clients": 3})
+    bundle = nih_chexpert_recipe()
+    SurgicalAggregationRecipe("two", bundle.site_configs, controller={"min_clients": 2})  # as many as sites: fine
+
+
+def test_a_workspace_of_an_earlier_run_is_kept(tmp_path):
+    earlier = tmp_path / "nih_chexpert"
+    (earlier / "server").mkdir(parents=True)
+    (earlier / "server" / "log.txt").write_text("the earlier run")
+    moved = _move_aside(earlier)
+    assert moved.name.startswith("nih_chexpert.earlier-") and (moved / "server" / "log.txt").read_text() == (
+        "the earlier run"
+    )
+    assert not earlier.exists() and _move_aside(earlier) is None
+
+
+def test_check_site_passes_the_filled_in_template_and_lists_what_it_read(tmp_path, capsys):
+    assert main(_check_site(tmp_path)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"site config {tmp_path / 'local' / 'surgical_aggregation.json'}: every field is valid"
+    assert lines[1].startswith("data: nih layout, local data, ") and "patient-level splits: train " in lines[1]
+    assert lines[2].startswith("labels, as the server reads them: 14 classes: Atelectasis, ")
+    assert lines[3] == "preprocessing: image_size 64, in_channels 1, imagenet_normalize true, the federation's"
+    assert lines[-1] == f"site-nih passes the handshake of job 'nih_chexpert' ({MAIN_JOB})"
+
+
+def test_check_site_names_a_new_class_and_unreadable_images(tmp_path, capsys):
+    csv = _csv_site(tmp_path, "img/0.png,p0,1\nimg/1.png,p1,0\nimg/2.png,p2,1\nimg/3.png,p3,0\n", "path,patient_id,TB")
+    (tmp_path / "img" / "3.png").write_bytes(b"broken")
+    config = json.loads(TEMPLATE.read_text())
+    config["data"] = {**config["data"], "kind": "csv", "location": str(csv), "split_fractions": [0.5, 0.25, 0.25]}
+    config["on_unreadable"] = "error"
+    path = tmp_path / "site.json"
+    path.write_text(json.dumps(config))
+    assert main(["check-site", "--job", str(MAIN_JOB), "--config", str(path), "--site", "site-x"]) == 2
+    output = capsys.readouterr().out
+    assert "new to the built-in vocabulary (each joins as a class of its own): Tb" in output
+    assert f"PROBLEM: unreadable: {tmp_path / 'img' / '3.png'}: cannot decode image" in output
+    assert "site-x would be refused at the handshake of job 'nih_chexpert'" in output
+
+
+def test_evaluate_help_says_95_percent_once(capsys):
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help"])
+    assert "95% CI" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_a_dry_run_writes_its_plan(tmp_path):
+    out = tmp_path / "plan"
+    assert main(["experiment", "--grid", "small", "--out", str(out), "--dry-run"]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["grid"] == "small" and [s["name"] for s in plan["settings"]] == [
+        "nih-K4-psi0of14-N1",
+        "nih-K4-psi12of14-N1",
+    ]
+    assert (out / "site_label_counts.csv").is_file()
