@@ -222,6 +222,19 @@ def test_kits_pass_preflight_except_reaching_a_server_that_is_not_running(byoc_k
         assert _preflight(byoc_kits / participant) == ["Check server available"], participant
 
 
+def test_kits_carry_certificates_valid_for_360_days(byoc_kits):
+    """provisioning/README.md's "Certificates expire" (FLARE 2.9's default lifetime)."""
+    import datetime
+
+    from cryptography import x509
+
+    for path in (byoc_kits / "site-nih" / "startup" / "client.crt", byoc_kits / "site-nih" / "startup" / "rootCA.pem"):
+        certificate = x509.load_pem_x509_certificate(path.read_bytes())
+        lifetime = certificate.not_valid_after_utc - certificate.not_valid_before_utc
+        # a participant's certificate ends with the root's, issued a moment after it
+        assert abs(lifetime - datetime.timedelta(days=360)) < datetime.timedelta(minutes=1), (path, lifetime)
+
+
 def test_committed_site_config_template_is_the_generators():
     committed = _json(REPOSITORY / "provisioning" / "site_config.template.json")
     assert committed == site_config_template(job=MAIN_JOB)

@@ -42,7 +42,7 @@ from surgical_aggregation.flare.recipe import (
     nih_chexpert_recipe,
     write_job,
 )
-from surgical_aggregation.flare.simulation import simulate
+from surgical_aggregation.flare.simulation import FederationFailed, simulate
 from surgical_aggregation.images.modality import IMAGES
 from surgical_aggregation.images.synthetic import STYLES, generate_nih, render_image
 from surgical_aggregation.inference import score
@@ -451,7 +451,9 @@ def test_site_to_site_evaluation_results_are_in_the_results_file_one_exchange_fi
         assert all((_app(workspace, site) / name).is_file() for name in files)
 
 
-def test_a_job_whose_global_model_cannot_be_used_ends_with_a_non_zero_exit_code(tmp_path):
+def test_a_job_whose_global_model_cannot_be_used_fails_in_one_line(tmp_path):
+    """Started from a model with a NaN: the job fails before any site trains, with one line naming the reason (the
+    simulate command prints it as "error: ..." and exits 2), never exit code 0."""
     preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
     classes = list(NIH_LABELS)
     state = IMAGES.build_model(classes, preprocessing).state_dict()
@@ -460,11 +462,14 @@ def test_a_job_whose_global_model_cannot_be_used_ends_with_a_non_zero_exit_code(
         tmp_path / "earlier.pt", state, classes, architecture="densenet121", preprocessing=preprocessing
     )
     recipe = tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=1, initial_model=str(initial))
-    code, output = _run_simulator(write_job(recipe, tmp_path / "job"), tmp_path / "ws", tmp_path / "cache", "-t", "2")
-    assert code == 2, output[-3000:]
-    assert (
-        "the global model this job starts from (before training) cannot be used: 'features.conv0.weight' has 1 "
-        "non-finite value(s) (NaN/Inf)" in output
+    with pytest.raises(FederationFailed) as failed:
+        simulate(recipe, tmp_path / "ws", log_file=tmp_path / "simulator.log")
+    message = str(failed.value)
+    assert message.startswith(
+        "the federation 'nih_chexpert' failed: the global model this job starts from (before training) cannot be "
+        "used: 'features.conv0.weight' has 1 non-finite value(s) (NaN/Inf) (server log: "
     )
-    assert not (tmp_path / "ws" / "server" / "simulate_job" / "app_server" / "best_FL_global_model.pt").exists()
-    assert "Round 0 started" not in output  # no site was sent the model
+    assert "\n" not in message
+    server = tmp_path / "ws" / "nih_chexpert" / "server"
+    assert not (server / "simulate_job" / "app_server" / "best_FL_global_model.pt").exists()
+    assert "Round 0 started" not in (server / "log.txt").read_text()  # no site was sent the model

@@ -445,7 +445,8 @@ def cxr_consortium_recipe(
 ) -> SurgicalAggregationRecipe:
     """``jobs/cxr_consortium``: seven sites, one per dataset (NIH, CheXpert, PadChest, VinDr-CXR, Google's NIH
     labels, RSNA, SIIM), each with its own label scheme; the union head covers every finding any site labels
-    (over 200). Demo profile, 3 rounds, embedded data unless a site config names real data."""
+    (199 classes, tests/test_flare_e2e.py). Demo profile, 3 rounds, embedded data unless a site config names real
+    data."""
     defaults = {
         site: DEMO.site_config({"kind": kind}, embedded={"patients": CONSORTIUM_PATIENTS.get(kind, 100)})
         for site, kind in CONSORTIUM_SITES.items()
