@@ -325,6 +325,7 @@ def _add_poc(commands: argparse._SubParsersAction) -> None:
 
 def _add_experiment(commands: argparse._SubParsersAction) -> None:
     from .core.methods import COMPARATORS
+    from .core.strategies import STRATEGIES
     from .experiments.grids import GRIDS
     from .profiles import PROFILES
 
@@ -354,7 +355,7 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--embedded-patients", type=_positive, default=400, help="patients per embedded dataset")
     parser.add_argument(
         "--backbone",
-        choices=("fedavg", "fedbn_plus"),
+        choices=[name for name, each in STRATEGIES.items() if not each.personal_methods_only],
         default="fedbn_plus",
         help="backbone strategy of every federated method that does not fix its own (default fedbn_plus, the papers')",
     )

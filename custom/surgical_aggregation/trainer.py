@@ -19,7 +19,7 @@ import torch
 from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, save_checkpoint
 from .config import SiteConfig
 from .core.devices import autocast_dtype, resolve_device, resolve_workers
-from .core.head import NAMED_HEAD, batchnorm_keys, place_rows
+from .core.head import NAMED_HEAD, place_rows
 from .core.labels import active_vocabulary, canonical_name
 from .core.methods import SiteRecipe, check_batchnorm, prior_vector
 from .loops import (
@@ -176,8 +176,7 @@ class SiteTrainer:
         keep: set[str] = set()
         if self.recipe.keeps_head:
             keep.update(NAMED_HEAD.keys)
-        if self.recipe.keeps_batchnorm:
-            keep.update(batchnorm_keys(self.model.state_dict()))
+        keep.update(self.recipe.strategy.kept_at_site(self.model.state_dict()))
         return frozenset(keep)
 
     def load_global(self, state: Mapping[str, Any], class_names: Sequence[str]) -> None:

@@ -3,10 +3,9 @@
 A model is a backbone plus a classification head whose rows belong to named classes. Each
 client holds its own class list, in its own order. Per round the server:
 
-* averages the backbone over the clients (``fedavg``: every entry, BatchNorm running
-  statistics included; ``fedbn_plus``: BatchNorm parameters and buffers are left out and keep
-  their global values, the sites keeping them frozen; ``fedbn``: left out too, each site keeping
-  and training its own, as in personalised FL);
+* averages the backbone over the clients, the entries its backbone strategy shares
+  (:mod:`surgical_aggregation.core.strategies`: ``fedavg`` every entry, BatchNorm running statistics
+  included; ``fedbn_plus`` and ``fedbn`` leave BatchNorm out, which keeps its global values);
 * averages each head row (weight row + bias) over the clients that hold that class, matched by
   name; a class held by one client takes that client's row; a class nobody sent keeps its
   previous row; a class never seen before is appended to the union head.
@@ -27,11 +26,10 @@ from typing import Any, Literal
 import numpy as np
 
 from .checks import CheckedResult, ModelLayout, ResultRejected, check_result
-from .head import NAMED_HEAD, HeadSpec, StateDict, batchnorm_keys, cast_like, to_numpy
+from .head import NAMED_HEAD, HeadSpec, StateDict, cast_like, to_numpy
+from .strategies import strategy
 
-BackboneStrategy = Literal["fedavg", "fedbn", "fedbn_plus"]
 Weighting = Literal["uniform", "samples"]
-BACKBONE_STRATEGIES: tuple[str, ...] = ("fedavg", "fedbn", "fedbn_plus")
 WEIGHTINGS: tuple[str, ...] = ("uniform", "samples")
 ContributionRejected = ResultRejected  # a client's update that cannot be aggregated; ``reason`` says why
 
@@ -127,13 +125,12 @@ class SurgicalAggregator:
         self,
         global_state: StateDict,
         global_classes: Sequence[str],
-        backbone_strategy: BackboneStrategy = "fedavg",
+        backbone_strategy: str = "fedavg",
         weighting: Weighting = "uniform",
         head: HeadSpec = NAMED_HEAD,
         normalize_name: Callable[[str], str] | None = None,
     ) -> None:
         _check_choice(weighting, WEIGHTINGS, "weighting")
-        _check_choice(backbone_strategy, BACKBONE_STRATEGIES, "backbone strategy")
         for key in head.keys:
             if key not in global_state:
                 raise KeyError(f"global model has no head key {key!r}")
@@ -156,9 +153,7 @@ class SurgicalAggregator:
             )
         self._feature_dim = head_weight.shape[1]
 
-        excluded = batchnorm_keys(global_state) if backbone_strategy in ("fedbn", "fedbn_plus") else set()
-        averaged = [key for key in global_state if key not in head.keys and key not in excluded]
-        self._backbone = _BackboneMean(global_state, averaged)
+        self._backbone = _BackboneMean(global_state, strategy(backbone_strategy).shared_keys(global_state, head.keys))
         self._rows = WeightedMean()
         self._contributors: dict[str, list[str]] = {}
         self._first_holder: dict[str, tuple[str, int]] = {}  # new class -> (client, position)

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .strategies.base import batchnorm_keys  # noqa: F401  (re-exported: named head and BatchNorm keys together)
+
 StateDict = Mapping[str, Any]  # values: torch.Tensor or numpy.ndarray
 NameNormalizer = Callable[[str], str]
 
@@ -63,21 +65,6 @@ def cast_like(template: Any, array: np.ndarray) -> Any:
     if isinstance(template, torch.Tensor):
         return torch.from_numpy(np.array(array, order="C")).to(template.device)  # keeps 0-d shapes
     return array
-
-
-def batchnorm_keys(state: StateDict) -> set[str]:
-    """Keys of BatchNorm parameters and buffers, recognised by their ``running_mean`` sibling.
-
-    Works on any state dict (DenseNet, MLP, ...) without knowing layer names.
-    """
-    keys: set[str] = set()
-    for key in state:
-        if key.endswith(".running_mean"):
-            prefix = key[: -len("running_mean")]
-            for suffix in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"):
-                if prefix + suffix in state:
-                    keys.add(prefix + suffix)
-    return keys
 
 
 def backbone_digest(state: StateDict, head: HeadSpec = NAMED_HEAD) -> str:

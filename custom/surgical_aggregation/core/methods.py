@@ -30,12 +30,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import UserError
+from .strategies import BackboneStrategy, strategy
 
 if TYPE_CHECKING:  # torch is imported where it computes: the command line reads this module's names without it
     import torch
 
 METHODS: tuple[str, ...] = ("surgical", "vanilla", "partial_loss", "personal")
 UNION_HEAD_METHODS = ("vanilla", "partial_loss")
+PERSONAL_METHODS = ("personal",)  # each site keeps its head (and what its backbone strategy keeps)
 
 
 @dataclass(frozen=True)
@@ -64,15 +66,16 @@ class SiteRecipe:
 
     @property
     def keeps_head(self) -> bool:
-        return self.method == "personal"
+        return self.method in PERSONAL_METHODS
 
     @property
-    def keeps_batchnorm(self) -> bool:
-        return self.backbone_strategy == "fedbn"
+    def strategy(self) -> BackboneStrategy:
+        """The backbone strategy's object: what the site freezes and keeps."""
+        return strategy(self.backbone_strategy)
 
     @property
     def freezes_batchnorm(self) -> bool:
-        return self.backbone_strategy == "fedbn_plus"
+        return self.strategy.freezes_batchnorm
 
 
 class IdentityBatchNormError(UserError, ValueError):
@@ -109,11 +112,7 @@ def check_batchnorm(recipe: SiteRecipe, state: Mapping[str, Any], where: str) ->
 def check_method(method: str, backbone_strategy: str) -> None:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if backbone_strategy == "fedbn" and method != "personal":
-        raise ValueError(
-            "backbone_strategy 'fedbn' keeps each site's BatchNorm at the site, so the global model would carry "
-            "untrained BatchNorm statistics; use it with method 'personal' (PFL), or use 'fedbn_plus'"
-        )
+    strategy(backbone_strategy).check_method(method, PERSONAL_METHODS)
 
 
 def head_classes_for_site(method: str, site_classes: Sequence[str], union: Sequence[str]) -> list[str]:

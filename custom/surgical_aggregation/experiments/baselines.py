@@ -44,7 +44,7 @@ class BaselineResult:
     history: list[dict[str, float]] = field(default_factory=list)
     seconds: float = 0.0
     initial_backbone: str = ""  # backbone_digest of the model as training started
-    frozen_batchnorm: bool = False  # whether training kept BatchNorm frozen
+    batchnorm: str = ""  # what training did with BatchNorm (its backbone strategy's record)
 
 
 def pooled_site_data(configs: Mapping[str, SiteConfig], log: logging.Logger = logger) -> SiteData:
@@ -158,5 +158,5 @@ def train_pooled(
         history,
         time.perf_counter() - started,
         initial_backbone,
-        trainer.recipe.freezes_batchnorm,
+        trainer.recipe.strategy.batchnorm,
     )

@@ -43,6 +43,7 @@ from ..config import SiteConfig, site_config_from_dict
 from ..core.errors import SiteConfigError
 from ..core.head import backbone_digest
 from ..core.methods import COMPARATORS, POOLED_COMPARATORS, SiteRecipe, controller_arguments
+from ..core.strategies import strategy
 from ..data.storage import CACHE_ENV, default_cache_root
 from ..inference import evaluate_models, evaluate_with_thresholds
 from ..profiles import Profile
@@ -177,12 +178,12 @@ def _method_fields(run: Run, options: RunOptions) -> dict[str, Any]:
 def _freezes_batchnorm(methods: Sequence[str], options: RunOptions) -> bool:
     """Whether a method of the grid trains with BatchNorm frozen (FedBN+), pooled baselines following the grid."""
     for method in methods:
-        strategy = (
+        name = (
             options.backbone_strategy
             if method in POOLED_COMPARATORS
             else controller_arguments(method, options.backbone_strategy, options.weighting)["backbone_strategy"]
         )
-        if strategy == "fedbn_plus":
+        if strategy(name).freezes_batchnorm:
             return True
     return False
 
@@ -244,11 +245,6 @@ def training_record(
     }
 
 
-BATCHNORM_HANDLING = {
-    "fedavg": "trained",
-    "fedbn_plus": "frozen at the initial model's statistics",
-    "fedbn": "trained, kept at each site",
-}
 # the site-config fields every method of a setting trains with (the record's shared part)
 TRAINED_FIELDS = (
     "image_size",
@@ -354,7 +350,7 @@ def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions
             len(sites),
             profile,
             options,
-            BATCHNORM_HANDLING[controller["backbone_strategy"]],
+            strategy(controller["backbone_strategy"]).batchnorm,
             _federation_start(recipe),
             method,
         ),
@@ -423,7 +419,7 @@ def _run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -
             1,
             profile,
             options,
-            BATCHNORM_HANDLING["fedbn_plus" if results[0].frozen_batchnorm else "fedavg"],
+            results[0].batchnorm,
             results[0].initial_backbone,
             _method_fields(run, options),
         ),

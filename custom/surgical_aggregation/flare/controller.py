@@ -54,7 +54,7 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from nvflare.fuel.utils.log_utils import center_message
 
 from ..checkpoint import ARCHITECTURE_KEY, probe_outputs, save_checkpoint
-from ..core.aggregation import BACKBONE_STRATEGIES, WEIGHTINGS, Contribution, SurgicalAggregator
+from ..core.aggregation import WEIGHTINGS, Contribution, SurgicalAggregator
 from ..core.checks import (
     DEFAULT_MAX_CLASS_NAME_LENGTH,
     DEFAULT_MAX_CLASSES_PER_SITE,
@@ -66,7 +66,7 @@ from ..core.checks import (
     model_problems,
 )
 from ..core.errors import UserError
-from ..core.head import NAMED_HEAD, batchnorm_keys, extend_head, slice_for_client, to_numpy
+from ..core.head import NAMED_HEAD, extend_head, slice_for_client, to_numpy
 from ..core.labels import Vocabulary
 from ..core.methods import (
     IdentityBatchNormError,
@@ -77,6 +77,7 @@ from ..core.methods import (
     head_classes_for_site,
     recipe_meta,
 )
+from ..core.strategies import strategy
 from ..data.storage import write_atomically
 from ..modalities import DEFAULT_ARCHITECTURE
 from ..plots import plot_training_curves
@@ -237,8 +238,7 @@ class SurgicalAggregatorShareable(ModelController):
             head_seed: seed of the initial head rows (one generator per class name).
         """
         super().__init__(persistor_id=persistor_id, ignore_result_error=True)
-        if backbone_strategy not in BACKBONE_STRATEGIES:
-            raise ValueError(f"backbone_strategy must be one of {BACKBONE_STRATEGIES}, got {backbone_strategy!r}")
+        strategy(backbone_strategy)  # a known one (ValueError naming them)
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
         check_method(method, backbone_strategy)
@@ -527,9 +527,7 @@ class SurgicalAggregatorShareable(ModelController):
         return {site: {**state, **parts} for site, parts in self._federation.personal_parts.items()}
 
     def _keep_personal(self, site: str, result_state: dict[str, Any]) -> None:
-        keys = set(self.head.keys)
-        if self.backbone_strategy == "fedbn":
-            keys |= batchnorm_keys(result_state)
+        keys = set(self.head.keys) | strategy(self.backbone_strategy).kept_at_site(result_state)
         self._federation.personal_parts[site] = {key: to_numpy(result_state[key]) for key in keys}
 
     def _slice(self, version: SavedVersion, site: str, info: SiteInfo, **meta: Any) -> FLModel:
