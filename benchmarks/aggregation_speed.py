@@ -47,8 +47,8 @@ def consortium_classes() -> dict[str, list[str]]:
 def one_round(site_classes: dict[str, list[str]], repeats: int) -> dict[str, float]:
     union = sorted({name for names in site_classes.values() for name in names})
     torch.manual_seed(0)
-    global_state = NamedDenseNet121(union, validate_names=False).state_dict()
-    local = {site: NamedDenseNet121(names, validate_names=False).state_dict() for site, names in site_classes.items()}
+    global_state = NamedDenseNet121(union).state_dict()
+    local = {site: NamedDenseNet121(names).state_dict() for site, names in site_classes.items()}
     seconds = []
     for _ in range(repeats):
         started = time.perf_counter()

@@ -29,11 +29,11 @@ import torch
 from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.core.aggregation import Contribution, SurgicalAggregator
 from surgical_aggregation.core.head import slice_for_client
-from surgical_aggregation.core.labels import canonical_name
+from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
 from surgical_aggregation.data.storage import CACHE_ENV
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
-from surgical_aggregation.images.modality import IMAGES
+from surgical_aggregation.images.modality import MODALITY as IMAGES
 from surgical_aggregation.site_data import prepare_site_data
 from surgical_aggregation.trainer import SiteTrainer
 
@@ -52,7 +52,7 @@ def bare_loop(rounds: int) -> float:
     torch.manual_seed(0)
     state = IMAGES.build_model(union, IMAGES.preprocessing(first)).state_dict()
     for round_number in range(rounds):
-        aggregator = SurgicalAggregator(state, union, normalize_name=canonical_name)
+        aggregator = SurgicalAggregator(state, union, normalize_name=BUILTIN_VOCABULARY.canonical)
         for site, trainer in trainers.items():
             trainer.load_global(slice_for_client(state, union, trainer.class_names), trainer.class_names)
             trainer.validate()

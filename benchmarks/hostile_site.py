@@ -36,7 +36,7 @@ import numpy as np
 
 from surgical_aggregation.checkpoint import load_checkpoint
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
-from surgical_aggregation.flare.controller import HISTORY_FILE
+from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
 
 ATTACKS = ("withheld", "x5", "flip_x5", "negative_running_var", "honest")

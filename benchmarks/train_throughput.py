@@ -55,7 +55,8 @@ def ceiling(config, device: torch.device, steps: int, repeats: int) -> dict[str,
     else:
         optimizer = make_optimizer(config, model.parameters(), config.learning_rate, device)
     dtype = autocast_dtype(device, config.amp)
-    shape = (config.batch_size, config.in_channels, config.image_size, config.image_size)
+    images = config.settings
+    shape = (config.batch_size, images.in_channels, images.image_size, images.image_size)
     memory = torch.channels_last if device.type == "cuda" else torch.contiguous_format
     inputs = torch.randn(shape, device=device).contiguous(memory_format=memory)
     target = (torch.rand(config.batch_size, len(classes), device=device) > 0.9).float()

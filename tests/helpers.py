@@ -133,7 +133,7 @@ def union_of_the_seven_label_files() -> set[str]:
 
     import pandas as pd
 
-    from surgical_aggregation.core.labels import canonical_name
+    from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
 
     raw_names: set[str] = set()
     nih = pd.read_csv(require_reference("Data_Entry_2017_v2020.csv.gz"), usecols=["Finding Labels"])
@@ -153,4 +153,4 @@ def union_of_the_seven_label_files() -> set[str]:
     raw_names |= {"Fracture", "Pneumothorax", "Airspace opacity", "Nodule or mass"}  # Google's four columns
     raw_names |= {"Pneumonia"}  # RSNA's Target
     raw_names |= {"Pneumothorax"}  # SIIM's masks
-    return {canonical_name(name) for name in raw_names}
+    return {BUILTIN_VOCABULARY.canonical(name) for name in raw_names}

@@ -8,7 +8,7 @@ import torch
 
 from surgical_aggregation.core.aggregation import Contribution, ContributionRejected, SurgicalAggregator
 from surgical_aggregation.core.head import batchnorm_keys, slice_for_client
-from surgical_aggregation.core.labels import Vocabulary, canonical_name
+from surgical_aggregation.core.labels import BUILTIN_VOCABULARY, Vocabulary
 from surgical_aggregation.images.model import NamedDenseNet121
 
 from helpers import TOY_HEAD, fedavg_reference, rows_by_name, toy_state
@@ -206,7 +206,7 @@ def test_slice_matches_aliases_by_name():
         ["Pleural Effusion", "Mass"],
         ["Mass", "Effusion"],
         head=TOY_HEAD,
-        normalize_name=canonical_name,
+        normalize_name=BUILTIN_VOCABULARY.canonical,
     )
     original = rows_by_name(toy_state(2, 3), ["Pleural Effusion", "Mass"])
     np.testing.assert_array_equal(rows_by_name(sliced, ["Mass", "Effusion"])["Effusion"], original["Pleural Effusion"])
@@ -251,7 +251,7 @@ def test_broken_contribution_is_rejected_and_the_rest_aggregate(three_clients, b
 
 
 def test_a_contribution_carries_exactly_the_classes_its_site_declared():
-    aggregator = SurgicalAggregator(toy_state(0, 1), [], head=TOY_HEAD, normalize_name=canonical_name)
+    aggregator = SurgicalAggregator(toy_state(0, 1), [], head=TOY_HEAD, normalize_name=BUILTIN_VOCABULARY.canonical)
     declared = ["Pleural Effusion", "Mass"]
     with pytest.raises(ContributionRejected, match=r"rows for classes it did not declare: \['Fracture'\]"):
         aggregator.add(Contribution("site-a", toy_state(2, 2), ["Mass", "Fracture"], expected_classes=declared))
@@ -306,7 +306,7 @@ def test_aliases_from_different_clients_are_one_class():
         toy_state(0, 0),
         [],
         [Contribution("site-nih", a, ["Effusion"]), Contribution("site-chexpert", b, ["Pleural Effusion"])],
-        normalize_name=canonical_name,
+        normalize_name=BUILTIN_VOCABULARY.canonical,
     )
     assert result.class_names == ["Pleural Effusion"]
     expected = hand_mean([rows_by_name(a, ["x"])["x"], rows_by_name(b, ["x"])["x"]])

@@ -86,11 +86,11 @@ def test_help_loads_no_heavy_package(command):
 def test_the_registries_are_keyed_by_the_names_the_command_line_lists():
     from surgical_aggregation.images.layouts import LOADERS
     from surgical_aggregation.images.names import GENERATED_KINDS, LAYOUT_KINDS, PUBLIC_KINDS
-    from surgical_aggregation.images.public import PUBLIC_DATASETS, PUBLIC_LOADERS
-    from surgical_aggregation.images.synthetic import GENERATORS
+    from surgical_aggregation.images.public import PUBLIC_DATASETS
+    from surgical_aggregation.images.synthetic import GENERATED
     from surgical_aggregation.modalities import DATA_KINDS
-    from surgical_aggregation.modalities.registry import MODALITIES
+    from surgical_aggregation.modalities.registry import modality_kinds
 
-    assert tuple(LOADERS) == LAYOUT_KINDS and tuple(GENERATORS) == GENERATED_KINDS
-    assert tuple(PUBLIC_DATASETS) == tuple(PUBLIC_LOADERS) == PUBLIC_KINDS
-    assert tuple(kind for modality in MODALITIES for kind in modality.kinds) == DATA_KINDS
+    assert tuple(LOADERS) == LAYOUT_KINDS and tuple(GENERATED) == GENERATED_KINDS
+    assert tuple(PUBLIC_DATASETS) == PUBLIC_KINDS
+    assert modality_kinds() == DATA_KINDS

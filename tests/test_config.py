@@ -17,10 +17,23 @@ from surgical_aggregation.config import (
 def test_defaults_follow_the_papers_recipe():
     config = site_config_from_dict({})
     assert config == SiteConfig()
-    assert (config.image_size, config.batch_size, config.learning_rate) == (224, 64, 5e-5)
+    assert (config.settings.image_size, config.batch_size, config.learning_rate) == (224, 64, 5e-5)
     assert (config.warmup_epochs, config.warmup_learning_rate, config.local_epochs) == (15, 1e-3, 1)
     assert config.data.split_fractions == [0.7, 0.1, 0.2]
     assert config.data.location is None  # embedded data unless a site says where its data is
+
+
+def test_the_modalitys_fields_sit_flat_in_the_file_and_belong_to_the_modality():
+    images = site_config_from_dict({"data": {"kind": "nih"}, "image_size": 64, "embedded": {"patients": 30}})
+    assert (images.settings.image_size, images.settings.embedded.patients) == (64, 30)
+    written = images.to_dict()
+    assert written["image_size"] == 64 and "embedding_model" not in written and "settings" not in written
+    assert site_config_from_dict(written) == images
+    # a file that lists every field of the bundle (as jobs once wrote them): another modality's at its default is
+    # accepted and not kept
+    every_field = {"image_size": 224, "embedded": {"patients": 200, "image_size": 64, "seed": 0}}  # images' defaults
+    reports = site_config_from_dict({"data": {"kind": "iu_reports"}, **every_field})
+    assert reports.settings.embedding_model == "all-MiniLM-L6-v2" and "image_size" not in reports.to_dict()
 
 
 def test_values_are_read_and_labels_canonicalised(tmp_path):
@@ -41,7 +54,9 @@ def test_a_sites_label_aliases_come_inline_or_from_a_file_next_to_its_config(tmp
     assert config.data.labels == ["Tuberculosis", "Pneumothorax", "Pneumonitis"]  # "Pneumonitis": a class of its own
     assert config.data.label_aliases == {"TB": "Tuberculosis", "Pneumo": "Pneumothorax"}  # inlined: a job carries them
     assert site_config_from_dict(config.to_dict()).data.labels == config.data.labels
-    assert config.vocabulary({"Tuberculosis": "Mycobacterial infection"}).canonical("TB") == "Mycobacterial infection"
+    for_job = load_site_config(path, job_aliases={"Tuberculosis": "Mycobacterial infection"})
+    assert for_job.vocabulary.canonical("TB") == "Mycobacterial infection"  # the job's aliases win over the site's
+    assert for_job.data.labels == ["Mycobacterial infection", "Pneumothorax", "Pneumonitis"]
 
 
 @pytest.mark.parametrize(
@@ -64,6 +79,13 @@ def test_a_sites_label_aliases_come_inline_or_from_a_file_next_to_its_config(tmp
         ({"optimizer": "lamb"}, r"site.json: optimizer must be one of \['adam', 'adamw', 'sgd'\]"),
         ({"device": "tpu"}, r"site.json: device must be auto, cpu, cuda or cuda:N"),
         ({"image_size": 8}, r"site.json: image_size must be at least 16 pixels"),
+        ({"in_channels": 2}, r"site.json: in_channels must be 1 or 3, got 2"),
+        ({"embedding_model": "bert"}, r"site.json: embedding_model is read by reports sites only; .* \(kind 'nih'\)"),
+        (
+            {"data": {"kind": "iu_reports"}, "image_size": 64},
+            r"site.json: image_size is read by images sites only; this site's data \(kind 'iu_reports'\) is reports",
+        ),
+        ({"data": {"kind": "iu_reports"}, "embedding_model": "bert"}, r"site.json: embedding_model must be one of"),
     ],
 )
 def test_errors_name_the_file_and_field(tmp_path, values, message):

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from surgical_aggregation.core.errors import DatasetFormatError, SiteConfigError
-from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS, Vocabulary
 from surgical_aggregation.images.chexpert import resolve_chexpert_path
 from surgical_aggregation.images.layouts import load_table
 
@@ -27,6 +27,25 @@ def test_nih_layout(nih_data):
         assert table.frame.loc[row, "Pleural Thickening"] == float("Pleural_Thickening" in tokens)
         assert table.frame.loc[row, "Mass"] == float("Mass" in tokens)
     assert table.frame["patient_id"].tolist() == raw["Patient ID"].astype(str).tolist()
+
+
+def test_every_layout_names_its_classes_by_the_vocabulary_it_is_given(nih_data, chexpert_data, mimic_data, tmp_path):
+    # a job that calls NIH's "Effusion" "Pleural fluid" and CheXpert's "Lung Opacity" "Opacity of the lung"
+    vocabulary = Vocabulary([({"Effusion": "Pleural fluid", "Lung Opacity": "Opacity of the lung"}, "the job")])
+    nih, nih_default = load_table("nih", nih_data.root, vocabulary), load_table("nih", nih_data.root)
+    assert nih.classes == [name if name != "Pleural Effusion" else "Pleural fluid" for name in NIH_LABELS]
+    assert nih.frame["Pleural fluid"].tolist() == nih_default.frame["Pleural Effusion"].tolist()
+    for kind, data in (("chexpert", chexpert_data), ("mimic", mimic_data)):
+        table, default = load_table(kind, data.root, vocabulary), load_table(kind, data.root)
+        assert table.classes == [name if name != "Lung Opacity" else "Opacity of the lung" for name in CHEXPERT_LABELS]
+        assert table.frame["Opacity of the lung"].tolist() == default.frame["Lung Opacity"].tolist()
+    pd.DataFrame({"path": ["a.png"], "patient_id": ["p1"], "Effusion": [1], "Mass": [0]}).to_csv(tmp_path / "l.csv")
+    assert load_table("csv", tmp_path / "l.csv", vocabulary, label_columns=["Effusion", "Mass"]).classes == [
+        "Pleural fluid",
+        "Mass",
+    ]
+    with pytest.raises(SiteConfigError, match=r"takes no data.options \['vocabulary'\]"):
+        load_table("nih", nih_data.root, vocabulary, vocabulary=None)  # a data.option cannot replace the site's
 
 
 def test_nih_kaggle_split_folders(nih_data, tmp_path):

@@ -43,8 +43,8 @@ from surgical_aggregation.flare.recipe import (
     write_job,
 )
 from surgical_aggregation.flare.simulation import FederationFailed, simulate
-from surgical_aggregation.images.modality import IMAGES
-from surgical_aggregation.images.synthetic import STYLES, generate_nih, render_image
+from surgical_aggregation.images.modality import MODALITY as IMAGES
+from surgical_aggregation.images.synthetic import GENERATED, generate_nih, render_image
 from surgical_aggregation.inference import score
 
 from helpers import tiny_recipe, tiny_sites, union_of_the_seven_label_files
@@ -234,7 +234,7 @@ def _csv_site_with_tuberculosis(root: Path, patients: int = 30, size: int = 32) 
     rows = []
     for index in range(patients):
         findings = {"Tuberculosis": float(index % 3 == 0), "Pleural Effusion": float(index % 4 == 0)}
-        image = render_image(findings, size, STYLES["nih"], rng)
+        image = render_image(findings, size, GENERATED["nih"].style, rng)
         (root / "img").mkdir(parents=True, exist_ok=True)
         Image.fromarray(image, mode="L").save(root / "img" / f"{index}.png")
         tuberculosis, effusion = int(findings["Tuberculosis"]), int(findings["Pleural Effusion"])

@@ -9,19 +9,20 @@ from surgical_aggregation.core.errors import AliasFileError
 from surgical_aggregation.core.labels import (
     ALIASES,
     BUILTIN_FINDINGS,
+    BUILTIN_VOCABULARY,
     CHEXPERT_LABELS,
     CXR_LT_LABELS,
     NIH_LABELS,
     NIH_RAW_LABELS,
     UnknownLabelError,
     Vocabulary,
-    canonical_name,
-    canonical_names,
     dataset_labels,
     read_alias_file,
     union_labels,
-    vocabulary_in_use,
 )
+
+canonical_name = BUILTIN_VOCABULARY.canonical  # the names every process agrees on, with no alias added
+canonical_names = BUILTIN_VOCABULARY.canonical_list
 
 
 def test_effusion_and_pleural_effusion_are_one_class():
@@ -124,10 +125,16 @@ def test_added_aliases_win_over_the_built_in_ones_and_the_job_over_the_site():
         Vocabulary([({"A": "B", "B": "C", "C": "A"}, "job aliases")])
 
 
-def test_the_active_vocabulary_is_used_inside_the_block_only():
-    with vocabulary_in_use(Vocabulary([({"TB": "Tuberculosis"}, "job")])):
-        assert canonical_names(["TB", "Mass"]) == ["Tuberculosis", "Mass"]
-    assert canonical_name("TB") == "Tb"
+def test_a_vocabulary_is_a_value_a_site_config_carries_and_no_process_wide_state():
+    from surgical_aggregation.config import site_config_from_dict
+
+    values = {"data": {"kind": "nih", "label_aliases": {"BB": "Bulla"}}}
+    site = site_config_from_dict(values, job_aliases={"TB": "Tuberculosis"})
+    assert site.vocabulary.canonical_list(["TB", "BB", "Mass"]) == ["Tuberculosis", "Bulla", "Mass"]
+    assert canonical_name("TB") == "Tb"  # another reader in the same process is not changed
+    assert site_config_from_dict(values).vocabulary.canonical_list(["TB", "BB"]) == ["Tb", "Bulla"]
+    assert union_labels(["TB", "Mass"], vocabulary=site.vocabulary) == ["Tuberculosis", "Mass"]
+    assert "job_aliases" not in site.to_dict()  # the job's, never written into the site's file
 
 
 def test_a_closed_vocabulary_refuses_other_classes_by_name():

@@ -20,7 +20,7 @@ from surgical_aggregation.core.methods import (
     federation_label_prior,
     label_prior_weights,
 )
-from surgical_aggregation.flare.controller import PERSONAL_MODELS_DIR
+from surgical_aggregation.flare.results import PERSONAL_MODELS_DIR
 from surgical_aggregation.flare.protocol import (
     META_CLASS_NAMES,
     META_LABEL_COUNTS,

@@ -13,29 +13,43 @@ from surgical_aggregation.loops import freeze_batchnorm, set_backbone_trainable,
 CLASSES = ["Atelectasis", "Effusion", "Hernia"]
 
 
-def test_head_rows_carry_canonical_class_names():
-    model = NamedDenseNet121(CLASSES)
-    assert model.class_names == ["Atelectasis", "Pleural Effusion", "Hernia"]
+def test_head_rows_carry_the_class_names_given_which_must_be_distinct():
+    model = NamedDenseNet121(CLASSES)  # named by its caller's vocabulary: a model renames nothing
+    assert model.class_names == ["Atelectasis", "Effusion", "Hernia"]
     backbone, head = split_backbone_head(model.state_dict())
     assert head["class_layers.out.weight"].shape == (3, 1024)
     assert head["class_layers.out.bias"].shape == (3,)
     assert len(backbone) == 725
     assert model(torch.zeros(2, 1, 32, 32)).shape == (2, 3)
-    with pytest.raises(ValueError, match="'hernias' duplicates 'Hernia'"):
-        NamedDenseNet121(["Hernia", "hernias"])
+    with pytest.raises(ValueError, match=r"class names must be distinct, \['Hernia'\] appear more than once"):
+        NamedDenseNet121(["Hernia", "Mass", "Hernia"])
+    with pytest.raises(ValueError, match="a model needs at least one class name"):
+        NamedDenseNet121([])
 
 
 def test_checkpoint_round_trip_keeps_names_and_weights(tmp_path):
     model = NamedDenseNet121(CLASSES, in_channels=3)
-    path = save_checkpoint(tmp_path / "m.pt", model.state_dict(), model.class_names, in_channels=3, round=4)
+    preprocessing = {"in_channels": 3}  # the channels once, in the preprocessing the modality builds from
+    path = save_checkpoint(
+        tmp_path / "m.pt", model.state_dict(), model.class_names, preprocessing=preprocessing, round=4
+    )
     loaded = load_checkpoint(path)
     assert loaded.class_names == model.class_names
-    assert loaded.meta == {"round": 4}
+    assert loaded.meta == {"preprocessing": {"in_channels": 3}, "round": 4}
+    assert set(torch.load(path, weights_only=True)) == {"model", "class_names", "meta"}
     rebuilt = loaded.build_model()
     assert rebuilt.in_channels == 3
     for key, value in model.state_dict().items():
         assert torch.equal(rebuilt.state_dict()[key], value)
     assert not (tmp_path / "m.pt.tmp").exists()
+
+
+def test_a_model_file_of_the_first_versions_keeps_its_channels(tmp_path):
+    model = NamedDenseNet121(CLASSES, in_channels=3)  # its file held "in_channels" at the top level, no preprocessing
+    legacy = {"model": model.state_dict(), "class_names": CLASSES, "in_channels": 3, "meta": {"round": 2}}
+    torch.save(legacy, tmp_path / "old.pt")
+    loaded = load_checkpoint(tmp_path / "old.pt")
+    assert loaded.preprocessing == {"in_channels": 3} and loaded.build_model().in_channels == 3
 
 
 def test_checkpoint_with_mismatched_names_is_refused(tmp_path):

@@ -212,7 +212,7 @@ def test_minilm_embeds_offline():
 
 
 def test_mlp_shape_and_named_head():
-    model = ReportMLP(["Edema", "Effusion"], in_features=384)
+    model = ReportMLP(["Edema", "Pleural Effusion"], in_features=384)
     state = model.state_dict()
     assert model.class_names == ["Edema", "Pleural Effusion"]
     assert [tuple(state[k].shape) for k in ("features.0.weight", "features.3.weight")] == [(512, 384), (256, 512)]

@@ -1,9 +1,11 @@
 """Model files whose head rows carry class names, and the fresh global model a federation starts from.
 
-A checkpoint is ``{"model": state_dict, "class_names": [...], "in_channels": int, "meta": {...}}``:
-the names travel with the weights, so a model file is never read by position. ``meta`` records
-the architecture and the preprocessing the model was trained with (image size and normalisation,
-or the sentence encoder), the round that produced it, and so on.
+A checkpoint is ``{"model": state_dict, "class_names": [...], "meta": {...}}``: the names travel
+with the weights, so a model file is never read by position. ``meta`` records the architecture and
+the preprocessing the model was trained with (image size, channels and normalisation, or the
+sentence encoder: the modality's description, which builds the model), the round that produced it,
+and so on. Files of the bundle's first versions also hold a top-level ``in_channels``; it is read
+into their preprocessing.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from torch import nn
 from .core.errors import ModelFileError
 from .core.head import NAMED_HEAD
 from .data.storage import read_tensor_file, write_atomically
-from .modalities import ARCHITECTURES, DEFAULT_ARCHITECTURE
+from .modalities import DEFAULT_ARCHITECTURE
 from .modalities.registry import modality_for_architecture
 
 PREPROCESSING_KEY = "preprocessing"  # checkpoint meta: what the model is fed (the modality's description)
 ARCHITECTURE_KEY = "architecture"
+LEGACY_IN_CHANNELS = "in_channels"  # top level of the first versions' files; now in their preprocessing
 
 
 @dataclass
@@ -33,7 +36,6 @@ class Checkpoint:
 
     state: dict[str, torch.Tensor]
     class_names: list[str]
-    in_channels: int = 1
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -42,7 +44,8 @@ class Checkpoint:
 
     @property
     def preprocessing(self) -> dict[str, Any]:
-        return {"in_channels": self.in_channels, **(self.meta.get(PREPROCESSING_KEY) or {})}
+        """What the model reads, as its modality describes it (empty for a file that does not say)."""
+        return dict(self.meta.get(PREPROCESSING_KEY) or {})
 
     def build_model(self) -> nn.Module:
         model = modality_for_architecture(self.architecture).build_model(self.class_names, self.preprocessing)
@@ -51,18 +54,14 @@ class Checkpoint:
 
 
 def save_checkpoint(
-    path: str | Path,
-    state: Mapping[str, torch.Tensor],
-    class_names: Sequence[str],
-    in_channels: int = 1,
-    **meta: Any,
+    path: str | Path, state: Mapping[str, torch.Tensor], class_names: Sequence[str], **meta: Any
 ) -> Path:
     """Write atomically (temp file, fsync, rename) so a crash never leaves a half-written model; a full disk is a
-    :class:`~surgical_aggregation.core.errors.StorageError` and the previous file stays."""
+    :class:`~surgical_aggregation.core.errors.StorageError` and the previous file stays. ``meta`` should carry the
+    architecture and preprocessing (:data:`ARCHITECTURE_KEY`, :data:`PREPROCESSING_KEY`)."""
     payload = {
         "model": {key: torch.as_tensor(value).detach().cpu() for key, value in state.items()},
         "class_names": list(class_names),
-        "in_channels": in_channels,
         "meta": meta,
     }
     return write_atomically(Path(path), lambda handle: torch.save(payload, handle), "model file")
@@ -78,14 +77,17 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise ModelFileError(
             f"{path}: head has {weight.shape[0]} rows but {len(payload['class_names'])} class names are stored"
         )
-    checkpoint = Checkpoint(
-        state=payload["model"],
-        class_names=list(payload["class_names"]),
-        in_channels=int(payload.get("in_channels", 1)),
-        meta=dict(payload.get("meta", {})),
-    )
-    if checkpoint.architecture not in ARCHITECTURES:
-        raise ModelFileError(f"{path}: unknown architecture {checkpoint.architecture!r}; known: {list(ARCHITECTURES)}")
+    meta = dict(payload.get("meta", {}))
+    if LEGACY_IN_CHANNELS in payload:  # a file of the first versions: its channels, where the modality reads them
+        meta[PREPROCESSING_KEY] = {
+            LEGACY_IN_CHANNELS: int(payload[LEGACY_IN_CHANNELS]),
+            **(meta.get(PREPROCESSING_KEY) or {}),
+        }
+    checkpoint = Checkpoint(state=payload["model"], class_names=list(payload["class_names"]), meta=meta)
+    try:
+        modality_for_architecture(checkpoint.architecture)
+    except ValueError as error:
+        raise ModelFileError(f"{path}: {error}") from None
     return checkpoint
 
 

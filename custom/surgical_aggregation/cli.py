@@ -21,7 +21,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .core.errors import DatasetFormatError, SiteConfigError, UserError
@@ -267,8 +267,8 @@ def _add_site_config_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _site_configs(entries: Sequence[str]) -> dict[str, dict]:
-    """``--site-config SITE=FILE`` entries: site -> its config (loaded and checked)."""
+def _site_configs(entries: Sequence[str], job_aliases: Mapping[str, str] | None = None) -> dict[str, dict]:
+    """``--site-config SITE=FILE`` entries: site -> its config (loaded and checked for a job with ``job_aliases``)."""
     from .config import load_site_config
 
     sites = {}
@@ -276,7 +276,7 @@ def _site_configs(entries: Sequence[str]) -> dict[str, dict]:
         site, separator, file = entry.partition("=")
         if not separator or not site or not file:
             raise SiteConfigError(f"--site-config takes SITE=FILE, got {entry!r}")
-        sites[site] = load_site_config(file).to_dict()
+        sites[site] = load_site_config(file, job_aliases).to_dict()
     return sites
 
 
@@ -443,6 +443,11 @@ def _output_file(path: Path, option: str) -> Path:
     return path
 
 
+def _given_preprocessing(args: argparse.Namespace) -> dict[str, int]:
+    """What ``--image-size`` gives a model file that does not record its image size."""
+    return {} if args.image_size is None else {"image_size": args.image_size}
+
+
 def _predict(args: argparse.Namespace) -> int:
     from .inference import STATUS_COLUMN, score
 
@@ -451,7 +456,7 @@ def _predict(args: argparse.Namespace) -> int:
         args.model,
         args.source,
         args.column,
-        args.image_size,
+        _given_preprocessing(args),
         args.cache_dir,
         args.on_error,
         device=args.device,
@@ -478,6 +483,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     splits, title = labelled_splits(args.site_config, args.kind, args.data, args.uncertainty)
     options = {
+        "preprocessing": _given_preprocessing(args),
         "cache_dir": args.cache_dir,
         "on_error": args.on_error,
         "device": args.device,
@@ -485,10 +491,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     }
     if args.thresholds_out is not None:
         target = _output_file(args.thresholds_out, "--thresholds-out")
-        report = evaluate_and_choose_thresholds(args.model, splits, image_size=args.image_size, **options)
+        report = evaluate_and_choose_thresholds(args.model, splits, **options)
         title = title.format(split="test, thresholds from val")
     else:
-        report = evaluate_on_table(args.model, splits[args.split], image_size=args.image_size, **options)
+        report = evaluate_on_table(args.model, splits[args.split], **options)
         title = title.format(split=args.split)
     print(f"{title}: {report.n_images} {report.noun}")
     print(report.text())
@@ -503,12 +509,11 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _write_job(args: argparse.Namespace) -> int:
-    from .core.labels import Vocabulary, read_alias_file, vocabulary_in_use
+    from .core.labels import label_aliases
     from .flare.recipe import BUNDLE_RECIPES, write_job  # imports FLARE: only for this command
 
-    aliases = read_alias_file(args.label_aliases) if args.label_aliases else {}
-    with vocabulary_in_use(Vocabulary([(aliases, str(args.label_aliases))])):  # site labels read as the job reads them
-        sites = _site_configs(args.site_config)
+    aliases = label_aliases(args.label_aliases)
+    sites = _site_configs(args.site_config, aliases)  # the sites' labels read as the job's sites read them
     # FLARE runs an in-process script only from the job's custom/ folder
     execution = "external_process" if args.code == "preinstalled" else "in_process"
     controller = {f"{task}_timeout": getattr(args, f"{task}_timeout") for task in TIMED_TASKS}
@@ -571,23 +576,21 @@ def _poc(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
     from .config import site_config_from_dict
+    from .modalities.registry import modality_for_kind
     from .site_data import prepare_cache
 
     if args.data is None and args.kind in GENERATED_KINDS:
         raise SiteConfigError(f"--data is required for --kind {args.kind} (embedded data are prepared on first use)")
     options = {} if args.uncertainty is None else {"uncertainty": args.uncertainty}
     data = {"kind": args.kind, "location": None if args.data is None else str(args.data), "options": options}
-    config = site_config_from_dict(
-        {
-            "data": data,
-            "image_size": args.size,
-            "cache_threads": max(args.workers, 1),
-            "on_unreadable": args.on_error,
-            "cache_dir": None if args.cache_dir is None else str(args.cache_dir),
-        },
-        where="prepare",
-    )
+    decoding = {"image_size": args.size, "cache_threads": max(args.workers, 1), "on_unreadable": args.on_error}
+    read_by_kind = {field.name for field in fields(modality_for_kind(args.kind).settings_type)}  # images' only
+    values = {"data": data, "cache_dir": None if args.cache_dir is None else str(args.cache_dir)}
+    values.update({name: value for name, value in decoding.items() if name in read_by_kind})
+    config = site_config_from_dict(values, where="prepare")
     prepared = prepare_cache(config, _printer("prepare"), progress=not args.no_progress)
     print(prepared.summary)
     for path, reason in prepared.left_out[:20]:

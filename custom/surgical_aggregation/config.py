@@ -4,6 +4,9 @@ One JSON file per site. Every field has a default; an unknown field, a wrong typ
 out-of-range value is an error that names the file and the field, so hospital IT sees exactly
 what to fix. ``data.location: null`` means "no real data here": the site then trains on the
 embedded generated dataset of its ``data.kind`` (and says so in its log).
+
+This module holds the fields every site has; what a kind of data needs besides (the fields of images or
+of reports) belongs to its modality (``modalities``), which checks it.
 """
 
 from __future__ import annotations
@@ -19,20 +22,21 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from .core.devices import AUTO
 from .core.errors import AliasFileError, DuplicateLabelError, SiteConfigError, UnknownLabelError
-from .core.labels import Vocabulary, active_vocabulary, read_alias_file
+from .core.labels import Vocabulary, read_alias_file
+from .data.names import RECORD_MODES
 from .data.storage import default_cache_root
-from .images.names import ON_ERROR_POLICIES
-from .modalities import DATA_KINDS
-from .modalities.registry import Modality, modality_for_kind
+from .modalities.registry import Modality, modality_for_kind, modality_kinds, registered_modalities
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 COMPILE_MODES = ("off", "on")
 DEVICES = (AUTO, "cpu", "cuda")
+JOB_SUPPLIED = "job_supplied"  # metadata of the fields a job gives a loaded config, absent from the site's file
+MODALITY_FIELDS = "modality_fields"  # metadata of the field holding the modality's own (flat in the file)
 
 
 @dataclass
 class DataConfig:
-    kind: str = "nih"  # what the data is (modalities.DATA_KINDS): nih | chexpert | mimic | csv images, or reports
+    kind: str = "nih"  # what the data is: one of the modalities' kinds (nih, chexpert, ... images; reports)
     location: str | None = None  # data folder (CSV file for csv); null = embedded generated data
     options: dict[str, Any] = field(default_factory=dict)  # passed to the loader, e.g. {"uncertainty": "ignore"}
     labels: list[str] | None = None  # the findings this site trains on, in its order (default: all of the dataset's)
@@ -50,24 +54,15 @@ class DataConfig:
 
 
 @dataclass
-class EmbeddedDataConfig:
-    """The generated dataset used when ``data.location`` is null."""
-
-    patients: int = 200
-    image_size: int = 64
-    seed: int = 0
-
-
-@dataclass
 class SiteConfig:
-    """Every field defaults to the papers' recipe (DenseNet121, 224 px, batch 64, 15 warm-up epochs, ...)."""
+    """Every field defaults to the papers' recipe (batch 64, 15 warm-up epochs, Adam at 5e-5, ...).
+
+    ``settings`` holds the fields of the data's modality (for images their size and normalisation, for reports the
+    sentence encoder) as the modality's own dataclass (``Modality.settings_type``); they sit flat in the JSON next to
+    these general fields, and the modality checks them.
+    """
 
     data: DataConfig = field(default_factory=DataConfig)
-    embedded: EmbeddedDataConfig = field(default_factory=EmbeddedDataConfig)
-    image_size: int = 224
-    in_channels: int = 1
-    imagenet_normalize: bool = True
-    augment: bool = True
     batch_size: int = 64
     optimizer: str = "adam"
     learning_rate: float = 5e-5
@@ -77,7 +72,6 @@ class SiteConfig:
     warmup_learning_rate: float = 1e-3
     max_batches_per_epoch: int | None = None  # cap for quick runs; null = whole epochs
     workers: int | str = AUTO  # DataLoader worker processes; auto: core.devices.auto_workers
-    cache_threads: int = 4  # threads decoding images into the preprocessing cache
     cpu_threads: int | None = None  # torch CPU threads; null = torch's default
     device: str = AUTO  # auto | cpu | cuda | cuda:N
     # processes that train the local epochs together (PyTorch DDP): one per GPU from the device's index on
@@ -86,23 +80,34 @@ class SiteConfig:
     amp: bool = True  # mixed precision on CUDA: bf16 where the GPU has it, else fp16 (ignored on CPU)
     compile: str = "off"  # on: torch.compile the training step (a first-step cost; see docs/performance.md)
     cache_dir: str | None = None  # null = $SURGICAL_AGGREGATION_CACHE or ~/.cache/surgical_aggregation
-    on_unreadable: str = "error"  # unreadable images: error (list them and stop) | skip (leave out, count)
     seed: int = 0
-    record_exchanges: str = "head"  # what to keep of each model exchange: head | full | off
-    embedding_model: str = "all-MiniLM-L6-v2"  # reports: the sentence encoder (the image fields do not apply)
+    record_exchanges: str = "head"  # what to keep of each model exchange: head | full | off (flare.audit)
+    settings: Any = field(default=None, metadata={MODALITY_FIELDS: True})  # the modality's (its settings_type)
+    # the job's label aliases, given by whoever loads the config for a job (never read from the site's file)
+    job_aliases: dict[str, str] = field(default_factory=dict, metadata={JOB_SUPPLIED: True})
+
+    def __post_init__(self) -> None:
+        if self.settings is None:
+            self.settings = self.modality.settings_type()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The site's file as JSON values: the general fields and the modality's, flat (the job's aliases are the
+        job's, not part of it)."""
+        values = dataclasses.asdict(self)
+        for name in _job_supplied_fields(SiteConfig):
+            values.pop(name)
+        return {"data": values.pop("data"), **values.pop("settings"), **values}
 
     @property
     def modality(self) -> Modality:
         """What the data is (images or reports), and so which model reads it."""
         return modality_for_kind(self.data.kind)
 
-    def vocabulary(self, job_aliases: Mapping[str, str] | None = None) -> Vocabulary:
+    @property
+    def vocabulary(self) -> Vocabulary:
         """How this site names classes: the built-in vocabulary, its own aliases, then the job's (which win)."""
         return Vocabulary(
-            [(self.data.label_aliases or {}, "data.label_aliases"), (job_aliases or {}, "the job's aliases")]
+            [(self.data.label_aliases or {}, "data.label_aliases"), (self.job_aliases, "the job's aliases")]
         )
 
     @property
@@ -146,13 +151,17 @@ def _check_type(value: Any, expected: Any, where: str) -> Any:
     return value
 
 
+def _job_supplied_fields(cls: type) -> set[str]:
+    return {f.name for f in fields(cls) if f.metadata.get(JOB_SUPPLIED)}
+
+
 def _build(cls: type, values: Mapping[str, Any], source: str, prefix: str = "") -> Any:
     """``cls`` from a JSON object; errors read ``<source>: <field> ...`` (``prefix``: the enclosing field's path)."""
     if not isinstance(values, Mapping):
         what = prefix.rstrip(".") or "the config"
         raise SiteConfigError(f"{source}: {what} must be an object, got {values!r}")
     hints = get_type_hints(cls)
-    known = [f.name for f in fields(cls)]
+    known = [f.name for f in fields(cls) if not f.metadata]  # the modality's and the job's: not from this object
     unknown = sorted(set(values) - set(known))
     if unknown:
         of = f" of {prefix.rstrip('.')}" if prefix else ""
@@ -169,13 +178,47 @@ def _build(cls: type, values: Mapping[str, Any], source: str, prefix: str = "") 
     return cls(**arguments)
 
 
+def _build_site_config(values: Mapping[str, Any], source: str) -> SiteConfig:
+    """The general fields, then the fields of the modality ``data.kind`` names (flat in the same object). Another
+    modality's field is accepted at its default value (a file that lists every field of the bundle) and refused at any
+    other, since nothing would read it."""
+    if not isinstance(values, Mapping):
+        raise SiteConfigError(f"{source}: the config must be an object, got {values!r}")
+    data = _build(DataConfig, values.get("data", {}), source, "data.")
+    kinds = modality_kinds()
+    if data.kind not in kinds:
+        raise SiteConfigError(f"{source}: data.kind must be one of {list(kinds)}, got {data.kind!r}")
+    modality = modality_for_kind(data.kind)
+    general = [f.name for f in fields(SiteConfig) if not f.metadata]
+    own = [f.name for f in fields(modality.settings_type)]
+    others = {
+        name: other
+        for other in registered_modalities()
+        if other is not modality
+        for name in (f.name for f in fields(other.settings_type))
+        if name not in own
+    }
+    unknown = sorted(set(values) - set(general) - set(own) - set(others))
+    if unknown:
+        raise SiteConfigError(f"{source}: unknown field(s) {unknown}; known fields: {[*general, *own]}")
+    for name in sorted(set(values) & set(others)):
+        owner = others[name]
+        default = getattr(owner.settings_type(), name)
+        if values[name] != (dataclasses.asdict(default) if dataclasses.is_dataclass(default) else default):
+            raise SiteConfigError(
+                f"{source}: {name} is read by {owner.name} sites only; this site's data (kind {data.kind!r}) is "
+                f"{modality.name}: remove it"
+            )
+    config = _build(SiteConfig, {name: values[name] for name in general if name in values}, source)
+    config.settings = _build(modality.settings_type, {name: values[name] for name in own if name in values}, source)
+    return config
+
+
 def _validate(config: SiteConfig, where: str, base_dir: Path | None) -> None:
     def fail(field_name: str, message: str) -> SiteConfigError:
         return SiteConfigError(f"{where}: {field_name} {message}")
 
     data = config.data
-    if data.kind not in DATA_KINDS:
-        raise fail("data.kind", f"must be one of {list(DATA_KINDS)}, got {data.kind!r}")
     if base_dir is not None:  # relative paths start at the config file's folder, as data.label_aliases does
         location = data.location
         if location not in (None, DATA_LOCATION_PLACEHOLDER) and not Path(location).expanduser().is_absolute():
@@ -190,7 +233,7 @@ def _validate(config: SiteConfig, where: str, base_dir: Path | None) -> None:
         except AliasFileError as error:
             raise SiteConfigError(f"{where}: data.label_aliases: {error}") from None
     try:
-        vocabulary = config.vocabulary(active_vocabulary().aliases)
+        vocabulary = config.vocabulary
         if data.labels is not None:
             if not data.labels:
                 raise fail("data.labels", "must list at least one finding (or be null for all of the dataset's)")
@@ -211,20 +254,10 @@ def _validate(config: SiteConfig, where: str, base_dir: Path | None) -> None:
         )
     if not 0 < data.train_subsample <= 1:
         raise fail("data.train_subsample", f"must be in (0, 1], got {data.train_subsample}")
-    positive = {
-        "image_size": config.image_size,
-        "batch_size": config.batch_size,
-        "local_epochs": config.local_epochs,
-        "embedded.patients": config.embedded.patients,
-        "embedded.image_size": config.embedded.image_size,
-        "cache_threads": config.cache_threads,
-        "gpus": config.gpus,
-    }
+    positive = {"batch_size": config.batch_size, "local_epochs": config.local_epochs, "gpus": config.gpus}
     for name, value in positive.items():
         if value <= 0:
             raise fail(name, f"must be positive, got {value}")
-    if config.image_size < 16:
-        raise fail("image_size", f"must be at least 16 pixels (DenseNet121 downsamples 32x), got {config.image_size}")
     if config.warmup_epochs < 0:
         raise fail("warmup_epochs", f"must not be negative, got {config.warmup_epochs}")
     if config.workers != AUTO and not (isinstance(config.workers, int) and config.workers >= 0):
@@ -238,29 +271,31 @@ def _validate(config: SiteConfig, where: str, base_dir: Path | None) -> None:
         raise fail("max_batches_per_epoch", f"must be positive or null, got {config.max_batches_per_epoch}")
     if config.cpu_threads is not None and config.cpu_threads <= 0:
         raise fail("cpu_threads", f"must be positive or null, got {config.cpu_threads}")
-    if config.in_channels not in (1, 3):
-        raise fail("in_channels", f"must be 1 or 3, got {config.in_channels}")
     if config.optimizer not in OPTIMIZERS:
         raise fail("optimizer", f"must be one of {list(OPTIMIZERS)}, got {config.optimizer!r}")
     if config.device.split(":")[0] not in DEVICES:
         raise fail("device", f"must be auto, cpu, cuda or cuda:N, got {config.device!r}")
-    if config.on_unreadable not in ON_ERROR_POLICIES:
-        raise fail("on_unreadable", f"must be one of {list(ON_ERROR_POLICIES)}, got {config.on_unreadable!r}")
-    if config.record_exchanges not in ("head", "full", "off"):
-        raise fail("record_exchanges", f"must be head, full or off, got {config.record_exchanges!r}")
+    if config.record_exchanges not in RECORD_MODES:
+        raise fail("record_exchanges", f"must be one of {list(RECORD_MODES)}, got {config.record_exchanges!r}")
 
 
 def site_config_from_dict(
-    values: Mapping[str, Any], where: str = "site config", base_dir: Path | None = None
+    values: Mapping[str, Any],
+    where: str = "site config",
+    base_dir: Path | None = None,
+    job_aliases: Mapping[str, str] | None = None,
 ) -> SiteConfig:
     """Build and validate a :class:`SiteConfig`; ``where`` names the source in errors, ``base_dir`` is where
-    relative file names in it start (its file's folder)."""
-    config = _build(SiteConfig, values, where)
+    relative file names in it start (its file's folder), ``job_aliases`` the label aliases of the job it is loaded
+    for (its vocabulary reads the site's labels with them)."""
+    config = _build_site_config(values, where)
+    config.job_aliases = dict(job_aliases or {})
     _validate(config, where, base_dir)
     return config
 
 
-def load_site_config(path: str | Path) -> SiteConfig:
+def load_site_config(path: str | Path, job_aliases: Mapping[str, str] | None = None) -> SiteConfig:
+    """A site's config file, loaded for a job with ``job_aliases`` (none: the built-in and the site's own)."""
     path = Path(path)
     if not path.is_file():
         raise SiteConfigError(f"site config not found: {path}")
@@ -268,7 +303,7 @@ def load_site_config(path: str | Path) -> SiteConfig:
         values = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise SiteConfigError(f"{path}: not valid JSON ({error})") from None
-    return site_config_from_dict(values, where=str(path), base_dir=path.parent)
+    return site_config_from_dict(values, where=str(path), base_dir=path.parent, job_aliases=job_aliases)
 
 
 # data.location in a provisioned kit's template, refused until hospital IT sets it

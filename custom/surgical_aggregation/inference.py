@@ -7,7 +7,7 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,19 +46,17 @@ THRESHOLDS_KEY = "thresholds"  # checkpoint meta: {"values": {class: threshold},
 CALL_SUFFIX = " (call)"  # predict's positive-call columns: "<class> (call)", 1 at or above the class's threshold
 
 
-def model_preprocessing(checkpoint: Checkpoint, image_size: int | None = None) -> dict[str, Any]:
-    """What the model was trained to read (stored with it), with an image size given for a file that lacks one."""
-    preprocessing = dict(checkpoint.preprocessing)
-    if image_size is not None:
-        preprocessing["image_size"] = image_size
-    return preprocessing
+def model_preprocessing(checkpoint: Checkpoint, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What the model was trained to read (stored with it), with the entries ``given`` for a file that lacks them
+    (e.g. ``{"image_size": 224}``; the modality says which it needs)."""
+    return {**checkpoint.preprocessing, **(given or {})}
 
 
 def score(
     checkpoint_path: str | Path,
     source: str | Path,
     column: str | None = None,
-    image_size: int | None = None,
+    preprocessing: Mapping[str, Any] | None = None,
     cache_dir: str | Path | None = None,
     on_error: OnError = "skip",
     batch_size: int = 32,
@@ -72,7 +70,7 @@ def score(
     checkpoint = load_checkpoint(checkpoint_path)
     modality = modality_for_architecture(checkpoint.architecture)
     table = modality.unlabelled_table(Path(source), column)
-    preprocessing = model_preprocessing(checkpoint, image_size)
+    preprocessing = model_preprocessing(checkpoint, preprocessing)
     dataset, kept, failures = modality.scoring_dataset(
         table, preprocessing, None if cache_dir is None else str(cache_dir), on_error, device
     )
@@ -129,7 +127,7 @@ class EvaluationReport:
 def evaluate_on_table(checkpoint_path: str | Path, table: LabelTable, **options: Any) -> EvaluationReport:
     """AUROC per class the model and the labelled set share (matched by name), with a bootstrap CI of the mean.
 
-    ``options`` are :func:`evaluate_models`'s (image_size, cache_dir, on_error, batch_size, device, bootstrap).
+    ``options`` are :func:`evaluate_models`'s (preprocessing, cache_dir, on_error, batch_size, device, bootstrap).
     """
     return evaluate_models([checkpoint_path], table, **options)
 
@@ -137,7 +135,7 @@ def evaluate_on_table(checkpoint_path: str | Path, table: LabelTable, **options:
 def evaluate_models(
     checkpoint_paths: Sequence[str | Path],
     table: LabelTable,
-    image_size: int | None = None,
+    preprocessing: Mapping[str, Any] | None = None,
     cache_dir: str | Path | None = None,
     on_error: OnError = "skip",
     batch_size: int = 32,
@@ -150,7 +148,7 @@ def evaluate_models(
         raise ValueError("no model to evaluate")
     checkpoints = [load_checkpoint(path) for path in checkpoint_paths]
     predicted = predicted_classes(checkpoints, table)
-    dataset, kept = scoring_dataset(checkpoints, table, image_size, cache_dir, on_error, device)
+    dataset, kept = scoring_dataset(checkpoints, table, preprocessing, cache_dir, on_error, device)
     probabilities = ensemble_probabilities(
         checkpoints, predicted, lambda checkpoint: predict_checkpoint(checkpoint, dataset, batch_size, device)
     )
@@ -162,20 +160,19 @@ def evaluate_models(
 def scoring_dataset(
     checkpoints: Sequence[Checkpoint],
     table: LabelTable,
-    image_size: int | None = None,
+    preprocessing: Mapping[str, Any] | None = None,
     cache_dir: str | Path | None = None,
     on_error: OnError = "skip",
     device: str = "auto",
 ) -> tuple[Dataset, LabelTable]:
     """``table`` as the models' inputs (their modality's, their preprocessing, which must be one); unreadable rows
     are left out (logged) or raise, as ``on_error`` says."""
-    settings = {json.dumps(model_preprocessing(checkpoint, image_size), sort_keys=True) for checkpoint in checkpoints}
+    settings = {json.dumps(model_preprocessing(model, preprocessing), sort_keys=True) for model in checkpoints}
     if len(settings) > 1:
         raise ModelFileError(f"the models were trained with different preprocessing {sorted(settings)}")
     modality = modality_for_architecture(checkpoints[0].architecture)
-    preprocessing = json.loads(settings.pop())
     dataset, kept, failures = modality.scoring_dataset(
-        table, preprocessing, None if cache_dir is None else str(cache_dir), on_error, device
+        table, json.loads(settings.pop()), None if cache_dir is None else str(cache_dir), on_error, device
     )
     if failures:
         logger.warning("left out %d unreadable input(s), e.g. %s", len(failures), failures[:3])
@@ -320,13 +317,13 @@ def evaluate_and_choose_thresholds(
     on_error: OnError = "skip",
     device: str = "auto",
     bootstrap: int = 1000,
-    image_size: int | None = None,
+    preprocessing: Mapping[str, Any] | None = None,
 ) -> EvaluationReport:
     """The model on the ``test`` split, with each class's threshold chosen on the ``val`` split (Youden's J) and its
     accuracy, sensitivity and specificity on ``test`` at that threshold."""
     checkpoints = [load_checkpoint(checkpoint_path)]
-    val, _ = scoring_dataset(checkpoints, splits["val"], image_size, cache_dir, on_error, device)
-    test, _ = scoring_dataset(checkpoints, splits["test"], image_size, cache_dir, on_error, device)
+    val, _ = scoring_dataset(checkpoints, splits["val"], preprocessing, cache_dir, on_error, device)
+    test, _ = scoring_dataset(checkpoints, splits["test"], preprocessing, cache_dir, on_error, device)
     report = evaluate_with_thresholds([checkpoint_path], val, test, bootstrap, device)
     report.noun = modality_for_architecture(checkpoints[0].architecture).sample_noun
     return report
@@ -340,4 +337,4 @@ def save_thresholds(checkpoint_path: str | Path, report: EvaluationReport, chose
         for row in report.per_class.itertuples(index=False)
     }
     meta = {**checkpoint.meta, THRESHOLDS_KEY: {"values": values, "chosen_on": chosen_on, "rule": "Youden's J"}}
-    return save_checkpoint(out, checkpoint.state, checkpoint.class_names, checkpoint.in_channels, **meta)
+    return save_checkpoint(out, checkpoint.state, checkpoint.class_names, **meta)

@@ -141,7 +141,7 @@ class RankGroup:
         cls, world: int, device: torch.device, helper_spec: dict[str, Any], log: logging.Logger = logger
     ) -> RankGroup:
         """Rank 0: start ``world - 1`` helpers that build the site from ``helper_spec`` (its config as a dict,
-        its vocabulary's aliases, its name), and join the process group with them."""
+        the job's aliases it was loaded with, its name), and join the process group with them."""
         check_gpus(world, device, "cpu" if device.type == "cpu" else str(device))
         store = dist.TCPStore(HOST, 0, world, is_master=True, wait_for_workers=False, timeout=COLLECTIVE_TIMEOUT)
         folder = Path(tempfile.mkdtemp(prefix="surgical-aggregation-ranks-"))

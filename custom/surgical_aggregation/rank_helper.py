@@ -19,7 +19,6 @@ import torch.distributed as dist
 from .config import site_config_from_dict
 from .core.devices import resolve_device
 from .core.errors import UserError
-from .core.labels import Vocabulary, vocabulary_in_use
 from .parallel import PARENT_PID_VARIABLE, RankGroup
 from .site_data import prepare_site_data
 from .trainer import SiteTrainer
@@ -33,21 +32,20 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger(f"surgical_aggregation.{site}.rank{rank}")
     log.setLevel(logging.WARNING)  # rank 0 reports the epochs, for the whole batches
     parent = int(os.environ[PARENT_PID_VARIABLE])
-    vocabulary = Vocabulary([(spec["aliases"], f"{site}'s vocabulary")])  # the job's and the site's, as rank 0's
-    try:
-        config = site_config_from_dict(spec["config"], where=f"{site}'s config (rank {rank})")
+    try:  # the job's aliases as rank 0 loaded them: the helper reads the site's labels as rank 0 does
+        config = site_config_from_dict(
+            spec["config"], where=f"{site}'s config (rank {rank})", job_aliases=spec["job_aliases"]
+        )
         group = RankGroup.connect(rank, int(world), int(port), resolve_device(config.device), parent)
-        with vocabulary_in_use(vocabulary):
-            data = prepare_site_data(config, log)
+        data = prepare_site_data(config, log)
     except UserError as error:  # rank 0 reports that this helper exited; the reason is this line
         log.error("cannot start: %s", error)
         return 1
-    with vocabulary_in_use(vocabulary):
-        trainer = SiteTrainer(config, data, site, log, group=group)
-        group.join()
-        while (request := group.next_request()) is not None:
-            trainer.apply(request)
-            trainer.fit(request.round_number, request.warmup)
+    trainer = SiteTrainer(config, data, site, log, group=group)
+    group.join()
+    while (request := group.next_request()) is not None:
+        trainer.apply(request)
+        trainer.fit(request.round_number, request.warmup)
     dist.destroy_process_group()
     return 0
 

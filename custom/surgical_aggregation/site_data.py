@@ -18,7 +18,6 @@ from torch.utils.data import ConcatDataset, Dataset
 
 from .config import DATA_LOCATION_PLACEHOLDER, SiteConfig
 from .core.errors import DataNotFoundError, DatasetFormatError, SiteConfigError
-from .core.labels import active_vocabulary, vocabulary_in_use
 from .data.splits import DEFAULT_SPLIT_NAMES, patient_split
 from .data.table import PATH_COLUMN, LabelTable, MaterialisedTable
 
@@ -27,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 def resolve_table(config: SiteConfig, log: logging.Logger = logger) -> LabelTable:
     """The site's label table (real data, or the embedded dataset), restricted to its labels. Its label
-    names are read through the site's vocabulary (its own aliases, and the job's when a job runs)."""
+    names are read through the config's vocabulary (the site's own aliases, and the job's it was loaded for)."""
     data = config.data
     if data.location == DATA_LOCATION_PLACEHOLDER:
         raise DataNotFoundError(
@@ -37,13 +36,12 @@ def resolve_table(config: SiteConfig, log: logging.Logger = logger) -> LabelTabl
     where = (
         f"data.location {str(Path(data.location).resolve())!r}" if data.location else f"the embedded {data.kind} data"
     )
-    with vocabulary_in_use(config.vocabulary(active_vocabulary().aliases)):
-        try:
-            table = config.modality.load_table(config, log)
-        except DataNotFoundError as error:
-            if data.location is None:
-                raise
-            raise DataNotFoundError(f"{where}: {error}") from None
+    try:
+        table = config.modality.load_table(config, log)
+    except DataNotFoundError as error:
+        if data.location is None:
+            raise
+        raise DataNotFoundError(f"{where}: {error}") from None
     noun = config.modality.sample_noun
     if len(table) == 0:
         raise DatasetFormatError(

@@ -20,7 +20,6 @@ from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, sa
 from .config import SiteConfig
 from .core.devices import autocast_dtype, resolve_device, resolve_workers
 from .core.head import NAMED_HEAD, place_rows
-from .core.labels import active_vocabulary, canonical_name
 from .core.methods import SiteRecipe, check_batchnorm, prior_vector
 from .loops import (
     Evaluation,
@@ -88,6 +87,7 @@ class SiteTrainer:
         """``group``: a helper's place in the site's training group (``gpus`` > 1); rank 0 starts its group
         at its first fit."""
         self.config = config
+        self.vocabulary = config.vocabulary  # how this site reads the class names of the models it receives
         self.data = data
         self.site_name = site_name
         self.log = log
@@ -149,9 +149,7 @@ class SiteTrainer:
     def save(self, path: str | Path) -> None:
         """Keep the local model on disk: FLARE may restart the site's process between tasks."""
         meta = {ARCHITECTURE_KEY: self.modality.architecture, PREPROCESSING_KEY: self.preprocessing}
-        save_checkpoint(
-            path, self.state_dict(), self.head_classes, self.config.in_channels, **meta, epochs_done=self.epochs_done
-        )
+        save_checkpoint(path, self.state_dict(), self.head_classes, **meta, epochs_done=self.epochs_done)
 
     def restore(self, path: str | Path) -> bool:
         """Reload a model saved by :meth:`save` whose head covers this site's classes; False when there is none."""
@@ -186,7 +184,7 @@ class SiteTrainer:
         in its order, then the others in the server's (rows are matched by name either way, and with identical class
         sets the computation is then exactly surgical aggregation's); otherwise it stays the site's own classes.
         """
-        canonical = [canonical_name(name) for name in class_names]
+        canonical = [self.vocabulary.canonical(name) for name in class_names]
         if self.recipe.trains_union_head:  # its own classes first, in its order: with every class shared (psi = 0)
             own = [name for name in self.class_names if name in canonical]  # the head is surgical aggregation's
             self._set_head([*own, *(name for name in canonical if name not in own)])
@@ -241,7 +239,7 @@ class SiteTrainer:
             spec = {
                 "site": self.site_name,
                 "config": self.config.to_dict(),
-                "aliases": dict(active_vocabulary().aliases),  # the job's and the site's, as this process reads
+                "job_aliases": self.config.job_aliases,  # the helpers read the site's labels as rank 0 does
             }
             self.group = RankGroup.start(self.config.gpus, self.device, spec, self.log)
         return self.group
@@ -335,7 +333,7 @@ class SiteTrainer:
         over the classes both have, picked by name. The local model is left untouched."""
         model = place_model(self._new_model(self.class_names), self.device)
         placed, present = place_rows(
-            model.state_dict(), self.class_names, state, class_names, normalize_name=canonical_name
+            model.state_dict(), self.class_names, state, class_names, normalize_name=self.vocabulary.canonical
         )
         if not present:
             raise ValueError(f"the model's classes {list(class_names)} share none with this site's {self.class_names}")

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .checks import CheckedResult, ModelLayout, ResultRejected, check_result
-from .head import NAMED_HEAD, HeadSpec, StateDict, cast_like, to_numpy
+from .head import NAMED_HEAD, HeadSpec, StateDict, cast_like, same_name, to_numpy
 from .strategies import strategy
 
 Weighting = Literal["uniform", "samples"]
@@ -116,8 +116,8 @@ class SurgicalAggregator:
 
     ``global_state``/``global_classes`` are the current global model, its head rows in
     ``global_classes`` order (a head with zero rows is allowed: the union then starts empty).
-    ``normalize_name`` maps a client's class name to its canonical spelling (e.g.
-    :func:`surgical_aggregation.labels.canonical_name`); a name it rejects rejects the
+    ``normalize_name`` maps a client's class name to its canonical spelling (e.g. the job's
+    :meth:`~surgical_aggregation.core.labels.Vocabulary.canonical`); a name it rejects rejects the
     contribution.
     """
 
@@ -135,7 +135,7 @@ class SurgicalAggregator:
             if key not in global_state:
                 raise KeyError(f"global model has no head key {key!r}")
         self._head = head
-        self._normalize = normalize_name or _same_name
+        self._normalize = normalize_name or same_name
         self._global = global_state
         self._classes = [self._normalize(name) for name in global_classes]
         if len(set(self._classes)) != len(self._classes):
@@ -253,7 +253,3 @@ class SurgicalAggregator:
             contributors={name: list(clients) for name, clients in self._contributors.items()},
             new_classes=new_classes,
         )
-
-
-def _same_name(name: str) -> str:
-    return name

@@ -40,8 +40,24 @@ class HeadSpec:
 NAMED_HEAD = HeadSpec("class_layers.out.weight", "class_layers.out.bias")
 
 
-def _same_name(name: str) -> str:
+def same_name(name: str) -> str:
+    """The name as given: the normaliser of names that are already canonical."""
     return name
+
+
+def distinct_class_names(class_names: Sequence[str], where: str = "model class_names") -> list[str]:
+    """A head's class names as a list, refused unless they are non-empty, distinct strings (the caller has read
+    them through its vocabulary: a model does not rename its rows)."""
+    names = list(class_names)
+    if not names:
+        raise ValueError(f"{where}: a model needs at least one class name")
+    blank = [name for name in names if not isinstance(name, str) or not name.strip()]
+    if blank:
+        raise ValueError(f"{where}: class names must be non-empty strings, got {blank[:3]}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{where}: class names must be distinct, {repeated} appear more than once")
+    return names
 
 
 def to_numpy(value: Any) -> np.ndarray:
@@ -97,7 +113,7 @@ def slice_for_client(
 
     Raises ``KeyError`` naming the classes the global model does not have yet.
     """
-    normalize = normalize_name or _same_name
+    normalize = normalize_name or same_name
     index = {normalize(name): position for position, name in enumerate(global_classes)}
     wanted = [normalize(name) for name in client_classes]
     missing = [name for name in wanted if name not in index]
@@ -130,7 +146,7 @@ def place_rows(
     FedBN's BatchNorm). Head rows are picked by class name; rows of classes ``received`` lacks are
     zero. Returns the state and the template classes that ``received`` had rows for, in template order.
     """
-    normalize = normalize_name or _same_name
+    normalize = normalize_name or same_name
     index = {normalize(name): row for row, name in enumerate(received_classes)}
     placed: dict[str, torch.Tensor] = {}
     for key, value in template.items():

@@ -1,11 +1,14 @@
 """Finding names: one open vocabulary, the spellings each dataset uses, and their label lists.
 
-Every place that pairs a label with a number (a CSV column, a head row, an AUROC) goes through
-:func:`canonical_name`, so "Effusion" (NIH), "Pleural Effusion" (CheXpert) and "pleural effusions"
+Every place that pairs a label with a number (a CSV column, a head row, an AUROC) reads it through a
+:class:`Vocabulary`: :data:`BUILTIN_VOCABULARY`; a site's (the built-in one with its own and the job's
+aliases), carried on its loaded config and passed where names are read; or the server's
+(:func:`job_vocabulary`). So "Effusion" (NIH), "Pleural Effusion" (CheXpert) and "pleural effusions"
 are one class. The vocabulary is open: a name that matches nothing known becomes a class of its own
 (logged once, with the known names it is close to), so any hospital's labels can join. A consortium
 or a site adds synonyms with an alias file (:func:`read_alias_file`), and a consortium that wants a
-closed vocabulary lists its accepted classes (:class:`Vocabulary`).
+closed vocabulary lists its accepted classes (:class:`Vocabulary`). No module holds a vocabulary of
+its own: each is a value, passed.
 
 Matching reads names in Unicode NFKC and ignores case, runs of spaces, ``_`` and ``-``, and plural
 endings ("Nodules", "Opacities", "Masses"); names that differ in meaning are never merged ("Nodule or
@@ -14,13 +17,12 @@ Mass" stays apart from "Nodule" and "Mass", "Lung Opacity" from "Consolidation")
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import json
 import logging
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .errors import AliasFileError, DuplicateLabelError, UnknownLabelError
@@ -226,6 +228,12 @@ class Vocabulary:
         self._report_outside(outside, where)
         return list(result)
 
+    def renaming(self, names: Iterable[str], where: str = "") -> dict[str, str]:
+        """Each of ``names`` (a dataset's own spellings, e.g. its label columns) -> the class it means here; two
+        names of one class are an error naming both (:meth:`canonical_list`)."""
+        names = list(names)
+        return dict(zip(names, self.canonical_list(names, where), strict=True))
+
     def _find(self, name: str, where: str) -> tuple[str, bool]:
         """(the class ``name`` means, whether it is outside the vocabulary); refuses what a closed one does not
         accept."""
@@ -268,23 +276,6 @@ class Vocabulary:
 
 
 BUILTIN_VOCABULARY = Vocabulary()
-_active = BUILTIN_VOCABULARY
-
-
-def active_vocabulary() -> Vocabulary:
-    """The vocabulary :func:`canonical_name` uses in this process (a site's: the job's and its own aliases)."""
-    return _active
-
-
-@contextlib.contextmanager
-def vocabulary_in_use(vocabulary: Vocabulary) -> Iterator[Vocabulary]:
-    """Canonicalise with ``vocabulary`` inside the block (a site process: for the whole job)."""
-    global _active
-    previous, _active = _active, vocabulary
-    try:
-        yield vocabulary
-    finally:
-        _active = previous
 
 
 def read_alias_file(path: str | Path) -> dict[str, str]:
@@ -309,6 +300,24 @@ def read_alias_file(path: str | Path) -> dict[str, str]:
         raise AliasFileError(f"{path}: must map each alias to a class name, got {type(mapping).__name__}")
     Vocabulary([(mapping, str(path))])  # validates every entry
     return mapping
+
+
+def job_vocabulary(
+    aliases: Mapping[str, str] | None = None, accepted_classes: Sequence[str] | None = None
+) -> Vocabulary:
+    """A job's vocabulary as its server reads class names: the built-in one, the job's aliases, its accepted
+    classes (none: open)."""
+    return Vocabulary([(aliases or {}, "the job's label_aliases")], accepted_classes, "the job's accepted_classes")
+
+
+def label_aliases(source: Mapping[str, str] | str | Path | None) -> dict[str, str]:
+    """Aliases as a job or a site gives them: a mapping (checked), an alias file's path (read), or none."""
+    if source is None:
+        return {}
+    if isinstance(source, (str, Path)):
+        return read_alias_file(source)
+    Vocabulary([(source, "label aliases")])  # validates every entry
+    return dict(source)
 
 
 def _yaml_loader_without_repeats(yaml, path: Path):
@@ -364,20 +373,6 @@ DATASET_LABELS: dict[str, tuple[str, ...]] = {
 }
 
 
-def canonical_name(name: str, where: str = "") -> str:
-    """The canonical spelling of ``name`` in this process's vocabulary (:func:`active_vocabulary`).
-
-    A name outside the vocabulary becomes a class of its own; in a closed vocabulary it is an
-    :class:`UnknownLabelError` naming ``where`` (a file, a site, a config field).
-    """
-    return _active.canonical(name, where)
-
-
-def canonical_names(names: Iterable[str], where: str = "") -> list[str]:
-    """Canonicalise a label list, keeping its order; a duplicate (after aliasing) is an error."""
-    return _active.canonical_list(names, where)
-
-
 def dataset_labels(dataset: str) -> tuple[str, ...]:
     """The canonical label list of a known dataset kind ("nih", "chexpert", "mimic", "cxr-lt")."""
     try:
@@ -386,12 +381,13 @@ def dataset_labels(dataset: str) -> tuple[str, ...]:
         raise ValueError(f"unknown dataset kind {dataset!r}; known: {', '.join(DATASET_LABELS)}") from None
 
 
-def union_labels(*label_lists: Sequence[str]) -> list[str]:
-    """Union of label lists in order of first appearance (the order surgical aggregation uses)."""
+def union_labels(*label_lists: Sequence[str], vocabulary: Vocabulary = BUILTIN_VOCABULARY) -> list[str]:
+    """Union of label lists in order of first appearance (the order surgical aggregation uses), each name read
+    through ``vocabulary``."""
     union: list[str] = []
     for labels in label_lists:
         for name in labels:
-            canonical = canonical_name(name)
+            canonical = vocabulary.canonical(name)
             if canonical not in union:
                 union.append(canonical)
     return union

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -47,6 +47,17 @@ class LabelTable:
     @property
     def paths(self) -> list[str]:
         return self.frame[PATH_COLUMN].tolist()
+
+    def renamed(self, renaming: Mapping[str, str]) -> LabelTable:
+        """This table with its classes renamed (``{name here: name wanted}``, e.g. a vocabulary's
+        :meth:`~surgical_aggregation.core.labels.Vocabulary.renaming` of a dataset's fixed label list)."""
+
+        def rename(names: list[str]) -> list[str]:
+            return [renaming.get(name, name) for name in names]
+
+        split = rename(self.split_classes) if self.split_classes is not None else None
+        frame = self.frame.rename(columns=dict(renaming))
+        return replace(self, classes=rename(self.classes), frame=frame, split_classes=split)
 
     @property
     def n_patients(self) -> int:

@@ -52,7 +52,7 @@ class Pretraining:
     @classmethod
     def for_profile(cls, profile: Profile) -> Pretraining:
         """At the profile's image size, with its pretraining budget."""
-        image_size = site_config_from_dict(profile.site_config({"kind": PRETRAINING_KIND})).image_size
+        image_size = site_config_from_dict(profile.site_config({"kind": PRETRAINING_KIND})).settings.image_size
         return cls(image_size, **dict(profile.pretraining))
 
     @property

@@ -232,8 +232,9 @@ def training_record(
     federation's sites), how it handled BatchNorm, the digest of the backbone it started from and its settings;
     ``method``: the method's own fields (:data:`METHOD_FIELDS`)."""
     cap = config.max_batches_per_epoch
+    values = config.to_dict()  # the general fields and the modality's, flat
     return {
-        **{name: getattr(config, name) for name in TRAINED_FIELDS},
+        **{name: values[name] for name in TRAINED_FIELDS if name in values},
         "images_per_round_cap": None if cap is None else cap * config.batch_size * parallel,
         "rounds": profile.rounds,
         "selection": f"the lowest validation loss over the sites' validation images; patience {profile.patience}, "
@@ -245,7 +246,7 @@ def training_record(
     }
 
 
-# the site-config fields every method of a setting trains with (the record's shared part)
+# the site-config fields every method of a setting trains with (the record's shared part; the first four: images')
 TRAINED_FIELDS = (
     "image_size",
     "in_channels",

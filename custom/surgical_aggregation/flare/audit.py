@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from ..core.head import NAMED_HEAD, to_numpy
+from ..data.names import RECORD_MODES
 
 AUDIT_DIR = "audit"
 AUDIT_FILE = "exchanges.jsonl"
 EXCHANGES_DIR = "exchanges"
-RECORD_MODES = ("head", "full", "off")
 
 
 class SiteAudit:

@@ -35,7 +35,7 @@ from ..config import JOB_DEFAULT_ORIGIN, SITE_CONFIGS_DIR, SiteConfig, find_site
 from ..core.devices import resolve_device
 from ..core.errors import UserError
 from ..core.head import numpy_state
-from ..core.labels import Vocabulary, read_alias_file, vocabulary_in_use
+from ..core.labels import read_alias_file
 from ..core.methods import recipe_from_meta
 from ..parallel import check_gpus
 from ..site_data import SiteData, prepare_site_data, resolve_table, split_table
@@ -253,7 +253,7 @@ class ClientSession:
         preprocessing = meta.get(META_PREPROCESSING) or {}
         path = self.app_dir / PUBLISHED_MODEL_FILE
         meta.update({ARCHITECTURE_KEY: self.config.modality.architecture, PREPROCESSING_KEY: preprocessing})
-        save_checkpoint(path, numpy_state(received.params), classes, int(preprocessing.get("in_channels", 1)), **meta)
+        save_checkpoint(path, numpy_state(received.params), classes, **meta)
         self.log.info("%s received the published global model (%d classes): %s", self.site, len(classes), path)
         return FLModel(params={}, meta={"kept": str(path)})
 
@@ -278,18 +278,15 @@ def main() -> None:
     app_dir = job_app_dir(site, flare.get_job_id())
     path, origin = None, ""
     try:
-        job_aliases = app_dir / "config" / JOB_ALIASES_FILE
-        job_vocabulary = Vocabulary([(read_alias_file(job_aliases), str(job_aliases))] if job_aliases.is_file() else [])
-        with vocabulary_in_use(job_vocabulary):
-            path, origin = find_site_config(site, app_dir)
-            config = load_site_config(path)
+        aliases_file = app_dir / "config" / JOB_ALIASES_FILE  # the job's label aliases, as the recipe wrote them
+        job_aliases = read_alias_file(aliases_file) if aliases_file.is_file() else {}
+        path, origin = find_site_config(site, app_dir)
+        config = load_site_config(path, job_aliases)  # its vocabulary: the site's aliases, then the job's
         log.info("%s: site config %s (%s)", site, path, origin)
-        vocabulary = config.vocabulary(job_vocabulary.aliases)
         writer = SummaryWriter()
-        with vocabulary_in_use(vocabulary):
-            session = ClientSession(
-                site, config, app_dir, log, tracker=lambda tag, value, step: writer.add_scalar(tag, value, step)
-            )
+        session = ClientSession(
+            site, config, app_dir, log, tracker=lambda tag, value, step: writer.add_scalar(tag, value, step)
+        )
     except UserError as error:
         # A site's own mistake (its config, its data) is this one line. FLARE prints an exception from the
         # script three times with its traceback; SystemExit ends the script (in-process: its thread) quietly,
@@ -299,7 +296,7 @@ def main() -> None:
     except Exception as error:
         log.error("%s cannot start: %s", site, error)
         raise
-    with vocabulary_in_use(vocabulary), session:  # the job's and the site's names, in everything sent and read
+    with session:
         while flare.is_running():
             received = flare.receive()
             if received is None:

@@ -138,3 +138,37 @@ def refuse_other_preprocessing(sites: Mapping[str, SiteInfo], federation: Mappin
         if problem := preprocessing_problem(info.preprocessing, federation):
             refused[site] = problem
     return refused
+
+
+@dataclass
+class Admission:
+    """Who takes part after the handshake, and why the others do not (each is told)."""
+
+    sites: dict[str, SiteInfo]  # admitted, in name order
+    unreadable: dict[str, str]  # site -> why its answer could not be read or broke a rule
+    refused: dict[str, str]  # site -> why it is refused beside the others (look-alike classes, preprocessing)
+    preprocessing: dict[str, Any]  # the federation's
+
+
+def admit(
+    answers: Mapping[str, Mapping[str, Any]],
+    rules: HandshakeRules,
+    preprocessing: Mapping[str, Any] | None,
+    existing_classes: Sequence[str],
+) -> Admission:
+    """The handshake's checks on every site's answer (site -> its meta): each read on its own (:func:`read_site`),
+    then against the others and ``existing_classes`` (the model's): look-alike classes, and a preprocessing other
+    than ``preprocessing`` (None: the first admitted site's, in name order)."""
+    sites: dict[str, SiteInfo] = {}
+    unreadable: dict[str, str] = {}
+    for site, meta in answers.items():
+        try:
+            sites[site] = read_site(site, meta, rules)
+        except HandshakeRefused as refusal:
+            unreadable[site] = str(refusal)
+    sites = dict(sorted(sites.items()))
+    federation = dict(preprocessing or (next(iter(sites.values())).preprocessing if sites else {}))
+    refused = {**refuse_look_alikes(sites, existing_classes), **refuse_other_preprocessing(sites, federation)}
+    for site in refused:
+        sites.pop(site, None)
+    return Admission(sites, unreadable, dict(sorted(refused.items())), federation)

@@ -2,7 +2,7 @@
 
 FLARE's ``PTFileModelPersistor`` rebuilds a fixed ``nn.Module`` and cannot follow a head that
 grows as sites join, nor keep the rows' class names. These components store the package's
-own checkpoint format (``{"model", "class_names", "in_channels", "meta"}``), readable with
+own checkpoint format (``{"model", "class_names", "meta"}``), readable with
 ``surgical_aggregation.checkpoint.load_checkpoint`` and by anything that reads ``ckpt["model"]``.
 """
 
@@ -20,7 +20,7 @@ from nvflare.app_common.abstract.model_persistor import ModelPersistor
 from nvflare.app_common.app_constant import AppConstants, DefaultCheckpointFileName
 from nvflare.app_common.app_event_type import AppEventType
 
-from ..checkpoint import ARCHITECTURE_KEY, initial_global_state, load_checkpoint, save_checkpoint
+from ..checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, initial_global_state, load_checkpoint, save_checkpoint
 from ..core.head import numpy_state
 from ..modalities import ARCHITECTURES, DEFAULT_ARCHITECTURE
 from .protocol import META_CLASS_NAMES
@@ -86,8 +86,8 @@ class SurgicalModelPersistor(ModelPersistor):
         meta = dict(learnable.get(ModelLearnableKey.META) or {})
         class_names = meta.pop(META_CLASS_NAMES, [])
         weights = {key: torch.as_tensor(np.asarray(v)) for key, v in learnable[ModelLearnableKey.WEIGHTS].items()}
-        in_channels = int((self.preprocessing or {}).get("in_channels", 1))
-        save_checkpoint(path, weights, class_names, in_channels, **{ARCHITECTURE_KEY: self.architecture, **meta})
+        meta = {ARCHITECTURE_KEY: self.architecture, PREPROCESSING_KEY: dict(self.preprocessing or {}), **meta}
+        save_checkpoint(path, weights, class_names, **meta)
 
     def save_model(self, learnable: ModelLearnable, fl_ctx: FLContext) -> None:
         self._write(learnable, self._app_dir(fl_ctx) / self.global_model_file_name)

@@ -48,7 +48,8 @@ from nvflare.recipe.spec import Recipe
 
 from ..config import SITE_CONFIGS_DIR, SiteConfig, site_config_from_dict
 from ..core.errors import SiteConfigError
-from ..core.labels import Vocabulary, read_alias_file, vocabulary_in_use
+from ..core.labels import job_vocabulary
+from ..core.labels import label_aliases as load_label_aliases
 from ..profiles import DEMO, REPORT
 from .controller import SurgicalAggregatorShareable
 from .persistor import SurgicalModelPersistor
@@ -135,15 +136,12 @@ class SurgicalAggregationRecipe(Recipe):
             raise ValueError(f"tracking must be one of {TRACKERS}, got {tracking!r}")
         if not sites:
             raise ValueError(f"job {name!r} has no sites")
-        if isinstance(label_aliases, (str, Path)):
-            label_aliases = read_alias_file(label_aliases)
-        self.label_aliases = dict(label_aliases or {})
-        vocabulary = Vocabulary([(self.label_aliases, f"job {name!r} label_aliases")], accepted_classes)
-        with vocabulary_in_use(vocabulary):  # the sites' label lists are read as the job reads them
-            configs = {
-                site: site_config_from_dict(values, where=f"job {name!r} site {site!r}")
-                for site, values in sites.items()
-            }
+        self.label_aliases = load_label_aliases(label_aliases)
+        vocabulary = job_vocabulary(self.label_aliases, accepted_classes)
+        configs = {  # the sites' label lists read as the job's sites read them: with the job's aliases
+            site: site_config_from_dict(values, where=f"job {name!r} site {site!r}", job_aliases=self.label_aliases)
+            for site, values in sites.items()
+        }
         modalities = {config.modality.name for config in configs.values()}
         if len(modalities) > 1:
             raise ValueError(f"job {name!r} mixes data modalities {sorted(modalities)}; one model reads one kind")

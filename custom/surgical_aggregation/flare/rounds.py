@@ -37,6 +37,8 @@ from ..core.checks import (
     update_sizes,
 )
 from ..core.head import HeadSpec
+from .handshake import SiteInfo
+from .protocol import META_CLASS_NAMES, META_WARMUP, TASK_TRAIN
 
 
 @dataclass
@@ -61,6 +63,11 @@ class RoundRules:
     update_bound: float | None
     outputs: ModelOutputs | None  # the model's outputs on the probe input (the model check)
 
+    def aggregator(self, state: Mapping[str, Any], classes: Sequence[str]) -> SurgicalAggregator:
+        """An aggregator over the global model ``state`` (head rows ``classes``): it checks each arriving result,
+        and (a fresh one per candidate) sums the accepted ones."""
+        return SurgicalAggregator(state, classes, self.backbone_strategy, self.weighting, self.head, self.normalize)
+
 
 @dataclass
 class Round:
@@ -84,15 +91,14 @@ class Round:
         self,
         contribution: Contribution,
         metrics: Any,
-        site_classes: Sequence[str],
-        received: Mapping[str, Any],
-        received_classes: Sequence[str],
-        warmup: bool,
+        info: SiteInfo,
+        sent: tuple[Mapping[str, Any], Mapping[str, Any]],
         checker: SurgicalAggregator,
     ) -> str | None:
-        """Check one arriving result and its metrics; keep it when valid. Returns the rejection reason, if any."""
+        """Check one arriving result and its metrics (``info``: the site's handshake, ``sent``: the params and meta of
+        the task it answers); keep it when valid. Returns the rejection reason, if any."""
         site = contribution.client
-        valid, problems = check_metrics(metrics, site_classes)
+        valid, problems = check_metrics(metrics, [*info.classes, *info.reported])
         if problems:
             self.metric_problems[site] = problems
         if "val_loss" in valid:
@@ -102,7 +108,8 @@ class Round:
         except ContributionRejected as rejection:
             self.rejected[site] = rejection.reason
             return rejection.reason
-        self.arrivals[site] = Arrival(contribution, checked, received, received_classes, warmup)
+        params, meta = sent
+        self.arrivals[site] = Arrival(contribution, checked, params, meta[META_CLASS_NAMES], bool(meta[META_WARMUP]))
         return None
 
     def aggregate(
@@ -111,12 +118,7 @@ class Round:
         """The round's global model from its valid results (see the module's docstring for the order of the
         checks); ``reference`` learns the accepted updates' sizes."""
 
-        def aggregator() -> SurgicalAggregator:
-            return SurgicalAggregator(
-                state, classes, rules.backbone_strategy, rules.weighting, rules.head, rules.normalize
-            )
-
-        averaged = aggregator().averaged_keys
+        averaged = rules.aggregator(state, classes).averaged_keys
         sizes = {}
         for site, arrival in sorted(self.arrivals.items()):
             contribution = arrival.contribution
@@ -140,7 +142,7 @@ class Round:
         def aggregate_of(sites: Sequence[str]) -> AggregationResult:
             key = tuple(sites)
             if key not in aggregates:
-                combined = aggregator()
+                combined = rules.aggregator(state, classes)
                 for site in sites:  # name order: the same sums on every run
                     combined.add_checked(self.arrivals[site].contribution, self.arrivals[site].checked)
                 aggregates[key] = combined.finalize()
@@ -160,6 +162,62 @@ class Round:
         result = aggregate_of(kept)
         result.rejected = dict(self.rejected)
         return result
+
+    def report(self, result: AggregationResult, rejected_on_arrival: Sequence[str]) -> list[tuple[str, str]]:
+        """What the server's log says of the round's aggregation: (level, line), level ``error``, ``warning`` or
+        ``info`` (results rejected on arrival were logged then)."""
+        lines = []
+        for site, reason in sorted(result.rejected.items()):
+            if site not in rejected_on_arrival:
+                lines.append(("error", f"round {self.number}: contribution from {site!r} rejected: {reason}"))
+            for detail in self.rejection_details.get(site, []):
+                lines.append(("info", f"round {self.number}: {site}'s update, against the typical one: {detail}"))
+        if self.model_check:
+            left_out = sorted(set(result.rejected) - set(rejected_on_arrival))
+            then = (
+                f"aggregated without {left_out}"
+                if result.accepted
+                else "the round's aggregation is discarded and the last good global model stays"
+            )
+            failed = "; ".join(self.model_check[:3])
+            lines.append(
+                ("error", f"round {self.number}: the candidate global model failed the model check ({failed}); {then}")
+            )
+        if self.free_riders:
+            riders = f"free-rider(s) {self.free_riders}: their updates barely moved the model"
+            lines.append(("warning", f"round {self.number}: {riders}"))
+        return lines
+
+    def outcomes(self, sites: Sequence[str], accepted: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """How each site's result fared (told to the site with its next task; its log and audit record it)."""
+        told = {}
+        for site in sites:
+            if site in accepted:
+                outcome: dict[str, Any] = {"status": "aggregated"}
+                if site in self.free_riders:
+                    outcome["note"] = "its update barely moved the model (recorded as a free-rider)"
+            elif site in self.rejected:
+                outcome = {"status": "rejected", "reason": self.rejected[site]}
+            elif site in self.failed:
+                outcome = {"status": "failed", "reason": f"its training task failed ({self.failed[site]})"}
+            else:
+                outcome = {"status": "not_received", "reason": "no result arrived in time; a late result is dropped"}
+            if self.metric_problems.get(site):
+                outcome["rejected_metrics"] = self.metric_problems[site]
+            told[site] = {"task": TASK_TRAIN, "round": self.number, **outcome}
+        return told
+
+    @staticmethod
+    def no_progress(outcomes: dict[str, dict[str, Any] | None], min_clients: int) -> dict[str, str]:
+        """Why each site (site -> its last outcome) did not make a round aggregate ``min_clients`` valid results."""
+        reasons = {}
+        for site, outcome in outcomes.items():
+            outcome = outcome or {"status": "not_received"}
+            if outcome["status"] == "aggregated":
+                reasons[site] = f"its result was valid, but no round had {min_clients} valid contributions"
+            else:
+                reasons[site] = outcome.get("reason", outcome["status"])
+        return reasons
 
     def record(self, accepted: Sequence[str], missing: Sequence[str], seconds: float) -> dict[str, Any]:
         """The round's ``aggregation`` entry of the history."""

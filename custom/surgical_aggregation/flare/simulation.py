@@ -21,7 +21,7 @@ from nvflare.recipe import SimEnv
 
 from ..core.errors import UserError
 from ..run_summary import summary_lines
-from .controller import CURVES_FILE, HISTORY_FILE, PERSONAL_MODELS_DIR, result_files
+from .results import CURVES_FILE, HISTORY_FILE, PERSONAL_MODELS_DIR, result_files
 from .protocol import JOB_FAILED
 from .recipe import SurgicalAggregationRecipe
 from .tracking import MLFLOW_STORE

@@ -19,7 +19,7 @@ from ..config import load_site_config
 from ..core.checks import DEFAULT_MAX_CLASS_NAME_LENGTH, DEFAULT_MAX_CLASSES_PER_SITE
 from ..core.devices import resolve_device
 from ..core.errors import UserError
-from ..core.labels import BUILTIN_VOCABULARY, Vocabulary, vocabulary_in_use
+from ..core.labels import BUILTIN_VOCABULARY, job_vocabulary
 from ..parallel import check_gpus
 from ..site_data import resolve_table, split_table
 from .handshake import (
@@ -60,18 +60,14 @@ def check_site(
     settings = controller_settings(job)
     sites = job_sites(job)
     name = site or (sites[0] if len(sites) == 1 else "this site")
-    aliases = job_label_aliases(job)
-    job_vocabulary = Vocabulary([(aliases, f"{job.resolve()}'s label aliases")] if aliases else [])
     quiet = logging.getLogger("surgical_aggregation.check_site")
     try:
-        with vocabulary_in_use(job_vocabulary):  # a site reads its config under the job's aliases
-            config = load_site_config(config_path)
+        config = load_site_config(config_path, job_label_aliases(job))  # as the site reads it for this job
         check_gpus(config.gpus, resolve_device(config.device), config.device, str(config_path.resolve()))
         result.lines.append(f"site config {config_path.resolve()}: every field is valid")
-        with vocabulary_in_use(config.vocabulary(job_vocabulary.aliases)):
-            table = resolve_table(config, quiet)
-            splits = split_table(table, config)
-            meta = site_handshake(config, table, bool(settings.get("label_prior")))
+        table = resolve_table(config, quiet)
+        splits = split_table(table, config)
+        meta = site_handshake(config, table, bool(settings.get("label_prior")))
     except UserError as error:
         result.problem(str(error))
         return result
@@ -86,13 +82,8 @@ def check_site(
 
 def _check_handshake(result: SiteCheck, site: str, meta: dict, settings: dict) -> None:
     """The server's handshake checks on the site's reply, with the job's settings."""
-    vocabulary = Vocabulary(
-        [(settings.get("label_aliases") or {}, "the job's label_aliases")],
-        settings.get("accepted_classes"),
-        "the job's accepted_classes",
-    )
     rules = HandshakeRules(
-        vocabulary,
+        job_vocabulary(settings.get("label_aliases"), settings.get("accepted_classes")),
         settings.get("max_classes_per_site", DEFAULT_MAX_CLASSES_PER_SITE),
         settings.get("max_class_name_length", DEFAULT_MAX_CLASS_NAME_LENGTH),
         bool(settings.get("label_prior")),
@@ -129,12 +120,12 @@ def _check_sample(result: SiteCheck, config, splits: dict, sample: int) -> None:
         read.append(f"{split} {min(sample, len(table)) - len(found)} of {min(sample, len(table))}")
         failures += found
     result.lines.append(f"a sample read as training reads it: {', '.join(read)}")
-    stops = config.on_unreadable == "error"  # else they are left out, and the site says so
+    stops, consequence = config.modality.unreadable_policy(config)  # else they are left out, and the site says so
     for row, reason in failures[:10]:
-        text = f"unreadable: {row}: {reason}"
+        text = f"unreadable: {row}: {reason} ({consequence})"
         if stops:
-            result.problem(f'{text} (on_unreadable: error stops the site; fix the file, or set "skip")')
+            result.problem(text)
         else:
-            result.lines.append(f"{text} (left out: on_unreadable is skip)")
+            result.lines.append(text)
     if len(failures) > 10:
         result.lines.append(f"... and {len(failures) - 10} more unreadable inputs in the sample")

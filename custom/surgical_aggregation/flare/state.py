@@ -1,4 +1,6 @@
-"""What the server needs to carry a federation across a crash: persisted after every round, read by a resubmitted job.
+"""What the server needs to carry a federation across a crash, persisted after every round and read by a resubmitted
+job; and the pure rules that change it each round: best-model selection and early stopping (:func:`judge`,
+:func:`select`).
 
 FLARE 2.9 cannot restore this workflow after a server crash: its component snapshot
 (``ServerEngine.persist_components``) saves nothing for a ``ModelController``, and the crashed job stays
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,9 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core.checks import judged_loss
 from ..core.errors import ModelFileError, StateFileError
-from ..core.head import to_numpy
+from ..core.head import HeadSpec, extend_head, slice_for_client, to_numpy
+from ..core.methods import head_classes_for_site
 from ..data.storage import keep_previous, read_tensor_file, write_atomically
+from ..run_summary import INITIAL_ROUND, model_label
 from .protocol import RESUME_BACKUP, RESUME_LATEST, RESUME_NEVER
 
 STATE_DIR = "surgical_aggregation"
@@ -182,3 +188,105 @@ def select(federation: FederationState, version: SavedVersion, judged_loss: floa
         return True
     federation.rounds_without_improvement += 1
     return False
+
+
+def continue_or_start(
+    saved: FederationState | None,
+    settings: dict[str, Any],
+    initial_state: dict[str, Any],
+    initial_classes: list[str],
+    path: Path,
+) -> tuple[FederationState, bool]:
+    """The unfinished federation ``saved`` (from ``path``), which must have run with ``settings`` (a
+    :class:`StateFileError` otherwise), or a fresh one from the initial model; and whether it continues."""
+    if saved is not None and not saved.finished:
+        if saved.settings != settings:
+            raise StateFileError(
+                f"the unfinished federation in {path} ran with {saved.settings}, this job asks for {settings}; submit "
+                'the job unchanged, or with resume "never" to start afresh'
+            )
+        return saved, True
+    version = SavedVersion(INITIAL_ROUND, initial_state, initial_classes)
+    return FederationState(settings, version, None, math.inf, 0, [], [], {}, []), False
+
+
+def grow_union(federation: FederationState, classes: Iterable[str], head: HeadSpec, seed: int) -> list[str]:
+    """Append head rows, in name order, for ``classes`` the latest global model does not have yet (each first row
+    seeded by its name, the same at every site); returns the new classes, which start from scratch."""
+    latest = federation.latest
+    new = sorted(set(classes) - set(latest.class_names))
+    if new:
+        state, names = extend_head(latest.state, latest.class_names, new, head, seed)
+        federation.latest = SavedVersion(latest.round, state, names, latest.personal)
+        federation.fresh_classes = sorted({*federation.fresh_classes, *new})
+    return new
+
+
+def site_view(
+    version: SavedVersion, site: str, classes: list[str], reported: list[str], method: str, head: HeadSpec
+) -> tuple[dict[str, Any], list[str]]:
+    """What a site may see of ``version`` (params, the names of their head rows): the backbone and its own rows
+    (``classes``) in its own spelling (``reported``); PFL: its personal model; union-head comparators: the union."""
+    if site in version.personal:
+        return version.personal[site], reported
+    head_classes = head_classes_for_site(method, classes, version.class_names)
+    params = slice_for_client(version.state, version.class_names, head_classes, head)
+    return params, head_classes if head_classes != classes else reported
+
+
+def history_entry(history: list[dict[str, Any]], round_number: int) -> dict[str, Any]:
+    """The history's entry for the global model of ``round_number`` (created in round order)."""
+    for entry in history:
+        if entry["round"] == round_number:
+            return entry
+    entry = {"round": round_number, "model": model_label(round_number)}
+    history.append(entry)
+    history.sort(key=lambda item: item["round"])
+    return entry
+
+
+@dataclass
+class Judgement:
+    """How the sites' validation of one global model judged it."""
+
+    judged_loss: float  # NaN: no judging site reported a validation loss
+    statistic: str  # "mean" of two judging sites, "median" of three or more
+    judges: list[str]
+    mean_auroc: float
+    best: bool  # it became the best global model
+
+
+def _mean(values: list[float | None]) -> float:
+    values = [value for value in values if value is not None and not math.isnan(value)]
+    return float(np.mean(values)) if values else math.nan
+
+
+def judge(
+    federation: FederationState,
+    version: SavedVersion,
+    site_metrics: dict[str, dict[str, float]],
+    judging_sites: list[str] | None,
+    min_delta: float,
+) -> Judgement:
+    """Record the sites' validation of ``version`` in the history, then select on it (:func:`select`): the judged
+    validation loss is the mean of two judging sites', the median of three or more (``judging_sites``: None, every
+    site that reported)."""
+    judges = {
+        site: metrics["val_loss"]
+        for site, metrics in site_metrics.items()
+        if judging_sites is None or site in judging_sites
+    }
+    judged, statistic = judged_loss(judges)
+    mean_auroc = _mean([metrics.get("val_mean_auroc") for metrics in site_metrics.values()])
+    validation = {
+        "sites": site_metrics,
+        "mean_val_loss": _mean([metrics.get("val_loss") for metrics in site_metrics.values()]),
+        "mean_val_auroc": mean_auroc,
+        "judged_val_loss": judged,
+        "judged_by": {"statistic": statistic, "sites": sorted(judges)},
+    }
+    history_entry(federation.history, version.round)["validation"] = validation
+    best = select(federation, version, judged, min_delta)
+    if best:
+        validation["best"] = True
+    return Judgement(judged, statistic, sorted(judges), mean_auroc, best)

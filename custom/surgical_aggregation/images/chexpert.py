@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 import pandas as pd
 
 from ..core.errors import DataNotFoundError, DatasetFormatError
-from ..core.labels import CHEXPERT_LABELS
+from ..core.labels import BUILTIN_VOCABULARY, CHEXPERT_LABELS, Vocabulary
 from ..data.table import (
     PATH_COLUMN,
     PATIENT_COLUMN,
@@ -43,8 +43,10 @@ def load_chexpert(
     root: str | Path,
     csv_files: Sequence[str] = ("train.csv", "valid.csv"),
     uncertainty: UncertaintyPolicy = "zeros",
+    vocabulary: Vocabulary = BUILTIN_VOCABULARY,
 ) -> LabelTable:
-    """Read a CheXpert folder holding ``csv_files`` (the missing ones are skipped, not all of them)."""
+    """Read a CheXpert folder holding ``csv_files`` (the missing ones are skipped, not all of them); its 13
+    findings named as ``vocabulary`` says."""
     root = Path(root)
     if not root.is_dir():
         raise DataNotFoundError(f"CheXpert data folder not found: {root}")
@@ -53,7 +55,8 @@ def load_chexpert(
         raise DataNotFoundError(f"no CheXpert label file in {root}; expected {', '.join(csv_files)}")
     frames = [_read_one(path, root, uncertainty) for path in present]
     frame = pd.concat(frames, ignore_index=True)
-    return LabelTable(source="chexpert", root=root, classes=list(CHEXPERT_LABELS), frame=frame)
+    table = LabelTable(source="chexpert", root=root, classes=list(CHEXPERT_LABELS), frame=frame)
+    return table.renamed(vocabulary.renaming(CHEXPERT_LABELS, f"{present[0]} columns"))
 
 
 def _read_one(path: Path, root: Path, uncertainty: UncertaintyPolicy) -> pd.DataFrame:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import DatasetFormatError
-from ..core.labels import NO_FINDING, canonical_name
+from ..core.labels import BUILTIN_VOCABULARY, NO_FINDING, Vocabulary
 from ..data.table import (
     PATH_COLUMN,
     PATIENT_COLUMN,
@@ -32,6 +32,7 @@ def load_csv_table(
     image_root: str | Path | None = None,
     uncertainty: UncertaintyPolicy = "zeros",
     source: str = "csv",
+    vocabulary: Vocabulary = BUILTIN_VOCABULARY,
 ) -> LabelTable:
     """Read a generic label CSV.
 
@@ -48,7 +49,7 @@ def load_csv_table(
         raise DatasetFormatError(f"{csv_path}: no label columns besides {required}")
     names: dict[str, str] = {}
     for column in label_columns:
-        name = canonical_name(column, f"{csv_path} column {column!r}")
+        name = vocabulary.canonical(column, f"{csv_path} column {column!r}")
         same = [earlier for earlier, meaning in names.items() if meaning == name]
         if same:
             raise DatasetFormatError(f"{csv_path}: columns {same[0]!r} and {column!r} both mean {name!r}")

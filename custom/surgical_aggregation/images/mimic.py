@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import DataNotFoundError
-from ..core.labels import MIMIC_LABELS
+from ..core.labels import BUILTIN_VOCABULARY, MIMIC_LABELS, Vocabulary
 from ..data.table import (
     PATH_COLUMN,
     PATIENT_COLUMN,
@@ -31,7 +31,9 @@ def mimic_image_path(root: Path, subject_id: str, study_id: str, dicom_id: str) 
     return root / "files" / f"p{subject_id[:2]}" / f"p{subject_id}" / f"s{study_id}" / f"{dicom_id}.jpg"
 
 
-def load_mimic(root: str | Path, uncertainty: UncertaintyPolicy = "zeros") -> LabelTable:
+def load_mimic(
+    root: str | Path, uncertainty: UncertaintyPolicy = "zeros", vocabulary: Vocabulary = BUILTIN_VOCABULARY
+) -> LabelTable:
     root = Path(root)
     if not root.is_dir():
         raise DataNotFoundError(f"MIMIC-CXR-JPG data folder not found: {root}")
@@ -53,4 +55,5 @@ def load_mimic(root: str | Path, uncertainty: UncertaintyPolicy = "zeros") -> La
     )
     for name in MIMIC_LABELS:
         frame[name] = apply_uncertainty(merged[name], uncertainty, f"{root / LABEL_FILE} column {name!r}")
-    return LabelTable(source="mimic", root=root, classes=list(MIMIC_LABELS), frame=frame)
+    table = LabelTable(source="mimic", root=root, classes=list(MIMIC_LABELS), frame=frame)
+    return table.renamed(vocabulary.renaming(MIMIC_LABELS, f"{root / LABEL_FILE} columns"))

@@ -19,9 +19,10 @@ from ..data.storage import default_cache_root, exclusive
 from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable, MaterialisedTable
 from .dataset import ChestXrayDataset, cache_table, list_images
 from .decode import read_grayscale
-from .layouts import DATASET_KINDS, load_table
-from .names import ARCHITECTURE
-from .synthetic import GENERATORS, ensure_generated
+from .layouts import load_table
+from .names import ARCHITECTURE, KINDS
+from .settings import ImageSettings
+from .synthetic import GENERATED, ensure_generated
 from .transforms import image_batch_transform
 
 if TYPE_CHECKING:  # the config sits above the modalities; they only read it
@@ -31,26 +32,28 @@ if TYPE_CHECKING:  # the config sits above the modalities; they only read it
 @dataclass(frozen=True)
 class ImageModality:
     name: str = "images"
-    kinds: tuple[str, ...] = DATASET_KINDS
+    kinds: tuple[str, ...] = KINDS
+    settings_type: type = ImageSettings
     architecture: str = ARCHITECTURE
     row_column: str = "path"  # what identifies an input in predict's output
     sample_noun: str = "images"
     threshold_metrics: bool = False
 
     def check(self, config: SiteConfig, where: str) -> None:
-        if config.data.location is None and config.data.kind not in GENERATORS:
+        config.settings.check(where)
+        if config.data.location is None and config.data.kind not in GENERATED:
             raise SiteConfigError(
                 f"{where}: data.location is required for kind {config.data.kind!r} "
-                f"(embedded data exists for {list(GENERATORS)})"
+                f"(embedded data exists for {list(GENERATED)})"
             )
 
     def load_table(self, config: SiteConfig, log: logging.Logger) -> LabelTable:
         data = config.data
         if data.location is not None:
-            table = load_table(data.kind, data.location, **data.options)
+            table = load_table(data.kind, data.location, config.vocabulary, **data.options)
             log.info("%s data at %s: %d images of %d patients", data.kind, data.location, len(table), table.n_patients)
             return table
-        embedded = config.embedded
+        embedded = config.settings.embedded
         name = f"{data.kind}-{embedded.patients}p-{embedded.image_size}px-s{embedded.seed}"
         folder = config.cache_root / "embedded" / name
         with exclusive(folder):
@@ -62,34 +65,36 @@ class ImageModality:
             "embedded dataset generated now," if created else "embedded dataset generated earlier,",
             dataset.describe(),
         )
-        return load_table(data.kind, dataset.root, **data.options)
+        return load_table(data.kind, dataset.root, config.vocabulary, **data.options)
 
     def describe(self, config: SiteConfig, table: LabelTable) -> str:
         origin = "embedded generated data" if config.data.location is None else "local data"
         return f"{config.data.kind} layout, {origin}, {len(table)} images"
 
     def preprocessing(self, config: SiteConfig) -> dict[str, Any]:
+        settings: ImageSettings = config.settings
         return {
-            "image_size": config.image_size,
-            "in_channels": config.in_channels,
-            "imagenet_normalize": config.imagenet_normalize,
+            "image_size": settings.image_size,
+            "in_channels": settings.in_channels,
+            "imagenet_normalize": settings.imagenet_normalize,
         }
 
     def materialise(
         self, config: SiteConfig, table: LabelTable, log: logging.Logger, progress: bool
     ) -> MaterialisedTable:
+        settings: ImageSettings = config.settings
         kept, cache, report = cache_table(
-            table, config.cache_root, config.image_size, config.on_unreadable, config.cache_threads, progress
+            table, config.cache_root, settings.image_size, settings.on_unreadable, settings.cache_threads, progress
         )
         if report.failures:
             log.warning("left out %d unreadable image(s), e.g. %s", len(report.failures), report.failures[:3])
 
         def dataset(split: LabelTable, train: bool) -> ChestXrayDataset:
             transform = image_batch_transform(
-                config.image_size,
-                train=train and config.augment,
-                in_channels=config.in_channels,
-                imagenet_normalize=config.imagenet_normalize,
+                settings.image_size,
+                train=train and settings.augment,
+                in_channels=settings.in_channels,
+                imagenet_normalize=settings.imagenet_normalize,
             )
             return ChestXrayDataset(split, cache, transform, classes=kept.classes)
 
@@ -136,10 +141,15 @@ class ImageModality:
         failures = []
         for path in table.paths[:limit]:
             try:
-                read_grayscale(path, config.image_size)
+                read_grayscale(path, config.settings.image_size)
             except ImageLoadError as error:
                 failures.append((path, error.reason))
         return failures
+
+    def unreadable_policy(self, config: SiteConfig) -> tuple[bool, str]:
+        if config.settings.on_unreadable == "error":
+            return True, 'on_unreadable: error stops the site; fix the file, or set "skip"'
+        return False, "left out: on_unreadable is skip"
 
     def probe_input(self, preprocessing: Mapping[str, Any]) -> torch.Tensor:
         size = int(preprocessing.get("image_size", 224))
@@ -151,4 +161,4 @@ class ImageModality:
         return image_batch_transform(size, train=False, in_channels=channels, imagenet_normalize=normalize)(images)
 
 
-IMAGES = ImageModality()
+MODALITY = ImageModality()

@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import ModelFileError
-from ..core.head import NAMED_HEAD
-from ..core.labels import canonical_names
+from ..core.head import NAMED_HEAD, distinct_class_names
 from ..data.storage import read_tensor_file
 
 FEATURE_DIM = 1024
@@ -54,18 +53,14 @@ class NamedDenseNet121(DenseNet121):
         class_names: Sequence[str],
         in_channels: int = 1,
         dropout_prob: float = 0.0,
-        validate_names: bool = True,
     ) -> None:
-        names = canonical_names(class_names, "model class_names") if validate_names else list(class_names)
-        if not names:
-            raise ValueError("a model needs at least one class name")
+        names = distinct_class_names(class_names)
         if in_channels not in (1, 3):
             raise ValueError(f"in_channels must be 1 (grayscale) or 3 (RGB-replicated), got {in_channels}")
         super().__init__(spatial_dims=2, in_channels=in_channels, out_channels=len(names), dropout_prob=dropout_prob)
         self.class_names = names
         self.in_channels = in_channels
         self.dropout_prob = dropout_prob
-        self.validate_names = validate_names
 
 
 # --- optional local ImageNet weights ----------------------------------------------------------

@@ -8,5 +8,6 @@ NIH, CHEXPERT, MIMIC, CSV = "nih", "chexpert", "mimic", "csv"
 PUBLIC_KINDS: tuple[str, ...] = ("padchest", "vindr", "google-nih", "rsna", "siim")  # label rows only, real files
 LAYOUT_KINDS: tuple[str, ...] = (NIH, CHEXPERT, MIMIC, CSV, *PUBLIC_KINDS)  # the folder layouts the bundle reads
 GENERATED_KINDS: tuple[str, ...] = (NIH, CHEXPERT, MIMIC, *PUBLIC_KINDS)  # the embedded datasets it can generate
+KINDS = LAYOUT_KINDS  # the data kinds of this modality (modalities)
 ON_ERROR_POLICIES: tuple[str, ...] = ("error", "skip")  # an unreadable image: stop, or leave it out and say so
 ARCHITECTURE = "densenet121"

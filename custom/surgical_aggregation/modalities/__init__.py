@@ -1,14 +1,20 @@
-"""The modalities of the bundle: chest X-ray images and radiology reports.
+"""The modalities of the bundle: chest X-ray images and radiology reports, one package each.
 
-This package's top level holds only their names (the data kinds a site config may name, the architectures a model
-file may record), read from modules that import nothing, so that the command line lists them without loading
-torch; the modalities themselves are in :mod:`.registry`. Adding a modality: its package (with a ``names`` module)
-and one line here and in the registry.
+:data:`MODALITY_PACKAGES` is the one list of them. Each package has a ``names`` module that imports nothing (its
+``KINDS``: the ``data.kind`` values it reads; its ``ARCHITECTURE``: the model a model file records) and a
+``modality`` module whose ``MODALITY`` implements :class:`.registry.Modality`. This package's top level reads only the
+names, so the command line lists the data kinds without loading torch; :mod:`.registry` loads the modalities.
+Adding a modality: its package and its line here.
 """
 
-from ..images import names as images
-from ..reports import names as reports
+from __future__ import annotations
 
-DATA_KINDS: tuple[str, ...] = (*images.LAYOUT_KINDS, *reports.REPORT_KINDS)
-ARCHITECTURES: tuple[str, ...] = (images.ARCHITECTURE, reports.ARCHITECTURE)
-DEFAULT_ARCHITECTURE = images.ARCHITECTURE  # of model files that do not record one (the bundle's first models)
+import importlib
+
+MODALITY_PACKAGES: tuple[str, ...] = ("images", "reports")  # subpackages of surgical_aggregation
+
+_BUNDLE = __package__.rpartition(".")[0]
+_NAMES = [importlib.import_module(f"{_BUNDLE}.{package}.names") for package in MODALITY_PACKAGES]
+DATA_KINDS: tuple[str, ...] = tuple(kind for names in _NAMES for kind in names.KINDS)
+ARCHITECTURES: tuple[str, ...] = tuple(names.ARCHITECTURE for names in _NAMES)
+DEFAULT_ARCHITECTURE = ARCHITECTURES[0]  # of model files that record none: the bundle's first models were images'

@@ -5,14 +5,16 @@ A modality turns a site config's ``data`` into a label table, materialises it (d
 the preprocessing cache, or cached sentence embeddings) into datasets, describes it at the
 handshake, and builds the model with a named head that reads it. The rest of the bundle (config,
 site data, trainer, FLARE layer, experiments) asks this registry and never branches on a data kind.
-Adding a third modality is a new package implementing :class:`Modality` and one entry in
-:data:`MODALITIES`.
+Adding a third modality is a new package implementing :class:`Modality` and its line in
+``modalities.MODALITY_PACKAGES``; a modality outside the bundle (a test's) is :func:`registered` for a block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,9 +24,7 @@ from torch.utils.data import Dataset
 
 from ..core.errors import SiteConfigError
 from ..data.table import LabelTable, MaterialisedTable
-from ..images.modality import IMAGES
-from ..reports.modality import REPORTS
-from . import ARCHITECTURES, DATA_KINDS
+from . import ARCHITECTURES, DATA_KINDS, MODALITY_PACKAGES
 
 if TYPE_CHECKING:  # the config sits above this seam; modalities only read it
     from ..config import SiteConfig
@@ -35,13 +35,15 @@ class Modality(Protocol):
 
     name: str
     kinds: tuple[str, ...]  # the ``data.kind`` values it reads
+    settings_type: type  # the dataclass of its site-config fields (flat in the JSON), with ``check(where)``
     architecture: str  # the model it trains, as stored in checkpoints
     sample_noun: str  # "images", "reports": what its logs count
     row_column: str  # what identifies an input in predict's output ("path", "report_id")
     threshold_metrics: bool  # evaluation adds accuracy / sensitivity / specificity at a Youden threshold
 
     def check(self, config: SiteConfig, where: str) -> None:
-        """Modality-specific checks of a site config; raises :class:`SiteConfigError` naming the field."""
+        """Checks of a site config's data and of its settings (``config.settings``, a ``settings_type``); raises
+        :class:`SiteConfigError` naming ``where`` and the field."""
 
     def load_table(self, config: SiteConfig, log: logging.Logger) -> LabelTable:
         """The site's label table over all of its dataset's findings (real data or the embedded default)."""
@@ -77,28 +79,62 @@ class Modality(Protocol):
         """Read the first ``limit`` rows of ``table`` as training will (images decoded at the config's size); (row,
         reason) for each that cannot be read (``check-site``)."""
 
+    def unreadable_policy(self, config: SiteConfig) -> tuple[bool, str]:
+        """Whether an input :meth:`read_sample` finds unreadable stops the site (else it is left out), and what
+        ``check-site`` says of it."""
+
     def probe_input(self, preprocessing: Mapping[str, Any]) -> torch.Tensor:
         """Two fixed inputs, preprocessed as ``preprocessing`` says: the server's check that a model's outputs are
         finite feeds them to every candidate global model."""
 
 
-MODALITIES: tuple[Modality, ...] = (IMAGES, REPORTS)
-if (
-    tuple(kind for modality in MODALITIES for kind in modality.kinds) != DATA_KINDS
-    or tuple(modality.architecture for modality in MODALITIES) != ARCHITECTURES
-):
-    raise AssertionError("the modalities' kinds and architectures differ from their names in modalities/__init__.py")
+def _bundled() -> list[Modality]:
+    modalities = [import_module(f"{_BUNDLE}.{package}.modality").MODALITY for package in MODALITY_PACKAGES]
+    if (
+        tuple(kind for modality in modalities for kind in modality.kinds) != DATA_KINDS
+        or tuple(modality.architecture for modality in modalities) != ARCHITECTURES
+    ):
+        raise AssertionError("the modalities' kinds and architectures differ from their packages' names modules")
+    return modalities
+
+
+_BUNDLE = __package__.rpartition(".")[0]
+_MODALITIES: list[Modality] = _bundled()
+
+
+def registered_modalities() -> tuple[Modality, ...]:
+    """The bundle's modalities (``MODALITY_PACKAGES``), then any registered from outside it."""
+    return tuple(_MODALITIES)
+
+
+def modality_kinds() -> tuple[str, ...]:
+    """Every ``data.kind`` a site config may name."""
+    return tuple(kind for modality in _MODALITIES for kind in modality.kinds)
+
+
+@contextlib.contextmanager
+def registered(modality: Modality) -> Iterator[Modality]:
+    """``modality`` registered for the block: a modality that lives outside the bundle (e.g. a test's)."""
+    taken = set(modality_kinds()) & set(modality.kinds)
+    if taken or any(other.architecture == modality.architecture for other in _MODALITIES):
+        raise ValueError(f"modality {modality.name!r}: its kinds {sorted(taken)} or architecture are taken already")
+    _MODALITIES.append(modality)
+    try:
+        yield modality
+    finally:
+        _MODALITIES.remove(modality)
 
 
 def modality_for_kind(kind: str) -> Modality:
-    for modality in MODALITIES:
+    for modality in _MODALITIES:
         if kind in modality.kinds:
             return modality
-    raise SiteConfigError(f"unknown data kind {kind!r}; choose one of {list(DATA_KINDS)}")
+    raise SiteConfigError(f"unknown data kind {kind!r}; choose one of {list(modality_kinds())}")
 
 
 def modality_for_architecture(architecture: str) -> Modality:
-    for modality in MODALITIES:
+    for modality in _MODALITIES:
         if modality.architecture == architecture:
             return modality
-    raise ValueError(f"unknown architecture {architecture!r}; choose one of {list(ARCHITECTURES)}")
+    known = [modality.architecture for modality in _MODALITIES]
+    raise ValueError(f"unknown architecture {architecture!r}; choose one of {known}")

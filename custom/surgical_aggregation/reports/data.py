@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from ..core.errors import DataNotFoundError, DatasetFormatError, SiteConfigError
-from ..core.labels import canonical_name
+from ..core.labels import BUILTIN_VOCABULARY, Vocabulary
 from ..data.reference import reference_file
 from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable
 from .names import IU_REPORTS, REPORT_CSV, REPORT_KINDS
@@ -127,8 +127,11 @@ def report_table(frame: pd.DataFrame, source: str, root: str | Path, classes: Se
     return LabelTable(source=source, root=Path(root), classes=list(classes), frame=table.reset_index(drop=True))
 
 
-def load_iu_reports(archive: str | Path | None = None) -> tuple[LabelTable, ReportLoadSummary]:
-    """The IU reports with text, labelled over every finding :data:`MESH_TO_FINDING` gives, most frequent first."""
+def load_iu_reports(
+    archive: str | Path | None = None, vocabulary: Vocabulary = BUILTIN_VOCABULARY
+) -> tuple[LabelTable, ReportLoadSummary]:
+    """The IU reports with text, labelled over every finding :data:`MESH_TO_FINDING` gives (named as ``vocabulary``
+    says), most frequent first."""
     path = Path(archive) if archive is not None else reference_file(IU_ARCHIVE)
     if path is None or not path.is_file():
         where = archive if archive is not None else f"torchxrayvision's data folder ({IU_ARCHIVE})"
@@ -148,7 +151,8 @@ def load_iu_reports(archive: str | Path | None = None) -> tuple[LabelTable, Repo
         raise DatasetFormatError(f"{path}: no XML reports in the archive")
     frame = pd.DataFrame(rows, columns=["report_id", "text", *findings])
     classes = sorted(findings, key=lambda name: (-int(frame[name].sum()), name))
-    return report_table(frame, IU_REPORTS, path.parent, classes), ReportLoadSummary(str(path), read, read - len(frame))
+    table = report_table(frame, IU_REPORTS, path.parent, classes).renamed(vocabulary.renaming(classes, str(path)))
+    return table, ReportLoadSummary(str(path), read, read - len(frame))
 
 
 DEFAULT_TEXT_COLUMN = "report"  # a report CSV's text column unless told otherwise
@@ -184,12 +188,15 @@ def read_report_texts(path: str | Path, text_column: str = DEFAULT_TEXT_COLUMN) 
 
 
 def load_report_csv(
-    path: str | Path, text_column: str = DEFAULT_TEXT_COLUMN, label_columns: Sequence[str] | None = None
+    path: str | Path,
+    text_column: str = DEFAULT_TEXT_COLUMN,
+    label_columns: Sequence[str] | None = None,
+    vocabulary: Vocabulary = BUILTIN_VOCABULARY,
 ) -> tuple[LabelTable, ReportLoadSummary]:
     """A hospital's reports: one row per report, a text column and 0/1 label columns named by finding.
 
     ``label_columns`` default: every column but the text and an optional ``report_id``. Column
-    names are matched to canonical findings through the alias map; values must be 0 or 1.
+    names are read through ``vocabulary`` (the built-in one and the aliases); values must be 0 or 1.
     """
     path = Path(path)
     frame = _read_report_frame(path, text_column)
@@ -203,7 +210,7 @@ def load_report_csv(
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise DatasetFormatError(f"{path}: label column(s) {missing} not found")
-    names = [canonical_name(c, where=f"{path} column {c!r}") for c in columns]
+    names = [vocabulary.canonical(c, where=f"{path} column {c!r}") for c in columns]
     for column in columns:
         values = frame[column]
         if not values.isin([0, 1]).all():
@@ -226,13 +233,16 @@ def label_counts(table: LabelTable) -> dict[str, int]:
     return {name: int((table.frame[name] == 1).sum()) for name in table.classes}
 
 
-def load_reports(kind: str, location: str | Path | None, **options: Any) -> tuple[LabelTable, ReportLoadSummary]:
+def load_reports(
+    kind: str, location: str | Path | None, vocabulary: Vocabulary = BUILTIN_VOCABULARY, /, **options: Any
+) -> tuple[LabelTable, ReportLoadSummary]:
     """A site's reports: ``iu_reports`` (``location``: the archive, default torchxrayvision's) or
-    ``report_csv`` (``location``: the CSV; options ``text_column``, ``label_columns``)."""
+    ``report_csv`` (``location``: the CSV; options ``text_column``, ``label_columns``), named as ``vocabulary``
+    says."""
     if kind == IU_REPORTS:
         if options:
             raise SiteConfigError(f"report kind {IU_REPORTS!r} takes no data.options, got {sorted(options)}")
-        return load_iu_reports(location)
+        return load_iu_reports(location, vocabulary)
     if kind == REPORT_CSV:
         unknown = sorted(set(options) - {"text_column", "label_columns"})
         if unknown:
@@ -241,5 +251,5 @@ def load_reports(kind: str, location: str | Path | None, **options: Any) -> tupl
             )
         if location is None:
             raise DataNotFoundError(f"report kind {REPORT_CSV!r} needs data.location: the CSV file")
-        return load_report_csv(location, **options)
+        return load_report_csv(location, vocabulary=vocabulary, **options)
     raise ValueError(f"unknown report kind {kind!r}; choose one of {REPORT_KINDS}")

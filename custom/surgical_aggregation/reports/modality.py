@@ -19,7 +19,8 @@ from ..data.storage import default_cache_root
 from ..data.table import PATH_COLUMN, LabelTable, MaterialisedTable
 from .data import DEFAULT_TEXT_COLUMN, TEXT_COLUMN, load_reports, read_report_texts
 from .embeddings import EMBEDDING_MODELS, MINILM, embedding_dimension
-from .names import ARCHITECTURE, IU_REPORTS, REPORT_KINDS
+from .names import ARCHITECTURE, IU_REPORTS, KINDS
+from .settings import ReportSettings
 
 if TYPE_CHECKING:  # the config sits above the modalities; they only read it
     from ..config import SiteConfig
@@ -28,23 +29,21 @@ if TYPE_CHECKING:  # the config sits above the modalities; they only read it
 @dataclass(frozen=True)
 class ReportModality:
     name: str = "reports"
-    kinds: tuple[str, ...] = REPORT_KINDS
+    kinds: tuple[str, ...] = KINDS
+    settings_type: type = ReportSettings
     architecture: str = ARCHITECTURE
     row_column: str = "report_id"  # what identifies an input in predict's output
     sample_noun: str = "reports"
     threshold_metrics: bool = True  # the report-labelling paper reports accuracy, sensitivity, specificity
 
     def check(self, config: SiteConfig, where: str) -> None:
+        config.settings.check(where)
         # without a location, iu_reports reads the IU reports shipped in torchxrayvision's data folder
         if config.data.location is None and config.data.kind != IU_REPORTS:
             raise SiteConfigError(f"{where}: data.location is required for kind {config.data.kind!r}: the CSV file")
-        if config.embedding_model not in EMBEDDING_MODELS:
-            raise SiteConfigError(
-                f"{where}: embedding_model must be one of {list(EMBEDDING_MODELS)}, got {config.embedding_model!r}"
-            )
 
     def load_table(self, config: SiteConfig, log: logging.Logger) -> LabelTable:
-        table, summary = load_reports(config.data.kind, config.data.location, **config.data.options)
+        table, summary = load_reports(config.data.kind, config.data.location, config.vocabulary, **config.data.options)
         log.info(summary.describe())
         return table
 
@@ -52,7 +51,8 @@ class ReportModality:
         return f"{config.data.kind}, {len(table)} reports"
 
     def preprocessing(self, config: SiteConfig) -> dict[str, Any]:
-        return {"embedding_model": config.embedding_model, "in_features": embedding_dimension(config.embedding_model)}
+        model = config.settings.embedding_model
+        return {"embedding_model": model, "in_features": embedding_dimension(model)}
 
     def materialise(
         self, config: SiteConfig, table: LabelTable, log: logging.Logger, progress: bool
@@ -60,7 +60,7 @@ class ReportModality:
         from .dataset import ReportDataset, embed_table  # loads the sentence encoder only when needed
 
         device = "cuda" if resolve_device(config.device).type == "cuda" else "cpu"
-        vectors, summary = embed_table(table, config.cache_root, config.embedding_model, device, progress)
+        vectors, summary = embed_table(table, config.cache_root, config.settings.embedding_model, device, progress)
 
         def dataset(split: LabelTable, train: bool) -> ReportDataset:
             return ReportDataset(split, vectors, table.classes)
@@ -103,6 +103,9 @@ class ReportModality:
         texts = table.frame[TEXT_COLUMN].iloc[:limit]
         return [(row, "no text") for row, text in zip(table.paths[:limit], texts, strict=True) if not text]
 
+    def unreadable_policy(self, config: SiteConfig) -> tuple[bool, str]:
+        return False, "left out: a report without text is skipped"
+
     def probe_input(self, preprocessing: Mapping[str, Any]) -> torch.Tensor:
         width = int(
             preprocessing.get("in_features") or embedding_dimension(preprocessing.get("embedding_model", MINILM))
@@ -111,4 +114,4 @@ class ReportModality:
         return vectors / vectors.norm(dim=1, keepdim=True)  # sentence embeddings are unit vectors
 
 
-REPORTS = ReportModality()
+MODALITY = ReportModality()

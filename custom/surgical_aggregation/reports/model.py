@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..core.labels import canonical_names
+from ..core.head import distinct_class_names
 
 HIDDEN_SIZES = (512, 256)
 DROPOUT = 0.2
@@ -25,9 +25,7 @@ class ReportMLP(nn.Module):
 
     def __init__(self, class_names: Sequence[str], in_features: int = 384, dropout_prob: float = DROPOUT) -> None:
         super().__init__()
-        names = canonical_names(class_names, "model class_names")
-        if not names:
-            raise ValueError("a model needs at least one class name")
+        names = distinct_class_names(class_names)
         self.class_names = names
         self.in_features = in_features
         layers: list[nn.Module] = []

@@ -17,7 +17,7 @@ def strategy(name: str) -> BackboneStrategy:
     try:
         return STRATEGIES[name]
     except KeyError:
-        raise ValueError(f"unknown backbone strategy {name!r}; choose one of {', '.join(STRATEGIES)}") from None
+        raise ValueError(f"backbone_strategy must be one of {list(STRATEGIES)}, got {name!r}") from None
 
 
 __all__ = ["STRATEGIES", "STRATEGY_NAMES", "BackboneStrategy", "batchnorm_keys", "strategy"]

@@ -1,0 +1,99 @@
+"""The arguments of :class:`~.controller.SurgicalAggregatorShareable` (its job config's ``args``): what each means,
+and its check (before a job is written or run; each wrong value is a ``ValueError`` naming the argument).
+
+num_rounds: maximum number of federated rounds.
+min_clients: sites needed at the handshake and valid contributions needed to update the model.
+method: "surgical" (the default), or a comparator: "vanilla", "partial_loss", "personal" (PFL).
+backbone_strategy: "fedavg" (average everything, BatchNorm statistics included),
+    "fedbn_plus" (BatchNorm frozen at the initial statistics on every site, never averaged)
+    or "fedbn" (each site keeps and trains its own BatchNorm; PFL only).
+weighting: "uniform" (the papers' unweighted mean) or "samples" (by training images, at most what each
+    site declared at the handshake).
+label_prior: FedSLD: sites share per-class training counts once, and re-weight their loss
+    by the federation's label prior the server computes from them.
+proximal_mu: FedProx's proximal term weight (0 = off).
+patience: stop after this many validated rounds without improvement of the judged
+    validation loss by more than ``min_delta``.
+handshake_timeout / train_timeout / validate_timeout: seconds a site may take per task
+    (0 waits forever; a dropped site then hangs the run).
+final_validation: validate the last global model (and the best) after the last round.
+publish_global_model: at the end, send the best global model (the union head and its class
+    names) to every site, which keeps it in its workspace. This is when the sites learn the
+    union's class names; off, the model stays on the server.
+resume: how a job treats an unfinished federation of its name saved by an earlier job (after a server
+    crash): "latest" continues from its last completed round, "backup" from the state saved one
+    round earlier (when the latest is damaged), "never" starts afresh.
+update_bound: reject a result whose update of a part of the model (backbone weights, BatchNorm
+    statistics, a head row) is more than this many times the typical accepted update of earlier
+    rounds; caps relative to the global model apply too. None turns every update bound off (research).
+judging_sites: the sites whose validation losses select the best model and stop early (None: every
+    site whose result was accepted; their mean with two, their median with three or more).
+identity_batchnorm: with ``fedbn_plus``, train a model whose BatchNorm holds its default statistics
+    (every BatchNorm the identity) on purpose; by default such a job is refused at its start.
+max_classes_per_site / max_class_name_length: what a site may report at the handshake.
+preprocessing: what every site must feed the model (image size, channels, normalisation, or the
+    sentence encoder); a site that reports another is refused at the handshake. None: the first
+    site's (in name order) decides.
+label_aliases: the consortium's synonyms, ``{"alias": "class name"}``, over the built-in ones; the
+    sites read the same mapping from the job (``config/label_aliases.json``).
+accepted_classes: a closed vocabulary: a site bringing any other class is refused at the handshake
+    (the run goes on with the others if ``min_clients`` allows). None: any class may join.
+head_seed: seed of the initial head rows (one generator per class name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..core.aggregation import WEIGHTINGS
+from ..core.methods import check_method
+from ..core.strategies import strategy
+from .protocol import RESUME_CHOICES, RESUME_LATEST, RESUME_NEVER
+
+# written into the job's config even at their defaults, so an operator reading it sees the method
+ALWAYS_WRITTEN = (
+    "num_rounds",
+    "min_clients",
+    "method",
+    "backbone_strategy",
+    "weighting",
+    "patience",
+    "min_delta",
+    "handshake_timeout",
+    "train_timeout",
+    "validate_timeout",
+    "publish_global_model",
+    "update_bound",
+)
+POSITIVE_WHOLE_NUMBERS = ("num_rounds", "min_clients", "max_classes_per_site", "max_class_name_length")
+
+
+def checked_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """``arguments`` checked, with ``resume`` as one of :data:`RESUME_CHOICES` (``True``/``False`` are read as
+    ``latest``/``never``), ``proximal_mu`` a float and ``judging_sites`` a list."""
+    values = dict(arguments)
+    strategy(values["backbone_strategy"])  # a known one (ValueError naming them)
+    if values["weighting"] not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {values['weighting']!r}")
+    check_method(values["method"], values["backbone_strategy"])
+    if not values["proximal_mu"] >= 0:
+        raise ValueError(f"proximal_mu must not be negative, got {values['proximal_mu']!r}")
+    values["proximal_mu"] = float(values["proximal_mu"])
+    for name in POSITIVE_WHOLE_NUMBERS:
+        value = values[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    resume = values["resume"]
+    if isinstance(resume, bool):
+        values["resume"] = resume = RESUME_LATEST if resume else RESUME_NEVER
+    if resume not in RESUME_CHOICES:
+        raise ValueError(f"resume must be one of {RESUME_CHOICES}, got {resume!r}")
+    bound = values["update_bound"]
+    if bound is not None and not bound > 1:
+        raise ValueError(f"update_bound must be above 1 (or None for no bound), got {bound!r}")
+    judges = values["judging_sites"]
+    if judges is not None and (isinstance(judges, str) or not judges):
+        raise ValueError(f"judging_sites must list at least one site name (or be None), got {judges!r}")
+    values["judging_sites"] = list(judges) if judges is not None else None
+    return values
