@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 
-from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.core.aggregation import Contribution, SurgicalAggregator
 from surgical_aggregation.core.head import slice_for_client
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
@@ -34,8 +33,9 @@ from surgical_aggregation.data.storage import CACHE_ENV
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.images.modality import MODALITY as IMAGES
-from surgical_aggregation.site_data import prepare_site_data
-from surgical_aggregation.trainer import SiteTrainer
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.site_data import prepare_site_data
+from surgical_aggregation.training.trainer import SiteTrainer
 
 
 def bare_loop(rounds: int) -> float:

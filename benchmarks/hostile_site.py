@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from surgical_aggregation.checkpoint import load_checkpoint
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
-from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
+from surgical_aggregation.flare.results import HISTORY_FILE
+from surgical_aggregation.training.checkpoint import load_checkpoint
 
 ATTACKS = ("withheld", "x5", "flip_x5", "negative_running_var", "honest")
 HOSTILE_SITE = "site-chexpert"

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import torch
 
-from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.core.devices import autocast_dtype, resolve_device
 from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.images.model import NamedDenseNet121
-from surgical_aggregation.loops import masked_bce_with_logits, place_model
-from surgical_aggregation.profiles import DEMO
-from surgical_aggregation.site_data import prepare_site_data
-from surgical_aggregation.trainer import SiteTrainer, make_optimizer
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.loops import masked_bce_with_logits, place_model
+from surgical_aggregation.training.profiles import DEMO
+from surgical_aggregation.training.site_data import prepare_site_data
+from surgical_aggregation.training.trainer import SiteTrainer, make_optimizer
 
 
 def _repeat(measure: Callable[[], tuple[int, float]], repeats: int) -> dict[str, float]:

@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from surgical_aggregation.config import site_config_from_dict
-from surgical_aggregation.profiles import DEMO
-from surgical_aggregation.site_data import prepare_site_data
-from surgical_aggregation.trainer import SiteTrainer
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.profiles import DEMO
+from surgical_aggregation.training.site_data import prepare_site_data
+from surgical_aggregation.training.trainer import SiteTrainer
 
 
 def main(label: str) -> None:

@@ -105,8 +105,8 @@ def _relative_location(root: Path) -> list[str]:
 
 
 def _dicom_named_png(root: Path) -> list[str]:
-    from surgical_aggregation.checkpoint import save_checkpoint
     from surgical_aggregation.images.model import NamedDenseNet121
+    from surgical_aggregation.training.checkpoint import save_checkpoint
 
     images = root / "img"
     images.mkdir()

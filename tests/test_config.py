@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from surgical_aggregation.config import (
+from surgical_aggregation.training.config import (
     SITE_CONFIG_ENV,
     SiteConfig,
     SiteConfigError,

@@ -17,7 +17,6 @@ from nvflare.apis.job_launcher_spec import JobReturnCode
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 from nvflare.app_common.job_launcher.process_launcher import ProcessHandle
 
-from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.flare.deploy import (
     DATA_LOCATION_PLACEHOLDER,
     SERVER_HEARTBEAT_TIMEOUT,
@@ -34,7 +33,8 @@ from surgical_aggregation.flare.job_folder import controller_settings
 from surgical_aggregation.flare.launcher import SITE_LAUNCHER, LostProcessHandle
 from surgical_aggregation.flare.poc import free_port
 from surgical_aggregation.flare.recipe import PRIVACY_SCOPE, nih_chexpert_recipe, write_job
-from surgical_aggregation.site_data import resolve_table
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.site_data import resolve_table
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PROJECT = REPOSITORY / "provisioning" / "project.yml"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import surgical_aggregation.flare.recipe as recipes
-from surgical_aggregation.checkpoint import load_checkpoint
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.training.checkpoint import load_checkpoint
 
 from helpers import tiny_recipe
 

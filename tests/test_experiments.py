@@ -15,7 +15,7 @@ from scipy import stats
 from surgical_aggregation.experiments.grids import DataSources, simulated_nih
 from surgical_aggregation.experiments.runner import METHOD_FIELDS, RunOptions, run_settings
 from surgical_aggregation.experiments.summary import RESULT_FILE, flags, shared_vs_unique, summary_table
-from surgical_aggregation.profiles import Profile
+from surgical_aggregation.training.profiles import Profile
 
 CLASSES = ["Mass", "Edema", "Hernia", "Nodule", "Fibrosis", "Emphysema"]
 SURGICAL = [0.81, 0.74, 0.90, 0.66, 0.71, 0.79]

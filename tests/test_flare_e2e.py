@@ -30,9 +30,9 @@ import torch
 from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedAggregationHelper
 from PIL import Image
 
-from surgical_aggregation.checkpoint import load_checkpoint, probe_outputs, save_checkpoint
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.evaluation.inference import score
 from surgical_aggregation.flare.audit import AUDIT_FILE, EXCHANGES_DIR, exchange_file_name, read_audit
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import (
@@ -45,7 +45,7 @@ from surgical_aggregation.flare.recipe import (
 from surgical_aggregation.flare.simulation import FederationFailed, simulate
 from surgical_aggregation.images.modality import MODALITY as IMAGES
 from surgical_aggregation.images.synthetic import GENERATED, generate_nih, render_image
-from surgical_aggregation.inference import score
+from surgical_aggregation.training.checkpoint import load_checkpoint, probe_outputs, save_checkpoint
 
 from helpers import tiny_recipe, tiny_sites, union_of_the_seven_label_files
 

@@ -6,7 +6,6 @@ from fractions import Fraction
 
 import pytest
 
-from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.data.table import PATIENT_COLUMN
 from surgical_aggregation.experiments.grids import (
@@ -20,8 +19,9 @@ from surgical_aggregation.experiments.grids import (
     shared_labels,
 )
 from surgical_aggregation.experiments.planning import site_label_counts
-from surgical_aggregation.profiles import PROFILES
-from surgical_aggregation.site_data import resolve_table, split_table
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.profiles import PROFILES
+from surgical_aggregation.training.site_data import resolve_table, split_table
 
 
 @pytest.mark.parametrize("n_sites", [2, 4, 10])

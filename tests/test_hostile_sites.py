@@ -22,6 +22,7 @@ import torch
 from surgical_aggregation.core.checks import WEIGHTS, UpdateReference
 from surgical_aggregation.core.errors import StorageError
 from surgical_aggregation.data import storage
+from surgical_aggregation.evaluation.run_summary import summary_lines
 from surgical_aggregation.flare.protocol import (
     META_CLASS_NAMES,
     META_NUM_SAMPLES,
@@ -30,7 +31,6 @@ from surgical_aggregation.flare.protocol import (
     TASK_TRAIN,
 )
 from surgical_aggregation.flare.state import BACKUP_FILE, STATUS_FILE, load_state
-from surgical_aggregation.run_summary import summary_lines
 
 from fake_sites import FakeSite, Harness, messages, shifted
 
@@ -519,7 +519,7 @@ def test_a_full_disk_names_the_cause_and_keeps_the_last_good_state(tmp_path, mon
 
 
 def test_a_model_file_written_on_a_full_disk_leaves_the_previous_one(tmp_path, monkeypatch):
-    from surgical_aggregation.checkpoint import load_checkpoint, save_checkpoint
+    from surgical_aggregation.training.checkpoint import load_checkpoint, save_checkpoint
 
     path = save_checkpoint(tmp_path / "FL_global_model.pt", {"w": torch.ones(2)}, [], round=1)
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from surgical_aggregation.checkpoint import save_checkpoint
 from surgical_aggregation.cli import main
-from surgical_aggregation.config import load_site_config
+from surgical_aggregation.evaluation.inference import labelled_set
 from surgical_aggregation.images.layouts import load_table
 from surgical_aggregation.images.model import NamedDenseNet121
-from surgical_aggregation.inference import labelled_set
-from surgical_aggregation.site_data import resolve_table, split_table
+from surgical_aggregation.training.checkpoint import save_checkpoint
+from surgical_aggregation.training.config import load_site_config
+from surgical_aggregation.training.site_data import resolve_table, split_table
 
 MODEL_CLASSES = ["Mass", "Fracture", "Pleural Effusion"]
 

@@ -126,7 +126,7 @@ def test_added_aliases_win_over_the_built_in_ones_and_the_job_over_the_site():
 
 
 def test_a_vocabulary_is_a_value_a_site_config_carries_and_no_process_wide_state():
-    from surgical_aggregation.config import site_config_from_dict
+    from surgical_aggregation.training.config import site_config_from_dict
 
     values = {"data": {"kind": "nih", "label_aliases": {"BB": "Bulla"}}}
     site = site_config_from_dict(values, job_aliases={"TB": "Tuberculosis"})

@@ -13,23 +13,10 @@ from pathlib import Path
 import pytest
 
 import surgical_aggregation
+from surgical_aggregation.layout import APART, LAYERS, layer_of, layer_table
 
 PACKAGE = Path(surgical_aggregation.__file__).parent
-# bottom to top; a module may import its own layer or a lower one
-LAYERS: list[tuple[str, ...]] = [
-    ("core",),
-    ("data",),
-    ("images", "reports"),
-    ("modalities",),
-    ("config", "profiles", "metrics", "plots", "run_summary"),
-    ("site_data", "loops", "checkpoint", "parallel"),
-    ("trainer", "inference", "rank_helper"),
-    ("flare",),
-    ("experiments",),
-    ("cli", "__main__", "__init__"),
-]
-RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
-SIBLINGS_APART = {"images": "reports", "reports": "images"}  # the modalities do not know each other
+SIBLINGS_APART = {first: second for pair in APART for first, second in (pair, pair[::-1])}
 
 
 def _modules() -> dict[str, Path]:
@@ -77,14 +64,26 @@ MODULES = _modules()
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_run_one_way(module):
-    own = _top(module)
-    assert own in RANK, f"{module}: place its package in a layer of this test"
+    own = layer_of(module)  # a KeyError names a module that no layer of surgical_aggregation/layout.py holds
     for imported in _runtime_imports(MODULES[module], module):
         if imported.startswith("!"):
             continue
-        top = _top(imported)
-        assert RANK[top] <= RANK[own], f"{module} imports {imported}, which sits above it"
-        assert SIBLINGS_APART.get(own) != top, f"{module} imports {imported}: the modalities meet only in the seam"
+        assert layer_of(imported) <= own, f"{module} imports {imported}, which sits above it"
+        apart = SIBLINGS_APART.get(_top(module))
+        assert apart != _top(imported), f"{module} imports {imported}: the modalities meet only in the seam"
+
+
+def test_the_root_holds_only_the_packages_and_the_entry_points():
+    loose = sorted(path.stem for path in PACKAGE.glob("*.py"))
+    assert loose == ["__init__", "__main__", "cli", "layout"]
+    assert {part.split(".")[0] for layer in LAYERS for part in layer.parts} >= {
+        path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()
+    }
+
+
+def test_the_librarys_layer_table_is_written_from_the_layout():
+    page = (PACKAGE.parents[1] / "docs" / "library.md").read_text()
+    assert f"\n{layer_table()}\n" in page, "run: python -m surgical_aggregation.layout docs/library.md"
 
 
 def test_flare_is_imported_only_in_the_flare_layer():
@@ -101,4 +100,15 @@ def test_only_the_modality_seam_knows_report_kinds():
     for module, path in MODULES.items():
         if _top(module) not in ("reports", "modalities"):
             found = words.findall(path.read_text())
-            assert not found, f"{module} mentions {found}: ask the modality (modalities.py) instead"
+            assert not found, f"{module} mentions {found}: ask the modality (modalities.registry) instead"
+
+
+def test_the_site_config_names_no_field_of_a_modality():
+    from dataclasses import fields
+
+    from surgical_aggregation.modalities.registry import registered_modalities
+
+    text = (PACKAGE / "training" / "config.py").read_text()
+    for modality in registered_modalities():
+        for field in fields(modality.settings_type):
+            assert not re.search(rf"\b{field.name}\b", text), f"config.py names {modality.name}'s {field.name}"

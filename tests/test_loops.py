@@ -7,7 +7,7 @@ from surgical_aggregation.images.dataset import ChestXrayDataset, cache_table
 from surgical_aggregation.images.layouts import load_table
 from surgical_aggregation.images.model import NamedDenseNet121
 from surgical_aggregation.images.transforms import image_batch_transform
-from surgical_aggregation.loops import evaluate, make_loader, masked_bce_with_logits, train_epoch
+from surgical_aggregation.training.loops import evaluate, make_loader, masked_bce_with_logits, train_epoch
 
 
 def test_masked_bce_counts_only_labelled_entries():

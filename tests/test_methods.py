@@ -8,30 +8,30 @@ import pytest
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel
 
-from surgical_aggregation.checkpoint import load_checkpoint
-from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.core.head import NAMED_HEAD, batchnorm_keys, slice_for_client
 from surgical_aggregation.core.methods import (
     IdentityBatchNormError,
     LabelCounts,
-    SiteRecipe,
+    SiteMethod,
     batchnorm_at_defaults,
     controller_arguments,
     federation_label_prior,
     label_prior_weights,
 )
-from surgical_aggregation.flare.results import PERSONAL_MODELS_DIR
 from surgical_aggregation.flare.protocol import (
     META_CLASS_NAMES,
     META_LABEL_COUNTS,
-    META_RECIPE,
+    META_METHOD,
     META_WANT_LABEL_COUNTS,
     TASK_DESCRIBE,
 )
+from surgical_aggregation.flare.results import PERSONAL_MODELS_DIR
 from surgical_aggregation.images.model import NamedDenseNet121
-from surgical_aggregation.loops import masked_bce_with_logits
-from surgical_aggregation.site_data import prepare_site_data
-from surgical_aggregation.trainer import SiteTrainer
+from surgical_aggregation.training.checkpoint import load_checkpoint
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.loops import masked_bce_with_logits
+from surgical_aggregation.training.site_data import prepare_site_data
+from surgical_aggregation.training.trainer import SiteTrainer
 
 from fake_sites import FakeSite, Harness, shifted
 from helpers import rows_by_name, toy_state
@@ -45,7 +45,7 @@ class EchoSite(FakeSite):
     def __init__(self, *args, counts: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.counts = counts or {}
-        self.recipes: list[dict] = []
+        self.site_methods: list[dict] = []
         self.handshake_meta: dict = {}
 
     def answer(self, task: str, data: FLModel) -> FLModel | None:
@@ -56,8 +56,8 @@ class EchoSite(FakeSite):
                 answer.meta[META_LABEL_COUNTS] = self.counts
             return answer
         answer = super().answer(task, data)
-        if META_RECIPE in (data.meta or {}):
-            self.recipes.append(data.meta[META_RECIPE])
+        if META_METHOD in (data.meta or {}):
+            self.site_methods.append(data.meta[META_METHOD])
             answer.meta[META_CLASS_NAMES] = list(data.meta[META_CLASS_NAMES])
         return answer
 
@@ -81,7 +81,7 @@ def test_at_psi_zero_the_three_methods_aggregate_the_same_updates_into_the_same_
         site_a = harness.sites["site-a"]
         order = classes if method == "surgical" else sorted(classes)  # its own order, or the union's (by name)
         assert [received for received, _ in site_a.received] == [order, order]
-        assert site_a.recipes[0]["method"] == method
+        assert site_a.site_methods[0]["method"] == method
         models[method] = harness.saved[-1]
     reference = models["surgical"]
     for method in ("vanilla", "partial_loss"):
@@ -145,12 +145,12 @@ def test_fedsld_prior_is_computed_from_the_handshake_and_sent_per_site(tmp_path)
     harness.run()
     assert sites[0].handshake_meta[META_WANT_LABEL_COUNTS] is True
     # by hand: Pleural Effusion = (5 + 1) / (10 + 10), Mass = 3/10, Hernia = 2/9
-    assert sites[0].recipes[0]["label_prior"] == pytest.approx({"Mass": 0.3, "Pleural Effusion": 6 / 20})
-    assert sites[1].recipes[0]["label_prior"] == pytest.approx({"Pleural Effusion": 6 / 20, "Hernia": 2 / 9})
+    assert sites[0].site_methods[0]["label_prior"] == pytest.approx({"Mass": 0.3, "Pleural Effusion": 6 / 20})
+    assert sites[1].site_methods[0]["label_prior"] == pytest.approx({"Pleural Effusion": 6 / 20, "Hernia": 2 / 9})
     # without FedSLD nothing is asked for and no prior is sent
     plain = [EchoSite("site-a", ["Mass"], [0.5]), EchoSite("site-b", ["Edema"], [0.5])]
     Harness(plain, tmp_path, num_rounds=1).run()
-    assert plain[0].handshake_meta[META_WANT_LABEL_COUNTS] is False and plain[0].recipes[0]["label_prior"] is None
+    assert plain[0].handshake_meta[META_WANT_LABEL_COUNTS] is False and plain[0].site_methods[0]["label_prior"] is None
 
 
 def test_federation_label_prior_by_hand():
@@ -230,7 +230,7 @@ def test_site_labels_per_method(site):
     batches = {}
     for method in ("surgical", "vanilla", "partial_loss"):
         trainer = SiteTrainer(config, data, "site-test")
-        trainer.set_recipe(SiteRecipe(method))
+        trainer.set_method(SiteMethod(method))
         trainer.load_global(_global(union), union)
         batches[method] = (trainer.head_classes, _first_batch(trainer))
     assert batches["surgical"][0] == ["Mass", "Atelectasis"]
@@ -252,7 +252,7 @@ def test_at_psi_zero_the_site_trains_identically_under_the_three_methods(site):
     states = {}
     for method in ("surgical", "vanilla", "partial_loss"):
         trainer = SiteTrainer(config, data, "site-test")
-        trainer.set_recipe(SiteRecipe(method))
+        trainer.set_method(SiteMethod(method))
         trainer.load_global(_global(classes), classes)
         trainer.fit(0, warmup=False)
         states[method] = trainer.state_dict()
@@ -265,7 +265,7 @@ def test_personal_recipes_keep_the_head_and_fedbn_keeps_batchnorm(site):
     config, data = site
     classes = ["Mass", "Atelectasis"]
     trainer = SiteTrainer(config, data, "site-test")
-    trainer.set_recipe(SiteRecipe("personal", backbone_strategy="fedbn"))
+    trainer.set_method(SiteMethod("personal", backbone_strategy="fedbn"))
     trainer.load_global(_global(classes, seed=1), classes)  # first load: everything taken
     trainer.fit(0, warmup=False)
     local = trainer.state_dict()
@@ -276,7 +276,7 @@ def test_personal_recipes_keep_the_head_and_fedbn_keeps_batchnorm(site):
     for key in after:
         expected = local[key] if key in bn or key in (W, B) else incoming[key]
         assert torch.equal(after[key], expected), key
-    trainer.set_recipe(SiteRecipe("surgical"))
+    trainer.set_method(SiteMethod("surgical"))
     trainer.load_global(incoming, classes)
     assert all(torch.equal(trainer.state_dict()[key], incoming[key]) for key in incoming)
 
@@ -284,7 +284,7 @@ def test_personal_recipes_keep_the_head_and_fedbn_keeps_batchnorm(site):
 def test_fedprox_penalty_pulls_towards_the_received_model(site):
     config, data = site
     trainer = SiteTrainer(config, data, "site-test")
-    trainer.set_recipe(SiteRecipe("vanilla", proximal_mu=0.5))
+    trainer.set_method(SiteMethod("vanilla", proximal_mu=0.5))
     classes = ["Mass", "Atelectasis"]
     trainer.load_global(_global(classes), classes)
     penalty = trainer._proximal_term()
@@ -293,7 +293,7 @@ def test_fedprox_penalty_pulls_towards_the_received_model(site):
         trainer.model.class_layers.out.bias.add_(torch.tensor([1.0, 2.0]))
     assert penalty().item() == pytest.approx(0.5 * 0.5 * (1 + 4))
     with pytest.raises(ValueError, match="proximal_mu must not be negative"):
-        SiteRecipe(proximal_mu=-1)
+        SiteMethod(proximal_mu=-1)
 
 
 def test_a_union_model_is_validated_on_the_site_own_classes(site):
@@ -301,7 +301,7 @@ def test_a_union_model_is_validated_on_the_site_own_classes(site):
     union = ["Mass", "Hernia", "Atelectasis"]
     state = _global(union)
     vanilla = SiteTrainer(config, data, "site-test")
-    vanilla.set_recipe(SiteRecipe("vanilla"))
+    vanilla.set_method(SiteMethod("vanilla"))
     vanilla.load_global(state, union)
     surgical = SiteTrainer(config, data, "site-test")
     surgical.load_global(slice_for_client(state, union, ["Mass", "Atelectasis"]), ["Mass", "Atelectasis"])
@@ -326,16 +326,16 @@ def test_fedbn_plus_is_refused_on_a_model_whose_batchnorm_holds_its_defaults(nih
     )
     trainer = SiteTrainer(config, prepare_site_data(config), "site-test")
     assert batchnorm_at_defaults(trainer.model.state_dict())
-    trainer.set_recipe(SiteRecipe(backbone_strategy="fedbn_plus"))
+    trainer.set_method(SiteMethod(backbone_strategy="fedbn_plus"))
     with pytest.raises(IdentityBatchNormError, match=r"site site-test: FedBN\+ .* hold their defaults"):
         trainer.fit(0, warmup=False)
-    trainer.set_recipe(SiteRecipe(backbone_strategy="fedbn_plus", identity_batchnorm=True))  # asked for exactly that
+    trainer.set_method(SiteMethod(backbone_strategy="fedbn_plus", identity_batchnorm=True))  # asked for exactly that
     trainer.fit(0, warmup=False)
     assert batchnorm_at_defaults(trainer.model.state_dict())  # frozen: still the defaults
-    trainer.set_recipe(SiteRecipe())  # FedAvg: BatchNorm learns statistics ...
+    trainer.set_method(SiteMethod())  # FedAvg: BatchNorm learns statistics ...
     trainer.fit(1, warmup=False)
     assert not batchnorm_at_defaults(trainer.model.state_dict())
-    trainer.set_recipe(SiteRecipe(backbone_strategy="fedbn_plus"))  # ... which FedBN+ may then freeze
+    trainer.set_method(SiteMethod(backbone_strategy="fedbn_plus"))  # ... which FedBN+ may then freeze
     trainer.fit(2, warmup=False)
 
 

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import log_loss, roc_auc_score
 
-from surgical_aggregation.metrics import (
+from surgical_aggregation.evaluation.metrics import (
     align_by_name,
     bce_loss,
     bootstrap_ci,

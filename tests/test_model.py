@@ -5,10 +5,10 @@ import re
 import pytest
 import torch
 
-from surgical_aggregation.checkpoint import load_checkpoint, save_checkpoint
 from surgical_aggregation.core.head import split_backbone_head
 from surgical_aggregation.images.model import NamedDenseNet121, imagenet_to_monai_keys, load_pretrained_backbone
-from surgical_aggregation.loops import freeze_batchnorm, set_backbone_trainable, train_mode
+from surgical_aggregation.training.checkpoint import load_checkpoint, save_checkpoint
+from surgical_aggregation.training.loops import freeze_batchnorm, set_backbone_trainable, train_mode
 
 CLASSES = ["Atelectasis", "Effusion", "Hernia"]
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgical_aggregation.config import site_config_from_dict
-from surgical_aggregation.core.methods import SiteRecipe
+from surgical_aggregation.core.methods import SiteMethod
 from surgical_aggregation.images.model import NamedDenseNet121
-from surgical_aggregation.parallel import RankGroup, RowShard
-from surgical_aggregation.site_data import prepare_site_data
-from surgical_aggregation.trainer import SiteTrainer
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.parallel import RankGroup, RowShard
+from surgical_aggregation.training.site_data import prepare_site_data
+from surgical_aggregation.training.trainer import SiteTrainer
 
 pytestmark = pytest.mark.slow
 LABELS = ["Mass", "Effusion", "Atelectasis", "Hernia"]
@@ -59,7 +59,7 @@ def test_two_processes_train_the_model_one_process_trains_on_the_same_batches(ni
     for gpus in (1, 2):
         trainer = _trainer(nih_data, tmp_path / "cache", gpus)
         # BatchNorm frozen at its defaults on purpose: what is measured is the split of the batch across processes
-        trainer.set_recipe(SiteRecipe(backbone_strategy="fedbn_plus", identity_batchnorm=True))
+        trainer.set_method(SiteMethod(backbone_strategy="fedbn_plus", identity_batchnorm=True))
         trainer.load_global(start, trainer.class_names)
         report = trainer.fit(0, warmup=True)  # head warm-up (backbone frozen), then a training epoch
         helpers = [] if trainer.group is None else list(trainer.group.helpers)
@@ -86,7 +86,7 @@ def test_a_helper_that_cannot_start_is_an_error_at_rank_0_not_a_hang(tmp_path):
 
 def test_with_batchnorm_trained_two_cpu_processes_train_on_their_own_rows_statistics(nih_data, tmp_path):
     trainer = _trainer(nih_data, tmp_path / "cache", 2)
-    trainer.set_recipe(SiteRecipe(backbone_strategy="fedavg"))  # BatchNorm trains: per-rank statistics on a CPU
+    trainer.set_method(SiteMethod(backbone_strategy="fedavg"))  # BatchNorm trains: per-rank statistics on a CPU
     before = {key: value.clone() for key, value in trainer.state_dict().items()}
     report = trainer.fit(0, warmup=False)
     after = trainer.state_dict()

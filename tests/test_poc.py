@@ -29,13 +29,13 @@ from pathlib import Path
 import pytest
 from nvflare.recipe import ProdEnv
 
-from surgical_aggregation.checkpoint import load_checkpoint
 from surgical_aggregation.cli import main
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.flare.poc import COMPLETED, USERS, PocWorkspace, SubmissionRefused, job_sites
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe, write_job
 from surgical_aggregation.images.synthetic import generate_nih
-from surgical_aggregation.parallel import process_alive
+from surgical_aggregation.training.checkpoint import load_checkpoint
+from surgical_aggregation.training.parallel import process_alive
 
 from helpers import tiny_recipe
 

@@ -10,7 +10,6 @@ import pytest
 
 import surgical_aggregation
 from surgical_aggregation.cli import main
-from surgical_aggregation.config import JOB_DEFAULT_ORIGIN, SiteConfigError, load_site_config
 from surgical_aggregation.flare.client import _config_hint
 from surgical_aggregation.flare.protocol import BUNDLE_JOBS
 from surgical_aggregation.flare.recipe import (
@@ -19,6 +18,7 @@ from surgical_aggregation.flare.recipe import (
     nih_chexpert_recipe,
     write_job,
 )
+from surgical_aggregation.training.config import JOB_DEFAULT_ORIGIN, SiteConfigError, load_site_config
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 COMMITTED = REPOSITORY / "jobs" / "nih_chexpert"
@@ -126,8 +126,9 @@ def test_a_job_whose_sites_preprocess_differently_is_refused(tmp_path, capsys):
     site_config = f"site-nih={tmp_path / 'site-nih.json'}"
     assert main(["write-job", "--out", str(tmp_path / "job"), "--site-config", site_config]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: job 'nih_chexpert': site 'site-chexpert' preprocesses its data otherwise than 'site-nih': "
-        "image_size 64 (vs 224); one preprocessing per federation"
+        "error: job 'nih_chexpert': site 'site-chexpert': it preprocesses its data otherwise: image_size 64 "
+        "(site-nih's: 224); one preprocessing per federation, so the model can be used on every site's data: set "
+        '"image_size": 224 in its site config'
     )
     assert not (tmp_path / "job").exists()
 

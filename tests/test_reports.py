@@ -19,13 +19,12 @@ import pandas as pd
 import pytest
 import torch
 
-from surgical_aggregation.checkpoint import initial_global_state, load_checkpoint
 from surgical_aggregation.core.aggregation import Contribution, SurgicalAggregator
 from surgical_aggregation.core.errors import DatasetFormatError
 from surgical_aggregation.core.head import NAMED_HEAD, numpy_state, slice_for_client
 from surgical_aggregation.data.reference import reference_file
+from surgical_aggregation.evaluation.metrics import threshold_metrics, youden_threshold
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, report_labeling_recipe, write_job
-from surgical_aggregation.metrics import threshold_metrics, youden_threshold
 from surgical_aggregation.reports.data import (
     IU_ARCHIVE,
     label_counts,
@@ -36,6 +35,7 @@ from surgical_aggregation.reports.data import (
 )
 from surgical_aggregation.reports.embeddings import EmbeddingCache
 from surgical_aggregation.reports.model import ReportMLP
+from surgical_aggregation.training.checkpoint import initial_global_state, load_checkpoint
 
 TOL = 1e-6
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -339,10 +339,10 @@ def test_prepare_embeds_a_report_csv_once(tmp_path, capsys):
 
 
 def test_report_evaluation_thresholds_on_validation_and_scores_the_test_split(tmp_path):
-    from surgical_aggregation.checkpoint import save_checkpoint
-    from surgical_aggregation.inference import evaluate_with_thresholds
+    from surgical_aggregation.evaluation.inference import evaluate_with_thresholds
     from surgical_aggregation.reports.data import report_table
     from surgical_aggregation.reports.dataset import ReportDataset
+    from surgical_aggregation.training.checkpoint import save_checkpoint
 
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({"report_id": [f"r{i}" for i in range(40)], "text": ["x"] * 40})
@@ -377,9 +377,9 @@ def test_a_report_model_is_usable_from_the_command_line(tmp_path, capsys):
     """evaluate and predict read a report model's inputs through its modality: a report CSV in (embedded by the
     model's encoder), per-finding probabilities out; thresholds chosen on the validation split travel with a copy
     of the model, and predict --calls applies them."""
-    from surgical_aggregation.checkpoint import save_checkpoint
     from surgical_aggregation.cli import main
-    from surgical_aggregation.inference import THRESHOLDS_KEY
+    from surgical_aggregation.evaluation.inference import THRESHOLDS_KEY
+    from surgical_aggregation.training.checkpoint import save_checkpoint
 
     rng = np.random.default_rng(0)
     texts = ["pulmonary edema and an enlarged heart", "the heart is enlarged", "edema in both lungs", "clear lungs"]

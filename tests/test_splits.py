@@ -7,14 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.data.reference import NIH_LABEL_FILE
 from surgical_aggregation.data.splits import patient_split, patient_strata
 from surgical_aggregation.data.table import LabelTable
 from surgical_aggregation.images.layouts import load_table
 from surgical_aggregation.images.nih import read_nih_labels
-from surgical_aggregation.site_data import prepare_site_data, resolve_table, split_table
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.site_data import prepare_site_data, resolve_table, split_table
 
 from helpers import require_reference
 

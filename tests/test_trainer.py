@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from surgical_aggregation.config import site_config_from_dict
 from surgical_aggregation.core.head import NAMED_HEAD, slice_for_client
-from surgical_aggregation.core.methods import SiteRecipe
+from surgical_aggregation.core.methods import SiteMethod
 from surgical_aggregation.flare.audit import EXCHANGES_DIR, SiteAudit, exchange_file_name, read_audit
 from surgical_aggregation.images.model import NamedDenseNet121
-from surgical_aggregation.site_data import prepare_site_data
-from surgical_aggregation.trainer import SiteTrainer, evaluation_metrics
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.site_data import prepare_site_data
+from surgical_aggregation.training.trainer import SiteTrainer, evaluation_metrics
 
 W, B = NAMED_HEAD.keys
 
@@ -89,14 +89,14 @@ def test_warm_up_happens_when_the_server_asks(trainer):
 
 def test_fedbn_plus_keeps_batchnorm_fixed_during_local_training(trainer):
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    trainer.set_recipe(SiteRecipe(backbone_strategy="fedbn_plus"))
+    trainer.set_method(SiteMethod(backbone_strategy="fedbn_plus"))
     trainer.fit(2, warmup=False)
     after = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     bn = [k for k in after if ".norm" in k]
     assert len(bn) == 121 * 5
     assert all(torch.equal(before[k], after[k]) for k in bn)
     assert not torch.equal(before["features.conv0.weight"], after["features.conv0.weight"])
-    trainer.set_recipe(SiteRecipe())
+    trainer.set_method(SiteMethod())
     trainer.fit(3, warmup=False)
     assert not torch.equal(
         after["features.norm0.running_mean"], trainer.model.state_dict()["features.norm0.running_mean"]

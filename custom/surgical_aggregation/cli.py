@@ -27,7 +27,7 @@ from pathlib import Path
 from .core.errors import DatasetFormatError, SiteConfigError, UserError
 from .data.names import UNCERTAINTY_POLICIES
 from .data.storage import default_cache_root
-from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES, RESUME_CHOICES, TIMED_TASKS
+from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES, NIH_CHEXPERT, RESUME_CHOICES, TIMED_TASKS
 from .images.names import GENERATED_KINDS, ON_ERROR_POLICIES
 from .modalities import DATA_KINDS
 
@@ -178,7 +178,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_write_job(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("write-job", help="(re)write a FLARE job folder of this bundle from its recipe")
-    parser.add_argument("--name", default="nih_chexpert", choices=BUNDLE_JOBS, help="which of the bundle's jobs")
+    parser.add_argument("--name", default=NIH_CHEXPERT, choices=BUNDLE_JOBS, help="which of the bundle's jobs")
     parser.add_argument(
         "--out",
         required=True,
@@ -269,7 +269,7 @@ def _add_site_config_option(parser: argparse.ArgumentParser) -> None:
 
 def _site_configs(entries: Sequence[str], job_aliases: Mapping[str, str] | None = None) -> dict[str, dict]:
     """``--site-config SITE=FILE`` entries: site -> its config (loaded and checked for a job with ``job_aliases``)."""
-    from .config import load_site_config
+    from .training.config import load_site_config
 
     sites = {}
     for entry in entries:
@@ -286,7 +286,7 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
         help="run one of the bundle's jobs in FLARE's simulator (SimEnv): one process per site, the CPU cores "
         "shared among them, a summary of the results at the end",
     )
-    parser.add_argument("--name", default="nih_chexpert", choices=BUNDLE_JOBS, help="which of the bundle's jobs")
+    parser.add_argument("--name", default=NIH_CHEXPERT, choices=BUNDLE_JOBS, help="which of the bundle's jobs")
     parser.add_argument(
         "--workspace",
         type=Path,
@@ -327,7 +327,7 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     from .core.methods import COMPARATORS
     from .core.strategies import STRATEGIES
     from .experiments.grids import GRIDS
-    from .profiles import PROFILES
+    from .training.profiles import PROFILES
 
     parser = commands.add_parser(
         "experiment",
@@ -396,7 +396,7 @@ def _experiment(args: argparse.Namespace) -> int:
     from .experiments.planning import plan_grid
     from .experiments.runner import RunOptions, run_grid, write_plan
     from .experiments.summary import summarize
-    from .profiles import PROFILES
+    from .training.profiles import PROFILES
 
     if args.summarize_only:
         print(f"wrote {summarize(args.out)}")
@@ -449,7 +449,7 @@ def _given_preprocessing(args: argparse.Namespace) -> dict[str, int]:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from .inference import STATUS_COLUMN, score
+    from .evaluation.inference import STATUS_COLUMN, score
 
     out = _output_file(args.out, "--out")
     scores, failures = score(
@@ -473,7 +473,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .inference import (
+    from .evaluation.inference import (
         evaluate_and_choose_thresholds,
         evaluate_on_table,
         labelled_splits,
@@ -578,9 +578,9 @@ def _poc(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
-    from .config import site_config_from_dict
     from .modalities.registry import modality_for_kind
-    from .site_data import prepare_cache
+    from .training.config import site_config_from_dict
+    from .training.site_data import prepare_cache
 
     if args.data is None and args.kind in GENERATED_KINDS:
         raise SiteConfigError(f"--data is required for --kind {args.kind} (embedded data are prepared on first use)")
@@ -674,7 +674,7 @@ def _check_site(args: argparse.Namespace) -> int:
 
 
 def _add_pretrain(commands: argparse._SubParsersAction) -> None:
-    from .profiles import PROFILES
+    from .training.profiles import PROFILES
 
     parser = commands.add_parser(
         "pretrain",
@@ -699,7 +699,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     import dataclasses
 
     from .experiments.pretraining import Pretraining, pretrained_backbone
-    from .profiles import PROFILES
+    from .training.profiles import PROFILES
 
     profile = PROFILES[args.profile]
     pretraining = Pretraining.for_profile(profile)

@@ -58,15 +58,23 @@ class ServerCheck:
 
 
 CHECKS: list[ServerCheck] = []  # in the order the controller applies them
+# every check of a result's values, ``(state, layout) -> reasons``, in order: check_result runs them all
+VALUE_CHECKS: list[Callable[[Mapping[str, Any], Any], list[str]]] = []
 
 
-def server_check(stage: str, rule: str, reason: str) -> Callable[[Callable], Callable]:
-    """Register a check function with the rule it enforces and an example of its reason text."""
+def server_check(stage: str, rule: str, reason: str, on_values: bool = False) -> Callable[[Callable], Callable]:
+    """Register a check function with the rule it enforces and an example of its reason text. ``on_values``: a check
+    of a training result's values, ``(state, layout) -> reasons``, that :func:`check_result` runs with the others
+    (a new one needs only its module, imported at the end of this one)."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; one of {list(STAGES)}")
+    if on_values and stage != "result":
+        raise ValueError(f"a check of a result's values belongs to the result stage, not {stage!r}")
 
     def register(function: Callable) -> Callable:
         CHECKS.append(ServerCheck(stage, function.__name__, rule, reason))
+        if on_values:
+            VALUE_CHECKS.append(function)
         return function
 
     return register
@@ -187,7 +195,11 @@ def label_counts_problem(
     "it preprocesses its data otherwise: image_size 224 (the federation's: 64); one preprocessing per federation, "
     'so the model can be used on every site\'s data: set "image_size": 64 in its site config',
 )
-def preprocessing_problem(site_preprocessing: Any, federation: Mapping[str, Any]) -> str | None:
+def preprocessing_problem(
+    site_preprocessing: Any, federation: Mapping[str, Any], whose: str = "the federation's"
+) -> str | None:
+    """Why a site that feeds the model ``site_preprocessing`` cannot join a federation whose preprocessing is
+    ``federation`` (``whose`` names it in the reason), or None."""
     if not isinstance(site_preprocessing, Mapping):
         return f"it described its preprocessing as {_shown(site_preprocessing)}, not a mapping"
     keys = sorted(set(federation) | set(site_preprocessing))
@@ -195,7 +207,7 @@ def preprocessing_problem(site_preprocessing: Any, federation: Mapping[str, Any]
     if not different:
         return None
     details = ", ".join(
-        f"{key} {_shown(site_preprocessing.get(key))} (the federation's: {federation.get(key)!r})" for key in different
+        f"{key} {_shown(site_preprocessing.get(key))} ({whose}: {federation.get(key)!r})" for key in different
     )
     fix = ", ".join(f"{json.dumps(key)}: {json.dumps(federation.get(key))}" for key in different if key in federation)
     return (
@@ -391,6 +403,7 @@ def shape_problems(state: Mapping[str, Any], layout: ModelLayout, rows: int, key
     "each entry of exactly the global model's dtype (float32 where it is float32: no float64, complex, strings or "
     "objects; int64 counters)",
     "'features.conv0.weight' is complex64, the global model's is float32",
+    on_values=True,
 )
 def dtype_problems(state: Mapping[str, Any], layout: ModelLayout) -> Reasons:
     problems = []
@@ -405,8 +418,9 @@ def dtype_problems(state: Mapping[str, Any], layout: ModelLayout) -> Reasons:
     "result",
     "finite values (no NaN or Inf)",
     "'features.conv0.weight' has 12 non-finite value(s) (NaN/Inf)",
+    on_values=True,
 )
-def finite_problems(state: Mapping[str, Any]) -> Reasons:
+def finite_problems(state: Mapping[str, Any], layout: ModelLayout | None = None) -> Reasons:
     problems = []
     for key, value in state.items():
         array = to_numpy(value)
@@ -421,8 +435,9 @@ def finite_problems(state: Mapping[str, Any]) -> Reasons:
     "result",
     "valid BatchNorm statistics: every running variance above 0, every batch counter a whole number 0 or more",
     "'features.denseblock1.denselayer1.norm1.running_var' has 4 value(s) at or below 0 (a variance is positive)",
+    on_values=True,
 )
-def batchnorm_problems(state: Mapping[str, Any]) -> Reasons:
+def batchnorm_problems(state: Mapping[str, Any], layout: ModelLayout | None = None) -> Reasons:
     problems = []
     for key in sorted(state):
         if key.endswith(".running_var"):
@@ -478,9 +493,8 @@ def check_result(
     canonical, problems = class_name_problems(list(class_names), normalize, expected_classes)
     refuse(problems)
     refuse(shape_problems(state, layout, len(canonical), [*averaged_keys, *layout.head.keys]))
-    refuse(dtype_problems(state, layout))
-    refuse(finite_problems(state))
-    refuse(batchnorm_problems(state))
+    for value_check in VALUE_CHECKS:  # dtypes, finite values, BatchNorm statistics, and any registered after them
+        refuse(value_check(state, layout))
     return CheckedResult(canonical, float(num_samples) if weighted else 1.0)
 
 

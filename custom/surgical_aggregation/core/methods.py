@@ -41,7 +41,7 @@ PERSONAL_METHODS = ("personal",)  # each site keeps its head (and what its backb
 
 
 @dataclass(frozen=True)
-class SiteRecipe:
+class SiteMethod:
     """What a site does differently under a method (sent by the server with every training task)."""
 
     method: str = "surgical"
@@ -95,10 +95,10 @@ def batchnorm_at_defaults(state: Mapping[str, Any]) -> bool:
     return True
 
 
-def check_batchnorm(recipe: SiteRecipe, state: Mapping[str, Any], where: str) -> None:
+def check_batchnorm(site_method: SiteMethod, state: Mapping[str, Any], where: str) -> None:
     """FedBN+ freezes BatchNorm at the model's statistics; refuse when those are the defaults (every BatchNorm the
-    identity, the network unnormalised) unless the recipe asks for exactly that (``identity_batchnorm``)."""
-    if recipe.freezes_batchnorm and not recipe.identity_batchnorm and batchnorm_at_defaults(state):
+    identity, the network unnormalised) unless the method asks for exactly that (``identity_batchnorm``)."""
+    if site_method.freezes_batchnorm and not site_method.identity_batchnorm and batchnorm_at_defaults(state):
         raise IdentityBatchNormError(
             f"{where}: FedBN+ (backbone_strategy fedbn_plus) freezes BatchNorm at the initial model's statistics, but "
             "its BatchNorm layers hold their defaults (running mean 0, variance 1): frozen, every BatchNorm is the "
@@ -176,19 +176,19 @@ def prior_vector(prior: Mapping[str, float] | None, class_names: Sequence[str]) 
     return torch.tensor([float(prior.get(name, np.nan)) for name in class_names], dtype=torch.float32)
 
 
-def recipe_meta(recipe: SiteRecipe) -> dict[str, Any]:
-    """The recipe as plain JSON-able values (FLModel meta)."""
+def method_meta(site_method: SiteMethod) -> dict[str, Any]:
+    """The method as plain JSON-able values (FLModel meta)."""
     return {
-        "method": recipe.method,
-        "backbone_strategy": recipe.backbone_strategy,
-        "proximal_mu": recipe.proximal_mu,
-        "label_prior": dict(recipe.label_prior) if recipe.label_prior else None,
-        "identity_batchnorm": recipe.identity_batchnorm,
+        "method": site_method.method,
+        "backbone_strategy": site_method.backbone_strategy,
+        "proximal_mu": site_method.proximal_mu,
+        "label_prior": dict(site_method.label_prior) if site_method.label_prior else None,
+        "identity_batchnorm": site_method.identity_batchnorm,
     }
 
 
-def recipe_from_meta(meta: Mapping[str, Any]) -> SiteRecipe:
-    return SiteRecipe(
+def method_from_meta(meta: Mapping[str, Any]) -> SiteMethod:
+    return SiteMethod(
         method=str(meta.get("method", "surgical")),
         backbone_strategy=str(meta.get("backbone_strategy", "fedavg")),
         proximal_mu=float(meta.get("proximal_mu", 0.0)),

@@ -5,7 +5,7 @@
 * individual: one model per dataset, on all of that dataset's labels.
 
 Both train like the federation they are compared with: the same initial model (the same backbone, the
-same fresh head rows by class name), the same BatchNorm handling (the recipe's backbone strategy: FedBN+
+same fresh head rows by class name), the same BatchNorm handling (the method's backbone strategy: FedBN+
 freezes it), the federation's budget (``rounds`` x the local epochs, after the same head warm-up; a
 per-site cap of batches per epoch becomes the pooled cap of all sites) and the same model selection: the
 round with the lowest validation loss is kept, with the same early stopping. Validation never counts a
@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_checkpoint
-from ..config import SiteConfig
 from ..core.head import backbone_digest
 from ..core.labels import union_labels
-from ..core.methods import SiteRecipe
-from ..site_data import CombinedDataset, SiteData, prepare_site_data
-from ..trainer import SiteTrainer
+from ..core.methods import SiteMethod
+from ..training.checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_checkpoint
+from ..training.config import SiteConfig
+from ..training.site_data import CombinedDataset, SiteData, prepare_site_data
+from ..training.trainer import SiteTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +77,12 @@ def train_pooled(
     min_delta: float = 1e-4,
     name: str = "centralized",
     log: logging.Logger = logger,
-    recipe: SiteRecipe | None = None,
+    site_method: SiteMethod | None = None,
     initial_state: Callable[[list[str]], dict[str, Any]] | None = None,
 ) -> BaselineResult:
     """Train one model on the pooled data of ``configs`` (a single config: that site alone).
 
-    The first config's training settings (image size, optimiser, learning rates, epochs) are used. ``recipe``: the
+    The first config's training settings (image size, optimiser, learning rates, epochs) are used. ``site_method``: the
     backbone strategy the federations of the comparison use (FedBN+ freezes BatchNorm); ``initial_state(classes)``:
     the model every method starts from, with head rows for ``classes`` (None: the trainer's own seeded model).
     The selected model is written to ``checkpoint``, the last round's beside it (``<stem>-last.pt``).
@@ -94,8 +94,8 @@ def train_pooled(
     data = pooled_site_data(configs, log) if len(configs) > 1 else prepare_site_data(config, log)
     log.info("%s: %s", name, data.summary())
     trainer = SiteTrainer(config, data, name, log)
-    if recipe is not None:
-        trainer.set_recipe(recipe)
+    if site_method is not None:
+        trainer.set_method(site_method)
     if initial_state is not None:
         trainer.load_global(initial_state(list(data.class_names)), data.class_names)
     meta = {ARCHITECTURE_KEY: trainer.modality.architecture, PREPROCESSING_KEY: trainer.preprocessing}
@@ -156,5 +156,5 @@ def train_pooled(
         history,
         time.perf_counter() - started,
         initial_backbone,
-        trainer.recipe.strategy.batchnorm,
+        trainer.site_method.strategy.batchnorm,
     )

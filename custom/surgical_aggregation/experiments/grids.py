@@ -10,7 +10,7 @@ CheXpert site with the 7 shared labels only, or all 20.
 
 Data comes from real folders when given (``DataSources``), the embedded generated datasets otherwise.
 Everything here is plain dicts in the site-config format, validated by
-:func:`surgical_aggregation.config.site_config_from_dict`, with the training settings of a profile.
+:func:`surgical_aggregation.training.config.site_config_from_dict`, with the training settings of a profile.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..core.labels import CHEXPERT_LABELS, NIH_LABELS
-from ..profiles import Profile
+from ..training.profiles import Profile
 
 K_VALUES = (2, 3, 4, 5, 6, 8, 10)
 PSI_VALUES = (

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..config import site_config_from_dict
 from ..core.errors import SiteConfigError
 from ..data.reference import NIH_LABEL_FILE, reference_file
 from ..data.table import LabelTable
 from ..images.layouts import load_table
 from ..images.nih import read_nih_labels
-from ..site_data import resolve_table, split_table
+from ..training.config import site_config_from_dict
+from ..training.site_data import resolve_table, split_table
 from .grids import DataSources, Setting
 
 COUNTS_FILE = "site_label_counts.csv"

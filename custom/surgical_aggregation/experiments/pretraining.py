@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import initial_global_state
-from ..config import site_config_from_dict
 from ..core.head import NAMED_HEAD, extend_head
 from ..data.storage import default_cache_root, exclusive, write_atomically
-from ..profiles import Profile
-from ..site_data import prepare_site_data
-from ..trainer import SiteTrainer
+from ..training.checkpoint import initial_global_state
+from ..training.config import site_config_from_dict
+from ..training.profiles import Profile
+from ..training.site_data import prepare_site_data
+from ..training.trainer import SiteTrainer
 
 logger = logging.getLogger(__name__)
 

@@ -38,16 +38,16 @@ from typing import Any
 
 import pandas as pd
 
-from ..checkpoint import initial_global_state
-from ..config import SiteConfig, site_config_from_dict
 from ..core.errors import SiteConfigError
 from ..core.head import backbone_digest
-from ..core.methods import COMPARATORS, POOLED_COMPARATORS, SiteRecipe, controller_arguments
+from ..core.methods import COMPARATORS, POOLED_COMPARATORS, SiteMethod, controller_arguments
 from ..core.strategies import strategy
 from ..data.storage import CACHE_ENV, default_cache_root
-from ..inference import evaluate_models, evaluate_with_thresholds
-from ..profiles import Profile
-from ..site_data import prepare_site_data, resolve_table, split_table
+from ..evaluation.inference import evaluate_models, evaluate_with_thresholds
+from ..training.checkpoint import initial_global_state
+from ..training.config import SiteConfig, site_config_from_dict
+from ..training.profiles import Profile
+from ..training.site_data import prepare_site_data, resolve_table, split_table
 from .baselines import BaselineResult, pooled_config, train_pooled
 from .grids import DataSources, Setting, dataset_identity, full_dataset_config, grid_settings
 from .pretraining import InitialModel, Pretraining, pretrained_backbone
@@ -368,7 +368,7 @@ def _run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -
     federations of the grid (initial model, BatchNorm handling, budget, selection)."""
     sites = _sites_for_run(run, options)
     models = folder / "models"
-    recipe = SiteRecipe(backbone_strategy=options.backbone_strategy)
+    site_method = SiteMethod(backbone_strategy=options.backbone_strategy)
     initial = _initial(options)
     first = site_config_from_dict(next(iter(sites.values())))
     architecture, preprocessing = first.modality.architecture, first.modality.preprocessing(first)
@@ -384,7 +384,7 @@ def _run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -
             profile.patience,
             profile.min_delta,
             name,
-            recipe=recipe,
+            site_method=site_method,
             initial_state=initial_state,
         )
 

@@ -22,8 +22,8 @@ import pandas as pd
 
 from ..core.errors import DataNotFoundError
 from ..core.methods import COMPARATOR_LABELS
-from ..metrics import paired_t_test
-from ..plots import plot_metric_vs_factor, plot_per_class_by_method, plot_validation_curves
+from ..evaluation.metrics import paired_t_test
+from ..evaluation.plots import plot_metric_vs_factor, plot_per_class_by_method, plot_validation_curves
 
 logger = logging.getLogger(__name__)
 REFERENCE_METHOD = "surgical"

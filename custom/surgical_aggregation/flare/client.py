@@ -30,26 +30,26 @@ import nvflare.client as flare
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.client.tracking import SummaryWriter
 
-from ..checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_checkpoint
-from ..config import JOB_DEFAULT_ORIGIN, SITE_CONFIGS_DIR, SiteConfig, find_site_config, load_site_config
 from ..core.devices import resolve_device
 from ..core.errors import UserError
 from ..core.head import numpy_state
 from ..core.labels import read_alias_file
-from ..core.methods import recipe_from_meta
-from ..parallel import check_gpus
-from ..site_data import SiteData, prepare_site_data, resolve_table, split_table
-from ..trainer import SiteTrainer, Tracker, evaluation_metrics
+from ..core.methods import method_from_meta
+from ..training.checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_checkpoint
+from ..training.config import JOB_DEFAULT_ORIGIN, SITE_CONFIGS_DIR, SiteConfig, find_site_config, load_site_config
+from ..training.parallel import check_gpus
+from ..training.site_data import SiteData, prepare_site_data, resolve_table, split_table
+from ..training.trainer import SiteTrainer, Tracker, evaluation_metrics
 from .audit import SiteAudit
 from .handshake import site_handshake
 from .protocol import (
     JOB_ALIASES_FILE,
     META_CLASS_NAMES,
     META_DATA,
+    META_METHOD,
     META_NUM_SAMPLES,
     META_OUTCOME,
     META_PREPROCESSING,
-    META_RECIPE,
     META_ROUND,
     META_WANT_LABEL_COUNTS,
     META_WARMUP,
@@ -181,7 +181,7 @@ class ClientSession:
         trainer = self.trainer
         round_number = received.current_round or 0
         classes = received.meta.get(META_CLASS_NAMES) or self.class_names
-        trainer.set_recipe(recipe_from_meta(received.meta.get(META_RECIPE) or {}))
+        trainer.set_method(method_from_meta(received.meta.get(META_METHOD) or {}))
         trainer.load_global(received.params, classes)
         global_evaluation = trainer.validate()
         report = trainer.fit(round_number, warmup=bool(received.meta.get(META_WARMUP)))

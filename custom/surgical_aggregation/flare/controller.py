@@ -38,7 +38,6 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.fuel.utils.log_utils import center_message
 
-from ..checkpoint import ARCHITECTURE_KEY, probe_outputs
 from ..core.aggregation import AggregationResult, Contribution
 from ..core.checks import (
     DEFAULT_MAX_CLASS_NAME_LENGTH,
@@ -53,22 +52,23 @@ from ..core.head import NAMED_HEAD, to_numpy
 from ..core.labels import job_vocabulary
 from ..core.methods import (
     IdentityBatchNormError,
-    SiteRecipe,
+    SiteMethod,
     check_batchnorm,
     federation_label_prior,
     head_classes_for_site,
-    recipe_meta,
+    method_meta,
 )
 from ..core.strategies import strategy
+from ..evaluation.run_summary import INITIAL_ROUND, model_label, summary_lines
 from ..modalities import DEFAULT_ARCHITECTURE
-from ..run_summary import INITIAL_ROUND, model_label, summary_lines
+from ..training.checkpoint import ARCHITECTURE_KEY, probe_outputs
 from .handshake import HandshakeRules, SiteInfo, admit
 from .protocol import (
     JOB_FAILED,
     META_CLASS_NAMES,
+    META_METHOD,
     META_NUM_SAMPLES,
     META_OUTCOME,
-    META_RECIPE,
     META_WANT_LABEL_COUNTS,
     META_WARMUP,
     RESUME_LATEST,
@@ -213,7 +213,7 @@ class SurgicalAggregatorShareable(ServerModels):
         if latest.round > INITIAL_ROUND and federation.aggregated_rounds == 0:
             self._fail_without_progress(latest.round)
         if self.final_validation and latest.round > INITIAL_ROUND:
-            self._judge(latest, self._validate(latest))
+            self._judge(latest, self._sites_validate(latest))
             self._evaluate_server_models(latest)
         self._refuse_unusable(federation.best or latest, "the best global model")
         if self.publish_global_model:
@@ -255,7 +255,7 @@ class SurgicalAggregatorShareable(ServerModels):
         self.info(f"union head: {len(federation.latest.class_names)} classes{fresh}")
         self._refuse_unusable(federation.latest, "the global model this job starts from")
         try:
-            check_batchnorm(self._recipe(None), federation.latest.state, "the global model this job starts from")
+            check_batchnorm(self._site_method(None), federation.latest.state, "the global model this job starts from")
         except IdentityBatchNormError as error:
             raise FederationCannotProceed(str(error)) from None
         self._write_union_table()
@@ -331,11 +331,11 @@ class SurgicalAggregatorShareable(ServerModels):
             )
         return admission.sites
 
-    def _recipe(self, info: SiteInfo | None) -> SiteRecipe:
+    def _site_method(self, info: SiteInfo | None) -> SiteMethod:
         """The method's site-side settings for a site (None: those that are the same for every site)."""
         classes = info.classes if info is not None else []
         prior = {name: self._prior[name] for name in classes if name in self._prior} or None
-        return SiteRecipe(self.method, self.backbone_strategy, self.proximal_mu, prior, self.identity_batchnorm)
+        return SiteMethod(self.method, self.backbone_strategy, self.proximal_mu, prior, self.identity_batchnorm)
 
     def _personal_models(self, state: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """PFL: each site's model = the global backbone with the entries that site keeps (head, FedBN's BN)."""
@@ -379,7 +379,7 @@ class SurgicalAggregatorShareable(ServerModels):
             warmup = site not in federation.warmed_up and bool(set(info.classes) & set(federation.fresh_classes))
             if site not in federation.warmed_up:
                 federation.warmed_up.append(site)
-            model = self._slice(latest, site, **{META_RECIPE: recipe_meta(self._recipe(info))})
+            model = self._slice(latest, site, **{META_METHOD: method_meta(self._site_method(info))})
             sent[site] = (model.params, model.meta)
             model.meta[META_WARMUP] = warmup
             model.current_round, model.total_rounds = round_number, self.num_rounds

@@ -31,10 +31,10 @@ from typing import Any
 from nvflare.app_common.default_component_policy import DEFAULT_CLASS_ALLOW_LIST
 from nvflare.lighter.spec import Builder, Project, ProvisionContext
 
-from ..config import DATA_LOCATION_PLACEHOLDER, SITE_LOCAL_CONFIG, site_config_from_dict
 from ..core.errors import DataNotFoundError
 from ..modalities import DATA_KINDS
-from ..profiles import PAPER
+from ..training.config import DATA_LOCATION_PLACEHOLDER, SITE_LOCAL_CONFIG, site_config_from_dict
+from ..training.profiles import PAPER
 from .job_folder import site_default_config
 from .launcher import with_site_launcher
 from .protocol import CODE_DELIVERIES
@@ -119,7 +119,7 @@ def site_config_template(
     kind: str | None = None, job: str | Path | None = None, site: str | None = None
 ) -> dict[str, Any]:
     """The site config hospital IT fills in: the recipe of the job the kit is provisioned for (its default config for
-    ``site``, or its first site's), so that its preprocessing is the federation's; without a job, the papers' recipe.
+    ``site``, or its first site's), so that its preprocessing is the federation's; without a job, the papers' settings.
     The data is the site's to set: its kind (from ``project.yml``) and a location placeholder that is refused."""
     if job is None:
         values = PAPER.site_config({"kind": kind or "nih"}, device="auto")

@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import SiteConfig
 from ..core.checks import (
     class_count_problem,
     class_name_problem,
@@ -27,7 +26,8 @@ from ..core.checks import (
 from ..core.labels import BUILTIN_FINDINGS, Vocabulary
 from ..core.methods import LabelCounts
 from ..data.table import LabelTable
-from ..site_data import split_table
+from ..training.config import SiteConfig
+from ..training.site_data import split_table
 from .protocol import META_CLASS_NAMES, META_DATA, META_LABEL_COUNTS, META_NUM_SAMPLES, META_PREPROCESSING
 
 MAX_DATA_DESCRIPTION = 200  # characters of a site's one-line description of its data kept by the server

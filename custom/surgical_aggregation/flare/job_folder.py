@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import SITE_CONFIGS_DIR
 from ..core.errors import DataNotFoundError, SiteConfigError
+from ..training.config import SITE_CONFIGS_DIR
 from .protocol import JOB_ALIASES_FILE, SERVER_SITE
 
 CONTROLLER_CLASS = "SurgicalAggregatorShareable"

@@ -3,7 +3,7 @@
 FLARE's ``PTFileModelPersistor`` rebuilds a fixed ``nn.Module`` and cannot follow a head that
 grows as sites join, nor keep the rows' class names. These components store the package's
 own checkpoint format (``{"model", "class_names", "meta"}``), readable with
-``surgical_aggregation.checkpoint.load_checkpoint`` and by anything that reads ``ckpt["model"]``.
+``surgical_aggregation.training.checkpoint.load_checkpoint`` and by anything that reads ``ckpt["model"]``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,15 @@ from nvflare.app_common.abstract.model_persistor import ModelPersistor
 from nvflare.app_common.app_constant import AppConstants, DefaultCheckpointFileName
 from nvflare.app_common.app_event_type import AppEventType
 
-from ..checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, initial_global_state, load_checkpoint, save_checkpoint
 from ..core.head import numpy_state
 from ..modalities import ARCHITECTURES, DEFAULT_ARCHITECTURE
+from ..training.checkpoint import (
+    ARCHITECTURE_KEY,
+    PREPROCESSING_KEY,
+    initial_global_state,
+    load_checkpoint,
+    save_checkpoint,
+)
 from .protocol import META_CLASS_NAMES
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from ..core.errors import UserError
-from ..parallel import process_alive
+from ..training.parallel import process_alive
 from .deploy import SERVER_HEARTBEAT_TIMEOUT, set_heartbeat_timeout, write_local_folder
 from .job_folder import job_sites
 from .protocol import CODE_DELIVERIES

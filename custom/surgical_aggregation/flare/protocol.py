@@ -10,7 +10,7 @@ TASK_PUBLISH = "publish"  # the end of a job: the best global model, union head 
 
 META_CLASS_NAMES = "class_names"  # names of the head rows in the params, in row order
 META_NUM_SAMPLES = "num_samples"  # training images behind a contribution
-META_RECIPE = "recipe"  # the method's site-side settings (methods.recipe_meta)
+META_METHOD = "site_method"  # the method's site-side settings (methods.method_meta)
 META_WANT_LABEL_COUNTS = "want_label_counts"  # handshake: the server asks for per-class counts (FedSLD only)
 META_LABEL_COUNTS = "label_counts"  # class -> [positives, labelled] on the site's training split
 META_WARMUP = "warmup"  # warm up the head (backbone frozen) before this round's training
@@ -24,7 +24,7 @@ CODE_DELIVERIES = ("byoc", "preinstalled")
 # The tasks whose time a site is given is a job setting: the controller's ``<task>_timeout`` (publication
 # shares validation's).
 TIMED_TASKS = ("handshake", "train", "validate")
-BUNDLE_JOBS = ("nih_chexpert", "report_labeling", "cxr_consortium")
+NIH_CHEXPERT, REPORT_LABELING, CXR_CONSORTIUM = BUNDLE_JOBS = ("nih_chexpert", "report_labeling", "cxr_consortium")
 SERVER_SITE = "server"  # the server's name in a job's deploy map
 JOB_FAILED = (
     "the job cannot go on: "  # the server log's line with the reason a job failed (the simulate command reads it)

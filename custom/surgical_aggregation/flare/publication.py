@@ -17,10 +17,10 @@ from nvflare.app_common.abstract.model import make_model_learnable
 from nvflare.app_common.app_constant import AppConstants, DefaultCheckpointFileName
 from nvflare.app_common.app_event_type import AppEventType
 
-from ..checkpoint import save_checkpoint
 from ..core.checks import check_metrics
 from ..core.head import HeadSpec
-from ..run_summary import model_label
+from ..evaluation.run_summary import model_label
+from ..training.checkpoint import save_checkpoint
 from .handshake import SiteInfo
 from .protocol import META_CLASS_NAMES, META_PREPROCESSING, META_ROUND, TASK_PUBLISH, TASK_VALIDATE
 from .results import PERSONAL_MODELS_DIR
@@ -75,7 +75,7 @@ class ServerModels(SiteTasks):
         params, names = site_view(version, site, info.classes, info.reported, self.method, self.head)
         return FLModel(params=params, meta={META_CLASS_NAMES: names, **meta})
 
-    def _validate(self, version: SavedVersion) -> dict[str, dict]:
+    def _sites_validate(self, version: SavedVersion) -> dict[str, dict]:
         """Each site validates its slice of ``version``; returns site -> its checked metrics (a site whose
         validation loss is rejected is left out; the reasons go to the log and the round's history)."""
         metrics: dict[str, dict] = {}
@@ -111,7 +111,7 @@ class ServerModels(SiteTasks):
         results: dict[int, dict[str, dict]] = {latest.round: latest_validation}
         for name, version in models.items():
             if version.round not in results:
-                results[version.round] = self._validate(version)
+                results[version.round] = self._sites_validate(version)
             for site, metrics in results[version.round].items():
                 # not sticky: FLARE's cross-site evaluation of the sites' models sets the same properties afterwards
                 self.fl_ctx.set_prop(AppConstants.MODEL_OWNER, SERVER_MODEL_PREFIX + name, private=True, sticky=False)

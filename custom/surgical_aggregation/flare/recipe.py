@@ -46,14 +46,15 @@ from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.job_config.api import FedJob
 from nvflare.recipe.spec import Recipe
 
-from ..config import SITE_CONFIGS_DIR, SiteConfig, site_config_from_dict
+from ..core.checks import preprocessing_problem
 from ..core.errors import SiteConfigError
 from ..core.labels import job_vocabulary
 from ..core.labels import label_aliases as load_label_aliases
-from ..profiles import DEMO, REPORT
+from ..training.config import SITE_CONFIGS_DIR, SiteConfig, site_config_from_dict
+from ..training.profiles import CONSORTIUM_ROUNDS, DEMO, REPORT, REPORT_JOB_ROUNDS
 from .controller import SurgicalAggregatorShareable
 from .persistor import SurgicalModelPersistor
-from .protocol import BUNDLE_JOBS, CODE_DELIVERIES, JOB_ALIASES_FILE
+from .protocol import BUNDLE_JOBS, CODE_DELIVERIES, CXR_CONSORTIUM, JOB_ALIASES_FILE, NIH_CHEXPERT, REPORT_LABELING
 from .tracking import TRACKERS
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the installed surgical_aggregation package
@@ -86,7 +87,7 @@ class SurgicalAggregationRecipe(Recipe):
 
     Args:
         name: the job's name (its folder name when exported).
-        sites: site name -> site config (the fields of ``surgical_aggregation.config.SiteConfig``);
+        sites: site name -> site config (the fields of ``surgical_aggregation.training.config.SiteConfig``);
             written, with every default explicit, as that site's default config.
         controller: ``SurgicalAggregatorShareable`` arguments (``num_rounds``, ``method``, ...);
             ``min_clients`` defaults to every site.
@@ -249,20 +250,13 @@ class SurgicalAggregationRecipe(Recipe):
 
 
 def _one_preprocessing(job: str, configs: Mapping[str, SiteConfig]) -> dict[str, Any]:
-    """The preprocessing every site of the job uses; sites that differ are named."""
+    """The preprocessing every site of the job uses (the first site's); a site that differs is named, with the rule
+    the server applies at the handshake (``core.checks.preprocessing_problem``)."""
     described = {site: config.modality.preprocessing(config) for site, config in configs.items()}
     first_site, first = next(iter(described.items()))
     for site, preprocessing in described.items():
-        differences = [
-            f"{key} {preprocessing.get(key)!r} (vs {first.get(key)!r})"
-            for key in sorted(set(first) | set(preprocessing))
-            if preprocessing.get(key) != first.get(key)
-        ]
-        if differences:
-            raise SiteConfigError(
-                f"job {job!r}: site {site!r} preprocesses its data otherwise than {first_site!r}: "
-                f"{', '.join(differences)}; one preprocessing per federation"
-            )
+        if problem := preprocessing_problem(preprocessing, first, f"{first_site}'s"):
+            raise SiteConfigError(f"job {job!r}: site {site!r}: {problem}")
     return dict(first)
 
 
@@ -372,7 +366,7 @@ def nih_chexpert_recipe(
         "site-chexpert": DEMO.site_config({"kind": "chexpert"}),
     }
     controller = {"num_rounds": DEMO.rounds, "patience": DEMO.patience, **JOB_TIMEOUTS, **options.pop("controller", {})}
-    return SurgicalAggregationRecipe("nih_chexpert", _with_sites(defaults, sites), controller=controller, **options)
+    return SurgicalAggregationRecipe(NIH_CHEXPERT, _with_sites(defaults, sites), controller=controller, **options)
 
 
 # The report labelling job: the IU reports dealt IID to two sites, each labelling 9 of the 14 most
@@ -393,9 +387,6 @@ IU_JOB_LABELS = (
     "Hernia",
     "Pleural Thickening",
 )
-# 10 aggregations keep `nvflare simulator jobs/report_labeling` to minutes on a CPU (the single-process
-# simulator restarts each site for every task); the experiments use the report profile's 20
-REPORT_JOB_ROUNDS = 10
 
 
 def report_labeling_recipe(
@@ -420,7 +411,7 @@ def report_labeling_recipe(
         **JOB_TIMEOUTS,
         **options.pop("controller", {}),
     }
-    return SurgicalAggregationRecipe("report_labeling", _with_sites(defaults, sites), controller=controller, **options)
+    return SurgicalAggregationRecipe(REPORT_LABELING, _with_sites(defaults, sites), controller=controller, **options)
 
 
 # The consortium job: one site per public dataset the bundle reads, each with its own label scheme, embedded
@@ -435,7 +426,6 @@ CONSORTIUM_SITES = {
     "site-siim": "siim",
 }
 CONSORTIUM_PATIENTS = {"padchest": 200}  # the others: 100 each
-CONSORTIUM_ROUNDS = 3
 
 
 def cxr_consortium_recipe(
@@ -455,9 +445,13 @@ def cxr_consortium_recipe(
         **JOB_TIMEOUTS,
         **options.pop("controller", {}),
     }
-    return SurgicalAggregationRecipe("cxr_consortium", _with_sites(defaults, sites), controller=controller, **options)
+    return SurgicalAggregationRecipe(CXR_CONSORTIUM, _with_sites(defaults, sites), controller=controller, **options)
 
 
-BUNDLE_RECIPES = dict(
-    zip(BUNDLE_JOBS, (nih_chexpert_recipe, report_labeling_recipe, cxr_consortium_recipe), strict=True)
-)
+BUNDLE_RECIPES = {
+    NIH_CHEXPERT: nih_chexpert_recipe,
+    REPORT_LABELING: report_labeling_recipe,
+    CXR_CONSORTIUM: cxr_consortium_recipe,
+}
+if tuple(BUNDLE_RECIPES) != BUNDLE_JOBS:
+    raise AssertionError("every job named in protocol.BUNDLE_JOBS has its recipe here, in that order")

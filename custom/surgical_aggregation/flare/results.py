@@ -10,8 +10,8 @@ from typing import Any
 from nvflare.app_common.app_constant import DefaultCheckpointFileName
 
 from ..data.storage import write_atomically
-from ..plots import plot_training_curves
-from ..run_summary import union_table, union_table_lines, write_union_table
+from ..evaluation.plots import plot_training_curves
+from ..evaluation.run_summary import union_table, union_table_lines, write_union_table
 
 HISTORY_FILE = "round_history.json"
 # where FLARE's ValidationJsonGenerator writes the sites' evaluation of the server's models

@@ -20,10 +20,10 @@ from nvflare.app_common.app_constant import DefaultCheckpointFileName
 from nvflare.recipe import SimEnv
 
 from ..core.errors import UserError
-from ..run_summary import summary_lines
-from .results import CURVES_FILE, HISTORY_FILE, PERSONAL_MODELS_DIR, result_files
+from ..evaluation.run_summary import summary_lines
 from .protocol import JOB_FAILED
 from .recipe import SurgicalAggregationRecipe
+from .results import CURVES_FILE, HISTORY_FILE, PERSONAL_MODELS_DIR, result_files
 from .tracking import MLFLOW_STORE
 
 

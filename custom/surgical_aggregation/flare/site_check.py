@@ -15,13 +15,13 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import load_site_config
 from ..core.checks import DEFAULT_MAX_CLASS_NAME_LENGTH, DEFAULT_MAX_CLASSES_PER_SITE
 from ..core.devices import resolve_device
 from ..core.errors import UserError
 from ..core.labels import BUILTIN_VOCABULARY, job_vocabulary
-from ..parallel import check_gpus
-from ..site_data import resolve_table, split_table
+from ..training.config import load_site_config
+from ..training.parallel import check_gpus
+from ..training.site_data import resolve_table, split_table
 from .handshake import (
     HandshakeRefused,
     HandshakeRules,

@@ -36,7 +36,7 @@ from ..core.errors import ModelFileError, StateFileError
 from ..core.head import HeadSpec, extend_head, slice_for_client, to_numpy
 from ..core.methods import head_classes_for_site
 from ..data.storage import keep_previous, read_tensor_file, write_atomically
-from ..run_summary import INITIAL_ROUND, model_label
+from ..evaluation.run_summary import INITIAL_ROUND, model_label
 from .protocol import RESUME_BACKUP, RESUME_LATEST, RESUME_NEVER
 
 STATE_DIR = "surgical_aggregation"

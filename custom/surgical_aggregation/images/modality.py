@@ -26,7 +26,7 @@ from .synthetic import GENERATED, ensure_generated
 from .transforms import image_batch_transform
 
 if TYPE_CHECKING:  # the config sits above the modalities; they only read it
-    from ..config import SiteConfig
+    from ..training.config import SiteConfig
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What an image site's config says about its images: the fields this modality owns, and their checks.
 
 They sit flat in the site config's JSON next to the general fields (``"image_size": 224``); the config keeps them as
-``config.settings``, an :class:`ImageSettings`. Defaults are the papers' recipe.
+``config.settings``, an :class:`ImageSettings`. Defaults are the papers' settings.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Embedded default data: small, deterministic datasets in the exact NIH, CheXpert and MIMIC layouts.
+"""Embedded default data: small, deterministic datasets in the exact release layouts of every kind in
+:data:`GENERATED`: NIH ChestX-ray14, CheXpert, MIMIC-CXR-JPG, PadChest, VinDr-CXR, Google's NIH labels, RSNA
+pneumonia and SIIM pneumothorax.
 
 No real chest X-ray images can be installed offline, so the demo job and the tests run on
 generated ones that a model can genuinely learn from:
@@ -18,6 +20,8 @@ generated ones that a model can genuinely learn from:
   (Hernia: 0.2%) would leave tiny datasets without a single positive.
 * **MIMIC.** No MIMIC label file is available offline; MIMIC-style datasets reuse CheXpert
   label rows (both come from the CheXpert labeler) in MIMIC's file layout.
+* **The five public datasets** (``images.public``): real label rows of torchxrayvision's copy of each one's
+  label file, read by the same rules as the real release.
 """
 
 from __future__ import annotations

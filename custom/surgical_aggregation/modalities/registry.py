@@ -27,7 +27,7 @@ from ..data.table import LabelTable, MaterialisedTable
 from . import ARCHITECTURES, DATA_KINDS, MODALITY_PACKAGES
 
 if TYPE_CHECKING:  # the config sits above this seam; modalities only read it
-    from ..config import SiteConfig
+    from ..training.config import SiteConfig
 
 
 class Modality(Protocol):

@@ -23,7 +23,7 @@ from .names import ARCHITECTURE, IU_REPORTS, KINDS
 from .settings import ReportSettings
 
 if TYPE_CHECKING:  # the config sits above the modalities; they only read it
-    from ..config import SiteConfig
+    from ..training.config import SiteConfig
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,16 @@ import numpy as np
 import pandas as pd
 from torch.utils.data import Dataset
 
-from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from .config import load_site_config, site_config_from_dict
-from .core.devices import auto_workers, autocast_dtype, resolve_device
-from .core.errors import DataNotFoundError, DatasetFormatError, ModelFileError, SiteConfigError
-from .data.splits import patient_split
-from .data.table import LabelTable
-from .images.cache import OnError
-from .loops import make_loader, place_model, predict
+from ..core.devices import auto_workers, autocast_dtype, resolve_device
+from ..core.errors import DataNotFoundError, DatasetFormatError, ModelFileError, SiteConfigError
+from ..data.splits import patient_split
+from ..data.table import LabelTable
+from ..images.cache import OnError
+from ..modalities.registry import modality_for_architecture
+from ..training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from ..training.config import load_site_config, site_config_from_dict
+from ..training.loops import make_loader, place_model, predict
+from ..training.site_data import resolve_table, split_table
 from .metrics import (
     ConfidenceInterval,
     align_by_name,
@@ -32,9 +34,7 @@ from .metrics import (
     threshold_metrics,
     youden_threshold,
 )
-from .modalities.registry import modality_for_architecture
 from .plots import plot_per_class_auroc
-from .site_data import resolve_table, split_table
 
 logger = logging.getLogger(__name__)
 THRESHOLD_COLUMNS = ("threshold", "accuracy", "sensitivity", "specificity")

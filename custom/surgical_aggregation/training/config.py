@@ -3,7 +3,7 @@
 One JSON file per site. Every field has a default; an unknown field, a wrong type or an
 out-of-range value is an error that names the file and the field, so hospital IT sees exactly
 what to fix. ``data.location: null`` means "no real data here": the site then trains on the
-embedded generated dataset of its ``data.kind`` (and says so in its log).
+generated dataset of its ``data.kind`` shipped with its modality (and says so in its log).
 
 This module holds the fields every site has; what a kind of data needs besides (the fields of images or
 of reports) belongs to its modality (``modalities``), which checks it.
@@ -20,12 +20,12 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from .core.devices import AUTO
-from .core.errors import AliasFileError, DuplicateLabelError, SiteConfigError, UnknownLabelError
-from .core.labels import Vocabulary, read_alias_file
-from .data.names import RECORD_MODES
-from .data.storage import default_cache_root
-from .modalities.registry import Modality, modality_for_kind, modality_kinds, registered_modalities
+from ..core.devices import AUTO
+from ..core.errors import AliasFileError, DuplicateLabelError, SiteConfigError, UnknownLabelError
+from ..core.labels import Vocabulary, read_alias_file
+from ..data.names import RECORD_MODES
+from ..data.storage import default_cache_root
+from ..modalities.registry import Modality, modality_for_kind, modality_kinds, registered_modalities
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 COMPILE_MODES = ("off", "on")
@@ -37,7 +37,7 @@ MODALITY_FIELDS = "modality_fields"  # metadata of the field holding the modalit
 @dataclass
 class DataConfig:
     kind: str = "nih"  # what the data is: one of the modalities' kinds (nih, chexpert, ... images; reports)
-    location: str | None = None  # data folder (CSV file for csv); null = embedded generated data
+    location: str | None = None  # data folder (CSV file for csv); null = the generated data of the kind
     options: dict[str, Any] = field(default_factory=dict)  # passed to the loader, e.g. {"uncertainty": "ignore"}
     labels: list[str] | None = None  # the findings this site trains on, in its order (default: all of the dataset's)
     # this site's synonyms for its label names, {"alias": "class name"}: inline, or a JSON/YAML alias file
@@ -55,7 +55,7 @@ class DataConfig:
 
 @dataclass
 class SiteConfig:
-    """Every field defaults to the papers' recipe (batch 64, 15 warm-up epochs, Adam at 5e-5, ...).
+    """Every field defaults to the papers' settings (batch 64, 15 warm-up epochs, Adam at 5e-5, ...).
 
     ``settings`` holds the fields of the data's modality (for images their size and normalisation, for reports the
     sentence encoder) as the modality's own dataclass (``Modality.settings_type``); they sit flat in the JSON next to
@@ -112,7 +112,7 @@ class SiteConfig:
 
     @property
     def cache_root(self) -> Path:
-        """Where decoded images, embeddings and embedded datasets are kept."""
+        """Where decoded images, embeddings and generated datasets are kept."""
         return Path(self.cache_dir) if self.cache_dir else default_cache_root()
 
 
@@ -214,7 +214,7 @@ def _build_site_config(values: Mapping[str, Any], source: str) -> SiteConfig:
     return config
 
 
-def _validate(config: SiteConfig, where: str, base_dir: Path | None) -> None:
+def _check_and_resolve(config: SiteConfig, where: str, base_dir: Path | None) -> None:
     def fail(field_name: str, message: str) -> SiteConfigError:
         return SiteConfigError(f"{where}: {field_name} {message}")
 
@@ -290,7 +290,7 @@ def site_config_from_dict(
     for (its vocabulary reads the site's labels with them)."""
     config = _build_site_config(values, where)
     config.job_aliases = dict(job_aliases or {})
-    _validate(config, where, base_dir)
+    _check_and_resolve(config, where, base_dir)
     return config
 
 

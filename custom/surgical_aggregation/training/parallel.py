@@ -1,7 +1,7 @@
 """Several processes training one site's local epochs together (PyTorch DDP), one per GPU.
 
 A site config's ``gpus: N`` (N > 1) makes the site's trainer process rank 0 of a group of N: it starts
-N - 1 helper processes (``python -m surgical_aggregation.rank_helper``) on the same machine, which load
+N - 1 helper processes (``python -m surgical_aggregation.training.rank_helper``) on the same machine, which load
 the site's data from the same config and, for each ``fit``, run the same epochs as rank 0. The site's
 GPU count is the site's own setting, like its device: the job does not need to know it, and FLARE talks
 to rank 0 alone, whether the trainer runs in FLARE's job process or as an external one.
@@ -13,7 +13,7 @@ frozen (FedBN+, the papers' backbone) a step is the single-process step; when Ba
 (FedAvg), CUDA ranks use SyncBatchNorm (the batch statistics of the whole batch), while CPU ranks
 (gloo, for tests) normalise with their own rows' statistics and keep rank 0's running statistics.
 
-Rank 0 posts each fit (round, warm-up, the method's recipe, head classes, epochs so far) in the group's
+Rank 0 posts each fit (round, warm-up, the method's site_method, head classes, epochs so far) in the group's
 TCP store; helpers poll it and leave when rank 0's process is gone or the group is closed.
 """
 
@@ -37,14 +37,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .core.errors import SiteConfigError
-from .core.methods import SiteRecipe
+from ..core.errors import SiteConfigError
+from ..core.methods import SiteMethod
 
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"  # the group lives on one machine
-HELPER_MODULE = "surgical_aggregation.rank_helper"
-PACKAGE_PARENT = Path(__file__).resolve().parents[1]
+HELPER_MODULE = "surgical_aggregation.training.rank_helper"
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the folder that holds the surgical_aggregation package
 PARENT_PID_VARIABLE = "SURGICAL_AGGREGATION_PARENT_PID"  # tells a helper which process is its rank 0
 POLL_SECONDS = 0.2
 # A collective waits this long for the other ranks (a helper that died shows as this timeout at rank 0).
@@ -84,7 +84,7 @@ class FitRequest:
 
     round_number: int
     warmup: bool
-    recipe: SiteRecipe
+    site_method: SiteMethod
     head_classes: list[str]
     epochs_done: int
 

@@ -15,10 +15,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from .core.head import NAMED_HEAD
-from .core.methods import label_prior_weights
-from .core.progress import PROGRESS_SECONDS
-from .metrics import bce_loss, mean_defined, per_class_auroc
+from ..core.head import NAMED_HEAD
+from ..core.methods import label_prior_weights
+from ..core.progress import PROGRESS_SECONDS
+from ..evaluation.metrics import bce_loss, mean_defined, per_class_auroc
 from .parallel import RowShard
 
 logger = logging.getLogger(__name__)

@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .core.errors import ModelFileError
-from .core.head import NAMED_HEAD
-from .data.storage import read_tensor_file, write_atomically
-from .modalities import DEFAULT_ARCHITECTURE
-from .modalities.registry import modality_for_architecture
+from ..core.errors import ModelFileError
+from ..core.head import NAMED_HEAD
+from ..data.storage import read_tensor_file, write_atomically
+from ..modalities import DEFAULT_ARCHITECTURE
+from ..modalities.registry import modality_for_architecture
 
 PREPROCESSING_KEY = "preprocessing"  # checkpoint meta: what the model is fed (the modality's description)
 ARCHITECTURE_KEY = "architecture"

@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
+from ..core.devices import autocast_dtype, resolve_device, resolve_workers
+from ..core.head import NAMED_HEAD, place_rows
+from ..core.methods import SiteMethod, check_batchnorm, prior_vector
+from ..evaluation.metrics import bce_loss, mean_defined, per_class_auroc
 from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, save_checkpoint
 from .config import SiteConfig
-from .core.devices import autocast_dtype, resolve_device, resolve_workers
-from .core.head import NAMED_HEAD, place_rows
-from .core.methods import SiteRecipe, check_batchnorm, prior_vector
 from .loops import (
     Evaluation,
     freeze_batchnorm,
@@ -30,7 +31,6 @@ from .loops import (
     set_backbone_trainable,
     train_epoch,
 )
-from .metrics import bce_loss, mean_defined, per_class_auroc
 from .parallel import FitRequest, RankGroup, check_gpus
 from .site_data import SiteData
 
@@ -72,7 +72,7 @@ class SiteTrainer:
     ``class_names`` are the site's own classes (its labels, in its order). The model's head rows,
     ``head_classes``, are the same except under methods that train the whole union head
     (vanilla FL, partial loss), where they follow the server's union; the site's labels are then
-    widened to the union by the recipe's policy for the classes it does not label.
+    widened to the union by the method's policy for the classes it does not label.
     """
 
     def __init__(
@@ -104,7 +104,7 @@ class SiteTrainer:
         self.workers = resolve_workers(config.workers, self.device)
         self.modality = config.modality
         self.preprocessing = self.modality.preprocessing(config)
-        self.recipe = SiteRecipe()
+        self.site_method = SiteMethod()
         self._prior: torch.Tensor | None = None
         self._penalty: Callable[[], torch.Tensor] | None = None
         self.head_classes: list[str] = []
@@ -133,13 +133,13 @@ class SiteTrainer:
     def _rebuild_train_loader(self) -> None:
         train = self.data.train
         if self.head_classes != self.class_names:
-            train = train.relabelled(self.head_classes, self.recipe.missing_labels)
+            train = train.relabelled(self.head_classes, self.site_method.missing_labels)
         self.train_loader = make_loader(train, self.config.batch_size, True, self.workers, self.config.seed)
 
-    def set_recipe(self, recipe: SiteRecipe) -> None:
+    def set_method(self, site_method: SiteMethod) -> None:
         """The method's site-side settings (sent by the server with every training task)."""
-        relabel = recipe.missing_labels != self.recipe.missing_labels
-        self.recipe = recipe
+        relabel = site_method.missing_labels != self.site_method.missing_labels
+        self.site_method = site_method
         if relabel:
             self._rebuild_train_loader()
 
@@ -168,24 +168,24 @@ class SiteTrainer:
         return True
 
     def _kept_locally(self) -> frozenset[str]:
-        """Entries the recipe keeps at the site once it has trained: personal heads, FedBN's BatchNorm."""
+        """Entries the site_method keeps at the site once it has trained: personal heads, FedBN's BatchNorm."""
         if not self.epochs_done:
             return frozenset()
         keep: set[str] = set()
-        if self.recipe.keeps_head:
+        if self.site_method.keeps_head:
             keep.update(NAMED_HEAD.keys)
-        keep.update(self.recipe.strategy.kept_at_site(self.model.state_dict()))
+        keep.update(self.site_method.strategy.kept_at_site(self.model.state_dict()))
         return frozenset(keep)
 
     def load_global(self, state: Mapping[str, Any], class_names: Sequence[str]) -> None:
         """Load a global model slice; it must hold rows for every class of this site.
 
-        Under a union-head recipe the model's head becomes the union ``class_names``: the site's own classes first,
+        Under a union-head method the model's head becomes the union ``class_names``: the site's own classes first,
         in its order, then the others in the server's (rows are matched by name either way, and with identical class
         sets the computation is then exactly surgical aggregation's); otherwise it stays the site's own classes.
         """
         canonical = [self.vocabulary.canonical(name) for name in class_names]
-        if self.recipe.trains_union_head:  # its own classes first, in its order: with every class shared (psi = 0)
+        if self.site_method.trains_union_head:  # its own classes first, in its order: with every class shared (psi = 0)
             own = [name for name in self.class_names if name in canonical]  # the head is surgical aggregation's
             self._set_head([*own, *(name for name in canonical if name not in own)])
         placed, present = place_rows(self.model.state_dict(), self.head_classes, state, canonical, self._kept_locally())
@@ -198,21 +198,21 @@ class SiteTrainer:
         """Head warm-up (backbone frozen) when asked, then the local epochs.
 
         Whether to warm up is the caller's decision (the server's, in a federation: it knows which
-        sites have). The recipe decides BatchNorm (frozen for FedBN+), FedSLD's loss weights and
+        sites have). The method decides BatchNorm (frozen for FedBN+), FedSLD's loss weights and
         FedProx's proximal term (towards the model as loaded from the server).
         """
         config = self.config
-        check_batchnorm(self.recipe, self.model.state_dict(), f"site {self.site_name}")
+        check_batchnorm(self.site_method, self.model.state_dict(), f"site {self.site_name}")
         group = self._training_group()
         if group is not None:
             if group.rank == 0:
-                request = FitRequest(round_number, warmup, self.recipe, self.head_classes, self.epochs_done)
+                request = FitRequest(round_number, warmup, self.site_method, self.head_classes, self.epochs_done)
                 group.announce(request)
             group.broadcast_state(self.model)  # the helpers start from the model rank 0 loaded
-        frozen_bn = self.recipe.freezes_batchnorm
+        frozen_bn = self.site_method.freezes_batchnorm
         freeze_batchnorm(self.model, frozen_bn)
-        self._prior = prior_vector(self.recipe.label_prior, self.head_classes)
-        self._penalty = self._proximal_term() if self.recipe.proximal_mu > 0 else None
+        self._prior = prior_vector(self.site_method.label_prior, self.head_classes)
+        self._penalty = self._proximal_term() if self.site_method.proximal_mu > 0 else None
         report = FitReport()
         if warmup and config.warmup_epochs > 0:
             set_backbone_trainable(self.model, False, frozen_bn)
@@ -265,13 +265,13 @@ class SiteTrainer:
 
     def apply(self, request: FitRequest) -> None:
         """A helper: take the state of the fit rank 0 announced (the weights follow by broadcast)."""
-        self.set_recipe(request.recipe)
+        self.set_method(request.site_method)
         self._set_head(request.head_classes)
         self.epochs_done = request.epochs_done
 
     def _proximal_term(self) -> Callable[[], torch.Tensor]:
         """FedProx: mu/2 * ||w - w_global||^2 over the trainable parameters."""
-        mu = self.recipe.proximal_mu
+        mu = self.site_method.proximal_mu
         anchors = [(p, p.detach().clone()) for p in self.model.parameters()]
 
         def penalty() -> torch.Tensor:
@@ -300,7 +300,7 @@ class SiteTrainer:
             description=f"{self.site_name} {phase}",
             class_prior=self._prior,
             penalty=self._penalty,
-            frozen_batchnorm=self.recipe.freezes_batchnorm,
+            frozen_batchnorm=self.site_method.freezes_batchnorm,
             log=self.log,
             shard=None if self.group is None else self.group.shard,
         )

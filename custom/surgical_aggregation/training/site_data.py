@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from torch.utils.data import ConcatDataset, Dataset
 
+from ..core.errors import DataNotFoundError, DatasetFormatError, SiteConfigError
+from ..data.splits import DEFAULT_SPLIT_NAMES, patient_split
+from ..data.table import PATH_COLUMN, LabelTable, MaterialisedTable
 from .config import DATA_LOCATION_PLACEHOLDER, SiteConfig
-from .core.errors import DataNotFoundError, DatasetFormatError, SiteConfigError
-from .data.splits import DEFAULT_SPLIT_NAMES, patient_split
-from .data.table import PATH_COLUMN, LabelTable, MaterialisedTable
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""Every authored training setting, once: the papers' recipe, the demo runs and the report labeller.
+"""Every authored training setting, once: the papers' settings, the demo runs and the report labeller.
 
-A profile is the site-config fields that differ from :class:`~surgical_aggregation.config.SiteConfig`'s
-defaults (which are the papers' recipe), plus the federation's budget and the patient split. The
+A profile is the site-config fields that differ from :class:`~surgical_aggregation.training.config.SiteConfig`'s
+defaults (which are the papers' settings), plus the federation's budget and the patient split. The
 bundle's jobs (``flare.recipe``), the experiment grids and the provisioned site-config template all
 read these; nothing else authors a learning rate or a number of rounds.
 """
@@ -43,7 +43,7 @@ class Profile:
 
 PAPER = Profile(
     "paper",
-    "The papers' recipe (the site config's defaults): DenseNet121 at 224 px, batch 64, Adam at 5e-5 after a "
+    "The papers' settings (the site config's defaults): DenseNet121 at 224 px, batch 64, Adam at 5e-5 after a "
     "15-epoch head warm-up at 1e-3, 1 local epoch per round, up to 150 rounds with patience 25, 70/10/20 split. "
     "Cache threads sized for a GPU machine (the loader's workers are the default, auto).",
     training={"cache_threads": 8},
@@ -72,4 +72,9 @@ REPORT = Profile(
     training={"learning_rate": 1e-3, "warmup_epochs": 0},
     rounds=20,
 )
+# The bundle's demonstration jobs run shorter than their profile's budget. 10 aggregations keep `nvflare simulator
+# jobs/report_labeling` to minutes on a CPU (the single-process simulator restarts each site for every task; the
+# experiments use the report profile's 20); 3 rounds of seven sites keep jobs/cxr_consortium to minutes as well.
+REPORT_JOB_ROUNDS = 10
+CONSORTIUM_ROUNDS = 3
 PROFILES: dict[str, Profile] = {profile.name: profile for profile in (PAPER, DEMO, REPORT)}

@@ -1,6 +1,6 @@
 """A helper process of a site's training group (``gpus`` > 1): one of ranks 1..N-1 that rank 0 started.
 
-``python -m surgical_aggregation.rank_helper <site spec JSON> <rank> <world size> <store port>``: joins
+``python -m surgical_aggregation.training.rank_helper <site spec JSON> <rank> <world size> <store port>``: joins
 rank 0's process group, builds the site's data from the same config and vocabulary as rank 0 (the
 preprocessing cache rank 0 built is reused), and runs each fit rank 0 announces (``parallel``). It
 leaves when rank 0 closes the group or rank 0's process is gone.
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from ..core.devices import resolve_device
+from ..core.errors import UserError
 from .config import site_config_from_dict
-from .core.devices import resolve_device
-from .core.errors import UserError
 from .parallel import PARENT_PID_VARIABLE, RankGroup
 from .site_data import prepare_site_data
 from .trainer import SiteTrainer
