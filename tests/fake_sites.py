@@ -51,6 +51,7 @@ class FakeSite:
         self.preprocessing = {"image_size": 64, "in_channels": 1, "imagenet_normalize": True}
         self.metrics_override: dict | None = None  # sent instead of honest metrics with training results
         self.validation_override: dict | None = None  # ... with the final validation's
+        self.trains_received_rows = False  # its results carry the rows it received (FL + partial loss), not its own
 
     def answer(self, task: str, data: FLModel) -> FLModel | None:
         meta = {"client_name": self.name, META_CLASS_NAMES: self.classes, META_NUM_SAMPLES: 10}
@@ -73,6 +74,8 @@ class FakeSite:
         params = self.behaviour(round_number, data.params)
         if params is None or params == FAILS:
             return params
+        if self.trains_received_rows:
+            meta[META_CLASS_NAMES] = list(data.meta[META_CLASS_NAMES])
         return FLModel(params=params, metrics=metrics, meta=meta)
 
 

@@ -52,7 +52,21 @@ def test_update_sizes_are_each_parts_change_over_its_size_with_rows_matched_by_n
     assert sizes.groups[WEIGHTS] == pytest.approx(0.5 / 5.0)
     assert sizes.groups[STATISTICS] == pytest.approx(math.sqrt(0.5**2 + 0.5**2) / math.sqrt(2.0))
     assert sizes.rows == pytest.approx({"Edema": 0.5 / 2.0, "Mass": 0.0})
-    assert sizes.summary() == {WEIGHTS: 0.1, STATISTICS: 0.5, ROWS: 0.125}
+    assert sizes.summary() == {WEIGHTS: 0.1, STATISTICS: 0.5, ROWS: 0.25}  # rows: the median over moved rows
+
+
+def test_rows_a_site_left_alone_are_not_part_of_its_typical_update():
+    # FL + partial loss: a site sends the union's rows and leaves the classes it does not label as received
+    left_alone = UpdateSizes({WEIGHTS: 0.01}, {"Mass": 0.02, "Edema": 0.0, "Nodule": 0.0, "Hernia": 0.0})
+    assert left_alone.typical_row == pytest.approx(0.02)
+    reference = UpdateReference()
+    reference.record([left_alone, UpdateSizes({WEIGHTS: 0.01}, {"Edema": 0.04, "Mass": 0.0})], [False, False])
+    assert reference.typical(ROWS) == pytest.approx(0.03)
+    next_round = UpdateSizes({WEIGHTS: 0.01}, {"Mass": 0.03, "Edema": 0.0, "Nodule": 0.0, "Hernia": 0.0})
+    assert update_problems(next_round, reference, 10.0, warmup=False) == ([], [])
+    nothing_moved = UpdateReference()
+    nothing_moved.record([UpdateSizes({}, {"Mass": 0.0})], [False])
+    assert nothing_moved.typical(ROWS) is None
 
 
 def test_a_row_near_zero_is_measured_against_the_floor():

@@ -22,8 +22,8 @@ from surgical_aggregation.flare.protocol import (
     TASK_VALIDATE,
 )
 
-from fake_sites import FAILS, FakeSite, Harness, messages, shifted
-from helpers import rows_by_name, toy_state
+from fake_sites import FAILS, Behaviour, FakeSite, Harness, messages, shifted
+from helpers import TOY_HEAD, rows_by_name, toy_state
 
 
 def test_union_slices_and_aggregation(tmp_path):
@@ -376,6 +376,28 @@ def test_a_dead_site_is_not_waited_for_and_may_come_back(tmp_path):
         ["site-a", "site-b"],
     ]
     assert sites[1].training_rounds == [0, 1, 3]  # no task while it was disconnected
+
+
+def test_partial_loss_sites_that_leave_the_rows_they_do_not_label_alone_are_accepted_every_round(tmp_path):
+    def own_row_moved(site: FakeSite) -> Behaviour:
+        def train(round_number: int, params: dict) -> dict:
+            union = site.received[-1][0]  # partial loss: the site trains the union head, masked to its labels
+            sent = {key: torch.as_tensor(value).clone() for key, value in params.items()}
+            for key in TOY_HEAD.keys:
+                sent[key][union.index(site.classes[0])] += 0.01 * (1 + round_number)
+            sent["backbone.conv.weight"] += 0.01
+            return sent
+
+        return train
+
+    labels = {"site-a": "Mass", "site-b": "Edema", "site-c": "Nodule"}  # each site leaves 2 of 3 rows alone
+    sites = [FakeSite(name, [label], [0.5, 0.4, 0.3, 0.2]) for name, label in labels.items()]
+    for site in sites:
+        site.behaviour, site.trains_received_rows = own_row_moved(site), True
+    harness = Harness(sites, tmp_path, num_rounds=4, method="partial_loss")
+    harness.run()
+    assert [entry["aggregation"]["accepted"] for entry in harness.history[1:]] == [list(labels)] * 4
+    assert all(entry["aggregation"]["update_sizes"]["site-a"]["head rows"] > 0 for entry in harness.history[2:])
 
 
 def test_a_failed_task_is_recorded_and_the_round_goes_on(tmp_path):

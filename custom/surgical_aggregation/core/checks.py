@@ -521,10 +521,14 @@ class UpdateSizes:
 
     @property
     def typical_row(self) -> float | None:
-        return float(np.median(list(self.rows.values()))) if self.rows else None
+        """The median over the rows the site moved. A row it left exactly as received is not part of its update:
+        with FL + partial loss a site sends the union's rows and leaves those of classes it does not label alone,
+        so a median over all rows would be 0 and make every later row update look out of proportion."""
+        moved = [size for size in self.rows.values() if size > 0]
+        return float(np.median(moved)) if moved else None
 
     def summary(self) -> dict[str, float]:
-        """One number per group (rows: the median over the site's rows), rounded for the round's record."""
+        """One number per group (rows: the median over the rows the site moved), rounded for the round's record."""
         values = dict(self.groups)
         if self.typical_row is not None:
             values[ROWS] = self.typical_row
@@ -592,7 +596,8 @@ class UpdateReference:
             values = [size.groups[group] for size in sizes if group in size.groups]
             if values:
                 entry[group] = float(np.median(values))
-        rows = [size.typical_row for size, warmup in zip(sizes, warmed_up, strict=True) if not warmup and size.rows]
+        rows = [size.typical_row for size, warmup in zip(sizes, warmed_up, strict=True) if not warmup]
+        rows = [row for row in rows if row is not None]
         if rows:
             entry[ROWS] = float(np.median(rows))
         if entry:
