@@ -838,5 +838,8 @@ def document_checks(text: str) -> str:
 
 
 if __name__ == "__main__":  # python -m surgical_aggregation.core.checks docs/server-checks.md
+    # the registry as the package imports it: checks in modules of their own register there, not in __main__
+    from surgical_aggregation.core.checks import document_checks as registered_checks_page
+
     document = Path(sys.argv[1])
-    document.write_text(document_checks(document.read_text()))
+    document.write_text(registered_checks_page(document.read_text()))
