@@ -79,27 +79,29 @@ def plot_metric_vs_factor(
     title: str,
     labels: Mapping[str, str] | None = None,
     dashed: Sequence[str] = (),
+    colour_of: Mapping[str, str] | None = None,
 ) -> Path:
-    """One line per method: (factor value, mean AUROC, low, high) points, the band being the CI or seed range; the
-    lines in ``dashed`` dashed, in the colour of the line before them (e.g. a method's last model after its
-    selected one)."""
+    """One line per curve: (factor value, mean AUROC, low, high) points, the band (the CI or seed range) in the
+    line's colour. ``colour_of`` groups curves under one colour (e.g. a method's selected and last models: the
+    method); the curves in ``dashed`` are drawn dashed."""
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    colour = None
-    for method, points in curves.items():
+    groups = list(dict.fromkeys((colour_of or {}).get(key, key) for key in curves))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours = {group: palette[index % len(palette)] for index, group in enumerate(groups)}
+    for key, points in curves.items():
         points = sorted(points)
         x = [p[0] for p in points]
-        style = "--o" if method in dashed else "-o"
-        (line,) = axis.plot(
+        colour = colours[(colour_of or {}).get(key, key)]
+        axis.plot(
             x,
             [p[1] for p in points],
-            style,
-            label=(labels or {}).get(method, method),
-            color=colour if method in dashed else None,
+            "--o" if key in dashed else "-o",
+            label=(labels or {}).get(key, key),
+            color=colour,
+            gid=key,
         )
-        colour = line.get_color()
-        axis.fill_between(
-            x, [p[2] for p in points], [p[3] for p in points], alpha=0.15 if method not in dashed else 0.05
-        )
+        band = 0.05 if key in dashed else 0.15
+        axis.fill_between(x, [p[2] for p in points], [p[3] for p in points], color=colour, alpha=band)
     names = {
         "psi": "label heterogeneity ψ",
         "K": "number of sites K",

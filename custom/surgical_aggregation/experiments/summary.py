@@ -297,6 +297,7 @@ def _plots(results: pd.DataFrame, per_class: pd.DataFrame, curves: pd.DataFrame,
                 f"{test_set} test set (selected models solid, last dashed)",
                 labels,
                 dashed=[key for key in lines if key.endswith("|last")],
+                colour_of={key: key.split("|")[0] for key in lines},  # a method's selected and last: one colour
             )
     selected = per_class[per_class.model == "selected"]
     for (setting, test_set), group in selected.groupby(["setting", "test_set"]):
