@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from surgical_aggregation.core.head import initial_head_rows
+from surgical_aggregation.evaluation.run_summary import summary_lines
 from surgical_aggregation.flare.protocol import (
     META_CLASS_NAMES,
     META_PREPROCESSING,
@@ -481,3 +482,14 @@ def test_one_preprocessing_per_federation(tmp_path):
     )
     with pytest.raises(RuntimeError, match=r"only 0 site\(s\) answered the handshake"):
         decided.run()
+
+
+def test_the_history_and_summary_say_what_the_federation_started_from(tmp_path):
+    sites = [FakeSite("site-a", ["Mass"], [0.5, 0.4]), FakeSite("site-b", ["Edema"], [0.5, 0.4])]
+    harness = Harness(sites, tmp_path, num_rounds=1)
+    harness.run()
+    started = {"origin": "given by the job's persistor", "backbone_strategy": "fedavg"}  # the harness's own model
+    assert harness.history[0]["initial_model"] == started
+    assert "  started from        given by the job's persistor; backbone strategy fedavg" in summary_lines(
+        harness.history, {}
+    )

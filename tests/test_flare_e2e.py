@@ -152,6 +152,7 @@ def test_run_artefacts(main_run):
     workspace, server = main_run
     history = json.loads((server / "app_server" / "round_history.json").read_text())
     assert [r["round"] for r in history] == [-1, 0, 1]  # one entry per global model: before training, rounds 0, 1
+    assert history[0]["initial_model"] == {"origin": "random initialisation (seed 0)", "backbone_strategy": "fedavg"}
     assert all(set(r["validation"]["sites"]) == set(SITES) for r in history)  # round 1's by the final validation
     assert all(set(r["aggregation"]["accepted"]) == set(SITES) for r in history[1:])
     assert (server / "app_server" / "training_curves.png").stat().st_size > 10_000

@@ -59,6 +59,9 @@ def summary_lines(history: Sequence[Mapping[str, Any]], files: Mapping[str, Path
     initial = [entry for entry in validated if entry["round"] == INITIAL_ROUND]
     if initial:
         lines.append(f"  initial model       {_describe(initial[0])}")
+    started = next((entry["initial_model"] for entry in history if "initial_model" in entry), None)
+    if started:
+        lines.append(f"  started from        {started['origin']}; backbone strategy {started['backbone_strategy']}")
     width = max((len(label) for label in files), default=0)
     shown = {label: path for label, path in files.items() if isinstance(path, str) or path.exists()}
     lines += [f"  {label.ljust(width)}  {path}" for label, path in shown.items()]

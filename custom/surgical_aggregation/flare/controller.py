@@ -66,6 +66,7 @@ from .handshake import HandshakeRules, SiteInfo, admit
 from .protocol import (
     JOB_FAILED,
     META_CLASS_NAMES,
+    META_INITIAL_MODEL,
     META_METHOD,
     META_NUM_SAMPLES,
     META_OUTCOME,
@@ -245,8 +246,13 @@ class SurgicalAggregatorShareable(ServerModels):
                 f"({self._state_file}): union of {len(federation.latest.class_names)} classes, "
                 f"{len(federation.history)} model(s) in the history"
             )
-        elif classes:
-            self.info(f"starting from an earlier global model with {len(classes)} classes")
+        else:
+            if classes:
+                self.info(f"starting from an earlier global model with {len(classes)} classes")
+            history_entry(federation.history, INITIAL_ROUND)["initial_model"] = {
+                "origin": initial.meta.get(META_INITIAL_MODEL, "given by the job's persistor"),
+                "backbone_strategy": self.backbone_strategy,
+            }
         self._federation = federation
         self._reference = UpdateReference(list(federation.typical_updates))
         handshake_classes = {name for info in self._sites.values() for name in info.classes}

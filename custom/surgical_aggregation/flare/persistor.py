@@ -29,7 +29,7 @@ from ..training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from .protocol import META_CLASS_NAMES
+from .protocol import META_CLASS_NAMES, META_INITIAL_MODEL
 
 
 class SurgicalModelPersistor(ModelPersistor):
@@ -78,15 +78,20 @@ class SurgicalModelPersistor(ModelPersistor):
             self.log_info(
                 fl_ctx, f"initial global model from {self.initial_model}: {len(checkpoint.class_names)} classes"
             )
-            meta = {META_CLASS_NAMES: checkpoint.class_names, ARCHITECTURE_KEY: checkpoint.architecture}
+            meta = {
+                META_CLASS_NAMES: checkpoint.class_names,
+                ARCHITECTURE_KEY: checkpoint.architecture,
+                META_INITIAL_MODEL: f"the global model in {self.initial_model}",
+            }
             return make_model_learnable(numpy_state(checkpoint.state), meta)
         weights = self.pretrained_weights and self._resolve(self.pretrained_weights, fl_ctx)
         state = initial_global_state(self.architecture, self.preprocessing, self.seed, weights or None)
-        origin = f"ImageNet weights from {weights}" if weights else f"random initialisation (seed {self.seed})"
+        origin = f"pretrained weights from {weights}" if weights else f"random initialisation (seed {self.seed})"
         self.log_info(
             fl_ctx, f"initial global {self.architecture}: {origin}; the head grows as sites report their classes"
         )
-        return make_model_learnable(numpy_state(state), {META_CLASS_NAMES: [], ARCHITECTURE_KEY: self.architecture})
+        meta = {META_CLASS_NAMES: [], ARCHITECTURE_KEY: self.architecture, META_INITIAL_MODEL: origin}
+        return make_model_learnable(numpy_state(state), meta)
 
     def _write(self, learnable: ModelLearnable, path: Path) -> None:
         meta = dict(learnable.get(ModelLearnableKey.META) or {})
