@@ -14,7 +14,13 @@ from scipy import stats
 
 from surgical_aggregation.experiments.grids import DataSources, simulated_nih
 from surgical_aggregation.experiments.runner import METHOD_FIELDS, RunOptions, run_settings
-from surgical_aggregation.experiments.summary import RESULT_FILE, flags, shared_vs_unique, summary_table
+from surgical_aggregation.experiments.summary import (
+    RESULT_FILE,
+    _curves_markdown,
+    flags,
+    shared_vs_unique,
+    summary_table,
+)
 from surgical_aggregation.training.profiles import Profile
 
 CLASSES = ["Mass", "Edema", "Hernia", "Nodule", "Fibrosis", "Emphysema"]
@@ -92,6 +98,21 @@ def test_a_selected_model_below_chance_or_far_below_the_last_is_flagged_with_its
         "s, vanilla FL, seed 0: the selected model (round 1) validates at mean AUROC 0.180, below chance",
         "s, vanilla FL, seed 0: the selected model (round 1) validates at mean AUROC 0.180, 0.455 below the last "
         "round's (round 4, 0.635)",
+    ]
+
+
+def test_the_per_round_table_shows_each_models_validation_auroc_and_the_loss_that_selects_it():
+    curves = pd.DataFrame(
+        [
+            {"setting": "s", "method": "vanilla", "seed": 0, "round": r, "val_mean_auroc": a, "val_loss": loss}
+            for r, a, loss in ((-1, 0.5, 0.7), (0, 0.861, 0.219), (1, 0.825, 0.269))
+        ]
+    )
+    results = pd.DataFrame([{"setting": "s", "method": "vanilla", "seed": 0, "model": "selected", "round": 0}])
+    assert _curves_markdown(curves, results).splitlines()[5:9] == [
+        "| method | before | 0 | 1 |",
+        "| --- | --- | --- | --- |",
+        "| vanilla FL | 0.500 / 0.700 | 0.861 / 0.219* | 0.825 / 0.269 |",
     ]
 
 

@@ -207,14 +207,19 @@ def _markdown(table: pd.DataFrame, reference: str | None) -> str:
 
 
 def _curves_markdown(curves: pd.DataFrame, results: pd.DataFrame) -> str:
-    """Per setting and seed, each method's validation mean AUROC by round (* marks the selected model)."""
+    """Per setting and seed, each method's validation mean AUROC and loss by round (* marks the selected model)."""
     if curves.empty:
         return ""
     selected = {
         (row.setting, row.method, row.seed): row.round
         for row in results[results.model == "selected"].itertuples(index=False)
     }
-    lines = ["", "### Per-round validation (mean AUROC over the sites' validation; * the selected model)", ""]
+    lines = [
+        "",
+        "### Per-round validation (mean AUROC over the sites' validation / the validation loss that selects; "
+        "* the selected model)",
+        "",
+    ]
     for (setting, seed), group in curves.groupby(["setting", "seed"], sort=False):
         rounds = sorted(group["round"].unique())
         lines += [
@@ -224,10 +229,13 @@ def _curves_markdown(curves: pd.DataFrame, results: pd.DataFrame) -> str:
             "| --- |" + " --- |" * len(rounds),
         ]
         for method, points in group.groupby("method", sort=False):
-            values = dict(zip(points["round"], points["val_mean_auroc"], strict=True))
+            aurocs = dict(zip(points["round"], points["val_mean_auroc"], strict=True))
+            losses = dict(zip(points["round"], points["val_loss"], strict=True))
             chosen = selected.get((setting, method, seed))
             cells = [
-                _number(values.get(r, math.nan)) + ("*" if chosen is not None and r == chosen else "") for r in rounds
+                f"{_number(aurocs.get(r, math.nan))} / {_number(losses.get(r, math.nan))}"
+                + ("*" if chosen is not None and r == chosen else "")
+                for r in rounds
             ]
             lines.append(f"| {COMPARATOR_LABELS.get(method, method)} | " + " | ".join(cells) + " |")
         lines.append("")
