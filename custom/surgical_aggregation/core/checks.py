@@ -80,6 +80,12 @@ def server_check(stage: str, rule: str, reason: str, on_values: bool = False) ->
     return register
 
 
+def _at_most(reasons: Reasons, shown: int, noun: str = "") -> Reasons:
+    """The first ``shown`` reasons, and how many more there are (one message stays readable)."""
+    extra = len(reasons) - shown
+    return reasons[:shown] + ([f"and {extra} more{noun}"] if extra > 0 else [])
+
+
 def _cut(value: Any, limit: int = 40) -> str:
     """``str`` of something a site sent, cut short."""
     text = str(value)
@@ -411,7 +417,7 @@ def dtype_problems(state: Mapping[str, Any], layout: ModelLayout) -> Reasons:
         dtype = to_numpy(value).dtype
         if dtype != layout.dtypes[key]:
             problems.append(f"{key!r} is {dtype}, the global model's is {layout.dtypes[key]}")
-    return problems[:3] + ([f"and {len(problems) - 3} more"] if len(problems) > 3 else [])
+    return _at_most(problems, 3)
 
 
 @server_check(
@@ -446,7 +452,7 @@ def batchnorm_problems(state: Mapping[str, Any], layout: ModelLayout | None = No
                 problems.append(f"{key!r} has {bad} value(s) at or below 0 (a variance is positive)")
         elif key.endswith(".num_batches_tracked") and np.any(to_numpy(state[key]) < 0):
             problems.append(f"{key!r} is negative (a count of batches)")
-    return problems[:3] + ([f"and {len(problems) - 3} more"] if len(problems) > 3 else [])
+    return _at_most(problems, 3)
 
 
 @dataclass(frozen=True)
@@ -529,9 +535,9 @@ class UpdateSizes:
 
     def summary(self) -> dict[str, float]:
         """One number per group (rows: the median over the rows the site moved), rounded for the round's record."""
-        values = dict(self.groups)
-        if self.typical_row is not None:
-            values[ROWS] = self.typical_row
+        values, row = dict(self.groups), self.typical_row
+        if row is not None:
+            values[ROWS] = row
         return {group: float(f"{value:.4g}") for group, value in values.items()}
 
 
@@ -639,7 +645,7 @@ def update_problems(
         judge(f"the {group}", size, group, use_history=True)
     for name, size in sizes.rows.items():
         judge(f"the head row of {name!r} (weights and bias)", size, ROWS, use_history=not warmup)
-    return told[:4] + ([f"and {len(told) - 4} more parts"] if len(told) > 4 else []), details
+    return _at_most(told, 4, " parts"), details
 
 
 FREE_RIDER_SHARE = 1e-3  # an update below this share of the round's largest accepted one changes almost nothing
