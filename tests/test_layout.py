@@ -44,8 +44,10 @@ def _runtime_imports(path: Path, module: str) -> set[str]:
                 base = package_parts[: len(package_parts) - node.level + 1]
                 target = ".".join([*base, node.module] if node.module else base)
                 found.add(target)
-                if not node.module:  # from . import x
-                    found.update(f"{target}.{alias.name}".lstrip(".") for alias in node.names)
+                if not node.module:  # from . import x (a module; from .. import __version__ is the root's attribute)
+                    found.update(
+                        f"{target}.{alias.name}".lstrip(".") for alias in node.names if not alias.name.startswith("__")
+                    )
             elif node.module and node.module.startswith("surgical_aggregation"):
                 found.add(node.module.removeprefix("surgical_aggregation").lstrip("."))
             elif node.module:

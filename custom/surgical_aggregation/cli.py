@@ -4,6 +4,7 @@
 * ``generate``  write the embedded (generated) datasets in the real NIH / CheXpert / MIMIC layouts;
 * ``predict``   score a folder or CSV of images with a model: per-class probabilities by class name;
 * ``evaluate``  per-class AUROC of a model on a labelled set (the classes both have), table + plot;
+* ``export-bundle`` write a model as a MONAI Bundle (metadata with class names, TorchScript, ONNX, inference config);
 * ``write-job`` (re)write a FLARE job folder of this bundle (e.g. ``jobs/nih_chexpert``) from its recipe;
 * ``simulate``  run one of the bundle's jobs in FLARE's simulator, one process per site, then summarise;
 * ``check-site`` check a site config against the job it will run, before a federation does;
@@ -673,6 +674,58 @@ def _check_site(args: argparse.Namespace) -> int:
     return 0 if result.passed else 2
 
 
+def _add_export_bundle(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "export-bundle",
+        help="write a model as a MONAI Bundle: metadata with the class names, model.pt/.ts/.onnx, inference config",
+        description="Export a saved global model (e.g. published_global_model.pt, or the server's "
+        "best_FL_global_model.pt) as a MONAI Bundle that 'python -m monai.bundle run' and MONAI Deploy load: "
+        "configs/metadata.json (outputs: per-class probabilities, channel_def = the class names; how many sites "
+        "labelled each class; aliases; thresholds), configs/inference.json (a folder of images, or a CSV of "
+        "reports, to predict's CSV), models/model.pt, model.ts and model.onnx (where the onnx extra is installed), "
+        "docs/README.md. Next to a server's model, its union_classes.csv and round_history.json are read.",
+    )
+    parser.add_argument("model", type=Path, help="the model file")
+    parser.add_argument("--out", required=True, type=Path, help="the bundle's folder (new, or empty)")
+    parser.add_argument(
+        "--union-table", type=Path, default=None, help="the server's union_classes.csv (default: next to the model)"
+    )
+    parser.add_argument(
+        "--history", type=Path, default=None, help="the server's round_history.json (default: next to the model)"
+    )
+    parser.add_argument(
+        "--label-aliases", type=Path, default=None, help="the job's alias file, reported with the class names"
+    )
+    onnx = parser.add_mutually_exclusive_group()
+    onnx.add_argument("--onnx", dest="onnx", action="store_true", default=None, help="require model.onnx")
+    onnx.add_argument("--no-onnx", dest="onnx", action="store_false", help="leave model.onnx out")
+    parser.add_argument("--version", default="1.0.0", help="the bundle's version (default 1.0.0)")
+    parser.add_argument("--authors", default=None, help="metadata's authors (default: the federation's sites)")
+    parser.add_argument("--copyright", default=None, help="metadata's copyright holder (default: the sites)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the folder when it exists")
+
+
+def _export_bundle(args: argparse.Namespace) -> int:
+    from .core.labels import job_vocabulary, label_aliases
+    from .deployment.bundle import export_bundle, read_history, read_union_counts
+
+    named = {"authors": args.authors, "copyright": args.copyright}
+    exported = export_bundle(
+        args.model,
+        args.out,
+        sites_labelling=None if args.union_table is None else read_union_counts(args.union_table),
+        history=None if args.history is None else read_history(args.history),
+        vocabulary=job_vocabulary(label_aliases(args.label_aliases)),
+        onnx=args.onnx,
+        version=args.version,
+        overwrite=args.overwrite,
+        **{key: value for key, value in named.items() if value is not None},
+    )
+    print("\n".join(exported.summary()))
+    print(f"run it: cd {args.out} && python -m monai.bundle run --config_file configs/inference.json ...")
+    return 0
+
+
 def _add_pretrain(commands: argparse._SubParsersAction) -> None:
     from .training.profiles import PROFILES
 
@@ -717,6 +770,7 @@ HANDLERS = {
     "generate": (_add_generate, _generate),
     "predict": (_add_predict, _predict),
     "evaluate": (_add_evaluate, _evaluate),
+    "export-bundle": (_add_export_bundle, _export_bundle),
     "write-job": (_add_write_job, _write_job),
     "simulate": (_add_simulate, _simulate),
     "check-site": (_add_check_site, _check_site),

@@ -71,6 +71,12 @@ LAYERS: tuple[Layer, ...] = (
         "`predict` and `evaluate` on model files",
     ),
     Layer(
+        "deployment",
+        ("deployment",),
+        "the federation's model as a MONAI Bundle: metadata with the class names and how many sites labelled each, "
+        "TorchScript, ONNX, the inference config and the code it carries",
+    ),
+    Layer(
         "FLARE",
         ("flare",),
         "the controller and its rooms (handshake, rounds, state, publication, tasks, settings), persistor, Client API "

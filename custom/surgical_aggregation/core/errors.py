@@ -57,3 +57,8 @@ class StorageError(UserError, OSError):
 
 class StateFileError(UserError, ValueError):
     """A federation's saved state that cannot be read; the message names the file and what to do."""
+
+
+class ExportError(UserError, ValueError):
+    """A model that cannot be exported as asked (the output folder exists, a class name MONAI's configs would
+    read as code, an exported file that does not compute what the model does); the message says which."""

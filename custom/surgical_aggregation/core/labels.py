@@ -199,6 +199,17 @@ class Vocabulary:
         self.aliases = {alias: lookup[normal_form(alias)] for alias in self.aliases}
         self._lookup = lookup
 
+    def aliases_of(self, names: Iterable[str]) -> dict[str, list[str]]:
+        """Each of ``names`` with the spellings this vocabulary reads as it (the built-in aliases and the added ones;
+        case, separators and plurals need none), sorted; a name without one maps to an empty list."""
+        spellings = {**ALIASES, **self.aliases}
+        found: dict[str, list[str]] = {name: [] for name in names}
+        for alias in spellings:
+            target = self._lookup.get(normal_form(alias))
+            if target in found and normal_form(alias) != normal_form(target):
+                found[target].append(alias)
+        return {name: sorted(set(aliases)) for name, aliases in found.items()}
+
     def knows(self, name: str) -> bool:
         """Whether ``name`` is a finding or a spelling of one in this vocabulary (else it is a class of its own)."""
         return isinstance(name, str) and normal_form(name) in self._lookup

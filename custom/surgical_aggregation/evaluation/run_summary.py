@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 INITIAL_ROUND = -1  # the history's entry for the model before training
+# what the server writes next to its models (the export reads them there)
+HISTORY_FILE = "round_history.json"
+UNION_FILE = "union_classes.csv"  # each class of the union, which sites label it (on the server only)
 
 
 def model_label(round_number: int) -> str:

@@ -118,6 +118,7 @@ class SurgicalAggregatorShareable(ServerModels):
         validate_timeout: int = 1800,
         final_validation: bool = True,
         publish_global_model: bool = True,
+        export_bundle: bool = False,
         resume: str | bool = RESUME_LATEST,
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         judging_sites: list | None = None,
@@ -223,6 +224,8 @@ class SurgicalAggregatorShareable(ServerModels):
             self.info("the global model is not published to the sites (publish_global_model is off)")
         federation.finished = True
         self._checkpoint_round()
+        if self.export_bundle:
+            self._export_monai_bundle()
         self.info(center_message("Finished surgical aggregation"))
         for line in summary_lines(federation.history, result_files(Path(self.get_app_dir()))):
             self.info(line)

@@ -18,12 +18,14 @@ from nvflare.app_common.app_constant import AppConstants, DefaultCheckpointFileN
 from nvflare.app_common.app_event_type import AppEventType
 
 from ..core.checks import check_metrics
+from ..core.errors import UserError
 from ..core.head import HeadSpec
+from ..core.labels import Vocabulary
 from ..evaluation.run_summary import model_label
 from ..training.checkpoint import save_checkpoint
 from .handshake import SiteInfo
 from .protocol import META_CLASS_NAMES, META_PREPROCESSING, META_ROUND, TASK_PUBLISH, TASK_VALIDATE
-from .results import PERSONAL_MODELS_DIR
+from .results import BUNDLE_DIR, PERSONAL_MODELS_DIR, result_files
 from .state import FederationState, SavedVersion, history_entry, site_view
 from .tasks import SiteTasks
 
@@ -37,6 +39,7 @@ class ServerModels(SiteTasks):
     head: HeadSpec
     validate_timeout: int
     _sites: dict[str, SiteInfo]
+    vocabulary: Vocabulary
     _federation: FederationState
     _federation_preprocessing: dict[str, Any]
 
@@ -119,6 +122,23 @@ class ServerModels(SiteTasks):
                 result = DXO(data_kind=DataKind.METRICS, data=metrics).to_shareable()
                 self.fl_ctx.set_prop(AppConstants.VALIDATION_RESULT, result, private=True, sticky=False)
                 self.event(AppEventType.VALIDATION_RESULT_RECEIVED)
+
+    def _export_monai_bundle(self) -> None:
+        """The best global model as a MONAI Bundle in the app folder (the round history and the union table are
+        next to it). A model that cannot be exported is said in the log; the federation's results stay as they are."""
+        from ..deployment.bundle import export_bundle  # torch's ONNX exporter: imported only when asked for
+
+        files = result_files(Path(self.get_app_dir()))
+        model = files["best model"] if files["best model"].is_file() else files["final model"]
+        try:
+            exported = export_bundle(
+                model, Path(self.get_app_dir()) / BUNDLE_DIR, vocabulary=self.vocabulary, overwrite=True
+            )
+        except UserError as error:
+            self.error(f"the MONAI Bundle was not exported: {error}")
+            return
+        for line in exported.summary():
+            self.info(line)
 
     def _publish_best(self) -> None:
         """Send every site the best global model (union head, class names, preprocessing): from here on the

@@ -11,14 +11,13 @@ from nvflare.app_common.app_constant import DefaultCheckpointFileName
 
 from ..data.storage import write_atomically
 from ..evaluation.plots import plot_training_curves
-from ..evaluation.run_summary import union_table, union_table_lines, write_union_table
+from ..evaluation.run_summary import HISTORY_FILE, UNION_FILE, union_table, union_table_lines, write_union_table
 
-HISTORY_FILE = "round_history.json"
 # where FLARE's ValidationJsonGenerator writes the sites' evaluation of the server's models
 CROSS_SITE_FOLDER, CROSS_SITE_FILE = "cross_site_val", "cross_val_results.json"
 CURVES_FILE = "training_curves.png"
-UNION_FILE = "union_classes.csv"  # each class of the union, which sites label it (on the server only)
 UNION_LOG_ROWS = 25  # the head of the union table in the server's log; the CSV has every class
+BUNDLE_DIR = "monai_bundle"  # export_bundle: the best global model as a MONAI Bundle
 PERSONAL_MODELS_DIR = "personal_models"  # PFL: <site>.pt (latest) and best_<site>.pt
 
 

@@ -20,6 +20,9 @@ final_validation: validate the last global model (and the best) after the last r
 publish_global_model: at the end, send the best global model (the union head and its class
     names) to every site, which keeps it in its workspace. This is when the sites learn the
     union's class names; off, the model stays on the server.
+export_bundle: at the end, also write the best global model as a MONAI Bundle in the server's app folder
+    (``monai_bundle/``: class names, how many sites labelled each, the round history's validation figures,
+    TorchScript, and ONNX where the ``onnx`` extra is installed), as ``surgical-aggregation export-bundle`` does.
 resume: how a job treats an unfinished federation of its name saved by an earlier job (after a server
     crash): "latest" continues from its last completed round, "backup" from the state saved one
     round earlier (when the latest is damaged), "never" starts afresh.

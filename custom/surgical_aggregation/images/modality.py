@@ -25,8 +25,9 @@ from .settings import ImageSettings
 from .synthetic import GENERATED, ensure_generated
 from .transforms import image_batch_transform
 
-if TYPE_CHECKING:  # the config sits above the modalities; they only read it
-    from ..training.config import SiteConfig
+if TYPE_CHECKING:
+    from ..data.bundle_parts import BundleParts
+    from ..training.config import SiteConfig  # the config sits above the modalities; they only read it
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,11 @@ class ImageModality:
         )
         normalize = bool(preprocessing.get("imagenet_normalize", True))
         return image_batch_transform(size, train=False, in_channels=channels, imagenet_normalize=normalize)(images)
+
+    def bundle_parts(self, preprocessing: Mapping[str, Any], class_count: int) -> BundleParts:
+        from .bundle import image_bundle_parts
+
+        return image_bundle_parts(preprocessing, class_count)
 
 
 MODALITY = ImageModality()

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..core.errors import SiteConfigError
+from ..data.bundle_parts import BundleParts
 from ..data.table import LabelTable, MaterialisedTable
 from . import ARCHITECTURES, DATA_KINDS, MODALITY_PACKAGES
 
@@ -86,6 +87,9 @@ class Modality(Protocol):
     def probe_input(self, preprocessing: Mapping[str, Any]) -> torch.Tensor:
         """Two fixed inputs, preprocessed as ``preprocessing`` says: the server's check that a model's outputs are
         finite feeds them to every candidate global model."""
+
+    def bundle_parts(self, preprocessing: Mapping[str, Any], class_count: int) -> BundleParts:
+        """How a model of this modality reads its inputs in an exported MONAI Bundle (``export-bundle``)."""
 
 
 def _bundled() -> list[Modality]:

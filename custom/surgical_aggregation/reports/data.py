@@ -25,6 +25,7 @@ from ..core.labels import BUILTIN_VOCABULARY, Vocabulary
 from ..data.reference import reference_file
 from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable
 from .names import IU_REPORTS, REPORT_CSV, REPORT_KINDS
+from .texts import CSV_OPTIONS, report_rows
 
 IU_ARCHIVE = "NLMCXR_reports.tgz"
 TEXT_SECTIONS = ("FINDINGS", "IMPRESSION")
@@ -158,18 +159,11 @@ def load_iu_reports(
 DEFAULT_TEXT_COLUMN = "report"  # a report CSV's text column unless told otherwise
 
 
-def _report_rows(frame: pd.DataFrame, text_column: str) -> pd.DataFrame:
-    """``report_id`` (the CSV's, else the row number) and the text with its whitespace collapsed."""
-    text = frame[text_column].fillna("").astype(str).str.split().str.join(" ")
-    ids = frame["report_id"].astype(str) if "report_id" in frame.columns else pd.Series(range(len(frame))).astype(str)
-    return pd.DataFrame({"report_id": ids, "text": text})
-
-
 def _read_report_frame(path: Path, text_column: str) -> pd.DataFrame:
     if not path.is_file():
         raise DataNotFoundError(f"report CSV not found: {path.resolve()}")
     try:
-        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        frame = pd.read_csv(path, **CSV_OPTIONS)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as error:
         raise DatasetFormatError(f"{path}: cannot read as CSV ({error})") from None
     if text_column not in frame.columns:
@@ -183,7 +177,7 @@ def read_report_texts(path: str | Path, text_column: str = DEFAULT_TEXT_COLUMN) 
     """Reports to score (``predict``): every row of a CSV with a text column, no labels; a row without text stays
     (the scoring says so)."""
     path = Path(path)
-    rows = _report_rows(_read_report_frame(path, text_column), text_column)
+    rows = report_rows(_read_report_frame(path, text_column), text_column)
     return report_table(rows, str(path), path.parent, [])
 
 
@@ -218,7 +212,7 @@ def load_report_csv(
             raise DatasetFormatError(f"{path}: column {column!r} must hold 0 or 1, found {bad}")
     if len(set(names)) != len(names):
         raise DatasetFormatError(f"{path}: label columns {columns} name the same finding twice ({names})")
-    rows = _report_rows(frame, text_column)
+    rows = report_rows(frame, text_column)
     keep = rows["text"].str.len() > 0
     for column, name in zip(columns, names, strict=True):
         rows[name] = frame[column].astype(int)

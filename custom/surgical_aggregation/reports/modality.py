@@ -21,9 +21,11 @@ from .data import DEFAULT_TEXT_COLUMN, TEXT_COLUMN, load_reports, read_report_te
 from .embeddings import EMBEDDING_MODELS, MINILM, embedding_dimension
 from .names import ARCHITECTURE, IU_REPORTS, KINDS
 from .settings import ReportSettings
+from .texts import NO_TEXT
 
-if TYPE_CHECKING:  # the config sits above the modalities; they only read it
-    from ..training.config import SiteConfig
+if TYPE_CHECKING:
+    from ..data.bundle_parts import BundleParts
+    from ..training.config import SiteConfig  # the config sits above the modalities; they only read it
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class ReportModality:
             raise ModelFileError(f"the model's inputs come from {model!r}, which this bundle does not have")
         texts = table.frame[TEXT_COLUMN]
         empty = texts.str.len() == 0
-        left_out = [(row, "no text") for row in table.frame.loc[empty, PATH_COLUMN]]
+        left_out = [(row, NO_TEXT) for row in table.frame.loc[empty, PATH_COLUMN]]
         if left_out and on_error == "error":
             raise DatasetFormatError(f"{len(left_out)} report(s) without text, e.g. {[row for row, _ in left_out[:3]]}")
         kept = table.subset(~empty.to_numpy())
@@ -101,7 +103,7 @@ class ReportModality:
 
     def read_sample(self, table: LabelTable, config: SiteConfig, limit: int) -> list[tuple[str, str]]:
         texts = table.frame[TEXT_COLUMN].iloc[:limit]
-        return [(row, "no text") for row, text in zip(table.paths[:limit], texts, strict=True) if not text]
+        return [(row, NO_TEXT) for row, text in zip(table.paths[:limit], texts, strict=True) if not text]
 
     def unreadable_policy(self, config: SiteConfig) -> tuple[bool, str]:
         return False, "left out: a report without text is skipped"
@@ -112,6 +114,11 @@ class ReportModality:
         )
         vectors = torch.randn(2, width, generator=torch.Generator().manual_seed(0))
         return vectors / vectors.norm(dim=1, keepdim=True)  # sentence embeddings are unit vectors
+
+    def bundle_parts(self, preprocessing: Mapping[str, Any], class_count: int) -> BundleParts:
+        from .bundle import report_bundle_parts
+
+        return report_bundle_parts(preprocessing, class_count)
 
 
 MODALITY = ReportModality()

@@ -1,0 +1,110 @@
+"""A chest X-ray model in an exported MONAI Bundle: MONAI's transforms doing what training's preprocessing does.
+
+Each image is decoded by the bundle's copy of :mod:`.grayscale` (through MONAI's ``PILReader``, as its converter), so
+its 8-bit pixels are training's to the bit; MONAI's transforms then scale them to [0, 1], replicate the gray channel
+where the model reads three, and normalise with the float32 statistics training used. ``model.pt`` is the state dict
+of MONAI's own ``DenseNet121`` (the named head adds names, no weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..data.bundle_parts import BundleParts
+from . import grayscale
+from .dataset import IMAGE_SUFFIXES
+from .transforms import image_batch_transform
+
+BATCH_SIZE = 32
+
+
+def image_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> BundleParts:
+    size = int(preprocessing.get("image_size", 224))
+    channels = int(preprocessing.get("in_channels", 1))
+    normalize = bool(preprocessing.get("imagenet_normalize", True))
+    batch = image_batch_transform(size, train=False, in_channels=channels, imagenet_normalize=normalize)
+    transforms: list[dict[str, Any]] = [
+        {
+            "_target_": "LoadImaged",
+            "keys": "image",
+            "image_only": True,
+            "reader": {
+                "_target_": "PILReader",
+                "reverse_indexing": False,  # rows first, as training reads them
+                "converter": "$functools.partial(scripts.grayscale.model_grayscale, size=@image_size)",
+            },
+        },
+        {"_target_": "EnsureChannelFirstd", "keys": "image", "channel_dim": "no_channel"},
+        {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": 0, "a_max": 255, "b_min": 0.0, "b_max": 1.0},
+    ]
+    if channels == 3:
+        transforms.append({"_target_": "RepeatChanneld", "keys": "image", "repeats": 3})
+    if normalize:
+        transforms.append(
+            {
+                "_target_": "NormalizeIntensityd",
+                "keys": "image",
+                "subtrahend": batch.mean.flatten().tolist(),
+                "divisor": batch.std.flatten().tolist(),
+                "channel_wise": True,
+            }
+        )
+    statistics = "ImageNet's mean and standard deviation" + (" (their channel means)" if channels == 1 else "")
+    config = {
+        "dataset_dir": "images",
+        "image_size": size,
+        "image_suffixes": list(IMAGE_SUFFIXES),
+        "datalist": "$scripts.predictions.image_datalist(@dataset_dir, @image_suffixes)",
+        "rows": "$[item['image'] for item in @datalist]",
+        "preprocessing": {"_target_": "Compose", "transforms": transforms},
+        "dataset": {"_target_": "Dataset", "data": "@datalist", "transform": "@preprocessing"},
+        "dataloader": {
+            "_target_": "DataLoader",
+            "dataset": "@dataset",
+            "batch_size": BATCH_SIZE,
+            "shuffle": False,
+            "num_workers": 0,
+        },
+        "network_def": {
+            "_target_": "DenseNet121",
+            "spatial_dims": 2,
+            "in_channels": channels,
+            "out_channels": class_count,
+        },
+        "network": "$@network_def.to(@device)",
+        "weights": "$torch.load(@bundle_root + '/models/model.pt', map_location=@device, weights_only=True)",
+        "postprocessing": {"_target_": "Activations", "sigmoid": True},
+        "initialize": ["$@network.load_state_dict(@weights)", "$@network.eval()"],
+    }
+    return BundleParts(
+        input_key="image",
+        input_format={
+            "type": "image",
+            "format": "magnitude",
+            "modality": "XR",
+            "num_channels": channels,
+            "spatial_shape": [size, size],
+            "dtype": "float32",
+            "value_range": [],  # normalised: see the preprocessing record
+            "is_patch_data": False,
+            "channel_def": {str(index): "grayscale radiograph" for index in range(channels)},
+        },
+        input_produced_by=(
+            f"a PNG/JPEG chest X-ray decoded to 8-bit grayscale and resized to {size} x {size} (Pillow, bilinear; "
+            f"scripts/grayscale.py), scaled to [0, 1]"
+            + (", replicated to 3 channels" if channels == 3 else "")
+            + (f", normalised with {statistics}" if normalize else "")
+        ),
+        task=f"Multi-label classification of frontal chest X-rays into {class_count} findings",
+        data_type="png/jpeg",
+        config=config,
+        run=(
+            "$scripts.predictions.write_predictions(@output_file, @rows, scripts.predictions.probabilities(@network, "
+            "@dataloader, 'image', @device, @postprocessing), @class_names, @thresholds, @csv_columns)"
+        ),
+        scripts=(Path(grayscale.__file__),),
+        packages=("pillow",),
+        usage="--dataset_dir <a folder of PNG/JPEG images>",
+    )

@@ -1,0 +1,254 @@
+"""``export-bundle``: a model as a MONAI Bundle whose files compute what ``predict`` computes.
+
+A tiny image model (32 px, random weights) with thresholds saved in it; images of every kind ``predict`` reads (an
+8-bit PNG at the model's size, larger and non-square PNGs, an RGB JPEG, a 16-bit PNG). The bundle's metadata is
+validated with MONAI's own verification functions, offline; its TorchScript and ONNX files and its inference config,
+run by ``python -m monai.bundle run``, are compared with ``predict`` on the same images. The exports after a
+simulator run (the server's union table and history, the report model) are in ``test_flare_e2e.py`` and
+``test_reports.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from surgical_aggregation.cli import main
+from surgical_aggregation.core.errors import ExportError
+from surgical_aggregation.deployment import bundle as bundle_module
+from surgical_aggregation.deployment.bundle import EXTRA_KEY, TOLERANCE, export_bundle
+from surgical_aggregation.evaluation.inference import THRESHOLDS_KEY, score
+from surgical_aggregation.images import grayscale
+from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.training.checkpoint import PREPROCESSING_KEY, load_checkpoint, save_checkpoint
+
+CLASSES = ["Pleural Effusion", "Mass", "Tuberculosis"]  # a finding with an alias, one without, one of a site's own
+THRESHOLDS = {"Pleural Effusion": 0.5, "Mass": None, "Tuberculosis": 0.45}  # Mass: no threshold chosen
+SCHEMA = Path(__file__).parent / "data" / "monai_bundle_metadata.schema.json"
+PREPROCESSING = {"image_size": 32, "in_channels": 3, "imagenet_normalize": True}  # 3 channels: RepeatChannel too
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    model = NamedDenseNet121(CLASSES, in_channels=3)
+    with torch.no_grad():
+        model.class_layers.out.weight.mul_(20)  # probabilities spread over (0, 1), not all near 0.5
+    folder = tmp_path_factory.mktemp("model")
+    meta = {PREPROCESSING_KEY: PREPROCESSING, "round": 3, "method": "surgical"}
+    meta[THRESHOLDS_KEY] = {"values": THRESHOLDS, "chosen_on": "val", "rule": "Youden's J"}
+    return save_checkpoint(folder / "model.pt", model.state_dict(), CLASSES, **meta)
+
+
+@pytest.fixture(scope="module")
+def images(nih_data, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("images")
+    sources = sorted((nih_data.root / "images").rglob("*.png"))[:4]
+    gray = [Image.open(path).convert("L") for path in sources]
+    gray[0].resize((32, 32)).save(folder / "a_model_size.png")
+    gray[1].resize((70, 50)).save(folder / "b_wide.png")
+    gray[2].convert("RGB").resize((120, 120)).save(folder / "c_rgb.jpg", quality=90)
+    deep = (np.asarray(gray[3].resize((48, 48))).astype(np.uint16) * 250).astype(np.uint16)
+    Image.fromarray(deep).save(folder / "d_16bit.png")
+    (folder / "nested").mkdir()
+    gray[0].resize((64, 64)).save(folder / "nested" / "e.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def exported(model_file, tmp_path_factory):
+    return export_bundle(model_file, tmp_path_factory.mktemp("bundle") / "chest_xray")
+
+
+@pytest.fixture(scope="module")
+def predicted(model_file, images, tmp_path_factory) -> pd.DataFrame:
+    frame, failures = score(model_file, images, cache_dir=tmp_path_factory.mktemp("cache"), calls=True)
+    assert failures == []
+    return frame
+
+
+def _metadata(root: Path) -> dict:
+    return json.loads((root / "configs" / "metadata.json").read_text())
+
+
+def _run_bundle(root: Path, out: Path, *arguments: str) -> pd.DataFrame:
+    """``python -m monai.bundle run --config_file configs/inference.json ...`` from the bundle's folder."""
+    command = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "configs/inference.json"]
+    env = {**os.environ, "PYTHONPATH": ""}  # the bundle runs without this package on the path
+    result = subprocess.run(
+        [*command, *arguments, "--output_file", str(out)], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return pd.read_csv(out)
+
+
+def test_the_bundle_has_monais_layout_and_its_metadata_passes_monais_checks(exported):
+    from monai.bundle import verify_metadata, verify_net_in_out
+
+    root = exported.root
+    names = {str(path.relative_to(root)) for path in root.rglob("*") if path.is_file()}
+    assert names == {
+        "configs/metadata.json",
+        "configs/inference.json",
+        "models/model.pt",
+        "models/model.ts",
+        "models/model.onnx",
+        "scripts/__init__.py",
+        "scripts/predictions.py",
+        "scripts/grayscale.py",
+        "docs/README.md",
+    }
+    meta_file = str(root / "configs" / "metadata.json")
+    verify_metadata(meta_file=meta_file, filepath=str(SCHEMA))  # the schema file is there: nothing is downloaded
+    verify_net_in_out(  # builds network_def, feeds the declared input shape, checks the declared output channels
+        net_id="network_def", meta_file=meta_file, config_file=str(root / "configs" / "inference.json"), device="cpu"
+    )
+    weights = torch.load(root / "models" / "model.pt", weights_only=True)
+    from monai.networks.nets import DenseNet121
+
+    DenseNet121(spatial_dims=2, in_channels=3, out_channels=3).load_state_dict(weights)  # MONAI's own network
+
+
+def test_the_metadata_names_the_classes_in_head_order_with_aliases_thresholds_and_inputs(exported):
+    metadata = _metadata(exported.root)
+    output = metadata["network_data_format"]["outputs"]["pred"]
+    assert output["channel_def"] == {"0": "Pleural Effusion", "1": "Mass", "2": "Tuberculosis"}
+    assert (output["type"], output["format"], output["num_channels"], output["value_range"]) == (
+        "probabilities",
+        "classes",
+        3,
+        [0, 1],
+    )
+    image = metadata["network_data_format"]["inputs"]["image"]
+    assert (image["num_channels"], image["spatial_shape"], image["dtype"]) == (3, [32, 32], "float32")
+    extra = metadata[EXTRA_KEY]
+    assert extra["aliases"] == {"Pleural Effusion": ["Effusion"], "Mass": [], "Tuberculosis": []}
+    assert extra["thresholds"] == {"Pleural Effusion": 0.5, "Tuberculosis": 0.45}
+    assert extra["preprocessing"] == PREPROCESSING and extra["round"] == 3
+    assert extra["sites_labelling"] is None and extra["validation"] is None  # no server files next to this model
+    assert "not known" in (exported.root / "docs" / "README.md").read_text()
+    assert set(exported.differences) == {"model.ts", "model.onnx"}
+    assert all(value <= TOLERANCE for value in exported.differences.values())
+
+
+def test_the_bundles_scripts_are_the_packages_own_definitions(exported):
+    copied = exported.root / "scripts" / "grayscale.py"
+    assert copied.read_bytes() == Path(grayscale.__file__).read_bytes()
+
+
+def test_torchscript_and_onnx_give_predicts_probabilities_on_the_bundles_inputs(exported, images, predicted):
+    import onnxruntime
+    from monai.bundle import ConfigParser
+    from monai.data.torchscript_utils import load_net_with_metadata
+
+    root = exported.root
+    parser = ConfigParser()
+    parser.read_config(str(root / "configs" / "inference.json"))
+    parser.read_meta(str(root / "configs" / "metadata.json"))
+    parser["dataset_dir"] = str(images)
+    sys.path.insert(0, str(root))  # the config imports the bundle's scripts package
+    try:
+        batches = [batch["image"].as_tensor() for batch in parser.get_parsed_content("dataloader")]
+        rows = parser.get_parsed_content("rows")
+    finally:
+        sys.path.remove(str(root))
+        for name in [name for name in sys.modules if name == "scripts" or name.startswith("scripts.")]:
+            del sys.modules[name]
+    inputs = torch.cat(batches)
+    expected = predicted.set_index("path").loc[rows, CLASSES].to_numpy(np.float64)
+
+    scripted, metadata, _ = load_net_with_metadata(str(root / "models" / "model.ts"))
+    assert metadata["network_data_format"]["outputs"]["pred"]["channel_def"]["2"] == "Tuberculosis"
+    from_torchscript = scripted(inputs).detach().numpy()
+    session = onnxruntime.InferenceSession(str(root / "models" / "model.onnx"), providers=["CPUExecutionProvider"])
+    from_onnx = session.run(None, {"image": inputs.numpy()})[0]  # all five images in one batch: its size is free
+    assert inputs.shape == (5, 3, 32, 32)
+    assert np.abs(from_torchscript - expected).max() <= TOLERANCE
+    assert np.abs(from_onnx - expected).max() <= TOLERANCE
+    assert expected.min() < 0.3 and expected.max() > 0.7  # a model whose outputs differ between images
+
+
+def test_monai_bundle_run_writes_predicts_csv(exported, images, predicted, tmp_path):
+    written = _run_bundle(exported.root, tmp_path / "bundle.csv", "--dataset_dir", str(images))
+    assert list(written.columns) == list(predicted.columns)
+    assert list(written.columns)[-2:] == ["Pleural Effusion (call)", "Tuberculosis (call)"]
+    assert written["path"].tolist() == predicted["path"].tolist() and set(written["status"]) == {"ok"}
+    scores = np.abs(written[CLASSES].to_numpy() - predicted[CLASSES].to_numpy(np.float64))
+    assert scores.max() <= TOLERANCE
+    calls = ["Pleural Effusion (call)", "Tuberculosis (call)"]
+    assert (written[calls].to_numpy() == predicted[calls].to_numpy()).all()
+
+
+def test_the_command_line_exports_without_onnx_and_refuses_a_used_folder(model_file, tmp_path, capsys):
+    out = tmp_path / "exported"
+    assert main(["export-bundle", str(model_file), "--out", str(out), "--no-onnx", "--version", "2.1.0"]) == 0
+    printed = capsys.readouterr().out
+    assert "no model.onnx: not asked for (--no-onnx)" in printed and "model.ts: probabilities within" in printed
+    metadata = _metadata(out)
+    assert metadata["version"] == "2.1.0" and "model.onnx" not in metadata[EXTRA_KEY]["model_files"]
+    assert not (out / "models" / "model.onnx").exists()
+    assert main(["export-bundle", str(model_file), "--out", str(out), "--no-onnx"]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert main(["export-bundle", str(model_file), "--out", str(out), "--no-onnx", "--overwrite"]) == 0
+
+
+def test_without_the_onnx_extra_the_export_says_so_or_refuses_when_onnx_is_required(model_file, tmp_path, monkeypatch):
+    monkeypatch.setattr(bundle_module, "_onnx_unavailable", lambda: "onnxscript not installed (pip install ...)")
+    exported = export_bundle(model_file, tmp_path / "without")
+    assert exported.left_out == {"model.onnx": "onnxscript not installed (pip install ...)"}
+    assert not (tmp_path / "without" / "models" / "model.onnx").exists()
+    with pytest.raises(ExportError, match="ONNX export asked for, but onnxscript not installed"):
+        export_bundle(model_file, tmp_path / "required", onnx=True)
+    assert not (tmp_path / "required").exists()  # nothing half-written
+
+
+def test_an_exported_file_that_computes_other_probabilities_is_refused():
+    expected = np.array([[0.2, 0.9]])
+    assert bundle_module._difference(expected + 5e-6, expected, "model.ts") == pytest.approx(5e-6)
+    with pytest.raises(ExportError, match=r"model.onnx computes probabilities up to 1.00e-03"):
+        bundle_module._difference(expected + 1e-3, expected, "model.onnx")
+    with pytest.raises(ExportError, match="model.ts returned shape"):
+        bundle_module._difference(expected[:, :1], expected, "model.ts")
+
+
+def test_a_class_name_monais_config_parser_would_run_is_refused(tmp_path):
+    model = NamedDenseNet121(["$__import__('os').system('id')", "Mass"])
+    path = save_checkpoint(tmp_path / "model.pt", model.state_dict(), model.class_names, **{PREPROCESSING_KEY: {}})
+    with pytest.raises(ExportError, match="MONAI's config parser reads as code"):
+        export_bundle(path, tmp_path / "bundle", onnx=False)
+
+
+def test_the_servers_union_table_and_history_next_to_the_model_are_read(model_file, tmp_path):
+    folder = tmp_path / "app_server"
+    folder.mkdir()
+    checkpoint = load_checkpoint(model_file)
+    server_model = save_checkpoint(folder / "best_FL_global_model.pt", checkpoint.state, CLASSES, **checkpoint.meta)
+    (folder / "union_classes.csv").write_text(
+        "class,sites,labelled_by,shared\nPleural Effusion,a;b;c,3,yes\nMass,a;b,2,yes\nTuberculosis,c,1,no\n"
+    )
+    sites = {
+        "a": {"val_auroc/Pleural Effusion": 0.8, "val_auroc/Mass": 0.6},
+        "b": {"val_auroc/Pleural Effusion": 0.9, "val_auroc/Mass": 0.7},
+        "c": {"val_auroc/Pleural Effusion": 0.7, "val_auroc/Tuberculosis": 0.95},
+    }
+    validation = {"sites": sites, "mean_val_auroc": 0.81, "mean_val_loss": 0.25}
+    (folder / "round_history.json").write_text(json.dumps([{"round": 2}, {"round": 3, "validation": validation}]))
+    extra = _metadata(export_bundle(server_model, tmp_path / "bundle", onnx=False).root)[EXTRA_KEY]
+    assert extra["sites_labelling"] == {"Pleural Effusion": 3, "Mass": 2, "Tuberculosis": 1}
+    per_class = extra["validation"]["per_class"]
+    assert per_class["Pleural Effusion"] == {"auroc": pytest.approx(0.8), "sites": 3}
+    assert per_class["Mass"] == {"auroc": pytest.approx(0.65), "sites": 2}
+    assert per_class["Tuberculosis"] == {"auroc": pytest.approx(0.95), "sites": 1}
+    assert (extra["validation"]["round"], extra["validation"]["sites"]) == (3, 3)
+    readme = (tmp_path / "bundle" / "docs" / "README.md").read_text()
+    assert "| 0 | Pleural Effusion | Effusion | 3 | 0.500 | 0.800 (3) |" in readme
+    assert "mean AUROC 0.810" in readme
