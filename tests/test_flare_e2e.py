@@ -171,6 +171,25 @@ def test_run_artefacts(main_run):
         assert torch.equal(published.state[W], best.state[W])
 
 
+def test_the_servers_best_model_exports_as_a_monai_bundle_with_site_counts_and_validation(main_run, tmp_path):
+    from surgical_aggregation.cli import main
+
+    _, server = main_run
+    app = server / "app_server"
+    assert main(["export-bundle", str(app / "best_FL_global_model.pt"), "--out", str(tmp_path / "b"), "--no-onnx"]) == 0
+    metadata = json.loads((tmp_path / "b" / "configs" / "metadata.json").read_text())
+    best = load_checkpoint(app / "best_FL_global_model.pt")
+    channels = metadata["network_data_format"]["outputs"]["pred"]["channel_def"]
+    assert [channels[str(index)] for index in range(len(channels))] == best.class_names
+    extra = metadata["surgical_aggregation"]
+    both = set(NIH_LABELS) & set(CHEXPERT_LABELS)  # by hand: a class both sites label was labelled by two
+    assert extra["sites_labelling"] == {name: 2 if name in both else 1 for name in best.class_names}
+    history = json.loads((app / "round_history.json").read_text())
+    entry = next(each for each in history if each["round"] == best.meta["round"])
+    assert extra["validation"]["mean_val_auroc"] == entry["validation"]["mean_val_auroc"]
+    assert extra["validation"]["sites"] == len(SITES)
+
+
 def test_before_publication_no_site_receives_or_keeps_another_sites_class_names(main_run):
     workspace, _ = main_run
     union = set(NIH_LABELS) | set(CHEXPERT_LABELS)

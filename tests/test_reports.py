@@ -23,6 +23,7 @@ from surgical_aggregation.core.aggregation import Contribution, SurgicalAggregat
 from surgical_aggregation.core.errors import DatasetFormatError
 from surgical_aggregation.core.head import NAMED_HEAD, numpy_state, slice_for_client
 from surgical_aggregation.data.reference import reference_file
+from surgical_aggregation.evaluation.inference import score
 from surgical_aggregation.evaluation.metrics import threshold_metrics, youden_threshold
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, report_labeling_recipe, write_job
 from surgical_aggregation.reports.data import (
@@ -292,6 +293,7 @@ def test_one_round_report_job_through_the_simulator(tmp_path):
         "handshake_timeout": 300,
         "train_timeout": 300,
         "validate_timeout": 300,
+        "export_bundle": True,  # the server writes the best model as a MONAI Bundle at the end
     }
     job = write_job(SurgicalAggregationRecipe(bundle.name, sites, controller), tmp_path / "job")
     nvflare = Path(sys.executable).parent / "nvflare"
@@ -314,6 +316,41 @@ def test_one_round_report_job_through_the_simulator(tmp_path):
     assert set(cross) == {"site-a", "site-b"}
     # each site embedded its own reports once; the cache is keyed by text and model
     assert list((tmp_path / "cache" / "report-embeddings").iterdir())
+    _the_servers_monai_bundle_labels_reports_as_predict_does(app, tmp_path)
+
+
+def _the_servers_monai_bundle_labels_reports_as_predict_does(app: Path, tmp_path: Path) -> None:
+    """The report model's bundle, exported by the server: its site counts, and `monai.bundle run` on a CSV of
+    reports (one without text) writes predict's CSV."""
+    root = app / "monai_bundle"
+    metadata = json.loads((root / "configs" / "metadata.json").read_text())
+    extra = metadata["surgical_aggregation"]
+    assert extra["sites_labelling"] == {"Atelectasis": 1, "Cardiomegaly": 1, "Lung Opacity": 2, "Pleural Effusion": 1}
+    assert metadata["network_data_format"]["inputs"]["embedding"]["num_channels"] == 384
+    assert "all-MiniLM-L6-v2" in extra["input_produced_by"]
+    reports = tmp_path / "to_label.csv"
+    reports.write_text(
+        "report_id,report\nr1,Large right pleural effusion.\nr2,\nr3,Cardiomegaly with   basilar atelectasis.\n"
+    )
+    expected, failures = score(_server_model(app), reports, cache_dir=tmp_path / "cache")
+    assert failures == [("r2", "no text")]
+    out = tmp_path / "bundle.csv"
+    command = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "configs/inference.json"]
+    result = subprocess.run(
+        [*command, "--input_csv", str(reports), "--output_file", str(out)], cwd=root, capture_output=True, text=True
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    written = pd.read_csv(out, dtype={"report_id": str})
+    assert list(written.columns) == list(expected.columns) and written["status"].tolist() == ["ok", "no text", "ok"]
+    assert written["report_id"].tolist() == expected["report_id"].tolist() == ["r1", "r2", "r3"]
+    classes = list(expected.columns[2:])
+    difference = np.abs(written[classes].to_numpy() - expected[classes].to_numpy(np.float64))
+    assert np.isnan(difference[1]).all() and np.nanmax(difference) <= 1e-5
+
+
+def _server_model(app: Path) -> Path:
+    best = app / "best_FL_global_model.pt"
+    return best if best.is_file() else app / "FL_global_model.pt"
 
 
 def test_the_report_job_sites_label_different_subsets():
