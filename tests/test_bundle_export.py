@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -190,11 +191,19 @@ def test_monai_bundle_run_writes_predicts_csv(exported, images, predicted, tmp_p
 
 def test_the_command_line_exports_without_onnx_and_refuses_a_used_folder(model_file, tmp_path, capsys):
     out = tmp_path / "exported"
-    assert main(["export-bundle", str(model_file), "--out", str(out), "--no-onnx", "--version", "2.1.0"]) == 0
+    aliases = tmp_path / "label_aliases.json"
+    aliases.write_text(json.dumps({"Fluid": "Pleural Effusion", "TB": "Tuberculosis"}))  # the job's own
+    options = ["--no-onnx", "--version", "2.1.0", "--label-aliases", str(aliases)]
+    assert main(["export-bundle", str(model_file), "--out", str(out), *options]) == 0
     printed = capsys.readouterr().out
     assert "no model.onnx: not asked for (--no-onnx)" in printed and "model.ts: probabilities within" in printed
     metadata = _metadata(out)
     assert metadata["version"] == "2.1.0" and "model.onnx" not in metadata[EXTRA_KEY]["model_files"]
+    assert metadata[EXTRA_KEY]["aliases"] == {
+        "Pleural Effusion": ["Effusion", "Fluid"],
+        "Mass": [],
+        "Tuberculosis": ["TB"],
+    }
     assert not (out / "models" / "model.onnx").exists()
     assert main(["export-bundle", str(model_file), "--out", str(out), "--no-onnx"]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
@@ -252,3 +261,24 @@ def test_the_servers_union_table_and_history_next_to_the_model_are_read(model_fi
     readme = (tmp_path / "bundle" / "docs" / "README.md").read_text()
     assert "| 0 | Pleural Effusion | Effusion | 3 | 0.500 | 0.800 (3) |" in readme
     assert "mean AUROC 0.810" in readme
+
+
+def _snippets(page: Path) -> list[str]:
+    """The python blocks that follow the page's "tested by tests/test_bundle_export.py" markers."""
+    text = page.read_text()
+    marker = "<!-- tested by tests/test_bundle_export.py"
+    return [re.search(r"```python\n(.*?)```", part, re.S).group(1) for part in text.split(marker)[1:]]
+
+
+def test_the_docs_torchscript_and_onnx_snippets_run_on_an_exported_bundle(exported, model_file):
+    network = load_checkpoint(model_file).build_model().eval()
+    with torch.inference_mode():
+        expected = torch.sigmoid(network(torch.zeros(1, 3, 32, 32))).numpy()  # the snippets feed zeros
+    page = Path(__file__).parents[1] / "docs" / "using-the-model.md"
+    for snippet, batch in zip(_snippets(page), (2, 4), strict=True):
+        namespace: dict = {}
+        exec(compile(snippet.replace("chest_xray_bundle", str(exported.root)), str(page), "exec"), namespace)
+        probabilities = np.asarray(namespace["probabilities"])
+        assert probabilities.shape == (batch, len(CLASSES))
+        assert np.abs(probabilities - expected).max() <= TOLERANCE
+        assert namespace.get("class_names", CLASSES) == CLASSES
