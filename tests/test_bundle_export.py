@@ -282,3 +282,27 @@ def test_the_docs_torchscript_and_onnx_snippets_run_on_an_exported_bundle(export
         assert probabilities.shape == (batch, len(CLASSES))
         assert np.abs(probabilities - expected).max() <= TOLERANCE
         assert namespace.get("class_names", CLASSES) == CLASSES
+
+
+def test_classes_too_few_sites_label_can_be_left_out_of_the_bundle(model_file, tmp_path):
+    folder = tmp_path / "app_server"
+    folder.mkdir()
+    checkpoint = load_checkpoint(model_file)
+    server_model = save_checkpoint(folder / "best_FL_global_model.pt", checkpoint.state, CLASSES, **checkpoint.meta)
+    with pytest.raises(ExportError, match="needs the union table"):
+        export_bundle(server_model, tmp_path / "no_counts", onnx=False, min_sites=2)
+    (folder / "union_classes.csv").write_text(
+        "class,sites,labelled_by,shared\nPleural Effusion,a;b,2,yes\nMass,a;b;c,3,yes\nTuberculosis,c,1,no\n"
+    )
+    root = export_bundle(server_model, tmp_path / "bundle", onnx=False, min_sites=2).root
+    metadata = _metadata(root)
+    assert metadata["network_data_format"]["outputs"]["pred"]["channel_def"] == {"0": "Pleural Effusion", "1": "Mass"}
+    extra = metadata[EXTRA_KEY]
+    assert extra["classes_left_out"] == {"labelled_by_fewer_sites_than": 2, "count": 1}  # how many, never which
+    assert (
+        "Tuberculosis" not in json.dumps(metadata) and "Tuberculosis" not in (root / "docs" / "README.md").read_text()
+    )
+    weights = torch.load(root / "models" / "model.pt", weights_only=True)["class_layers.out.weight"]
+    assert torch.equal(weights, checkpoint.state["class_layers.out.weight"][:2])  # the kept rows, unchanged
+    with pytest.raises(ExportError, match="no class of the model is labelled by 4 or more sites"):
+        export_bundle(server_model, tmp_path / "none", onnx=False, min_sites=4)

@@ -186,6 +186,43 @@ def test_before_publication_each_site_only_ever_receives_its_own_rows(tmp_path):
     ]
 
 
+def test_publication_can_leave_out_the_classes_one_site_labels(tmp_path):
+    a = FakeSite("site-a", ["Mass", "Effusion"], [0.5, 0.4])  # Effusion: Pleural Effusion, which site-b labels too
+    b = FakeSite("site-b", ["Pleural Effusion", "Hernia"], [0.5, 0.4])
+    harness = Harness([a, b], tmp_path, num_rounds=1, min_sites_per_published_class=2)
+    harness.run()
+    best = harness._federation.best
+    shared = rows_by_name(best.state, best.class_names, TOY_HEAD)["Pleural Effusion"]
+    for site in (a, b):
+        task, names, params = site.tasks[-1]
+        assert task == TASK_PUBLISH and names == ["Pleural Effusion"]  # neither site learns the other's own class
+        np.testing.assert_array_equal(rows_by_name(params, names, TOY_HEAD)["Pleural Effusion"], shared)
+    assert "left out of the publication: 2 class(es) labelled by fewer than 2 sites" in messages(harness, "info")
+    assert best.class_names == ["Hernia", "Mass", "Pleural Effusion"]  # the server keeps the whole union
+    with pytest.raises(ValueError, match="min_sites_per_published_class must be a positive integer, got 0"):
+        Harness([a, b], tmp_path, min_sites_per_published_class=0)
+
+
+def test_the_servers_bundle_export_gets_the_site_counts_and_the_publication_minimum(tmp_path, monkeypatch):
+    from surgical_aggregation.deployment import bundle
+    from surgical_aggregation.deployment.bundle import ExportedBundle
+
+    calls = []
+
+    def export(model, out, **options):
+        calls.append((model, out, options))
+        return ExportedBundle(out, [], {})
+
+    monkeypatch.setattr(bundle, "export_bundle", export)
+    a = FakeSite("site-a", ["Mass", "Effusion"], [0.5, 0.4])
+    b = FakeSite("site-b", ["Pleural Effusion", "Hernia"], [0.5, 0.4])
+    Harness([a, b], tmp_path, num_rounds=1, export_bundle=True, min_sites_per_published_class=2).run()
+    [(model, out, options)] = calls
+    assert model.name == "FL_global_model.pt" and out.name == "monai_bundle"  # the toy harness saves no best file
+    assert options["sites_labelling"] == {"Mass": 1, "Pleural Effusion": 2, "Hernia": 1}
+    assert options["min_sites"] == 2 and options["overwrite"]
+
+
 def test_publication_can_be_turned_off(tmp_path):
     sites = [FakeSite("site-a", ["Mass"], [0.5, 0.4]), FakeSite("site-b", ["Edema"], [0.5, 0.4])]
     Harness(sites, tmp_path, num_rounds=1, publish_global_model=False).run()

@@ -699,6 +699,12 @@ def _add_export_bundle(commands: argparse._SubParsersAction) -> None:
     onnx = parser.add_mutually_exclusive_group()
     onnx.add_argument("--onnx", dest="onnx", action="store_true", default=None, help="require model.onnx")
     onnx.add_argument("--no-onnx", dest="onnx", action="store_false", help="leave model.onnx out")
+    parser.add_argument(
+        "--min-sites",
+        type=_positive,
+        default=1,
+        help="leave out the classes fewer than this many sites label (needs the union table; default 1: none)",
+    )
     parser.add_argument("--version", default="1.0.0", help="the bundle's version (default 1.0.0)")
     parser.add_argument("--authors", default=None, help="metadata's authors (default: the federation's sites)")
     parser.add_argument("--copyright", default=None, help="metadata's copyright holder (default: the sites)")
@@ -717,6 +723,7 @@ def _export_bundle(args: argparse.Namespace) -> int:
         history=None if args.history is None else read_history(args.history),
         vocabulary=job_vocabulary(label_aliases(args.label_aliases)),
         onnx=args.onnx,
+        min_sites=args.min_sites,
         version=args.version,
         overwrite=args.overwrite,
         **{key: value for key, value in named.items() if value is not None},

@@ -209,3 +209,13 @@ def extend_head(
     extended[head.weight_key] = cast_like(state[head.weight_key], np.concatenate([weight, new_weight]))
     extended[head.bias_key] = cast_like(state[head.bias_key], np.concatenate([bias, new_bias]))
     return extended, [*class_names, *added]
+
+
+def classes_labelled_by_at_least(
+    class_names: Sequence[str], labelling: Mapping[str, int], minimum: int
+) -> tuple[list[str], list[str]]:
+    """``class_names`` split into those ``labelling`` (class -> how many sites label it) counts at least ``minimum``
+    times, and the rest; both in ``class_names``' order. A class only one site labels is that site's head row, as
+    averaged as it ever will be: publishing it publishes that site's training."""
+    kept = [name for name in class_names if labelling.get(name, 0) >= minimum]
+    return kept, [name for name in class_names if labelling.get(name, 0) < minimum]

@@ -38,6 +38,7 @@ from torch import nn
 
 from .. import __version__
 from ..core.errors import ExportError
+from ..core.head import classes_labelled_by_at_least, slice_for_client
 from ..core.labels import Vocabulary, job_vocabulary
 from ..data.bundle_parts import BundleParts
 from ..evaluation.inference import CALL_SUFFIX, READABLE, STATUS_COLUMN, THRESHOLDS_KEY
@@ -107,6 +108,7 @@ def export_bundle(
     history: Sequence[Mapping[str, Any]] | None = None,
     vocabulary: Vocabulary | None = None,
     onnx: bool | None = None,
+    min_sites: int = 1,
     version: str = "1.0.0",
     authors: str = "the member sites of the federation that trained it",
     copyright: str = "the member sites of the federation that trained it",
@@ -118,6 +120,7 @@ def export_bundle(
     from the server's files next to a model file when not given (``union_classes.csv``, ``round_history.json``);
     without them the metadata says they are not known. ``vocabulary``: the job's (its aliases); the built-in one
     otherwise. ``onnx``: None writes ``model.onnx`` where the exporter's packages are installed, True requires it.
+    ``min_sites``: only the classes at least this many sites label go into the bundle (needs the site counts).
     """
     source = model if isinstance(model, Checkpoint) else load_checkpoint(model)
     origin = "a checkpoint" if isinstance(model, Checkpoint) else Path(model).name
@@ -127,6 +130,15 @@ def export_bundle(
     out = Path(out)
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out.resolve()} exists and is not empty; choose another folder or pass --overwrite")
+    left_out = None
+    if min_sites > 1:
+        if sites_labelling is None:
+            raise ExportError(f"leaving out classes labelled by fewer than {min_sites} sites needs the union table")
+        kept, dropped = classes_labelled_by_at_least(source.class_names, sites_labelling, min_sites)
+        if not kept:
+            raise ExportError(f"no class of the model is labelled by {min_sites} or more sites")
+        source = Checkpoint(slice_for_client(source.state, source.class_names, kept), kept, source.meta)
+        left_out = {"labelled_by_fewer_sites_than": min_sites, "count": len(dropped)}  # how many, not which
     _refuse_config_syntax(source.class_names, vocabulary or job_vocabulary())
     modality = modality_for_architecture(source.architecture)
     parts = modality.bundle_parts(source.preprocessing, len(source.class_names))
@@ -139,8 +151,9 @@ def export_bundle(
     try:
         exported = _write_bundle(
             staging, source, parts, modality.name, modality.row_column, sites_labelling, history,
-            vocabulary or job_vocabulary(), onnx, version, authors, copyright, origin,
+            vocabulary or job_vocabulary(), onnx, version, authors, copyright, origin, left_out,
         )  # fmt: skip
+
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)  # the bundle appears whole, or not at all
@@ -176,6 +189,7 @@ def _write_bundle(
     authors: str,
     copyright: str,
     origin: str,
+    classes_left_out: Mapping[str, int] | None,
 ) -> ExportedBundle:
     for folder in ("configs", "models", "scripts", "docs"):
         (root / folder).mkdir()
@@ -207,6 +221,7 @@ def _write_bundle(
 
     metadata = _metadata(source, parts, modality, sites_labelling, history, vocabulary, version, authors, copyright)
     metadata[EXTRA_KEY]["model_files"] = model_files
+    metadata[EXTRA_KEY]["classes_left_out"] = classes_left_out
     metadata["changelog"] = {version: f"exported by surgical-aggregation {__version__} from {origin}"}
 
     differences = {}
@@ -509,6 +524,12 @@ def bundle_readme(metadata: Mapping[str, Any], parts: BundleParts) -> str:
             "union_classes.csv)."
         )
     )
+    left_out = extra.get("classes_left_out")
+    if left_out:
+        lines.append(
+            f"\n{left_out['count']} finding(s) the federation trained are left out of this bundle: fewer than "
+            f"{left_out['labelled_by_fewer_sites_than']} sites labelled each."
+        )
     lines += ["", "## Validation", ""]
     if validation:
         lines.append(

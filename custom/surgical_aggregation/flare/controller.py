@@ -119,6 +119,7 @@ class SurgicalAggregatorShareable(ServerModels):
         final_validation: bool = True,
         publish_global_model: bool = True,
         export_bundle: bool = False,
+        min_sites_per_published_class: int = 1,
         resume: str | bool = RESUME_LATEST,
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         judging_sites: list | None = None,

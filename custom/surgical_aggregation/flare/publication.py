@@ -8,6 +8,7 @@ the controller's federation state, admitted sites and settings, and sends tasks 
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from nvflare.app_common.app_event_type import AppEventType
 
 from ..core.checks import check_metrics
 from ..core.errors import UserError
-from ..core.head import HeadSpec
+from ..core.head import HeadSpec, classes_labelled_by_at_least, slice_for_client
 from ..core.labels import Vocabulary
 from ..evaluation.run_summary import model_label
 from ..training.checkpoint import save_checkpoint
@@ -38,6 +39,7 @@ class ServerModels(SiteTasks):
     method: str
     head: HeadSpec
     validate_timeout: int
+    min_sites_per_published_class: int
     _sites: dict[str, SiteInfo]
     vocabulary: Vocabulary
     _federation: FederationState
@@ -123,6 +125,10 @@ class ServerModels(SiteTasks):
                 self.fl_ctx.set_prop(AppConstants.VALIDATION_RESULT, result, private=True, sticky=False)
                 self.event(AppEventType.VALIDATION_RESULT_RECEIVED)
 
+    def _sites_labelling(self) -> dict[str, int]:
+        """Class -> how many admitted sites label it."""
+        return dict(Counter(name for info in self._sites.values() for name in info.classes))
+
     def _export_monai_bundle(self) -> None:
         """The best global model as a MONAI Bundle in the app folder (the round history and the union table are
         next to it). A model that cannot be exported is said in the log; the federation's results stay as they are."""
@@ -132,7 +138,12 @@ class ServerModels(SiteTasks):
         model = files["best model"] if files["best model"].is_file() else files["final model"]
         try:
             exported = export_bundle(
-                model, Path(self.get_app_dir()) / BUNDLE_DIR, vocabulary=self.vocabulary, overwrite=True
+                model,
+                Path(self.get_app_dir()) / BUNDLE_DIR,
+                sites_labelling=self._sites_labelling(),
+                vocabulary=self.vocabulary,
+                min_sites=self.min_sites_per_published_class,
+                overwrite=True,
             )
         except UserError as error:
             self.error(f"the MONAI Bundle was not exported: {error}")
@@ -145,16 +156,29 @@ class ServerModels(SiteTasks):
         sites know the union's class names."""
         federation = self._federation
         version = federation.best or federation.latest
-        meta = {**self._model_meta(version), META_ROUND: version.round}
+        state, names = version.state, version.class_names
+        if self.min_sites_per_published_class > 1:
+            names, left_out = classes_labelled_by_at_least(
+                version.class_names, self._sites_labelling(), self.min_sites_per_published_class
+            )
+            self.info(
+                f"left out of the publication: {len(left_out)} class(es) labelled by fewer than "
+                f"{self.min_sites_per_published_class} sites (min_sites_per_published_class): {left_out}"
+            )
+            if not names:
+                self.warning("no class is labelled by enough sites: nothing is published")
+                return
+            state = slice_for_client(version.state, version.class_names, names, self.head)
+        meta = {**self._model_meta(version), META_ROUND: version.round, META_CLASS_NAMES: names}
         received: list[str] = []
         self.info(
-            f"publishing the best global model ({model_label(version.round)}, {len(version.class_names)} classes) "
+            f"publishing the best global model ({model_label(version.round)}, {len(names)} classes) "
             "to every site: the sites learn the union's class names now"
         )
         self.to_each_site(
             TASK_PUBLISH,
             list(self._sites),
-            lambda site: FLModel(params=version.state, meta=meta),
+            lambda site: FLModel(params=state, meta=meta),
             self.validate_timeout,
             lambda result: received.append(result.meta.get("client_name", "?")),
         )

@@ -23,6 +23,9 @@ publish_global_model: at the end, send the best global model (the union head and
 export_bundle: at the end, also write the best global model as a MONAI Bundle in the server's app folder
     (``monai_bundle/``: class names, how many sites labelled each, the round history's validation figures,
     TorchScript, and ONNX where the ``onnx`` extra is installed), as ``surgical-aggregation export-bundle`` does.
+min_sites_per_published_class: publish (and export) only the classes that at least this many sites label;
+    the others' head rows and names stay on the server. A class one site labels is that site's head row,
+    unaveraged: 2 keeps every site's own-class training off the published model. 1 (the default) publishes all.
 resume: how a job treats an unfinished federation of its name saved by an earlier job (after a server
     crash): "latest" continues from its last completed round, "backup" from the state saved one
     round earlier (when the latest is damaged), "never" starts afresh.
@@ -69,7 +72,13 @@ ALWAYS_WRITTEN = (
     "publish_global_model",
     "update_bound",
 )
-POSITIVE_WHOLE_NUMBERS = ("num_rounds", "min_clients", "max_classes_per_site", "max_class_name_length")
+POSITIVE_WHOLE_NUMBERS = (
+    "num_rounds",
+    "min_clients",
+    "max_classes_per_site",
+    "max_class_name_length",
+    "min_sites_per_published_class",
+)
 
 
 def checked_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
