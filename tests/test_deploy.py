@@ -4,9 +4,11 @@ this bundle's local/ files (allow-list and authorization per code mode) and pass
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -257,3 +259,64 @@ def test_the_site_launcher_reports_only_a_killed_job_process_as_no_failure(comma
         process.send_signal(signal.SIGKILL)
     handle.wait()
     assert handle.poll() == expected
+
+
+DISTRIBUTED = REPOSITORY / "provisioning" / "distributed"
+
+
+def _nvflare(*arguments: str, cwd: Path, home: Path) -> str:
+    """An nvflare command as a participant runs it (its own home: nvflare keeps an audit trail there)."""
+    env = {**os.environ, "HOME": str(home)}
+    result = subprocess.run([str(NVFLARE), *arguments], cwd=cwd, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_distributed_provisioning_keeps_each_key_where_it_was_made_and_its_kits_pass_preflight(tmp_path):
+    """provisioning/README.md's "Keys that stay at the hospital": each participant makes its key and a certificate
+    request; the project admin signs the request (it never sees a key); the participant assembles its kit, and
+    ``setup-kit`` adds this bundle's local files."""
+    from surgical_aggregation.cli import main
+
+    ports = {"8002": str(free_port()), "8003": str(free_port())}
+    admin, participants = tmp_path / "project_admin", {"server": "server.yaml", "site": "site-nih.yaml"}
+    participants["lead"] = "lead-nih.yaml"
+    admin.mkdir()
+    profile = admin / "project_profile.yaml"
+    profile.write_text(_with_ports((DISTRIBUTED / "project_profile.yaml").read_text(), ports))
+    _nvflare("cert", "init", "--profile", str(profile), "-o", "ca", cwd=admin, home=admin)
+    fingerprint = json.loads((admin / "ca" / "ca.json").read_text())["rootCA_fingerprint"]
+    kits = {}
+    for who, definition in participants.items():
+        at = tmp_path / who  # the participant's own machine
+        at.mkdir()
+        (at / definition).write_text(_with_ports((DISTRIBUTED / definition).read_text(), ports))
+        _nvflare("cert", "request", "-p", definition, "--out", "request", cwd=at, home=at)
+        [request] = (at / "request").glob("*.request.zip")
+        [key] = (at / "request").glob("*.key")
+        signed = admin / request.name.replace(".request.zip", ".signed.zip")
+        approve = ["cert", "approve", str(request), "-c", "ca", "--profile", str(profile), "--out", str(signed)]
+        _nvflare(*approve, cwd=admin, home=admin)
+        for travelled in (request, signed):  # what crosses between the participant and the project admin
+            assert not [name for name in zipfile.ZipFile(travelled).namelist() if name.endswith(".key")]
+        package = ["package", str(signed), "-w", "ws", "--request-dir", "request", "--fingerprint", fingerprint]
+        _nvflare(*package, cwd=at, home=at)
+        [kit] = (at / "ws" / "surgical_aggregation" / "prod_00").iterdir()
+        assert [path.read_bytes() for path in (kit / "startup").glob("*.key")] == [key.read_bytes()]  # made here
+        assert main(["setup-kit", str(kit), "--job", str(MAIN_JOB), "--data-kind", "nih"]) == 0
+        kits[who] = kit
+    assert (kits["site"] / "startup" / "client.key").read_bytes() == next(
+        (tmp_path / "site" / "request").glob("*.key")
+    ).read_bytes()
+    assert _json(kits["site"] / "local" / "privacy.json")["default_scope"] == PRIVACY_SCOPE
+    template = _json(kits["site"] / "local" / SITE_CONFIG_TEMPLATE)
+    assert template["data"]["kind"] == "nih" and template["data"]["location"] == DATA_LOCATION_PLACEHOLDER
+    assert _preflight(kits["server"]) == []  # ports, storage, a dry run of the server
+    assert _preflight(kits["site"]) == _preflight(kits["lead"]) == ["Check server available"]
+
+
+def _with_ports(text: str, ports: dict[str, str]) -> str:
+    for default, free in ports.items():
+        text = text.replace(f": {default}", f": {free}")
+    return text

@@ -8,6 +8,7 @@
 * ``write-job`` (re)write a FLARE job folder of this bundle (e.g. ``jobs/nih_chexpert``) from its recipe;
 * ``simulate``  run one of the bundle's jobs in FLARE's simulator, one process per site, then summarise;
 * ``check-site`` check a site config against the job it will run, before a federation does;
+* ``setup-kit`` add this bundle's local/ files to a startup kit of FLARE's distributed provisioning;
 * ``pretrain``  train the offline stand-in for ImageNet weights (DenseNet121 on the embedded PadChest layout);
 * ``experiment`` run (or resume) a grid of the papers' comparisons and write tables and plots;
 * ``poc``       rehearse a deployment locally: prepare, start, submit (wait, download), stop, run.
@@ -733,6 +734,34 @@ def _export_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_setup_kit(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "setup-kit",
+        help="add this bundle's local/ files to a kit made by FLARE's distributed provisioning (nvflare package)",
+        description="Write this bundle's local/ files (resources.json with the site launcher or allow-list, "
+        "authorization.json, privacy.json with the jobs' scope, a site's config template) into a startup kit that "
+        "'nvflare package' assembled at its participant, as provisioning/project.yml's builder does for kits made "
+        "centrally; the server's kit also gets its heartbeat timeout. The kit's startup files say its role.",
+    )
+    parser.add_argument("kit", type=Path, help="the participant's kit folder (.../prod_00/<name>)")
+    parser.add_argument("--code", choices=CODE_DELIVERIES, default="byoc", help="how the code reaches the sites")
+    parser.add_argument(
+        "--job",
+        type=Path,
+        default=POC_DEFAULT_JOB,
+        help=f"the job the site's config template follows ({POC_DEFAULT_JOB})",
+    )
+    parser.add_argument("--data-kind", choices=DATA_KINDS, default=None, help="a site's data kind (its template's)")
+
+
+def _setup_kit(args: argparse.Namespace) -> int:
+    from .flare.deploy import setup_kit
+
+    written = setup_kit(args.kit, args.code, args.job, args.data_kind)
+    print("\n".join(f"wrote {path}" for path in written) or f"{args.kit}: an admin's kit needs no local files")
+    return 0
+
+
 def _add_pretrain(commands: argparse._SubParsersAction) -> None:
     from .training.profiles import PROFILES
 
@@ -781,6 +810,7 @@ HANDLERS = {
     "write-job": (_add_write_job, _write_job),
     "simulate": (_add_simulate, _simulate),
     "check-site": (_add_check_site, _check_site),
+    "setup-kit": (_add_setup_kit, _setup_kit),
     "pretrain": (_add_pretrain, _pretrain),
     "experiment": (_add_experiment, _experiment),
     "poc": (_add_poc, _poc),

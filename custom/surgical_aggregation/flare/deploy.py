@@ -184,6 +184,25 @@ def set_heartbeat_timeout(startup_dir: str | Path, seconds: int = SERVER_HEARTBE
     return path
 
 
+def setup_kit(
+    kit: str | Path, code: str = "byoc", job: str | Path | None = None, data_kind: str | None = None
+) -> list[Path]:
+    """This bundle's ``local/`` files (and the server's heartbeat timeout) in a startup kit made without
+    ``provisioning/project.yml``'s builder: one that FLARE's distributed provisioning (``nvflare package``) assembled
+    at the participant. The kit's startup files say its role; a site's name is its kit folder's. An admin's kit needs
+    nothing (returns no files)."""
+    kit = Path(kit)
+    startup = kit / "startup"
+    if (startup / "fed_server.json").is_file():
+        written = write_local_folder(kit / "local", "server", code)
+        return [*written, set_heartbeat_timeout(startup, SERVER_HEARTBEAT_TIMEOUT)]
+    if (startup / "fed_client.json").is_file():
+        return write_local_folder(kit / "local", "client", code, data_kind, job, kit.name)
+    if (startup / "fed_admin.json").is_file():
+        return []
+    raise DataNotFoundError(f"{kit}: not a startup kit (no startup/fed_server.json, fed_client.json or fed_admin.json)")
+
+
 def _read_json(local: Path, name: str) -> dict[str, Any]:
     for path in (local / name, local / f"{name}.default"):
         if path.is_file():
