@@ -17,9 +17,11 @@ was trained with. Every exported file is checked against the model ``predict`` r
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.metadata
 import importlib.util
+import io
 import json
 import logging
 import math
@@ -27,7 +29,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -288,28 +290,21 @@ def _export_onnx(network: nn.Module, example: torch.Tensor, path: Path, input_na
         )
 
 
-class _quiet_onnx_exporter:
-    """torch's ONNX exporter prints its steps and warns about torchvision's operators; keep the export's log clean."""
-
-    def __enter__(self) -> None:
-        self._warnings = warnings.catch_warnings()
-        self._warnings.__enter__()
-        warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside its exporter
-        self._loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "onnxscript")]
-        self._levels = [each.level for each in self._loggers]
-        for each in self._loggers:
-            each.setLevel(logging.ERROR)
-        self._stdout = os.dup(1)
-        self._null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(self._null, 1)
-
-    def __exit__(self, *exc: object) -> None:
-        os.dup2(self._stdout, 1)
-        os.close(self._stdout)
-        os.close(self._null)
-        for each, level in zip(self._loggers, self._levels, strict=True):
+@contextlib.contextmanager
+def _quiet_onnx_exporter() -> Iterator[None]:
+    """torch's ONNX exporter prints its steps, logs its graph passes and warns about torch's own deprecations and
+    torchvision's operators: keep an export's output to what the export says."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "onnxscript", "onnx_ir")]
+    levels = [each.level for each in loggers]
+    for each in loggers:
+        each.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        for each, level in zip(loggers, levels, strict=True):
             each.setLevel(level)
-        self._warnings.__exit__(*exc)
 
 
 def _difference(computed: np.ndarray, expected: np.ndarray, name: str) -> float:
