@@ -509,9 +509,14 @@ def bundle_readme(metadata: Mapping[str, Any], parts: BundleParts) -> str:
         lines.append(f"| {index} | {name} | {aliases} | {count} | {threshold} | {auroc} |")
     lines += ["", "## Trained on", ""]
     lines.append(
-        "Each site's own data under its own label scheme; the sites exchanged model weights only. The federation's "
-        "union of findings is what the model predicts; a finding labelled by one site was learned from that site's "
-        "labels alone."
+        "Each site trained on its own data under its own label scheme; no image, label or report left a site (the "
+        "sites exchanged model weights, validation metrics and their class names with the server). The model "
+        "predicts the union of the sites' findings."
+        + (
+            " Under surgical aggregation a finding that one site labels is learned from that site's labels alone."
+            if extra["method"] in (None, "surgical")
+            else ""
+        )
         + (
             ""
             if counts is not None
