@@ -25,6 +25,7 @@ from surgical_aggregation.flare.protocol import (
     META_NUM_SAMPLES,
     META_OUTCOME,
     META_PREPROCESSING,
+    META_PRIVACY,
     META_WARMUP,
     TASK_DESCRIBE,
     TASK_PUBLISH,
@@ -52,6 +53,7 @@ class FakeSite:
         self.metrics_override: dict | None = None  # sent instead of honest metrics with training results
         self.validation_override: dict | None = None  # ... with the final validation's
         self.trains_received_rows = False  # its results carry the rows it received (FL + partial loss), not its own
+        self.privacy: Callable[[int], dict] | None = None  # a DP-SGD site's privacy report by round
 
     def answer(self, task: str, data: FLModel) -> FLModel | None:
         meta = {"client_name": self.name, META_CLASS_NAMES: self.classes, META_NUM_SAMPLES: 10}
@@ -71,6 +73,10 @@ class FakeSite:
         self.received.append((list(data.meta[META_CLASS_NAMES]), data.params))
         self.training_rounds.append(data.current_round)
         self.warmups.append(bool(data.meta[META_WARMUP]))
+        if self.privacy is not None:
+            meta[META_PRIVACY] = self.privacy(round_number)
+            if meta[META_PRIVACY].get("stopped") is True:  # its budget is spent: no update
+                return FLModel(params={}, metrics=metrics, meta=meta)
         params = self.behaviour(round_number, data.params)
         if params is None or params == FAILS:
             return params

@@ -223,6 +223,29 @@ def test_the_servers_bundle_export_gets_the_site_counts_and_the_publication_mini
     assert options["min_sites"] == 2 and options["overwrite"]
 
 
+def test_a_dp_site_reports_its_epsilon_by_round_and_the_federation_goes_on_once_its_budget_is_spent(tmp_path):
+    a = FakeSite("site-a", ["Mass"], [0.5, 0.4, 0.3])
+    b = FakeSite("site-b", ["Mass", "Edema"], [0.5, 0.4, 0.3])
+    c = FakeSite("site-c", ["Edema"], [0.5, 0.4, 0.3])
+    spent = {0: 1.5, 1: 1.9, 2: 1.9}
+    c.privacy = lambda round_number: {
+        "epsilon": spent[round_number], "delta": 1e-5, "budget": 2.0, "stopped": round_number >= 2, "steps": 10
+    }  # fmt: skip
+    b.privacy = lambda round_number: {"epsilon": "a lot", "delta": 1e-5, "budget": 2.0, "stopped": False}  # not numbers
+    harness = Harness([a, b, c], tmp_path, num_rounds=3, min_clients=2)
+    harness.run()
+    rounds = {entry["round"]: entry["aggregation"] for entry in harness._federation.history if "aggregation" in entry}
+    assert rounds[0]["privacy"] == {"site-c": {"epsilon": 1.5, "delta": 1e-5, "budget": 2.0, "stopped": False}}
+    assert rounds[1]["privacy"]["site-c"]["epsilon"] == 1.9
+    assert rounds[2]["privacy"]["site-c"]["stopped"] and "site-c" not in rounds[2]["accepted"]
+    assert rounds[2]["budget_spent"]["site-c"].startswith("its differential-privacy budget is spent (epsilon 1.900 of")
+    assert rounds[2]["accepted"] == ["site-a", "site-b"]  # the others go on
+    assert "privacy report" in rounds[0]["rejected_metrics"]["site-b"][0]  # a report that is not numbers is dropped
+    assert "site-b" not in rounds[0]["privacy"] and "site-b" in rounds[0]["accepted"]
+    assert c.outcomes[-1]["status"] == "budget_spent"
+    assert "site-c sent no update: its differential-privacy budget is spent" in messages(harness, "warning")
+
+
 def test_publication_can_be_turned_off(tmp_path):
     sites = [FakeSite("site-a", ["Mass"], [0.5, 0.4]), FakeSite("site-b", ["Edema"], [0.5, 0.4])]
     Harness(sites, tmp_path, num_rounds=1, publish_global_model=False).run()

@@ -25,6 +25,7 @@ from surgical_aggregation.core.head import NAMED_HEAD, numpy_state, slice_for_cl
 from surgical_aggregation.data.reference import reference_file
 from surgical_aggregation.evaluation.inference import score
 from surgical_aggregation.evaluation.metrics import threshold_metrics, youden_threshold
+from surgical_aggregation.flare.audit import read_audit
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, report_labeling_recipe, write_job
 from surgical_aggregation.reports.data import (
     IU_ARCHIVE,
@@ -287,6 +288,7 @@ def test_one_round_report_job_through_the_simulator(tmp_path):
     for site, config in sites.items():
         config["data"].update(location=str(archive), labels=labels[site])
         config.update(cache_dir=str(tmp_path / "cache"), batch_size=8, device="cpu")
+    sites["site-a"]["differential_privacy"] = {"epsilon": 1000.0, "noise_multiplier": 0.5}  # DP-SGD at one site
     controller = {
         **bundle.controller_args,
         "num_rounds": 1,
@@ -317,6 +319,14 @@ def test_one_round_report_job_through_the_simulator(tmp_path):
     # each site embedded its own reports once; the cache is keyed by text and model
     assert list((tmp_path / "cache" / "report-embeddings").iterdir())
     _the_servers_monai_bundle_labels_reports_as_predict_does(app, tmp_path)
+    # site-a trained with DP-SGD: the epsilon it spent is in its audit and, by round, in the server's history
+    history = json.loads((app / "round_history.json").read_text())
+    reported = next(entry for entry in history if entry["round"] == 0)["aggregation"]["privacy"]
+    audit = read_audit(tmp_path / "ws" / "site-a" / "simulate_job" / "app_site-a")
+    [sent] = [entry for entry in audit if entry["task"] == "train" and entry["direction"] == "sent"]
+    privacy = sent["privacy"]
+    assert set(reported) == {"site-a"} and reported["site-a"]["epsilon"] == privacy["epsilon"] > 0
+    assert privacy["noise_multiplier"] == 0.5 and privacy["steps"] > 0 and not privacy["stopped"]
 
 
 def _the_servers_monai_bundle_labels_reports_as_predict_does(app: Path, tmp_path: Path) -> None:

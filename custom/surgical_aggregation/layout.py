@@ -49,14 +49,15 @@ LAYERS: tuple[Layer, ...] = (
         (
             "training",
             "training.config",
+            "training.privacy",
             "training.profiles",
             "evaluation",
             "evaluation.metrics",
             "evaluation.plots",
             "evaluation.run_summary",
         ),
-        "a site's config (its general fields; the modality's are the modality's); every authored training setting "
-        "(profiles); AUROC and BCE; figures; a run's summary",
+        "a site's config (its general fields; the modality's are the modality's); its DP-SGD budget and accountant; "
+        "every authored training setting (profiles); AUROC and BCE; figures; a run's summary",
     ),
     Layer(
         "a site's data and steps",

@@ -51,9 +51,11 @@ class SiteAudit:
         metrics: Mapping[str, Any] | None = None,
         note: str = "",
         keep_tensors: bool = True,
+        privacy: Mapping[str, Any] | None = None,
     ) -> None:
         """``direction``: received | sent, or what the server later said of a sent training result: aggregated |
-        not_aggregated (rejected, or it never arrived: a late result is dropped).
+        not_aggregated (rejected, or it never arrived: a late result is dropped). ``privacy``: a DP-SGD site's
+        privacy report, with what it sent.
         ``keep_tensors`` off: the exchange has its own file (the published model), only the record is kept."""
         state = state or {}
         entry = {
@@ -68,6 +70,8 @@ class SiteAudit:
         }
         if note:
             entry["note"] = note
+        if privacy:  # a DP-SGD site's epsilon spent so far, with its delta and budget
+            entry["privacy"] = dict(privacy)
         kept = None
         if state and keep_tensors and self.record_tensors != "off":
             kept = self._free_file(exchange_file_name(task, round_number, direction))

@@ -50,6 +50,7 @@ from .protocol import (
     META_NUM_SAMPLES,
     META_OUTCOME,
     META_PREPROCESSING,
+    META_PRIVACY,
     META_ROUND,
     META_WANT_LABEL_COUNTS,
     META_WARMUP,
@@ -144,7 +145,8 @@ class ClientSession:
         else:
             raise ValueError(f"{self.site}: unknown task {task!r}")
         sent = (answer.meta or {}).get(META_CLASS_NAMES) or []
-        self.audit.record(task, round_number, "sent", sent, answer.params, answer.metrics)
+        privacy = (answer.meta or {}).get(META_PRIVACY)
+        self.audit.record(task, round_number, "sent", sent, answer.params, answer.metrics, privacy=privacy)
         return answer
 
     def record_outcome(self, outcome: dict) -> None:
@@ -185,6 +187,10 @@ class ClientSession:
         trainer.load_global(received.params, classes)
         global_evaluation = trainer.validate()
         report = trainer.fit(round_number, warmup=bool(received.meta.get(META_WARMUP)))
+        if report.privacy is not None and report.privacy["stopped"]:  # DP-SGD budget spent: nothing to send
+            trainer.save(self.local_model_path)
+            meta = {META_CLASS_NAMES: trainer.head_classes, META_PRIVACY: report.privacy}
+            return FLModel(params={}, metrics=evaluation_metrics(global_evaluation, "val"), meta=meta)
         local_evaluation = trainer.validate()
         trainer.save(self.local_model_path)
         state = trainer.state_dict()
@@ -202,11 +208,10 @@ class ClientSession:
             local_evaluation.loss,
             local_evaluation.mean_auroc,
         )
-        return FLModel(
-            params=numpy_state(state),
-            metrics=metrics,
-            meta={META_CLASS_NAMES: trainer.head_classes, META_NUM_SAMPLES: report.samples},
-        )
+        meta = {META_CLASS_NAMES: trainer.head_classes, META_NUM_SAMPLES: report.samples}
+        if report.privacy is not None:
+            meta[META_PRIVACY] = report.privacy  # epsilon spent so far: the server's history shows it by round
+        return FLModel(params=numpy_state(state), metrics=metrics, meta=meta)
 
     def _track_round(self, round_number: int, metrics: dict[str, float]) -> None:
         """Per-round curves (TensorBoard or MLflow through FLARE): the received global model's validation, the

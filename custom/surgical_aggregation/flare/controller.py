@@ -70,6 +70,7 @@ from .protocol import (
     META_METHOD,
     META_NUM_SAMPLES,
     META_OUTCOME,
+    META_PRIVACY,
     META_WANT_LABEL_COUNTS,
     META_WARMUP,
     RESUME_LATEST,
@@ -366,6 +367,9 @@ class SurgicalAggregatorShareable(ServerModels):
         def accept(result: FLModel) -> None:
             site = result.meta.get("client_name", "?")
             info, meta = self._sites[site], result.meta or {}
+            if META_PRIVACY in meta and gathered.receive_privacy(site, meta[META_PRIVACY]):
+                self.warning(f"round {round_number}: {site} sent no update: {gathered.budget_spent[site]}")
+                return
             contribution = Contribution(
                 client=site,
                 state=result.params or {},

@@ -17,6 +17,7 @@ META_WARMUP = "warmup"  # warm up the head (backbone frozen) before this round's
 META_DATA = "data"  # a site's one-line description of its data (no paths, no counts per class)
 META_PREPROCESSING = "preprocessing"  # what a site feeds the model (its modality's description)
 META_OUTCOME = "last_outcome"  # how its last training result fared: aggregated | rejected | failed | not_received
+META_PRIVACY = "privacy"  # a DP-SGD site's training result: epsilon spent, delta, budget, whether it stopped
 META_INITIAL_MODEL = "initial_model"  # persistor -> controller: where the initial global model came from
 META_ROUND = "model_round"  # which global model a validation or publication carries (-1: before training)
 

@@ -20,6 +20,7 @@ The order of the checks, each from :mod:`surgical_aggregation.core.checks`:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,9 +84,31 @@ class Round:
     update_sizes: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> part -> relative update
     free_riders: list[str] = field(default_factory=list)
     model_check: list[str] = field(default_factory=list)  # why the first candidate failed (empty: it passed)
+    privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # DP-SGD sites: their checked privacy report
+    budget_spent: dict[str, str] = field(default_factory=dict)  # site -> why it did not train (its budget)
 
     def answered(self) -> set[str]:
-        return set(self.arrivals) | set(self.rejected) | set(self.failed)
+        return set(self.arrivals) | set(self.rejected) | set(self.failed) | set(self.budget_spent)
+
+    def receive_privacy(self, site: str, report: Any) -> bool:
+        """A DP-SGD site's privacy report (``META_PRIVACY``), kept for the history when its numbers are numbers;
+        True when the site stopped training (its budget is spent: it sent no update)."""
+        numbers = ("epsilon", "delta", "budget")
+        valid = isinstance(report, Mapping) and all(
+            isinstance(report.get(key), (int, float)) and not isinstance(report.get(key), bool)
+            and math.isfinite(report[key]) and report[key] >= 0
+            for key in numbers
+        ) and isinstance(report.get("stopped"), bool)  # fmt: skip
+        if not valid:
+            self.metric_problems.setdefault(site, []).append(f"privacy report {report!r}: not numbers")
+            return False
+        self.privacy[site] = {key: float(report[key]) for key in numbers} | {"stopped": report["stopped"]}
+        if report["stopped"]:
+            self.budget_spent[site] = (
+                f"its differential-privacy budget is spent (epsilon {report['epsilon']:.3f} of "
+                f"{report['budget']:.3f} at delta {report['delta']:g}): it no longer trains"
+            )
+        return report["stopped"]
 
     def receive(
         self,
@@ -200,6 +223,8 @@ class Round:
                 outcome = {"status": "rejected", "reason": self.rejected[site]}
             elif site in self.failed:
                 outcome = {"status": "failed", "reason": f"its training task failed ({self.failed[site]})"}
+            elif site in self.budget_spent:
+                outcome = {"status": "budget_spent", "reason": self.budget_spent[site]}
             else:
                 outcome = {"status": "not_received", "reason": "no result arrived in time; a late result is dropped"}
             if self.metric_problems.get(site):
@@ -230,6 +255,10 @@ class Round:
             "update_sizes": dict(self.update_sizes),
             "free_riders": list(self.free_riders),
         }
+        if self.privacy:  # each DP-SGD site's epsilon spent so far, by round
+            entry["privacy"] = dict(self.privacy)
+        if self.budget_spent:
+            entry["budget_spent"] = dict(self.budget_spent)
         if self.model_check:
             entry["model_check"] = list(self.model_check)
         entry["seconds"] = round(seconds, 2)

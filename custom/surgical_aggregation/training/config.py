@@ -26,6 +26,7 @@ from ..core.labels import Vocabulary, read_alias_file
 from ..data.names import RECORD_MODES
 from ..data.storage import default_cache_root
 from ..modalities.registry import Modality, modality_for_kind, modality_kinds, registered_modalities
+from .privacy import DifferentialPrivacy
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 COMPILE_MODES = ("off", "on")
@@ -82,6 +83,8 @@ class SiteConfig:
     cache_dir: str | None = None  # null = $SURGICAL_AGGREGATION_CACHE or ~/.cache/surgical_aggregation
     seed: int = 0
     record_exchanges: str = "head"  # what to keep of each model exchange: head | full | off (flare.audit)
+    # DP-SGD over this site's local training, with this site's own budget (training.privacy); off by default
+    differential_privacy: DifferentialPrivacy = field(default_factory=DifferentialPrivacy)
     settings: Any = field(default=None, metadata={MODALITY_FIELDS: True})  # the modality's (its settings_type)
     # the job's label aliases, given by whoever loads the config for a job (never read from the site's file)
     job_aliases: dict[str, str] = field(default_factory=dict, metadata={JOB_SUPPLIED: True})
@@ -275,6 +278,7 @@ def _check_and_resolve(config: SiteConfig, where: str, base_dir: Path | None) ->
         raise fail("optimizer", f"must be one of {list(OPTIMIZERS)}, got {config.optimizer!r}")
     if config.device.split(":")[0] not in DEVICES:
         raise fail("device", f"must be auto, cpu, cuda or cuda:N, got {config.device!r}")
+    config.differential_privacy.check(where)
     if config.record_exchanges not in RECORD_MODES:
         raise fail("record_exchanges", f"must be one of {list(RECORD_MODES)}, got {config.record_exchanges!r}")
 

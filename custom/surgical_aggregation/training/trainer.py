@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..core.devices import autocast_dtype, resolve_device, resolve_workers
+from ..core.errors import SiteConfigError
 from ..core.head import NAMED_HEAD, place_rows
 from ..core.methods import SiteMethod, check_batchnorm, prior_vector
 from ..evaluation.metrics import bce_loss, mean_defined, per_class_auroc
@@ -24,6 +25,7 @@ from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, sa
 from .config import SiteConfig
 from .loops import (
     Evaluation,
+    batchnorm_modules,
     freeze_batchnorm,
     make_loader,
     place_model,
@@ -32,6 +34,7 @@ from .loops import (
     train_epoch,
 )
 from .parallel import FitRequest, RankGroup, check_gpus
+from .privacy import PoissonBatches, PrivacyLedger, collate_allowing_empty, noise_for_budget, steps_per_epoch
 from .site_data import SiteData
 
 logger = logging.getLogger(__name__)
@@ -64,6 +67,11 @@ class FitReport:
     train_losses: list[float] = field(default_factory=list)
     samples: int = 0
     seconds: float = 0.0
+    # DP-SGD: epsilon spent so far (at delta), the budget, noise, steps, and whether the site stopped training
+    privacy: dict[str, Any] | None = None
+
+
+PRIVACY_LEDGER_KEY = "privacy_ledger"  # the local model file's meta: every DP-SGD step taken so far
 
 
 class SiteTrainer:
@@ -111,6 +119,8 @@ class SiteTrainer:
         self._set_head(data.class_names)
         self.val_loader = make_loader(data.val, config.batch_size, False, self.workers)
         self.epochs_done = 0  # step counter for training curves
+        self.ledger = PrivacyLedger(config.differential_privacy.accountant)
+        self._on_epoch_end: Callable[[], None] | None = None
 
     @property
     def class_names(self) -> list[str]:
@@ -149,6 +159,8 @@ class SiteTrainer:
     def save(self, path: str | Path) -> None:
         """Keep the local model on disk: FLARE may restart the site's process between tasks."""
         meta = {ARCHITECTURE_KEY: self.modality.architecture, PREPROCESSING_KEY: self.preprocessing}
+        if self.config.differential_privacy.enabled:
+            meta[PRIVACY_LEDGER_KEY] = self.ledger.to_dict()
         save_checkpoint(path, self.state_dict(), self.head_classes, **meta, epochs_done=self.epochs_done)
 
     def restore(self, path: str | Path) -> bool:
@@ -165,6 +177,8 @@ class SiteTrainer:
         self._set_head(checkpoint.class_names)
         self.model.load_state_dict(checkpoint.state)
         self.epochs_done = int(checkpoint.meta.get("epochs_done", 0))
+        accountant = self.config.differential_privacy.accountant
+        self.ledger = PrivacyLedger.from_dict(checkpoint.meta.get(PRIVACY_LEDGER_KEY), accountant)
         return True
 
     def _kept_locally(self) -> frozenset[str]:
@@ -203,6 +217,18 @@ class SiteTrainer:
         """
         config = self.config
         check_batchnorm(self.site_method, self.model.state_dict(), f"site {self.site_name}")
+        private = config.differential_privacy.enabled
+        if private:
+            self._check_private_training()
+            plan = self._privacy_plan(warmup)
+            if plan["stopped"]:
+                self.log.warning(
+                    "%s round %d: NOT training: this round's %d DP-SGD steps would spend epsilon %.3f, over the "
+                    "site's budget of %.3f (delta %g); %.3f spent so far",
+                    self.site_name, round_number, plan["round_steps"], plan["would_spend"], plan["budget"],
+                    plan["delta"], plan["epsilon"],
+                )  # fmt: skip
+                return FitReport(privacy=self._privacy_report(stopped=True))
         group = self._training_group()
         if group is not None:
             if group.rank == 0:
@@ -217,7 +243,7 @@ class SiteTrainer:
         if warmup and config.warmup_epochs > 0:
             set_backbone_trainable(self.model, False, frozen_bn)
             optimizer = make_optimizer(config, self.model.parameters(), config.warmup_learning_rate, self.device)
-            with self._steps_on(group, frozen_bn):
+            with self._steps_on(group, frozen_bn), self._private_steps(optimizer, private) as optimizer:
                 for epoch in range(config.warmup_epochs):
                     phase = f"round {round_number} head warm-up"
                     result = self._epoch(optimizer, phase, epoch, config.warmup_epochs)
@@ -225,13 +251,128 @@ class SiteTrainer:
                     report.seconds += result.seconds
             set_backbone_trainable(self.model, True, frozen_bn)
         optimizer = make_optimizer(config, self.model.parameters(), config.learning_rate, self.device)
-        with self._steps_on(group, frozen_bn):
+        with self._steps_on(group, frozen_bn), self._private_steps(optimizer, private) as optimizer:
             for epoch in range(config.local_epochs):
                 result = self._epoch(optimizer, f"round {round_number} training", epoch, config.local_epochs)
                 report.train_losses.append(result.loss)
                 report.samples = result.samples
                 report.seconds += result.seconds
+        if private:  # Poisson batches vary in size: count the images an epoch is expected to see (at most the split)
+            rate, steps = self._epoch_plan()
+            report.samples = min(len(self.train_loader.dataset), round(rate * len(self.train_loader.dataset) * steps))
+            report.privacy = self._privacy_report(stopped=False)
+            self.log.info(
+                "%s round %d: DP-SGD epsilon spent so far %.4f of %.4f (delta %g, noise multiplier %.4f, %d steps)",
+                self.site_name, round_number, report.privacy["epsilon"], report.privacy["budget"],
+                report.privacy["delta"], report.privacy["noise_multiplier"], report.privacy["steps"],
+            )  # fmt: skip
         return report
+
+    # --- DP-SGD (training.privacy) -----------------------------------------------------------------
+
+    def _check_private_training(self) -> None:
+        """What DP-SGD cannot be combined with, each refused with the setting that fixes it."""
+        where = f"site {self.site_name}: differential_privacy"
+        if any(True for _ in batchnorm_modules(self.model)) and not self.site_method.freezes_batchnorm:
+            raise SiteConfigError(
+                f"{where} needs BatchNorm that does not learn from batch statistics (a batch's statistics mix its "
+                f"images, which per-image clipping cannot bound), but this job's backbone strategy "
+                f"{self.site_method.backbone_strategy!r} trains BatchNorm: run the job with backbone_strategy "
+                "'fedbn_plus' (BatchNorm frozen and in eval mode; only the rest trains)"
+            )
+        if self.site_method.proximal_mu > 0:
+            raise SiteConfigError(f"{where} cannot bound FedProx's proximal term per image: run without proximal_mu")
+        if self.config.gpus > 1:
+            raise SiteConfigError(f"{where} trains on one process: set gpus to 1")
+        if self.config.compile == "on":
+            raise SiteConfigError(f"{where} needs the model uncompiled: set compile to off")
+
+    def _epoch_plan(self) -> tuple[float, int]:
+        return steps_per_epoch(
+            len(self.train_loader.dataset), self.config.batch_size, self.config.max_batches_per_epoch
+        )
+
+    def _noise_multiplier(self) -> float:
+        """The site's noise: given, or chosen once so that its planned rounds spend its budget (then kept)."""
+        settings = self.config.differential_privacy
+        if settings.noise_multiplier is not None:
+            return settings.noise_multiplier
+        if self.ledger.noise_multiplier is None:
+            rate, steps = self._epoch_plan()
+            config = self.config
+            planned = (config.warmup_epochs + settings.planned_rounds * config.local_epochs) * steps
+            self.ledger.noise_multiplier = noise_for_budget(settings, rate, planned)
+        return self.ledger.noise_multiplier
+
+    def _privacy_plan(self, warmup: bool) -> dict[str, Any]:
+        settings = self.config.differential_privacy
+        rate, steps = self._epoch_plan()
+        epochs = self.config.local_epochs + (self.config.warmup_epochs if warmup else 0)
+        planned = [(self._noise_multiplier(), rate, epochs * steps)]
+        would_spend = self.ledger.epsilon(settings.delta, planned)
+        return {
+            "stopped": would_spend > settings.epsilon,
+            "round_steps": epochs * steps,
+            "would_spend": would_spend,
+            "budget": settings.epsilon,
+            "delta": settings.delta,
+            "epsilon": self.ledger.epsilon(settings.delta),
+        }
+
+    def _privacy_report(self, stopped: bool) -> dict[str, Any]:
+        settings = self.config.differential_privacy
+        return {
+            "epsilon": self.ledger.epsilon(settings.delta),
+            "delta": settings.delta,
+            "budget": settings.epsilon,
+            "noise_multiplier": self._noise_multiplier(),
+            "max_grad_norm": settings.max_grad_norm,
+            "steps": self.ledger.steps,
+            "accountant": settings.accountant,
+            "stopped": stopped,
+        }
+
+    @contextmanager
+    def _private_steps(self, optimizer: torch.optim.Optimizer, private: bool) -> Iterator[torch.optim.Optimizer]:
+        """A phase's steps under DP-SGD: the model's trainable parameters get per-image gradients (Opacus), clipped
+        and noised by its optimizer, on Poisson-sampled batches; every epoch's steps go into the ledger."""
+        if not private:
+            yield optimizer
+            return
+        from opacus import GradSampleModule
+        from opacus.optimizers import DPOptimizer
+
+        settings = self.config.differential_privacy
+        per_image = GradSampleModule(self.model)
+        noised = DPOptimizer(
+            optimizer,
+            noise_multiplier=self._noise_multiplier(),
+            max_grad_norm=settings.max_grad_norm,
+            expected_batch_size=self.config.batch_size,
+        )
+        single, loader = self.training_model, self.train_loader
+        rate, steps = self._epoch_plan()
+        dataset = loader.dataset
+        generator = torch.Generator().manual_seed(self.config.seed)
+        self.training_model = per_image
+        self.train_loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_sampler=PoissonBatches(len(dataset), rate, steps, generator),
+            collate_fn=collate_allowing_empty(dataset),
+            num_workers=self.workers,
+            generator=generator,
+            pin_memory=torch.cuda.is_available(),
+        )
+        autocast, scaler = self.autocast, self.scaler
+        self.autocast, self.scaler = None, None  # per-image gradients in full precision
+        self._on_epoch_end = lambda: self.ledger.record(noised.noise_multiplier, rate, steps)
+        try:
+            yield noised
+        finally:
+            self._on_epoch_end = None
+            self.training_model, self.train_loader = single, loader
+            self.autocast, self.scaler = autocast, scaler
+            per_image._close()
 
     def _training_group(self) -> RankGroup | None:
         """The site's training group (``gpus`` > 1), started at the first fit; None for one process."""
@@ -304,6 +445,8 @@ class SiteTrainer:
             log=self.log,
             shard=None if self.group is None else self.group.shard,
         )
+        if self._on_epoch_end is not None:
+            self._on_epoch_end()
         self.epochs_done += 1
         self.log.info(
             "%s %s epoch %d/%d: loss %.4f on %d %s in %.1f s (%.1f/s)",

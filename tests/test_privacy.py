@@ -1,0 +1,156 @@
+"""DP-SGD at a site (training.privacy): the epsilon it reports is Opacus's accountant's for the steps it took, its
+per-image clipping bounds what an update can carry, it stops at its budget, and it refuses BatchNorm that trains."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from opacus.accountants import PRVAccountant, RDPAccountant
+
+from surgical_aggregation.core.errors import SiteConfigError
+from surgical_aggregation.core.methods import SiteMethod
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.privacy import PoissonBatches, PrivacyLedger
+from surgical_aggregation.training.site_data import prepare_site_data
+from surgical_aggregation.training.trainer import SiteTrainer
+
+LABELS = ["Mass", "Effusion", "Atelectasis"]
+FEDBN_PLUS = SiteMethod(backbone_strategy="fedbn_plus", identity_batchnorm=True)  # BatchNorm frozen, in eval mode
+
+
+def _config(nih_data, cache, privacy: dict | None, **fields):
+    values = {
+        "data": {"kind": "nih", "location": str(nih_data.root), "labels": LABELS},
+        "image_size": 32,
+        "batch_size": 8,
+        "max_batches_per_epoch": 2,
+        "warmup_epochs": 1,
+        "optimizer": "sgd",
+        "learning_rate": 0.1,
+        "warmup_learning_rate": 0.1,
+        "cache_dir": str(cache),
+        "cpu_threads": 2,
+        **fields,
+    }
+    if privacy is not None:
+        values["differential_privacy"] = privacy
+    return site_config_from_dict(values, "site config")
+
+
+def _trainer(nih_data, tmp_path, privacy, method=FEDBN_PLUS, **fields) -> SiteTrainer:
+    config = _config(nih_data, tmp_path / "cache", privacy, **fields)
+    trainer = SiteTrainer(config, prepare_site_data(config), "site-dp")
+    trainer.set_method(method)
+    return trainer
+
+
+def test_the_ledger_is_opacus_accountant_step_by_step():
+    ledger = PrivacyLedger("rdp")
+    reference = RDPAccountant()
+    for noise, rate, steps in ((1.1, 0.05, 30), (1.1, 0.05, 20), (0.9, 0.1, 10)):
+        ledger.record(noise, rate, steps)
+        for _ in range(steps):
+            reference.step(noise_multiplier=noise, sample_rate=rate)
+    assert ledger.history == [(1.1, 0.05, 50), (0.9, 0.1, 10)] == reference.history
+    assert ledger.epsilon(1e-5) == reference.get_epsilon(1e-5)
+    restored = PrivacyLedger.from_dict(ledger.to_dict(), "rdp")
+    assert restored.epsilon(1e-5) == ledger.epsilon(1e-5) and restored.steps == 60
+    prv = PrivacyLedger("prv", [(1.1, 0.05, 50)])
+    reference = PRVAccountant()
+    reference.history = [(1.1, 0.05, 50)]
+    assert prv.epsilon(1e-5) == pytest.approx(reference.get_epsilon(1e-5))
+    with pytest.raises(SiteConfigError, match="keep the accountant for the whole federation"):
+        PrivacyLedger.from_dict(ledger.to_dict(), "prv")
+
+
+def test_poisson_batches_include_each_image_independently():
+    batches = list(PoissonBatches(1000, 0.05, 200, torch.Generator().manual_seed(0)))
+    sizes = [len(batch) for batch in batches]
+    assert len(batches) == 200 and sum(sizes) / 200 == pytest.approx(50, rel=0.05)
+    assert min(sizes) < 45 < 55 < max(sizes)  # the batch size varies, as Poisson sampling has it
+    assert list(PoissonBatches(5, 1e-9, 3, torch.Generator().manual_seed(0))) == [[], [], []]
+
+
+@pytest.mark.parametrize(
+    ("privacy", "message"),
+    [
+        ({"epsilon": 3}, "give exactly one"),
+        ({"epsilon": 3, "noise_multiplier": 1.0, "planned_rounds": 5}, "give exactly one"),
+        ({"epsilon": -1, "noise_multiplier": 1.0}, "differential_privacy.epsilon must be positive"),
+        ({"epsilon": 3, "noise_multiplier": 1.0, "delta": 1.5}, "differential_privacy.delta must be between 0 and 1"),
+        ({"epsilon": 3, "noise_multiplier": 1.0, "accountant": "moments"}, "differential_privacy.accountant must"),
+        ({"epsilon": 3, "noise": 1.0}, r"unknown field\(s\) \['differential_privacy.noise'\]"),
+    ],
+)
+def test_privacy_settings_are_checked_with_the_field_named(nih_data, tmp_path, privacy, message):
+    with pytest.raises(SiteConfigError, match=message):
+        _config(nih_data, tmp_path, privacy)
+
+
+def test_the_epsilon_a_site_reports_is_opacus_accountant_for_the_steps_it_took(nih_data, tmp_path):
+    privacy = {"epsilon": 50.0, "noise_multiplier": 1.2, "delta": 1e-4}
+    trainer = _trainer(nih_data, tmp_path, privacy)
+    report = trainer.fit(0, warmup=True)
+    train = len(trainer.train_loader.dataset)
+    rate, steps = 8 / train, 2 * 2  # two epochs (warm-up and local) of two steps (max_batches_per_epoch)
+    reference = RDPAccountant()
+    for _ in range(steps):
+        reference.step(noise_multiplier=1.2, sample_rate=rate)
+    assert report.privacy["epsilon"] == reference.get_epsilon(1e-4) and report.privacy["steps"] == steps
+    assert not report.privacy["stopped"] and report.privacy["budget"] == 50.0 and report.samples <= train
+    trainer.save(tmp_path / "local_model.pt")  # FLARE may restart the site's process: the ledger goes with the model
+    again = _trainer(nih_data, tmp_path, privacy)
+    assert again.restore(tmp_path / "local_model.pt") and again.ledger.steps == steps
+    second = again.fit(1, warmup=False)
+    for _ in range(2):
+        reference.step(noise_multiplier=1.2, sample_rate=rate)
+    assert second.privacy["epsilon"] == reference.get_epsilon(1e-4) and second.privacy["steps"] == steps + 2
+
+
+def test_per_image_clipping_bounds_what_an_update_carries(nih_data, tmp_path):
+    """SGD at learning rate 0.1: without DP-SGD the weights move by far more than 1e-3; with per-image gradients
+    clipped to 1e-7 (and noise of that size) no weight moves by more than steps * 0.1 * 1e-7 * (1 + noise)."""
+    moved = {}
+    for name, privacy in (
+        ("plain", None),
+        ("clipped", {"epsilon": 1e9, "noise_multiplier": 1.0, "max_grad_norm": 1e-7}),
+    ):
+        trainer = _trainer(nih_data, tmp_path / name, privacy, warmup_epochs=0)
+        before = {key: value.clone() for key, value in trainer.model.state_dict().items()}
+        trainer.fit(0, warmup=False)
+        after = trainer.model.state_dict()
+        moved[name] = max(float((after[key].float() - before[key].float()).abs().max()) for key in before)
+    assert moved["plain"] > 1e-3
+    assert moved["clipped"] < 2 * 0.1 * 1e-7 * 10  # two steps; noise of 1e-7 std stays within 9 sigma
+
+
+def test_a_site_whose_budget_would_be_exceeded_stops_training_and_says_so(nih_data, tmp_path):
+    trainer = _trainer(nih_data, tmp_path, {"epsilon": 2.0, "noise_multiplier": 1.0})
+    rate = 8 / len(trainer.train_loader.dataset)
+    trainer.ledger.record(1.0, rate, 100_000)  # a site that has trained for a long time already
+    spent = trainer.ledger.epsilon(1e-5)
+    assert spent > 2.0
+    before = {key: value.clone() for key, value in trainer.model.state_dict().items()}
+    report = trainer.fit(3, warmup=False)
+    assert report.privacy["stopped"] and report.privacy["epsilon"] == spent and report.train_losses == []
+    assert all(torch.equal(value, before[key]) for key, value in trainer.model.state_dict().items())
+
+
+def test_the_budget_chooses_the_noise_for_the_planned_rounds(nih_data, tmp_path):
+    trainer = _trainer(nih_data, tmp_path, {"epsilon": 4.0, "planned_rounds": 3})
+    rates = 8 / len(trainer.train_loader.dataset)
+    for round_number in range(3):
+        report = trainer.fit(round_number, warmup=round_number == 0)
+        assert not report.privacy["stopped"]
+    assert report.privacy["epsilon"] <= 4.0 and report.privacy["epsilon"] == pytest.approx(4.0, rel=0.05)
+    assert trainer.fit(3, warmup=False).privacy["stopped"]  # a fourth round would go over the budget
+    assert trainer.ledger.history == [(trainer.ledger.noise_multiplier, rates, (1 + 3) * 2)]
+    assert math.isfinite(trainer.ledger.noise_multiplier) and trainer.ledger.noise_multiplier > 0
+
+
+def test_dp_sgd_is_refused_where_batchnorm_would_learn_from_batch_statistics(nih_data, tmp_path):
+    trainer = _trainer(nih_data, tmp_path, {"epsilon": 3.0, "noise_multiplier": 1.0}, method=SiteMethod())
+    with pytest.raises(SiteConfigError, match="run the job with backbone_strategy 'fedbn_plus'"):
+        trainer.fit(0, warmup=False)
