@@ -189,6 +189,14 @@ CASES = {
         2,
         "data.location still holds the template's placeholder",
     ),
+    "DP-SGD at a site of a job whose BatchNorm trains": Case(
+        lambda root: _check_site(root, differential_privacy={"epsilon": 8, "noise_multiplier": 1.1}),
+        2,
+        "this site: differential_privacy needs BatchNorm that does not learn from batch statistics (a batch's "
+        "statistics mix its images, which per-image clipping cannot bound), but the job's backbone strategy 'fedavg' "
+        "trains BatchNorm: run the job with backbone_strategy 'fedbn_plus' (BatchNorm frozen and in eval mode; only "
+        "the rest trains)",
+    ),
     "a site config at another image size than the job's": Case(
         lambda root: _check_site(root, image_size=224),
         2,

@@ -17,10 +17,12 @@ from pathlib import Path
 
 from ..core.checks import DEFAULT_MAX_CLASS_NAME_LENGTH, DEFAULT_MAX_CLASSES_PER_SITE
 from ..core.devices import resolve_device
-from ..core.errors import UserError
+from ..core.errors import SiteConfigError, UserError
 from ..core.labels import BUILTIN_VOCABULARY, job_vocabulary
+from ..core.methods import method_from_meta
 from ..training.config import load_site_config
 from ..training.parallel import check_gpus
+from ..training.privacy import refuse_what_dp_sgd_cannot_bound
 from ..training.site_data import resolve_table, split_table
 from .handshake import (
     HandshakeRefused,
@@ -74,10 +76,29 @@ def check_site(
     counts = ", ".join(f"{split} {len(part)}" for split, part in splits.items())
     result.lines.append(f"data: {config.modality.describe(config, table)}; patient-level splits: {counts}")
     _check_handshake(result, name, meta, settings)
+    _check_private_training(result, config, settings)
     _check_sample(result, config, splits, sample)
     verdict = "passes" if result.passed else "would be refused at"
     result.lines.append(f"{name} {verdict} the handshake of job {job.name!r} ({job.resolve()})")
     return result
+
+
+def _check_private_training(result: SiteCheck, config, settings: dict) -> None:
+    """A site with DP-SGD on: whether the job's method lets it bound what each image contributes."""
+    privacy = config.differential_privacy
+    if not privacy.enabled:
+        return
+    method = method_from_meta(settings)  # the job's method, as the server sends it with every training task
+    model = config.modality.build_model(["a class"], config.modality.preprocessing(config))
+    try:
+        refuse_what_dp_sgd_cannot_bound(model, method, config.gpus, config.compile, "this site")
+    except SiteConfigError as error:
+        result.problem(str(error))
+        return
+    noise = f"noise multiplier {privacy.noise_multiplier}" if privacy.noise_multiplier else (
+        f"noise chosen for {privacy.planned_rounds} rounds"
+    )  # fmt: skip
+    result.lines.append(f"differential privacy: budget epsilon {privacy.epsilon} at delta {privacy.delta}, {noise}")
 
 
 def _check_handshake(result: SiteCheck, site: str, meta: dict, settings: dict) -> None:

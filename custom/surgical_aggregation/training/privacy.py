@@ -22,9 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils.data import Dataset, Sampler
 
 from ..core.errors import SiteConfigError
+from ..core.methods import SiteMethod
 
 ACCOUNTANTS = ("rdp", "prv")  # Opacus's Renyi-DP accountant, and its privacy-random-variable one (tighter)
 
@@ -73,6 +75,30 @@ class DifferentialPrivacy:
             raise fail("noise_multiplier", f"must be positive, got {self.noise_multiplier}")
         if self.planned_rounds is not None and self.planned_rounds < 1:
             raise fail("planned_rounds", f"must be at least 1, got {self.planned_rounds}")
+
+
+def refuse_what_dp_sgd_cannot_bound(
+    model: nn.Module, site_method: SiteMethod, gpus: int, compile_mode: str, where: str
+) -> None:
+    """What DP-SGD cannot be combined with, each refused with the setting that fixes it (the trainer before it
+    trains, ``check-site`` before a federation runs)."""
+    where = f"{where}: differential_privacy"
+    learns_batch_statistics = not site_method.freezes_batchnorm and any(
+        isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules()
+    )
+    if learns_batch_statistics:
+        raise SiteConfigError(
+            f"{where} needs BatchNorm that does not learn from batch statistics (a batch's statistics mix its "
+            f"images, which per-image clipping cannot bound), but the job's backbone strategy "
+            f"{site_method.backbone_strategy!r} trains BatchNorm: run the job with backbone_strategy 'fedbn_plus' "
+            "(BatchNorm frozen and in eval mode; only the rest trains)"
+        )
+    if site_method.proximal_mu > 0:
+        raise SiteConfigError(f"{where} cannot bound FedProx's proximal term per image: run without proximal_mu")
+    if gpus > 1:
+        raise SiteConfigError(f"{where} trains on one process: set gpus to 1")
+    if compile_mode == "on":
+        raise SiteConfigError(f"{where} needs the model uncompiled: set compile to off")
 
 
 def _accountant(kind: str, history: Sequence[tuple[float, float, int]]):

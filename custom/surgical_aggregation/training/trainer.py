@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from ..core.devices import autocast_dtype, resolve_device, resolve_workers
-from ..core.errors import SiteConfigError
 from ..core.head import NAMED_HEAD, place_rows
 from ..core.methods import SiteMethod, check_batchnorm, prior_vector
 from ..evaluation.metrics import bce_loss, mean_defined, per_class_auroc
@@ -25,7 +24,6 @@ from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, sa
 from .config import SiteConfig
 from .loops import (
     Evaluation,
-    batchnorm_modules,
     freeze_batchnorm,
     make_loader,
     place_model,
@@ -34,7 +32,14 @@ from .loops import (
     train_epoch,
 )
 from .parallel import FitRequest, RankGroup, check_gpus
-from .privacy import PoissonBatches, PrivacyLedger, collate_allowing_empty, noise_for_budget, steps_per_epoch
+from .privacy import (
+    PoissonBatches,
+    PrivacyLedger,
+    collate_allowing_empty,
+    noise_for_budget,
+    refuse_what_dp_sgd_cannot_bound,
+    steps_per_epoch,
+)
 from .site_data import SiteData
 
 logger = logging.getLogger(__name__)
@@ -219,7 +224,9 @@ class SiteTrainer:
         check_batchnorm(self.site_method, self.model.state_dict(), f"site {self.site_name}")
         private = config.differential_privacy.enabled
         if private:
-            self._check_private_training()
+            refuse_what_dp_sgd_cannot_bound(
+                self.model, self.site_method, config.gpus, config.compile, f"site {self.site_name}"
+            )
             plan = self._privacy_plan(warmup)
             if plan["stopped"]:
                 self.log.warning(
@@ -269,23 +276,6 @@ class SiteTrainer:
         return report
 
     # --- DP-SGD (training.privacy) -----------------------------------------------------------------
-
-    def _check_private_training(self) -> None:
-        """What DP-SGD cannot be combined with, each refused with the setting that fixes it."""
-        where = f"site {self.site_name}: differential_privacy"
-        if any(True for _ in batchnorm_modules(self.model)) and not self.site_method.freezes_batchnorm:
-            raise SiteConfigError(
-                f"{where} needs BatchNorm that does not learn from batch statistics (a batch's statistics mix its "
-                f"images, which per-image clipping cannot bound), but this job's backbone strategy "
-                f"{self.site_method.backbone_strategy!r} trains BatchNorm: run the job with backbone_strategy "
-                "'fedbn_plus' (BatchNorm frozen and in eval mode; only the rest trains)"
-            )
-        if self.site_method.proximal_mu > 0:
-            raise SiteConfigError(f"{where} cannot bound FedProx's proximal term per image: run without proximal_mu")
-        if self.config.gpus > 1:
-            raise SiteConfigError(f"{where} trains on one process: set gpus to 1")
-        if self.config.compile == "on":
-            raise SiteConfigError(f"{where} needs the model uncompiled: set compile to off")
 
     def _epoch_plan(self) -> tuple[float, int]:
         return steps_per_epoch(
