@@ -154,3 +154,26 @@ def test_dp_sgd_is_refused_where_batchnorm_would_learn_from_batch_statistics(nih
     trainer = _trainer(nih_data, tmp_path, {"epsilon": 3.0, "noise_multiplier": 1.0}, method=SiteMethod())
     with pytest.raises(SiteConfigError, match="run the job with backbone_strategy 'fedbn_plus'"):
         trainer.fit(0, warmup=False)
+
+
+def test_the_utility_page_is_what_its_command_writes_from_its_results(tmp_path):
+    """docs/privacy-utility/summary.md: its table is the benchmark's, from the results it saved."""
+    import importlib.util
+    import json
+    import shutil
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "privacy-utility"
+    spec = importlib.util.spec_from_file_location(
+        "privacy_utility", page.parents[1] / "benchmarks" / "privacy_utility.py"
+    )
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    shutil.copy(page / "results.json", tmp_path / "results.json")
+    results = json.loads((page / "results.json").read_text())
+    benchmark.write(results, tmp_path)
+    assert (tmp_path / "summary.md").read_text() == (page / "summary.md").read_text()
+    assert [result["epsilon"] for result in results] == [1.0, 3.0, 8.0, None]
+    for result in results:  # every site spent at most its budget, and nearly all of it over the planned rounds
+        for spent in result["spent"].values():
+            assert result["epsilon"] * 0.95 <= spent <= result["epsilon"]
