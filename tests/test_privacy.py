@@ -150,6 +150,25 @@ def test_the_budget_chooses_the_noise_for_the_planned_rounds(nih_data, tmp_path)
     assert math.isfinite(trainer.ledger.noise_multiplier) and trainer.ledger.noise_multiplier > 0
 
 
+@pytest.mark.parametrize(
+    ("method", "gpus", "compile_mode", "message"),
+    [
+        (SiteMethod(backbone_strategy="fedbn_plus", proximal_mu=0.01), 1, "off", "run without proximal_mu"),
+        (FEDBN_PLUS, 2, "off", "trains on one process: set gpus to 1"),
+        (FEDBN_PLUS, 1, "on", "needs the model uncompiled: set compile to off"),
+    ],
+)
+def test_dp_sgd_refuses_what_it_cannot_bound_per_image(method, gpus, compile_mode, message):
+    from surgical_aggregation.images.model import NamedDenseNet121
+    from surgical_aggregation.reports.model import ReportMLP
+    from surgical_aggregation.training.privacy import refuse_what_dp_sgd_cannot_bound
+
+    with pytest.raises(SiteConfigError, match=message):
+        refuse_what_dp_sgd_cannot_bound(NamedDenseNet121(["Mass"]), method, gpus, compile_mode, "site x")
+    refuse_what_dp_sgd_cannot_bound(NamedDenseNet121(["Mass"]), FEDBN_PLUS, 1, "off", "site x")  # allowed
+    refuse_what_dp_sgd_cannot_bound(ReportMLP(["Mass"]), SiteMethod(), 1, "off", "site x")  # no BatchNorm at all
+
+
 def test_dp_sgd_is_refused_where_batchnorm_would_learn_from_batch_statistics(nih_data, tmp_path):
     trainer = _trainer(nih_data, tmp_path, {"epsilon": 3.0, "noise_multiplier": 1.0}, method=SiteMethod())
     with pytest.raises(SiteConfigError, match="run the job with backbone_strategy 'fedbn_plus'"):
