@@ -147,9 +147,9 @@ def export_bundle(
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # a bundle folder as any other (mkdtemp makes it private)
+    # mkdtemp makes the folder private; a bundle is read by others. (Reading the umask would mean setting it, which
+    # is process-wide: a server exporting must not change the permissions of what its other threads create.)
+    staging.chmod(0o755)
     try:
         exported = _write_bundle(
             staging, source, parts, modality.name, modality.row_column, sites_labelling, history,
