@@ -25,7 +25,6 @@ import io
 import json
 import logging
 import math
-import os
 import shutil
 import tempfile
 import warnings
