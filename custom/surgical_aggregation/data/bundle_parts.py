@@ -13,8 +13,10 @@ class BundleParts:
     README) the same way for every modality.
 
     ``config`` holds the modality's entries of ``configs/inference.json`` (how inputs are read and preprocessed,
-    the network and its output activation); ``run`` scores them and writes the CSV, calling the bundle's
-    ``scripts/predictions.py`` with ``@rows``-style references to those entries. ``scripts`` are standalone
+    the network and its output activation): ``rows`` (the inputs' identifiers), ``batches`` (the preprocessed
+    inputs, each a mapping with ``input_key``), ``postprocessing`` (applied to the network's outputs, or null) and
+    ``statuses`` (why an input was not scored, or null: all were). The exporter's ``run`` scores them and writes the
+    CSV with the bundle's ``scripts/predictions.py``, the same for every modality. ``scripts`` are standalone
     modules of this package (they import nothing of it) that the bundle carries under ``scripts/``.
     """
 
@@ -24,7 +26,6 @@ class BundleParts:
     task: str
     data_type: str
     config: dict[str, Any]
-    run: str
     scripts: tuple[Path, ...]
     packages: tuple[str, ...]  # distributions the bundle's inference needs beyond MONAI, torch and numpy
     usage: str  # the inference command's inputs, for the bundle's README (``--dataset_dir images/``)

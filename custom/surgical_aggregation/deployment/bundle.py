@@ -468,7 +468,11 @@ def _inference_config(parts: BundleParts, row_column: str) -> dict[str, Any]:
         "thresholds": f"@_meta_::{EXTRA_KEY}::thresholds",
         "csv_columns": {"row": row_column, "status": STATUS_COLUMN, "readable": READABLE, "call_suffix": CALL_SUFFIX},
         **parts.config,
-        "run": [parts.run],
+        "run": [
+            "$scripts.predictions.write_predictions(@output_file, @rows, scripts.predictions.probabilities(@network, "
+            f"@batches, '{parts.input_key}', @device, @postprocessing), @class_names, @thresholds, @csv_columns, "
+            "@statuses)"
+        ],
     }
 
 

