@@ -8,7 +8,6 @@ the controller's federation state, admitted sites and settings, and sends tasks 
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from ..core.checks import check_metrics
 from ..core.errors import UserError
 from ..core.head import HeadSpec, classes_labelled_by_at_least, slice_for_client
 from ..core.labels import Vocabulary
-from ..evaluation.run_summary import model_label
+from ..evaluation.run_summary import model_label, union_table
 from ..training.checkpoint import save_checkpoint
 from .handshake import SiteInfo
 from .protocol import META_CLASS_NAMES, META_PREPROCESSING, META_ROUND, TASK_PUBLISH, TASK_VALIDATE
@@ -127,7 +126,8 @@ class ServerModels(SiteTasks):
 
     def _sites_labelling(self) -> dict[str, int]:
         """Class -> how many admitted sites label it."""
-        return dict(Counter(name for info in self._sites.values() for name in info.classes))
+        rows = union_table({site: info.classes for site, info in self._sites.items()})
+        return {row["class"]: row["labelled_by"] for row in rows}
 
     def _export_monai_bundle(self) -> None:
         """The best global model as a MONAI Bundle in the app folder (the round history and the union table are
