@@ -218,6 +218,14 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
         "a model trained on its data alone to the other sites",
     )
     parser.add_argument(
+        "--privacy-filter",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="one of FLARE's privacy filters on every site's training results, as its update: a JSON file {\"path\": "
+        '"exclude_vars" | "percentile" | "svt", "args": {...}} (see provisioning/README.md)',
+    )
+    parser.add_argument(
         "--label-aliases",
         type=Path,
         default=None,
@@ -513,6 +521,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _write_job(args: argparse.Namespace) -> int:
     from .core.labels import label_aliases
     from .flare.recipe import BUNDLE_RECIPES, write_job  # imports FLARE: only for this command
+    from .flare.update_privacy import read_privacy_filter
 
     aliases = label_aliases(args.label_aliases)
     sites = _site_configs(args.site_config, aliases)  # the sites' labels read as the job's sites read them
@@ -531,6 +540,7 @@ def _write_job(args: argparse.Namespace) -> int:
         site_to_site_evaluation=args.site_to_site_evaluation,
         label_aliases=aliases,
         accepted_classes=args.accepted_class,
+        update_privacy=None if args.privacy_filter is None else read_privacy_filter(args.privacy_filter),
     )
     print(f"wrote job {args.name!r} ({args.code}) to {write_job(recipe, args.out, force=args.force)}")
     return 0

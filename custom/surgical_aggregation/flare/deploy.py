@@ -15,8 +15,9 @@ mode (``flare.recipe.CODE_DELIVERIES``) needs:
 A site's ``resources.json`` launches job processes with :class:`.launcher.SiteJobLauncher`, under which a
 killed job process costs the job one site instead of failing it.
 
-``privacy.json`` defines the scope the bundle's jobs run in (``meta.json`` ``scope``); it
-filters nothing (see ``provisioning/README.md`` for what leaves a site).
+``privacy.json`` defines the scope the bundle's jobs run in (``meta.json`` ``scope``); by default it
+filters nothing; with a site's ``update_privacy`` it runs one of FLARE's privacy filters on the site's training
+results (``flare.update_privacy``; see ``provisioning/README.md`` for what leaves a site).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .job_folder import site_default_config
 from .launcher import with_site_launcher
 from .protocol import CODE_DELIVERIES
 from .recipe import BUNDLE_RECIPES, PRIVACY_SCOPE, write_job
+from .update_privacy import KEEP_RECEIVED_PATH, UPDATE_PRIVACY_PATH, update_privacy_filters
 
 SITE_CONFIG_TEMPLATE = f"{SITE_LOCAL_CONFIG}.template"
 DATA_KIND_PROPERTY = "data_kind"  # a client's property in project.yml: nih | chexpert | mimic | csv
@@ -88,7 +90,10 @@ def resources_for(code: str, provisioned: dict[str, Any]) -> dict[str, Any]:
     resources = copy.deepcopy(provisioned)
     if code == "preinstalled":
         resources["class_list_enforcement_mode"] = "enforce"
-        resources["class_allow_list"] = class_allow_list(bundle_component_paths())
+        # the update privacy filters too: a job may set them (update_privacy), and FLARE allow-lists its own filters
+        resources["class_allow_list"] = class_allow_list(
+            bundle_component_paths() | {KEEP_RECEIVED_PATH, UPDATE_PRIVACY_PATH}
+        )
     return resources
 
 
@@ -109,9 +114,20 @@ def authorization_for(code: str, provisioned: dict[str, Any]) -> dict[str, Any]:
     return policy
 
 
-def privacy_policy() -> dict[str, Any]:
-    """``local/privacy.json``: the scope the bundle's jobs name; the site adds filters here if its policy needs them."""
-    scope = {"name": PRIVACY_SCOPE, "properties": {}, "task_data_filters": [], "task_result_filters": []}
+def privacy_policy(update_privacy: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``local/privacy.json``: the scope the bundle's jobs name, filtering nothing; with ``update_privacy`` (one of
+    FLARE's privacy filters, ``{"path": ..., "args": {...}}``) it runs that filter on every training result the
+    site sends, as the site's update (``flare.update_privacy``), whatever the job sets."""
+    data_filters, result_filters = [], []
+    if update_privacy is not None:
+        keep_received, filter_update = update_privacy_filters(update_privacy)
+        data_filters, result_filters = [keep_received], [filter_update]
+    scope = {
+        "name": PRIVACY_SCOPE,
+        "properties": {},
+        "task_data_filters": data_filters,
+        "task_result_filters": result_filters,
+    }
     return {"scopes": [scope], "default_scope": PRIVACY_SCOPE}
 
 

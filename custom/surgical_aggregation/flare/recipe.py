@@ -44,6 +44,7 @@ from nvflare.app_common.widgets.validation_json_generator import ValidationJsonG
 from nvflare.app_common.workflows.cross_site_model_eval import CrossSiteModelEval
 from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.job_config.api import FedJob
+from nvflare.job_config.defs import FilterType
 from nvflare.recipe.spec import Recipe
 
 from ..core.checks import preprocessing_problem
@@ -54,8 +55,18 @@ from ..training.config import SITE_CONFIGS_DIR, SiteConfig, site_config_from_dic
 from ..training.profiles import CONSORTIUM_ROUNDS, DEMO, REPORT, REPORT_JOB_ROUNDS
 from .controller import SurgicalAggregatorShareable
 from .persistor import SurgicalModelPersistor
-from .protocol import BUNDLE_JOBS, CODE_DELIVERIES, CXR_CONSORTIUM, JOB_ALIASES_FILE, NIH_CHEXPERT, REPORT_LABELING
+from .protocol import (
+    BUNDLE_JOBS,
+    CODE_DELIVERIES,
+    CXR_CONSORTIUM,
+    JOB_ALIASES_FILE,
+    NIH_CHEXPERT,
+    REPORT_LABELING,
+    TASK_SUBMIT_MODEL,
+    TASK_TRAIN,
+)
 from .tracking import TRACKERS
+from .update_privacy import KeepReceivedModel, UpdatePrivacy, privacy_filter_config
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the installed surgical_aggregation package
 CLIENT_COMMAND = "python3 -u -m surgical_aggregation.flare.client"
@@ -109,6 +120,10 @@ class SurgicalAggregationRecipe(Recipe):
         client_execution: ``in_process`` (FLARE's default) or ``external_process``.
         code: ``byoc`` or ``preinstalled`` (see the module docstring).
         ship_library: byoc only: copy the surgical_aggregation package into each site's ``custom/``.
+        update_privacy: one of FLARE's privacy filters on every site's training results, as the site's update
+            (``flare.update_privacy``): ``{"path": "exclude_vars" | "percentile" | "svt" | a class path, "args":
+            {...}}``, the args of FLARE's ``ExcludeVars``, ``PercentilePrivacy`` or ``SVTPrivacy``. A site can add
+            its own in its ``local/privacy.json`` instead (see provisioning/README.md).
         tracking: where the sites' per-round curves go: ``tensorboard`` (``tb_events/`` on the server) or
             ``mlflow`` (FLARE's MLflow receiver: an SQLite store ``mlflow.db`` in the job's run folder on the
             server, or the tracking server ``tracking_uri`` names). FLARE's ``add_experiment_tracking(recipe,
@@ -131,6 +146,7 @@ class SurgicalAggregationRecipe(Recipe):
         ship_library: bool = False,
         tracking: str = "tensorboard",
         tracking_uri: str | None = None,
+        update_privacy: Mapping[str, Any] | None = None,
     ) -> None:
         _check_delivery(client_execution, code, ship_library)
         if tracking not in TRACKERS:
@@ -173,6 +189,9 @@ class SurgicalAggregationRecipe(Recipe):
         self.client_execution = client_execution
         self.code = code
         self.ship_library = ship_library
+        self.update_privacy = None if update_privacy is None else privacy_filter_config(update_privacy)
+        if self.update_privacy is not None:
+            UpdatePrivacy(self.update_privacy)
         # raises on bad arguments before anything is built
         aggregator = SurgicalAggregatorShareable(**self.controller_args)
         model_persistor = SurgicalModelPersistor(**self.persistor_args)
@@ -218,6 +237,12 @@ class SurgicalAggregationRecipe(Recipe):
             self._job.to(ConvertToFedEvent(events_to_convert=[ANALYTICS_EVENT]), site, id="event_to_fed")
             config_file = self._stage(f"{site}/{site}.json", _json(config))
             self._job.add_file_to(str(config_file), site, dest_dir=SITE_CONFIGS_DIR, app_folder_type="config")
+            if self.update_privacy is not None:  # the model the task brought, then the filter on the update
+                # submit_model too: a site-to-site evaluation's local model has no update to filter, so it stays
+                tasks = [TASK_TRAIN, TASK_SUBMIT_MODEL]
+                data_filter, result_filter = KeepReceivedModel(), UpdatePrivacy(self.update_privacy)
+                self._job.to(data_filter, site, tasks=tasks, filter_type=FilterType.TASK_DATA)
+                self._job.to(result_filter, site, tasks=tasks, filter_type=FilterType.TASK_RESULT)
             if self.label_aliases:
                 aliases = self._stage(f"{site}/{JOB_ALIASES_FILE}", _json(self.label_aliases))
                 self._job.add_file_to(str(aliases), site, app_folder_type="config")
