@@ -297,7 +297,10 @@ def test_one_round_report_job_through_the_simulator(tmp_path):
         "validate_timeout": 300,
         "export_bundle": True,  # the server writes the best model as a MONAI Bundle at the end
     }
-    job = write_job(SurgicalAggregationRecipe(bundle.name, sites, controller), tmp_path / "job")
+    # FLARE's ExcludeVars on every site's update: site-a's Cardiomegaly row (no other site labels it) stays home
+    withheld = {"path": "exclude_vars", "args": {"exclude_vars": "^class_layers\\.out/Cardiomegaly$"}}
+    recipe = SurgicalAggregationRecipe(bundle.name, sites, controller, update_privacy=withheld)
+    job = write_job(recipe, tmp_path / "job")
     nvflare = Path(sys.executable).parent / "nvflare"
     env = {**os.environ, "PATH": f"{nvflare.parent}:{os.environ['PATH']}"}
     result = subprocess.run(
@@ -327,6 +330,18 @@ def test_one_round_report_job_through_the_simulator(tmp_path):
     privacy = sent["privacy"]
     assert set(reported) == {"site-a"} and reported["site-a"]["epsilon"] == privacy["epsilon"] > 0
     assert privacy["noise_multiplier"] == 0.5 and privacy["steps"] > 0 and not privacy["stopped"]
+    _the_excluded_row_reached_the_server_as_received(audit, model, tmp_path / "ws" / "site-a" / "simulate_job")
+
+
+def _the_excluded_row_reached_the_server_as_received(audit: list[dict], model, site_a: Path) -> None:
+    """The global Cardiomegaly row after round 0 is the row site-a received, to the bit; its other row moved."""
+    [filtered] = [entry for entry in audit if entry["task"] == "train" and entry["direction"] == "filtered"]
+    assert filtered["note"].startswith("ExcludeVars: of ") and " 0 altered" in filtered["note"]
+    exchange = torch.load(site_a / "app_site-a" / "exchanges" / "train-round-000-received.pt")
+    received = dict(zip(exchange["class_names"], exchange["state"]["class_layers.out.weight"], strict=True))
+    rows = dict(zip(model.class_names, torch.as_tensor(model.state["class_layers.out.weight"]), strict=True))
+    assert torch.equal(rows["Cardiomegaly"], received["Cardiomegaly"])
+    assert not torch.equal(rows["Pleural Effusion"], received["Pleural Effusion"])
 
 
 def _the_servers_monai_bundle_labels_reports_as_predict_does(app: Path, tmp_path: Path) -> None:
