@@ -136,12 +136,14 @@ def test_percentile_privacy_zeroes_the_small_changes_and_clips_the_rest_to_gamma
     assert int(model.params["features.norm0.num_batches_tracked"]) == 9
 
 
-def test_svt_privacy_sends_a_noised_fraction_of_the_update_biases_included_and_reports_its_epsilon():
+def test_svt_privacy_sends_a_noised_fraction_of_the_update_biases_included_and_reports_its_epsilon(monkeypatch):
     received = received_model()
     sent = trained_model(received)
     total = sum(change.size for change in update_entries(sent, SENT_CLASSES, received, RECEIVED_CLASSES).values())
     np.random.seed(3)
     svt = UpdatePrivacy(SVTPrivacy(fraction=0.1, epsilon=1.0, noise_var=0.5, gamma=1.0, tau=0.0))
+    logged = []
+    monkeypatch.setattr(svt, "log_info", lambda fl_ctx, message, *args, **kwargs: logged.append(message))
     model = as_server_receives(svt, received, sent)
     got = update_entries(model.params, SENT_CLASSES, received, RECEIVED_CLASSES)
     moved = sum(int(np.sum(change != 0)) for change in got.values())
@@ -155,6 +157,8 @@ def test_svt_privacy_sends_a_noised_fraction_of_the_update_biases_included_and_r
     assert model.meta["svt_privacy_accountant"]["epsilon_total"] == pytest.approx(budget["epsilon_total"])
     again = as_server_receives(svt, received, sent)  # the next round, in the same job: FLARE sums the epsilons
     assert again.meta["svt_privacy_accountant"]["epsilon_total"] == pytest.approx(2 * budget["epsilon_total"])
+    spent = f"SVT epsilon spent by this filter so far {2 * budget['epsilon_total']:.4g}"  # the site's log says it
+    assert spent in logged[-1]
 
 
 def test_the_filter_fails_closed_without_the_received_model_or_with_a_row_it_did_not_receive():
