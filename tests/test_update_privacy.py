@@ -206,6 +206,8 @@ def test_a_sites_privacy_json_scope_builds_the_pair_in_flares_own_parser(tmp_pat
     wrapped = result_filter.wrapped
     assert isinstance(wrapped, PercentilePrivacy) and (wrapped.percentile, wrapped.gamma) == (20, 0.05)
     assert privacy_policy()["scopes"][0]["task_result_filters"] == []  # the default filters nothing
+    with pytest.raises(UpdatePrivacyError, match="with args"):  # refused before a site's policy is written
+        privacy_policy({"path": "svt", "args": {"epsilon_budget": 1}})
 
 
 def test_the_guides_privacy_json_is_the_one_privacy_policy_writes():
@@ -226,7 +228,7 @@ def test_the_jobs_update_privacy_option_puts_the_pair_on_every_sites_train_task(
         client = json.loads((tmp_path / "job" / f"app_{site}" / "config" / "config_fed_client.json").read_text())
         (data,) = client["task_data_filters"]
         (result,) = client["task_result_filters"]
-        assert data["tasks"] == result["tasks"] == ["train", "submit_model"]
+        assert set(data["tasks"]) == set(result["tasks"]) == {"train", "submit_model"}  # FedJob keeps them as a set
         assert data["filters"][0]["path"].endswith("KeepReceivedModel")
         wrapped = result["filters"][0]["args"]["privacy_filter"]
         assert wrapped["path"] == "nvflare.app_common.filters.exclude_vars.ExcludeVars"

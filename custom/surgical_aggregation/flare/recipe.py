@@ -66,7 +66,7 @@ from .protocol import (
     TASK_TRAIN,
 )
 from .tracking import TRACKERS
-from .update_privacy import KeepReceivedModel, UpdatePrivacy, privacy_filter_config
+from .update_privacy import KeepReceivedModel, UpdatePrivacy
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the installed surgical_aggregation package
 CLIENT_COMMAND = "python3 -u -m surgical_aggregation.flare.client"
@@ -189,9 +189,8 @@ class SurgicalAggregationRecipe(Recipe):
         self.client_execution = client_execution
         self.code = code
         self.ship_library = ship_library
-        self.update_privacy = None if update_privacy is None else privacy_filter_config(update_privacy)
-        if self.update_privacy is not None:
-            UpdatePrivacy(self.update_privacy)
+        # checked and built once here: bad args are refused before anything is written
+        self.update_privacy = None if update_privacy is None else UpdatePrivacy(update_privacy).privacy_filter
         # raises on bad arguments before anything is built
         aggregator = SurgicalAggregatorShareable(**self.controller_args)
         model_persistor = SurgicalModelPersistor(**self.persistor_args)

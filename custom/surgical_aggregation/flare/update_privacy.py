@@ -40,8 +40,6 @@ from .protocol import META_CLASS_NAMES, TASK_TRAIN
 
 RECEIVED_MODEL_PROP = "surgical_aggregation.received_model"  # the train task's model, in the task's FLContext
 FILTERED = "filtered"  # the site audit's record of what a privacy filter did to a result, after its "sent" record
-KEEP_RECEIVED_PATH = "surgical_aggregation.flare.update_privacy.KeepReceivedModel"
-UPDATE_PRIVACY_PATH = "surgical_aggregation.flare.update_privacy.UpdatePrivacy"
 FLARE_PRIVACY_FILTERS = {  # short name -> FLARE's filter class
     "exclude_vars": "nvflare.app_common.filters.exclude_vars.ExcludeVars",
     "percentile": "nvflare.app_common.filters.percentile_privacy.PercentilePrivacy",
@@ -80,10 +78,15 @@ class UpdatePrivacy(DXOFilter):
 
     def __init__(self, privacy_filter: DXOFilter | Mapping[str, Any]) -> None:
         """``privacy_filter``: the filter, or its component config (``{"path": ..., "args": {...}}``, as a job's JSON
-        holds it; kept as given, so that a job written by FLARE's FedJob carries it whole)."""
+        holds it; kept, checked and with its short name resolved, so that a job written by FLARE's FedJob carries it
+        whole)."""
         super().__init__(supported_data_kinds=[DataKind.WEIGHTS], data_kinds_to_filter=[DataKind.WEIGHTS])
+        if isinstance(privacy_filter, Mapping):
+            privacy_filter = privacy_filter_config(privacy_filter)
+            wrapped = build_privacy_filter(privacy_filter)
+        else:
+            wrapped = privacy_filter
         self.privacy_filter = privacy_filter
-        wrapped = build_privacy_filter(privacy_filter) if isinstance(privacy_filter, Mapping) else privacy_filter
         if not isinstance(wrapped, DXOFilter) or DataKind.WEIGHT_DIFF not in (wrapped.data_kinds or []):
             raise UpdatePrivacyError(
                 f"UpdatePrivacy's privacy_filter must be one of FLARE's filters of model updates (WEIGHT_DIFF), e.g. "
@@ -124,6 +127,10 @@ class UpdatePrivacy(DXOFilter):
         return dxo
 
 
+KEEP_RECEIVED_PATH, UPDATE_PRIVACY_PATH = (f"{kind.__module__}.{kind.__qualname__}" for kind in
+                                          (KeepReceivedModel, UpdatePrivacy))  # fmt: skip
+
+
 def filter_summary(trained: Mapping[str, np.ndarray], filtered: Mapping[str, np.ndarray]) -> str:
     """How a filter changed an update, counted over its values: sent as trained, sent as received (dropped or
     zeroed), altered otherwise."""
@@ -156,8 +163,9 @@ def _audit(fl_ctx: FLContext, round_number: Any, class_names: list[str], note: s
 def update_privacy_filters(privacy_filter: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The (task data filter, task result filter) component configs that run ``privacy_filter`` (a FLARE filter's
     ``{"path": ..., "args": {...}}``; ``path`` may be a short name of :data:`FLARE_PRIVACY_FILTERS`) on a site's
-    training results: what a job's client app or a site's ``local/privacy.json`` scope lists."""
-    config = privacy_filter_config(privacy_filter)
+    training results: what a job's client app or a site's ``local/privacy.json`` scope lists. The filter is built
+    once here, so that bad args are refused before they are written."""
+    config = UpdatePrivacy(privacy_filter).privacy_filter
     return {"path": KEEP_RECEIVED_PATH, "args": {}}, {"path": UPDATE_PRIVACY_PATH, "args": {"privacy_filter": config}}
 
 
