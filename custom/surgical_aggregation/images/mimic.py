@@ -1,7 +1,9 @@
 """MIMIC-CXR-JPG: ``mimic-cxr-2.0.0-chexpert.csv`` + ``-metadata.csv`` and the nested ``files/`` tree.
 
 Images live at ``files/p10/p10000032/s50414267/<dicom_id>.jpg``. Frontal (AP/PA) only;
-labels from the CheXpert labeler, uncertain values by the uncertainty policy.
+labels from the CheXpert labeler, uncertain values by the uncertainty policy. A label file that carries more
+finding columns than the labeler's 14 (e.g. CXR-LT's labels of the same studies merged in) has them read too, by
+the same rules.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import DataNotFoundError
-from ..core.labels import BUILTIN_VOCABULARY, MIMIC_LABELS, Vocabulary
+from ..core.labels import BUILTIN_VOCABULARY, MIMIC_LABELS, NO_FINDING, Vocabulary
 from ..data.table import (
     PATH_COLUMN,
     PATIENT_COLUMN,
@@ -37,9 +39,10 @@ def load_mimic(
     root = Path(root)
     if not root.is_dir():
         raise DataNotFoundError(f"MIMIC-CXR-JPG data folder not found: {root}")
-    labels = read_label_csv(
-        find_file(root, [LABEL_FILE], "MIMIC label file"), ["subject_id", "study_id", *MIMIC_LABELS], blank_only=True
-    )
+    keys = ["subject_id", "study_id"]
+    labels = read_label_csv(find_file(root, [LABEL_FILE], "MIMIC label file"), [*keys, *MIMIC_LABELS], blank_only=True)
+    others = [column for column in labels.columns if column not in (*keys, *MIMIC_LABELS, NO_FINDING)]
+    columns = [*MIMIC_LABELS, *others]
     metadata_path = find_file(root, [METADATA_FILE], "MIMIC metadata file")
     metadata = read_label_csv(metadata_path, ["dicom_id", "subject_id", "study_id", "ViewPosition"])
     metadata = metadata[metadata["ViewPosition"].str.strip().isin(FRONTAL_VIEWS)]
@@ -53,7 +56,7 @@ def load_mimic(
             PATIENT_COLUMN: merged["subject_id"].str.strip(),
         }
     )
-    for name in MIMIC_LABELS:
+    for name in columns:
         frame[name] = apply_uncertainty(merged[name], uncertainty, f"{root / LABEL_FILE} column {name!r}")
-    table = LabelTable(source="mimic", root=root, classes=list(MIMIC_LABELS), frame=frame)
-    return table.renamed(vocabulary.renaming(MIMIC_LABELS, f"{root / LABEL_FILE} columns"))
+    table = LabelTable(source="mimic", root=root, classes=columns, frame=frame)
+    return table.renamed(vocabulary.renaming(columns, f"{root / LABEL_FILE} columns"))

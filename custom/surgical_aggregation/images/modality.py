@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
@@ -56,11 +57,14 @@ class ImageModality:
             return table
         embedded = config.settings.embedded
         name = f"{data.kind}-{embedded.patients}p-{embedded.image_size}px-s{embedded.seed}"
+        options = {"n_patients": embedded.patients, "image_size": embedded.image_size, "seed": embedded.seed}
+        if embedded.absent:
+            absent = config.vocabulary.canonical_list(embedded.absent, "embedded.absent")
+            options["absent"] = sorted(absent)
+            name += "-absent-" + hashlib.sha256("|".join(options["absent"]).encode()).hexdigest()[:10]
         folder = config.cache_root / "embedded" / name
         with exclusive(folder):
-            dataset, created = ensure_generated(
-                data.kind, folder, n_patients=embedded.patients, image_size=embedded.image_size, seed=embedded.seed
-            )
+            dataset, created = ensure_generated(data.kind, folder, **options)
         log.info(
             "no data location configured for this site: using the %s %s",
             "embedded dataset generated now," if created else "embedded dataset generated earlier,",

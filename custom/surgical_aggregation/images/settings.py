@@ -22,6 +22,8 @@ class EmbeddedDataSettings:
     patients: int = 200
     image_size: int = 64
     seed: int = 0
+    # findings left out of the images (the benchmark's absent control: a site's unlabelled findings, not drawn)
+    absent: list[str] = field(default_factory=list)
 
 
 @dataclass
