@@ -135,7 +135,7 @@ def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
         },
         rounds=2,
         split_fractions=(0.6, 0.2, 0.2),
-        pretraining={"patients": 40, "epochs": 1},
+        pretraining={"images": 40, "epochs": 1},
     )
     sources = DataSources(embedded_patients=40, embedded_image_size=32)
     setting = simulated_nih(2, Fraction(0), 1, sources, profile, "psi", 0.0)

@@ -9,7 +9,7 @@
 * ``simulate``  run one of the bundle's jobs in FLARE's simulator, one process per site, then summarise;
 * ``check-site`` check a site config against the job it will run, before a federation does;
 * ``setup-kit`` add this bundle's local/ files to a startup kit of FLARE's distributed provisioning;
-* ``pretrain``  train the offline stand-in for ImageNet weights (DenseNet121 on the embedded PadChest layout);
+* ``pretrain``  train the offline stand-in for ImageNet weights (DenseNet121 on generated pattern images);
 * ``experiment`` run (or resume) a grid of the papers' comparisons and write tables and plots;
 * ``poc``       rehearse a deployment locally: prepare, start, submit (wait, download), stop, run.
 
@@ -336,7 +336,8 @@ def _add_poc(commands: argparse._SubParsersAction) -> None:
 def _add_experiment(commands: argparse._SubParsersAction) -> None:
     from .core.methods import COMPARATORS
     from .core.strategies import STRATEGIES
-    from .experiments.grids import GRIDS
+    from .experiments.grids import CONTROLS, GRIDS, MISSING
+    from .experiments.runner import ENGINES, FLARE_ENGINE, FULL, VARIANTS
     from .training.profiles import PROFILES
 
     parser = commands.add_parser(
@@ -364,6 +365,28 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--mimic", default=None, help="MIMIC-CXR-JPG folder, the external test set (default: embedded)")
     parser.add_argument("--embedded-patients", type=_positive, default=400, help="patients per embedded dataset")
     parser.add_argument(
+        "--controls",
+        nargs="+",
+        choices=CONTROLS,
+        default=[MISSING],
+        help="simulated grids: each setting with a site's unlabelled findings in its images (missing, the default, "
+        "as in real data) and/or drawn as decoys (absent: the control, embedded data only)",
+    )
+    parser.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        default=FULL,
+        help="train the whole network (full, the default) or only the heads on the frozen initial backbone's "
+        "features (head_only: seconds per federation on a CPU)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=FLARE_ENGINE,
+        help="where a full-network federation runs: FLARE's simulator (flare, the default) or the same loop in this "
+        "process (inprocess: no process per site and job, for grids of many federations on a GPU)",
+    )
+    parser.add_argument(
         "--backbone",
         choices=[name for name, each in STRATEGIES.items() if not each.personal_methods_only],
         default="fedbn_plus",
@@ -375,8 +398,8 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
         "--pretrain",
         choices=("auto", "always", "never"),
         default="auto",
-        help="without --pretrained: start every model from a backbone trained first on the embedded PadChest-layout "
-        "dataset (see 'pretrain'): always, never, or auto (when FedBN+ needs BatchNorm statistics and the data is "
+        help="without --pretrained: start every model from a backbone trained first on generated pattern images "
+        "(see 'pretrain'): always, never, or auto (when FedBN+ needs BatchNorm statistics and the data is "
         "embedded; FedBN+ on real data without --pretrained is refused)",
     )
     parser.add_argument("--only", nargs="+", default=[], help="run only settings whose name contains one of these")
@@ -424,9 +447,11 @@ def _experiment(args: argparse.Namespace) -> int:
         keep_workspaces=args.keep_workspaces,
         tracking=args.tracking,
         cache_dir=args.cache_dir,
+        variant=args.variant,
+        engine=args.engine,
     )
     if args.dry_run:  # the initial model is decided (and the stand-in trained) when the grid runs
-        settings = grid_settings(args.grid, sources, profile)
+        settings = grid_settings(args.grid, sources, profile, args.controls)
         plan = write_plan(
             args.out,
             settings,
@@ -439,7 +464,9 @@ def _experiment(args: argparse.Namespace) -> int:
         print("\n".join(plan_grid(settings, sources, args.out)))
         print(f"wrote {plan}")
         return 0
-    summary = run_grid(args.grid, args.methods, args.seeds, sources, profile, args.out, options, args.only)
+    summary = run_grid(
+        args.grid, args.methods, args.seeds, sources, profile, args.out, options, args.only, args.controls
+    )
     print(summary.read_text())
     print(f"wrote {summary} (tables, plots/ and per-run folders under {args.out})")
     return 0
@@ -777,17 +804,17 @@ def _add_pretrain(commands: argparse._SubParsersAction) -> None:
 
     parser = commands.add_parser(
         "pretrain",
-        help="train the offline stand-in for ImageNet weights: DenseNet121 on the embedded PadChest-layout dataset",
-        description="Train a DenseNet121 backbone centrally on the embedded PadChest-layout dataset (no site of the "
-        "bundle's grids holds it) with a profile's image size and recipe, and write it where --pretrained reads it "
-        "(cached by its settings). FedBN+ freezes BatchNorm at the initial model's statistics: this gives it "
+        help="train the offline stand-in for ImageNet weights: DenseNet121 on generated pattern images",
+        description="Train a DenseNet121 backbone centrally on generated pattern images (4x4 patterns in the sites' "
+        "clutter, no finding of any site) with a profile's image size and recipe, and write it where --pretrained "
+        "reads it (cached by its settings). FedBN+ freezes BatchNorm at the initial model's statistics: this gives it "
         "statistics to freeze when no ImageNet weights are at hand. 'experiment' does this by itself when needed.",
     )
     parser.add_argument(
         "--profile", choices=sorted(PROFILES), default="demo", help="image size and recipe (default demo)"
     )
     parser.add_argument(
-        "--patients", type=_positive, default=None, help="patients of the embedded dataset (default: the profile's)"
+        "--images", type=_positive, default=None, help="generated pattern images (default: the profile's)"
     )
     parser.add_argument("--epochs", type=_positive, default=None, help="training epochs (default: the profile's)")
     parser.add_argument("--seed", type=int, default=0)
@@ -802,7 +829,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 
     profile = PROFILES[args.profile]
     pretraining = Pretraining.for_profile(profile)
-    changes = {"patients": args.patients, "epochs": args.epochs, "seed": args.seed}
+    changes = {"images": args.images, "epochs": args.epochs, "seed": args.seed}
     pretraining = dataclasses.replace(
         pretraining, **{key: value for key, value in changes.items() if value is not None}
     )

@@ -1,16 +1,18 @@
-"""An offline stand-in for the papers' ImageNet start: a DenseNet121 backbone trained centrally on a dataset no site of
-the federation holds.
+"""An offline stand-in for the papers' ImageNet start: a DenseNet121 backbone trained centrally on data that share no
+finding with any site.
 
 The papers start every model from ImageNet weights, and FedBN+ freezes BatchNorm at those weights' statistics.
 Nothing can be downloaded here, and a DenseNet121 built from scratch holds BatchNorm's default statistics (mean 0,
 variance 1): frozen, every BatchNorm is the identity and the network is unnormalised. This module trains the
-backbone on the embedded PadChest-layout dataset (generated from PadChest's real label rows, 189 findings, a source
-style of its own) with the profile's image size and recipe, BatchNorm training normally, and saves it in the format
-``--pretrained`` reads: ``{"state_dict": <backbone>, "pretraining": <what it was trained on>}``.
+backbone on generated pattern images (:func:`~surgical_aggregation.images.synthetic.generate_patterns`: 4x4
+patterns, a family no finding's 5x5 glyph belongs to, in the same clutter as the sites' images, no finding at all)
+with the profile's image size and recipe, BatchNorm training normally, and saves it in the format ``--pretrained``
+reads: ``{"state_dict": <backbone>, "pretraining": <what it was trained on>}``.
 
-It is closer to the downstream task than ImageNet is (the embedded findings share their drawings across datasets),
-so absolute figures from it are optimistic; it is the same initial model for every method of a grid, which is what
-a comparison needs. The file is cached under ``<cache>/pretrained/`` by its settings.
+Like ImageNet for real X-rays, it has learnt to see small patterns in clutter, not the sites' findings: a model
+built on it scores the findings at chance until the federation trains its head (the benchmark's pages show the
+initial model's AUROC), and every method of a grid starts from it. The file is cached under ``<cache>/pretrained/``
+by its settings.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 
 from ..core.head import NAMED_HEAD, extend_head
 from ..data.storage import default_cache_root, exclusive, write_atomically
+from ..images.synthetic import GENERATOR_VERSION, generate_patterns
 from ..training.checkpoint import initial_global_state
 from ..training.config import site_config_from_dict
 from ..training.profiles import Profile
@@ -36,7 +39,6 @@ from ..training.trainer import SiteTrainer
 
 logger = logging.getLogger(__name__)
 
-PRETRAINING_KIND = "padchest"  # a dataset layout no site of the bundle's grids uses
 PRETRAINING_KEY = "pretraining"  # what a pretrained weights file says it was trained on
 
 
@@ -45,24 +47,24 @@ class Pretraining:
     """What the stand-in backbone is trained on and how (the profile gives the rest of the recipe)."""
 
     image_size: int
-    patients: int = 1000
+    images: int = 2000
     epochs: int = 5
     seed: int = 0
 
     @classmethod
     def for_profile(cls, profile: Profile) -> Pretraining:
         """At the profile's image size, with its pretraining budget."""
-        image_size = site_config_from_dict(profile.site_config({"kind": PRETRAINING_KIND})).settings.image_size
+        image_size = site_config_from_dict(profile.site_config({"kind": "nih"})).settings.image_size
         return cls(image_size, **dict(profile.pretraining))
 
     @property
     def name(self) -> str:
-        return f"{PRETRAINING_KIND}-{self.image_size}px-{self.patients}p-{self.epochs}e-s{self.seed}"
+        return f"patterns-v{GENERATOR_VERSION}-{self.image_size}px-{self.images}i-{self.epochs}e-s{self.seed}"
 
     def describe(self) -> str:
         return (
-            f"pretrained here: DenseNet121 trained centrally for {self.epochs} epochs on the embedded "
-            f"{PRETRAINING_KIND} dataset ({self.patients} patients, {self.image_size} px; no site's data)"
+            f"pretrained here: DenseNet121 trained centrally for {self.epochs} epochs on {self.images} generated "
+            f"pattern images ({self.image_size} px; no finding of any site)"
         )
 
 
@@ -77,9 +79,10 @@ def pretrained_backbone(
             log.info("pretrained backbone: %s (%s)", path, pretraining.describe())
             return path
         started = time.perf_counter()
+        images = folder / f"{pretraining.name}-images"
+        csv_path = generate_patterns(images, pretraining.images, pretraining.image_size, pretraining.seed)
         values = profile.site_config(
-            {"kind": PRETRAINING_KIND},
-            embedded={"patients": pretraining.patients, "image_size": pretraining.image_size, "seed": pretraining.seed},
+            {"kind": "csv", "location": str(csv_path)},
             image_size=pretraining.image_size,
             seed=pretraining.seed,
             record_exchanges="off",

@@ -23,8 +23,10 @@ class Profile:
     patience: int = 25  # validated rounds without improvement of the mean validation loss
     min_delta: float = 1e-4  # the improvement that counts
     split_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)  # train / validation / test, by patient
-    # the embedded stand-in for ImageNet weights (experiments.pretraining): patients of the dataset, epochs
-    pretraining: Mapping[str, int] = field(default_factory=lambda: {"patients": 1000, "epochs": 5})
+    # the embedded stand-in for ImageNet weights (experiments.pretraining): generated pattern images, epochs
+    pretraining: Mapping[str, int] = field(default_factory=lambda: {"images": 2000, "epochs": 5})
+    # the benchmark's head-only variant (experiments.head_only.HeadRecipe): how a site trains its head on features
+    head_only: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.description, str):  # e.g. the training settings given in its place
