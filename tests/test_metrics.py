@@ -32,6 +32,17 @@ def test_per_class_auroc_matches_sklearn_and_single_valued_class_is_undefined():
     assert mean_defined(result) == pytest.approx((result["Mass"] + result["Nodule"]) / 2, abs=1e-12)
 
 
+def test_auroc_equals_sklearns_with_ties_and_all_equal_scores():
+    """The rank statistic is sklearn's AUROC, ties counted one half (coarse scores have many)."""
+    from surgical_aggregation.evaluation.metrics import auroc
+
+    labels = (RNG.random(300) < 0.2).astype(float)
+    for scores in (RNG.random(300), np.round(RNG.random(300), 1), np.zeros(300), labels * 0.5 + 0.25):
+        assert auroc(labels, scores) == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+    assert auroc(labels, np.zeros(300)) == 0.5
+    assert math.isnan(auroc(np.zeros(10), RNG.random(10))) and math.isnan(auroc(np.ones(10), RNG.random(10)))
+
+
 def test_masked_entries_are_left_out():
     mask = np.ones_like(Y)
     mask[:20, 0] = 0

@@ -67,9 +67,9 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "a site's trainer, and scoring models",
-        ("training.trainer", "training.rank_helper", "evaluation.inference"),
+        ("training.trainer", "training.rank_helper", "evaluation.inference", "evaluation.probe"),
         "one site's local training (FLARE's client script and the baselines drive it) and its helper ranks; "
-        "`predict` and `evaluate` on model files",
+        "`predict` and `evaluate` on model files; the linear probe of a frozen backbone",
     ),
     Layer(
         "deployment",

@@ -240,6 +240,30 @@ def predict(
     return torch.cat(probabilities).cpu().numpy(), torch.cat(labels).numpy(), torch.cat(masks).numpy()
 
 
+@torch.no_grad()
+def head_inputs(
+    model: nn.Module, loader: DataLoader, device: torch.device, autocast: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(features, labels, mask) on the CPU: what the model's named head reads for each item (DenseNet121: its
+    1,024 pooled features), in float32, with the items' labels and label mask."""
+    model.eval()
+    head = model.get_submodule(NAMED_HEAD.weight_key.rsplit(".", 1)[0])
+    captured: list[torch.Tensor] = []
+    hook = head.register_forward_pre_hook(lambda module, inputs: captured.append(inputs[0].float()))
+    labels, masks = [], []
+    try:
+        for batch in loader:
+            with _autocast(device, autocast):
+                model(model_inputs(loader, batch, device))
+            labels.append(batch["label"])
+            masks.append(batch["mask"])
+    finally:
+        hook.remove()
+    if not captured:
+        raise ValueError("cannot compute features of an empty dataset")
+    return torch.cat(captured).cpu(), torch.cat(labels).float(), torch.cat(masks).float()
+
+
 @dataclass
 class Evaluation:
     loss: float
