@@ -10,7 +10,7 @@
 4. A site whose images are truncated (``on_unreadable: error``) fails every round: the job that never
    made progress exits non-zero, labels no model best and names the sites and reasons.
 5. The consortium job: seven datasets, each with its own label scheme; the union of their real label files.
-6. The same seed gives the same round history and model on a CPU.
+6. The same seed gives the same round history and model on a CPU, and the in-process federation the same models.
 7. A hostile site (its client script wrapped by ``benchmarks/hostile_site.py``) sends negative running variances
    every round, with FLARE's site-to-site evaluation at the end; and a job whose initial model cannot be used.
 """
@@ -30,9 +30,10 @@ import torch
 from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedAggregationHelper
 from PIL import Image
 
-from surgical_aggregation.core.head import NAMED_HEAD
+from surgical_aggregation.core.head import NAMED_HEAD, extend_head
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.evaluation.inference import score
+from surgical_aggregation.experiments.federation import federate
 from surgical_aggregation.flare.audit import AUDIT_FILE, EXCHANGES_DIR, exchange_file_name, read_audit
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import (
@@ -45,7 +46,15 @@ from surgical_aggregation.flare.recipe import (
 from surgical_aggregation.flare.simulation import FederationFailed, simulate
 from surgical_aggregation.images.modality import MODALITY as IMAGES
 from surgical_aggregation.images.synthetic import GENERATED, generate_nih, render_image
-from surgical_aggregation.training.checkpoint import load_checkpoint, probe_outputs, save_checkpoint
+from surgical_aggregation.training.checkpoint import (
+    initial_global_state,
+    load_checkpoint,
+    probe_outputs,
+    save_checkpoint,
+)
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.site_data import prepare_site_data
+from surgical_aggregation.training.trainer import SiteTrainer
 
 from helpers import tiny_recipe, tiny_sites, union_of_the_seven_label_files
 
@@ -402,7 +411,9 @@ def _without_timings(value):
 
 def test_the_same_seed_gives_the_same_round_history_on_a_cpu(tmp_path):
     """Two runs of one tiny job (sites in parallel processes, results arriving in any order): every validation,
-    aggregation and model choice is the same; only the seconds differ."""
+    aggregation and model choice is the same; only the seconds differ. The in-process federation of the benchmark
+    grids (``experiments.federation``) on the same site configs gives the same global models and validations, to
+    float round-off (one process instead of one per site)."""
     histories, models = [], []
     for run in ("first", "second"):
         recipe = tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=2)
@@ -411,6 +422,25 @@ def test_the_same_seed_gives_the_same_round_history_on_a_cpu(tmp_path):
         models.append(load_checkpoint(server / "FL_global_model.pt").state)
     assert histories[0] == histories[1]
     assert all(torch.equal(models[0][key], models[1][key]) for key in models[0])
+
+    configs = {
+        site: site_config_from_dict({**values, "cpu_threads": 1}) for site, values in recipe.site_configs.items()
+    }
+    trainers = {site: SiteTrainer(config, prepare_site_data(config), site) for site, config in configs.items()}
+    union = sorted({name for trainer in trainers.values() for name in trainer.class_names})
+    persistor = recipe.persistor_args
+    state = initial_global_state(persistor["architecture"], persistor["preprocessing"], persistor.get("seed", 0))
+    initial, _ = extend_head(state, [], union)
+    controller = recipe.controller_args
+    result = federate(trainers, initial, union, controller, 2, controller["patience"], controller["min_delta"])
+    flare_model = load_checkpoint(tmp_path / "first" / "server" / "simulate_job" / "app_server" / "FL_global_model.pt")
+    assert result.last.class_names == flare_model.class_names
+    for key, value in flare_model.state.items():
+        np.testing.assert_allclose(np.asarray(result.last.state[key], dtype=np.float64), value.double().numpy(),
+                                   atol=2e-4, rtol=0, err_msg=key)  # fmt: skip
+    flare_validation = [entry["validation"]["mean_val_loss"] for entry in histories[0] if "validation" in entry]
+    ours = [entry["validation"]["mean_val_loss"] for entry in result.history if "validation" in entry]
+    np.testing.assert_allclose(ours, flare_validation, atol=1e-4)
 
 
 # --- a hostile site, and a model that cannot be used ---------------------------------------------------------

@@ -2,11 +2,14 @@
 CheXpert, and the report-labelling grids.
 
 Simulated (Kulkarni et al., *Surgical Aggregation: A Collaborative Learning Framework for Harmonizing
-Distributed Medical Imaging Datasets with Diverse Tasks*): the NIH patients are split 70/10/20 once; the
-training and validation patients are dealt IID (stratified) to K sites, the test split is the common
-held-out set; each site trains a label subset chosen for a label heterogeneity psi (share of labels not
-shared by all sites); N keeps a fraction of each site's training patients. Real: an NIH site and a
-CheXpert site with the 7 shared labels only, or all 20.
+Distributed Medical Imaging Datasets with Diverse Tasks*): the NIH patients are split by patient (the profile's
+fractions); the training and validation patients are dealt IID (stratified) to K sites, the test split is the
+common held-out set; each site trains a label subset chosen for a label heterogeneity psi (share of labels not
+shared by all sites); N keeps a fraction of each site's training patients. Every seed draws the label subsets, the
+split and the partition anew (:meth:`Setting.for_seed`). Each setting comes in two controls: ``missing`` (a site's
+images show the findings it does not label, as real images do) and ``absent`` (on embedded data only: they are
+drawn as decoys instead, so a site's negatives are true ones). Real: an NIH site and a CheXpert site with the 7
+shared labels only, or all 20.
 
 Data comes from real folders when given (``DataSources``), the embedded generated datasets otherwise.
 Everything here is plain dicts in the site-config format, validated by
@@ -17,13 +20,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
+from ..core.errors import SiteConfigError
 from ..core.labels import CHEXPERT_LABELS, NIH_LABELS
+from ..images.synthetic import MAIN_UNION
 from ..training.profiles import Profile
 
 K_VALUES = (2, 3, 4, 5, 6, 8, 10)
@@ -74,6 +79,10 @@ def shared_labels(label_sets: Sequence[Sequence[str]]) -> list[str]:
     return [name for name in label_sets[0] if all(name in labels for labels in label_sets)]
 
 
+MISSING, ABSENT = "missing", "absent"
+CONTROLS = (MISSING, ABSENT)  # a site's unlabelled findings: in its images (as in real data), or decoys (control)
+
+
 @dataclass
 class DataSources:
     """Real dataset folders; None means the embedded generated dataset of that kind."""
@@ -83,12 +92,13 @@ class DataSources:
     mimic: str | None = None
     embedded_patients: int = 400
     embedded_image_size: int = 64
+    external_patients: int = 400  # the embedded external (MIMIC-layout) test set
 
     def data(self, kind: str) -> dict[str, Any]:
         return {"kind": kind, "location": getattr(self, kind)}
 
-    def embedded(self) -> dict[str, Any]:
-        return {"patients": self.embedded_patients, "image_size": self.embedded_image_size, "seed": 0}
+    def embedded(self, patients: int | None = None) -> dict[str, Any]:
+        return {"patients": patients or self.embedded_patients, "image_size": self.embedded_image_size, "seed": 0}
 
 
 @dataclass
@@ -98,6 +108,14 @@ class TestSet:
     name: str
     config: dict[str, Any]
     split: str = "test"  # test | all (external)
+
+
+@dataclass(frozen=True)
+class LabelDraw:
+    """How each seed draws a setting's label subsets: ``labels`` dealt to its sites with heterogeneity ``psi``."""
+
+    labels: tuple[str, ...]
+    psi: Fraction
 
 
 @dataclass
@@ -111,18 +129,44 @@ class Setting:
     test_sets: list[TestSet]
     label_sets: dict[str, list[str]] = field(default_factory=dict)
     repartition: bool = False  # each seed also draws new splits and partitions (data.split_seed = seed)
+    control: str = MISSING  # or ABSENT: a site's unlabelled findings drawn as decoys (embedded data only)
+    label_draw: LabelDraw | None = None  # each seed draws the label subsets anew (None: fixed ``label_sets``)
 
     @property
     def shared_classes(self) -> list[str]:
         return shared_labels(list(self.label_sets.values()))
 
+    def for_seed(self, seed: int) -> Setting:
+        """The setting as seed ``seed`` runs it: its label subsets drawn, its split and partition seeded (and the test
+        split with them), and under the absent control each site's unlabelled findings drawn as decoys."""
+        sites, tests, label_sets = copy.deepcopy(self.sites), list(self.test_sets), dict(self.label_sets)
+        if self.label_draw is not None:
+            drawn = assign_label_sets(self.label_draw.labels, len(sites), self.label_draw.psi, seed)
+            label_sets = dict(zip(sites, drawn, strict=True))
+            for site, labels in label_sets.items():
+                sites[site]["data"]["labels"] = labels
+        if self.repartition:
+            for config in sites.values():
+                config["data"]["split_seed"] = seed
+            tests = [replace(t, config={**t.config, "data": {**t.config["data"], "split_seed": seed}}) for t in tests]
+        if self.control == ABSENT:
+            for site, config in sites.items():
+                if config["data"].get("location"):
+                    raise SiteConfigError(f"{self.name} {site}: the absent control needs embedded data (no location)")
+                absent = sorted(set(MAIN_UNION) - set(label_sets[site]))
+                config["embedded"] = {**config.get("embedded", {}), "absent": absent}
+        return replace(self, sites=sites, test_sets=tests, label_sets=label_sets, repartition=False, label_draw=None)
 
-def _site_config(sources: DataSources, profile: Profile, kind: str, **data: Any) -> dict[str, Any]:
-    return profile.site_config({**sources.data(kind), **data}, embedded=sources.embedded())
+
+def _site_config(
+    sources: DataSources, profile: Profile, kind: str, patients: int | None = None, **data: Any
+) -> dict[str, Any]:
+    return profile.site_config({**sources.data(kind), **data}, embedded=sources.embedded(patients))
 
 
 def _external(sources: DataSources, profile: Profile) -> list[TestSet]:
-    return [TestSet("mimic", _site_config(sources, profile, "mimic"), "all")]
+    """The external test set: MIMIC-CXR (embedded: MIMIC layout, all 20 findings of the main job labelled)."""
+    return [TestSet("mimic", _site_config(sources, profile, "mimic", sources.external_patients), "all")]
 
 
 def simulated_nih(
@@ -133,10 +177,13 @@ def simulated_nih(
     profile: Profile,
     factor: str,
     value: float,
-    label_seed: int = 0,
+    control: str = MISSING,
 ) -> Setting:
-    """K IID sites from NIH with heterogeneity psi and training fraction N; tested on NIH's test split."""
-    label_sets = assign_label_sets(NIH_LABELS, n_sites, psi, label_seed)
+    """K IID sites from NIH with heterogeneity psi and training fraction N; tested on NIH's test split. Each seed
+    draws the label subsets, split and partition anew (the label sets shown are seed 0's)."""
+    if control not in CONTROLS:
+        raise ValueError(f"unknown control {control!r}; choose one of {CONTROLS}")
+    label_sets = assign_label_sets(NIH_LABELS, n_sites, psi, 0)
     sites = {}
     for index, labels in enumerate(label_sets):
         sites[f"site-{index + 1}"] = _site_config(
@@ -149,10 +196,13 @@ def simulated_nih(
             train_subsample=float(fraction),
         )
     unique = round(float(psi) * len(NIH_LABELS))
-    name = f"nih-K{n_sites}-psi{unique}of{len(NIH_LABELS)}-N{Fraction(fraction)}"
+    name = f"nih-K{n_sites}-psi{unique}of{len(NIH_LABELS)}-N{Fraction(fraction)}" + (
+        "-absent" if control == ABSENT else ""
+    )
     tests = [TestSet("nih", _site_config(sources, profile, "nih")), *_external(sources, profile)]
     label_map = dict(zip(sites, label_sets, strict=True))
-    return Setting(name.replace("/", "_"), factor, float(value), sites, tests, label_map)
+    draw = LabelDraw(tuple(NIH_LABELS), Fraction(psi))
+    return Setting(name.replace("/", "_"), factor, float(value), sites, tests, label_map, True, control, draw)
 
 
 def nih_chexpert(shared_only: bool, sources: DataSources, profile: Profile) -> Setting:
@@ -212,24 +262,34 @@ def report_setting(n_sites: int, shared: int, profile: Profile, factor: str, val
     return Setting(name, factor, float(value), sites, [test], label_map, repartition=True)
 
 
-def grid_settings(grid: str, sources: DataSources, profile: Profile) -> list[Setting]:
+def grid_settings(
+    grid: str, sources: DataSources, profile: Profile, controls: Sequence[str] = (MISSING,)
+) -> list[Setting]:
     """The settings of a named grid: K, psi, N and nih_chexpert (the surgical aggregation papers), report_nodes
-    and report_shared (the report-labelling paper), small (a quick check)."""
+    and report_shared (the report-labelling paper), small (a quick check). The simulated grids' settings come in
+    each of ``controls``; the K and N grids add a psi = 0 setting (every site labels every class: the federated
+    methods give one model)."""
+    simulated = []
     if grid == "K":
-        return [simulated_nih(k, K_GRID_PSI, 1, sources, profile, "K", k) for k in K_VALUES]
-    if grid == "psi":
-        return [simulated_nih(PSI_GRID_K, psi, 1, sources, profile, "psi", float(psi)) for psi in PSI_VALUES]
-    if grid == "N":
-        return [simulated_nih(N_GRID_K, N_GRID_PSI, n, sources, profile, "N", float(n)) for n in N_VALUES]
+        simulated = [(k, K_GRID_PSI, 1, "K", k) for k in K_VALUES] + [(PSI_GRID_K, 0, 1, "psi", 0)]
+    elif grid == "psi":
+        simulated = [(PSI_GRID_K, psi, 1, "psi", float(psi)) for psi in PSI_VALUES]
+    elif grid == "N":
+        simulated = [(N_GRID_K, N_GRID_PSI, n, "N", float(n)) for n in N_VALUES] + [(N_GRID_K, 0, 1, "psi", 0)]
+    elif grid == "small":
+        simulated = [(PSI_GRID_K, psi, 1, "psi", float(psi)) for psi in (Fraction(0), Fraction(12, 14))]
+    if simulated:
+        return [
+            simulated_nih(k, psi, n, sources, profile, factor, value, control)
+            for control in controls
+            for k, psi, n, factor, value in simulated
+        ]
     if grid == "nih_chexpert":
         return [nih_chexpert(True, sources, profile), nih_chexpert(False, sources, profile)]
     if grid == "report_nodes":
         return [report_setting(k, 0, profile, "K", k) for k in REPORT_NODE_VALUES]
     if grid == "report_shared":
         return [report_setting(2, shared, profile, "shared", shared) for shared in REPORT_SHARED_VALUES]
-    if grid == "small":
-        values = (Fraction(0), Fraction(12, 14))
-        return [simulated_nih(PSI_GRID_K, psi, 1, sources, profile, "psi", float(psi)) for psi in values]
     raise ValueError(f"unknown grid {grid!r}; choose one of {', '.join(GRIDS)}")
 
 
@@ -243,11 +303,3 @@ def dataset_identity(config: Mapping[str, Any]) -> str:
         return f"{data['kind']}:{data['location']}"
     embedded = config.get("embedded", {})
     return f"{data['kind']}:embedded-{embedded.get('patients')}p-{embedded.get('image_size')}px-s{embedded.get('seed')}"
-
-
-def full_dataset_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A site's config widened to its whole dataset: all labels, no partition, no subsample (individual model)."""
-    widened = copy.deepcopy(dict(config))
-    for key in ("labels", "partition_count", "partition_index", "train_subsample"):
-        widened["data"].pop(key, None)
-    return widened

@@ -1,10 +1,12 @@
 """The experiment runner: a grid of settings x comparators x seeds, run, evaluated and summarised.
 
 Federated comparators run as :class:`~surgical_aggregation.flare.recipe.SurgicalAggregationRecipe` jobs in
-FLARE's simulator (``SimEnv``, through ``flare.simulation``); centralized and individual models are trained
-by the same site trainer without FLARE. Every model is then evaluated on the setting's held-out test sets
-(and the external set) by class name. Each run's folder gets ``result.json`` and ``per_class_auroc.csv``
-when it finishes, so an interrupted grid resumes where it stopped.
+FLARE's simulator (``SimEnv``, through ``flare.simulation``), or with ``engine="inprocess"`` as the same loop in this
+process (:mod:`.federation`: no process per site and job, what a GPU grid of hundreds of federations needs);
+centralized and individual models are trained by the same site trainer without FLARE. The ``head_only`` variant
+trains only the heads, on features of the frozen initial backbone (:mod:`.head_only`). Every model is then evaluated
+on the setting's held-out test sets (and the external set) by class name. Each run's folder gets ``result.json`` and
+``per_class_auroc.csv`` when it finishes, so an interrupted grid resumes where it stopped.
 
 Every method of a setting trains like-for-like: the same initial model (:class:`~.pretraining.InitialModel`), the
 same BatchNorm handling (the grid's backbone strategy, applied to the centralized and individual models too), the
@@ -38,18 +40,28 @@ from typing import Any
 
 import pandas as pd
 
+from ..core.devices import resolve_device
 from ..core.errors import SiteConfigError
 from ..core.head import backbone_digest
 from ..core.methods import COMPARATORS, POOLED_COMPARATORS, SiteMethod, controller_arguments
 from ..core.strategies import strategy
 from ..data.storage import CACHE_ENV, default_cache_root
-from ..evaluation.inference import evaluate_models, evaluate_with_thresholds
-from ..training.checkpoint import initial_global_state
+from ..evaluation.inference import (
+    EvaluationReport,
+    ensemble_probabilities,
+    evaluate_models,
+    evaluate_with_thresholds,
+    per_class_report,
+)
+from ..evaluation.probe import backbone_model, without_augmentation
+from ..training.checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, initial_global_state, save_checkpoint
 from ..training.config import SiteConfig, site_config_from_dict
 from ..training.profiles import Profile
 from ..training.site_data import prepare_site_data, resolve_table, split_table
+from ..training.trainer import SiteTrainer
 from .baselines import BaselineResult, pooled_config, train_pooled
-from .grids import DataSources, Setting, dataset_identity, full_dataset_config, grid_settings
+from .grids import MISSING, DataSources, Setting, dataset_identity, grid_settings
+from .head_only import FeatureBank, Features, HeadLearner, HeadModel, HeadRecipe, initial_heads
 from .pretraining import InitialModel, Pretraining, pretrained_backbone
 from .summary import PER_CLASS_FILE, RESULT_FILE, summarize
 
@@ -57,6 +69,12 @@ logger = logging.getLogger(__name__)
 
 
 PRETRAIN_CHOICES = ("auto", "always", "never")  # the embedded stand-in for ImageNet weights (experiments.pretraining)
+FULL, HEAD_ONLY = "full", "head_only"
+VARIANTS = (FULL, HEAD_ONLY)  # train the whole network, or only the heads on the frozen initial backbone's features
+GLYPHS, BACKBONE = "glyphs", "backbone"
+HEAD_FEATURES = (GLYPHS, BACKBONE)  # what the head-only variant reads the images with
+FLARE_ENGINE, INPROCESS = "flare", "inprocess"
+ENGINES = (FLARE_ENGINE, INPROCESS)  # where a full-network federation runs: FLARE's simulator, or this process
 SELECTED, LAST = "selected", "last"  # the two models of every run that are evaluated
 # The fields of a run's training record that are the method's own; every other field is the same for every method
 # of a setting (tests/test_experiments.py checks it).
@@ -79,6 +97,19 @@ class RunOptions:
     tracking: str = "tensorboard"  # or "mlflow": FLARE's MLflow receiver; its store is kept in the run's folder
     cpu_threads: int | None = None  # torch threads per site; default: the machine's cores / sites
     cache_dir: str | None = None
+    variant: str = FULL
+    engine: str = FLARE_ENGINE
+    head_features: str = GLYPHS  # head_only: the embedded images' glyph detectors, or the initial model's backbone
+
+    def __post_init__(self) -> None:
+        choices_of = (
+            ("variant", self.variant, VARIANTS),
+            ("engine", self.engine, ENGINES),
+            ("head_features", self.head_features, HEAD_FEATURES),
+        )
+        for name, value, choices in choices_of:
+            if value not in choices:
+                raise SiteConfigError(f"{name} must be one of {choices}, got {value!r}")
 
 
 @dataclass
@@ -96,20 +127,23 @@ class Run:
 
 
 def _sites_for_run(run: Run, options: RunOptions) -> dict[str, dict[str, Any]]:
-    from ..flare.simulation import cores_per_process  # FLARE only where a federation runs
+    """The run's site configs; the torch threads of each: the machine's cores shared among the simulator's site
+    processes, or (one process) the configured ``cpu_threads``."""
+    threads = options.cpu_threads
+    if threads is None and options.variant == FULL and options.engine == FLARE_ENGINE:
+        from ..flare.simulation import cores_per_process  # FLARE only where a federation runs
 
-    threads = options.cpu_threads or cores_per_process(len(run.setting.sites))
+        threads = cores_per_process(len(run.setting.sites))
     return {
-        name: _for_run(config, run, options) | {"cpu_threads": threads} for name, config in run.setting.sites.items()
+        name: _for_run(config, run, options) | ({"cpu_threads": threads} if threads else {})
+        for name, config in run.setting.sites.items()
     }
 
 
 def _for_run(config: dict[str, Any], run: Run, options: RunOptions) -> dict[str, Any]:
-    """A site's or test set's config for this run: its seed, new partitions when the setting asks, the cache;
-    no exchange records (a grid runs dozens of federations; the audit matters at hospitals)."""
+    """A site's or test set's config for this run (the setting is the seed's: :meth:`Setting.for_seed`): its seed
+    and the cache; no exchange records (a grid runs dozens of federations; the audit matters at hospitals)."""
     values = {**config, "seed": run.seed, "record_exchanges": "off"}
-    if run.setting.repartition:
-        values["data"] = {**config["data"], "split_seed": run.seed}
     if options.cache_dir:
         values["cache_dir"] = options.cache_dir
     return values
@@ -152,9 +186,9 @@ POOLED_METHOD_FIELDS: dict[str, dict[str, Any]] = {
         "aggregation": "none: one model on the sites' data pooled",
     },
     "individual": {
-        "head": "every class of its dataset",
-        "missing_labels": "none: every class of its dataset labelled",
-        "aggregation": "none: one model per dataset",
+        "head": "each site its own classes",
+        "missing_labels": "not in the site's head",
+        "aggregation": "none: one model per site, on its own data alone (the floor)",
     },
 }
 
@@ -294,8 +328,11 @@ def _federation_start(recipe: Any) -> str:
 
 
 def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions) -> tuple[dict, dict]:
-    """Build the run's recipe and simulate it; returns ({selected|last: the models to evaluate, by dataset
-    identity}, the run's record: training settings, per-round validation, the two models' rounds)."""
+    """Build the run's recipe and simulate it (or, ``engine="inprocess"``, run its loop here); returns
+    ({selected|last: the models to evaluate, by dataset identity}, the run's record: training settings, per-round
+    validation, the two models' rounds)."""
+    if options.engine == INPROCESS:
+        return _run_inprocess(run, folder, profile, options)
     from ..flare.recipe import SurgicalAggregationRecipe  # FLARE only where a federation runs
     from ..flare.simulation import simulate
 
@@ -363,9 +400,46 @@ def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions
     return chosen, record
 
 
+def _run_inprocess(run: Run, folder: Path, profile: Profile, options: RunOptions) -> tuple[dict, dict]:
+    """The federation's loop in this process (:func:`.federation.federate`), each site a
+    :class:`~surgical_aggregation.training.trainer.SiteTrainer`; the selected and last models saved as model files."""
+    from .federation import federate
+
+    sites = _sites_for_run(run, options)
+    configs = {site: site_config_from_dict(values, f"{run.title} {site}") for site, values in sites.items()}
+    trainers = {site: SiteTrainer(config, prepare_site_data(config), site) for site, config in configs.items()}
+    union = sorted({name for trainer in trainers.values() for name in trainer.class_names})
+    first = next(iter(configs.values()))
+    architecture, preprocessing = first.modality.architecture, first.modality.preprocessing(first)
+    initial = _initial(options).state(architecture, preprocessing, run.seed, union)
+    controller = controller_arguments(run.method, options.backbone_strategy, options.weighting)
+    result = federate(trainers, initial, union, controller, profile.rounds, profile.patience, profile.min_delta)
+    models = folder / "models"
+    chosen: dict[str, dict[str, list[Path]]] = {SELECTED: {}, LAST: {}}
+    meta = {ARCHITECTURE_KEY: architecture, PREPROCESSING_KEY: preprocessing}
+    for kind, version, name in ((SELECTED, result.selected, "global.pt"), (LAST, result.last, "global-last.pt")):
+        save_checkpoint(models / name, version.state, version.class_names, round=version.round, **meta)
+        chosen[kind]["*"] = [models / name]
+    record = {
+        "training": training_record(
+            first,
+            len(sites),
+            profile,
+            options,
+            strategy(controller["backbone_strategy"]).batchnorm,
+            backbone_digest(initial),
+            _method_fields(run, options),
+        ),
+        "curve": _history_curve(result.history),
+        "rounds": {SELECTED: result.selected.round, LAST: result.last.round},
+    }
+    return chosen, record
+
+
 def _run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -> tuple[dict, dict]:
-    """Centralized (all sites pooled) or individual (one model per dataset), trained without FLARE like the
-    federations of the grid (initial model, BatchNorm handling, budget, selection)."""
+    """Centralized (all sites pooled), centralized_full (pooled, every class labelled) or individual (one model per
+    site, on its own data and labels), trained without FLARE like the federations of the grid (initial model,
+    BatchNorm handling, budget, selection)."""
     sites = _sites_for_run(run, options)
     models = folder / "models"
     site_method = SiteMethod(backbone_strategy=options.backbone_strategy)
@@ -397,18 +471,15 @@ def _run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -
         results = [train(configs, models / f"{run.method}.pt", run.method)]
         chosen[SELECTED]["*"], chosen[LAST]["*"] = [results[0].checkpoint], [results[0].last_checkpoint]
         trained = pooled_config(configs)
-    else:
+    else:  # individual: the floor, no collaboration
         results = []
-        by_dataset = {dataset_identity(config): config for config in sites.values()}
-        for index, (identity, config) in enumerate(sorted(by_dataset.items())):
-            widened = full_dataset_config(config)
-            if widened.get("max_batches_per_epoch"):  # the dataset's sites' budget, as centralized pools it
-                holders = sum(dataset_identity(other) == identity for other in sites.values())
-                widened["max_batches_per_epoch"] *= holders
-            configs = {identity: site_config_from_dict(widened, f"{run.title} dataset {identity}")}
-            results.append(train(configs, models / f"individual-{index}.pt", f"individual {identity}"))
-            chosen[SELECTED][identity], chosen[LAST][identity] = [results[-1].checkpoint], [results[-1].last_checkpoint]
-            trained = configs[identity]
+        for site, config in sorted(sites.items()):
+            configs = {site: site_config_from_dict(config, f"{run.title} {site}")}
+            results.append(train(configs, models / f"individual-{site}.pt", f"individual {site}"))
+            identity = dataset_identity(config)  # a test set of its dataset is scored by its sites' models
+            chosen[SELECTED].setdefault(identity, []).append(results[-1].checkpoint)
+            chosen[LAST].setdefault(identity, []).append(results[-1].last_checkpoint)
+            trained = configs[site]
     curve = [
         {"round": entry["round"], "val_loss": entry["val_loss"], "val_mean_auroc": entry["val_mean_auroc"]}
         for entry in results[0].history
@@ -430,9 +501,110 @@ def _run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -
     return chosen, record
 
 
-def _models_for(test_identity: str, models: dict[str, list[Path]]) -> list[Path]:
+# --- the head-only variant ---------------------------------------------------------------------------------------
+
+_BANKS: dict[str, FeatureBank] = {}  # the frozen backbone's features, per backbone: a grid's runs share them
+
+
+def _feature_bank(options: RunOptions, config: SiteConfig) -> FeatureBank:
+    """The head-only variant's frozen features, computed once per image: the embedded images' glyph detectors, or the
+    initial model's backbone (the grid's pretrained weights, or seed 0's)."""
+    key = GLYPHS if options.head_features == GLYPHS else options.pretrained_weights or "seed 0"
+    if key not in _BANKS:
+        if options.head_features == GLYPHS:
+            _BANKS[key] = FeatureBank.of_glyphs()
+        else:
+            architecture, preprocessing = config.modality.architecture, config.modality.preprocessing(config)
+            state = initial_global_state(architecture, preprocessing, 0, options.pretrained_weights)
+            model = backbone_model(config, ["placeholder"], state, 0)
+            description = f"the initial model's backbone, frozen ({options.initial_model})"
+            _BANKS[key] = FeatureBank.of_backbone(model, resolve_device(config.device), description)
+    return _BANKS[key]
+
+
+def _site_features(config: SiteConfig, bank: FeatureBank) -> tuple[Features, Features]:
+    data = prepare_site_data(without_augmentation(config))
+    return bank.of(data.train), bank.of(data.val)
+
+
+def _run_head_only(run: Run, profile: Profile, options: RunOptions) -> tuple[dict, dict]:
+    """Heads trained on the frozen initial backbone's features: the federated methods in process
+    (:func:`.federation.federate`), the baselines as one-site federations on pooled (or their own) features."""
+    from .federation import federate
+
+    sites = _sites_for_run(run, options)
+    configs = {site: site_config_from_dict(values, f"{run.title} {site}") for site, values in sites.items()}
+    bank = _feature_bank(options, next(iter(configs.values())))
+    features = {site: _site_features(config, bank) for site, config in configs.items()}
+    union = sorted({name for train, _ in features.values() for name in train.class_names})
+    recipe = HeadRecipe(**profile.head_only)
+    initial = initial_heads(union, bank.feature_dim)
+    federations: dict[str, dict[str, HeadLearner]] = {}  # dataset identity ("*": the one global model) -> learners
+    if run.method == "individual":  # each site alone: the floor
+        for site, (train, val) in features.items():
+            federations[site] = {site: HeadLearner(train, val, recipe, run.seed, site)}
+        controller = {"method": "surgical"}
+    elif run.method in POOLED_COMPARATORS:
+        if run.method == "centralized_full":  # every site's data labelled with the whole union
+            widened = {site: {**config, "data": {**config["data"], "labels": union}} for site, config in sites.items()}
+            full = {site: site_config_from_dict(values, f"{run.title} {site}") for site, values in widened.items()}
+            trains = [_site_features(config, bank)[0] for config in full.values()]
+        else:  # the papers' centralized baseline: a class a site does not label is negative there
+            trains = [train.relabelled(union, "negative") for train, _ in features.values()]
+        val = Features.pooled([val.relabelled(union, "unlabelled") for _, val in features.values()])
+        federations["*"] = {run.method: HeadLearner(Features.pooled(trains), val, recipe, run.seed, run.method)}
+        controller = {"method": "surgical"}
+    else:
+        federations["*"] = {site: HeadLearner(*parts, recipe, run.seed, site) for site, parts in features.items()}
+        controller = controller_arguments(run.method, options.backbone_strategy, options.weighting)
+    chosen: dict[str, dict[str, list[HeadModel]]] = {SELECTED: {}, LAST: {}}
+    results = {}
+    for key, learners in federations.items():
+        result = federate(learners, initial, union, controller, profile.rounds, profile.patience, profile.min_delta)
+        results[key] = result
+        identity = "*" if key == "*" else dataset_identity(sites[key])
+        for kind, version in ((SELECTED, result.selected), (LAST, result.last)):
+            chosen[kind].setdefault(identity, []).append(HeadModel(version.state, version.class_names))
+    first = next(iter(results.values()))
+    record = {
+        "training": {
+            "variant": f"head only: heads trained on frozen features, {bank.description}",
+            "head_recipe": asdict(recipe),
+            "rounds": profile.rounds,
+            "selection": f"the lowest validation loss; patience {profile.patience}, min delta {profile.min_delta:g}",
+            "initial_model": options.initial_model,
+            "seed": run.seed,
+            **_method_fields(run, options),
+        },
+        "curve": _history_curve(first.history),
+        "rounds": {SELECTED: first.selected.round, LAST: first.last.round},
+    }
+    return chosen, record
+
+
+def _evaluate_heads(run: Run, models: dict[str, list[HeadModel]], options: RunOptions) -> tuple[pd.DataFrame, dict]:
+    """:func:`evaluate_run` for heads: each test set's features through the frozen backbone, then the same report."""
+    rows, summary = [], {}
+    for test in run.setting.test_sets:
+        config = without_augmentation(site_config_from_dict(_for_run(test.config, run, options), f"test {test.name}"))
+        bank = _feature_bank(options, config)
+        table = resolve_table(config)
+        part = table if test.split == "all" else split_table(table, config)[test.split]
+        materialised = config.modality.materialise(config, part, logger, False)
+        features = bank.of(materialised.dataset(materialised.table, False))
+        heads = _models_for(dataset_identity(test.config), models)
+        predicted = list(dict.fromkeys(name for head in heads for name in head.class_names))
+        values = features.values
+        probabilities = ensemble_probabilities(heads, predicted, lambda head, values=values: head.probabilities(values))
+        report = per_class_report(probabilities, predicted, materialised.table, options.bootstrap)
+        rows.append(report.per_class.assign(test_set=test.name))
+        summary[test.name] = _test_summary(report, rows[-1])
+    return pd.concat(rows, ignore_index=True), summary
+
+
+def _models_for(test_identity: str, models: dict[str, list[Any]]) -> list[Any]:
     """A test set drawn from a dataset is scored by that dataset's own models when there are some
-    (PFL's personal models, the individual model); otherwise by all of them, averaged per class."""
+    (PFL's personal models, the individual models); otherwise by all of them, averaged per class."""
     if "*" in models:
         return models["*"]
     if test_identity in models:
@@ -453,19 +625,25 @@ def evaluate_run(run: Run, models: dict[str, list[Path]], options: RunOptions) -
             table = resolve_table(config)
             table = table if test.split == "all" else split_table(table, config)[test.split]
             report = evaluate_models(paths, table, cache_dir=config.cache_dir, bootstrap=options.bootstrap)
-        frame = report.per_class.assign(test_set=test.name)
-        rows.append(frame)
-        summary[test.name] = {
-            "mean_auroc": report.mean_auroc.estimate,
-            "ci_low": report.mean_auroc.low,
-            "ci_high": report.mean_auroc.high,
-            "classes": int(frame["auroc"].notna().sum()),
-            "images": report.n_images,
-        }
-        for column in ("accuracy", "sensitivity", "specificity"):
-            if column in frame:
-                summary[test.name][f"mean_{column}"] = float(frame[column].mean())
+        rows.append(report.per_class.assign(test_set=test.name))
+        summary[test.name] = _test_summary(report, rows[-1])
     return pd.concat(rows, ignore_index=True), summary
+
+
+def _test_summary(report: EvaluationReport, frame: pd.DataFrame) -> dict[str, Any]:
+    """A test set's line of ``result.json``: the mean AUROC with its bootstrap CI, classes and images (and the mean
+    threshold metrics of a report labeller)."""
+    summary = {
+        "mean_auroc": report.mean_auroc.estimate,
+        "ci_low": report.mean_auroc.low,
+        "ci_high": report.mean_auroc.high,
+        "classes": int(frame["auroc"].notna().sum()),
+        "images": report.n_images,
+    }
+    for column in ("accuracy", "sensitivity", "specificity"):
+        if column in frame:
+            summary[f"mean_{column}"] = float(frame[column].mean())
+    return summary
 
 
 def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
@@ -476,13 +654,18 @@ def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
         return json.loads(result_path.read_text())
     folder.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    train = _run_pooled if run.method in POOLED_COMPARATORS else _run_federated
-    models, record = train(run, folder, profile, options)
+    if options.variant == HEAD_ONLY:
+        models, record = _run_head_only(run, profile, options)
+        evaluate = _evaluate_heads
+    else:
+        train = _run_pooled if run.method in POOLED_COMPARATORS else _run_federated
+        models, record = train(run, folder, profile, options)
+        evaluate = evaluate_run
     trained = time.perf_counter() - started
     validation = {entry["round"]: entry for entry in record["curve"]}
     evaluated, frames = {}, []
     for kind in (SELECTED, LAST):
-        per_class, summary = evaluate_run(run, models[kind], options)
+        per_class, summary = evaluate(run, models[kind], options)
         frames.append(per_class.assign(model=kind))
         round_number = record["rounds"][kind]
         evaluated[kind] = {"round": round_number, "validation": validation.get(round_number), "test_sets": summary}
@@ -491,8 +674,12 @@ def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
         "setting": run.setting.name,
         "factor": run.setting.factor,
         "value": run.setting.value,
+        "control": run.setting.control,
+        "variant": options.variant,
         "method": run.method,
         "seed": run.seed,
+        "label_sets": run.setting.label_sets,
+        "shared_classes": run.setting.shared_classes,
         "train_seconds": round(trained, 1),
         "seconds": round(time.perf_counter() - started, 1),
         "test_sets": evaluated[SELECTED]["test_sets"],  # the selected model's, as the papers report
@@ -508,7 +695,7 @@ def plan(settings: Sequence[Setting], methods: Sequence[str], seeds: Sequence[in
     unknown = [method for method in methods if method not in COMPARATORS]
     if unknown:
         raise SiteConfigError(f"unknown method(s) {unknown}; choose from {list(COMPARATORS)}")
-    return [Run(setting, method, seed) for setting in settings for seed in seeds for method in methods]
+    return [Run(setting.for_seed(seed), method, seed) for setting in settings for seed in seeds for method in methods]
 
 
 def run_grid(
@@ -520,12 +707,14 @@ def run_grid(
     out: str | Path,
     options: RunOptions,
     only: Sequence[str] = (),
+    controls: Sequence[str] = (MISSING,),
 ) -> Path:
     """Run (or resume) a named grid and write its summary; returns the summary's path.
 
-    ``only`` restricts the grid to the settings whose name contains one of the given strings.
+    ``only`` restricts the grid to the settings whose name contains one of the given strings; ``controls``: the
+    simulated settings' controls (missing, absent).
     """
-    settings = grid_settings(grid, sources, profile)
+    settings = grid_settings(grid, sources, profile, controls)
     if only:
         settings = [s for s in settings if any(part in s.name for part in only)]
         if not settings:
