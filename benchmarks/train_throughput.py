@@ -4,7 +4,8 @@ Not a test: in one process and one run it measures
   (a) the ceiling: DenseNet121 training steps on synthetic tensors already on the device (the site trainer's
       precision and memory format; on a GPU the whole step captured as one CUDA graph, on a CPU plain eager);
   (b) the site trainer's training epoch on cached images (the embedded NIH-style data, generated at the size
-      asked), loader, batched augmentation and all;
+      asked), loader, batched augmentation and all: as configured (on a GPU its step replayed as a CUDA graph,
+      ``cuda_graphs: auto``), and (b') with every step launched kernel by kernel (``cuda_graphs: off``);
   (c) its validation (the same images, no augmentation).
 Each is repeated; the table gives the median and best images/s, and (b)/(a) from the medians. The JSON
 has the same numbers.
@@ -16,6 +17,7 @@ has the same numbers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -98,7 +100,7 @@ def ceiling(config, device: torch.device, steps: int, repeats: int) -> dict[str,
 
 def site_trainer(config, steps: int, repeats: int) -> tuple[dict[str, float], dict[str, float], int]:
     """(b) and (c): the site trainer's epoch (capped at ``steps`` batches) and its validation."""
-    trainer = SiteTrainer(config, prepare_site_data(config), "benchmark")
+    trainer = SiteTrainer(config, prepare_site_data(config), f"benchmark (cuda_graphs {config.cuda_graphs})")
     trainer.fit(0, warmup=False)  # first epoch: loader workers, cuDNN autotuning, allocator
 
     def train() -> tuple[int, float]:
@@ -147,6 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
         started = time.perf_counter()
         ceiling_rates = ceiling(config, device, args.batches, args.repeats)
         train_rates, validation_rates, loader_workers = site_trainer(config, args.batches, args.repeats)
+        eager_config = dataclasses.replace(config, cuda_graphs="off")
+        eager_rates = site_trainer(eager_config, args.batches, args.repeats)[0] if device.type == "cuda" else None
         seconds = time.perf_counter() - started
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
@@ -161,18 +165,22 @@ def main(argv: list[str] | None = None) -> dict:
         "compile": args.compile,
         "ceiling_images_per_s": ceiling_rates,
         "train_images_per_s": train_rates,
+        "train_eager_images_per_s": eager_rates,
         "validation_images_per_s": validation_rates,
         "train_over_ceiling": train_rates["median"] / ceiling_rates["median"],
         "seconds": round(seconds, 1),
     }
     print(f"{name}, {args.size} px, batch {args.batch}, {results['precision']}, {loader_workers} loader workers")
     print(f"{'':<42}{'median img/s':>14}{'best img/s':>12}")
-    for label, rates in (
+    rows = [
         ("(a) ceiling: the step on device tensors", ceiling_rates),
         ("(b) site trainer: training epoch", train_rates),
+        ("(b') the same, every step launched eagerly", eager_rates),
         ("(c) site trainer: validation", validation_rates),
-    ):
-        print(f"{label:<42}{rates['median']:>14.1f}{rates['best']:>12.1f}")
+    ]
+    for label, rates in rows:
+        if rates is not None:
+            print(f"{label:<42}{rates['median']:>14.1f}{rates['best']:>12.1f}")
     print(f"(b)/(a) = {results['train_over_ceiling']:.2f}; {seconds:.0f} s in all")
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")

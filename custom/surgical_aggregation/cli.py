@@ -337,7 +337,7 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     from .core.methods import COMPARATORS
     from .core.strategies import STRATEGIES
     from .experiments.grids import CONTROLS, GRIDS, MISSING
-    from .experiments.runner import ENGINES, FLARE_ENGINE, FULL, VARIANTS
+    from .experiments.runner import ENGINES, FLARE_ENGINE, FULL, GLYPHS, HEAD_FEATURES, VARIANTS
     from .training.profiles import PROFILES
 
     parser = commands.add_parser(
@@ -363,7 +363,12 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--nih", default=None, help="NIH ChestX-ray14 folder (default: embedded data)")
     parser.add_argument("--chexpert", default=None, help="CheXpert folder (default: embedded data)")
     parser.add_argument("--mimic", default=None, help="MIMIC-CXR-JPG folder, the external test set (default: embedded)")
-    parser.add_argument("--embedded-patients", type=_positive, default=400, help="patients per embedded dataset")
+    parser.add_argument(
+        "--embedded-patients",
+        type=_positive,
+        default=None,
+        help="patients per embedded dataset (default: the profile's)",
+    )
     parser.add_argument(
         "--controls",
         nargs="+",
@@ -378,6 +383,13 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
         default=FULL,
         help="train the whole network (full, the default) or only the heads on the frozen initial backbone's "
         "features (head_only: seconds per federation on a CPU)",
+    )
+    parser.add_argument(
+        "--head-features",
+        choices=HEAD_FEATURES,
+        default=GLYPHS,
+        help="head_only: read the images with the findings' glyph detectors (glyphs, the default; embedded data) or "
+        "with the initial model's frozen backbone (backbone)",
     )
     parser.add_argument(
         "--engine",
@@ -403,6 +415,16 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
         "embedded; FedBN+ on real data without --pretrained is refused)",
     )
     parser.add_argument("--only", nargs="+", default=[], help="run only settings whose name contains one of these")
+    parser.add_argument(
+        "--jobs", type=_positive, default=1, help="runs at once, each in its own process (default 1; e.g. 8 on a GPU)"
+    )
+    parser.add_argument(
+        "--loader-workers",
+        type=int,
+        default=None,
+        help="each site's data loader processes (default: the site config's, auto; 0 with many --jobs on a GPU)",
+    )
+    parser.add_argument("--cpu-threads", type=_positive, default=None, help="torch CPU threads of each run's sites")
     parser.add_argument("--cache-dir", default=None, help=f"cache root (default {default_cache_root()})")
     parser.add_argument("--keep-workspaces", action="store_true", help="keep the FLARE simulator workspaces")
     parser.add_argument(
@@ -437,7 +459,8 @@ def _experiment(args: argparse.Namespace) -> int:
     profile = PROFILES[args.profile]
     if args.rounds is not None:
         profile = dataclasses.replace(profile, rounds=args.rounds)
-    sources = DataSources(args.nih, args.chexpert, args.mimic, embedded_patients=args.embedded_patients)
+    patients = args.embedded_patients or profile.embedded_patients
+    sources = DataSources(args.nih, args.chexpert, args.mimic, embedded_patients=patients)
     options = RunOptions(
         backbone_strategy=args.backbone,
         weighting=args.weighting,
@@ -449,6 +472,9 @@ def _experiment(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         variant=args.variant,
         engine=args.engine,
+        head_features=args.head_features,
+        loader_workers=args.loader_workers,
+        cpu_threads=args.cpu_threads,
     )
     if args.dry_run:  # the initial model is decided (and the stand-in trained) when the grid runs
         settings = grid_settings(args.grid, sources, profile, args.controls)
@@ -465,7 +491,7 @@ def _experiment(args: argparse.Namespace) -> int:
         print(f"wrote {plan}")
         return 0
     summary = run_grid(
-        args.grid, args.methods, args.seeds, sources, profile, args.out, options, args.only, args.controls
+        args.grid, args.methods, args.seeds, sources, profile, args.out, options, args.only, args.controls, args.jobs
     )
     print(summary.read_text())
     print(f"wrote {summary} (tables, plots/ and per-run folders under {args.out})")

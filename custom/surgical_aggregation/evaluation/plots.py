@@ -72,6 +72,14 @@ def _save(figure, path: str | Path) -> Path:
     return path
 
 
+FACTOR_NAMES = {
+    "psi": "label heterogeneity ψ",
+    "K": "number of sites K",
+    "N": "dataset size N",
+    "shared": "labels shared by both sites",
+}
+
+
 def plot_metric_vs_factor(
     curves: Mapping[str, Sequence[tuple[float, float, float, float]]],
     path: str | Path,
@@ -102,17 +110,40 @@ def plot_metric_vs_factor(
         )
         band = 0.05 if key in dashed else 0.15
         axis.fill_between(x, [p[2] for p in points], [p[3] for p in points], color=colour, alpha=band)
-    names = {
-        "psi": "label heterogeneity ψ",
-        "K": "number of sites K",
-        "N": "dataset size N",
-        "shared": "labels shared by both sites",
-    }
-    axis.set_xlabel(names.get(factor, factor))
+    axis.set_xlabel(FACTOR_NAMES.get(factor, factor))
     axis.set_ylabel("mean AUROC (95% CI)")
     axis.set_title(title)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def plot_controls_vs_factor(
+    panels: Mapping[str, Mapping[str, Sequence[tuple[float, float, float, float]]]],
+    path: str | Path,
+    factor: str,
+    title: str,
+    labels: Mapping[str, str] | None = None,
+) -> Path:
+    """Side by side, one panel per control (e.g. missing, absent), sharing the y axis: one line per method of
+    (factor value, mean over seeds, seed CI low, high) points, the band its seed CI, one colour per method in every
+    panel."""
+    figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), sharey=True, squeeze=False)
+    methods = list(dict.fromkeys(method for lines in panels.values() for method in lines))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours = {method: palette[index % len(palette)] for index, method in enumerate(methods)}
+    for axis, (panel, lines) in zip(axes[0], panels.items(), strict=True):
+        for method, points in lines.items():
+            points = sorted(points)
+            x = [p[0] for p in points]
+            axis.plot(x, [p[1] for p in points], "-o", label=(labels or {}).get(method, method), color=colours[method])
+            axis.fill_between(x, [p[2] for p in points], [p[3] for p in points], color=colours[method], alpha=0.15)
+        axis.set_title(panel)
+        axis.set_xlabel(FACTOR_NAMES.get(factor, factor))
+        axis.grid(alpha=0.3)
+    axes[0][0].set_ylabel("mean AUROC (mean over seeds, 95% CI)")
+    axes[0][-1].legend(fontsize=8)
+    figure.suptitle(title)
     return _save(figure, path)
 
 

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -60,7 +62,7 @@ from ..training.profiles import Profile
 from ..training.site_data import prepare_site_data, resolve_table, split_table
 from ..training.trainer import SiteTrainer
 from .baselines import BaselineResult, pooled_config, train_pooled
-from .grids import MISSING, DataSources, Setting, dataset_identity, grid_settings
+from .grids import ABSENT, MISSING, DataSources, Setting, dataset_identity, grid_settings
 from .head_only import FeatureBank, Features, HeadLearner, HeadModel, HeadRecipe, initial_heads
 from .pretraining import InitialModel, Pretraining, pretrained_backbone
 from .summary import PER_CLASS_FILE, RESULT_FILE, summarize
@@ -96,6 +98,7 @@ class RunOptions:
     keep_workspaces: bool = False
     tracking: str = "tensorboard"  # or "mlflow": FLARE's MLflow receiver; its store is kept in the run's folder
     cpu_threads: int | None = None  # torch threads per site; default: the machine's cores / sites
+    loader_workers: int | None = None  # each site's loader worker processes (None: the site config's, auto)
     cache_dir: str | None = None
     variant: str = FULL
     engine: str = FLARE_ENGINE
@@ -146,6 +149,8 @@ def _for_run(config: dict[str, Any], run: Run, options: RunOptions) -> dict[str,
     values = {**config, "seed": run.seed, "record_exchanges": "off"}
     if options.cache_dir:
         values["cache_dir"] = options.cache_dir
+    if options.loader_workers is not None:
+        values["workers"] = options.loader_workers
     return values
 
 
@@ -230,6 +235,8 @@ def with_initial_model(
     else from scratch. FedBN+ on real data without weights is refused here, before anything trains."""
     if options.pretrain not in PRETRAIN_CHOICES:
         raise SiteConfigError(f"pretrain must be one of {PRETRAIN_CHOICES}, got {options.pretrain!r}")
+    if options.variant == HEAD_ONLY and options.head_features == GLYPHS:
+        return replace(options, initial_model="no backbone: the heads read the images with the glyph detectors")
     if options.pretrained_weights:
         initial = InitialModel.from_weights(options.pretrained_weights)
         return replace(options, initial_model=initial.description)
@@ -695,7 +702,13 @@ def plan(settings: Sequence[Setting], methods: Sequence[str], seeds: Sequence[in
     unknown = [method for method in methods if method not in COMPARATORS]
     if unknown:
         raise SiteConfigError(f"unknown method(s) {unknown}; choose from {list(COMPARATORS)}")
-    return [Run(setting.for_seed(seed), method, seed) for setting in settings for seed in seeds for method in methods]
+    return [
+        Run(setting.for_seed(seed), method, seed)
+        for setting in settings
+        for seed in seeds
+        for method in methods
+        if not (setting.control == ABSENT and method == "centralized_full")  # the findings it would label are gone
+    ]
 
 
 def run_grid(
@@ -708,6 +721,7 @@ def run_grid(
     options: RunOptions,
     only: Sequence[str] = (),
     controls: Sequence[str] = (MISSING,),
+    jobs: int = 1,
 ) -> Path:
     """Run (or resume) a named grid and write its summary; returns the summary's path.
 
@@ -719,7 +733,8 @@ def run_grid(
         settings = [s for s in settings if any(part in s.name for part in only)]
         if not settings:
             raise SiteConfigError(f"no setting of grid {grid!r} matches {list(only)}")
-    return run_settings(settings, methods, seeds, profile, out, options, {"grid": grid, "data": asdict(sources)})
+    description = {"grid": grid, "data": asdict(sources)}
+    return run_settings(settings, methods, seeds, profile, out, options, description, jobs)
 
 
 PLAN_FILE = "plan.json"
@@ -768,8 +783,10 @@ def run_settings(
     out: str | Path,
     options: RunOptions,
     description: dict[str, Any] | None = None,
+    jobs: int = 1,
 ) -> Path:
-    """Run every (setting, seed, method) not finished yet, with progress logs, then summarise."""
+    """Run every (setting, seed, method) not finished yet, with progress logs, then summarise. ``jobs`` > 1 runs
+    that many at once, each in a process of its own (a GPU's launch-bound small models leave it room for several)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = plan(settings, methods, seeds)
@@ -778,18 +795,36 @@ def run_settings(
     logger.info("initial model of every method: %s", options.initial_model)
     write_plan(out, settings, methods, seeds, profile, options, description)
     started = time.perf_counter()
-    for index, run in enumerate(runs, start=1):
-        done = (run.folder(out) / RESULT_FILE).is_file()
-        logger.info("[%d/%d] %s%s", index, len(runs), run.title, " (finished before: skipped)" if done else "")
-        result = execute(run, out, profile, options)
-        means = ", ".join(f"{name} {values['mean_auroc']:.3f}" for name, values in result["test_sets"].items())
-        logger.info(
-            "[%d/%d] %s: mean AUROC %s (%.0f s; %.0f s elapsed)",
-            index,
-            len(runs),
-            run.title,
-            means,
-            result["seconds"],
-            time.perf_counter() - started,
-        )
+    todo = [run for run in runs if not (run.folder(out) / RESULT_FILE).is_file()]
+    finished_before = len(runs) - len(todo)
+    logger.info("%d runs, %d finished before; %d to run, %d at a time", len(runs), finished_before, len(todo), jobs)
+    if jobs > 1:
+        context = multiprocessing.get_context("spawn")  # CUDA in the workers: never fork a process that holds it
+        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_logging) as pool:
+            futures = [pool.submit(execute, run, out, profile, options) for run in todo]
+            finished = (future.result() for future in as_completed(futures))
+            for index, result in enumerate(finished, start=1):
+                _log_result(index, len(todo), result, started)
+    else:
+        for index, run in enumerate(todo, start=1):
+            logger.info("[%d/%d] %s", index, len(todo), run.title)
+            _log_result(index, len(todo), execute(run, out, profile, options), started)
     return summarize(out)
+
+
+def _worker_logging() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _log_result(index: int, total: int, result: dict[str, Any], started: float) -> None:
+    means = ", ".join(f"{name} {values['mean_auroc']:.3f}" for name, values in result["test_sets"].items())
+    title = f"{result['setting']} / {result['method']} / seed {result['seed']}"
+    logger.info(
+        "[%d/%d] %s: mean AUROC %s (%.0f s; %.0f s elapsed)",
+        index,
+        total,
+        title,
+        means,
+        result["seconds"],
+        time.perf_counter() - started,
+    )

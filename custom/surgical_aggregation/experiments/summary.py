@@ -16,14 +16,23 @@ import json
 import logging
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from scipy import stats
 
 from ..core.errors import DataNotFoundError
 from ..core.methods import COMPARATOR_LABELS
 from ..evaluation.metrics import paired_t_test
-from ..evaluation.plots import plot_metric_vs_factor, plot_per_class_by_method, plot_validation_curves
+from ..evaluation.plots import (
+    plot_controls_vs_factor,
+    plot_metric_vs_factor,
+    plot_per_class_by_method,
+    plot_validation_curves,
+)
+from .grids import ABSENT, CONTROLS, MISSING
 
 logger = logging.getLogger(__name__)
 REFERENCE_METHOD = "surgical"
@@ -48,6 +57,7 @@ def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     for path in sorted((out / "runs").glob(f"*/*/seed*/{RESULT_FILE}")):
         result = json.loads(path.read_text())
         keys = {key: result[key] for key in ("setting", "factor", "value", "method", "seed")}
+        keys["control"] = result.get("control", MISSING)
         models = result.get("models") or {
             "selected": {"round": None, "validation": None, "test_sets": result["test_sets"]}
         }
@@ -69,7 +79,8 @@ def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         if "model" not in frame:
             frame["model"] = "selected"
         frame = frame.assign(**keys)
-        frame["shared"] = frame["class_name"].isin(shared.get(result["setting"], set()))
+        shared_classes = set(result["shared_classes"]) if "shared_classes" in result else shared.get(result["setting"])
+        frame["shared"] = frame["class_name"].isin(shared_classes or set())
         per_class.append(frame)
     if not results:
         raise DataNotFoundError(f"no finished run under {out / 'runs'}")
@@ -242,6 +253,96 @@ def _curves_markdown(curves: pd.DataFrame, results: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+SEEDS_FILE = "seeds.md"  # the grid across seeds: means with seed CIs, differences to surgical, round-0 selections
+
+
+def _t_interval(values: np.ndarray) -> tuple[float, float]:
+    """The 95% t-interval of the mean of ``values`` (NaN bounds for fewer than two)."""
+    if len(values) < 2:
+        return math.nan, math.nan
+    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
+    return float(values.mean() - half), float(values.mean() + half)
+
+
+def seed_table(results: pd.DataFrame) -> pd.DataFrame:
+    """Per factor, value, control, test set, method and model, over seeds: mean AUROC with its 95% t-interval across
+    seeds and the mean half-width of the runs' bootstrap CIs (across images); the share of seeds whose selected model
+    is the first round's; and the paired difference to surgical aggregation over the seeds (mean, t-interval, p)."""
+    results = _with_model(results).assign(control=results.get("control", MISSING))
+    reference = _reference(list(results["method"].unique()))
+    keys = ["factor", "value", "control", "test_set", "model"]
+    rows = []
+    for group_keys, group in results.groupby(keys, sort=False):
+        by_method = {method: frame.set_index("seed") for method, frame in group.groupby("method", sort=False)}
+        for method, frame in by_method.items():
+            values = frame["mean_auroc"].to_numpy(dtype=float)
+            low, high = _t_interval(values)
+            row = dict(zip(keys, group_keys, strict=True)) | {
+                "method": method,
+                "label": COMPARATOR_LABELS.get(method, method),
+                "seeds": len(values),
+                "mean_auroc": float(values.mean()),
+                "seed_ci_low": low,
+                "seed_ci_high": high,
+                "image_ci_half_width": float(((frame["ci_high"] - frame["ci_low"]) / 2).mean()),
+                "first_round_selected": float((frame["round"] == 0).mean()),
+                "difference": math.nan,
+                "difference_low": math.nan,
+                "difference_high": math.nan,
+                "p_value": math.nan,
+            }
+            if reference and method != reference and reference in by_method:
+                ours, theirs = by_method[reference]["mean_auroc"].align(frame["mean_auroc"], join="inner")
+                differences = (theirs - ours).to_numpy(dtype=float)
+                if len(differences):
+                    row["difference"] = float(differences.mean())
+                    row["difference_low"], row["difference_high"] = _t_interval(differences)
+                if len(differences) >= 2 and np.ptp(differences) > 0:
+                    row["p_value"] = float(stats.ttest_1samp(differences, 0.0).pvalue)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def factor_value(factor: str, value: float) -> str:
+    """A grid's factor value as its pages write it: psi and N as fractions (12/14, 1/10), K as a number."""
+    if factor in ("psi", "N") and value not in (0, 1):
+        fraction = Fraction(value).limit_denominator(14)
+        return f"{fraction.numerator}/{fraction.denominator}"
+    return f"{value:g}"
+
+
+def _interval(low: float, high: float) -> str:
+    return "—" if math.isnan(low) else f"{low:.3f}–{high:.3f}"
+
+
+def seeds_markdown(table: pd.DataFrame, reference: str | None) -> str:
+    """The selected models' seed table, one section per factor and test set."""
+    lines = []
+    selected = table[table.model == "selected"]
+    for (factor, test_set), group in selected.groupby(["factor", "test_set"], sort=False):
+        lines += [
+            f"### {factor} — {test_set} test set (selected models; mean over seeds)",
+            "",
+            f"| {factor} | control | method | seeds | mean AUROC | 95% CI across seeds | ± across images "
+            f"| minus {reference or '-'} (95% CI across seeds) | p | selected at round 0 |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in group.sort_values(["value", "control"], kind="stable").itertuples(index=False):
+            difference = (
+                "—"
+                if math.isnan(row.difference)
+                else f"{row.difference:+.3f} ({_interval(row.difference_low, row.difference_high)})"
+            )
+            p = "—" if math.isnan(row.p_value) else f"{row.p_value:.3g}"
+            lines.append(
+                f"| {factor_value(factor, row.value)} | {row.control} | {row.label} | {row.seeds} "
+                f"| {row.mean_auroc:.3f} | {_interval(row.seed_ci_low, row.seed_ci_high)} "
+                f"| {row.image_ci_half_width:.3f} | {difference} | {p} | {row.first_round_selected:.0%} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def summarize(out: str | Path) -> Path:
     """Write the tables and plots of every finished run under ``out``; returns ``summary.md``."""
     out = Path(out)
@@ -277,8 +378,43 @@ def summarize(out: str | Path) -> Path:
         )
     path = out / "summary.md"
     path.write_text(text)
+    if results["seed"].nunique() > 1:
+        seeds = seed_table(results)
+        seeds.to_csv(out / "seeds.csv", index=False)
+        (out / SEEDS_FILE).write_text(
+            "Across seeds: each seed draws the label subsets, the patient split and partition, and the training "
+            "anew.\n\n" + seeds_markdown(seeds, reference)
+        )
+        _control_plots(seeds, out / "plots")
     _plots(results, per_class, curves, out / "plots")
     return path
+
+
+def _control_plots(seeds: pd.DataFrame, folder: Path) -> None:
+    """Mean AUROC vs each factor, the controls side by side (missing, absent), seed CIs shaded: selected models."""
+    selected = seeds[seeds.model == "selected"]
+    for (factor, test_set), group in selected.groupby(["factor", "test_set"], sort=False):
+        if group["value"].nunique() < 2:
+            continue
+        panels = {}
+        for control in [c for c in CONTROLS if c in set(group["control"])]:
+            lines: dict[str, list[tuple[float, float, float, float]]] = {}
+            for row in group[group.control == control].itertuples(index=False):
+                lines.setdefault(row.method, []).append((row.value, row.mean_auroc, row.seed_ci_low, row.seed_ci_high))
+            panels[f"{control}: {CONTROL_TITLES[control]}"] = lines
+        plot_controls_vs_factor(
+            panels,
+            folder / f"mean_auroc_vs_{factor}_{test_set}_controls.png",
+            factor,
+            f"{test_set} test set (selected models)",
+            COMPARATOR_LABELS,
+        )
+
+
+CONTROL_TITLES = {
+    MISSING: "a site's unlabelled findings in its images",
+    ABSENT: "left out of its images",
+}
 
 
 def _plots(results: pd.DataFrame, per_class: pd.DataFrame, curves: pd.DataFrame, folder: Path) -> None:

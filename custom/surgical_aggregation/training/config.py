@@ -30,6 +30,7 @@ from .privacy import DifferentialPrivacy
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 COMPILE_MODES = ("off", "on")
+CUDA_GRAPH_MODES = ("auto", "off")
 DEVICES = (AUTO, "cpu", "cuda")
 JOB_SUPPLIED = "job_supplied"  # metadata of the fields a job gives a loaded config, absent from the site's file
 MODALITY_FIELDS = "modality_fields"  # metadata of the field holding the modality's own (flat in the file)
@@ -80,6 +81,9 @@ class SiteConfig:
     gpus: int = 1
     amp: bool = True  # mixed precision on CUDA: bf16 where the GPU has it, else fp16 (ignored on CPU)
     compile: str = "off"  # on: torch.compile the training step (a first-step cost; see docs/performance.md)
+    # auto: on a GPU, the training step (forward, loss, backward, Adam) captured once as a CUDA graph and replayed
+    # (training.loops.GraphedStep) where that is exact; off: every step launched kernel by kernel
+    cuda_graphs: str = "auto"
     cache_dir: str | None = None  # null = $SURGICAL_AGGREGATION_CACHE or ~/.cache/surgical_aggregation
     seed: int = 0
     record_exchanges: str = "head"  # what to keep of each model exchange: head | full | off (flare.audit)
@@ -207,7 +211,11 @@ def _build_site_config(values: Mapping[str, Any], source: str) -> SiteConfig:
     for name in sorted(set(values) & set(others)):
         owner = others[name]
         default = getattr(owner.settings_type(), name)
-        if values[name] != (dataclasses.asdict(default) if dataclasses.is_dataclass(default) else default):
+        given = values[name]
+        if dataclasses.is_dataclass(default):  # read as the owner reads it: a field the file leaves out is its default
+            given = dataclasses.asdict(_build(type(default), given, source, f"{name}."))
+            default = dataclasses.asdict(default)
+        if given != default:
             raise SiteConfigError(
                 f"{source}: {name} is read by {owner.name} sites only; this site's data (kind {data.kind!r}) is "
                 f"{modality.name}: remove it"
@@ -267,6 +275,8 @@ def _check_and_resolve(config: SiteConfig, where: str, base_dir: Path | None) ->
         raise fail("workers", f"must be a whole number >= 0 or {AUTO!r}, got {config.workers!r}")
     if config.compile not in COMPILE_MODES:
         raise fail("compile", f"must be one of {list(COMPILE_MODES)}, got {config.compile!r}")
+    if config.cuda_graphs not in CUDA_GRAPH_MODES:
+        raise fail("cuda_graphs", f"must be one of {list(CUDA_GRAPH_MODES)}, got {config.cuda_graphs!r}")
     for name in ("learning_rate", "warmup_learning_rate"):
         if not getattr(config, name) > 0:
             raise fail(name, f"must be positive, got {getattr(config, name)}")

@@ -125,6 +125,78 @@ class EpochResult:
     seconds: float
 
 
+class GraphedStep:
+    """A training step (zero the gradients, forward, masked BCE, backward, the optimizer's step) captured once as a
+    CUDA graph and replayed for every full batch of a phase, round after round.
+
+    At small images and batches a GPU step of DenseNet121 is bound by launching its ~1,000 kernels one by one, not by
+    the kernels; a replay launches them all at once. It is the eager step exactly: the capture's warm-up steps are
+    undone (the model's state is put back), and :meth:`reset` starts the optimizer afresh in place before each
+    phase, as a new optimizer would (the graph keeps its tensors). Adam and AdamW only (fused, capturable).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer_type: type[torch.optim.Optimizer],
+        learning_rate: float,
+        weight_decay: float,
+        inputs: torch.Tensor,
+        target: torch.Tensor,
+        autocast: torch.dtype | None,
+    ) -> None:
+        self.model = model
+        trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        self.optimizer = optimizer_type(
+            trainable, lr=learning_rate, weight_decay=weight_decay, fused=True, capturable=True
+        )
+        self.inputs = torch.zeros_like(inputs)
+        self.target = torch.zeros_like(target)
+        self.mask = torch.zeros_like(target)
+        self.autocast = autocast
+        saved = {key: value.detach().clone() for key, value in model.state_dict().items()}
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):  # allocations, cuDNN's choices and the optimizer's state, before the capture
+                    self._step()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.loss = self._step()
+        finally:
+            model.load_state_dict(saved)  # the warm-up steps trained: undo them (a failed capture too)
+
+    def _step(self) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=False)
+        with _autocast(self.inputs.device, self.autocast):
+            summed, labelled = masked_bce_terms(self.model(self.inputs), self.target, self.mask)
+        loss = summed / labelled.clamp_min(1.0)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    def fits(self, inputs: torch.Tensor) -> bool:
+        """Whether a batch has the captured shape (a smaller last batch runs eagerly)."""
+        return inputs.shape == self.inputs.shape
+
+    def reset(self) -> None:
+        """The optimizer as a new one would start (moments and step counts zero), in place."""
+        for state in self.optimizer.state.values():
+            for value in state.values():
+                if torch.is_tensor(value):
+                    value.zero_()
+
+    def __call__(self, inputs: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """One step on this batch; returns the batch's loss (on the device, overwritten by the next step)."""
+        self.inputs.copy_(inputs)
+        self.target.copy_(target)
+        self.mask.copy_(mask)
+        self.graph.replay()
+        return self.loss
+
+
 def train_epoch(
     model: nn.Module,
     loader: DataLoader,
@@ -140,6 +212,7 @@ def train_epoch(
     frozen_batchnorm: bool = False,
     log: logging.Logger = logger,
     shard: RowShard | None = None,
+    graphed: GraphedStep | None = None,
 ) -> EpochResult:
     """One pass over ``loader`` (or ``max_steps`` batches); returns the sample-weighted mean loss.
 
@@ -149,7 +222,8 @@ def train_epoch(
     (FedBN+). The losses stay on the device (no host sync per step): a non-finite one is found within
     ``CHECK_EVERY_STEPS`` steps and stops training with its step. ``shard``: this process is one of several
     training on the same batches (``model`` wrapped in DDP); it computes its rows of each batch, and the
-    loss is scaled so that DDP's gradient average is the gradient of the whole batch's loss.
+    loss is scaled so that DDP's gradient average is the gradient of the whole batch's loss. ``graphed``: the phase's
+    captured step (plain BCE, no shard, no scaler), replayed for every batch of its shape.
     """
     prior = None if class_prior is None else class_prior.to(device)
     train_mode(model, frozen_batchnorm)
@@ -165,28 +239,13 @@ def train_epoch(
         target = batch["label"].to(device, non_blocking=True)
         mask = batch["mask"].to(device, non_blocking=True)
         count = len(inputs)  # the whole batch's samples
-        if shard is not None:
-            rows = shard.rows(count)
-            inputs, target, mask = inputs[rows], target[rows], mask[rows]
-        optimizer.zero_grad(set_to_none=True)
-        with _autocast(device, autocast):
-            weights = None if prior is None else label_prior_weights(target, mask, prior)
-            summed, labelled = masked_bce_terms(model(inputs), target, mask, weights)
-        if shard is not None:
-            labelled = shard.total(labelled)  # the whole batch's labelled entries
-        loss = summed / labelled.clamp_min(1.0)  # with a shard: this process's share of the batch's loss
-        objective = loss if shard is None else loss * shard.world  # DDP averages the ranks' gradients
-        if penalty is not None:
-            objective = objective + penalty()
-        bad = ~torch.isfinite(objective.detach())
-        first_bad_step = torch.where(bad & (first_bad_step < 0), step, first_bad_step)
-        if scaler is not None:
-            scaler.scale(objective).backward()
-            scaler.step(optimizer)
-            scaler.update()
+        if graphed is not None and graphed.fits(inputs):
+            loss = graphed(inputs, target, mask)
+            first_bad_step = torch.where(~torch.isfinite(loss) & (first_bad_step < 0), step, first_bad_step)
         else:
-            objective.backward()
-            optimizer.step()
+            loss, first_bad_step = _eager_step(
+                model, optimizer, inputs, target, mask, autocast, scaler, prior, penalty, shard, step, first_bad_step
+            )
         total += loss.detach().double() * count
         samples += count
         if (step + 1) % CHECK_EVERY_STEPS == 0:
@@ -200,6 +259,46 @@ def train_epoch(
     if shard is not None:
         total = shard.total(total)  # each rank summed its share of every batch's loss
     return EpochResult(loss=total.item() / max(samples, 1), samples=samples, seconds=time.perf_counter() - started)
+
+
+def _eager_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    inputs: torch.Tensor,
+    target: torch.Tensor,
+    mask: torch.Tensor,
+    autocast: torch.dtype | None,
+    scaler: torch.amp.GradScaler | None,
+    prior: torch.Tensor | None,
+    penalty: Callable[[], torch.Tensor] | None,
+    shard: RowShard | None,
+    step: int,
+    first_bad_step: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step launched kernel by kernel; returns (the batch's loss, the first non-finite step so far)."""
+    if shard is not None:
+        rows = shard.rows(len(inputs))
+        inputs, target, mask = inputs[rows], target[rows], mask[rows]
+    optimizer.zero_grad(set_to_none=True)
+    with _autocast(inputs.device, autocast):
+        weights = None if prior is None else label_prior_weights(target, mask, prior)
+        summed, labelled = masked_bce_terms(model(inputs), target, mask, weights)
+    if shard is not None:
+        labelled = shard.total(labelled)  # the whole batch's labelled entries
+    loss = summed / labelled.clamp_min(1.0)  # with a shard: this process's share of the batch's loss
+    objective = loss if shard is None else loss * shard.world  # DDP averages the ranks' gradients
+    if penalty is not None:
+        objective = objective + penalty()
+    bad = ~torch.isfinite(objective.detach())
+    first_bad_step = torch.where(bad & (first_bad_step < 0), step, first_bad_step)
+    if scaler is not None:
+        scaler.scale(objective).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        objective.backward()
+        optimizer.step()
+    return loss, first_bad_step
 
 
 def _stop_if_not_finite(first_bad_step: torch.Tensor, description: str, shard: RowShard | None = None) -> None:

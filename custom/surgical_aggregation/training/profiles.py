@@ -27,6 +27,7 @@ class Profile:
     pretraining: Mapping[str, int] = field(default_factory=lambda: {"images": 2000, "epochs": 5})
     # the benchmark's head-only variant (experiments.head_only.HeadRecipe): how a site trains its head on features
     head_only: Mapping[str, Any] = field(default_factory=dict)
+    embedded_patients: int = 400  # the grids' embedded datasets (experiments.grids.DataSources)
 
     def __post_init__(self) -> None:
         if not isinstance(self.description, str):  # e.g. the training settings given in its place
@@ -67,6 +68,20 @@ DEMO = Profile(
     rounds=5,
     split_fractions=(0.6, 0.2, 0.2),
 )
+BENCHMARK = Profile(
+    "benchmark",
+    "The embedded benchmark's grids (docs/benchmark): the demo recipe (64 px, batch 32, Adam at 3e-4 after a 1-epoch "
+    "head warm-up) on 2,000 embedded patients split 50/10/40 (a test split of over 1,000 images), up to 40 rounds "
+    "with patience 8; a stand-in pretrained on 6,000 pattern images for 8 epochs; the head-only variant's heads by "
+    "Adam at 1e-2.",
+    training=dict(DEMO.training),
+    rounds=40,
+    patience=8,
+    split_fractions=(0.5, 0.1, 0.4),
+    pretraining={"images": 6000, "epochs": 8},
+    head_only={"learning_rate": 1e-2},
+    embedded_patients=2000,
+)
 REPORT = Profile(
     "report",
     "The report-labelling paper: the MLP over sentence embeddings, Adam at 1e-3, no warm-up, 20 aggregations, "
@@ -79,4 +94,4 @@ REPORT = Profile(
 # experiments use the report profile's 20); 3 rounds of seven sites keep jobs/cxr_consortium to minutes as well.
 REPORT_JOB_ROUNDS = 10
 CONSORTIUM_ROUNDS = 3
-PROFILES: dict[str, Profile] = {profile.name: profile for profile in (PAPER, DEMO, REPORT)}
+PROFILES: dict[str, Profile] = {profile.name: profile for profile in (PAPER, DEMO, BENCHMARK, REPORT)}

@@ -24,12 +24,14 @@ from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, sa
 from .config import SiteConfig
 from .loops import (
     Evaluation,
+    GraphedStep,
     freeze_batchnorm,
     make_loader,
     place_model,
     predict,
     set_backbone_trainable,
     train_epoch,
+    train_mode,
 )
 from .parallel import FitRequest, RankGroup, check_gpus
 from .privacy import (
@@ -120,6 +122,9 @@ class SiteTrainer:
         self.site_method = SiteMethod()
         self._prior: torch.Tensor | None = None
         self._penalty: Callable[[], torch.Tensor] | None = None
+        self._graphs: dict[tuple[str, bool], GraphedStep] = {}  # a phase's captured step, kept across rounds
+        self._graphed: GraphedStep | None = None  # the phase's now
+        self._graph_failed = False
         self.head_classes: list[str] = []
         self._set_head(data.class_names)
         self.val_loader = make_loader(data.val, config.batch_size, False, self.workers)
@@ -140,6 +145,7 @@ class SiteTrainer:
         if classes == self.head_classes:
             return
         self.head_classes = classes
+        self._graphs.clear()  # they replay the old model's tensors
         self.model = place_model(self._new_model(classes), self.device)
         # the compiled step shares the model's parameters; state is always read from the model itself
         self.training_model = torch.compile(self.model) if self.config.compile == "on" else self.model
@@ -247,9 +253,10 @@ class SiteTrainer:
         self._prior = prior_vector(self.site_method.label_prior, self.head_classes)
         self._penalty = self._proximal_term() if self.site_method.proximal_mu > 0 else None
         report = FitReport()
+        graphs = self._graphs_usable(private, group)
         if warmup and config.warmup_epochs > 0:
             set_backbone_trainable(self.model, False, frozen_bn)
-            optimizer = make_optimizer(config, self.model.parameters(), config.warmup_learning_rate, self.device)
+            optimizer = self._optimizer("warm-up", config.warmup_learning_rate, frozen_bn, graphs)
             with self._steps_on(group, frozen_bn), self._private_steps(optimizer, private) as optimizer:
                 for epoch in range(config.warmup_epochs):
                     phase = f"round {round_number} head warm-up"
@@ -257,7 +264,7 @@ class SiteTrainer:
                     report.warmup_losses.append(result.loss)
                     report.seconds += result.seconds
             set_backbone_trainable(self.model, True, frozen_bn)
-        optimizer = make_optimizer(config, self.model.parameters(), config.learning_rate, self.device)
+        optimizer = self._optimizer("training", config.learning_rate, frozen_bn, graphs)
         with self._steps_on(group, frozen_bn), self._private_steps(optimizer, private) as optimizer:
             for epoch in range(config.local_epochs):
                 result = self._epoch(optimizer, f"round {round_number} training", epoch, config.local_epochs)
@@ -274,6 +281,54 @@ class SiteTrainer:
                 report.privacy["delta"], report.privacy["noise_multiplier"], report.privacy["steps"],
             )  # fmt: skip
         return report
+
+    # --- the training step as a CUDA graph (training.loops.GraphedStep) ------------------------------------------
+
+    def _graphs_usable(self, private: bool, group: RankGroup | None) -> bool:
+        """A GPU step is captured where the replay is exactly the eager step: plain BCE (no FedSLD weights, no
+        FedProx term), bf16 without a loss scaler, one process, no DP-SGD, no torch.compile, Adam or AdamW."""
+        method = self.site_method
+        return (
+            self.config.cuda_graphs == "auto"
+            and self.device.type == "cuda"
+            and self.scaler is None
+            and not private
+            and group is None
+            and self.config.compile == "off"
+            and method.label_prior is None
+            and method.proximal_mu == 0
+            and self.config.optimizer in ("adam", "adamw")
+        )
+
+    def _optimizer(self, phase: str, learning_rate: float, frozen_bn: bool, graphs: bool) -> torch.optim.Optimizer:
+        """The phase's optimizer: a new one, or the phase's captured step's (captured at its first use, with the
+        trainable parameters and BatchNorm mode set as the phase trains), started afresh."""
+        self._graphed = None
+        if not graphs:
+            return make_optimizer(self.config, self.model.parameters(), learning_rate, self.device)
+        key = (phase, frozen_bn)
+        if key not in self._graphs and not self._graph_failed:
+            train_mode(self.model, frozen_bn)
+            probe = self.modality.probe_input(self.preprocessing).to(self.device)
+            inputs = probe[:1].expand(self.config.batch_size, *probe.shape[1:]).contiguous()
+            if inputs.dim() == 4:
+                inputs = inputs.contiguous(memory_format=torch.channels_last)
+            target = torch.zeros(self.config.batch_size, len(self.head_classes), device=self.device)
+            optimizer_type = torch.optim.AdamW if self.config.optimizer == "adamw" else torch.optim.Adam
+            try:
+                self._graphs[key] = GraphedStep(
+                    self.model, optimizer_type, learning_rate, self.config.weight_decay, inputs, target, self.autocast
+                )
+            except RuntimeError as error:  # a GPU or build that cannot capture: train as before, and say so once
+                self._graph_failed = True
+                self.log.warning(
+                    "%s: CUDA graph capture failed (%s); every step launches its kernels", self.site_name, error
+                )
+        if key not in self._graphs:
+            return make_optimizer(self.config, self.model.parameters(), learning_rate, self.device)
+        self._graphed = self._graphs[key]
+        self._graphed.reset()
+        return self._graphed.optimizer
 
     # --- DP-SGD (training.privacy) -----------------------------------------------------------------
 
@@ -434,6 +489,7 @@ class SiteTrainer:
             frozen_batchnorm=self.site_method.freezes_batchnorm,
             log=self.log,
             shard=None if self.group is None else self.group.shard,
+            graphed=self._graphed,
         )
         if self._on_epoch_end is not None:
             self._on_epoch_end()
