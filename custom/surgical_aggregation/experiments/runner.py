@@ -60,7 +60,7 @@ from ..training.checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, initial_g
 from ..training.config import SiteConfig, site_config_from_dict
 from ..training.profiles import Profile
 from ..training.site_data import prepare_site_data, resolve_table, split_table
-from ..training.trainer import SiteTrainer
+from ..training.trainer import EVALUATION_BATCHES_ON_GPU, SiteTrainer
 from .baselines import BaselineResult, pooled_config, train_pooled
 from .grids import ABSENT, MISSING, DataSources, Setting, dataset_identity, grid_settings
 from .head_only import FeatureBank, Features, HeadLearner, HeadModel, HeadRecipe, initial_heads
@@ -631,7 +631,10 @@ def evaluate_run(run: Run, models: dict[str, list[Path]], options: RunOptions) -
         else:
             table = resolve_table(config)
             table = table if test.split == "all" else split_table(table, config)[test.split]
-            report = evaluate_models(paths, table, cache_dir=config.cache_dir, bootstrap=options.bootstrap)
+            batch = config.batch_size * (EVALUATION_BATCHES_ON_GPU if resolve_device(config.device).type == "cuda" else 1)
+            report = evaluate_models(
+                paths, table, cache_dir=config.cache_dir, bootstrap=options.bootstrap, batch_size=batch
+            )
         rows.append(report.per_class.assign(test_set=test.name))
         summary[test.name] = _test_summary(report, rows[-1])
     return pd.concat(rows, ignore_index=True), summary
