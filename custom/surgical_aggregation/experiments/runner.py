@@ -631,7 +631,8 @@ def evaluate_run(run: Run, models: dict[str, list[Path]], options: RunOptions) -
         else:
             table = resolve_table(config)
             table = table if test.split == "all" else split_table(table, config)[test.split]
-            batch = config.batch_size * (EVALUATION_BATCHES_ON_GPU if resolve_device(config.device).type == "cuda" else 1)
+            on_gpu = resolve_device(config.device).type == "cuda"
+            batch = config.batch_size * (EVALUATION_BATCHES_ON_GPU if on_gpu else 1)
             report = evaluate_models(
                 paths, table, cache_dir=config.cache_dir, bootstrap=options.bootstrap, batch_size=batch
             )
