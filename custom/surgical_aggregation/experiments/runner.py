@@ -817,7 +817,9 @@ def run_settings(
 
 
 def _worker_logging() -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """A worker says what goes wrong, and how each federation's rounds go (its round lines)."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("surgical_aggregation.experiments.federation").setLevel(logging.INFO)
 
 
 def _log_result(index: int, total: int, result: dict[str, Any], started: float) -> None:
