@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import UserError
+from .head import to_numpy
 from .strategies import BackboneStrategy, strategy
 
 if TYPE_CHECKING:  # torch is imported where it computes: the command line reads this module's names without it
@@ -89,8 +90,8 @@ def batchnorm_at_defaults(state: Mapping[str, Any]) -> bool:
     if not means:
         return False
     for key in means:
-        variance = np.asarray(state[key[: -len("running_mean")] + "running_var"])
-        if np.asarray(state[key]).any() or not (variance == 1).all():
+        variance = to_numpy(state[key[: -len("running_mean")] + "running_var"])  # on the CPU (a GPU's model too)
+        if to_numpy(state[key]).any() or not (variance == 1).all():
             return False
     return True
 
