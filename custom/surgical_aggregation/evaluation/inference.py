@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from torch.utils.data import Dataset
 
-from ..core.devices import auto_workers, autocast_dtype, resolve_device
+from ..core.devices import AUTO, autocast_dtype, resolve_device, resolve_workers
 from ..core.errors import DataNotFoundError, DatasetFormatError, ModelFileError, SiteConfigError
 from ..data.splits import patient_split
 from ..data.table import LabelTable
@@ -96,11 +96,14 @@ def score(
     return frame, failures
 
 
-def predict_checkpoint(checkpoint: Checkpoint, dataset: Dataset, batch_size: int, device_spec: str) -> np.ndarray:
-    """(N, classes) probabilities of a checkpoint's model on a dataset of this package (images or reports)."""
+def predict_checkpoint(
+    checkpoint: Checkpoint, dataset: Dataset, batch_size: int, device_spec: str, workers: int | str = AUTO
+) -> np.ndarray:
+    """(N, classes) probabilities of a checkpoint's model on a dataset of this package (images or reports);
+    ``workers``: the loader's worker processes (auto: ``core.devices.auto_workers``)."""
     device = resolve_device(device_spec)
     model = place_model(checkpoint.build_model(), device)
-    loader = make_loader(dataset, batch_size, train=False, workers=auto_workers(device))
+    loader = make_loader(dataset, batch_size, train=False, workers=resolve_workers(workers, device))
     probabilities, _, _ = predict(model, loader, device, autocast_dtype(device, amp=True), progress=sys.stderr.isatty())
     return probabilities
 
@@ -141,6 +144,7 @@ def evaluate_models(
     batch_size: int = 32,
     device: str = "auto",
     bootstrap: int = 1000,
+    workers: int | str = AUTO,
 ) -> EvaluationReport:
     """Like :func:`evaluate_on_table` for a set of models (PFL's personal models, per-dataset models):
     each class is scored by the mean probability of the models that predict it."""
@@ -150,7 +154,7 @@ def evaluate_models(
     predicted = predicted_classes(checkpoints, table)
     dataset, kept = scoring_dataset(checkpoints, table, preprocessing, cache_dir, on_error, device)
     probabilities = ensemble_probabilities(
-        checkpoints, predicted, lambda checkpoint: predict_checkpoint(checkpoint, dataset, batch_size, device)
+        checkpoints, predicted, lambda checkpoint: predict_checkpoint(checkpoint, dataset, batch_size, device, workers)
     )
     report = per_class_report(probabilities, predicted, kept, bootstrap)
     report.noun = modality_for_architecture(checkpoints[0].architecture).sample_noun

@@ -634,7 +634,12 @@ def evaluate_run(run: Run, models: dict[str, list[Path]], options: RunOptions) -
             on_gpu = resolve_device(config.device).type == "cuda"
             batch = config.batch_size * (EVALUATION_BATCHES_ON_GPU if on_gpu else 1)
             report = evaluate_models(
-                paths, table, cache_dir=config.cache_dir, bootstrap=options.bootstrap, batch_size=batch
+                paths,
+                table,
+                cache_dir=config.cache_dir,
+                bootstrap=options.bootstrap,
+                batch_size=batch,
+                workers=config.workers,  # the sites' (a grid of many runs on a GPU asks for none)
             )
         rows.append(report.per_class.assign(test_set=test.name))
         summary[test.name] = _test_summary(report, rows[-1])
