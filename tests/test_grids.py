@@ -6,19 +6,22 @@ from fractions import Fraction
 
 import pytest
 
+from surgical_aggregation.core.errors import SiteConfigError
 from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.data.table import PATIENT_COLUMN
 from surgical_aggregation.experiments.grids import (
+    ABSENT,
+    MISSING,
     PSI_VALUES,
     DataSources,
     assign_label_sets,
     dataset_identity,
-    full_dataset_config,
     grid_settings,
     nih_chexpert,
     shared_labels,
 )
 from surgical_aggregation.experiments.planning import site_label_counts
+from surgical_aggregation.images.synthetic import MAIN_UNION
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.profiles import PROFILES
 from surgical_aggregation.training.site_data import resolve_table, split_table
@@ -99,16 +102,21 @@ def test_partition_fields_are_validated():
         site_config_from_dict({"data": {"train_subsample": 0}})
 
 
-def test_grids_follow_the_papers():
+def test_grids_follow_the_papers_with_a_psi_0_control():
     sources, profile = DataSources(), PROFILES["demo"]
     k_grid = grid_settings("K", sources, profile)
-    assert [len(s.sites) for s in k_grid] == [2, 3, 4, 5, 6, 8, 10]
+    assert [(s.factor, len(s.sites)) for s in k_grid] == [("K", k) for k in (2, 3, 4, 5, 6, 8, 10)] + [("psi", 4)]
+    assert [len(s.shared_classes) for s in k_grid] == [10] * 7 + [14]
     psi_grid = grid_settings("psi", sources, profile)
     assert [len(s.shared_classes) for s in psi_grid] == [14, 12, 8, 4, 2, 1, 0]
     assert all(len(s.sites) == 4 for s in psi_grid)
     n_grid = grid_settings("N", sources, profile)
-    assert [s.sites["site-1"]["data"]["train_subsample"] for s in n_grid] == [1 / 10, 1 / 8, 1 / 6, 1 / 4, 1 / 3, 1 / 2]
-    assert all(len(s.shared_classes) == 10 and len(s.sites) == 2 for s in n_grid)
+    fractions = [s.sites["site-1"]["data"]["train_subsample"] for s in n_grid]
+    assert fractions == [1 / 10, 1 / 8, 1 / 6, 1 / 4, 1 / 3, 1 / 2, 1]
+    assert [len(s.shared_classes) for s in n_grid] == [10] * 6 + [14] and all(len(s.sites) == 2 for s in n_grid)
+    both = grid_settings("psi", sources, profile, (MISSING, ABSENT))
+    assert [s.control for s in both] == [MISSING] * 7 + [ABSENT] * 7
+    assert [s.name for s in both[7:]] == [f"{s.name}-absent" for s in psi_grid]
     for setting in psi_grid:
         for config in setting.sites.values():
             site_config_from_dict(config)  # every generated config is valid
@@ -119,13 +127,30 @@ def test_grids_follow_the_papers():
     assert len(set().union(*map(set, twenty.label_sets.values()))) == 20 and len(twenty.shared_classes) == 7
 
 
-def test_individual_models_use_the_whole_dataset():
-    setting = grid_settings("small", DataSources(), PROFILES["demo"])[1]
-    identities = {dataset_identity(config) for config in setting.sites.values()}
-    assert identities == {"nih:embedded-400p-64px-s0"}
-    widened = full_dataset_config(setting.sites["site-1"])
-    assert "labels" not in widened["data"] and "partition_count" not in widened["data"]
-    assert setting.sites["site-1"]["data"]["partition_count"] == 4  # the original is untouched
+def test_each_seed_draws_the_label_sets_split_and_partition_anew():
+    base = grid_settings("small", DataSources(), PROFILES["demo"])[1]  # psi = 12/14
+    seeds = [base.for_seed(seed) for seed in range(4)]
+    drawn = [list(setting.label_sets.values()) for setting in seeds]
+    assert drawn == [assign_label_sets(NIH_LABELS, 4, Fraction(12, 14), seed) for seed in range(4)]
+    assert len({str(labels) for labels in drawn}) == 4  # four draws, four label assignments
+    for seed, setting in enumerate(seeds):
+        assert [config["data"]["labels"] for config in setting.sites.values()] == drawn[seed]
+        assert {config["data"]["split_seed"] for config in setting.sites.values()} == {seed}
+        assert {test.config["data"].get("split_seed") for test in setting.test_sets if test.split == "test"} == {seed}
+        assert len(setting.shared_classes) == 2
+        assert not any(config["embedded"].get("absent") for config in setting.sites.values())  # missing: nothing out
+    assert base.sites["site-1"]["data"]["labels"] == base.label_sets["site-1"]  # the base itself is untouched
+    identities = {dataset_identity(config) for config in base.sites.values()}
+    assert identities == {"nih:embedded-400p-64px-s0"}  # one dataset, dealt to the sites (and tested on its split)
+
+
+def test_the_absent_control_leaves_each_sites_unlabelled_findings_out_of_its_images():
+    absent = grid_settings("small", DataSources(), PROFILES["demo"], (ABSENT,))[1].for_seed(2)
+    for site, config in absent.sites.items():
+        assert config["embedded"]["absent"] == sorted(set(MAIN_UNION) - set(absent.label_sets[site]))
+    real = grid_settings("small", DataSources(nih="/data/nih"), PROFILES["demo"], (ABSENT,))[1]
+    with pytest.raises(SiteConfigError, match="absent control needs embedded data"):
+        real.for_seed(0)
 
 
 def test_site_label_counts(nih_data):

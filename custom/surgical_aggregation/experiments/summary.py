@@ -61,6 +61,9 @@ def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         models = result.get("models") or {
             "selected": {"round": None, "validation": None, "test_sets": result["test_sets"]}
         }
+        rounds, last = result.get("training", {}).get("rounds"), models.get("last", {}).get("round")
+        # early stopping ended it (patience ran out: validation had flattened) before the planned rounds did
+        stopped_early = rounds is not None and last is not None and last + 1 < rounds
         for kind, model in models.items():
             validation = model.get("validation") or {}
             for test_set, values in model["test_sets"].items():
@@ -69,6 +72,7 @@ def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
                     | {
                         "model": kind,
                         "round": model.get("round"),
+                        "stopped_early": stopped_early,
                         "val_mean_auroc": validation.get("val_mean_auroc", math.nan),
                         "test_set": test_set,
                         **values,
@@ -286,6 +290,7 @@ def seed_table(results: pd.DataFrame) -> pd.DataFrame:
                 "seed_ci_high": high,
                 "image_ci_half_width": float(((frame["ci_high"] - frame["ci_low"]) / 2).mean()),
                 "first_round_selected": float((frame["round"] == 0).mean()),
+                "stopped_early": float(frame["stopped_early"].mean()) if "stopped_early" in frame else math.nan,
                 "difference": math.nan,
                 "difference_low": math.nan,
                 "difference_high": math.nan,
@@ -311,6 +316,10 @@ def factor_value(factor: str, value: float) -> str:
     return f"{value:g}"
 
 
+def _share(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:.0%}"
+
+
 def _interval(low: float, high: float) -> str:
     return "—" if math.isnan(low) else f"{low:.3f}–{high:.3f}"
 
@@ -324,8 +333,8 @@ def seeds_markdown(table: pd.DataFrame, reference: str | None) -> str:
             f"### {factor} — {test_set} test set (selected models; mean over seeds)",
             "",
             f"| {factor} | control | method | seeds | mean AUROC | 95% CI across seeds | ± across images "
-            f"| minus {reference or '-'} (95% CI across seeds) | p | selected at round 0 |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            f"| minus {reference or '-'} (95% CI across seeds) | p | selected at round 0 | stopped early |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for row in group.sort_values(["value", "control"], kind="stable").itertuples(index=False):
             difference = (
@@ -337,7 +346,8 @@ def seeds_markdown(table: pd.DataFrame, reference: str | None) -> str:
             lines.append(
                 f"| {factor_value(factor, row.value)} | {row.control} | {row.label} | {row.seeds} "
                 f"| {row.mean_auroc:.3f} | {_interval(row.seed_ci_low, row.seed_ci_high)} "
-                f"| {row.image_ci_half_width:.3f} | {difference} | {p} | {row.first_round_selected:.0%} |"
+                f"| {row.image_ci_half_width:.3f} | {difference} | {p} | {row.first_round_selected:.0%} "
+                f"| {_share(row.stopped_early)} |"
             )
         lines.append("")
     return "\n".join(lines)

@@ -385,9 +385,10 @@ def nih_chexpert_recipe(
     """``jobs/nih_chexpert``: a NIH ChestX-ray14 site (14 labels) and a CheXpert site (13), 20-class union,
     on the embedded data with the demo profile. ``sites`` replaces some sites' configs (e.g. real data);
     ``options`` go to :class:`SurgicalAggregationRecipe`."""
+    embedded = {"patients": DEMO.embedded_patients}
     defaults = {
-        "site-nih": DEMO.site_config({"kind": "nih"}),
-        "site-chexpert": DEMO.site_config({"kind": "chexpert"}),
+        "site-nih": DEMO.site_config({"kind": "nih"}, embedded=embedded),
+        "site-chexpert": DEMO.site_config({"kind": "chexpert"}, embedded=embedded),
     }
     controller = {"num_rounds": DEMO.rounds, "patience": DEMO.patience, **JOB_TIMEOUTS, **options.pop("controller", {})}
     return SurgicalAggregationRecipe(NIH_CHEXPERT, _with_sites(defaults, sites), controller=controller, **options)

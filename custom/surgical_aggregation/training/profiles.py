@@ -55,9 +55,9 @@ DEMO = Profile(
     "demo",
     # from scratch on the embedded data: 3e-4 rather than the warm-up's 1e-3, at which the local
     # models' BatchNorm statistics lag badly
-    "Minutes per federation on 2 CPU cores on the embedded data, from scratch: 64 px, batch 32, Adam at 3e-4 "
-    "after a 1-epoch head warm-up, 5 rounds, 60/20/20 split (10% of 200 patients leaves findings without a "
-    "single validation positive).",
+    "Minutes per federation on 2 CPU cores on the embedded data (400 patients a site), from scratch: 64 px, batch "
+    "32, Adam at 3e-4 after a 1-epoch head warm-up, up to 12 rounds with patience 4, 60/20/20 split (10% of the "
+    "patients would leave findings without a single validation positive).",
     training={
         "image_size": 64,
         "batch_size": 32,
@@ -65,7 +65,8 @@ DEMO = Profile(
         "warmup_epochs": 1,
         "cache_threads": 2,
     },
-    rounds=5,
+    rounds=12,
+    patience=4,
     split_fractions=(0.6, 0.2, 0.2),
 )
 BENCHMARK = Profile(
