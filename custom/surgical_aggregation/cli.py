@@ -336,8 +336,8 @@ def _add_poc(commands: argparse._SubParsersAction) -> None:
 def _add_experiment(commands: argparse._SubParsersAction) -> None:
     from .core.methods import COMPARATORS
     from .core.strategies import STRATEGIES
-    from .experiments.grids import CONTROLS, GRIDS, MISSING
-    from .experiments.runner import ENGINES, FLARE_ENGINE, FULL, GLYPHS, HEAD_FEATURES, VARIANTS
+    from .experiments.choices import CONTROLS, ENGINES, FLARE_ENGINE, FULL, GLYPHS, HEAD_FEATURES, MISSING, VARIANTS
+    from .experiments.grids import GRIDS
     from .training.profiles import PROFILES
 
     parser = commands.add_parser(

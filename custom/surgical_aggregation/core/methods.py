@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import UserError
-from .head import to_numpy
 from .strategies import BackboneStrategy, strategy
 
 if TYPE_CHECKING:  # torch is imported where it computes: the command line reads this module's names without it
@@ -83,6 +82,11 @@ class IdentityBatchNormError(UserError, ValueError):
     """FedBN+ asked of a model whose BatchNorm layers hold their default statistics (see :func:`check_batchnorm`)."""
 
 
+def _on_host(value: Any) -> np.ndarray:
+    """A state entry as a NumPy array, a tensor on a GPU too (this module stays importable without torch)."""
+    return np.asarray(value.detach().cpu() if hasattr(value, "detach") else value)
+
+
 def batchnorm_at_defaults(state: Mapping[str, Any]) -> bool:
     """Whether every BatchNorm layer of ``state`` holds its default statistics (running mean 0, variance 1): a model
     built from scratch, never trained or loaded with pretrained weights. False without BatchNorm layers."""
@@ -90,8 +94,8 @@ def batchnorm_at_defaults(state: Mapping[str, Any]) -> bool:
     if not means:
         return False
     for key in means:
-        variance = to_numpy(state[key[: -len("running_mean")] + "running_var"])  # on the CPU (a GPU's model too)
-        if to_numpy(state[key]).any() or not (variance == 1).all():
+        variance = _on_host(state[key[: -len("running_mean")] + "running_var"])
+        if _on_host(state[key]).any() or not (variance == 1).all():
             return False
     return True
 

@@ -28,8 +28,8 @@ import numpy as np
 
 from ..core.errors import SiteConfigError
 from ..core.labels import CHEXPERT_LABELS, NIH_LABELS
-from ..images.synthetic import MAIN_UNION
 from ..training.profiles import Profile
+from .choices import ABSENT, CONTROLS, MISSING
 
 K_VALUES = (2, 3, 4, 5, 6, 8, 10)
 PSI_VALUES = (
@@ -77,10 +77,6 @@ def assign_label_sets(labels: Sequence[str], n_sites: int, psi: float | Fraction
 def shared_labels(label_sets: Sequence[Sequence[str]]) -> list[str]:
     """Labels every site holds (in the first site's order)."""
     return [name for name in label_sets[0] if all(name in labels for labels in label_sets)]
-
-
-MISSING, ABSENT = "missing", "absent"
-CONTROLS = (MISSING, ABSENT)  # a site's unlabelled findings: in its images (as in real data), or decoys (control)
 
 
 @dataclass
@@ -150,6 +146,8 @@ class Setting:
                 config["data"]["split_seed"] = seed
             tests = [replace(t, config={**t.config, "data": {**t.config["data"], "split_seed": seed}}) for t in tests]
         if self.control == ABSENT:
+            from ..images.synthetic import MAIN_UNION  # what an embedded image may show (pandas: not at import)
+
             for site, config in sites.items():
                 if config["data"].get("location"):
                     raise SiteConfigError(f"{self.name} {site}: the absent control needs embedded data (no location)")

@@ -62,7 +62,19 @@ from ..training.profiles import Profile
 from ..training.site_data import prepare_site_data, resolve_table, split_table
 from ..training.trainer import EVALUATION_BATCHES_ON_GPU, SiteTrainer
 from .baselines import BaselineResult, pooled_config, train_pooled
-from .grids import ABSENT, MISSING, DataSources, Setting, dataset_identity, grid_settings
+from .choices import (
+    ABSENT,
+    ENGINES,
+    FLARE_ENGINE,
+    FULL,
+    GLYPHS,
+    HEAD_FEATURES,
+    HEAD_ONLY,
+    INPROCESS,
+    MISSING,
+    VARIANTS,
+)
+from .grids import DataSources, Setting, dataset_identity, grid_settings
 from .head_only import FeatureBank, Features, HeadLearner, HeadModel, HeadRecipe, initial_heads
 from .pretraining import InitialModel, Pretraining, pretrained_backbone
 from .summary import PER_CLASS_FILE, RESULT_FILE, summarize
@@ -71,12 +83,6 @@ logger = logging.getLogger(__name__)
 
 
 PRETRAIN_CHOICES = ("auto", "always", "never")  # the embedded stand-in for ImageNet weights (experiments.pretraining)
-FULL, HEAD_ONLY = "full", "head_only"
-VARIANTS = (FULL, HEAD_ONLY)  # train the whole network, or only the heads on the frozen initial backbone's features
-GLYPHS, BACKBONE = "glyphs", "backbone"
-HEAD_FEATURES = (GLYPHS, BACKBONE)  # what the head-only variant reads the images with
-FLARE_ENGINE, INPROCESS = "flare", "inprocess"
-ENGINES = (FLARE_ENGINE, INPROCESS)  # where a full-network federation runs: FLARE's simulator, or this process
 SELECTED, LAST = "selected", "last"  # the two models of every run that are evaluated
 # The fields of a run's training record that are the method's own; every other field is the same for every method
 # of a setting (tests/test_experiments.py checks it).

@@ -32,7 +32,7 @@ from ..evaluation.plots import (
     plot_per_class_by_method,
     plot_validation_curves,
 )
-from .grids import ABSENT, CONTROLS, MISSING
+from .choices import ABSENT, CONTROLS, MISSING
 
 logger = logging.getLogger(__name__)
 REFERENCE_METHOD = "surgical"
