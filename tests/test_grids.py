@@ -146,8 +146,11 @@ def test_each_seed_draws_the_label_sets_split_and_partition_anew():
 
 def test_the_absent_control_leaves_each_sites_unlabelled_findings_out_of_its_images():
     absent = grid_settings("small", DataSources(), PROFILES["demo"], (ABSENT,))[1].for_seed(2)
-    for site, config in absent.sites.items():
-        assert config["embedded"]["absent"] == sorted(set(MAIN_UNION) - set(absent.label_sets[site]))
+    for site, config in absent.sites.items():  # the federation's classes it does not label (NIH's 14, at psi 12/14)
+        assert config["embedded"]["absent"] == sorted(set(NIH_LABELS) - set(absent.label_sets[site]))
+        assert not set(config["embedded"]["absent"]) & set(MAIN_UNION[len(NIH_LABELS) :])  # CheXpert's stay
+    everyone = grid_settings("small", DataSources(), PROFILES["demo"], (ABSENT,))[0].for_seed(2)  # psi = 0
+    assert all(config["embedded"]["absent"] == [] for config in everyone.sites.values())  # the same as missing
     real = grid_settings("small", DataSources(nih="/data/nih"), PROFILES["demo"], (ABSENT,))[1]
     with pytest.raises(SiteConfigError, match="absent control needs embedded data"):
         real.for_seed(0)

@@ -7,9 +7,9 @@ fractions); the training and validation patients are dealt IID (stratified) to K
 common held-out set; each site trains a label subset chosen for a label heterogeneity psi (share of labels not
 shared by all sites); N keeps a fraction of each site's training patients. Every seed draws the label subsets, the
 split and the partition anew (:meth:`Setting.for_seed`). Each setting comes in two controls: ``missing`` (a site's
-images show the findings it does not label, as real images do) and ``absent`` (on embedded data only: they are
-drawn as decoys instead, so a site's negatives are true ones). Real: an NIH site and a CheXpert site with the 7
-shared labels only, or all 20.
+images show the federation's findings it does not label, as real images do) and ``absent`` (on embedded data only:
+they are left out of its images, so its negatives are true ones; at psi = 0 the two are the same). Real: an NIH
+site and a CheXpert site with the 7 shared labels only, or all 20.
 
 Data comes from real folders when given (``DataSources``), the embedded generated datasets otherwise.
 Everything here is plain dicts in the site-config format, validated by
@@ -134,7 +134,8 @@ class Setting:
 
     def for_seed(self, seed: int) -> Setting:
         """The setting as seed ``seed`` runs it: its label subsets drawn, its split and partition seeded (and the test
-        split with them), and under the absent control each site's unlabelled findings drawn as decoys."""
+        split with them), and under the absent control the federation's classes each site does not label left out of
+        its images."""
         sites, tests, label_sets = copy.deepcopy(self.sites), list(self.test_sets), dict(self.label_sets)
         if self.label_draw is not None:
             drawn = assign_label_sets(self.label_draw.labels, len(sites), self.label_draw.psi, seed)
@@ -146,12 +147,13 @@ class Setting:
                 config["data"]["split_seed"] = seed
             tests = [replace(t, config={**t.config, "data": {**t.config["data"], "split_seed": seed}}) for t in tests]
         if self.control == ABSENT:
-            from ..images.synthetic import MAIN_UNION  # what an embedded image may show (pandas: not at import)
-
+            union = {name for labels in label_sets.values() for name in labels}
             for site, config in sites.items():
                 if config["data"].get("location"):
                     raise SiteConfigError(f"{self.name} {site}: the absent control needs embedded data (no location)")
-                absent = sorted(set(MAIN_UNION) - set(label_sets[site]))
+                # the federation's classes this site does not label: what vanilla FL would train it on as negatives
+                # (findings no site labels stay, in every control: no method has a row for them)
+                absent = sorted(union - set(label_sets[site]))
                 config["embedded"] = {**config.get("embedded", {}), "absent": absent}
         return replace(self, sites=sites, test_sets=tests, label_sets=label_sets, repartition=False, label_draw=None)
 

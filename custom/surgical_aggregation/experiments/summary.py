@@ -309,8 +309,11 @@ def seed_table(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def factor_value(factor: str, value: float) -> str:
-    """A grid's factor value as its pages write it: psi and N as fractions (12/14, 1/10), K as a number."""
-    if factor in ("psi", "N") and value not in (0, 1):
+    """A grid's factor value as its pages write it: psi in fourteenths of NIH's labels (12/14), N as a fraction
+    (1/10), K as a number."""
+    if factor == "psi" and value not in (0, 1):
+        return f"{round(value * 14)}/14"
+    if factor == "N" and value not in (0, 1):
         fraction = Fraction(value).limit_denominator(14)
         return f"{fraction.numerator}/{fraction.denominator}"
     return f"{value:g}"
