@@ -8,10 +8,9 @@ label subsets, the patient split and the partition:
 
 (a) missing findings (the real situation: a site's images show the findings it does not label): vanilla FL, which
     trains them as negatives, is below surgical aggregation by a clear margin on every seed;
-(b) the absent control (the federation's findings a site does not label left out of its images): vanilla FL's
-    deficit shrinks by a clear part,
-    the missing labels' share. What is left is vanilla FL's own cost: a site that trains a class it has no positive of
-    pulls that class's row towards "never" at every round (the benchmark's pages measure both shares);
+(b) the absent control (the federation's findings a site does not label left out of its images): most of vanilla
+    FL's deficit goes, so (a)'s deficit is the missing labels' doing; what little is left is vanilla FL's own cost (a
+    site that trains a class it has no positive of pulls that class's row towards "never" at every round);
 (c) psi = 0 (every site labels every class): surgical aggregation, vanilla FL and partial loss give one model;
 (d) a deliberately wrong aggregator loses to the real one: rows matched by position instead of by name lose AUROC;
     head rows averaged over every site, with zeros for the sites that do not label the class, shrink each row by its
