@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from surgical_aggregation.experiments.grids import DataSources, simulated_nih
+from surgical_aggregation.experiments.choices import ABSENT, HEAD_ONLY, MISSING
+from surgical_aggregation.experiments.grids import DataSources, grid_settings, simulated_nih
 from surgical_aggregation.experiments.runner import METHOD_FIELDS, RunOptions, run_settings
 from surgical_aggregation.experiments.summary import (
     RESULT_FILE,
@@ -180,3 +181,45 @@ def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
     stamps = {m: (out / "runs" / setting.name / m / "seed0" / RESULT_FILE).stat().st_mtime_ns for m in methods}
     run_settings([setting], methods, [0], profile, out, options)
     assert stamps == {m: (out / "runs" / setting.name / m / "seed0" / RESULT_FILE).stat().st_mtime_ns for m in methods}
+
+
+def test_the_head_only_grid_runs_both_controls_over_seeds_and_tabulates_them(tmp_path, monkeypatch):
+    """The benchmark's head-only variant through the runner: seeds that redraw the label sets, the absent control,
+    the oracles, the seed table and the side-by-side plot."""
+    monkeypatch.setenv("SURGICAL_AGGREGATION_CACHE", str(tmp_path / "cache"))
+    profile = Profile(
+        "tiny-head", "heads on glyph features", training={"image_size": 32}, rounds=3, patience=3,
+        split_fractions=(0.5, 0.2, 0.3), head_only={"learning_rate": 1e-2},
+    )  # fmt: skip
+    sources = DataSources(embedded_patients=80, embedded_image_size=32, external_patients=40)
+    settings = grid_settings("small", sources, profile, (MISSING, ABSENT))
+    methods = ["surgical", "vanilla", "centralized_full", "individual"]
+    options = RunOptions(bootstrap=20, variant=HEAD_ONLY)
+    run_settings(settings, methods, [0, 1], profile, tmp_path / "out", options)
+
+    runs = tmp_path / "out" / "runs"
+    results = {
+        (path.parent.parent.parent.name, path.parent.parent.name, path.parent.name): json.loads(path.read_text())
+        for path in runs.glob("*/*/seed*/result.json")
+    }
+    assert len(results) == 2 * 2 * 4 * 2 - 2 * 2  # no centralized_full under absent: its findings are gone
+    heterogeneous, absent = "nih-K4-psi12of14-N1", "nih-K4-psi12of14-N1-absent"
+    assert (
+        results[heterogeneous, "surgical", "seed0"]["label_sets"]
+        != results[heterogeneous, "surgical", "seed1"]["label_sets"]
+    )  # each seed draws its own label subsets
+    assert results[absent, "surgical", "seed0"]["control"] == ABSENT
+    for seed in ("seed0", "seed1"):  # psi = 0: one model, whatever the method
+        scores = {
+            m: results["nih-K4-psi0of14-N1", m, seed]["test_sets"]["nih"]["mean_auroc"] for m in ("surgical", "vanilla")
+        }
+        assert scores["surgical"] == scores["vanilla"], scores
+    assert "each site its own classes" in results[heterogeneous, "individual", "seed0"]["training"]["head"]
+    seeds = pd.read_csv(tmp_path / "out" / "seeds.csv")
+    row = seeds[
+        (seeds.value > 0) & (seeds.control == MISSING) & (seeds.method == "vanilla") & (seeds.model == "selected")
+    ]
+    assert len(row) == 2 and (row["seeds"] == 2).all()  # the nih and mimic test sets
+    assert {"seed_ci_low", "difference", "first_round_selected", "stopped_early"} <= set(seeds.columns)
+    assert (tmp_path / "out" / "plots" / "mean_auroc_vs_psi_nih_controls.png").is_file()
+    assert "| 12/14 | absent | vanilla FL | 2 |" in (tmp_path / "out" / "seeds.md").read_text()
