@@ -140,7 +140,12 @@ def test_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-TABLES = {"validation": validation_table, "test": test_table}
+def seconds_text(summary: dict[str, Any]) -> str:
+    """The README's quick start: how long the job took."""
+    return f"about {max(1, round(summary['seconds'] / 60))} minutes"
+
+
+TABLES = {"validation": validation_table, "test": test_table, "seconds": seconds_text}
 
 
 def replace_tables(text: str, summary: dict[str, Any]) -> str:

@@ -1,0 +1,32 @@
+"""The README's and docs/results.md's default-run figures are the tables ``benchmarks/default_run.py`` wrote from its
+summary (docs/default-run/summary.json): a hand edit, or a summary rewritten without its tables, fails here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def _default_run():
+    spec = importlib.util.spec_from_file_location("default_run", REPOSITORY / "benchmarks" / "default_run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_pages_tables_are_the_summarys():
+    default_run = _default_run()
+    summary = json.loads(default_run.SUMMARY.read_text())
+    for page in (REPOSITORY / "README.md", REPOSITORY / "docs" / "results.md"):
+        text = page.read_text()
+        assert default_run.replace_tables(text, summary) == text, "run: python benchmarks/default_run.py --tables-only"
+
+
+def test_the_trained_model_beats_the_random_backbones_probe_on_every_site():
+    summary = json.loads(_default_run().SUMMARY.read_text())
+    for site, values in summary["test"].items():
+        assert values["random_probe"] <= 0.65 and values["margin"] > 0.05, site
+    assert summary["external"]["classes"] == 20
