@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -36,6 +37,7 @@ from surgical_aggregation.evaluation.inference import score
 from surgical_aggregation.experiments.federation import federate
 from surgical_aggregation.flare.audit import AUDIT_FILE, EXCHANGES_DIR, exchange_file_name, read_audit
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
+from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
 from surgical_aggregation.flare.recipe import (
     CONSORTIUM_PATIENTS,
     SurgicalAggregationRecipe,
@@ -432,8 +434,10 @@ def test_the_same_seed_gives_the_same_round_history_on_a_cpu(tmp_path):
     state = initial_global_state(persistor["architecture"], persistor["preprocessing"], persistor.get("seed", 0))
     initial, _ = extend_head(state, [], union)
     controller = recipe.controller_args
-    result = federate(trainers, initial, union, controller, 2, controller["patience"], controller["min_delta"])
-    flare_model = load_checkpoint(tmp_path / "first" / "server" / "simulate_job" / "app_server" / "FL_global_model.pt")
+    arguments = inspect.signature(SurgicalAggregatorShareable.__init__).parameters
+    patience, min_delta = (controller.get(name, arguments[name].default) for name in ("patience", "min_delta"))
+    result = federate(trainers, initial, union, controller, 2, patience, min_delta)
+    flare_model = load_checkpoint(server / "FL_global_model.pt")  # the second run's: the same as the first's
     assert result.last.class_names == flare_model.class_names
     for key, value in flare_model.state.items():
         np.testing.assert_allclose(np.asarray(result.last.state[key], dtype=np.float64), value.double().numpy(),
