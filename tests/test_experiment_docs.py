@@ -3,6 +3,7 @@ tables is one a reader finds in a seeds.md or summary.md of docs/benchmark/ (the
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -17,3 +18,15 @@ def test_every_figure_the_benchmark_page_quotes_is_in_a_summary_of_its_grids():
     quoted = FIGURE.findall((BENCHMARK / "README.md").read_text())
     assert quoted and printed
     assert [figure for figure in quoted if figure not in printed] == []
+
+
+def test_the_pages_tables_are_the_grids_seed_tables():
+    spec = importlib.util.spec_from_file_location(
+        "benchmark_tables", BENCHMARK.parents[1] / "benchmarks" / "benchmark_tables.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    found = module.tables()
+    assert set(found) == set(module.GRIDS)
+    text = (BENCHMARK / "README.md").read_text()
+    assert module.replace_tables(text, found) == text, "run: python benchmarks/benchmark_tables.py"

@@ -140,14 +140,14 @@ def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
     )
     sources = DataSources(embedded_patients=40, embedded_image_size=32)
     setting = simulated_nih(2, Fraction(0), 1, sources, profile, "psi", 0.0)
-    methods = ["surgical", "vanilla", "partial_loss", "centralized"]
+    # one federated method through the simulator: every method's psi = 0 model is the same in
+    # tests/test_falsification.py, and the in-process federation gives the simulator's in tests/test_flare_e2e.py
+    methods = ["surgical", "centralized"]
     options = RunOptions(bootstrap=20, cpu_threads=1)
     summary = run_settings([setting], methods, [0], profile, tmp_path / "out", options)
 
     out = tmp_path / "out"
     results = {m: json.loads((out / "runs" / setting.name / m / "seed0" / RESULT_FILE).read_text()) for m in methods}
-    means = {m: r["test_sets"]["nih"]["mean_auroc"] for m, r in results.items()}
-    assert means["surgical"] == means["vanilla"] == means["partial_loss"], means  # psi = 0: the same model
     assert all(r["test_sets"]["nih"]["classes"] >= 10 for r in results.values())  # the 14 NIH classes, tested
     assert set(results["surgical"]["test_sets"]) == {"nih", "mimic"}
     table = pd.read_csv(out / "summary.csv")

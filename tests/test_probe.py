@@ -26,7 +26,7 @@ def test_without_the_clutter_the_same_probe_solves_much_of_it(tmp_path, monkeypa
     before this benchmark), the same random backbone's features give it far more."""
     monkeypatch.setattr(synthetic, "CLUTTER_SHAPES", 0)
     monkeypatch.setattr(synthetic, "FINDING_AMPLITUDE", (0.3, 0.6))
-    dataset = synthetic.generate_nih(tmp_path / "plain", n_patients=250, image_size=64)
+    dataset = synthetic.generate_nih(tmp_path / "plain", n_patients=150, image_size=64)
     values = {**nih_chexpert_recipe().site_configs["site-nih"], "cache_dir": str(tmp_path / "cache")}
     values["data"] = {**values["data"], "location": str(dataset.root)}
     report = linear_probe(site_config_from_dict(values, "plain images"))

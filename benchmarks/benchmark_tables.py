@@ -1,0 +1,121 @@
+"""The grids' results on docs/benchmark: their tables and plots copied there, and the page's tables written from them.
+
+For each grid folder ``docs/benchmark/head-<grid>/`` (what ``surgical-aggregation experiment --grid <grid> ... --out``
+wrote), the page gets, between its ``<!-- benchmark:<grid> -->`` markers, the selected models' mean AUROC on the NIH
+test split over the seeds with its 95% CI across seeds, per factor value, control and method, and vanilla FL's and
+partial loss's paired difference to surgical aggregation. ``tests/test_experiment_docs.py`` holds the page to them.
+
+    python benchmarks/benchmark_tables.py --grids results    # results/head-psi, head-K, head-N: copy, then write
+    python benchmarks/benchmark_tables.py                     # the tables only, from what docs/benchmark holds
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from surgical_aggregation.experiments.summary import factor_value
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "benchmark" / "README.md"
+GRIDS = ("psi", "K", "N")
+TEST_SET = "nih"
+METHODS = ("surgical", "vanilla", "partial_loss", "centralized", "centralized_full", "individual")
+HEADERS = ("surgical", "vanilla FL", "partial loss", "centralized", "centralized (all labels)", "individual")
+COMPARED = ("vanilla", "partial_loss")
+MARK = "<!-- benchmark:{} -->", "<!-- /benchmark:{} -->"
+COPIED = ("seeds.md", "seeds.csv", "summary.md", "summary.csv", "plan.json")  # not the runs, models and per-class rows
+
+
+def grid_folder(grid: str) -> Path:
+    return PAGE.parent / f"head-{grid}"
+
+
+def _cell(row: pd.Series | None) -> str:
+    if row is None:
+        return "—"
+    return f"{row.mean_auroc:.3f} ({row.seed_ci_low:.3f}–{row.seed_ci_high:.3f})"
+
+
+def _difference(row: pd.Series | None) -> str:
+    if row is None or math.isnan(row.difference):
+        return "—"
+    return f"{row.difference:+.3f} ({row.difference_low:.3f}–{row.difference_high:.3f})"
+
+
+def grid_table(seeds: pd.DataFrame, factor_name: str) -> str:
+    """One grid's table: a row per factor value and control, a column per method, then the differences."""
+    selected = seeds[(seeds.model == "selected") & (seeds.test_set == TEST_SET)]
+    header = (
+        f"| {factor_name} | control | seeds | "
+        + " | ".join(HEADERS)
+        + " | vanilla minus surgical | partial loss minus surgical |"
+    )
+    lines = [header, "|" + " --- |" * (len(HEADERS) + 5)]
+    for (factor, value, control), group in selected.groupby(["factor", "value", "control"], sort=True):
+        by_method = {row.method: row for row in group.itertuples(index=False)}
+        seeds_run = sorted({row.seeds for row in by_method.values()})
+        cells = [_cell(by_method.get(method)) for method in METHODS]
+        differences = [_difference(by_method.get(method)) for method in COMPARED]
+        name = factor_value(factor, value) if factor == factor_name else f"{factor} = {factor_value(factor, value)}"
+        lines.append(
+            f"| {name} | {control} | {'/'.join(map(str, seeds_run))} | " + " | ".join(cells + differences) + " |"
+        )
+    return "\n".join(lines)
+
+
+def tables() -> dict[str, str]:
+    """The page's tables by grid, for the grids whose seed table is there."""
+    found = {}
+    for grid in GRIDS:
+        path = grid_folder(grid) / "seeds.csv"
+        if path.is_file():
+            found[grid] = grid_table(pd.read_csv(path), grid)
+    return found
+
+
+def replace_tables(text: str, found: dict[str, str]) -> str:
+    for grid, table in found.items():
+        start, end = (mark.format(grid) for mark in MARK)
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        if not pattern.search(text):
+            raise ValueError(f"{PAGE}: no {start} ... {end} markers")
+        replacement = f"{start}\n{table}\n{end}"
+        text = pattern.sub(lambda _, block=replacement: block, text)
+    return text
+
+
+def copy_grid(source: Path, grid: str) -> Path:
+    """A finished grid's tables, plan and factor plots (``plots/mean_auroc_vs_*``) into its docs folder."""
+    target = grid_folder(grid)
+    if target.exists():
+        shutil.rmtree(target)
+    (target / "plots").mkdir(parents=True)
+    for name in COPIED:
+        shutil.copy2(source / name, target / name)
+    for plot in sorted((source / "plots").glob("mean_auroc_vs_*.png")):
+        shutil.copy2(plot, target / "plots" / plot.name)
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--grids", type=Path, help="the folder holding the grids' outputs, head-<grid>/ each")
+    arguments = parser.parse_args()
+    if arguments.grids:
+        for grid in GRIDS:
+            source = arguments.grids / f"head-{grid}"
+            if (source / "seeds.csv").is_file():
+                print(f"copied {source} to {copy_grid(source, grid)}")
+    found = tables()
+    PAGE.write_text(replace_tables(PAGE.read_text(), found))
+    print(f"wrote the {', '.join(found)} tables of {PAGE}")
+
+
+if __name__ == "__main__":
+    main()
