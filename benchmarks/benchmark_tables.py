@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from surgical_aggregation.experiments.choices import CONTROLS
 from surgical_aggregation.experiments.summary import factor_value
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +58,9 @@ def grid_table(seeds: pd.DataFrame, factor_name: str) -> str:
         + " | vanilla minus surgical | partial loss minus surgical |"
     )
     lines = [header, "|" + " --- |" * (len(HEADERS) + 5)]
-    for (factor, value, control), group in selected.groupby(["factor", "value", "control"], sort=True):
+    order = {control: index for index, control in enumerate(CONTROLS)}
+    groups = selected.groupby(["factor", "value", "control"], sort=False)
+    for (factor, value, control), group in sorted(groups, key=lambda item: (item[0][1], order[item[0][2]])):
         by_method = {row.method: row for row in group.itertuples(index=False)}
         seeds_run = sorted({row.seeds for row in by_method.values()})
         cells = [_cell(by_method.get(method)) for method in METHODS]

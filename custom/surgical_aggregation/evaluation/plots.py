@@ -63,10 +63,11 @@ def plot_per_class_auroc(aurocs: Mapping[str, float], path: str | Path, title: s
     return _save(figure, path)
 
 
-def _save(figure, path: str | Path) -> Path:
+def _save(figure, path: str | Path, bottom: float = 0.0) -> Path:
+    """``bottom``: the share of the figure's height kept free below the axes (for a figure legend)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, bottom, 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
@@ -142,9 +143,13 @@ def plot_controls_vs_factor(
         axis.set_xlabel(FACTOR_NAMES.get(factor, factor))
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("mean AUROC (mean over seeds, 95% CI)")
-    axes[0][-1].legend(fontsize=8)
+    handles = {}  # every method once, whichever panel drew it (a control may run fewer methods)
+    for axis in axes[0]:
+        for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    figure.legend(handles.values(), handles.keys(), loc="lower center", ncol=min(len(handles), 3), fontsize=8)
     figure.suptitle(title)
-    return _save(figure, path)
+    return _save(figure, path, bottom=0.06 * math.ceil(len(handles) / 3))
 
 
 def plot_per_class_by_method(
