@@ -72,9 +72,9 @@ DEMO = Profile(
 BENCHMARK = Profile(
     "benchmark",
     "The embedded benchmark's grids (docs/benchmark): 64 px, batch 64, Adam at 3e-4 after a 1-epoch head warm-up at "
-    "1e-3, on 1,600 embedded patients split 40/10/50 (a test split of about 1,500 images), up to 30 rounds with "
+    "1e-3, on 1,600 embedded patients split 40/10/50 (a test split of about 1,600 images), up to 30 rounds with "
     "patience 6; a stand-in pretrained on 3,000 pattern images for 5 epochs; the head-only variant's heads by Adam at "
-    "3e-2, 2 local epochs a round (every method's validation loss then turns within the 30 rounds).",
+    "3e-2, 2 local epochs a round (early stopping then ends most federations within the 30 rounds).",
     training={**DEMO.training, "batch_size": 64},
     rounds=30,
     patience=6,
