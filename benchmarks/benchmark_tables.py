@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import shutil
 from pathlib import Path
 
 import pandas as pd
 
 from surgical_aggregation.experiments.choices import CONTROLS
-from surgical_aggregation.experiments.summary import factor_value
+from surgical_aggregation.experiments.summary import factor_value, rewrite_marked_block
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "benchmark" / "README.md"
@@ -37,13 +36,13 @@ def grid_folder(grid: str) -> Path:
     return PAGE.parent / f"head-{grid}"
 
 
-def _cell(row: pd.Series | None) -> str:
+def _cell(row: tuple | None) -> str:  # a row of DataFrame.itertuples
     if row is None:
         return "—"
     return f"{row.mean_auroc:.3f} ({row.seed_ci_low:.3f}–{row.seed_ci_high:.3f})"
 
 
-def _difference(row: pd.Series | None) -> str:
+def _difference(row: tuple | None) -> str:
     if row is None or math.isnan(row.difference):
         return "—"
     return f"{row.difference:+.3f} ({row.difference_low:.3f}–{row.difference_high:.3f})"
@@ -83,13 +82,12 @@ def tables() -> dict[str, str]:
 
 
 def replace_tables(text: str, found: dict[str, str]) -> str:
+    """``text`` with each grid's table between its markers rewritten."""
     for grid, table in found.items():
         start, end = (mark.format(grid) for mark in MARK)
-        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-        if not pattern.search(text):
+        if start not in text or end not in text:
             raise ValueError(f"{PAGE}: no {start} ... {end} markers")
-        replacement = f"{start}\n{table}\n{end}"
-        text = pattern.sub(lambda _, block=replacement: block, text)
+        text = rewrite_marked_block(text, start, end, table)
     return text
 
 

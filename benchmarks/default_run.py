@@ -26,6 +26,7 @@ import torch
 from surgical_aggregation.evaluation.inference import evaluate_models, write_evaluation
 from surgical_aggregation.evaluation.probe import linear_probe
 from surgical_aggregation.evaluation.run_summary import INITIAL_ROUND
+from surgical_aggregation.experiments.summary import rewrite_marked_block
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.images.synthetic import ensure_generated
@@ -160,11 +161,7 @@ TABLES = {"validation": validation_table, "test": test_table, "seconds": seconds
 def replace_tables(text: str, summary: dict[str, Any]) -> str:
     """``text`` with each table between its markers rewritten from ``summary``."""
     for name, render in TABLES.items():
-        start, end = (mark.format(name) for mark in MARK)
-        if start in text:
-            head, rest = text.split(start, 1)
-            _, tail = rest.split(end, 1)
-            text = f"{head}{start}\n{render(summary)}\n{end}{tail}"
+        text = rewrite_marked_block(text, *(mark.format(name) for mark in MARK), render(summary))
     return text
 
 

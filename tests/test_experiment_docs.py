@@ -30,3 +30,13 @@ def test_the_pages_tables_are_the_grids_seed_tables():
     assert set(found) == set(module.GRIDS)
     text = (BENCHMARK / "README.md").read_text()
     assert module.replace_tables(text, found) == text, "run: python benchmarks/benchmark_tables.py"
+
+
+def test_a_marked_block_is_rewritten_and_the_rest_kept():
+    from surgical_aggregation.experiments.summary import rewrite_marked_block
+
+    text = "intro\n<!-- t -->\nold\n<!-- /t -->\nafter <!-- t --> again"
+    assert rewrite_marked_block(text, "<!-- t -->", "<!-- /t -->", "new") == (
+        "intro\n<!-- t -->\nnew\n<!-- /t -->\nafter <!-- t --> again"
+    )
+    assert rewrite_marked_block("no markers", "<!-- t -->", "<!-- /t -->", "new") == "no markers"

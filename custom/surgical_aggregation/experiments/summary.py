@@ -308,6 +308,16 @@ def seed_table(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def rewrite_marked_block(text: str, start: str, end: str, content: str) -> str:
+    """``text`` with what lies between its first ``start`` and the next ``end`` marker replaced by ``content`` (the
+    generated tables of the docs' pages); unchanged when ``start`` is not in it."""
+    if start not in text:
+        return text
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{content}\n{end}{tail}"
+
+
 def factor_value(factor: str, value: float) -> str:
     """A grid's factor value as its pages write it: psi in fourteenths of NIH's labels (12/14), N as a fraction
     (1/10), K as a number."""
