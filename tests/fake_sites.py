@@ -54,11 +54,13 @@ class FakeSite:
         self.validation_override: dict | None = None  # ... with the final validation's
         self.trains_received_rows = False  # its results carry the rows it received (FL + partial loss), not its own
         self.privacy: Callable[[int], dict] | None = None  # a DP-SGD site's privacy report by round
+        self.samples = 10  # its training-set size, declared at the handshake and reported with each result
 
     def answer(self, task: str, data: FLModel) -> FLModel | None:
-        meta = {"client_name": self.name, META_CLASS_NAMES: self.classes, META_NUM_SAMPLES: 10}
+        meta = {"client_name": self.name, META_CLASS_NAMES: self.classes, META_NUM_SAMPLES: self.samples}
         if task == TASK_DESCRIBE:
-            return FLModel(params={}, metrics={"num_train": 10}, meta={**meta, META_PREPROCESSING: self.preprocessing})
+            described = {**meta, META_PREPROCESSING: self.preprocessing}
+            return FLModel(params={}, metrics={"num_train": self.samples}, meta=described)
         self.tasks.append((task, list(data.meta.get(META_CLASS_NAMES) or []), data.params))
         if META_OUTCOME in data.meta:
             self.outcomes.append(data.meta[META_OUTCOME])

@@ -376,6 +376,97 @@ def test_a_result_cannot_claim_more_samples_than_its_site_declared(tmp_path):
         }
 
 
+def _flipped(factor: float):
+    """received - factor x the honest update (+0.01 on every float entry in round 0): inside every cap."""
+    return lambda round_number, params: shifted(params, -factor * 0.01 * (1 + round_number))
+
+
+def _round_zero_change(harness: Harness, site: FakeSite, part: str) -> np.ndarray:
+    """How round 0's global model differs from what ``site`` received in round 0: a backbone entry, or the head row
+    (weights) of the class ``part``."""
+    classes, received = site.received[0]
+    model = harness.saved[0]
+    if part in received:
+        return np.asarray(model.params[part], dtype=np.float64) - np.asarray(received[part], dtype=np.float64)
+    row = np.asarray(model.params["head.weight"])[model.meta[META_CLASS_NAMES].index(part)]
+    return row.astype(np.float64) - np.asarray(received["head.weight"])[classes.index(part)]
+
+
+@pytest.mark.parametrize("clip_updates", [True, False])
+def test_a_flipped_update_inside_every_bound_is_clipped_to_the_rounds_median(tmp_path, clip_updates):
+    honest = [FakeSite(f"site-{name}", ["Mass", "Edema"], [0.9, 0.5]) for name in "abc"]
+    attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], _flipped(3.0))
+    harness = Harness([*honest, attacker], tmp_path, num_rounds=1, clip_updates=clip_updates)
+    harness.run()
+    aggregation = harness.history[1]["aggregation"]
+    assert aggregation["accepted"] == ["site-a", "site-b", "site-c", "site-x"]  # nothing to reject
+    # clipped: the attacker's -0.03 counts as -0.01, the median size, so the mean moves by (3 x 0.01 - 0.01) / 4;
+    # without clipping the attacker cancels the three honest sites exactly
+    expected = 0.005 if clip_updates else 0.0
+    for part in ("backbone.conv.weight", "backbone.bn.running_mean", "backbone.bn.running_var", "Mass", "Edema"):
+        np.testing.assert_allclose(_round_zero_change(harness, honest[0], part), expected, atol=1e-6, err_msg=part)
+    if clip_updates:
+        parts = ["BatchNorm statistics", "backbone weights", "head row Edema", "head row Mass"]
+        assert sorted(aggregation["clipped"]) == ["site-x"] and sorted(aggregation["clipped"]["site-x"]) == parts
+        assert all(factor == pytest.approx(1 / 3, rel=1e-3) for factor in aggregation["clipped"]["site-x"].values())
+        assert "site-x's update clipped to the round's median" in messages(harness, "info")
+    else:
+        assert "clipped" not in aggregation
+
+
+def test_with_two_sites_or_a_row_two_sites_hold_nothing_is_clipped(tmp_path):
+    sites = [
+        FakeSite("site-a", ["Mass", "Edema"], [0.9, 0.5]),
+        FakeSite("site-b", ["Mass"], [0.9, 0.5]),
+        FakeSite("site-x", ["Mass", "Edema"], [0.9, 0.5], _flipped(3.0)),
+    ]
+    harness = Harness(sites, tmp_path, num_rounds=1)
+    harness.run()
+    clipped = harness.history[1]["aggregation"]["clipped"]
+    parts = ["BatchNorm statistics", "backbone weights", "head row Mass"]  # three sites moved each
+    assert clipped == {"site-x": pytest.approx(dict.fromkeys(parts, 1 / 3), rel=1e-3)}
+    # the backbone: (0.01 + 0.01 - 0.01) / 3; Mass's row the same; Edema's row (site-a +0.01, site-x -0.03) unclipped
+    for part, change in (("backbone.conv.weight", 0.01 / 3), ("Mass", 0.01 / 3), ("Edema", -0.01)):
+        np.testing.assert_allclose(_round_zero_change(harness, sites[0], part), change, atol=1e-6, err_msg=part)
+
+    two = Harness([sites[0], FakeSite("site-y", ["Mass"], [0.9, 0.5], _flipped(3.0))], tmp_path / "two", num_rounds=1)
+    two.run()
+    assert "clipped" not in two.history[1]["aggregation"]
+
+
+def test_no_sample_count_buys_a_majority_of_the_aggregate(tmp_path):
+    honest = FakeSite("site-a", ["Mass"], [0.9, 0.5])
+    claimant = FakeSite("site-x", ["Mass"], [0.9, 0.5], _flipped(5.0))
+    claimant.samples = 10**9  # declared at the handshake too, so no check can refuse it
+    harness = Harness([honest, claimant], tmp_path, num_rounds=1, weighting="samples")
+    harness.run()
+    aggregation = harness.history[1]["aggregation"]
+    assert aggregation["accepted"] == ["site-a", "site-x"]
+    assert aggregation["capped_weights"] == {"site-x": {"claimed": 1e9, "used": 10.0}}
+    # weighed as much as site-a (10), not 10^8 times more: (0.01 - 0.05) / 2
+    np.testing.assert_allclose(_round_zero_change(harness, honest, "backbone.conv.weight"), -0.02, atol=1e-6)
+    assert "site-x claims 1e+09 training samples, more than all the other sites together: it weighs 10" in messages(
+        harness, "warning"
+    )
+
+
+def test_a_site_rejected_in_the_last_round_does_not_judge_the_final_validation(tmp_path):
+    honest = FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.6, 0.7])  # round 0's model stays the best by its losses
+
+    def rejected_last(round_number, params):
+        return withheld(round_number, params) if round_number == 2 else trained(1.0)(round_number, params)
+
+    liar = FakeSite("site-x", ["Mass"], [0.9, 0.5, 0.6, 0.7], rejected_last)
+    liar.validation_override = {"val_loss": 0.0}  # would make the last model the best with the mean of two
+    harness = Harness([honest, liar], tmp_path, num_rounds=3, min_clients=1)
+    harness.run()
+    assert "site-x" in harness.history[3]["aggregation"]["rejected"]
+    final = harness.history[3]["validation"]
+    assert final["judged_by"] == {"statistic": "mean", "sites": ["site-a"]}
+    assert harness._federation.best.round == 0
+    assert "final validation: ['site-x'] do not judge" in messages(harness, "warning")
+
+
 def test_only_documented_metric_keys_are_kept(tmp_path):
     flooding = FakeSite("site-b", ["Edema"], [0.6, 0.5, 0.5])
     flooding.metrics_override = {**{f"junk/{i}": 0.5 for i in range(100_000)}, "x" * 1_000_000: 0.5}

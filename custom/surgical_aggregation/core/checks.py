@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .head import NAMED_HEAD, HeadSpec, StateDict, to_numpy
+from .head import NAMED_HEAD, HeadSpec, StateDict, cast_like, to_numpy
 
 Reasons = list[str]
 NameNormalizer = Callable[[str], str]
@@ -541,6 +541,11 @@ class UpdateSizes:
         return {group: float(f"{value:.4g}") for group, value in values.items()}
 
 
+def update_group(key: str) -> str:
+    """The part of the model a backbone entry belongs to: the BatchNorm statistics or the learned weights."""
+    return STATISTICS if key.endswith((".running_mean", ".running_var")) else WEIGHTS
+
+
 def _norm(arrays: Sequence[np.ndarray]) -> float:
     return math.sqrt(sum(float(np.sum(np.square(array, dtype=np.float64))) for array in arrays))
 
@@ -564,7 +569,7 @@ def update_sizes(
         if not np.issubdtype(old.dtype, np.floating) or key in head.keys:
             continue
         change = to_numpy(sent[key]).astype(np.float64) - old.astype(np.float64)
-        group = statistics if key.endswith((".running_mean", ".running_var")) else weights
+        group = statistics if update_group(key) == STATISTICS else weights
         group[0].append(change)
         group[1].append(old)
     sizes = UpdateSizes()
@@ -663,6 +668,97 @@ def free_riders(sizes: Mapping[str, UpdateSizes]) -> list[str]:
     weights = {site: size.groups[WEIGHTS] for site, size in sizes.items() if WEIGHTS in size.groups}
     largest = max(weights.values(), default=0.0)
     return sorted(site for site, size in weights.items() if size == 0 or size < FREE_RIDER_SHARE * largest)
+
+
+MIN_SITES_TO_CLIP = 3  # the round's median of a part's updates lies between honest values with 3 or more sites
+
+
+def row_part(name: str) -> str:
+    """The clipping's name of one head row (its canonical class name)."""
+    return f"head row {name}"
+
+
+@server_check(
+    "update",
+    "with `clip_updates` (default on), each part of an accepted update (the backbone weights, the BatchNorm "
+    f"statistics, each head row) that {MIN_SITES_TO_CLIP} or more sites moved this round is scaled down to the "
+    "round's median size of that part's updates, so no site moves a part further than a typical site did; with "
+    "fewer sites the part is left as sent (a median of two is their mean)",
+    "(recorded in the round's `clipped`: the factor each part was scaled by, not a rejection)",
+)
+def clip_factors(
+    sizes: Mapping[str, UpdateSizes], normalize: NameNormalizer | None = None
+) -> dict[str, dict[str, float]]:
+    """site -> part (``WEIGHTS``, ``STATISTICS`` or :func:`row_part` of a canonical class) -> the factor below 1 its
+    update of that part is scaled by: the round's median size of that part over the sites that moved it, divided by
+    the site's. A part fewer than :data:`MIN_SITES_TO_CLIP` sites moved is not clipped, nor is an unmoved one."""
+    normalize = normalize or (lambda name: name)
+    by_part: dict[str, dict[str, float]] = {}
+    for site, size in sizes.items():
+        for group, value in size.groups.items():
+            by_part.setdefault(group, {})[site] = value
+        for name, value in size.rows.items():
+            by_part.setdefault(row_part(normalize(name)), {})[site] = value
+    factors: dict[str, dict[str, float]] = {}
+    for part, values in by_part.items():
+        moved = {site: value for site, value in values.items() if value > 0}
+        if len(moved) < MIN_SITES_TO_CLIP:
+            continue
+        median = float(np.median(list(moved.values())))
+        for site, value in moved.items():
+            if value > median:
+                factors.setdefault(site, {})[part] = median / value
+    return factors
+
+
+def clipped_state(
+    sent: StateDict,
+    sent_classes: Sequence[str],
+    received: StateDict,
+    received_classes: Sequence[str],
+    factors: Mapping[str, float],
+    averaged_keys: Sequence[str],
+    head: HeadSpec = NAMED_HEAD,
+    normalize: NameNormalizer | None = None,
+) -> dict[str, Any]:
+    """``sent`` with its update of each part in ``factors`` (from :func:`clip_factors`) scaled: received + factor x
+    (sent - received), entry by entry (a running variance then lies between two positive values)."""
+    normalize = normalize or (lambda name: name)
+    state = dict(sent)
+    for key in averaged_keys:
+        old = to_numpy(received[key])
+        factor = factors.get(update_group(key))
+        if factor is None or key in head.keys or not np.issubdtype(old.dtype, np.floating):
+            continue
+        new = to_numpy(sent[key]).astype(np.float64)
+        state[key] = cast_like(sent[key], old + factor * (new - old))
+    received_rows = {normalize(name): row for row, name in enumerate(received_classes)}
+    weight_key, bias_key = head.keys
+    weights, biases = (to_numpy(sent[key]).astype(np.float64) for key in head.keys)
+    old_weights, old_biases = (to_numpy(received[key]).astype(np.float64) for key in head.keys)
+    for row, name in enumerate(sent_classes):
+        factor, old_row = factors.get(row_part(normalize(name))), received_rows.get(normalize(name))
+        if factor is None or old_row is None:
+            continue
+        weights[row] = old_weights[old_row] + factor * (weights[row] - old_weights[old_row])
+        biases[row] = old_biases[old_row] + factor * (biases[row] - old_biases[old_row])
+    if any(part.startswith(row_part("")) for part in factors):
+        state[weight_key], state[bias_key] = cast_like(sent[weight_key], weights), cast_like(sent[bias_key], biases)
+    return state
+
+
+@server_check(
+    "update",
+    "with `weighting: samples`, no site weighs more than all the others together (its sample count is capped at "
+    "the sum of theirs), so no claimed or declared training-set size buys a majority of the aggregate",
+    "(recorded in the round's `capped_weights`: the count claimed and the weight used, not a rejection)",
+)
+def capped_weights(weights: Mapping[str, float]) -> dict[str, float]:
+    """Each site's aggregation weight at most the sum of the others' (two or more sites; one keeps its own)."""
+    if len(weights) < 2:
+        return dict(weights)
+    total = sum(weights.values())
+    return {site: min(weight, total - weight) for site, weight in weights.items()}
 
 
 # --- validation metrics ------------------------------------------------------------------------------------

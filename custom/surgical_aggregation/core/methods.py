@@ -246,6 +246,11 @@ def controller_arguments(comparator: str, backbone_strategy: str = "fedavg", wei
     """The ``SurgicalAggregatorShareable`` arguments of a federated comparator."""
     if comparator not in FEDERATED_COMPARATORS:
         raise ValueError(f"{comparator!r} is not a federated comparator; choose one of {list(FEDERATED_COMPARATORS)}")
-    arguments = {"backbone_strategy": backbone_strategy, "weighting": weighting, **FEDERATED_COMPARATORS[comparator]}
+    arguments = {
+        "backbone_strategy": backbone_strategy,
+        "weighting": weighting,
+        "clip_updates": False,  # the papers' plain means: a grid compares methods, not defences
+        **FEDERATED_COMPARATORS[comparator],
+    }
     check_method(arguments["method"], arguments["backbone_strategy"])
     return arguments

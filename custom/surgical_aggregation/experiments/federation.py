@@ -94,6 +94,8 @@ def federate(
     weighting = controller.get("weighting", "uniform")
     if controller.get("label_prior") or controller.get("proximal_mu"):
         raise ValueError("the in-process federation runs surgical aggregation, vanilla FL and partial loss only")
+    if controller.get("clip_updates") is True:  # the FLARE job's default; with fewer than 3 sites it clips nothing
+        raise ValueError("the in-process federation aggregates plain means; it has no clip_updates")
     sites = sorted(learners)
     missing = {site: sorted(set(learners[site].class_names) - set(initial_classes)) for site in sites}
     if any(missing.values()):

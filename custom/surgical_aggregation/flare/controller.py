@@ -123,6 +123,7 @@ class SurgicalAggregatorShareable(ServerModels):
         min_sites_per_published_class: int = 1,
         resume: str | bool = RESUME_LATEST,
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
+        clip_updates: bool = True,
         judging_sites: list | None = None,
         identity_batchnorm: bool = False,
         max_classes_per_site: int = DEFAULT_MAX_CLASSES_PER_SITE,
@@ -217,7 +218,7 @@ class SurgicalAggregatorShareable(ServerModels):
         if latest.round > INITIAL_ROUND and federation.aggregated_rounds == 0:
             self._fail_without_progress(latest.round)
         if self.final_validation and latest.round > INITIAL_ROUND:
-            self._judge(latest, self._sites_validate(latest))
+            self._judge(latest, self._judges_of_final_validation(latest, self._sites_validate(latest)))
             self._evaluate_server_models(latest)
         self._refuse_unusable(federation.best or latest, "the best global model")
         if self.publish_global_model:
@@ -412,7 +413,13 @@ class SurgicalAggregatorShareable(ServerModels):
     def _rules(self) -> RoundRules:
         normalize = self.vocabulary.canonical
         return RoundRules(
-            self.backbone_strategy, self.weighting, self.head, normalize, self.update_bound, self._outputs
+            self.backbone_strategy,
+            self.weighting,
+            self.head,
+            normalize,
+            self.update_bound,
+            self._outputs,
+            self.clip_updates,
         )
 
     def _aggregate(self, gathered: Round, latest: SavedVersion) -> AggregationResult:
@@ -441,6 +448,18 @@ class SurgicalAggregatorShareable(ServerModels):
             self._make_global(version, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
             self._save_personal(version, best=True)
             self.info(f"new best global model: {model_label(version.round)}")
+
+    def _judges_of_final_validation(self, latest: SavedVersion, validated: dict[str, dict]) -> dict[str, dict]:
+        """The final validation's metrics of the sites whose result the last round accepted: a site rejected in that
+        round does not judge the model, as in every round."""
+        accepted = history_entry(self._federation.history, latest.round).get("aggregation", {}).get("accepted", [])
+        left_out = sorted(set(validated) - set(accepted))
+        if left_out:
+            self.warning(
+                f"final validation: {left_out} do not judge {model_label(latest.round)}: their result of that round "
+                "was not aggregated"
+            )
+        return {site: metrics for site, metrics in validated.items() if site in accepted}
 
     def _fail_without_progress(self, last_round: int) -> None:
         """No round aggregated ``min_clients`` valid contributions: the job fails, naming the sites and why."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.aggregation import AggregationResult, Contribution, ContributionRejected, SurgicalAggregator
@@ -31,7 +31,10 @@ from ..core.checks import (
     ModelOutputs,
     UpdateReference,
     blame_for_failing_model,
+    capped_weights,
     check_metrics,
+    clip_factors,
+    clipped_state,
     free_riders,
     model_problems,
     update_problems,
@@ -63,6 +66,7 @@ class RoundRules:
     normalize: Callable[[str], str]
     update_bound: float | None
     outputs: ModelOutputs | None  # the model's outputs on the probe input (the model check)
+    clip_updates: bool = True  # each part of an update at most the round's median (three or more sites)
 
     def aggregator(self, state: Mapping[str, Any], classes: Sequence[str]) -> SurgicalAggregator:
         """An aggregator over the global model ``state`` (head rows ``classes``): it checks each arriving result,
@@ -83,6 +87,8 @@ class Round:
     metric_problems: dict[str, list[str]] = field(default_factory=dict)  # site -> metrics it sent that were dropped
     update_sizes: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> part -> relative update
     free_riders: list[str] = field(default_factory=list)
+    clipped: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> part -> the factor it was scaled by
+    weights: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> claimed and used weight, when capped
     model_check: list[str] = field(default_factory=list)  # why the first candidate failed (empty: it passed)
     privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # DP-SGD sites: their checked privacy report
     budget_spent: dict[str, str] = field(default_factory=dict)  # site -> why it did not train (its budget)
@@ -160,14 +166,38 @@ class Round:
                 self.rejected[site] = "; ".join(told)
                 self.rejection_details[site] = details
         candidates = [site for site in sorted(self.arrivals) if site not in self.rejected]
+        if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
+            riders = set(free_riders({site: sizes[site] for site in candidates}))
+            self.clipped = clip_factors(
+                {site: sizes[site] for site in candidates if site not in riders}, rules.normalize
+            )
         aggregates: dict[tuple[str, ...], AggregationResult] = {}
+
+        def contribution_of(site: str) -> Contribution:
+            arrival, factors = self.arrivals[site], self.clipped.get(site)
+            if not factors:
+                return arrival.contribution
+            sent = arrival.contribution
+            clipped = clipped_state(
+                sent.state,
+                sent.class_names,
+                arrival.received,
+                arrival.received_classes,
+                factors,
+                averaged,
+                rules.head,
+                rules.normalize,
+            )
+            return replace(sent, state=clipped)
 
         def aggregate_of(sites: Sequence[str]) -> AggregationResult:
             key = tuple(sites)
             if key not in aggregates:
                 combined = rules.aggregator(state, classes)
+                weights = capped_weights({site: self.arrivals[site].checked.weight for site in sites})
                 for site in sites:  # name order: the same sums on every run
-                    combined.add_checked(self.arrivals[site].contribution, self.arrivals[site].checked)
+                    checked = replace(self.arrivals[site].checked, weight=weights[site])
+                    combined.add_checked(contribution_of(site), checked)
                 aggregates[key] = combined.finalize()
             return aggregates[key]
 
@@ -184,6 +214,13 @@ class Round:
         reference.record([sizes[site] for site in typical], [self.arrivals[site].warmup for site in typical])
         result = aggregate_of(kept)
         result.rejected = dict(self.rejected)
+        claimed = {site: self.arrivals[site].checked.weight for site in kept}
+        self.weights = {
+            site: {"claimed": claimed[site], "used": used}
+            for site, used in capped_weights(claimed).items()
+            if used < claimed[site]
+        }
+        self.clipped = {site: factors for site, factors in self.clipped.items() if site in kept}
         return result
 
     def report(self, result: AggregationResult, rejected_on_arrival: Sequence[str]) -> list[tuple[str, str]]:
@@ -209,6 +246,17 @@ class Round:
         if self.free_riders:
             riders = f"free-rider(s) {self.free_riders}: their updates barely moved the model"
             lines.append(("warning", f"round {self.number}: {riders}"))
+        for site, factors in sorted(self.clipped.items()):
+            parts = ", ".join(f"{part} x{factor:.3g}" for part, factor in sorted(factors.items()))
+            lines.append(("info", f"round {self.number}: {site}'s update clipped to the round's median: {parts}"))
+        for site, weight in sorted(self.weights.items()):
+            lines.append(
+                (
+                    "warning",
+                    f"round {self.number}: {site} claims {weight['claimed']:g} training samples, more than all the "
+                    f"other sites together: it weighs {weight['used']:g}",
+                )
+            )
         return lines
 
     def outcomes(self, sites: Sequence[str], accepted: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -255,6 +303,13 @@ class Round:
             "update_sizes": dict(self.update_sizes),
             "free_riders": list(self.free_riders),
         }
+        if self.clipped:
+            entry["clipped"] = {
+                site: {part: float(f"{factor:.4g}") for part, factor in factors.items()}
+                for site, factors in self.clipped.items()
+            }
+        if self.weights:
+            entry["capped_weights"] = dict(self.weights)
         if self.privacy:  # each DP-SGD site's epsilon spent so far, by round
             entry["privacy"] = dict(self.privacy)
         if self.budget_spent:

@@ -32,6 +32,9 @@ resume: how a job treats an unfinished federation of its name saved by an earlie
 update_bound: reject a result whose update of a part of the model (backbone weights, BatchNorm
     statistics, a head row) is more than this many times the typical accepted update of earlier
     rounds; caps relative to the global model apply too. None turns every update bound off (research).
+clip_updates: with three or more sites moving a part of the model (backbone weights, BatchNorm statistics,
+    a head row) in a round, scale each site's update of it down to the round's median size, so that no site
+    moves it further than a typical site did. Off: the papers' plain means (the experiment grids turn it off).
 judging_sites: the sites whose validation losses select the best model and stop early (None: every
     site whose result was accepted; their mean with two, their median with three or more).
 identity_batchnorm: with ``fedbn_plus``, train a model whose BatchNorm holds its default statistics
@@ -104,6 +107,8 @@ def checked_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     bound = values["update_bound"]
     if bound is not None and not bound > 1:
         raise ValueError(f"update_bound must be above 1 (or None for no bound), got {bound!r}")
+    if not isinstance(values["clip_updates"], bool):
+        raise ValueError(f"clip_updates must be true or false, got {values['clip_updates']!r}")
     judges = values["judging_sites"]
     if judges is not None and (isinstance(judges, str) or not judges):
         raise ValueError(f"judging_sites must list at least one site name (or be None), got {judges!r}")
