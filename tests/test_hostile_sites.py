@@ -467,6 +467,71 @@ def test_a_site_rejected_in_the_last_round_does_not_judge_the_final_validation(t
     assert "final validation: ['site-x'] do not judge" in messages(harness, "warning")
 
 
+def _reporting_noise(site: FakeSite, error: float = 0.02) -> FakeSite:
+    """``site`` reports the standard error of its validation loss, as the bundle's client does."""
+    site.metrics_override = {"val_loss_se": error}
+    site.validation_override = {"val_loss_se": error}
+    return site
+
+
+def test_a_model_an_honest_site_finds_worse_is_never_the_best_and_a_lie_that_says_better_stops_the_job(tmp_path):
+    # round 1's model (validated in round 2) is worse for site-a by 0.3, far beyond its noise (2 x 0.028); the liar
+    # reports a loss of 0 for it, so the mean of the two says it is the best so far
+    honest = _reporting_noise(FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.8, 0.8]))
+    liar = _reporting_noise(FakeSite("site-x", ["Edema"], [0.9, 0.5, 0.0, 0.0]))
+    harness = Harness([honest, liar], tmp_path, num_rounds=4)
+    with pytest.raises(RuntimeError) as stopped:
+        harness.run()
+    assert str(stopped.value).startswith(
+        "the sites disagree about the global model after round 1: the mean of ['site-a', 'site-x']'s validation "
+        "losses (0.4000) says it is the best so far, but for site-a, its validation loss 0.8000 is 0.3000 above its "
+        "0.5000 of the global model after round 0, more than its noise (2 standard errors: 0.0566)."
+    )
+    assert "Nothing is published; the last good global model (the global model after round 0) stays on disk" in (
+        str(stopped.value)
+    )
+    assert harness._federation.best.round == 0 and harness.best_rounds() == [0]
+    assert TASK_PUBLISH not in [task for task, _, _ in honest.tasks]
+    recorded = json.loads((tmp_path / "round_history.json").read_text())
+    regressed = next(entry for entry in recorded if entry["round"] == 1)["validation"]["regressed"]
+    assert regressed["than"] == "the global model after round 0" and list(regressed["sites"]) == ["site-a"]
+
+    # the papers' selection (validation_guard off) takes the liar's word: round 1's model becomes the best
+    unguarded = Harness(
+        [
+            _reporting_noise(FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.8, 0.8])),
+            _reporting_noise(FakeSite("site-x", ["Edema"], [0.9, 0.5, 0.0, 0.0])),
+        ],  # noqa: E501
+        tmp_path / "unguarded",
+        num_rounds=4,
+        validation_guard=False,
+    )
+    unguarded.run()
+    assert unguarded._federation.best.round == 1
+
+
+def test_a_rise_within_a_sites_noise_is_no_disagreement(tmp_path):
+    sites = [
+        _reporting_noise(FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.55, 0.4])),  # +0.05 < 2 x 0.028 of noise
+        _reporting_noise(FakeSite("site-b", ["Edema"], [0.9, 0.5, 0.35, 0.3])),
+    ]
+    harness = Harness(sites, tmp_path, num_rounds=4)
+    harness.run()
+    assert harness.best_rounds() == [0, 1, 2]
+    assert not any("regressed" in entry.get("validation", {}) for entry in harness.history)
+
+    # the first trained model against the initial one: worse for a site beyond its noise, said better by the mean
+    wrecked = [
+        _reporting_noise(FakeSite("site-a", ["Mass"], [0.5, 0.9])),
+        _reporting_noise(FakeSite("site-x", ["Edema"], [0.5, 0.0])),
+    ]
+    first = Harness(wrecked, tmp_path / "first", num_rounds=2)
+    with pytest.raises(RuntimeError, match=r"the sites disagree about the global model after round 0: .* of the "
+                                           r"global model before training, more than its noise"):  # fmt: skip
+        first.run()
+    assert first._federation.best is None
+
+
 def test_only_documented_metric_keys_are_kept(tmp_path):
     flooding = FakeSite("site-b", ["Edema"], [0.6, 0.5, 0.5])
     flooding.metrics_override = {**{f"junk/{i}": 0.5 for i in range(100_000)}, "x" * 1_000_000: 0.5}

@@ -186,7 +186,8 @@ def test_comparator_presets():
         "method": "surgical",
         "backbone_strategy": "fedavg",
         "weighting": "uniform",
-        "clip_updates": False,  # the papers' plain means
+        "clip_updates": False,  # the papers' plain means and selection
+        "validation_guard": False,
     }
     assert controller_arguments("fedsld")["weighting"] == "samples"
     assert controller_arguments("pfl_fedbn")["backbone_strategy"] == "fedbn"

@@ -10,6 +10,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 from surgical_aggregation.evaluation.metrics import (
     align_by_name,
     bce_loss,
+    bce_loss_standard_error,
     bootstrap_ci,
     mean_auroc_ci,
     mean_defined,
@@ -68,6 +69,26 @@ def test_bce_loss_matches_sklearn():
     mask = np.zeros_like(Y)
     mask[:, 1] = 1
     assert bce_loss(Y, P, mask) == pytest.approx(log_loss(Y[:, 1], np.clip(P[:, 1], 1e-7, 1 - 1e-7)), abs=1e-9)
+
+
+def test_the_loss_standard_error_is_the_spread_of_images_losses_by_hand():
+    labels = np.array([[1, 0], [0, np.nan], [1, 1], [0, 0]])
+    probabilities = np.array([[0.9, 0.2], [0.3, 0.5], [0.6, 0.7], [0.1, 0.4]])
+    per_image = [  # each image's mean loss over its labelled entries (the second has one)
+        (-math.log(0.9) - math.log(0.8)) / 2,
+        -math.log(0.7),
+        (-math.log(0.6) - math.log(0.7)) / 2,
+        (-math.log(0.9) - math.log(0.6)) / 2,
+    ]
+    mean = sum(per_image) / 4
+    by_hand = math.sqrt(sum((value - mean) ** 2 for value in per_image) / 3) / 2
+    assert bce_loss_standard_error(labels, probabilities) == pytest.approx(by_hand, abs=1e-12)
+    assert by_hand == pytest.approx(0.0567224, abs=1e-6)
+    mask = np.array([[1, 1], [1, 0], [0, 0], [1, 1]])  # the third image has no labelled entry: left out
+    kept = [per_image[0], per_image[1], per_image[3]]
+    expected = np.std(kept, ddof=1) / math.sqrt(3)
+    assert bce_loss_standard_error(labels, probabilities, mask) == pytest.approx(expected, abs=1e-12)
+    assert math.isnan(bce_loss_standard_error(labels[:1], probabilities[:1]))  # one image: no spread
 
 
 def test_bootstrap_ci_is_a_percentile_bootstrap():

@@ -764,15 +764,23 @@ def capped_weights(weights: Mapping[str, float]) -> dict[str, float]:
 # --- validation metrics ------------------------------------------------------------------------------------
 
 MAX_BCE_LOSS = 100.0  # far above any real mean BCE (a confident wrong guess costs ~16 with the metrics' clipping)
-# What a site reports: its validation of the model it received, of its model after local training, its training
-# loss, and per-class AUROC of its own classes.
-METRIC_KEYS = ("val_loss", "val_mean_auroc", "local_val_loss", "local_val_mean_auroc", "train_loss")
+# What a site reports: its validation of the model it received (the loss, its standard error across images, mean
+# AUROC), the same of its model after local training, its training loss, and per-class AUROC of its own classes.
+METRIC_KEYS = (
+    "val_loss",
+    "val_loss_se",
+    "val_mean_auroc",
+    "local_val_loss",
+    "local_val_loss_se",
+    "local_val_mean_auroc",
+    "train_loss",
+)
 PER_CLASS_METRIC_PREFIXES = ("val_auroc/", "local_val_auroc/")
 
 
 def metric_range(name: str) -> tuple[float, float] | None:
     """The sane range of a validation metric this bundle reports, by its name."""
-    if name.endswith("_loss"):
+    if name.endswith(("_loss", "_loss_se")):
         return (0.0, MAX_BCE_LOSS)
     if "auroc" in name:
         return (0.0, 1.0)
@@ -907,6 +915,37 @@ def judged_loss(losses: Mapping[str, float]) -> tuple[float, str]:
     if len(values) >= 3:
         return float(np.median(values)), "median"
     return float(np.mean(values)), "mean"
+
+
+NOISE_SIGMAS = 2.0  # a site's loss must rise by this many standard errors of the difference to count as worse
+
+
+def validation_regressions(
+    now: Mapping[str, Mapping[str, float]], before: Mapping[str, Mapping[str, float]], reference: str
+) -> dict[str, str]:
+    """site -> why, for each site whose validation loss of a model (``now``: its checked metrics) is higher than its
+    loss of the ``reference`` model (``before``) by more than :data:`NOISE_SIGMAS` standard errors of the difference,
+    from the site's own ``val_loss_se`` of both (unpaired: the same images make the true noise smaller, so this
+    errs towards silence). A site without both losses and both standard errors is not judged."""
+    regressed = {}
+    for site, metrics in sorted(now.items()):
+        earlier = before.get(site, {})
+        figures = [
+            metrics.get("val_loss"),
+            metrics.get("val_loss_se"),
+            earlier.get("val_loss"),
+            earlier.get("val_loss_se"),
+        ]
+        if any(value is None for value in figures):
+            continue
+        loss, error, earlier_loss, earlier_error = figures
+        noise = NOISE_SIGMAS * math.hypot(error, earlier_error)
+        if loss - earlier_loss > noise:
+            regressed[site] = (
+                f"its validation loss {loss:.4f} is {loss - earlier_loss:.4f} above its {earlier_loss:.4f} of "
+                f"{reference}, more than its noise ({NOISE_SIGMAS:g} standard errors: {noise:.4f})"
+            )
+    return regressed
 
 
 # --- the documentation -----------------------------------------------------------------------------------------

@@ -249,7 +249,8 @@ def controller_arguments(comparator: str, backbone_strategy: str = "fedavg", wei
     arguments = {
         "backbone_strategy": backbone_strategy,
         "weighting": weighting,
-        "clip_updates": False,  # the papers' plain means: a grid compares methods, not defences
+        "clip_updates": False,  # the papers' plain means and selection: a grid compares methods, not defences
+        "validation_guard": False,
         **FEDERATED_COMPARATORS[comparator],
     }
     check_method(arguments["method"], arguments["backbone_strategy"])

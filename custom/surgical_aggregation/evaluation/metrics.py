@@ -111,6 +111,27 @@ def bce_loss(y_true: np.ndarray, y_prob: np.ndarray, mask: np.ndarray | None = N
     return float(-(target * np.log(prob) + (1 - target) * np.log(1 - prob)).mean())
 
 
+def bce_loss_standard_error(
+    y_true: np.ndarray, y_prob: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-7
+) -> float:
+    """The standard error of :func:`bce_loss` across images: the standard deviation of each image's mean loss over
+    its labelled entries, divided by the square root of the number of images (NaN with fewer than two)."""
+    y_true = np.asarray(y_true, dtype=np.float64)
+    y_prob = np.clip(np.asarray(y_prob, dtype=np.float64), eps, 1 - eps)
+    if y_true.ndim == 1:
+        y_true, y_prob = y_true[:, None], y_prob[:, None]
+        mask = None if mask is None else np.asarray(mask)[:, None]
+    valid = _valid_mask(y_true, mask)
+    target = np.nan_to_num(y_true)
+    losses = np.where(valid, -(target * np.log(y_prob) + (1 - target) * np.log(1 - y_prob)), 0.0)
+    counts = valid.sum(axis=1)
+    labelled = counts > 0
+    if labelled.sum() < 2:
+        return math.nan
+    per_image = losses[labelled].sum(axis=1) / counts[labelled]
+    return float(per_image.std(ddof=1) / math.sqrt(labelled.sum()))
+
+
 @dataclass
 class ConfidenceInterval:
     estimate: float

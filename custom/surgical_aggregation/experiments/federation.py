@@ -94,8 +94,8 @@ def federate(
     weighting = controller.get("weighting", "uniform")
     if controller.get("label_prior") or controller.get("proximal_mu"):
         raise ValueError("the in-process federation runs surgical aggregation, vanilla FL and partial loss only")
-    if controller.get("clip_updates") is True:  # the FLARE job's default; with fewer than 3 sites it clips nothing
-        raise ValueError("the in-process federation aggregates plain means; it has no clip_updates")
+    if controller.get("clip_updates") is True or controller.get("validation_guard") is True:  # the FLARE job's
+        raise ValueError("the in-process federation aggregates plain means and selects by the judged loss alone")
     sites = sorted(learners)
     missing = {site: sorted(set(learners[site].class_names) - set(initial_classes)) for site in sites}
     if any(missing.values()):
@@ -136,7 +136,7 @@ def federate(
         for contribution in contributions:
             aggregating.add(contribution)
         result = aggregating.finalize()
-        verdict = judge(federation, latest, validation, None, min_delta)
+        verdict = judge(federation, latest, validation, None, min_delta, guard=False)
         latest = SavedVersion(round_number, result.state, result.class_names, trained=True)
         federation.latest = latest
         history_entry(federation.history, round_number)["aggregation"] = {
@@ -155,6 +155,6 @@ def federate(
             time.perf_counter() - round_started,
         )
     final = {site: evaluation_metrics(learners[site].evaluate_state(*slice_of(latest, site)), "val") for site in sites}
-    verdict = judge(federation, latest, final, None, min_delta)
+    verdict = judge(federation, latest, final, None, min_delta, guard=False)
     log.info("final validation of round %d: judged loss %.4f", latest.round, verdict.judged_loss)
     return FederationResult(federation.history, federation.best, latest, time.perf_counter() - started)

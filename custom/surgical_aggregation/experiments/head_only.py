@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, default_collate
 from ..core.head import NAMED_HEAD, initial_head_rows
 from ..core.methods import SiteMethod
 from ..evaluation.inference import ensemble_probabilities
-from ..evaluation.metrics import auroc, bce_loss, mean_defined, per_class_auroc
+from ..evaluation.metrics import auroc
 from ..images.glyph_features import glyph_features
 from ..images.synthetic import finding_glyphs
 from ..training.loops import Evaluation, masked_bce_with_logits
@@ -210,8 +210,7 @@ class HeadLearner:
         columns = [self.class_names.index(name) for name in classes]
         probabilities = torch.sigmoid(self.val.values @ weight.T + bias).numpy()
         labels, mask = self.val.labels[:, columns].numpy(), self.val.mask[:, columns].numpy()
-        aurocs = per_class_auroc(labels, probabilities, list(classes), mask)
-        return Evaluation(bce_loss(labels, probabilities, mask), aurocs, mean_defined(aurocs), len(labels))
+        return Evaluation.of(labels, probabilities, classes, mask)
 
     def validate(self) -> Evaluation:
         own = [self.head_classes.index(name) for name in self.class_names]

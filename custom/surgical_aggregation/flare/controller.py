@@ -84,6 +84,7 @@ from .rounds import Round, RoundRules
 from .settings import ALWAYS_WRITTEN, checked_arguments
 from .state import (
     FederationState,
+    Judgement,
     SavedVersion,
     continue_or_start,
     grow_union,
@@ -124,6 +125,7 @@ class SurgicalAggregatorShareable(ServerModels):
         resume: str | bool = RESUME_LATEST,
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         clip_updates: bool = True,
+        validation_guard: bool = True,
         judging_sites: list | None = None,
         identity_batchnorm: bool = False,
         max_classes_per_site: int = DEFAULT_MAX_CLASSES_PER_SITE,
@@ -435,7 +437,9 @@ class SurgicalAggregatorShareable(ServerModels):
 
     def _judge(self, version: SavedVersion, site_metrics: dict[str, dict]) -> None:
         """Record the sites' validation of ``version``; best-model selection and early stopping on it (``state``)."""
-        verdict = judge(self._federation, version, site_metrics, self.judging_sites, self.min_delta)
+        verdict = judge(
+            self._federation, version, site_metrics, self.judging_sites, self.min_delta, self.validation_guard
+        )
         if math.isnan(verdict.judged_loss):
             self.warning(f"global model {model_label(version.round)}: no validation loss of a judging site")
             return
@@ -444,10 +448,29 @@ class SurgicalAggregatorShareable(ServerModels):
             f"{verdict.judged_loss:.4f} of {verdict.judges}, mean validation AUROC {verdict.mean_auroc:.4f} over "
             f"{len(site_metrics)} site(s)"
         )
+        for site, reason in verdict.regressed.items():
+            self.warning(f"global model {model_label(version.round)} is worse for {site}: {reason}")
+        if verdict.disagreement:
+            self._stop_on_disagreement(version, verdict)
         if verdict.best:
             self._make_global(version, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
             self._save_personal(version, best=True)
             self.info(f"new best global model: {model_label(version.round)}")
+
+    def _stop_on_disagreement(self, version: SavedVersion, verdict: Judgement) -> None:
+        """The judged loss says a model improves, a judging site's own validation says it is worse beyond its noise:
+        one of them reports figures the model does not earn, and the server cannot tell which. The job stops; the
+        last good global model stays on disk, and nothing is published."""
+        write_history(self._federation.history, Path(self.get_app_dir()))
+        worse = "; ".join(f"for {site}, {reason}" for site, reason in verdict.regressed.items())
+        kept = f"the global model {model_label(verdict.reference)}"
+        raise FederationCannotProceed(
+            f"the sites disagree about the global model {model_label(version.round)}: the {verdict.statistic} of {verdict.judges}'s "
+            f"validation losses ({verdict.judged_loss:.4f}) says it is the best so far, but {worse}. A site reports "
+            f"figures the model does not earn (a hostile or broken site), or a contribution harms one site's data, "
+            f"and the server cannot tell which. Nothing is published; the last good global model ({kept}) stays "
+            "on disk. Compare the sites' logs and data; judging_sites names the sites whose validation is trusted"
+        )
 
     def _judges_of_final_validation(self, latest: SavedVersion, validated: dict[str, dict]) -> dict[str, dict]:
         """The final validation's metrics of the sites whose result the last round accepted: a site rejected in that

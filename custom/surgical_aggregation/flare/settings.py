@@ -35,6 +35,11 @@ update_bound: reject a result whose update of a part of the model (backbone weig
 clip_updates: with three or more sites moving a part of the model (backbone weights, BatchNorm statistics,
     a head row) in a round, scale each site's update of it down to the round's median size, so that no site
     moves it further than a typical site did. Off: the papers' plain means (the experiment grids turn it off).
+validation_guard: a model that a judging site's own validation finds worse than the best model so far (or the
+    initial one) by more than that site's noise (twice the standard error of the difference, from the standard
+    errors the site reports) is never the best; and when the judged loss says such a model is the best, the sites
+    disagree and the job stops, non-zero, naming them, with the last good model kept and nothing published.
+    Off: the papers' selection by the judged loss alone (the experiment grids turn it off).
 judging_sites: the sites whose validation losses select the best model and stop early (None: every
     site whose result was accepted; their mean with two, their median with three or more).
 identity_batchnorm: with ``fedbn_plus``, train a model whose BatchNorm holds its default statistics
@@ -107,8 +112,9 @@ def checked_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     bound = values["update_bound"]
     if bound is not None and not bound > 1:
         raise ValueError(f"update_bound must be above 1 (or None for no bound), got {bound!r}")
-    if not isinstance(values["clip_updates"], bool):
-        raise ValueError(f"clip_updates must be true or false, got {values['clip_updates']!r}")
+    for name in ("clip_updates", "validation_guard"):
+        if not isinstance(values[name], bool):
+            raise ValueError(f"{name} must be true or false, got {values[name]!r}")
     judges = values["judging_sites"]
     if judges is not None and (isinstance(judges, str) or not judges):
         raise ValueError(f"judging_sites must list at least one site name (or be None), got {judges!r}")

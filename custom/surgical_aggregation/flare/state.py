@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.checks import judged_loss
+from ..core.checks import judged_loss, validation_regressions
 from ..core.errors import ModelFileError, StateFileError
 from ..core.head import HeadSpec, extend_head, slice_for_client, to_numpy
 from ..core.methods import head_classes_for_site
@@ -176,13 +176,16 @@ def load_state(path: Path, resume: str = RESUME_LATEST) -> FederationState | Non
     return None
 
 
-def select(federation: FederationState, version: SavedVersion, judged_loss: float, min_delta: float) -> bool:
+def select(
+    federation: FederationState, version: SavedVersion, judged_loss: float, min_delta: float, eligible: bool = True
+) -> bool:
     """Best-model selection and early stopping on the judged validation loss of ``version``: True when it becomes the
-    best (lower than the best so far by more than ``min_delta``); otherwise one more round without improvement. A
-    model no aggregation went into (the initial one) and a model without a judged loss are never judged."""
+    best (lower than the best so far by more than ``min_delta``, and ``eligible``: no judging site found it worse
+    than the reference model); otherwise one more round without improvement. A model no aggregation went into (the
+    initial one) and a model without a judged loss are never judged."""
     if not version.trained or math.isnan(judged_loss):
         return False
-    if judged_loss < federation.best_loss - min_delta:
+    if eligible and judged_loss < federation.best_loss - min_delta:
         federation.best_loss, federation.best = judged_loss, version
         federation.rounds_without_improvement = 0
         return True
@@ -254,6 +257,9 @@ class Judgement:
     judges: list[str]
     mean_auroc: float
     best: bool  # it became the best global model
+    reference: int = INITIAL_ROUND  # the round of the model each judging site compared it with (the best, or initial)
+    regressed: dict[str, str] = field(default_factory=dict)  # judging site -> why the model is worse for it
+    disagreement: bool = False  # the judged loss says better, a judging site's own validation says worse
 
 
 def _mean(values: list[float | None]) -> float:
@@ -267,16 +273,25 @@ def judge(
     site_metrics: dict[str, dict[str, float]],
     judging_sites: list[str] | None,
     min_delta: float,
+    guard: bool = True,
 ) -> Judgement:
     """Record the sites' validation of ``version`` in the history, then select on it (:func:`select`): the judged
     validation loss is the mean of two judging sites', the median of three or more (``judging_sites``: None, every
-    site that reported)."""
+    site that reported). With ``guard``, a model that a judging site's own validation finds worse than the best model
+    (or the initial one) beyond its noise is never the best, and a judged improvement against it is a disagreement."""
     judges = {
         site: metrics["val_loss"]
         for site, metrics in site_metrics.items()
         if judging_sites is None or site in judging_sites
     }
     judged, statistic = judged_loss(judges)
+    reference = federation.best.round if federation.best is not None else INITIAL_ROUND
+    regressed = {}
+    if guard and version.trained and version.round != reference:  # each judging site: worse than on the reference?
+        earlier = history_entry(federation.history, reference).get("validation", {}).get("sites", {})
+        now = {site: site_metrics[site] for site in judges}
+        regressed = validation_regressions(now, earlier, f"the global model {model_label(reference)}")
+    improves = version.trained and not math.isnan(judged) and judged < federation.best_loss - min_delta
     mean_auroc = _mean([metrics.get("val_mean_auroc") for metrics in site_metrics.values()])
     validation = {
         "sites": site_metrics,
@@ -285,8 +300,12 @@ def judge(
         "judged_val_loss": judged,
         "judged_by": {"statistic": statistic, "sites": sorted(judges)},
     }
+    if regressed:
+        validation["regressed"] = {"than": f"the global model {model_label(reference)}", "sites": regressed}
     history_entry(federation.history, version.round)["validation"] = validation
-    best = select(federation, version, judged, min_delta)
+    best = select(federation, version, judged, min_delta, eligible=not regressed)
     if best:
         validation["best"] = True
-    return Judgement(judged, statistic, sorted(judges), mean_auroc, best)
+    return Judgement(
+        judged, statistic, sorted(judges), mean_auroc, best, reference, regressed, improves and bool(regressed)
+    )

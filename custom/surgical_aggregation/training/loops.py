@@ -4,6 +4,7 @@ baselines share them. BatchNorm freezing (FedBN+) and the head warm-up's frozen 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
@@ -18,7 +19,7 @@ from tqdm.auto import tqdm
 from ..core.head import NAMED_HEAD
 from ..core.methods import label_prior_weights
 from ..core.progress import PROGRESS_SECONDS
-from ..evaluation.metrics import bce_loss, mean_defined, per_class_auroc
+from ..evaluation.metrics import bce_loss, bce_loss_standard_error, mean_defined, per_class_auroc
 from .parallel import RowShard
 
 logger = logging.getLogger(__name__)
@@ -369,6 +370,21 @@ class Evaluation:
     per_class_auroc: dict[str, float]
     mean_auroc: float
     samples: int
+    loss_se: float = math.nan  # the loss's standard error across images: the noise of this validation
+
+    @classmethod
+    def of(
+        cls, labels: np.ndarray, probabilities: np.ndarray, class_names: Sequence[str], mask: np.ndarray | None
+    ) -> Evaluation:
+        """BCE loss (and its standard error) and per-class / mean AUROC of ``probabilities`` against ``labels``."""
+        aurocs = per_class_auroc(labels, probabilities, list(class_names), mask)
+        return cls(
+            loss=bce_loss(labels, probabilities, mask),
+            per_class_auroc=aurocs,
+            mean_auroc=mean_defined(aurocs),
+            samples=len(labels),
+            loss_se=bce_loss_standard_error(labels, probabilities, mask),
+        )
 
 
 def evaluate(
@@ -381,10 +397,4 @@ def evaluate(
 ) -> Evaluation:
     """Validation BCE loss and per-class / mean AUROC (undefined classes are NaN, left out of the mean)."""
     probabilities, labels, mask = predict(model, loader, device, autocast, progress)
-    aurocs = per_class_auroc(labels, probabilities, class_names, mask)
-    return Evaluation(
-        loss=bce_loss(labels, probabilities, mask),
-        per_class_auroc=aurocs,
-        mean_auroc=mean_defined(aurocs),
-        samples=len(labels),
-    )
+    return Evaluation.of(labels, probabilities, class_names, mask)

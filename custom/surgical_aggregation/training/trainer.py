@@ -19,7 +19,6 @@ import torch
 from ..core.devices import autocast_dtype, resolve_device, resolve_workers
 from ..core.head import NAMED_HEAD, place_rows
 from ..core.methods import SiteMethod, check_batchnorm, prior_vector
-from ..evaluation.metrics import bce_loss, mean_defined, per_class_auroc
 from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, save_checkpoint
 from .config import SiteConfig
 from .loops import (
@@ -51,7 +50,11 @@ TRAIN_EPOCH_LOSS = "train/epoch_loss"  # tracked per local epoch (warm-up includ
 
 def evaluation_metrics(evaluation: Evaluation, prefix: str = "val") -> dict[str, float]:
     """Flat metric dict: ``<prefix>_loss``, ``<prefix>_mean_auroc``, ``<prefix>_auroc/<class>`` (defined ones)."""
-    metrics = {f"{prefix}_loss": evaluation.loss, f"{prefix}_mean_auroc": evaluation.mean_auroc}
+    metrics = {
+        f"{prefix}_loss": evaluation.loss,
+        f"{prefix}_loss_se": evaluation.loss_se,
+        f"{prefix}_mean_auroc": evaluation.mean_auroc,
+    }
     metrics.update({f"{prefix}_auroc/{name}": v for name, v in evaluation.per_class_auroc.items() if not math.isnan(v)})
     return {key: float(value) for key, value in metrics.items() if not math.isnan(value)}
 
@@ -545,5 +548,4 @@ class SiteTrainer:
         probabilities = probabilities[:, [list(model_classes).index(name) for name in classes]]
         columns = [own.index(name) for name in classes]
         labels, mask = labels[:, columns], mask[:, columns]
-        aurocs = per_class_auroc(labels, probabilities, list(classes), mask)
-        return Evaluation(bce_loss(labels, probabilities, mask), aurocs, mean_defined(aurocs), len(labels))
+        return Evaluation.of(labels, probabilities, classes, mask)
