@@ -17,7 +17,9 @@ from surgical_aggregation.core.checks import (
     UpdateReference,
     UpdateSizes,
     blame_for_failing_model,
+    capped_weights,
     check_metrics,
+    clip_factors,
     confusable_skeleton,
     document_checks,
     free_riders,
@@ -25,6 +27,7 @@ from surgical_aggregation.core.checks import (
     model_problems,
     update_problems,
     update_sizes,
+    validation_regressions,
 )
 from surgical_aggregation.core.head import HeadSpec
 
@@ -186,3 +189,37 @@ def test_the_server_checks_page_lists_every_check_of_the_registry():
     assert document_checks(page) == page, "run: python -m surgical_aggregation.core.checks docs/server-checks.md"
     assert {check.stage for check in CHECKS} == set(STAGES)
     assert len({check.name for check in CHECKS}) == len(CHECKS)
+
+
+def test_a_site_is_worse_off_only_beyond_twice_the_standard_error_of_the_difference():
+    before = {site: {"val_loss": 0.5, "val_loss_se": 0.03} for site in ("a", "b", "c", "d")}
+    noise = 2 * math.hypot(0.03, 0.04)  # 0.1
+    now = {
+        "a": {"val_loss": 0.5 + noise + 1e-9, "val_loss_se": 0.04},  # just beyond
+        "b": {"val_loss": 0.5 + noise - 1e-9, "val_loss_se": 0.04},  # just within
+        "c": {"val_loss": 9.0},  # no standard error: not compared
+        "d": {"val_loss": 0.1, "val_loss_se": 0.04},  # better
+        "e": {"val_loss": 9.0, "val_loss_se": 0.04},  # no loss of the reference model
+    }
+    regressed = validation_regressions(now, before, "the global model after round 2")
+    assert list(regressed) == ["a"]
+    assert regressed["a"] == (
+        "its validation loss 0.6000 is 0.1000 above its 0.5000 of the global model after round 2, more than its "
+        "noise (2 standard errors: 0.1000)"
+    )
+
+
+def test_clip_factors_scale_each_part_above_the_median_of_three_or_more_sites_to_it():
+    sizes = {
+        "a": UpdateSizes({WEIGHTS: 0.01, STATISTICS: 0.2}, {"Mass": 0.1, "Edema": 0.3}),
+        "b": UpdateSizes({WEIGHTS: 0.02, STATISTICS: 0.2}, {"mass": 0.2, "Edema": 0.0}),  # Edema unmoved
+        "c": UpdateSizes({WEIGHTS: 0.08, STATISTICS: 0.1}, {"Mass": 0.4, "Edema": 0.9}),
+    }
+    factors = clip_factors(sizes, str.title)  # rows matched by canonical name
+    assert factors == {"c": {WEIGHTS: pytest.approx(0.25), "head row Mass": pytest.approx(0.5)}}
+
+
+def test_capped_weights_give_no_site_more_than_the_others_together():
+    assert capped_weights({"a": 10.0, "b": 1e9, "c": 30.0}) == {"a": 10.0, "b": 40.0, "c": 30.0}
+    assert capped_weights({"a": 1.0, "b": 1.0}) == {"a": 1.0, "b": 1.0}
+    assert capped_weights({"a": 5.0}) == {"a": 5.0}

@@ -414,6 +414,12 @@ def test_a_flipped_update_inside_every_bound_is_clipped_to_the_rounds_median(tmp
         assert "clipped" not in aggregation
 
 
+@pytest.mark.parametrize("setting", ["clip_updates", "validation_guard"])
+def test_a_defence_is_on_or_off_nothing_else(setting):
+    with pytest.raises(ValueError, match=f"{setting} must be true or false, got 'no'"):
+        Harness([], ".", **{setting: "no"})
+
+
 def test_with_two_sites_or_a_row_two_sites_hold_nothing_is_clipped(tmp_path):
     sites = [
         FakeSite("site-a", ["Mass", "Edema"], [0.9, 0.5]),
@@ -501,7 +507,7 @@ def test_a_model_an_honest_site_finds_worse_is_never_the_best_and_a_lie_that_say
         [
             _reporting_noise(FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.8, 0.8])),
             _reporting_noise(FakeSite("site-x", ["Edema"], [0.9, 0.5, 0.0, 0.0])),
-        ],  # noqa: E501
+        ],
         tmp_path / "unguarded",
         num_rounds=4,
         validation_guard=False,

@@ -465,11 +465,12 @@ class SurgicalAggregatorShareable(ServerModels):
         worse = "; ".join(f"for {site}, {reason}" for site, reason in verdict.regressed.items())
         kept = f"the global model {model_label(verdict.reference)}"
         raise FederationCannotProceed(
-            f"the sites disagree about the global model {model_label(version.round)}: the {verdict.statistic} of {verdict.judges}'s "
-            f"validation losses ({verdict.judged_loss:.4f}) says it is the best so far, but {worse}. A site reports "
-            f"figures the model does not earn (a hostile or broken site), or a contribution harms one site's data, "
-            f"and the server cannot tell which. Nothing is published; the last good global model ({kept}) stays "
-            "on disk. Compare the sites' logs and data; judging_sites names the sites whose validation is trusted"
+            f"the sites disagree about the global model {model_label(version.round)}: the {verdict.statistic} of "
+            f"{verdict.judges}'s validation losses ({verdict.judged_loss:.4f}) says it is the best so far, but "
+            f"{worse}. A site reports figures the model does not earn (a hostile or broken site), or a contribution "
+            f"harms one site's data, and the server cannot tell which. Nothing is published; the last good global "
+            f"model ({kept}) stays on disk. Compare the sites' logs and data; judging_sites names the sites whose "
+            "validation is trusted"
         )
 
     def _judges_of_final_validation(self, latest: SavedVersion, validated: dict[str, dict]) -> dict[str, dict]:
