@@ -16,11 +16,12 @@ to measure its update as the server will (``core.checks.update_sizes``):
   colluding      two sign_flip sites of four
   sybil          three sign_flip sites of five (one party, three kits)
 
-Federations (120 patients a site, 32 px, 3 rounds): two sites (the default job, ``site-chexpert`` the attacker),
+Federations (120 patients a site, 64 px, 3 rounds): two sites (the default job, ``site-chexpert`` the attacker),
 and four or five NIH-layout sites cut from one embedded dataset (the last sites the attackers). ``clean`` runs
-every federation with honest sites only, over ``--seeds``; each attack runs with the first seed. For each run:
-the honest sites' mean test AUROC (their own test split) of the best model and of the last one, against the clean
-runs' range; the exit code; who was rejected, clipped or capped; the disagreement, when the job stopped on one.
+every federation with honest sites only, over ``--seeds`` (two of them for four and five sites); each attack runs
+with the first seed. For each run: the mean AUROC over NIH's classes (every honest site's) of the best model and of
+the last one on one external test set (300 embedded MIMIC-layout patients), against the clean runs' lowest; the
+exit code; who was rejected, clipped or capped; the disagreement, when the job stopped on one.
 An attack **holds** when the honest sites' best and last AUROC are at or above the lowest clean run's; it **fails
 closed** when the job stopped non-zero, published nothing and named a site or the disagreement; otherwise it
 **breaks through**.
@@ -42,24 +43,26 @@ from typing import Any
 
 from hostile_site import run_simulator
 
+from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.evaluation.inference import evaluate_models
 from surgical_aggregation.experiments.summary import rewrite_marked_block
 from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
 from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.training.config import site_config_from_dict
-from surgical_aggregation.training.site_data import resolve_table, split_table
+from surgical_aggregation.training.site_data import resolve_table
 
-PATIENTS, IMAGE_SIZE, ROUNDS = 120, 32, 3
+PATIENTS, IMAGE_SIZE, ROUNDS = 120, 64, 3
+TEST_PATIENTS = 300  # the external test set every honest site is scored on (embedded MIMIC layout, NIH's classes)
 CLEAN = "clean"
 SINGLE = ("sign_flip", "ipm", "bn_shift", "label_flip", "inflated", "lying")
 # attack -> {sites in the federation: how many of them attack}
 ATTACKS: dict[str, dict[int, int]] = {
-    "sign_flip": {2: 1, 4: 1, 5: 1},
+    "sign_flip": {2: 1, 4: 1},
     "ipm": {2: 1, 4: 1},
-    "bn_shift": {2: 1, 4: 1},
-    "label_flip": {2: 1, 4: 1},
-    "inflated": {2: 1, 4: 1},
-    "lying": {2: 1, 4: 1},
+    "bn_shift": {2: 1},
+    "label_flip": {2: 1},
+    "inflated": {2: 1},
+    "lying": {2: 1},
     "colluding": {4: 2},
     "sybil": {5: 3},
 }
@@ -200,8 +203,8 @@ def attackers_of(case: Case, configs: dict[str, dict]) -> list[str]:
     return sorted(configs)[len(configs) - case.attackers :] if case.sites > 2 else ["site-chexpert"][: case.attackers]
 
 
-def write_case_job(case: Case, folder: Path, cache: Path) -> tuple[Path, list[str], dict[str, dict]]:
-    """The case's job folder: (job, attacking sites, the honest sites' configs)."""
+def write_case_job(case: Case, folder: Path, cache: Path) -> tuple[Path, list[str]]:
+    """The case's job folder, and its attacking sites."""
     configs = {
         site: {**config, "cache_dir": str(cache)} for site, config in site_configs(case.sites, case.seed).items()
     }
@@ -216,23 +219,28 @@ def write_case_job(case: Case, folder: Path, cache: Path) -> tuple[Path, list[st
     for site in attackers:
         behaviour = BEHAVIOUR.get(case.attack, case.attack)
         (job / f"app_{site}" / "custom" / "client.py").write_text(ATTACKER_CLIENT.format(attack=behaviour))
-    return job, attackers, {site: config for site, config in configs.items() if site not in attackers}
+    return job, attackers
 
 
-def honest_test_auroc(model: Path, honest: dict[str, dict]) -> float:
-    """The honest sites' mean (over sites) of the model's mean test AUROC on each site's own test split."""
+def test_config(cache: Path) -> dict[str, Any]:
+    """The test set: embedded MIMIC-layout images of other patients, labelled with NIH's classes (every honest
+    site's: site-nih's, or the NIH-layout sites'), all of its rows."""
+    config = DEMO.site_config(
+        {"kind": "mimic", "labels": list(NIH_LABELS)}, embedded={"patients": TEST_PATIENTS, "image_size": IMAGE_SIZE}
+    )
+    return {**config, "image_size": IMAGE_SIZE, "cache_dir": str(cache)}
+
+
+def honest_test_auroc(model: Path, test: dict[str, Any]) -> float:
+    """The model's mean AUROC over NIH's classes on the test set (NaN when the job left no such model)."""
     if not model.is_file():
         return math.nan
-    values = []
-    for site, values_of_site in honest.items():
-        config = site_config_from_dict(values_of_site, f"{site} (attack suite)")
-        test = split_table(resolve_table(config), config)["test"]
-        report = evaluate_models([model], test, cache_dir=config.cache_dir, bootstrap=20)
-        values.append(report.mean_auroc.estimate)
-    return sum(values) / len(values)
+    config = site_config_from_dict(test, "the attack suite's test set")
+    report = evaluate_models([model], resolve_table(config), cache_dir=config.cache_dir, bootstrap=20)
+    return report.mean_auroc.estimate
 
 
-def outcome(workspace: Path, code: int, log: str, honest: dict[str, dict], attackers: list[str]) -> dict[str, Any]:
+def outcome(workspace: Path, code: int, log: str, test: dict[str, Any], attackers: list[str]) -> dict[str, Any]:
     server = workspace / "server" / "simulate_job" / "app_server"
     history = json.loads((server / HISTORY_FILE).read_text()) if (server / HISTORY_FILE).is_file() else []
     rounds = [entry["aggregation"] for entry in history if "aggregation" in entry]
@@ -249,8 +257,8 @@ def outcome(workspace: Path, code: int, log: str, honest: dict[str, dict], attac
         "capped": capped,
         "disagreement": disagreement.group(0) if disagreement else None,
         "published": published,
-        "best_auroc": honest_test_auroc(server / "best_FL_global_model.pt", honest),
-        "last_auroc": honest_test_auroc(server / "FL_global_model.pt", honest),
+        "best_auroc": honest_test_auroc(server / "best_FL_global_model.pt", test),
+        "last_auroc": honest_test_auroc(server / "FL_global_model.pt", test),
     }
 
 
@@ -290,7 +298,9 @@ def table(results: dict[str, dict]) -> list[str]:
 
 
 def cases(seeds: list[int], attacks: list[str], site_counts: list[int]) -> list[Case]:
-    planned = [Case(CLEAN, sites, seed) for sites in site_counts for seed in seeds]
+    """Every clean federation over ``seeds`` (those of more than two sites over the first two), then each attack
+    with the first seed."""
+    planned = [Case(CLEAN, sites, seed) for sites in site_counts for seed in (seeds if sites == 2 else seeds[:2])]
     planned += [
         Case(attack, sites, seeds[0]) for attack in attacks for sites in ATTACKS[attack] if sites in site_counts
     ]
@@ -314,7 +324,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             if case.name in results:
                 continue
             started = time.perf_counter()
-            job, attackers, configs = write_case_job(case, args.out / "jobs" / case.name, args.out / "cache")
+            job, attackers = write_case_job(case, args.out / "jobs" / case.name, args.out / "cache")
             workspace = args.out / "workspaces" / case.name
             code, log = run_simulator(job, workspace)
             (args.out / f"{case.name}.log").write_text(log)
@@ -322,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 "attack": case.attack,
                 "sites": case.sites,
                 "seed": case.seed,
-                **outcome(workspace, code, log, configs, attackers),
+                **outcome(workspace, code, log, test_config(args.out / "cache"), attackers),
                 "seconds": round(time.perf_counter() - started, 1),
             }
             print(f"{case.name}: {results[case.name]}", flush=True)

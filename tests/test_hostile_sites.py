@@ -396,7 +396,8 @@ def _round_zero_change(harness: Harness, site: FakeSite, part: str) -> np.ndarra
 def test_a_flipped_update_inside_every_bound_is_clipped_to_the_rounds_median(tmp_path, clip_updates):
     honest = [FakeSite(f"site-{name}", ["Mass", "Edema"], [0.9, 0.5]) for name in "abc"]
     attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], _flipped(3.0))
-    harness = Harness([*honest, attacker], tmp_path, num_rounds=1, clip_updates=clip_updates)
+    arguments = {"clip_updates": clip_updates, "reject_opposed_updates": False}  # clipping alone
+    harness = Harness([*honest, attacker], tmp_path, num_rounds=1, **arguments)
     harness.run()
     aggregation = harness.history[1]["aggregation"]
     assert aggregation["accepted"] == ["site-a", "site-b", "site-c", "site-x"]  # nothing to reject
@@ -414,10 +415,30 @@ def test_a_flipped_update_inside_every_bound_is_clipped_to_the_rounds_median(tmp
         assert "clipped" not in aggregation
 
 
-@pytest.mark.parametrize("setting", ["clip_updates", "validation_guard"])
+@pytest.mark.parametrize("setting", ["clip_updates", "reject_opposed_updates", "validation_guard"])
 def test_a_defence_is_on_or_off_nothing_else(setting):
     with pytest.raises(ValueError, match=f"{setting} must be true or false, got 'no'"):
         Harness([], ".", **{setting: "no"})
+
+
+@pytest.mark.parametrize("flip", [1.0, 3.0])
+def test_an_update_against_the_rounds_median_direction_is_rejected_at_any_size(tmp_path, flip):
+    honest = [FakeSite(f"site-{name}", ["Mass", "Edema"], [0.9, 0.5]) for name in "abc"]
+    attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], _flipped(flip))
+    harness = Harness([*honest, attacker], tmp_path, num_rounds=1)
+    harness.run()
+    aggregation = harness.history[1]["aggregation"]
+    assert aggregation["accepted"] == ["site-a", "site-b", "site-c"]
+    assert aggregation["rejected"] == {
+        "site-x": "its update of the backbone weights points against the round's median update (cosine -1.00)"
+    }
+    assert "clipped" not in aggregation  # the three honest updates are equal: none above their median
+    for part in ("backbone.conv.weight", "Mass", "Edema"):  # the honest sites' mean alone
+        np.testing.assert_allclose(_round_zero_change(harness, honest[0], part), 0.01, atol=1e-6, err_msg=part)
+
+    two = Harness([honest[0], FakeSite("site-y", ["Mass"], [0.9, 0.5], _flipped(flip))], tmp_path / "two", num_rounds=1)
+    two.run()  # a median of two is their mean: nothing to oppose
+    assert two.history[1]["aggregation"]["accepted"] == ["site-a", "site-y"]
 
 
 def test_with_two_sites_or_a_row_two_sites_hold_nothing_is_clipped(tmp_path):
@@ -426,7 +447,7 @@ def test_with_two_sites_or_a_row_two_sites_hold_nothing_is_clipped(tmp_path):
         FakeSite("site-b", ["Mass"], [0.9, 0.5]),
         FakeSite("site-x", ["Mass", "Edema"], [0.9, 0.5], _flipped(3.0)),
     ]
-    harness = Harness(sites, tmp_path, num_rounds=1)
+    harness = Harness(sites, tmp_path, num_rounds=1, reject_opposed_updates=False)
     harness.run()
     clipped = harness.history[1]["aggregation"]["clipped"]
     parts = ["BatchNorm statistics", "backbone weights", "head row Mass"]  # three sites moved each
@@ -536,6 +557,49 @@ def test_a_rise_within_a_sites_noise_is_no_disagreement(tmp_path):
                                            r"global model before training, more than its noise"):  # fmt: skip
         first.run()
     assert first._federation.best is None
+
+
+@pytest.mark.parametrize("validation_guard", [True, False])
+def test_a_trained_model_no_accepted_site_vouched_for_is_not_published(tmp_path, validation_guard):
+    sites = [FakeSite(f"site-{name}", ["Mass"], [0.9, 0.5, 0.5]) for name in "ab"]
+    for site in sites:  # every validation loss it sends is refused, so no model is ever judged
+        site.metrics_override = site.validation_override = {"val_loss": -1.0}
+    harness = Harness(sites, tmp_path, num_rounds=2, validation_guard=validation_guard)
+    if not validation_guard:  # the papers' selection publishes the last model, judged by no one
+        harness.run()
+        assert [task for task, _, _ in sites[0].tasks][-1] == TASK_PUBLISH
+        return
+    with pytest.raises(
+        RuntimeError, match=r"^no trained global model was judged by the sites: .* Nothing is published"
+    ):
+        harness.run()
+    assert TASK_PUBLISH not in [task for task, _, _ in sites[0].tasks]
+    assert harness._federation.finished
+
+
+def test_what_a_class_squatting_site_learns_from_the_rows_it_gets_back(tmp_path):
+    """A limit, not a defence: a site that declares classes it does not label learns, from the rows it receives in
+    the next round, exactly which of them another site labels (a row averaged with someone else's differs from the
+    row it sent). docs/server-checks.md says so; this test fails if that ever changes without the docs."""
+    squatter_sent = {}
+
+    def squatting(round_number, params):
+        sent = shifted(params, 0.02)
+        squatter_sent[round_number] = sent
+        return sent
+
+    honest = FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.5])
+    squatter = FakeSite("site-x", ["Mass", "Edema", "Hernia"], [0.9, 0.5, 0.5], squatting)
+    harness = Harness([honest, squatter], tmp_path, num_rounds=2)
+    harness.run()
+    classes, received = squatter.received[1]  # round 1's task: its rows after round 0's aggregation
+    sent = squatter_sent[0]
+    labelled_elsewhere = {
+        name
+        for index, name in enumerate(classes)
+        if not np.allclose(np.asarray(received["head.weight"])[index], np.asarray(sent["head.weight"])[index])
+    }
+    assert labelled_elsewhere == {"Mass"}  # exactly site-a's classes among those it declared
 
 
 def test_only_documented_metric_keys_are_kept(tmp_path):

@@ -187,6 +187,7 @@ def test_comparator_presets():
         "backbone_strategy": "fedavg",
         "weighting": "uniform",
         "clip_updates": False,  # the papers' plain means and selection
+        "reject_opposed_updates": False,
         "validation_guard": False,
     }
     assert controller_arguments("fedsld")["weighting"] == "samples"

@@ -670,6 +670,52 @@ def free_riders(sizes: Mapping[str, UpdateSizes]) -> list[str]:
     return sorted(site for site, size in weights.items() if size == 0 or size < FREE_RIDER_SHARE * largest)
 
 
+def weight_change(
+    sent: StateDict, received: StateDict, averaged_keys: Sequence[str], head: HeadSpec = NAMED_HEAD
+) -> np.ndarray:
+    """A result's update of the backbone weights (the BatchNorm statistics and the head left out), flattened in key
+    order, float32."""
+    changes = [
+        (to_numpy(sent[key]).astype(np.float32) - to_numpy(received[key]).astype(np.float32)).ravel()
+        for key in averaged_keys
+        if key not in head.keys
+        and update_group(key) == WEIGHTS
+        and np.issubdtype(to_numpy(received[key]).dtype, np.floating)
+    ]
+    return np.concatenate(changes) if changes else np.zeros(0, dtype=np.float32)
+
+
+MIN_SITES_FOR_DIRECTION = 3  # a coordinate-wise median of three or more updates lies between honest values
+
+
+@server_check(
+    "update",
+    "with `reject_opposed_updates` (default on) and three or more results left, an update of the backbone weights "
+    "that points against the round's coordinate-wise median update (a negative cosine) is rejected: within every "
+    "size bound, a flipped update is still the opposite of what the sites learn",
+    "its update of the backbone weights points against the round's median update (cosine -0.97)",
+)
+def opposed_updates(changes: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """site -> why, for each site whose update (``changes``: site -> :func:`weight_change`) has a negative cosine
+    with the coordinate-wise median of the round's updates. Fewer than three sites: none (a median of two is their
+    mean). Zero updates are left alone (free-riders)."""
+    if len(changes) < MIN_SITES_FOR_DIRECTION:
+        return {}
+    median = np.median(np.stack(list(changes.values())), axis=0)
+    median_norm = float(np.linalg.norm(median))
+    opposed = {}
+    for site, change in sorted(changes.items()):
+        norm = float(np.linalg.norm(change))
+        if norm == 0 or median_norm == 0:
+            continue
+        cosine = float(np.dot(change.astype(np.float64), median.astype(np.float64))) / (norm * median_norm)
+        if cosine < 0:
+            opposed[site] = (
+                f"its update of the backbone weights points against the round's median update (cosine {cosine:.2f})"
+            )
+    return opposed
+
+
 MIN_SITES_TO_CLIP = 3  # the round's median of a part's updates lies between honest values with 3 or more sites
 
 

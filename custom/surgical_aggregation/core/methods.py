@@ -250,6 +250,7 @@ def controller_arguments(comparator: str, backbone_strategy: str = "fedavg", wei
         "backbone_strategy": backbone_strategy,
         "weighting": weighting,
         "clip_updates": False,  # the papers' plain means and selection: a grid compares methods, not defences
+        "reject_opposed_updates": False,
         "validation_guard": False,
         **FEDERATED_COMPARATORS[comparator],
     }

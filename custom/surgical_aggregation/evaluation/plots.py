@@ -12,14 +12,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
 
-def plot_training_curves(history: Sequence[Mapping], path: str | Path) -> Path:
-    """Validation loss and mean AUROC of each global model (the round that produced it; -1: before training),
-    per site and their mean, as the round history records them."""
-    validated = [
+def validated_models(history: Sequence[Mapping]) -> list[tuple[int, Mapping]]:
+    """(round, validation) of each global model of the history with a validation loss."""
+    return [
         (entry["round"], entry["validation"])
         for entry in history
         if not math.isnan(entry.get("validation", {}).get("mean_val_loss", math.nan))
     ]
+
+
+def plot_training_curves(history: Sequence[Mapping], path: str | Path) -> Path:
+    """Validation loss and mean AUROC of each global model (the round that produced it; -1: before training),
+    per site and their mean, as the round history records them."""
+    validated = validated_models(history)
     if not validated:
         raise ValueError("no validated global model to plot yet")
     rounds = [round_number for round_number, _ in validated]

@@ -94,7 +94,8 @@ def federate(
     weighting = controller.get("weighting", "uniform")
     if controller.get("label_prior") or controller.get("proximal_mu"):
         raise ValueError("the in-process federation runs surgical aggregation, vanilla FL and partial loss only")
-    if controller.get("clip_updates") is True or controller.get("validation_guard") is True:  # the FLARE job's
+    defences = ("clip_updates", "reject_opposed_updates", "validation_guard")  # the FLARE job's, on by default
+    if any(controller.get(name) is True for name in defences):
         raise ValueError("the in-process federation aggregates plain means and selects by the judged loss alone")
     sites = sorted(learners)
     missing = {site: sorted(set(learners[site].class_names) - set(initial_classes)) for site in sites}

@@ -125,6 +125,7 @@ class SurgicalAggregatorShareable(ServerModels):
         resume: str | bool = RESUME_LATEST,
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         clip_updates: bool = True,
+        reject_opposed_updates: bool = True,
         validation_guard: bool = True,
         judging_sites: list | None = None,
         identity_batchnorm: bool = False,
@@ -222,6 +223,8 @@ class SurgicalAggregatorShareable(ServerModels):
         if self.final_validation and latest.round > INITIAL_ROUND:
             self._judge(latest, self._judges_of_final_validation(latest, self._sites_validate(latest)))
             self._evaluate_server_models(latest)
+        if self.validation_guard and self.final_validation and federation.best is None and federation.aggregated_rounds:
+            self._fail_unjudged()
         self._refuse_unusable(federation.best or latest, "the best global model")
         if self.publish_global_model:
             self._publish_best()
@@ -422,6 +425,7 @@ class SurgicalAggregatorShareable(ServerModels):
             self.update_bound,
             self._outputs,
             self.clip_updates,
+            self.reject_opposed_updates,
         )
 
     def _aggregate(self, gathered: Round, latest: SavedVersion) -> AggregationResult:
@@ -484,6 +488,21 @@ class SurgicalAggregatorShareable(ServerModels):
                 "was not aggregated"
             )
         return {site: metrics for site, metrics in validated.items() if site in accepted}
+
+    def _fail_unjudged(self) -> None:
+        """The federation trained, but no site whose result was accepted ever judged one of its models no worse than
+        the initial one: nothing earned publication. The job fails, naming each site's last outcome."""
+        federation = self._federation
+        federation.finished = True
+        self._checkpoint_round()
+        reasons = Round.no_progress({site: self.last_outcome(site) for site in self._sites}, self.min_clients)
+        for site, reason in reasons.items():
+            self.error(f"{site}: {reason}")
+        raise FederationCannotProceed(
+            "no trained global model was judged by the sites: none was validated, no worse than the initial model, "
+            "by a site whose result of that round was accepted (validation_guard). Nothing is published; the initial "
+            f"model stays. Per site, its last result: {reasons}"
+        )
 
     def _fail_without_progress(self, last_round: int) -> None:
         """No round aggregated ``min_clients`` valid contributions: the job fails, naming the sites and why."""

@@ -10,7 +10,7 @@ from typing import Any
 from nvflare.app_common.app_constant import DefaultCheckpointFileName
 
 from ..data.storage import write_atomically
-from ..evaluation.plots import plot_training_curves
+from ..evaluation.plots import plot_training_curves, validated_models
 from ..evaluation.run_summary import HISTORY_FILE, UNION_FILE, union_table, union_table_lines, write_union_table
 
 # where FLARE's ValidationJsonGenerator writes the sites' evaluation of the server's models
@@ -38,7 +38,7 @@ def write_history(history: list[dict[str, Any]], app_dir: Path) -> str | None:
     not be drawn (the history is written regardless)."""
     text = json.dumps(history, indent=2, default=float).encode()
     write_atomically(app_dir / HISTORY_FILE, lambda handle: handle.write(text), "round history")
-    if any("validation" in entry for entry in history):
+    if validated_models(history):  # a round whose sites' losses were all refused has no curve point
         try:
             plot_training_curves(history, app_dir / CURVES_FILE)
         except OSError as error:

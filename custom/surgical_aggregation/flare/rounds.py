@@ -37,8 +37,10 @@ from ..core.checks import (
     clipped_state,
     free_riders,
     model_problems,
+    opposed_updates,
     update_problems,
     update_sizes,
+    weight_change,
 )
 from ..core.head import HeadSpec
 from .handshake import SiteInfo
@@ -67,6 +69,7 @@ class RoundRules:
     update_bound: float | None
     outputs: ModelOutputs | None  # the model's outputs on the probe input (the model check)
     clip_updates: bool = True  # each part of an update at most the round's median (three or more sites)
+    reject_opposed_updates: bool = True  # a backbone update against the round's median direction is rejected
 
     def aggregator(self, state: Mapping[str, Any], classes: Sequence[str]) -> SurgicalAggregator:
         """An aggregator over the global model ``state`` (head rows ``classes``): it checks each arriving result,
@@ -166,6 +169,15 @@ class Round:
                 self.rejected[site] = "; ".join(told)
                 self.rejection_details[site] = details
         candidates = [site for site in sorted(self.arrivals) if site not in self.rejected]
+        if rules.reject_opposed_updates and len(candidates) >= 3:
+            changes = {
+                site: weight_change(
+                    self.arrivals[site].contribution.state, self.arrivals[site].received, averaged, rules.head
+                )
+                for site in candidates
+            }
+            self.rejected.update(opposed_updates(changes))
+            candidates = [site for site in candidates if site not in self.rejected]
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
             riders = set(free_riders({site: sizes[site] for site in candidates}))
             self.clipped = clip_factors(

@@ -35,6 +35,9 @@ update_bound: reject a result whose update of a part of the model (backbone weig
 clip_updates: with three or more sites moving a part of the model (backbone weights, BatchNorm statistics,
     a head row) in a round, scale each site's update of it down to the round's median size, so that no site
     moves it further than a typical site did. Off: the papers' plain means (the experiment grids turn it off).
+reject_opposed_updates: with three or more results left in a round, reject an update of the backbone weights that
+    points against the round's coordinate-wise median update (a negative cosine). Off: the papers' plain means
+    (the experiment grids turn it off).
 validation_guard: a model that a judging site's own validation finds worse than the best model so far (or the
     initial one) by more than that site's noise (twice the standard error of the difference, from the standard
     errors the site reports) is never the best; and when the judged loss says such a model is the best, the sites
@@ -112,7 +115,7 @@ def checked_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     bound = values["update_bound"]
     if bound is not None and not bound > 1:
         raise ValueError(f"update_bound must be above 1 (or None for no bound), got {bound!r}")
-    for name in ("clip_updates", "validation_guard"):
+    for name in ("clip_updates", "reject_opposed_updates", "validation_guard"):
         if not isinstance(values[name], bool):
             raise ValueError(f"{name} must be true or false, got {values[name]!r}")
     judges = values["judging_sites"]
