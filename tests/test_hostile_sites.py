@@ -430,7 +430,8 @@ def test_an_update_against_the_rounds_median_direction_is_rejected_at_any_size(t
     aggregation = harness.history[1]["aggregation"]
     assert aggregation["accepted"] == ["site-a", "site-b", "site-c"]
     assert aggregation["rejected"] == {
-        "site-x": "its update of the backbone weights points against the round's median update (cosine -1.00)"
+        "site-x": "its update of the backbone weights points against the median of the other sites' updates (cosine "
+        "-1.00)"
     }
     assert "clipped" not in aggregation  # the three honest updates are equal: none above their median
     for part in ("backbone.conv.weight", "Mass", "Edema"):  # the honest sites' mean alone

@@ -691,27 +691,28 @@ MIN_SITES_FOR_DIRECTION = 3  # a coordinate-wise median of three or more updates
 @server_check(
     "update",
     "with `reject_opposed_updates` (default on) and three or more results left, an update of the backbone weights "
-    "that points against the round's coordinate-wise median update (a negative cosine) is rejected: within every "
-    "size bound, a flipped update is still the opposite of what the sites learn",
-    "its update of the backbone weights points against the round's median update (cosine -0.97)",
+    "that points against the coordinate-wise median of the other sites' updates (a negative cosine) is rejected: "
+    "within every size bound, a flipped update is still the opposite of what the sites learn",
+    "its update of the backbone weights points against the median of the other sites' updates (cosine -0.97)",
 )
 def opposed_updates(changes: Mapping[str, np.ndarray]) -> dict[str, str]:
     """site -> why, for each site whose update (``changes``: site -> :func:`weight_change`) has a negative cosine
-    with the coordinate-wise median of the round's updates. Fewer than three sites: none (a median of two is their
-    mean). Zero updates are left alone (free-riders)."""
+    with the coordinate-wise median of the *other* sites' updates (its own would lean the median its way: with one
+    extreme value among four, the median is the mean of the two honest values on its side). Fewer than three sites:
+    none. Zero updates are left alone (free-riders)."""
     if len(changes) < MIN_SITES_FOR_DIRECTION:
         return {}
-    median = np.median(np.stack(list(changes.values())), axis=0)
-    median_norm = float(np.linalg.norm(median))
     opposed = {}
     for site, change in sorted(changes.items()):
-        norm = float(np.linalg.norm(change))
-        if norm == 0 or median_norm == 0:
+        others = np.median(np.stack([other for name, other in changes.items() if name != site]), axis=0)
+        norm, others_norm = float(np.linalg.norm(change)), float(np.linalg.norm(others))
+        if norm == 0 or others_norm == 0:
             continue
-        cosine = float(np.dot(change.astype(np.float64), median.astype(np.float64))) / (norm * median_norm)
+        cosine = float(np.dot(change.astype(np.float64), others.astype(np.float64))) / (norm * others_norm)
         if cosine < 0:
             opposed[site] = (
-                f"its update of the backbone weights points against the round's median update (cosine {cosine:.2f})"
+                "its update of the backbone weights points against the median of the other sites' updates "
+                f"(cosine {cosine:.2f})"
             )
     return opposed
 
