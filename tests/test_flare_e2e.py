@@ -502,7 +502,8 @@ def test_site_to_site_evaluation_results_are_in_the_results_file_one_exchange_fi
             r for r in read_audit(_app(workspace, site)) if r["task"] == "validate" and r["direction"] == "received"
         ]
         files = [record["tensors"] for record in received]
-        assert len(received) >= 4 and len(set(files)) == len(files)  # the server's models and both sites' models
+        # the last global model (and the best, when it is another) and both sites' models, each in its own file
+        assert len(received) >= 3 and len(set(files)) == len(files)
         assert all((_app(workspace, site) / name).is_file() for name in files)
 
 

@@ -221,7 +221,8 @@ class SurgicalAggregatorShareable(ServerModels):
         if latest.round > INITIAL_ROUND and federation.aggregated_rounds == 0:
             self._fail_without_progress(latest.round)
         if self.final_validation and latest.round > INITIAL_ROUND:
-            self._judge(latest, self._judges_of_final_validation(latest, self._sites_validate(latest)))
+            validated = self._sites_validate(latest)
+            self._judge(latest, validated, self._judges_of_final_validation(latest, validated))
             self._evaluate_server_models(latest)
         if self.validation_guard and self.final_validation and federation.best is None and federation.aggregated_rounds:
             self._fail_unjudged()
@@ -439,11 +440,13 @@ class SurgicalAggregatorShareable(ServerModels):
                 self._keep_personal(site, gathered.arrivals[site].contribution.state)
         return aggregated
 
-    def _judge(self, version: SavedVersion, site_metrics: dict[str, dict]) -> None:
-        """Record the sites' validation of ``version``; best-model selection and early stopping on it (``state``)."""
-        verdict = judge(
-            self._federation, version, site_metrics, self.judging_sites, self.min_delta, self.validation_guard
-        )
+    def _judge(self, version: SavedVersion, site_metrics: dict[str, dict], eligible: list[str] | None = None) -> None:
+        """Record the sites' validation of ``version``; best-model selection and early stopping on it (``state``), by
+        the ``judging_sites`` among ``eligible`` (None: every site in ``site_metrics``)."""
+        judges = self.judging_sites
+        if eligible is not None:
+            judges = [site for site in (judges or eligible) if site in eligible]
+        verdict = judge(self._federation, version, site_metrics, judges, self.min_delta, self.validation_guard)
         if math.isnan(verdict.judged_loss):
             self.warning(f"global model {model_label(version.round)}: no validation loss of a judging site")
             return
@@ -477,9 +480,9 @@ class SurgicalAggregatorShareable(ServerModels):
             "validation is trusted"
         )
 
-    def _judges_of_final_validation(self, latest: SavedVersion, validated: dict[str, dict]) -> dict[str, dict]:
-        """The final validation's metrics of the sites whose result the last round accepted: a site rejected in that
-        round does not judge the model, as in every round."""
+    def _judges_of_final_validation(self, latest: SavedVersion, validated: dict[str, dict]) -> list[str]:
+        """The sites whose final validation judges the last model: those whose result the last round accepted (a site
+        rejected in that round does not judge the model, as in every round; its figures are recorded)."""
         accepted = history_entry(self._federation.history, latest.round).get("aggregation", {}).get("accepted", [])
         left_out = sorted(set(validated) - set(accepted))
         if left_out:
@@ -487,7 +490,7 @@ class SurgicalAggregatorShareable(ServerModels):
                 f"final validation: {left_out} do not judge {model_label(latest.round)}: their result of that round "
                 "was not aggregated"
             )
-        return {site: metrics for site, metrics in validated.items() if site in accepted}
+        return [site for site in validated if site in accepted]
 
     def _fail_unjudged(self) -> None:
         """The federation trained, but no site whose result was accepted ever judged one of its models no worse than
