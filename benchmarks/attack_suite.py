@@ -26,7 +26,7 @@ An attack **holds** when the honest sites' best and last AUROC are at or above t
 closed** when the job stopped non-zero, published nothing and named a site or the disagreement; otherwise it
 **breaks through**.
 
-    python benchmarks/attack_suite.py --out results/attack_suite          # about 30 minutes on 2 CPU cores
+    python benchmarks/attack_suite.py --out results/attack_suite          # about 35 minutes on 2 CPU cores
     python benchmarks/attack_suite.py --out results/attack_suite --table-only --write-doc docs/server-checks.md
 """
 
@@ -145,7 +145,8 @@ def validate(self, received):
 
 def describe(self, with_label_counts=False):
     answer = _describe(self, with_label_counts)
-    if ATTACK == "inflated":
+    if ATTACK == "inflated":  # the training-set size the server reads at the handshake
+        answer.meta[META_NUM_SAMPLES] = INFLATED
         answer.metrics["num_train"] = INFLATED
     return answer
 

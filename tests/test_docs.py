@@ -3,8 +3,11 @@ run as written (with tiny sites), and the MLflow store read back."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,23 @@ def test_the_recipe_snippet_runs_the_main_job_in_simenv_and_mlflow_reads_it_back
             assert sorted(point.step for point in history) == [0, 1], (run.info.run_name, metric)
             assert all(math.isfinite(point.value) for point in history)
         assert client.get_metric_history(run.info.run_id, "train/epoch_loss")  # per epoch, warm-up included
+
+
+def test_the_attack_suite_table_is_the_one_its_results_give():
+    """docs/server-checks.md's attack table, as ``benchmarks/attack_suite.py --table-only --write-doc`` writes it from
+    docs/attack-suite/results.json."""
+    path = REPOSITORY / "benchmarks" / "attack_suite.py"
+    spec = importlib.util.spec_from_file_location("attack_suite", path)
+    suite = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("attack_suite", suite)  # its dataclasses look their module up
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(suite)
+    finally:
+        sys.path.remove(str(path.parent))
+    results = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    page = (REPOSITORY / "docs" / "server-checks.md").read_text()
+    block = page.split(f"<!-- {suite.MARKER} -->\n", 1)[1].split(f"\n<!-- /{suite.MARKER} -->", 1)[0]
+    assert block == "\n".join(suite.table(results))
+    verdicts = [line.rsplit("|", 2)[1].strip() for line in block.splitlines()[2:]]
+    assert verdicts.count("false alarm") == 0 and verdicts.count("clean") == 7
