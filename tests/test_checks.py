@@ -25,6 +25,7 @@ from surgical_aggregation.core.checks import (
     free_riders,
     judged_loss,
     model_problems,
+    opposed_updates,
     update_problems,
     update_sizes,
     validation_regressions,
@@ -223,3 +224,16 @@ def test_capped_weights_give_no_site_more_than_the_others_together():
     assert capped_weights({"a": 10.0, "b": 1e9, "c": 30.0}) == {"a": 10.0, "b": 40.0, "c": 30.0}
     assert capped_weights({"a": 1.0, "b": 1.0}) == {"a": 1.0, "b": 1.0}
     assert capped_weights({"a": 5.0}) == {"a": 5.0}
+
+
+def test_opposed_updates_reject_a_minority_against_the_others_median_and_nobody_when_directions_are_noise():
+    honest = np.array([1.0, 1.0, 0.0, 0.0], dtype=np.float32)
+    changes = {"a": honest, "b": honest * 2, "c": honest + np.array([0, 0, 1, 0], dtype=np.float32), "x": -3 * honest}
+    assert list(opposed_updates(changes)) == ["x"]  # the others' median of x: (1, 1, 0, 0), cosine -1
+    orthogonal = {  # three updates that share nothing: each one's cosine with the others' median is 0 or below
+        "a": np.array([1.0, 0, 0], dtype=np.float32),
+        "b": np.array([0, 1.0, 0], dtype=np.float32),
+        "c": np.array([-0.1, -0.1, 1.0], dtype=np.float32),
+    }
+    assert opposed_updates(orthogonal) == {}
+    assert opposed_updates({"a": honest, "x": -honest}) == {}  # two sites: no median to oppose

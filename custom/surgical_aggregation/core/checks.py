@@ -691,15 +691,17 @@ MIN_SITES_FOR_DIRECTION = 3  # a coordinate-wise median of three or more updates
 @server_check(
     "update",
     "with `reject_opposed_updates` (default on) and three or more results left, an update of the backbone weights "
-    "that points against the coordinate-wise median of the other sites' updates (a negative cosine) is rejected: "
-    "within every size bound, a flipped update is still the opposite of what the sites learn",
+    "that points against the coordinate-wise median of the other sites' updates (a negative cosine) is rejected, "
+    "unless half or more of the round's updates do (their directions are then noise, as in tiny rounds): within every "
+    "size bound, a flipped update is still the opposite of what the sites learn",
     "its update of the backbone weights points against the median of the other sites' updates (cosine -0.97)",
 )
 def opposed_updates(changes: Mapping[str, np.ndarray]) -> dict[str, str]:
     """site -> why, for each site whose update (``changes``: site -> :func:`weight_change`) has a negative cosine
     with the coordinate-wise median of the *other* sites' updates (its own would lean the median its way: with one
-    extreme value among four, the median is the mean of the two honest values on its side). Fewer than three sites:
-    none. Zero updates are left alone (free-riders)."""
+    extreme value among four, the median is the mean of the two honest values on its side). Fewer than three sites,
+    or half or more of them opposed (nearly orthogonal honest updates, whose cosines are noise around 0): none. Zero
+    updates are left alone (free-riders)."""
     if len(changes) < MIN_SITES_FOR_DIRECTION:
         return {}
     opposed = {}
@@ -714,6 +716,8 @@ def opposed_updates(changes: Mapping[str, np.ndarray]) -> dict[str, str]:
                 "its update of the backbone weights points against the median of the other sites' updates "
                 f"(cosine {cosine:.2f})"
             )
+    if 2 * len(opposed) >= len(changes):  # half or more "opposed": the directions are noise, not an attack
+        return {}
     return opposed
 
 
