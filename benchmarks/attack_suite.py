@@ -209,7 +209,7 @@ def write_case_job(case: Case, folder: Path, cache: Path) -> tuple[Path, list[st
     configs = {
         site: {**config, "cache_dir": str(cache)} for site, config in site_configs(case.sites, case.seed).items()
     }
-    controller = {"num_rounds": ROUNDS, "patience": ROUNDS, "min_clients": 1}
+    controller = {"num_rounds": ROUNDS, "patience": ROUNDS, "min_clients": 1, "reject_opposed_updates": True}
     if case.attack == "inflated":
         controller["weighting"] = "samples"
     recipe = SurgicalAggregationRecipe(

@@ -425,7 +425,7 @@ def test_a_defence_is_on_or_off_nothing_else(setting):
 def test_an_update_against_the_rounds_median_direction_is_rejected_at_any_size(tmp_path, flip):
     honest = [FakeSite(f"site-{name}", ["Mass", "Edema"], [0.9, 0.5]) for name in "abc"]
     attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], _flipped(flip))
-    harness = Harness([*honest, attacker], tmp_path, num_rounds=1)
+    harness = Harness([*honest, attacker], tmp_path, num_rounds=1, reject_opposed_updates=True)
     harness.run()
     aggregation = harness.history[1]["aggregation"]
     assert aggregation["accepted"] == ["site-a", "site-b", "site-c"]
@@ -437,7 +437,8 @@ def test_an_update_against_the_rounds_median_direction_is_rejected_at_any_size(t
     for part in ("backbone.conv.weight", "Mass", "Edema"):  # the honest sites' mean alone
         np.testing.assert_allclose(_round_zero_change(harness, honest[0], part), 0.01, atol=1e-6, err_msg=part)
 
-    two = Harness([honest[0], FakeSite("site-y", ["Mass"], [0.9, 0.5], _flipped(flip))], tmp_path / "two", num_rounds=1)
+    other = FakeSite("site-y", ["Mass"], [0.9, 0.5], _flipped(flip))
+    two = Harness([honest[0], other], tmp_path / "two", num_rounds=1, reject_opposed_updates=True)
     two.run()  # a median of two is their mean: nothing to oppose
     assert two.history[1]["aggregation"]["accepted"] == ["site-a", "site-y"]
 

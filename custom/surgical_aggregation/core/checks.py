@@ -690,7 +690,7 @@ MIN_SITES_FOR_DIRECTION = 3  # a coordinate-wise median of three or more updates
 
 @server_check(
     "update",
-    "with `reject_opposed_updates` (default on) and three or more results left, an update of the backbone weights "
+    "with `reject_opposed_updates` (off by default) and three or more results left, an update of the backbone weights "
     "that points against the coordinate-wise median of the other sites' updates (a negative cosine) is rejected, "
     "unless half or more of the round's updates do (their directions are then noise, as in tiny rounds): within every "
     "size bound, a flipped update is still the opposite of what the sites learn",

@@ -125,7 +125,7 @@ class SurgicalAggregatorShareable(ServerModels):
         resume: str | bool = RESUME_LATEST,
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         clip_updates: bool = True,
-        reject_opposed_updates: bool = True,
+        reject_opposed_updates: bool = False,
         validation_guard: bool = True,
         judging_sites: list | None = None,
         identity_batchnorm: bool = False,

@@ -69,7 +69,7 @@ class RoundRules:
     update_bound: float | None
     outputs: ModelOutputs | None  # the model's outputs on the probe input (the model check)
     clip_updates: bool = True  # each part of an update at most the round's median (three or more sites)
-    reject_opposed_updates: bool = True  # a backbone update against the round's median direction is rejected
+    reject_opposed_updates: bool = False  # a backbone update against the others' median direction is rejected
 
     def aggregator(self, state: Mapping[str, Any], classes: Sequence[str]) -> SurgicalAggregator:
         """An aggregator over the global model ``state`` (head rows ``classes``): it checks each arriving result,

@@ -36,8 +36,10 @@ clip_updates: with three or more sites moving a part of the model (backbone weig
     a head row) in a round, scale each site's update of it down to the round's median size, so that no site
     moves it further than a typical site did. Off: the papers' plain means (the experiment grids turn it off).
 reject_opposed_updates: with three or more results left in a round, reject an update of the backbone weights that
-    points against the round's coordinate-wise median update (a negative cosine). Off: the papers' plain means
-    (the experiment grids turn it off).
+    points against the coordinate-wise median of the other sites' updates (a negative cosine), unless half or more
+    of the round's updates do (their directions are then noise). Off by default: in small rounds honest updates are
+    nearly orthogonal (cosines of -0.00 in the tests' tiny federations), so a minority of honest sites can fall just
+    below 0; turn it on where rounds are large enough for the sites' directions to agree (the attack suite does).
 validation_guard: a model that a judging site's own validation finds worse than the best model so far (or the
     initial one) by more than that site's noise (twice the standard error of the difference, from the standard
     errors the site reports) is never the best; and when the judged loss says such a model is the best, the sites
