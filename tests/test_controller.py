@@ -48,6 +48,24 @@ def test_union_slices_and_aggregation(tmp_path):
     assert (tmp_path / "round_history.json").is_file() and (tmp_path / "training_curves.png").is_file()
 
 
+@pytest.mark.parametrize(("interval", "drawn_at"), [(3600.0, [2, 4]), (0.0, [2, 3, 4, 4])])
+def test_the_curves_are_redrawn_at_most_every_interval_and_always_at_the_end(tmp_path, monkeypatch, interval, drawn_at):
+    """Drawing the curves costs ~0.3 s: after a round they are redrawn only when CURVES_REDRAW_SECONDS have passed
+    since the last drawing; the job's end always draws them, from the whole history (here: 4 entries)."""
+    from surgical_aggregation.flare import controller, results
+
+    drawn = []
+    draw = results.plot_training_curves
+    monkeypatch.setattr(
+        results, "plot_training_curves", lambda history, path: drawn.append(len(history)) or draw(history, path)
+    )
+    monkeypatch.setattr(controller, "CURVES_REDRAW_SECONDS", interval)
+    sites = [FakeSite("site-a", ["Mass"], [0.5, 0.4, 0.3]), FakeSite("site-b", ["Edema"], [0.5, 0.4, 0.3])]
+    Harness(sites, tmp_path, num_rounds=3).run()
+    assert drawn == drawn_at  # entries: -1 (unvalidated until round 0 reports), 0, 1, 2
+    assert (tmp_path / "training_curves.png").stat().st_size > 10_000
+
+
 def test_a_class_outside_the_built_in_vocabulary_joins_as_its_own_class(tmp_path):
     sites = [FakeSite("site-a", ["Mass"], [0.5]), FakeSite("site-b", ["Tumour", "Edema"], [0.5])]
     harness = Harness(sites, tmp_path, num_rounds=1)

@@ -59,6 +59,7 @@ from ..core.methods import (
     method_meta,
 )
 from ..core.strategies import strategy
+from ..evaluation.plots import validated_models
 from ..evaluation.run_summary import INITIAL_ROUND, model_label, summary_lines
 from ..modalities import DEFAULT_ARCHITECTURE
 from ..training.checkpoint import ARCHITECTURE_KEY, probe_outputs
@@ -79,7 +80,7 @@ from .protocol import (
     TASK_TRAIN,
 )
 from .publication import ServerModels
-from .results import result_files, write_history, write_union
+from .results import CURVES_REDRAW_SECONDS, result_files, write_history, write_union
 from .rounds import Round, RoundRules
 from .settings import ALWAYS_WRITTEN, checked_arguments
 from .state import (
@@ -149,6 +150,7 @@ class SurgicalAggregatorShareable(ServerModels):
         self._prior: dict[str, float] = {}
         self._federation: FederationState | None = None
         self._state_file: Path | None = None
+        self._curves_drawn = -math.inf  # when the training curves were last drawn (time.monotonic())
         self._architecture = DEFAULT_ARCHITECTURE
         self._federation_preprocessing: dict[str, Any] = {}
         self._outputs: ModelOutputs | None = None
@@ -310,8 +312,12 @@ class SurgicalAggregatorShareable(ServerModels):
     def _checkpoint_round(self) -> None:
         self._federation.job_id = self.fl_ctx.get_job_id() or ""
         save_state(self._state_file, self._federation)
-        if problem := write_history(self._federation.history, Path(self.get_app_dir())):
+        now = time.monotonic()
+        draw = self._federation.finished or now - self._curves_drawn >= CURVES_REDRAW_SECONDS
+        if problem := write_history(self._federation.history, Path(self.get_app_dir()), draw_curves=draw):
             self.warning(problem)
+        if draw and validated_models(self._federation.history):
+            self._curves_drawn = now
 
     # --- steps ------------------------------------------------------------------------------------
 

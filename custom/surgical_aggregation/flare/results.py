@@ -16,6 +16,9 @@ from ..evaluation.run_summary import HISTORY_FILE, UNION_FILE, union_table, unio
 # where FLARE's ValidationJsonGenerator writes the sites' evaluation of the server's models
 CROSS_SITE_FOLDER, CROSS_SITE_FILE = "cross_site_val", "cross_val_results.json"
 CURVES_FILE = "training_curves.png"
+# The curves are redrawn after a round at most this often, and always when the job ends: drawing takes ~0.3 s of
+# CPU, nothing beside rounds of minutes, most of a test federation's rounds of a fraction of a second.
+CURVES_REDRAW_SECONDS = 10.0
 UNION_LOG_ROWS = 25  # the head of the union table in the server's log; the CSV has every class
 BUNDLE_DIR = "monai_bundle"  # export_bundle: the best global model as a MONAI Bundle
 PERSONAL_MODELS_DIR = "personal_models"  # PFL: <site>.pt (latest) and best_<site>.pt
@@ -33,12 +36,12 @@ def result_files(server_app: Path) -> dict[str, Path]:
     }
 
 
-def write_history(history: list[dict[str, Any]], app_dir: Path) -> str | None:
-    """The round history (JSON) and the training curves (PNG) next to the models; a warning when the curves could
-    not be drawn (the history is written regardless)."""
+def write_history(history: list[dict[str, Any]], app_dir: Path, draw_curves: bool = True) -> str | None:
+    """The round history (JSON) and, when ``draw_curves``, the training curves (PNG) next to the models; a warning
+    when the curves could not be drawn (the history is written regardless)."""
     text = json.dumps(history, indent=2, default=float).encode()
     write_atomically(app_dir / HISTORY_FILE, lambda handle: handle.write(text), "round history")
-    if validated_models(history):  # a round whose sites' losses were all refused has no curve point
+    if draw_curves and validated_models(history):  # a round whose sites' losses were all refused has no point
         try:
             plot_training_curves(history, app_dir / CURVES_FILE)
         except OSError as error:
