@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import pickle
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
 import torch
+from filelock import FileLock
 
 from surgical_aggregation.core.head import HeadSpec
 from surgical_aggregation.data.reference import reference_file
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe
 
+T = TypeVar("T")
 TOY_HEAD = HeadSpec("head.weight", "head.bias")
 TOY_FEATURES = 4
 
@@ -154,3 +159,19 @@ def union_of_the_seven_label_files() -> set[str]:
     raw_names |= {"Pneumonia"}  # RSNA's Target
     raw_names |= {"Pneumothorax"}  # SIIM's masks
     return {BUILTIN_VOCABULARY.canonical(name) for name in raw_names}
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], T]) -> T:
+    """A module fixture's run, built once per test session also under pytest-xdist (whose workers each run a
+    module's fixtures again when its tests are spread over them): the first worker to ask builds it in a folder
+    under the temporary root all workers share, the others wait for it and read its result (pickled)."""
+    shared = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        shared = shared.parent  # pytest-of-<user>/pytest-<n>/, above each worker's popen-gw<k>/
+    result = shared / f"{name}.pickle"
+    with FileLock(str(shared / f"{name}.lock")):
+        if result.is_file():
+            return pickle.loads(result.read_bytes())
+        value = build(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared)))
+        result.write_bytes(pickle.dumps(value))
+        return value

@@ -281,6 +281,7 @@ def test_evaluate_help_says_95_percent_once(capsys):
     assert "95% CI" in capsys.readouterr().out.replace("\n", " ")
 
 
+@pytest.mark.slow
 def test_a_dry_run_writes_its_plan(tmp_path):
     out = tmp_path / "plan"
     assert main(["experiment", "--grid", "small", "--out", str(out), "--dry-run"]) == 0

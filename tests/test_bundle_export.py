@@ -32,6 +32,8 @@ from surgical_aggregation.images import grayscale
 from surgical_aggregation.images.model import NamedDenseNet121
 from surgical_aggregation.training.checkpoint import PREPROCESSING_KEY, load_checkpoint, save_checkpoint
 
+pytestmark = pytest.mark.slow  # exports, saves and reloads a DenseNet121 (a MONAI Bundle, TorchScript, ONNX)
+
 CLASSES = ["Pleural Effusion", "Mass", "Tuberculosis"]  # a finding with an alias, one without, one of a site's own
 THRESHOLDS = {"Pleural Effusion": 0.5, "Mass": None, "Tuberculosis": 0.45}  # Mass: no threshold chosen
 SCHEMA = Path(__file__).parent / "data" / "monai_bundle_metadata.schema.json"

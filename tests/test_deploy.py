@@ -91,6 +91,7 @@ def test_the_project_names_the_jobs_sites():
     assert clients == [site for sites in meta["deploy_map"].values() for site in sites if site != "server"]
 
 
+@pytest.mark.slow
 def test_kits_are_mtls_with_the_sites_names_and_certificates(byoc_kits):
     server = _json(byoc_kits / SERVER / "startup" / "fed_server.json")
     assert server["servers"][0]["connection_security"] == "mtls"
@@ -108,6 +109,7 @@ def test_kits_are_mtls_with_the_sites_names_and_certificates(byoc_kits):
         assert (startup / "client.key").is_file()
 
 
+@pytest.mark.slow
 def test_admin_certificates_carry_their_roles(byoc_kits):
     for user, role in ADMINS.items():
         certificate = x509.load_pem_x509_certificate((byoc_kits / user / "startup" / "client.crt").read_bytes())
@@ -123,6 +125,7 @@ def _without_launcher(resources: dict) -> tuple[dict, list[str]]:
     return {**resources, "components": others}, launchers
 
 
+@pytest.mark.slow
 def test_byoc_kits_keep_flares_policies_and_get_the_bundles_files(byoc_kits):
     for participant in (SERVER, *SITES):
         local = byoc_kits / participant / "local"
@@ -144,6 +147,7 @@ def test_byoc_kits_keep_flares_policies_and_get_the_bundles_files(byoc_kits):
     assert not (byoc_kits / SERVER / "local" / SITE_CONFIG_TEMPLATE).exists()
 
 
+@pytest.mark.slow
 def test_preinstalled_kits_allow_list_the_bundle_and_refuse_byoc(tmp_path):
     kits = _provision(tmp_path, "preinstalled")
     for participant in (SERVER, *SITES):
@@ -224,6 +228,7 @@ def test_kits_pass_preflight_except_reaching_a_server_that_is_not_running(byoc_k
         assert _preflight(byoc_kits / participant) == ["Check server available"], participant
 
 
+@pytest.mark.slow
 def test_kits_carry_certificates_valid_for_360_days(byoc_kits):
     """provisioning/README.md's "Certificates expire" (FLARE 2.9's default lifetime)."""
     import datetime

@@ -50,6 +50,8 @@ from surgical_aggregation.images.synthetic import (
     shown_findings,
 )
 
+from helpers import built_once
+
 SIZE, PATIENTS, SITES, SEEDS, ROUNDS = 32, 800, 4, (0, 1, 2), 60
 RECIPE = HeadRecipe(learning_rate=1e-2)
 HETEROGENEOUS = Fraction(12, 14)
@@ -168,7 +170,11 @@ class ByPosition(SurgicalAggregator):
 
 
 @pytest.fixture(scope="module")
-def heterogeneous(images: Images) -> dict[str, list[tuple[float, float]]]:
+def heterogeneous(images: Images, tmp_path_factory) -> dict[str, list[tuple[float, float]]]:
+    return built_once(tmp_path_factory, "falsification-heterogeneous", lambda _: _heterogeneous(images))
+
+
+def _heterogeneous(images: Images) -> dict[str, list[tuple[float, float]]]:
     """(test mean AUROC, test BCE) per seed at psi = 12/14: each method, missing and absent, the wrong aggregators."""
     runs = {
         "surgical": lambda seed: run(images, seed, "surgical"),
@@ -186,17 +192,20 @@ def _deficit(scores: dict[str, list[tuple[float, float]]], ours: str, theirs: st
     return np.array([score[0] for score in scores[ours]]) - np.array([score[0] for score in scores[theirs]])
 
 
+@pytest.mark.slow
 def test_a_vanilla_fl_loses_when_unlabelled_findings_are_in_the_images(heterogeneous):
     deficit = _deficit(heterogeneous, "surgical", "vanilla")
     assert deficit.min() > MISSING_MARGIN, heterogeneous
 
 
+@pytest.mark.slow
 def test_b_the_absent_control_takes_the_missing_labels_share_of_vanilla_fls_deficit_away(heterogeneous):
     missing = _deficit(heterogeneous, "surgical", "vanilla").mean()
     absent = _deficit(heterogeneous, "surgical absent", "vanilla absent").mean()
     assert absent < ABSENT_SHARE * missing and missing - absent > LABELS_SHARE, heterogeneous
 
 
+@pytest.mark.slow
 def test_c_with_every_class_at_every_site_the_methods_give_one_model(images):
     models = {method: run(images, 0, method, psi=Fraction(0))[2] for method in ("surgical", "vanilla", "partial_loss")}
     reference = models["surgical"]
@@ -206,6 +215,7 @@ def test_c_with_every_class_at_every_site_the_methods_give_one_model(images):
             np.testing.assert_allclose(np.asarray(model.state[key]), np.asarray(reference.state[key]), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_d_a_wrong_aggregator_loses_to_surgical_aggregation(heterogeneous):
     assert _deficit(heterogeneous, "surgical", "by position").mean() > WRONG_MARGIN, heterogeneous
     ours, zero_filled = ([score[1] for score in heterogeneous[name]] for name in ("surgical", "zero-filled"))

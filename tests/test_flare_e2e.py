@@ -10,7 +10,8 @@
 4. A site whose images are truncated (``on_unreadable: error``) fails every round: the job that never
    made progress exits non-zero, labels no model best and names the sites and reasons.
 5. The consortium job: seven datasets, each with its own label scheme; the union of their real label files.
-6. The same seed gives the same round history and model on a CPU, and the in-process federation the same models.
+6. The same seed gives the same round history and model on a CPU (the main run's against a run through the recipe
+   API), and the in-process federation the same models.
 7. A hostile site (its client script wrapped by ``benchmarks/hostile_site.py``) sends negative running variances
    every round, with FLARE's site-to-site evaluation at the end; and a job whose initial model cannot be used.
 """
@@ -58,7 +59,7 @@ from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.site_data import prepare_site_data
 from surgical_aggregation.training.trainer import SiteTrainer
 
-from helpers import tiny_recipe, tiny_sites, union_of_the_seven_label_files
+from helpers import built_once, tiny_recipe, tiny_sites, union_of_the_seven_label_files
 
 pytestmark = pytest.mark.slow
 TOL = 1e-6
@@ -114,10 +115,11 @@ def _surgical_mean(records: dict[str, dict]) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def main_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e")
-    write_job(tiny_recipe(nih_chexpert_recipe, root / "cache", rounds=2), root / "job")
-    server = _simulate(root / "job", root / "ws", root / "cache")
-    return root / "ws", server
+    def build(root: Path) -> tuple[Path, Path]:
+        write_job(tiny_recipe(nih_chexpert_recipe, root / "cache", rounds=2), root / "job")
+        return root / "ws", _simulate(root / "job", root / "ws", root / "cache")
+
+    return built_once(tmp_path_factory, "e2e-main-run", build)
 
 
 def test_global_model_has_the_20_class_union(main_run):
@@ -411,15 +413,18 @@ def _without_timings(value):
     return value
 
 
-def test_the_same_seed_gives_the_same_round_history_on_a_cpu(tmp_path):
-    """Two runs of one tiny job (sites in parallel processes, results arriving in any order): every validation,
-    aggregation and model choice is the same; only the seconds differ. The in-process federation of the benchmark
-    grids (``experiments.federation``) on the same site configs gives the same global models and validations, to
-    float round-off (one process instead of one per site)."""
+def test_the_same_seed_gives_the_same_round_history_on_a_cpu(main_run, tmp_path):
+    """Two runs of one tiny job, the main run's (``nvflare simulator``, one client thread: each site's process
+    restarted between tasks) and one through the recipe API (a process per site, in parallel, results arriving in
+    any order): every validation, aggregation and model choice is the same; only the seconds differ. The in-process
+    federation of the benchmark grids (``experiments.federation``) on the same site configs gives the same global
+    models and validations, to float round-off (one process instead of one per site)."""
     histories, models = [], []
-    for run in ("first", "second"):
-        recipe = tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=2)
-        server = simulate(recipe, tmp_path / run, log_file=tmp_path / f"{run}.log").server_app
+    recipe = tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=2)
+    for server in (
+        main_run[1] / "app_server",
+        simulate(recipe, tmp_path / "ws", log_file=tmp_path / "sim.log").server_app,
+    ):
         histories.append(_without_timings(json.loads((server / "round_history.json").read_text())))
         models.append(load_checkpoint(server / "FL_global_model.pt").state)
     assert histories[0] == histories[1]
@@ -463,13 +468,16 @@ def hostile_run(tmp_path_factory):
     """One tiny job for several tests: site-chexpert sends four negative running variances with every result (before
     the server checked BatchNorm statistics, every output of the global model became NaN and the simulator still
     exited 0); FLARE's evaluation of the sites' models on each other's data runs at the end."""
-    root = tmp_path_factory.mktemp("hostile")
-    recipe = tiny_recipe(
-        nih_chexpert_recipe, root / "cache", rounds=2, site_to_site_evaluation=True, controller={"min_clients": 1}
-    )
-    job = _benchmark("hostile_site").write_hostile_job(recipe, root / "job", "negative_running_var")
-    code, output = _run_simulator(job, root / "ws", root / "cache", "-t", "2")
-    return code, output, root / "ws"
+
+    def build(root: Path) -> tuple[int, str, Path]:
+        recipe = tiny_recipe(
+            nih_chexpert_recipe, root / "cache", rounds=2, site_to_site_evaluation=True, controller={"min_clients": 1}
+        )
+        job = _benchmark("hostile_site").write_hostile_job(recipe, root / "job", "negative_running_var")
+        code, output = _run_simulator(job, root / "ws", root / "cache", "-t", "2")
+        return code, output, root / "ws"
+
+    return built_once(tmp_path_factory, "e2e-hostile-run", build)
 
 
 def test_a_site_sending_negative_running_variances_is_rejected_and_the_published_model_is_usable(hostile_run):

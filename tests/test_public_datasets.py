@@ -33,7 +33,17 @@ def _real(kind: str, **options) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
 @pytest.mark.parametrize(
     ("kind", "rows", "images", "patients", "classes", "positives"),
     [
-        ("padchest", 160_861, 109_581, 66_828, 189, {"Copd sign": 14_294, "Cardiomegaly": 9_837, "Tuberculosis": 171}),
+        pytest.param(
+            *(
+                "padchest",
+                160_861,
+                109_581,
+                66_828,
+                189,
+                {"Copd sign": 14_294, "Cardiomegaly": 9_837, "Tuberculosis": 171},
+            ),
+            marks=pytest.mark.slow,  # 160,861 rows parsed
+        ),
         ("vindr", 67_914, 15_000, 15_000, 14, {"Aortic Enlargement": 2_346, "Pneumothorax": 58, "Nodule or Mass": 405}),
         ("google-nih", 4_376, 4_376, 1_695, 4, {"Lung Opacity": 2_166, "Nodule or Mass": 605, "Fracture": 186}),
         ("rsna", 30_227, 26_684, 26_684, 1, {"Pneumonia": 6_012}),
@@ -46,6 +56,7 @@ def test_real_label_file_counts(kind, rows, images, patients, classes, positives
     assert {name: int(parsed[name].sum()) for name in positives} == positives
 
 
+@pytest.mark.slow
 def test_padchest_rules_select_labellers_and_projections():
     assert len(_real("padchest", labelled_by="physician")[1]) == 26_373
     assert len(_real("padchest", labelled_by="model")[1]) == 83_208
@@ -76,6 +87,7 @@ def test_generated_data_has_the_release_layout_and_every_class_of_the_file(kind,
     assert ensure_generated(kind, tmp_path / kind, n_patients=40, image_size=32, seed=0)[1] is False  # reused
 
 
+@pytest.mark.slow
 def test_generated_padchest_covers_every_finding_of_the_file(tmp_path):
     dataset, _ = ensure_generated("padchest", tmp_path / "padchest", n_patients=200, image_size=32, seed=0)
     table = load_table("padchest", dataset.root)

@@ -435,6 +435,7 @@ def test_report_evaluation_thresholds_on_validation_and_scores_the_test_split(tm
         )
 
 
+@pytest.mark.slow
 def test_a_report_model_is_usable_from_the_command_line(tmp_path, capsys):
     """evaluate and predict read a report model's inputs through its modality: a report CSV in (embedded by the
     model's encoder), per-finding probabilities out; thresholds chosen on the validation split travel with a copy
