@@ -11,7 +11,11 @@ import pytest
 REPOSITORY = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 200
 PAGES = sorted(
-    [REPOSITORY / "README.md", *REPOSITORY.glob("docs/**/*.md"), *REPOSITORY.glob("*/README.md")],
+    (
+        page
+        for page in [REPOSITORY / "README.md", *REPOSITORY.glob("docs/**/*.md"), *REPOSITORY.glob("*/README.md")]
+        if not page.relative_to(REPOSITORY).parts[0].startswith(".")  # not a tool's own folder (.pytest_cache/)
+    ),
     key=lambda page: str(page),
 )
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
