@@ -1,11 +1,12 @@
 """The grids' results on docs/benchmark: their tables and plots copied there, and the page's tables written from them.
 
-For each grid folder ``docs/benchmark/head-<grid>/`` (what ``surgical-aggregation experiment --grid <grid> ... --out``
-wrote), the page gets, between its ``<!-- benchmark:<grid> -->`` markers, the selected models' mean AUROC on the NIH
-test split over the seeds with its 95% CI across seeds, per factor value, control and method, and vanilla FL's and
-partial loss's paired difference to surgical aggregation. ``tests/test_experiment_docs.py`` holds the page to them.
+For each grid folder ``docs/benchmark/<variant>-<grid>/`` (what ``surgical-aggregation experiment --grid <grid> ...
+--out`` wrote; variant ``head`` for ``--variant head_only``, ``full`` for the full network), the page gets, between its
+``<!-- benchmark:<variant>-<grid> -->`` markers, the selected models' mean AUROC on the NIH test split over the seeds
+with its 95% CI across seeds, per factor value, control and method, and vanilla FL's and partial loss's paired
+difference to surgical aggregation. ``tests/test_experiment_docs.py`` holds the page to them.
 
-    python benchmarks/benchmark_tables.py --grids results    # results/head-psi, head-K, head-N: copy, then write
+    python benchmarks/benchmark_tables.py --grids results    # results/head-psi, ..., full-psi, full-K: copy, then write
     python benchmarks/benchmark_tables.py                     # the tables only, from what docs/benchmark holds
 """
 
@@ -24,16 +25,23 @@ from surgical_aggregation.experiments.summary import factor_value, rewrite_marke
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "benchmark" / "README.md"
 GRIDS = ("psi", "K", "N")
+VARIANTS = ("head", "full")  # --variant head_only, the full network
 TEST_SET = "nih"
 METHODS = ("surgical", "vanilla", "partial_loss", "centralized", "centralized_full", "individual")
 HEADERS = ("surgical", "vanilla FL", "partial loss", "centralized", "centralized (all labels)", "individual")
 COMPARED = ("vanilla", "partial_loss")
-MARK = "<!-- benchmark:{} -->", "<!-- /benchmark:{} -->"
+MARK = "<!-- benchmark:{} -->", "<!-- /benchmark:{} -->"  # a folder's name: head-psi, full-K, ...
 COPIED = ("seeds.md", "seeds.csv", "summary.md", "summary.csv", "plan.json")  # not the runs, models and per-class rows
+# the full network's validation curves explain its tables (they flatten within rounds); the head-only grids' are many
+COPIED_PLOTS = {"head": ("mean_auroc_vs_*.png",), "full": ("mean_auroc_vs_*.png", "validation_*.png")}
 
 
-def grid_folder(grid: str) -> Path:
-    return PAGE.parent / f"head-{grid}"
+def folder_names() -> list[str]:
+    return [f"{variant}-{grid}" for variant in VARIANTS for grid in GRIDS]
+
+
+def grid_folder(name: str) -> Path:
+    return PAGE.parent / name
 
 
 def _cell(row: tuple | None) -> str:  # a row of DataFrame.itertuples
@@ -72,47 +80,50 @@ def grid_table(seeds: pd.DataFrame, factor_name: str) -> str:
 
 
 def tables() -> dict[str, str]:
-    """The page's tables by grid, for the grids whose seed table is there."""
+    """The page's tables by folder name (head-psi, full-K, ...), for the grids whose seed table is there."""
     found = {}
-    for grid in GRIDS:
-        path = grid_folder(grid) / "seeds.csv"
+    for name in folder_names():
+        path = grid_folder(name) / "seeds.csv"
         if path.is_file():
-            found[grid] = grid_table(pd.read_csv(path), grid)
+            found[name] = grid_table(pd.read_csv(path), name.split("-", 1)[1])
     return found
 
 
 def replace_tables(text: str, found: dict[str, str]) -> str:
     """``text`` with each grid's table between its markers rewritten."""
-    for grid, table in found.items():
-        start, end = (mark.format(grid) for mark in MARK)
+    for name, table in found.items():
+        start, end = (mark.format(name) for mark in MARK)
         if start not in text or end not in text:
             raise ValueError(f"{PAGE}: no {start} ... {end} markers")
         text = rewrite_marked_block(text, start, end, table)
     return text
 
 
-def copy_grid(source: Path, grid: str) -> Path:
-    """A finished grid's tables, plan and factor plots (``plots/mean_auroc_vs_*``) into its docs folder."""
-    target = grid_folder(grid)
+def copy_grid(source: Path, name: str) -> Path:
+    """A finished grid's tables, plan and plots (:data:`COPIED_PLOTS` of its variant) into its docs folder."""
+    target = grid_folder(name)
     if target.exists():
         shutil.rmtree(target)
     (target / "plots").mkdir(parents=True)
-    for name in COPIED:
-        shutil.copy2(source / name, target / name)
-    for plot in sorted((source / "plots").glob("mean_auroc_vs_*.png")):
-        shutil.copy2(plot, target / "plots" / plot.name)
+    for file_name in COPIED:
+        shutil.copy2(source / file_name, target / file_name)
+    for pattern in COPIED_PLOTS[name.split("-", 1)[0]]:
+        for plot in sorted((source / "plots").glob(pattern)):
+            shutil.copy2(plot, target / "plots" / plot.name)
     return target
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--grids", type=Path, help="the folder holding the grids' outputs, head-<grid>/ each")
+    parser.add_argument(
+        "--grids", type=Path, help="the folder holding the grids' outputs, head-<grid>/ and full-<grid>/ each"
+    )
     arguments = parser.parse_args()
     if arguments.grids:
-        for grid in GRIDS:
-            source = arguments.grids / f"head-{grid}"
+        for name in folder_names():
+            source = arguments.grids / name
             if (source / "seeds.csv").is_file():
-                print(f"copied {source} to {copy_grid(source, grid)}")
+                print(f"copied {source} to {copy_grid(source, name)}")
     found = tables()
     PAGE.write_text(replace_tables(PAGE.read_text(), found))
     print(f"wrote the {', '.join(found)} tables of {PAGE}")
