@@ -11,6 +11,10 @@ training results are altered before they are sent:
   negative_running_var  four channels of one running variance negative, the rest of the update honest
   honest                the site as it is (the job as the README runs it)
 
+Two more alterations serve ``tests/test_defences_e2e.py`` (each defence of docs/server-checks.md through the
+simulator), not this benchmark: ``flip_x2`` (the update negated and doubled) and ``x3_claiming_1e9`` (the update
+tripled, and 10^9 training samples claimed at the handshake and with every result).
+
 The job runs with ``min_clients: 1``, so that a round in which only the honest site's result is valid still
 updates the model (with the job's ``min_clients: 2``, a two-site federation whose other site is rejected every
 round ends without progress, exit code 2, naming that site and its reason). For each case: the simulator's exit
@@ -40,6 +44,7 @@ from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.training.checkpoint import load_checkpoint
 
 ATTACKS = ("withheld", "x5", "flip_x5", "negative_running_var", "honest")
+TEST_ATTACKS = ("flip_x2", "x3_claiming_1e9")  # tests/test_defences_e2e.py's
 HOSTILE_SITE = "site-chexpert"
 
 # The hostile site's custom/client.py: the bundle's site script with ClientSession.train wrapped.
@@ -50,17 +55,23 @@ import numpy as np
 
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.flare import client
+from surgical_aggregation.flare.protocol import META_NUM_SAMPLES
 
 ATTACK = {attack!r}
+FACTORS = {{"x5": 5.0, "flip_x5": -5.0, "flip_x2": -2.0, "x3_claiming_1e9": 3.0}}
+TEST_DOUBLES = ("flip_x2", "x3_claiming_1e9")  # their BatchNorm statistics are honest
+CLAIMED = 10**9
 
 
 def altered(received, sent):
     sent = dict(sent)
     if ATTACK == "withheld":
         del sent[NAMED_HEAD.bias_key]
-    elif ATTACK in ("x5", "flip_x5"):
-        factor = 5.0 if ATTACK == "x5" else -5.0
+    elif ATTACK in FACTORS:
+        factor = FACTORS[ATTACK]
         for key, value in sent.items():
+            if ATTACK in TEST_DOUBLES and key.endswith((".running_mean", ".running_var")):
+                continue  # scaled statistics would be refused for negative variances before any defence acts
             if np.issubdtype(value.dtype, np.floating):
                 sent[key] = (received[key] + factor * (value - received[key])).astype(value.dtype)
     elif ATTACK == "negative_running_var":
@@ -77,21 +88,39 @@ _train = client.ClientSession.train
 def train(self, received):
     answer = _train(self, received)
     answer.params = altered(received.params, answer.params)
+    if ATTACK == "x3_claiming_1e9":
+        answer.meta[META_NUM_SAMPLES] = CLAIMED
     return answer
 
 
-client.ClientSession.train = train
+def describe(self, with_label_counts=False):
+    answer = _describe(self, with_label_counts)
+    if ATTACK == "x3_claiming_1e9":  # the training-set size the server reads at the handshake
+        answer.meta[META_NUM_SAMPLES] = CLAIMED
+        answer.metrics["num_train"] = CLAIMED
+    return answer
+
+
+_train, _describe = client.ClientSession.train, client.ClientSession.describe
+client.ClientSession.train, client.ClientSession.describe = train, describe
 client.main()
 '''
 
 
 def write_hostile_job(recipe: SurgicalAggregationRecipe, folder: Path, attack: str, site: str = HOSTILE_SITE) -> Path:
     """``recipe``'s job folder with ``site``'s client script replaced by the hostile one."""
-    if attack not in ATTACKS:
-        raise ValueError(f"unknown attack {attack!r}; one of {ATTACKS}")
+    return write_job_with_hostile_sites(recipe, folder, {site: attack})
+
+
+def write_job_with_hostile_sites(recipe: SurgicalAggregationRecipe, folder: Path, attacks: dict[str, str]) -> Path:
+    """``recipe``'s job folder with each site of ``attacks`` (site -> attack) running the hostile client script."""
+    unknown = sorted(set(attacks.values()) - set(ATTACKS) - set(TEST_ATTACKS))
+    if unknown:
+        raise ValueError(f"unknown attack(s) {unknown}; one of {ATTACKS + TEST_ATTACKS}")
     job = write_job(recipe, folder, force=True)  # the benchmark's own folder: its last hostile job is replaced
-    if attack != "honest":
-        (job / f"app_{site}" / "custom" / "client.py").write_text(HOSTILE_CLIENT.format(attack=attack))
+    for site, attack in attacks.items():
+        if attack != "honest":
+            (job / f"app_{site}" / "custom" / "client.py").write_text(HOSTILE_CLIENT.format(attack=attack))
     return job
 
 
