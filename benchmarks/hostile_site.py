@@ -13,7 +13,7 @@ training results are altered before they are sent:
 
 Two more alterations serve ``tests/test_defences_e2e.py`` (each defence of docs/server-checks.md through the
 simulator), not this benchmark: ``flip_x2`` (the update negated and doubled) and ``x3_claiming_1e9`` (the update
-tripled, and 10^9 training samples claimed at the handshake and with every result).
+plus itself shifted by one entry, tripled, and 10^9 training samples claimed at the handshake and with every result).
 
 The job runs with ``min_clients: 1``, so that a round in which only the honest site's result is valid still
 updates the model (with the job's ``min_clients: 2``, a two-site federation whose other site is rejected every
@@ -73,7 +73,10 @@ def altered(received, sent):
             if ATTACK in TEST_DOUBLES and key.endswith((".running_mean", ".running_var")):
                 continue  # scaled statistics would be refused for negative variances before any defence acts
             if np.issubdtype(value.dtype, np.floating):
-                sent[key] = (received[key] + factor * (value - received[key])).astype(value.dtype)
+                change = value - received[key]
+                if ATTACK == "x3_claiming_1e9":  # skewed: after clipping it still differs from an honest update
+                    change = change + np.roll(change, 1)
+                sent[key] = (received[key] + factor * change).astype(value.dtype)
     elif ATTACK == "negative_running_var":
         key = sorted(key for key in sent if key.endswith(".running_var"))[0]
         variance = sent[key].copy()

@@ -5,8 +5,8 @@ round is recomputed here from what every site recorded that it received and sent
 Two tiny jobs answer the tests, each built once:
 
 * four NIH-layout sites (the same images at each) under ``weighting: samples`` with ``reject_opposed_updates`` on:
-  ``site-3`` triples its update and claims 10^9 training samples (clipping and the weight cap), ``site-4`` negates
-  and doubles its update (the opposed-update check, and the final validation's judges);
+  ``site-3`` triples its update, skewed, and claims 10^9 training samples (clipping and the weight cap),
+  ``site-4`` negates and doubles its update (the opposed-update check, and the final validation's judges);
 * the default job's two sites, ``site-chexpert`` flipping its update inside every bound and reporting validation
   loss 0 (``benchmarks/attack_suite.py``'s ``lying`` site): the validation guard.
 
