@@ -237,6 +237,22 @@ def test_free_riders_cannot_get_an_honest_site_rejected(tmp_path, free_riders):
     )
 
 
+def test_a_free_rider_claiming_any_sample_count_does_not_shrink_the_honest_step(tmp_path):
+    # it sends back what it received and claims 10^9 samples: valid, recorded, left out of the mean, so the global
+    # model moves by the honest site's whole update (+0.01), not by half of it (its capped weight) or less
+    honest = FakeSite("site-a", ["Mass"], [0.9, 0.5])
+    rider = FakeSite("site-r", ["Mass"], [0.9, 0.5], free_rider)
+    rider.samples = 10**9
+    harness = Harness([honest, rider], tmp_path, num_rounds=1, weighting="samples")
+    harness.run()
+    aggregation = harness.history[1]["aggregation"]
+    assert aggregation["accepted"] == ["site-a", "site-r"] and aggregation["free_riders"] == ["site-r"]
+    assert "capped_weights" not in aggregation  # its claim bought nothing to cap
+    for part in ("backbone.conv.weight", "Mass"):
+        np.testing.assert_allclose(_round_zero_change(harness, honest, part), 0.01, atol=1e-6, err_msg=part)
+    assert rider.outcomes[0]["note"] == "its update barely moved the model (a free-rider: left out of the mean)"
+
+
 def test_an_update_above_the_typical_one_is_rejected_without_revealing_the_others_figures(tmp_path):
     def grows_in_round_2(round_number, params):
         factor = 20.0 if round_number == 2 else 1.0
@@ -762,3 +778,46 @@ def test_a_model_file_written_on_a_full_disk_leaves_the_previous_one(tmp_path, m
     )
     assert [item.name for item in tmp_path.iterdir()] == ["FL_global_model.pt"]
     assert load_checkpoint(path).meta["round"] == 1
+
+
+def test_an_outvoted_honest_minority_rejected_as_opposed_still_stops_the_job(tmp_path):
+    # three sites of one party send the same flipped update: the coordinate-wise median is theirs, so from round 1 on
+    # the two honest sites are the ones rejected as opposed, and do not judge. Their own validation still counts against
+    # a model: round 1's is worse for both by 0.3 (noise 2 x 0.028) while the three report 0 for it
+    honest = [_reporting_noise(FakeSite(f"site-{name}", ["Mass"], [0.9, 0.5, 0.8, 0.8])) for name in "ab"]
+    sybils = [
+        _reporting_noise(FakeSite(f"site-{name}", ["Mass"], [0.9, 0.5, 0.0, 0.0], _flipped(1.0))) for name in "xyz"
+    ]
+    harness = Harness([*honest, *sybils], tmp_path, num_rounds=4, reject_opposed_updates=True)
+    with pytest.raises(RuntimeError) as stopped:
+        harness.run()
+    round_1 = next(entry for entry in harness.history if entry["round"] == 1)["aggregation"]
+    assert round_1["accepted"] == ["site-x", "site-y", "site-z"]
+    assert sorted(round_1["rejected"]) == ["site-a", "site-b"]
+    worse = (
+        "its validation loss 0.8000 is 0.3000 above its 0.5000 of the global model after round 0, more than its "
+        "noise (2 standard errors: 0.0566) (its result was rejected: it objects, not judges)"
+    )
+    assert str(stopped.value).startswith(
+        "the sites disagree about the global model after round 1: the median of ['site-x', 'site-y', 'site-z']'s "
+        f"validation losses (0.0000) says it is the best so far, but for site-a, {worse}; for site-b, {worse}."
+    )
+    assert harness._federation.best.round == 0
+    assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in honest)
+
+    # without the objections (validation_guard off) the three pick their own model
+    unguarded = Harness(
+        [
+            *[_reporting_noise(FakeSite(f"site-{name}", ["Mass"], [0.9, 0.5, 0.8, 0.8])) for name in "ab"],
+            *[
+                _reporting_noise(FakeSite(f"site-{name}", ["Mass"], [0.9, 0.5, 0.0, 0.0], _flipped(1.0)))
+                for name in "xyz"
+            ],
+        ],
+        tmp_path / "unguarded",
+        num_rounds=4,
+        reject_opposed_updates=True,
+        validation_guard=False,
+    )
+    unguarded.run()
+    assert unguarded._federation.best.round == 1

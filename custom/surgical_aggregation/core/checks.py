@@ -659,8 +659,9 @@ FREE_RIDER_SHARE = 1e-3  # an update below this share of the round's largest acc
 @server_check(
     "update",
     "an update of the backbone weights that is zero, or below 0.1 % of the round's largest accepted one, makes its "
-    "site a free-rider: recorded as such and aggregated, but never part of the typical update (so sites that send "
-    "nothing cannot shrink it until honest updates exceed the bound)",
+    "site a free-rider: recorded as such, left out of the mean (a zero update only shrinks the others' step, by "
+    "the share its claimed sample count buys) unless every valid result is one, and never part of the typical update "
+    "(so sites that send nothing cannot shrink it until honest updates exceed the bound)",
     "(recorded in the round's `free_riders`, not a rejection)",
 )
 def free_riders(sizes: Mapping[str, UpdateSizes]) -> list[str]:

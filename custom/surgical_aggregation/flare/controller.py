@@ -190,9 +190,13 @@ class SurgicalAggregatorShareable(ServerModels):
                 return
             self.event(AppEventType.BEFORE_AGGREGATION)
             aggregated = self._aggregate(gathered, latest)
-            # the sites validated the model they received (the previous one); only accepted sites' checked metrics
+            # the sites validated the model they received (the previous one): accepted sites judge it, the checked
+            # validation of rejected ones can only count against it
+            accepted = set(aggregated.accepted)
             self._judge(
-                latest, {site: gathered.metrics[site] for site in aggregated.accepted if site in gathered.metrics}
+                latest,
+                {site: metrics for site, metrics in gathered.metrics.items() if site in accepted},
+                objectors={site: metrics for site, metrics in gathered.metrics.items() if site not in accepted},
             )
             state, classes, trained = latest.state, latest.class_names, latest.trained
             if len(aggregated.accepted) >= self.min_clients:
@@ -224,7 +228,13 @@ class SurgicalAggregatorShareable(ServerModels):
             self._fail_without_progress(latest.round)
         if self.final_validation and latest.round > INITIAL_ROUND:
             validated = self._sites_validate(latest)
-            self._judge(latest, validated, self._judges_of_final_validation(latest, validated))
+            judges = self._judges_of_final_validation(latest, validated)
+            self._judge(
+                latest,
+                validated,
+                judges,
+                objectors={site: metrics for site, metrics in validated.items() if site not in judges},
+            )
             self._evaluate_server_models(latest)
         if self.validation_guard and self.final_validation and federation.best is None and federation.aggregated_rounds:
             self._fail_unjudged()
@@ -446,13 +456,22 @@ class SurgicalAggregatorShareable(ServerModels):
                 self._keep_personal(site, gathered.arrivals[site].contribution.state)
         return aggregated
 
-    def _judge(self, version: SavedVersion, site_metrics: dict[str, dict], eligible: list[str] | None = None) -> None:
+    def _judge(
+        self,
+        version: SavedVersion,
+        site_metrics: dict[str, dict],
+        eligible: list[str] | None = None,
+        objectors: dict[str, dict] | None = None,
+    ) -> None:
         """Record the sites' validation of ``version``; best-model selection and early stopping on it (``state``), by
-        the ``judging_sites`` among ``eligible`` (None: every site in ``site_metrics``)."""
+        the ``judging_sites`` among ``eligible`` (None: every site in ``site_metrics``); ``objectors``: the validation
+        of sites whose result was rejected, which can only count against the model (``state.judge``)."""
         judges = self.judging_sites
         if eligible is not None:
             judges = [site for site in (judges or eligible) if site in eligible]
-        verdict = judge(self._federation, version, site_metrics, judges, self.min_delta, self.validation_guard)
+        verdict = judge(
+            self._federation, version, site_metrics, judges, self.min_delta, self.validation_guard, objectors
+        )
         if math.isnan(verdict.judged_loss):
             self.warning(f"global model {model_label(version.round)}: no validation loss of a judging site")
             return

@@ -224,9 +224,11 @@ class Round:
         self.free_riders = free_riders({site: sizes[site] for site in kept})
         typical = [site for site in kept if site not in self.free_riders]
         reference.record([sizes[site] for site in typical], [self.arrivals[site].warmup for site in typical])
-        result = aggregate_of(kept)
+        # a free-rider's zero update would only shrink the others' step (by a share its claimed count buys): valid,
+        # recorded, and left out of the mean, unless nothing else is left
+        result = replace(aggregate_of(typical or kept), accepted=list(kept))
         result.rejected = dict(self.rejected)
-        claimed = {site: self.arrivals[site].checked.weight for site in kept}
+        claimed = {site: self.arrivals[site].checked.weight for site in (typical or kept)}
         self.weights = {
             site: {"claimed": claimed[site], "used": used}
             for site, used in capped_weights(claimed).items()
@@ -256,7 +258,7 @@ class Round:
                 ("error", f"round {self.number}: the candidate global model failed the model check ({failed}); {then}")
             )
         if self.free_riders:
-            riders = f"free-rider(s) {self.free_riders}: their updates barely moved the model"
+            riders = f"free-rider(s) {self.free_riders}: their updates barely moved the model; left out of the mean"
             lines.append(("warning", f"round {self.number}: {riders}"))
         for site, factors in sorted(self.clipped.items()):
             parts = ", ".join(f"{part} x{factor:.3g}" for part, factor in sorted(factors.items()))
@@ -278,7 +280,7 @@ class Round:
             if site in accepted:
                 outcome: dict[str, Any] = {"status": "aggregated"}
                 if site in self.free_riders:
-                    outcome["note"] = "its update barely moved the model (recorded as a free-rider)"
+                    outcome["note"] = "its update barely moved the model (a free-rider: left out of the mean)"
             elif site in self.rejected:
                 outcome = {"status": "rejected", "reason": self.rejected[site]}
             elif site in self.failed:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,6 +248,9 @@ def history_entry(history: list[dict[str, Any]], round_number: int) -> dict[str,
     return entry
 
 
+REJECTED_SITES = "rejected_sites"  # a validation record's figures of the sites whose result was rejected
+
+
 @dataclass
 class Judgement:
     """How the sites' validation of one global model judged it."""
@@ -274,11 +277,15 @@ def judge(
     judging_sites: list[str] | None,
     min_delta: float,
     guard: bool = True,
+    objectors: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Judgement:
     """Record the sites' validation of ``version`` in the history, then select on it (:func:`select`): the judged
     validation loss is the mean of two judging sites', the median of three or more (``judging_sites``: None, every
     site that reported). With ``guard``, a model that a judging site's own validation finds worse than the best model
-    (or the initial one) beyond its noise is never the best, and a judged improvement against it is a disagreement."""
+    (or the initial one) beyond its noise is never the best, and a judged improvement against it is a disagreement.
+    ``objectors``: the checked validation of sites whose result of the round was rejected: they do not judge (their
+    loss selects nothing), but under ``guard`` a model their own validation finds worse counts as one a judging site
+    finds worse (a rejected honest minority, outvoted by sites that agree with each other, still stops the job)."""
     judges = {
         site: metrics["val_loss"]
         for site, metrics in site_metrics.items()
@@ -288,9 +295,18 @@ def judge(
     reference = federation.best.round if federation.best is not None else INITIAL_ROUND
     regressed = {}
     if guard and version.trained and version.round != reference:  # each judging site: worse than on the reference?
-        earlier = history_entry(federation.history, reference).get("validation", {}).get("sites", {})
+        recorded = history_entry(federation.history, reference).get("validation", {})
+        earlier = {**recorded.get(REJECTED_SITES, {}), **recorded.get("sites", {})}  # every site's, rejected or not
         now = {site: site_metrics[site] for site in judges}
         regressed = validation_regressions(now, earlier, f"the global model {model_label(reference)}")
+        objections = validation_regressions(
+            {site: metrics for site, metrics in (objectors or {}).items() if site not in judges},
+            earlier,
+            f"the global model {model_label(reference)}",
+        )
+        regressed |= {
+            site: f"{reason} (its result was rejected: it objects, not judges)" for site, reason in objections.items()
+        }
     improves = version.trained and not math.isnan(judged) and judged < federation.best_loss - min_delta
     mean_auroc = _mean([metrics.get("val_mean_auroc") for metrics in site_metrics.values()])
     validation = {
@@ -302,6 +318,8 @@ def judge(
     }
     if regressed:
         validation["regressed"] = {"than": f"the global model {model_label(reference)}", "sites": regressed}
+    if objectors:  # recorded whether or not they object: what the rejected sites' own validation said
+        validation[REJECTED_SITES] = {site: dict(metrics) for site, metrics in objectors.items()}
     history_entry(federation.history, version.round)["validation"] = validation
     best = select(federation, version, judged, min_delta, eligible=not regressed)
     if best:
