@@ -88,6 +88,10 @@ def test_warm_up_happens_when_the_server_asks(trainer):
 
 
 def test_fedbn_plus_keeps_batchnorm_fixed_during_local_training(trainer):
+    # FedBN+ refuses BatchNorm at its defaults: learn statistics first (the module's fixture may be fresh, as when
+    # pytest-xdist hands this test to a worker that ran no other test of the module)
+    trainer.set_method(SiteMethod())
+    trainer.fit(1, warmup=False)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.set_method(SiteMethod(backbone_strategy="fedbn_plus"))
     trainer.fit(2, warmup=False)
