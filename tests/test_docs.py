@@ -77,4 +77,13 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
     block = page.split(f"<!-- {suite.MARKER} -->\n", 1)[1].split(f"\n<!-- /{suite.MARKER} -->", 1)[0]
     assert block == "\n".join(suite.table(results))
     verdicts = [line.rsplit("|", 2)[1].strip() for line in block.splitlines()[2:]]
-    assert verdicts.count("false alarm") == 0 and verdicts.count("clean") == 7
+    assert verdicts.count("false alarm") == 0 and verdicts.count("clean") == 9
+    # the README's hostile-site paragraph counts the same verdicts
+    attacks = len(verdicts) - verdicts.count("clean")
+    readme = " ".join((REPOSITORY / "README.md").read_text().split())
+    assert (
+        f"{attacks} attacks by sites that know these rules, {verdicts.count('holds')} hold, "
+        f"{verdicts.count('fails closed')} stop the job, and one breaks through" in readme
+    )
+    assert verdicts.count("breaks through") == 1 and verdicts.count("fails open") == 0
+    assert f"its {verdicts.count('clean')} clean runs raised no alarm" in readme
