@@ -26,7 +26,7 @@ An attack **holds** when the honest sites' best and last AUROC are at or above t
 closed** when the job stopped non-zero, published nothing and named a site or the disagreement; otherwise it
 **breaks through**.
 
-    python benchmarks/attack_suite.py --out results/attack_suite          # about 40 minutes on 2 CPU cores
+    python benchmarks/attack_suite.py --out results/attack_suite          # about 25 minutes on 2 CPU cores
     python benchmarks/attack_suite.py --out results/attack_suite --table-only --write-doc docs/server-checks.md
 """
 
