@@ -3,14 +3,26 @@ per-image clipping bounds what an update can carry, it stops at its budget, and 
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
 import torch
+from nvflare.app_common.abstract.fl_model import FLModel
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from surgical_aggregation.core.errors import SiteConfigError
-from surgical_aggregation.core.methods import SiteMethod
+from surgical_aggregation.core.head import numpy_state
+from surgical_aggregation.core.methods import SiteMethod, method_meta
+from surgical_aggregation.flare.client import ClientSession
+from surgical_aggregation.flare.protocol import (
+    META_CLASS_NAMES,
+    META_METHOD,
+    META_WARMUP,
+    TASK_DESCRIBE,
+    TASK_TRAIN,
+    TASK_VALIDATE,
+)
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.privacy import PoissonBatches, PrivacyLedger
 from surgical_aggregation.training.site_data import prepare_site_data
@@ -196,3 +208,31 @@ def test_the_utility_page_is_what_its_command_writes_from_its_results(tmp_path):
     for result in results:  # every site spent at most its budget, and nearly all of it over the planned rounds
         for spent in result["spent"].values():
             assert result["epsilon"] * 0.95 <= spent <= result["epsilon"]
+
+
+@pytest.mark.parametrize("privacy", [{"epsilon": 50.0, "noise_multiplier": 1.2}, None], ids=["dp", "no-dp"])
+def test_no_training_statistic_leaves_a_dp_site_in_any_message_or_tracked_curve(nih_data, tmp_path, privacy):
+    """Every message a site sends (handshake, two training rounds, a validation) and every value it hands to
+    experiment tracking: under DP-SGD nothing computed on the training split leaves un-noised (no training loss, no
+    per-epoch training curve); without DP the same run sends them, so the test can tell."""
+    config = _config(nih_data, tmp_path / "cache", privacy)
+    tracked: list[str] = []
+    session = ClientSession(
+        "site-dp", config, tmp_path / "app", logging.getLogger("test"), tracker=lambda tag, *_: tracked.append(tag)
+    )
+    classes = session.trainer.head_classes
+    meta = {META_CLASS_NAMES: classes, META_METHOD: method_meta(FEDBN_PLUS), META_WARMUP: False}
+    sent = [session.handle(TASK_DESCRIBE, FLModel(params={}, meta={}))]
+    for round_number in range(2):
+        received = FLModel(params=numpy_state(session.trainer.state_dict()), meta=dict(meta))
+        received.current_round = round_number
+        sent.append(session.handle(TASK_TRAIN, received))
+    sent.append(session.handle(TASK_VALIDATE, FLModel(params=numpy_state(session.trainer.state_dict()), meta=meta)))
+    keys = {key for answer in sent for key in (answer.metrics or {})}
+    training_keys = {key for key in keys if key.startswith("train")}
+    training_tags = {tag for tag in tracked if tag.startswith("train")}
+    if privacy is None:
+        assert "train_loss" in training_keys and training_tags == {"train/loss", "train/epoch_loss"}
+    else:
+        assert training_keys == set() and training_tags == set()
+        assert all(key.startswith(("val_", "local_val_", "num_")) for key in keys), sorted(keys)

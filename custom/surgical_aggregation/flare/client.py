@@ -196,7 +196,8 @@ class ClientSession:
         state = trainer.state_dict()
         metrics = evaluation_metrics(global_evaluation, "val")
         metrics.update({f"local_{k}": v for k, v in evaluation_metrics(local_evaluation, "val").items()})
-        metrics["train_loss"] = report.train_losses[-1]
+        if not self.config.differential_privacy.enabled:  # computed on the training split, un-noised: DP keeps it home
+            metrics["train_loss"] = report.train_losses[-1]
         self._track_round(round_number, metrics)
         self.log.info(
             "%s round %d: received global model validation loss %.4f / mean AUROC %.4f; "

@@ -9,9 +9,11 @@ says the epsilon spent at the site's delta; before a round the site checks that 
 and trains no more once they would not.
 
 What the guarantee covers: the model updates the site sends (backbone and head rows), as functions of its training
-split, at (epsilon, delta) per training image, for the steps counted. It does not cover the validation metrics the
-site reports (computed on its validation split, a different set of images), its class names and counts sent at the
-handshake, or a BatchNorm that learns from batch statistics (refused: only FedBN+'s frozen BatchNorm is allowed).
+split, at (epsilon, delta) per training image, for the steps counted. Nothing else computed on the training split
+leaves the site: under DP it sends no training loss and tracks no training-loss curve. It does not cover the
+validation metrics the site reports (computed on its validation split, a different set of images), its class names
+and counts sent at the handshake, or a BatchNorm that learns from batch statistics (refused: only FedBN+'s frozen
+BatchNorm is allowed).
 """
 
 from __future__ import annotations

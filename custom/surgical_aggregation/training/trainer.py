@@ -516,7 +516,8 @@ class SiteTrainer:
             result.seconds,
             result.samples / max(result.seconds, 1e-9),
         )
-        self._track(TRAIN_EPOCH_LOSS, result.loss)
+        if not self.config.differential_privacy.enabled:  # the training split's un-noised loss stays in the site's log
+            self._track(TRAIN_EPOCH_LOSS, result.loss)
         return result
 
     def _track(self, tag: str, value: float) -> None:
