@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from surgical_aggregation.data.storage import CACHE_ENV
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
 from surgical_aggregation.flare.results import HISTORY_FILE
@@ -59,7 +60,7 @@ from surgical_aggregation.flare.protocol import META_NUM_SAMPLES
 
 ATTACK = {attack!r}
 FACTORS = {{"x5": 5.0, "flip_x5": -5.0, "flip_x2": -2.0, "x3_claiming_1e9": 3.0}}
-TEST_DOUBLES = ("flip_x2", "x3_claiming_1e9")  # their BatchNorm statistics are honest
+TEST_DOUBLES = {test_attacks!r}  # their BatchNorm statistics are honest
 CLAIMED = 10**9
 
 
@@ -123,15 +124,21 @@ def write_job_with_hostile_sites(recipe: SurgicalAggregationRecipe, folder: Path
     job = write_job(recipe, folder, force=True)  # the benchmark's own folder: its last hostile job is replaced
     for site, attack in attacks.items():
         if attack != "honest":
-            (job / f"app_{site}" / "custom" / "client.py").write_text(HOSTILE_CLIENT.format(attack=attack))
+            script = HOSTILE_CLIENT.format(attack=attack, test_attacks=TEST_ATTACKS)
+            (job / f"app_{site}" / "custom" / "client.py").write_text(script)
     return job
 
 
-def run_simulator(job: Path, workspace: Path, *extra: str, timeout: int = 1800) -> tuple[int, str]:
-    """``nvflare simulator <job> -w <workspace>`` with the sites in parallel threads: (exit code, output)."""
+def run_simulator(
+    job: Path, workspace: Path, *extra: str, timeout: int = 1800, cache: Path | None = None
+) -> tuple[int, str]:
+    """``nvflare simulator <job> -w <workspace>`` with the sites in parallel threads: (exit code, output).
+    ``cache``: the preprocessing cache's root (``CACHE_ENV``) when not the default."""
     nvflare = Path(sys.executable).parent / "nvflare"
     threads = str(len([app for app in job.iterdir() if app.name.startswith("app_site")]))
     env = {**os.environ, "PATH": f"{nvflare.parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    if cache is not None:
+        env[CACHE_ENV] = str(cache)
     result = subprocess.run(
         [str(nvflare), "simulator", str(job), "-w", str(workspace), "-t", threads, *extra],
         env=env,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +21,7 @@ from surgical_aggregation.data.reference import reference_file
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe
 
 T = TypeVar("T")
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 TOY_HEAD = HeadSpec("head.weight", "head.bias")
 TOY_FEATURES = 4
 
@@ -175,3 +178,17 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
         value = build(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared)))
         result.write_bytes(pickle.dumps(value))
         return value
+
+
+def load_benchmark(name: str):
+    """A script of ``benchmarks/`` as a module (its dataclasses look it up in ``sys.modules``; ``benchmarks/`` is on
+    the path while it loads, for the scripts that import each other)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module

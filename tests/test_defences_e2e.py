@@ -15,12 +15,8 @@ Removing any one defence makes its test fail (the closing note of issue 34 shows
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,11 +30,10 @@ from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe, n
 from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.training.checkpoint import load_checkpoint
 
-from helpers import built_once, tiny_recipe, tiny_sites
+from helpers import built_once, load_benchmark, tiny_recipe, tiny_sites
 
 pytestmark = pytest.mark.slow
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 ROUNDS = 2
 SITES = [f"site-{index + 1}" for index in range(4)]
 INFLATING, FLIPPING = "site-3", "site-4"
@@ -47,30 +42,8 @@ PATIENTS = 60  # the four-site job's patients (every site holds them all)
 STEPS, BATCH = 8, 8  # its training steps a round (each site has more than STEPS x BATCH training images), batch size
 
 
-def _benchmark(name: str):
-    sys.path.insert(0, str(BENCHMARKS))  # attack_suite imports hostile_site
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-
-
 def _simulate(job: Path, workspace: Path, cache: Path) -> tuple[int, str]:
-    nvflare = Path(sys.executable).parent / "nvflare"
-    env = {**os.environ, "SURGICAL_AGGREGATION_CACHE": str(cache), "PATH": f"{nvflare.parent}:{os.environ['PATH']}"}
-    sites = len([app for app in job.iterdir() if app.name.startswith("app_site")])
-    result = subprocess.run(
-        [str(nvflare), "simulator", str(job), "-w", str(workspace), "-t", str(sites)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return result.returncode, result.stdout + result.stderr
+    return load_benchmark("hostile_site").run_simulator(job, workspace, cache=cache, timeout=600)
 
 
 def _app(workspace: Path, site: str) -> Path:
@@ -104,7 +77,7 @@ def four_sites(tmp_path_factory):
             "validate_timeout": 300,
         }
         recipe = SurgicalAggregationRecipe("defences", configs, controller=controller)
-        job = _benchmark("hostile_site").write_job_with_hostile_sites(
+        job = load_benchmark("hostile_site").write_job_with_hostile_sites(
             recipe, root / "job", {INFLATING: "x3_claiming_1e9", FLIPPING: "flip_x2"}
         )
         code, output = _simulate(job, root / "ws", cache)
@@ -119,7 +92,7 @@ def liar(tmp_path_factory):
         cache = root / "cache"
         recipe = tiny_recipe(nih_chexpert_recipe, cache, rounds=ROUNDS, controller={"min_clients": 1})
         job = write_job(recipe, root / "job", force=True)
-        client = _benchmark("attack_suite").ATTACKER_CLIENT.format(attack="lying")
+        client = load_benchmark("attack_suite").ATTACKER_CLIENT.format(attack="lying")
         (job / "app_site-chexpert" / "custom" / "client.py").write_text(client)
         code, output = _simulate(job, root / "ws", cache)
         return code, output, root / "ws"

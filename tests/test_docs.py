@@ -3,11 +3,9 @@ run as written (with tiny sites), and the MLflow store read back."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ import surgical_aggregation.flare.recipe as recipes
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.training.checkpoint import load_checkpoint
 
-from helpers import tiny_recipe
+from helpers import load_benchmark, tiny_recipe
 
 pytestmark = pytest.mark.slow
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -63,15 +61,7 @@ def test_the_recipe_snippet_runs_the_main_job_in_simenv_and_mlflow_reads_it_back
 def test_the_attack_suite_table_is_the_one_its_results_give():
     """docs/server-checks.md's attack table, as ``benchmarks/attack_suite.py --table-only --write-doc`` writes it from
     docs/attack-suite/results.json."""
-    path = REPOSITORY / "benchmarks" / "attack_suite.py"
-    spec = importlib.util.spec_from_file_location("attack_suite", path)
-    suite = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("attack_suite", suite)  # its dataclasses look their module up
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec.loader.exec_module(suite)
-    finally:
-        sys.path.remove(str(path.parent))
+    suite = load_benchmark("attack_suite")
     results = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
     page = (REPOSITORY / "docs" / "server-checks.md").read_text()
     block = page.split(f"<!-- {suite.MARKER} -->\n", 1)[1].split(f"\n<!-- /{suite.MARKER} -->", 1)[0]

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import os
@@ -59,7 +58,7 @@ from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.site_data import prepare_site_data
 from surgical_aggregation.training.trainer import SiteTrainer
 
-from helpers import built_once, tiny_recipe, tiny_sites, union_of_the_seven_label_files
+from helpers import built_once, load_benchmark, tiny_recipe, tiny_sites, union_of_the_seven_label_files
 
 pytestmark = pytest.mark.slow
 TOL = 1e-6
@@ -455,14 +454,6 @@ def test_the_same_seed_gives_the_same_round_history_on_a_cpu(main_run, tmp_path)
 # --- a hostile site, and a model that cannot be used ---------------------------------------------------------
 
 
-def _benchmark(name: str):
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def hostile_run(tmp_path_factory):
     """One tiny job for several tests: site-chexpert sends four negative running variances with every result (before
@@ -473,7 +464,7 @@ def hostile_run(tmp_path_factory):
         recipe = tiny_recipe(
             nih_chexpert_recipe, root / "cache", rounds=2, site_to_site_evaluation=True, controller={"min_clients": 1}
         )
-        job = _benchmark("hostile_site").write_hostile_job(recipe, root / "job", "negative_running_var")
+        job = load_benchmark("hostile_site").write_hostile_job(recipe, root / "job", "negative_running_var")
         code, output = _run_simulator(job, root / "ws", root / "cache", "-t", "2")
         return code, output, root / "ws"
 

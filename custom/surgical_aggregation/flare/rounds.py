@@ -226,9 +226,10 @@ class Round:
         reference.record([sizes[site] for site in typical], [self.arrivals[site].warmup for site in typical])
         # a free-rider's zero update would only shrink the others' step (by a share its claimed count buys): valid,
         # recorded, and left out of the mean, unless nothing else is left
-        result = replace(aggregate_of(typical or kept), accepted=list(kept))
+        contributors = typical or kept
+        result = replace(aggregate_of(contributors), accepted=list(kept))
         result.rejected = dict(self.rejected)
-        claimed = {site: self.arrivals[site].checked.weight for site in (typical or kept)}
+        claimed = {site: self.arrivals[site].checked.weight for site in contributors}
         self.weights = {
             site: {"claimed": claimed[site], "used": used}
             for site, used in capped_weights(claimed).items()

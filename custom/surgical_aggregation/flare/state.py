@@ -293,17 +293,15 @@ def judge(
     }
     judged, statistic = judged_loss(judges)
     reference = federation.best.round if federation.best is not None else INITIAL_ROUND
+    than = f"the global model {model_label(reference)}"
     regressed = {}
     if guard and version.trained and version.round != reference:  # each judging site: worse than on the reference?
         recorded = history_entry(federation.history, reference).get("validation", {})
         earlier = {**recorded.get(REJECTED_SITES, {}), **recorded.get("sites", {})}  # every site's, rejected or not
         now = {site: site_metrics[site] for site in judges}
-        regressed = validation_regressions(now, earlier, f"the global model {model_label(reference)}")
-        objections = validation_regressions(
-            {site: metrics for site, metrics in (objectors or {}).items() if site not in judges},
-            earlier,
-            f"the global model {model_label(reference)}",
-        )
+        regressed = validation_regressions(now, earlier, than)
+        objecting = {site: metrics for site, metrics in (objectors or {}).items() if site not in judges}
+        objections = validation_regressions(objecting, earlier, than)
         regressed |= {
             site: f"{reason} (its result was rejected: it objects, not judges)" for site, reason in objections.items()
         }
@@ -317,7 +315,7 @@ def judge(
         "judged_by": {"statistic": statistic, "sites": sorted(judges)},
     }
     if regressed:
-        validation["regressed"] = {"than": f"the global model {model_label(reference)}", "sites": regressed}
+        validation["regressed"] = {"than": than, "sites": regressed}
     if objectors:  # recorded whether or not they object: what the rejected sites' own validation said
         validation[REJECTED_SITES] = {site: dict(metrics) for site, metrics in objectors.items()}
     history_entry(federation.history, version.round)["validation"] = validation
