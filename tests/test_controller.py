@@ -247,16 +247,27 @@ def test_a_dp_site_reports_its_epsilon_by_round_and_the_federation_goes_on_once_
     c = FakeSite("site-c", ["Edema"], [0.5, 0.4, 0.3])
     spent = {0: 1.5, 1: 1.9, 2: 1.9}
     c.privacy = lambda round_number: {
-        "epsilon": spent[round_number], "delta": 1e-5, "budget": 2.0, "stopped": round_number >= 2, "steps": 10
+        "epsilon": spent[round_number], "delta": 1e-5, "budget": 2.0, "stopped": round_number >= 2, "steps": 10,
+        "unit": "patient",
     }  # fmt: skip
-    b.privacy = lambda round_number: {"epsilon": "a lot", "delta": 1e-5, "budget": 2.0, "stopped": False}  # not numbers
+    b.privacy = lambda round_number: {
+        "epsilon": "a lot",
+        "delta": 1e-5,
+        "budget": 2.0,
+        "stopped": False,
+        "unit": "patient",
+    }  # not numbers; fmt: skip
     harness = Harness([a, b, c], tmp_path, num_rounds=3, min_clients=2)
     harness.run()
     rounds = {entry["round"]: entry["aggregation"] for entry in harness._federation.history if "aggregation" in entry}
-    assert rounds[0]["privacy"] == {"site-c": {"epsilon": 1.5, "delta": 1e-5, "budget": 2.0, "stopped": False}}
+    assert rounds[0]["privacy"] == {
+        "site-c": {"epsilon": 1.5, "delta": 1e-5, "budget": 2.0, "unit": "patient", "stopped": False}
+    }
     assert rounds[1]["privacy"]["site-c"]["epsilon"] == 1.9
     assert rounds[2]["privacy"]["site-c"]["stopped"] and "site-c" not in rounds[2]["accepted"]
-    assert rounds[2]["budget_spent"]["site-c"].startswith("its differential-privacy budget is spent (epsilon 1.900 of")
+    assert rounds[2]["budget_spent"]["site-c"].startswith(
+        "its differential-privacy budget is spent (epsilon 1.900 per patient of"
+    )
     assert rounds[2]["accepted"] == ["site-a", "site-b"]  # the others go on
     assert "privacy report" in rounds[0]["rejected_metrics"]["site-b"][0]  # a report that is not numbers is dropped
     assert "site-b" not in rounds[0]["privacy"] and "site-b" in rounds[0]["accepted"]

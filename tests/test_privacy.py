@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 
+import numpy as np
 import pytest
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel
@@ -23,8 +24,15 @@ from surgical_aggregation.flare.protocol import (
     TASK_TRAIN,
     TASK_VALIDATE,
 )
+from surgical_aggregation.training import privacy as privacy_module
 from surgical_aggregation.training.config import site_config_from_dict
-from surgical_aggregation.training.privacy import PoissonBatches, PrivacyLedger
+from surgical_aggregation.training.privacy import (
+    PoissonBatches,
+    PrivacyLedger,
+    SecureRandom,
+    sampling_groups,
+    secure_dp_optimizer,
+)
 from surgical_aggregation.training.site_data import prepare_site_data
 from surgical_aggregation.training.trainer import SiteTrainer
 
@@ -78,11 +86,92 @@ def test_the_ledger_is_opacus_accountant_step_by_step():
 
 
 def test_poisson_batches_include_each_image_independently():
-    batches = list(PoissonBatches(1000, 0.05, 200, torch.Generator().manual_seed(0)))
+    groups = [[index] for index in range(1000)]
+    batches = list(PoissonBatches(groups, 0.05, 200, SecureRandom()))
     sizes = [len(batch) for batch in batches]
     assert len(batches) == 200 and sum(sizes) / 200 == pytest.approx(50, rel=0.05)
     assert min(sizes) < 45 < 55 < max(sizes)  # the batch size varies, as Poisson sampling has it
-    assert list(PoissonBatches(5, 1e-9, 3, torch.Generator().manual_seed(0))) == [[], [], []]
+    assert list(PoissonBatches([[0], [1]], 1e-9, 3, SecureRandom())) == [[], [], []]
+
+
+def test_poisson_batches_over_patients_take_each_patient_at_its_rate_and_one_of_its_images():
+    """Patient-level sampling: 300 patients with 1 to 3 images each; a patient is in a batch with probability 0.1
+    whatever its number of images, never with two of them, and its images are picked alike."""
+    patients = [f"p{index}" for index in range(300) for _ in range(1 + index % 3)]
+    groups = sampling_groups(patients, len(patients), "patient", "site x")
+    assert len(groups) == 300 and sorted(index for group in groups for index in group) == list(range(len(patients)))
+    seen = np.zeros(len(patients))
+    steps = 2000
+    for batch in PoissonBatches(groups, 0.1, steps, SecureRandom()):
+        owners = [patients[index] for index in batch]
+        assert len(owners) == len(set(owners))  # one image per sampled patient
+        np.add.at(seen, batch, 1)
+    per_patient = np.array([seen[group].sum() for group in groups]) / steps
+    for images in (1, 2, 3):  # a patient's rate does not grow with its images (an image-level sampler's would)
+        rates = per_patient[[len(group) == images for group in groups]]
+        assert rates.mean() == pytest.approx(0.1, abs=0.005)
+    threes = np.array([seen[group] for group in groups if len(group) == 3])
+    assert threes.sum(axis=0) / threes.sum() == pytest.approx([1 / 3] * 3, abs=0.02)
+    assert len(sampling_groups(patients, len(patients), "image", "site x")) == len(patients)
+    with pytest.raises(SiteConfigError, match="unit 'patient' needs patient ids"):
+        sampling_groups(None, 3, "patient", "site x")
+
+
+def test_the_noise_is_gaussian_from_a_source_no_seed_reaches():
+    """200,000 draws at std 2: mean, spread and shape of N(0, 4); torch's generator is neither used nor able to
+    replay them (the same torch seed before two draws gives two different noises)."""
+    from scipy import stats
+
+    reference = torch.zeros(200_000)
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    first = SecureRandom().noise(reference, 2.0)
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(0)
+    second = SecureRandom().noise(reference, 2.0)
+    assert first.dtype == torch.float32 and first.shape == reference.shape
+    assert not torch.equal(first, second) and float((first - second).abs().min()) >= 0
+    assert abs(float(first.mean())) < 0.02 and float(first.std()) == pytest.approx(2.0, rel=0.01)
+    assert stats.kstest(first.double().numpy() / 2.0, "norm").pvalue > 1e-4
+    uniform = SecureRandom().uniform(100_000)
+    assert uniform.min() > 0 and uniform.max() < 1 and stats.kstest(uniform, "uniform").pvalue > 1e-4
+
+
+def test_the_dp_optimizer_adds_noise_no_seed_replays():
+    """One DP-SGD step on a fixed batch, twice from the same weights and the same torch seed: the clipped sums are
+    equal, so the gradients differ by the noise alone, whose spread is noise multiplier * clip / batch size."""
+    from opacus import GradSampleModule
+
+    grads = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = GradSampleModule(torch.nn.Linear(50, 40))
+        optimizer = secure_dp_optimizer(torch.optim.SGD(model.parameters(), lr=0.0), 1.5, 1.0, 4, SecureRandom())
+        loss = model(torch.ones(4, 50)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        grads.append(model._module.weight.grad.clone())
+    difference = grads[0] - grads[1]  # the difference of two independent noises: std sqrt(2) * 1.5 * 1.0 / 4
+    assert float(difference.abs().min()) > 0
+    assert float(difference.std()) == pytest.approx(math.sqrt(2) * 1.5 / 4, rel=0.1)
+
+
+def test_two_runs_of_one_dp_site_send_different_updates_where_two_runs_without_dp_send_the_same(nih_data, tmp_path):
+    """The replay test: the same site, config and seed, trained twice. Without DP-SGD the two updates are equal
+    (so the runs are the same run); with it every trained tensor differs."""
+    dp = {"epsilon": 50.0, "noise_multiplier": 1.0}
+    for name, privacy in (("plain", None), ("dp", dp)):
+        states = []
+        for run in range(2):
+            trainer = _trainer(nih_data, tmp_path / f"{name}{run}", privacy, warmup_epochs=0)
+            trainer.fit(0, warmup=False)
+            trained = [key for key, value in trainer.model.named_parameters() if value.requires_grad]
+            states.append({key: trainer.model.state_dict()[key].clone() for key in trained})
+        equal = [key for key in states[0] if torch.equal(states[0][key], states[1][key])]
+        if privacy is None:
+            assert equal == list(states[0])
+        else:
+            assert equal == [] and len(states[0]) > 100
 
 
 @pytest.mark.parametrize(
@@ -90,9 +179,22 @@ def test_poisson_batches_include_each_image_independently():
     [
         ({"epsilon": 3}, "give exactly one"),
         ({"epsilon": 3, "noise_multiplier": 1.0, "planned_rounds": 5}, "give exactly one"),
-        ({"epsilon": -1, "noise_multiplier": 1.0}, "differential_privacy.epsilon must be positive"),
+        ({"epsilon": -1, "noise_multiplier": 1.0}, r"site config: differential_privacy.epsilon must be a number from"),
+        (
+            {"epsilon": float("inf"), "noise_multiplier": 1.0},
+            "differential_privacy.epsilon must be a number from 0.2 to",
+        ),
+        ({"epsilon": float("nan"), "noise_multiplier": 1.0}, "differential_privacy.epsilon must be a number from"),
+        ({"epsilon": 1e300, "planned_rounds": 3}, r"differential_privacy.epsilon must be a number from 0.2 to 100.0"),
+        ({"epsilon": 0.01, "noise_multiplier": 1.0}, "differential_privacy.epsilon must be a number from 0.2"),
         ({"epsilon": 3, "noise_multiplier": 1.0, "delta": 1.5}, "differential_privacy.delta must be between 0 and 1"),
+        ({"epsilon": 3, "noise_multiplier": 1.0, "delta": 0.0}, "differential_privacy.delta must be between 0 and 1"),
+        ({"epsilon": 3, "noise_multiplier": 1.0, "max_grad_norm": float("inf")}, "max_grad_norm must be a finite"),
+        ({"epsilon": 3, "noise_multiplier": 1.0, "max_grad_norm": 0}, "max_grad_norm must be a finite positive"),
+        ({"epsilon": 3, "noise_multiplier": float("inf")}, "noise_multiplier must be a number from 0.1 to 1000"),
+        ({"epsilon": 3, "noise_multiplier": 1e-9}, "noise_multiplier must be a number from 0.1 to 1000"),
         ({"epsilon": 3, "noise_multiplier": 1.0, "accountant": "moments"}, "differential_privacy.accountant must"),
+        ({"epsilon": 3, "noise_multiplier": 1.0, "unit": "visit"}, r"differential_privacy.unit must be one of"),
         ({"epsilon": 3, "noise": 1.0}, r"unknown field\(s\) \['differential_privacy.noise'\]"),
     ],
 )
@@ -101,17 +203,41 @@ def test_privacy_settings_are_checked_with_the_field_named(nih_data, tmp_path, p
         _config(nih_data, tmp_path, privacy)
 
 
+def test_delta_must_be_below_one_over_the_protected_units_and_the_noise_search_is_bounded(
+    nih_data, tmp_path, monkeypatch
+):
+    patients = _trainer(nih_data, tmp_path, {"epsilon": 3.0, "noise_multiplier": 1.0}).data.train.table.n_patients
+    with pytest.raises(SiteConfigError, match=f"site site-dp: differential_privacy.delta must be below 1 / the "
+                       f"training split's {patients} patients"):  # fmt: skip
+        _trainer(nih_data, tmp_path, {"epsilon": 3.0, "noise_multiplier": 1.0, "delta": 1 / patients})
+    _trainer(nih_data, tmp_path, {"epsilon": 3.0, "noise_multiplier": 1.0, "delta": 0.99 / patients})
+    calls = []
+    count_calls = privacy_module._accountant
+    monkeypatch.setattr(privacy_module, "_accountant", lambda *args: calls.append(1) or count_calls(*args))
+    trainer = _trainer(nih_data, tmp_path, {"epsilon": 0.2, "planned_rounds": 1_000_000})
+    with pytest.raises(SiteConfigError, match=r"differential_privacy.epsilon 0.2 cannot cover \d+ steps"):
+        trainer.fit(0, warmup=False)
+    assert len(calls) == 1  # the most noise allowed is not enough: said at once
+    calls.clear()
+    trainer = _trainer(nih_data, tmp_path, {"epsilon": 100.0, "planned_rounds": 1})
+    report = trainer.fit(0, warmup=True).privacy  # the budget at its upper bound: a small noise, found in bounded time
+    assert report["epsilon"] <= 100.0 and report["epsilon"] == pytest.approx(100.0, rel=0.01)
+    assert 0.1 < report["noise_multiplier"] < 1 and len(calls) <= 2 + privacy_module.NOISE_SEARCH_STEPS + 4
+
+
 def test_the_epsilon_a_site_reports_is_opacus_accountant_for_the_steps_it_took(nih_data, tmp_path):
     privacy = {"epsilon": 50.0, "noise_multiplier": 1.2, "delta": 1e-4}
     trainer = _trainer(nih_data, tmp_path, privacy)
     report = trainer.fit(0, warmup=True)
-    train = len(trainer.train_loader.dataset)
-    rate, steps = 8 / train, 2 * 2  # two epochs (warm-up and local) of two steps (max_batches_per_epoch)
+    patients = trainer.data.train.table.n_patients
+    assert patients < len(trainer.data.train)  # some patients have several images: the unit matters here
+    rate, steps = 8 / patients, 2 * 2  # two epochs (warm-up and local) of two steps (max_batches_per_epoch)
     reference = RDPAccountant()
     for _ in range(steps):
         reference.step(noise_multiplier=1.2, sample_rate=rate)
     assert report.privacy["epsilon"] == reference.get_epsilon(1e-4) and report.privacy["steps"] == steps
-    assert not report.privacy["stopped"] and report.privacy["budget"] == 50.0 and report.samples <= train
+    assert report.privacy["unit"] == "patient" and report.samples <= patients
+    assert not report.privacy["stopped"] and report.privacy["budget"] == 50.0
     trainer.save(tmp_path / "local_model.pt")  # FLARE may restart the site's process: the ledger goes with the model
     again = _trainer(nih_data, tmp_path, privacy)
     assert again.restore(tmp_path / "local_model.pt") and again.ledger.steps == steps
@@ -127,7 +253,7 @@ def test_per_image_clipping_bounds_what_an_update_carries(nih_data, tmp_path):
     moved = {}
     for name, privacy in (
         ("plain", None),
-        ("clipped", {"epsilon": 1e9, "noise_multiplier": 1.0, "max_grad_norm": 1e-7}),
+        ("clipped", {"epsilon": 100.0, "noise_multiplier": 1.0, "max_grad_norm": 1e-7}),
     ):
         trainer = _trainer(nih_data, tmp_path / name, privacy, warmup_epochs=0)
         before = {key: value.clone() for key, value in trainer.model.state_dict().items()}
@@ -140,7 +266,7 @@ def test_per_image_clipping_bounds_what_an_update_carries(nih_data, tmp_path):
 
 def test_a_site_whose_budget_would_be_exceeded_stops_training_and_says_so(nih_data, tmp_path):
     trainer = _trainer(nih_data, tmp_path, {"epsilon": 2.0, "noise_multiplier": 1.0})
-    rate = 8 / len(trainer.train_loader.dataset)
+    rate = 8 / trainer.data.train.table.n_patients
     trainer.ledger.record(1.0, rate, 100_000)  # a site that has trained for a long time already
     spent = trainer.ledger.epsilon(1e-5)
     assert spent > 2.0
@@ -152,7 +278,7 @@ def test_a_site_whose_budget_would_be_exceeded_stops_training_and_says_so(nih_da
 
 def test_the_budget_chooses_the_noise_for_the_planned_rounds(nih_data, tmp_path):
     trainer = _trainer(nih_data, tmp_path, {"epsilon": 4.0, "planned_rounds": 3})
-    rates = 8 / len(trainer.train_loader.dataset)
+    rates = 8 / trainer.data.train.table.n_patients  # patients, not images, are sampled and protected
     for round_number in range(3):
         report = trainer.fit(round_number, warmup=round_number == 0)
         assert not report.privacy["stopped"]
@@ -168,6 +294,12 @@ def test_the_budget_chooses_the_noise_for_the_planned_rounds(nih_data, tmp_path)
         (SiteMethod(backbone_strategy="fedbn_plus", proximal_mu=0.01), 1, "off", "run without proximal_mu"),
         (FEDBN_PLUS, 2, "off", "trains on one process: set gpus to 1"),
         (FEDBN_PLUS, 1, "on", "needs the model uncompiled: set compile to off"),
+        (
+            SiteMethod(backbone_strategy="fedbn_plus", label_prior={"Mass": 0.1}),
+            1,
+            "off",
+            "cannot be combined with FedSLD",
+        ),
     ],
 )
 def test_dp_sgd_refuses_what_it_cannot_bound_per_image(method, gpus, compile_mode, message):
@@ -218,7 +350,11 @@ def test_no_training_statistic_leaves_a_dp_site_in_any_message_or_tracked_curve(
     config = _config(nih_data, tmp_path / "cache", privacy)
     tracked: list[str] = []
     session = ClientSession(
-        "site-dp", config, tmp_path / "app", logging.getLogger("test"), tracker=lambda tag, *_: tracked.append(tag)
+        "site-dp",
+        config,
+        tmp_path / "site-dp" / "job" / "app_site-dp",
+        logging.getLogger("test"),
+        tracker=lambda tag, *_: tracked.append(tag),
     )
     classes = session.trainer.head_classes
     meta = {META_CLASS_NAMES: classes, META_METHOD: method_meta(FEDBN_PLUS), META_WARMUP: False}

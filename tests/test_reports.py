@@ -288,7 +288,7 @@ def test_one_round_report_job_through_the_simulator(tmp_path):
     for site, config in sites.items():
         config["data"].update(location=str(archive), labels=labels[site])
         config.update(cache_dir=str(tmp_path / "cache"), batch_size=8, device="cpu")
-    sites["site-a"]["differential_privacy"] = {"epsilon": 1000.0, "noise_multiplier": 0.5}  # DP-SGD at one site
+    sites["site-a"]["differential_privacy"] = {"epsilon": 100.0, "noise_multiplier": 1.0}  # DP-SGD at one site
     controller = {
         **bundle.controller_args,
         "num_rounds": 1,
@@ -329,7 +329,12 @@ def test_one_round_report_job_through_the_simulator(tmp_path):
     [sent] = [entry for entry in audit if entry["task"] == "train" and entry["direction"] == "sent"]
     privacy = sent["privacy"]
     assert set(reported) == {"site-a"} and reported["site-a"]["epsilon"] == privacy["epsilon"] > 0
-    assert privacy["noise_multiplier"] == 0.5 and privacy["steps"] > 0 and not privacy["stopped"]
+    assert (
+        privacy["noise_multiplier"] == 1.0
+        and privacy["steps"] > 0
+        and privacy["unit"] == "patient"
+        and not privacy["stopped"]
+    )
     _the_excluded_row_reached_the_server_as_received(audit, model, tmp_path / "ws" / "site-a" / "simulate_job")
 
 

@@ -62,3 +62,8 @@ class StateFileError(UserError, ValueError):
 class ExportError(UserError, ValueError):
     """A model that cannot be exported as asked (the output folder exists, a class name MONAI's configs would
     read as code, an exported file that does not compute what the model does); the message says which."""
+
+
+class PrivacyLedgerError(UserError, ValueError):
+    """A site's privacy ledger that cannot be trusted (unreadable, or behind the steps the site is known to have
+    taken): refused rather than reset, since a reset ledger would let the site spend its budget again."""

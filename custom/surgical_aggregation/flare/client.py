@@ -38,6 +38,7 @@ from ..core.methods import method_from_meta
 from ..training.checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_checkpoint
 from ..training.config import JOB_DEFAULT_ORIGIN, SITE_CONFIGS_DIR, SiteConfig, find_site_config, load_site_config
 from ..training.parallel import check_gpus
+from ..training.privacy import LEDGER_FILE, SPENT_FILE
 from ..training.site_data import SiteData, prepare_site_data, resolve_table, split_table
 from ..training.trainer import SiteTrainer, Tracker, evaluation_metrics
 from .audit import SiteAudit
@@ -116,9 +117,20 @@ class ClientSession:
             data: SiteData = prepare_site_data(self.config, self.log, table=self.table)
             self.log.info("%s data ready: %s", self.site, data.summary())
             self._trainer = SiteTrainer(self.config, data, self.site, self.log, self.tracker)
+            if self.config.differential_privacy.enabled:
+                self._keep_ledger_at_site(self._trainer)
             if self._trainer.restore(self.local_model_path):
                 self.log.info("%s: resumed the local model from %s", self.site, self.local_model_path)
         return self._trainer
+
+    def _keep_ledger_at_site(self, trainer: SiteTrainer) -> None:
+        """DP-SGD's ledger in the site workspace's local/ folder, read by every job of this site; each job's app
+        folder records the steps it took there, which the site's later jobs check the ledger against."""
+        workspace = self.app_dir.parents[1]
+        ledger = workspace / "local" / LEDGER_FILE
+        earlier = [path for path in workspace.glob(f"*/app_{self.site}/{SPENT_FILE}") if path.parent != self.app_dir]
+        trainer.keep_ledger_in(ledger, self.app_dir / SPENT_FILE, sorted(earlier))
+        self.log.info("%s: DP-SGD ledger %s (%d steps on this data so far)", self.site, ledger, trainer.ledger.steps)
 
     def handle(self, task: str, received: FLModel) -> FLModel:
         """Answer one task; the task as received and the answer as sent are both recorded in the audit."""

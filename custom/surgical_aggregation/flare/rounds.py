@@ -43,6 +43,7 @@ from ..core.checks import (
     weight_change,
 )
 from ..core.head import HeadSpec
+from ..training.privacy import UNITS as PRIVACY_UNITS
 from .handshake import SiteInfo
 from .protocol import META_CLASS_NAMES, META_WARMUP, TASK_TRAIN
 
@@ -107,14 +108,17 @@ class Round:
             isinstance(report.get(key), (int, float)) and not isinstance(report.get(key), bool)
             and math.isfinite(report[key]) and report[key] >= 0
             for key in numbers
-        ) and isinstance(report.get("stopped"), bool)  # fmt: skip
+        ) and isinstance(report.get("stopped"), bool) and report.get("unit") in PRIVACY_UNITS  # fmt: skip
         if not valid:
             self.metric_problems.setdefault(site, []).append(f"privacy report {report!r}: not numbers")
             return False
-        self.privacy[site] = {key: float(report[key]) for key in numbers} | {"stopped": report["stopped"]}
+        self.privacy[site] = {key: float(report[key]) for key in numbers} | {
+            "unit": report["unit"],
+            "stopped": report["stopped"],
+        }
         if report["stopped"]:
             self.budget_spent[site] = (
-                f"its differential-privacy budget is spent (epsilon {report['epsilon']:.3f} of "
+                f"its differential-privacy budget is spent (epsilon {report['epsilon']:.3f} per {report['unit']} of "
                 f"{report['budget']:.3f} at delta {report['delta']:g}): it no longer trains"
             )
         return report["stopped"]

@@ -76,29 +76,34 @@ def check_site(
     counts = ", ".join(f"{split} {len(part)}" for split, part in splits.items())
     result.lines.append(f"data: {config.modality.describe(config, table)}; patient-level splits: {counts}")
     _check_handshake(result, name, meta, settings)
-    _check_private_training(result, config, settings)
+    _check_private_training(result, config, settings, splits["train"])
     _check_sample(result, config, splits, sample)
     verdict = "passes" if result.passed else "would be refused at"
     result.lines.append(f"{name} {verdict} the handshake of job {job.name!r} ({job.resolve()})")
     return result
 
 
-def _check_private_training(result: SiteCheck, config, settings: dict) -> None:
-    """A site with DP-SGD on: whether the job's method lets it bound what each image contributes."""
+def _check_private_training(result: SiteCheck, config, settings: dict, train) -> None:
+    """A site with DP-SGD on: whether the job's method lets it bound what each patient (or image) contributes, and
+    whether its delta is below 1 / the units of its training split."""
     privacy = config.differential_privacy
     if not privacy.enabled:
         return
     method = method_from_meta(settings)  # the job's method, as the server sends it with every training task
     model = config.modality.build_model(["a class"], config.modality.preprocessing(config))
+    units = train.n_patients if privacy.unit == "patient" else len(train)
     try:
         refuse_what_dp_sgd_cannot_bound(model, method, config.gpus, config.compile, "this site")
+        privacy.check_delta(units, "this site")
     except SiteConfigError as error:
         result.problem(str(error))
         return
     noise = f"noise multiplier {privacy.noise_multiplier}" if privacy.noise_multiplier else (
         f"noise chosen for {privacy.planned_rounds} rounds"
     )  # fmt: skip
-    result.lines.append(f"differential privacy: budget epsilon {privacy.epsilon} at delta {privacy.delta}, {noise}")
+    result.lines.append(
+        f"differential privacy: budget epsilon {privacy.epsilon} per {privacy.unit} at delta {privacy.delta}, {noise}"
+    )
 
 
 def _check_handshake(result: SiteCheck, site: str, meta: dict, settings: dict) -> None:

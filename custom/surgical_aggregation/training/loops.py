@@ -104,6 +104,16 @@ def masked_bce_terms(
     return (losses * mask).sum(), mask.sum()
 
 
+def per_item_masked_bce_terms(
+    logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum over items of each item's BCE averaged over its own labelled entries, number of items): a loss whose
+    gradient for one item does not depend on the others in its batch, as per-item clipping (DP-SGD) needs."""
+    losses = nn.functional.binary_cross_entropy_with_logits(logits.float(), target, reduction="none") * mask
+    per_item = losses.sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
+    return per_item.sum(), torch.tensor(float(len(per_item)), device=per_item.device)
+
+
 def masked_bce_with_logits(
     logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -214,6 +224,7 @@ def train_epoch(
     log: logging.Logger = logger,
     shard: RowShard | None = None,
     graphed: GraphedStep | None = None,
+    per_item_loss: bool = False,
 ) -> EpochResult:
     """One pass over ``loader`` (or ``max_steps`` batches); returns the sample-weighted mean loss.
 
@@ -224,7 +235,8 @@ def train_epoch(
     ``CHECK_EVERY_STEPS`` steps and stops training with its step. ``shard``: this process is one of several
     training on the same batches (``model`` wrapped in DDP); it computes its rows of each batch, and the
     loss is scaled so that DDP's gradient average is the gradient of the whole batch's loss. ``graphed``: the phase's
-    captured step (plain BCE, no shard, no scaler), replayed for every batch of its shape.
+    captured step (plain BCE, no shard, no scaler), replayed for every batch of its shape. ``per_item_loss``: each
+    item's loss over its own labelled entries, averaged over the batch (DP-SGD: no item's gradient depends on another).
     """
     prior = None if class_prior is None else class_prior.to(device)
     train_mode(model, frozen_batchnorm)
@@ -245,7 +257,19 @@ def train_epoch(
             first_bad_step = torch.where(~torch.isfinite(loss) & (first_bad_step < 0), step, first_bad_step)
         else:
             loss, first_bad_step = _eager_step(
-                model, optimizer, inputs, target, mask, autocast, scaler, prior, penalty, shard, step, first_bad_step
+                model,
+                optimizer,
+                inputs,
+                target,
+                mask,
+                autocast,
+                scaler,
+                prior,
+                penalty,
+                shard,
+                step,
+                first_bad_step,
+                per_item_loss,
             )
         total += loss.detach().double() * count
         samples += count
@@ -275,6 +299,7 @@ def _eager_step(
     shard: RowShard | None,
     step: int,
     first_bad_step: torch.Tensor,
+    per_item_loss: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One step launched kernel by kernel; returns (the batch's loss, the first non-finite step so far)."""
     if shard is not None:
@@ -282,8 +307,11 @@ def _eager_step(
         inputs, target, mask = inputs[rows], target[rows], mask[rows]
     optimizer.zero_grad(set_to_none=True)
     with _autocast(inputs.device, autocast):
-        weights = None if prior is None else label_prior_weights(target, mask, prior)
-        summed, labelled = masked_bce_terms(model(inputs), target, mask, weights)
+        if per_item_loss:
+            summed, labelled = per_item_masked_bce_terms(model(inputs), target, mask)
+        else:
+            weights = None if prior is None else label_prior_weights(target, mask, prior)
+            summed, labelled = masked_bce_terms(model(inputs), target, mask, weights)
     if shard is not None:
         labelled = shard.total(labelled)  # the whole batch's labelled entries
     loss = summed / labelled.clamp_min(1.0)  # with a shard: this process's share of the batch's loss

@@ -1,44 +1,74 @@
 """Differential privacy at a site: DP-SGD (Opacus) over its local training, and the budget it spends.
 
-A site's config may turn it on (``differential_privacy``: its own budget, set by hospital IT, not by the job). Every
-training step then draws its batch by Poisson sampling (each training image independently, with probability
-``batch_size / N``), clips each image's gradient to ``max_grad_norm`` and adds Gaussian noise of standard deviation
-``noise_multiplier * max_grad_norm`` to their sum: the sampled Gaussian mechanism Opacus's accountants account for.
-The :class:`PrivacyLedger` keeps every step taken (across rounds and process restarts, in the local model's file) and
-says the epsilon spent at the site's delta; before a round the site checks that the round's steps fit in its budget,
-and trains no more once they would not.
+A site's config may turn it on (``differential_privacy``: its own budget, set by hospital IT, not by the job). The
+unit it protects is a **patient** by default: every training step draws its batch by Poisson sampling over the
+training split's patients (each independently, with probability ``batch_size / patients``) and takes one of each
+sampled patient's images (at random), so a patient adds at most one clipped gradient to a step; ``unit: "image"``
+samples images instead (a patient with several images is then protected less than the epsilon printed). Each
+sampled item's gradient is clipped to ``max_grad_norm`` and Gaussian noise of standard deviation
+``noise_multiplier * max_grad_norm`` is added to their sum: the sampled Gaussian mechanism Opacus's accountants
+account for. The per-item loss is normalised by that item's own labelled entries, never by the batch's (which would
+couple one item's gradient to the others').
+
+The noise and the sampling draw from :class:`SecureRandom` (ChaCha20 keyed from the operating system's entropy),
+never from the config's ``seed``: knowing the code and the config does not replay them. The noise is Opacus's
+``secure_mode`` construction (the sum of four Gaussians halved, against floating-point attacks).
+
+The :class:`LedgerFile` keeps every step at the site (``<site workspace>/local/privacy_ledger.json``), across jobs,
+resumed runs and continued federations, keyed by the site and a fingerprint of its training patients; the steps of a
+round are written there (atomically) before the round trains, so before its update leaves. A round that would take
+the site over its budget is not trained and nothing is sent. An unreadable ledger, or one behind the steps an
+earlier job of this site recorded, is refused, never reset.
 
 What the guarantee covers: the model updates the site sends (backbone and head rows), as functions of its training
-split, at (epsilon, delta) per training image, for the steps counted. Nothing else computed on the training split
-leaves the site: under DP it sends no training loss and tracks no training-loss curve. It does not cover the
-validation metrics the site reports (computed on its validation split, a different set of images), its class names
-and counts sent at the handshake, or a BatchNorm that learns from batch statistics (refused: only FedBN+'s frozen
-BatchNorm is allowed).
+split, at (epsilon, delta) per patient (or per image), for the steps counted. Nothing else computed on the training
+split leaves the site: under DP it sends no training loss and tracks no training-loss curve. It does not cover the
+validation metrics the site reports (computed on its validation split, other patients), its class names and counts
+sent at the handshake, or a BatchNorm that learns from batch statistics (refused: only FedBN+'s frozen BatchNorm is
+allowed).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import json
 import math
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset, Sampler
 
-from ..core.errors import SiteConfigError
+from ..core.errors import PrivacyLedgerError, SiteConfigError
 from ..core.methods import SiteMethod
 
 ACCOUNTANTS = ("rdp", "prv")  # Opacus's Renyi-DP accountant, and its privacy-random-variable one (tighter)
+UNITS = ("patient", "image")  # what one neighbouring dataset adds or removes: a patient's images, or one image
+# The budgets a site may set: below 0.2 the RDP accountant cannot certify any noise at delta 1e-5 (its floor is
+# ~0.1 at noise 1000); above 100 an epsilon promises nothing a reader would recognise as privacy.
+EPSILON_RANGE = (0.2, 100.0)
+NOISE_MULTIPLIER_RANGE = (0.1, 1000.0)  # below 0.1 one step of any sampling spends epsilon ~90
+NOISE_SEARCH_STEPS = 40  # bisections of the noise for a budget: ~1e-12 of the range, then it stops
+LEDGER_FILE = "privacy_ledger.json"  # in the site workspace's local/ folder, beside the site's config
+SPENT_FILE = "privacy_spent.json"  # in each job's app folder: the steps it recorded, checked against the ledger
+LEDGER_FORMAT = "surgical-aggregation privacy ledger 1"
+LEDGER_ENTRY_FIELDS = ("site", "fingerprint", "unit", "accountant", "history", "patients")
 
 
 @dataclass
 class DifferentialPrivacy:
     """A site's DP-SGD settings (``differential_privacy`` in its config); off while ``epsilon`` is null.
 
-    ``epsilon``: the site's whole budget over the federation, at ``delta``. The noise is ``noise_multiplier``, or
-    (null) the smallest that keeps ``planned_rounds`` rounds of this site's local training within the budget.
+    ``epsilon``: the site's whole budget over every federation it trains in, at ``delta``, per ``unit`` (a patient
+    or an image). The noise is ``noise_multiplier``, or (null) the smallest that keeps ``planned_rounds`` rounds of
+    this site's local training within the budget.
     """
 
     epsilon: float | None = None
@@ -47,6 +77,7 @@ class DifferentialPrivacy:
     noise_multiplier: float | None = None
     planned_rounds: int | None = None
     accountant: str = "rdp"
+    unit: str = "patient"
 
     @property
     def enabled(self) -> bool:
@@ -60,23 +91,36 @@ class DifferentialPrivacy:
         def fail(name: str, message: str) -> SiteConfigError:
             return SiteConfigError(f"{where}: differential_privacy.{name} {message}")
 
-        if not self.epsilon > 0:
-            raise fail("epsilon", f"must be positive, got {self.epsilon}")
+        low, high = EPSILON_RANGE
+        if not low <= self.epsilon <= high:  # NaN fails too
+            raise fail("epsilon", f"must be a number from {low} to {high}, got {self.epsilon}")
         if not 0 < self.delta < 1:
-            raise fail("delta", f"must be between 0 and 1, got {self.delta}")
-        if not self.max_grad_norm > 0:
-            raise fail("max_grad_norm", f"must be positive, got {self.max_grad_norm}")
+            raise fail("delta", f"must be between 0 and 1 (and below 1 / the site's patients), got {self.delta}")
+        if not 0 < self.max_grad_norm < math.inf:
+            raise fail("max_grad_norm", f"must be a finite positive number, got {self.max_grad_norm}")
         if self.accountant not in ACCOUNTANTS:
             raise fail("accountant", f"must be one of {list(ACCOUNTANTS)}, got {self.accountant!r}")
+        if self.unit not in UNITS:
+            raise fail("unit", f"must be one of {list(UNITS)}, got {self.unit!r}")
         if (self.noise_multiplier is None) == (self.planned_rounds is None):
             raise fail(
                 "noise_multiplier",
                 "or planned_rounds: give exactly one (the noise, or the rounds the budget is spread over)",
             )
-        if self.noise_multiplier is not None and not self.noise_multiplier > 0:
-            raise fail("noise_multiplier", f"must be positive, got {self.noise_multiplier}")
+        low, high = NOISE_MULTIPLIER_RANGE
+        if self.noise_multiplier is not None and not low <= self.noise_multiplier <= high:
+            raise fail("noise_multiplier", f"must be a number from {low} to {high}, got {self.noise_multiplier}")
         if self.planned_rounds is not None and self.planned_rounds < 1:
             raise fail("planned_rounds", f"must be at least 1, got {self.planned_rounds}")
+
+    def check_delta(self, units: int, where: str) -> None:
+        """delta below 1 / the number of units protected (patients, or images): a larger delta allows a mechanism
+        that publishes one of them outright."""
+        if self.enabled and not self.delta < 1 / max(units, 1):
+            raise SiteConfigError(
+                f"{where}: differential_privacy.delta must be below 1 / the training split's {units} {self.unit}s "
+                f"({1 / max(units, 1):.3g}), got {self.delta}"
+            )
 
 
 def refuse_what_dp_sgd_cannot_bound(
@@ -97,6 +141,11 @@ def refuse_what_dp_sgd_cannot_bound(
         )
     if site_method.proximal_mu > 0:
         raise SiteConfigError(f"{where} cannot bound FedProx's proximal term per image: run without proximal_mu")
+    if site_method.label_prior:
+        raise SiteConfigError(
+            f"{where} cannot be combined with FedSLD: its loss weights come from every site's label counts, shared "
+            "un-noised at the handshake; run a method without label_prior"
+        )
     if gpus > 1:
         raise SiteConfigError(f"{where} trains on one process: set gpus to 1")
     if compile_mode == "on":
@@ -111,22 +160,27 @@ def _accountant(kind: str, history: Sequence[tuple[float, float, int]]):
     return accountant
 
 
+Steps = tuple[float, float, int]  # (noise multiplier, sample rate, steps), as Opacus's accountants keep them
+
+
 @dataclass
 class PrivacyLedger:
-    """Every DP-SGD step a site took: (noise multiplier, sample rate, steps) entries, as Opacus's accountants keep
-    them; the epsilon they spend at ``delta``."""
+    """Every DP-SGD step taken on this site's training data: its own ``history``, and the ``inherited`` steps of
+    earlier training data that shares patients with it (counted, never written back); the epsilon they spend at
+    ``delta``."""
 
     accountant: str = "rdp"
-    history: list[tuple[float, float, int]] = field(default_factory=list)
+    history: list[Steps] = field(default_factory=list)
     noise_multiplier: float | None = None  # chosen once (from the budget), kept for every later round
+    inherited: list[Steps] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
         return sum(steps for _, _, steps in self.history)
 
-    def epsilon(self, delta: float, planned: Sequence[tuple[float, float, int]] = ()) -> float:
+    def epsilon(self, delta: float, planned: Sequence[Steps] = ()) -> float:
         """The epsilon spent at ``delta`` (0 before any step), with ``planned`` steps added when given."""
-        history = [*self.history, *planned]
+        history = [*self.inherited, *self.history, *planned]
         if not history:
             return 0.0
         return float(_accountant(self.accountant, history).get_epsilon(delta))
@@ -161,34 +215,135 @@ class PrivacyLedger:
 
 
 def noise_for_budget(settings: DifferentialPrivacy, sample_rate: float, steps: int) -> float:
-    """The smallest noise multiplier that keeps ``steps`` steps at ``sample_rate`` within the budget."""
-    from opacus.accountants.utils import get_noise_multiplier
+    """The smallest noise multiplier (within NOISE_MULTIPLIER_RANGE, to ~1e-12 of it) that keeps ``steps`` steps at
+    ``sample_rate`` within the budget: a bisection of bounded length."""
+    low, high = NOISE_MULTIPLIER_RANGE
 
-    return float(
-        get_noise_multiplier(
-            target_epsilon=settings.epsilon,
-            target_delta=settings.delta,
-            sample_rate=sample_rate,
-            steps=steps,
-            accountant=settings.accountant,
+    def spent(noise: float) -> float:
+        return PrivacyLedger(settings.accountant, [(noise, sample_rate, steps)]).epsilon(settings.delta)
+
+    if spent(high) > settings.epsilon:
+        raise SiteConfigError(
+            f"differential_privacy.epsilon {settings.epsilon} cannot cover {steps} steps at sample rate "
+            f"{sample_rate:.4g} (delta {settings.delta}) even at noise multiplier {high}: raise epsilon, or lower "
+            "planned_rounds, local_epochs or the steps per epoch"
         )
+    if spent(low) <= settings.epsilon:
+        return low
+    for _ in range(NOISE_SEARCH_STEPS):
+        middle = (low + high) / 2
+        low, high = (low, middle) if spent(middle) <= settings.epsilon else (middle, high)
+    return high
+
+
+class SecureRandom:
+    """Uniform and Gaussian draws from a cryptographically secure stream: ChaCha20 keyed from the operating system's
+    entropy (``os.urandom``), re-keyed every GiB. No seed reaches it: two runs of one config draw differently."""
+
+    REKEY_BYTES = 1 << 30
+    CHUNK_BYTES = 1 << 26
+
+    def __init__(self) -> None:
+        self._rekey()
+
+    def _rekey(self) -> None:
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+        nonce = bytes(4) + os.urandom(12)  # RFC 7539: a 32-bit block counter from 0, then a 96-bit nonce
+        self._stream = Cipher(algorithms.ChaCha20(os.urandom(32), nonce), mode=None).encryptor()
+        self._left = self.REKEY_BYTES
+
+    def _words(self, count: int) -> np.ndarray:
+        parts = []
+        for start in range(0, count * 8, self.CHUNK_BYTES):
+            size = min(self.CHUNK_BYTES, count * 8 - start)
+            if size > self._left:
+                self._rekey()
+            self._left -= size
+            parts.append(np.frombuffer(self._stream.update(bytes(size)), dtype=np.uint64))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+
+    def uniform(self, count: int) -> np.ndarray:
+        """``count`` float64 draws, uniform on (0, 1) (53 random bits each; never 0 or 1)."""
+        return ((self._words(count) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+    def standard_normal(self, count: int) -> np.ndarray:
+        """``count`` float64 draws of N(0, 1), by the Box-Muller transform."""
+        pairs = (count + 1) // 2
+        radius = np.sqrt(-2.0 * np.log(self.uniform(pairs)))
+        angle = 2.0 * np.pi * self.uniform(pairs)
+        return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
+
+    def noise(self, reference: torch.Tensor, std: float) -> torch.Tensor:
+        """Gaussian noise of ``std`` shaped, typed and placed like ``reference``: Opacus's ``secure_mode``
+        construction, the sum of four draws halved (arXiv:2107.10138, section 5.1)."""
+        count = reference.numel()
+        draws = self.standard_normal(4 * count).reshape(4, count).sum(axis=0) / 2.0
+        noise = torch.from_numpy(draws * std).reshape(reference.shape)
+        return noise.to(device=reference.device, dtype=reference.dtype)
+
+
+def secure_dp_optimizer(
+    optimizer: torch.optim.Optimizer,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    expected_batch_size: int,
+    random: SecureRandom,
+) -> torch.optim.Optimizer:
+    """Opacus's DPOptimizer (per-item clipping, noise, averaging by the expected batch size) with its noise drawn
+    from ``random`` instead of torch's generator."""
+    from opacus.optimizers import DPOptimizer
+    from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
+
+    class SecureNoiseDPOptimizer(DPOptimizer):
+        def add_noise(self) -> None:
+            std = self.noise_multiplier * self.max_grad_norm
+            for parameter in self.params:
+                _check_processed_flag(parameter.summed_grad)
+                noised = parameter.summed_grad + random.noise(parameter.summed_grad, std)
+                parameter.grad = noised.view_as(parameter)
+                _mark_as_processed(parameter.summed_grad)
+
+    return SecureNoiseDPOptimizer(
+        optimizer,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        expected_batch_size=expected_batch_size,
+        secure_mode=True,
     )
 
 
-class PoissonBatches(Sampler[list[int]]):
-    """``steps`` batches, each holding every index of ``size`` independently with probability ``sample_rate``
-    (Poisson sampling, which the accountants assume; a batch may be empty). Draws come from ``generator``."""
+def sampling_groups(patients: Sequence[str] | None, size: int, unit: str, where: str) -> list[list[int]]:
+    """The items Poisson sampling draws over: each patient's item indices (unit "patient"), or each item alone."""
+    if unit == "image":
+        return [[index] for index in range(size)]
+    if patients is None:
+        raise SiteConfigError(f"{where}: differential_privacy.unit 'patient' needs patient ids; these items have none")
+    groups: dict[str, list[int]] = {}
+    for index, patient in enumerate(patients):
+        groups.setdefault(str(patient), []).append(index)
+    return list(groups.values())
 
-    def __init__(self, size: int, sample_rate: float, steps: int, generator: torch.Generator) -> None:
-        self.size, self.sample_rate, self.steps, self.generator = size, sample_rate, steps, generator
+
+class PoissonBatches(Sampler[list[int]]):
+    """``steps`` batches, each holding every group (a patient's items, or one item) independently with probability
+    ``sample_rate`` (Poisson sampling, which the accountants assume; a batch may be empty), one item of each chosen
+    group picked at random. Every draw comes from ``random``."""
+
+    def __init__(self, groups: Sequence[Sequence[int]], sample_rate: float, steps: int, random: SecureRandom) -> None:
+        self.groups, self.sample_rate, self.steps, self.random = groups, sample_rate, steps, random
 
     def __len__(self) -> int:
         return self.steps
 
     def __iter__(self) -> Iterator[list[int]]:
         for _ in range(self.steps):
-            chosen = torch.rand(self.size, generator=self.generator) < self.sample_rate
-            yield chosen.nonzero().flatten().tolist()
+            chosen = np.flatnonzero(self.random.uniform(len(self.groups)) < self.sample_rate)
+            picks = self.random.uniform(len(chosen))
+            yield [
+                self.groups[group][int(pick * len(self.groups[group]))]
+                for group, pick in zip(chosen, picks, strict=True)
+            ]
 
 
 def collate_allowing_empty(dataset: Dataset):
@@ -206,9 +361,143 @@ def collate_allowing_empty(dataset: Dataset):
     return collate
 
 
-def steps_per_epoch(samples: int, batch_size: int, cap: int | None) -> tuple[float, int]:
-    """(sample rate, steps) of one epoch of Poisson sampling: ``batch_size / samples`` and as many steps as
-    batches of that expected size cover the split once (at most ``cap``)."""
-    rate = min(1.0, batch_size / max(samples, 1))
-    steps = max(1, math.ceil(samples / batch_size))
+def steps_per_epoch(units: int, batch_size: int, cap: int | None) -> tuple[float, int]:
+    """(sample rate, steps) of one epoch of Poisson sampling over ``units`` (patients or images):
+    ``batch_size / units`` and as many steps as batches of that expected size cover them once (at most ``cap``)."""
+    rate = min(1.0, batch_size / max(units, 1))
+    steps = max(1, math.ceil(units / batch_size))
     return rate, steps if cap is None else min(steps, cap)
+
+
+def data_fingerprint(patients: Sequence[str]) -> str:
+    """A training split's fingerprint: its set of patient ids, hashed (the ledger's key, with the site)."""
+    digest = hashlib.sha256("\n".join(sorted({str(patient) for patient in patients})).encode())
+    return digest.hexdigest()[:32]
+
+
+def _write_atomically(path: Path, values: Mapping[str, Any]) -> None:
+    """The whole file or the old one, never half: a temporary file beside it, synced, then renamed over it."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "w") as handle:
+        json.dump(values, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+class LedgerFile:
+    """A site's privacy ledger on disk (``<site workspace>/local/privacy_ledger.json``), shared by every job of the
+    site: entries keyed by (site, fingerprint of the training patients, unit), each with its steps and the salted
+    hashes of its patients, so that training data sharing patients with an earlier entry inherits that entry's steps
+    (a re-split does not start a new budget). A job records the steps it reserved in its own app folder
+    (``privacy_spent.json``); ``earlier_spent`` are those records of this site's earlier jobs: a ledger missing
+    steps one of them recorded is refused.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        site: str,
+        patients: Sequence[str],
+        settings: DifferentialPrivacy,
+        spent_file: Path | None = None,
+        earlier_spent: Sequence[Path] = (),
+    ) -> None:
+        self.path, self.site, self.settings = Path(path), site, settings
+        self.patients = sorted({str(patient) for patient in patients})
+        self.fingerprint = data_fingerprint(self.patients)
+        self.spent_file, self.earlier_spent = spent_file, list(earlier_spent)
+
+    def _refuse(self, problem: str) -> PrivacyLedgerError:
+        return PrivacyLedgerError(
+            f"privacy ledger {self.path}: {problem}; refusing to train rather than reset the site's privacy budget "
+            "(restore the ledger from a backup)"
+        )
+
+    def _read(self) -> dict[str, Any]:
+        if not self.path.exists():
+            return {"format": LEDGER_FORMAT, "salt": os.urandom(16).hex(), "entries": []}
+        try:
+            values = json.loads(self.path.read_text())
+            if values.get("format") != LEDGER_FORMAT:
+                raise ValueError(f"format is {values.get('format')!r}, not {LEDGER_FORMAT!r}")
+            for entry in values["entries"]:
+                missing = [name for name in LEDGER_ENTRY_FIELDS if name not in entry]
+                if missing:
+                    raise KeyError(f"an entry lacks {missing}")
+                PrivacyLedger.from_dict(entry, entry["accountant"])
+            bytes.fromhex(values["salt"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise self._refuse(f"cannot be read ({type(error).__name__}: {error})") from None
+        return values
+
+    def _key(self, entry: Mapping[str, Any]) -> tuple[str, str, str]:
+        return entry["site"], entry["fingerprint"], entry["unit"]
+
+    def _ledger(self, values: Mapping[str, Any]) -> PrivacyLedger:
+        """This data's ledger: its own entry's steps, and those of this site's entries sharing a patient with it."""
+        salt = values["salt"]
+        mine = {hashlib.sha256(f"{salt}{patient}".encode()).hexdigest()[:16] for patient in self.patients}
+        key = (self.site, self.fingerprint, self.settings.unit)
+        ledger = PrivacyLedger(self.settings.accountant)
+        for entry in values["entries"]:
+            if self._key(entry) == key:
+                ledger = PrivacyLedger.from_dict(entry, self.settings.accountant)
+        for entry in values["entries"]:
+            shares_patients = entry["site"] == self.site and not mine.isdisjoint(entry["patients"])
+            if self._key(entry) == key or not shares_patients:
+                continue
+            if entry["unit"] != self.settings.unit:
+                raise SiteConfigError(
+                    f"differential_privacy.unit is {self.settings.unit!r}, but patients of this training split spent "
+                    f"budget per {entry['unit']} (ledger {self.path}): keep unit {entry['unit']!r} for this data"
+                )
+            ledger.inherited.extend(PrivacyLedger.from_dict(entry, entry["accountant"]).history)
+        self._check_earlier_jobs(ledger.steps)
+        return ledger
+
+    def _check_earlier_jobs(self, steps: int) -> None:
+        for spent in self.earlier_spent:
+            try:
+                record = json.loads(spent.read_text())
+                recorded = (record["site"], record["fingerprint"], record["unit"]), int(record["steps"])
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                raise self._refuse(f"the job record {spent} cannot be read ({error})") from None
+            if recorded[0] == (self.site, self.fingerprint, self.settings.unit) and recorded[1] > steps:
+                state = "is missing" if not self.path.exists() else f"holds {steps} DP-SGD steps for this data"
+                raise self._refuse(f"{state}, but job record {spent} says {recorded[1]} were taken")
+
+    def read(self) -> PrivacyLedger:
+        """This data's ledger as the file has it now."""
+        return self._ledger(self._read())
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[PrivacyLedger]:
+        """This data's ledger, read under the file's lock (jobs of one site may run at once); what the caller
+        records in it is written atomically (ledger, then this job's record) when the block ends without error."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(f".{self.path.name}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            values = self._read()
+            ledger = self._ledger(values)
+            yield ledger
+            key = (self.site, self.fingerprint, self.settings.unit)
+            entry = {
+                "site": self.site,
+                "fingerprint": self.fingerprint,
+                "unit": self.settings.unit,
+                **ledger.to_dict(),
+                "patients": sorted(
+                    hashlib.sha256(f"{values['salt']}{patient}".encode()).hexdigest()[:16] for patient in self.patients
+                ),
+            }
+            values["entries"] = [old for old in values["entries"] if self._key(old) != key] + [entry]
+            _write_atomically(self.path, values)
+            if self.spent_file is not None:
+                record = {"site": self.site, "fingerprint": self.fingerprint, "unit": self.settings.unit}
+                _write_atomically(self.spent_file, {**record, "steps": ledger.steps, "ledger": str(self.path)})

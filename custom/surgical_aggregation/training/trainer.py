@@ -34,11 +34,15 @@ from .loops import (
 )
 from .parallel import FitRequest, RankGroup, check_gpus
 from .privacy import (
+    LedgerFile,
     PoissonBatches,
     PrivacyLedger,
+    SecureRandom,
     collate_allowing_empty,
     noise_for_budget,
     refuse_what_dp_sgd_cannot_bound,
+    sampling_groups,
+    secure_dp_optimizer,
     steps_per_epoch,
 )
 from .site_data import SiteData
@@ -82,7 +86,7 @@ class FitReport:
 
 
 EVALUATION_BATCHES_ON_GPU = 4
-PRIVACY_LEDGER_KEY = "privacy_ledger"  # the local model file's meta: every DP-SGD step taken so far
+PRIVACY_LEDGER_KEY = "privacy_ledger"  # without a ledger file, the local model file's meta: the DP-SGD steps so far
 
 
 class SiteTrainer:
@@ -134,7 +138,33 @@ class SiteTrainer:
         self.val_loader = make_loader(data.val, self.evaluation_batch_size, False, self.workers)
         self.epochs_done = 0  # step counter for training curves
         self.ledger = PrivacyLedger(config.differential_privacy.accountant)
-        self._on_epoch_end: Callable[[], None] | None = None
+        self.ledger_file: LedgerFile | None = None  # None: the ledger lives in this process (and the local model file)
+        privacy = config.differential_privacy
+        if privacy.enabled:
+            self._sampling_groups = sampling_groups(
+                self._training_patients(), len(data.train), privacy.unit, f"site {site_name}"
+            )
+            privacy.check_delta(self._privacy_units(), f"site {site_name}")
+
+    def _training_patients(self) -> list[str] | None:
+        from ..data.table import PATIENT_COLUMN
+
+        table = getattr(self.data.train, "table", None)
+        return None if table is None else [str(patient) for patient in table.frame[PATIENT_COLUMN]]
+
+    def _privacy_units(self) -> int:
+        """What DP-SGD samples and protects: the training split's patients (unit "patient") or images."""
+        return len(self._sampling_groups)
+
+    def keep_ledger_in(self, path: Path, spent_file: Path | None = None, earlier_spent: Sequence[Path] = ()) -> None:
+        """Keep the DP-SGD ledger in the site's ledger file (training.privacy.LedgerFile), shared by its jobs."""
+        patients = self._training_patients()
+        if patients is None:
+            patients = [f"item {index}" for index in range(len(self.data.train))]
+        self.ledger_file = LedgerFile(
+            path, self.site_name, patients, self.config.differential_privacy, spent_file, earlier_spent
+        )
+        self.ledger = self.ledger_file.read()  # refuses an unreadable ledger, or one behind this site's jobs, now
 
     @property
     def class_names(self) -> list[str]:
@@ -180,7 +210,7 @@ class SiteTrainer:
     def save(self, path: str | Path) -> None:
         """Keep the local model on disk: FLARE may restart the site's process between tasks."""
         meta = {ARCHITECTURE_KEY: self.modality.architecture, PREPROCESSING_KEY: self.preprocessing}
-        if self.config.differential_privacy.enabled:
+        if self.config.differential_privacy.enabled and self.ledger_file is None:
             meta[PRIVACY_LEDGER_KEY] = self.ledger.to_dict()
         save_checkpoint(path, self.state_dict(), self.head_classes, **meta, epochs_done=self.epochs_done)
 
@@ -198,8 +228,9 @@ class SiteTrainer:
         self._set_head(checkpoint.class_names)
         self.model.load_state_dict(checkpoint.state)
         self.epochs_done = int(checkpoint.meta.get("epochs_done", 0))
-        accountant = self.config.differential_privacy.accountant
-        self.ledger = PrivacyLedger.from_dict(checkpoint.meta.get(PRIVACY_LEDGER_KEY), accountant)
+        if self.ledger_file is None:
+            accountant = self.config.differential_privacy.accountant
+            self.ledger = PrivacyLedger.from_dict(checkpoint.meta.get(PRIVACY_LEDGER_KEY), accountant)
         return True
 
     def _kept_locally(self) -> frozenset[str]:
@@ -243,13 +274,13 @@ class SiteTrainer:
             refuse_what_dp_sgd_cannot_bound(
                 self.model, self.site_method, config.gpus, config.compile, f"site {self.site_name}"
             )
-            plan = self._privacy_plan(warmup)
+            plan = self._spend_budget(warmup)
             if plan["stopped"]:
                 self.log.warning(
-                    "%s round %d: NOT training: this round's %d DP-SGD steps would spend epsilon %.3f, over the "
-                    "site's budget of %.3f (delta %g); %.3f spent so far",
-                    self.site_name, round_number, plan["round_steps"], plan["would_spend"], plan["budget"],
-                    plan["delta"], plan["epsilon"],
+                    "%s round %d: NOT training: this round's %d DP-SGD steps would spend epsilon %.3f per %s, over "
+                    "the site's budget of %.3f (delta %g); %.3f spent so far",
+                    self.site_name, round_number, plan["round_steps"], plan["would_spend"], plan["unit"],
+                    plan["budget"], plan["delta"], plan["epsilon"],
                 )  # fmt: skip
                 return FitReport(privacy=self._privacy_report(stopped=True))
         group = self._training_group()
@@ -281,14 +312,16 @@ class SiteTrainer:
                 report.train_losses.append(result.loss)
                 report.samples = result.samples
                 report.seconds += result.seconds
-        if private:  # Poisson batches vary in size: count the images an epoch is expected to see (at most the split)
+        if private:  # Poisson batches vary in size: count the items an epoch is expected to see (at most the units)
             rate, steps = self._epoch_plan()
-            report.samples = min(len(self.train_loader.dataset), round(rate * len(self.train_loader.dataset) * steps))
+            report.samples = min(self._privacy_units(), round(rate * self._privacy_units() * steps))
             report.privacy = self._privacy_report(stopped=False)
             self.log.info(
-                "%s round %d: DP-SGD epsilon spent so far %.4f of %.4f (delta %g, noise multiplier %.4f, %d steps)",
-                self.site_name, round_number, report.privacy["epsilon"], report.privacy["budget"],
-                report.privacy["delta"], report.privacy["noise_multiplier"], report.privacy["steps"],
+                "%s round %d: DP-SGD epsilon spent so far %.4f per %s of %.4f (delta %g, noise multiplier %.4f, "
+                "%d steps)",
+                self.site_name, round_number, report.privacy["epsilon"], report.privacy["unit"],
+                report.privacy["budget"], report.privacy["delta"], report.privacy["noise_multiplier"],
+                report.privacy["steps"],
             )  # fmt: skip
         return report
 
@@ -343,9 +376,7 @@ class SiteTrainer:
     # --- DP-SGD (training.privacy) -----------------------------------------------------------------
 
     def _epoch_plan(self) -> tuple[float, int]:
-        return steps_per_epoch(
-            len(self.train_loader.dataset), self.config.batch_size, self.config.max_batches_per_epoch
-        )
+        return steps_per_epoch(self._privacy_units(), self.config.batch_size, self.config.max_batches_per_epoch)
 
     def _noise_multiplier(self) -> float:
         """The site's noise: given, or chosen once so that its planned rounds spend its budget (then kept)."""
@@ -359,19 +390,37 @@ class SiteTrainer:
             self.ledger.noise_multiplier = noise_for_budget(settings, rate, planned)
         return self.ledger.noise_multiplier
 
-    def _privacy_plan(self, warmup: bool) -> dict[str, Any]:
+    @contextmanager
+    def _ledger_transaction(self) -> Iterator[PrivacyLedger]:
+        """The ledger as it stands now, and what is recorded in it kept: in the site's ledger file (read and
+        written under its lock), or in this process."""
+        if self.ledger_file is None:
+            yield self.ledger
+            return
+        with self.ledger_file.transaction() as ledger:
+            self.ledger = ledger
+            yield ledger
+
+    def _spend_budget(self, warmup: bool) -> dict[str, Any]:
+        """This round's steps recorded in the ledger before any of them is taken, if they fit in the budget."""
         settings = self.config.differential_privacy
         rate, steps = self._epoch_plan()
         epochs = self.config.local_epochs + (self.config.warmup_epochs if warmup else 0)
-        planned = [(self._noise_multiplier(), rate, epochs * steps)]
-        would_spend = self.ledger.epsilon(settings.delta, planned)
+        with self._ledger_transaction() as ledger:
+            spent = ledger.epsilon(settings.delta)
+            planned = (self._noise_multiplier(), rate, epochs * steps)
+            would_spend = ledger.epsilon(settings.delta, [planned])
+            stopped = would_spend > settings.epsilon
+            if not stopped:
+                ledger.record(*planned)
         return {
-            "stopped": would_spend > settings.epsilon,
+            "stopped": stopped,
             "round_steps": epochs * steps,
             "would_spend": would_spend,
             "budget": settings.epsilon,
             "delta": settings.delta,
-            "epsilon": self.ledger.epsilon(settings.delta),
+            "unit": settings.unit,
+            "epsilon": spent,
         }
 
     def _privacy_report(self, stopped: bool) -> dict[str, Any]:
@@ -384,50 +433,46 @@ class SiteTrainer:
             "max_grad_norm": settings.max_grad_norm,
             "steps": self.ledger.steps,
             "accountant": settings.accountant,
+            "unit": settings.unit,
             "stopped": stopped,
         }
 
     @contextmanager
     def _private_steps(self, optimizer: torch.optim.Optimizer, private: bool) -> Iterator[torch.optim.Optimizer]:
-        """A phase's steps under DP-SGD: the model's trainable parameters get per-image gradients (Opacus), clipped
-        and noised by its optimizer, on Poisson-sampled batches; every epoch's steps go into the ledger."""
+        """A phase's steps under DP-SGD: the model's trainable parameters get per-item gradients (Opacus), clipped
+        and noised by its optimizer, on Poisson-sampled batches (of patients, or images); noise and sampling draw
+        from a secure source that no seed reaches (the steps are already in the ledger: :meth:`_spend_budget`)."""
         if not private:
             yield optimizer
             return
         from opacus import GradSampleModule
-        from opacus.optimizers import DPOptimizer
 
         settings = self.config.differential_privacy
-        per_image = GradSampleModule(self.model)
-        noised = DPOptimizer(
-            optimizer,
-            noise_multiplier=self._noise_multiplier(),
-            max_grad_norm=settings.max_grad_norm,
-            expected_batch_size=self.config.batch_size,
+        random = SecureRandom()
+        per_item = GradSampleModule(self.model)
+        noised = secure_dp_optimizer(
+            optimizer, self._noise_multiplier(), settings.max_grad_norm, self.config.batch_size, random
         )
         single, loader = self.training_model, self.train_loader
         rate, steps = self._epoch_plan()
         dataset = loader.dataset
-        generator = torch.Generator().manual_seed(self.config.seed)
-        self.training_model = per_image
+        self.training_model = per_item
         self.train_loader = torch.utils.data.DataLoader(
             dataset,
-            batch_sampler=PoissonBatches(len(dataset), rate, steps, generator),
+            batch_sampler=PoissonBatches(self._sampling_groups, rate, steps, random),
             collate_fn=collate_allowing_empty(dataset),
             num_workers=self.workers,
-            generator=generator,
+            generator=loader.generator,  # the augmentation's seeds (reseeded every epoch), not the mechanism's
             pin_memory=torch.cuda.is_available(),
         )
         autocast, scaler = self.autocast, self.scaler
-        self.autocast, self.scaler = None, None  # per-image gradients in full precision
-        self._on_epoch_end = lambda: self.ledger.record(noised.noise_multiplier, rate, steps)
+        self.autocast, self.scaler = None, None  # per-item gradients in full precision
         try:
             yield noised
         finally:
-            self._on_epoch_end = None
             self.training_model, self.train_loader = single, loader
             self.autocast, self.scaler = autocast, scaler
-            per_image._close()
+            per_item._close()
 
     def _training_group(self) -> RankGroup | None:
         """The site's training group (``gpus`` > 1), started at the first fit; None for one process."""
@@ -500,9 +545,8 @@ class SiteTrainer:
             log=self.log,
             shard=None if self.group is None else self.group.shard,
             graphed=self._graphed,
+            per_item_loss=self.config.differential_privacy.enabled,
         )
-        if self._on_epoch_end is not None:
-            self._on_epoch_end()
         self.epochs_done += 1
         self.log.info(
             "%s %s epoch %d/%d: loss %.4f on %d %s in %.1f s (%.1f/s)",

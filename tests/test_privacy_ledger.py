@@ -1,0 +1,146 @@
+"""A site's privacy ledger (training.privacy.LedgerFile): one budget across the site's jobs, resumed runs and
+continued federations, in its workspace's local/ folder; refused, never reset, when it cannot be trusted."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from nvflare.app_common.abstract.fl_model import FLModel
+from opacus.accountants import RDPAccountant
+
+from surgical_aggregation.core.errors import PrivacyLedgerError, SiteConfigError
+from surgical_aggregation.core.head import numpy_state
+from surgical_aggregation.core.methods import SiteMethod, method_meta
+from surgical_aggregation.flare.client import ClientSession
+from surgical_aggregation.flare.protocol import META_CLASS_NAMES, META_METHOD, META_PRIVACY, META_WARMUP, TASK_TRAIN
+from surgical_aggregation.training import privacy as privacy_module
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.privacy import LEDGER_FILE, SPENT_FILE, DifferentialPrivacy, LedgerFile
+
+SITE = "site-dp"
+FEDBN_PLUS = SiteMethod(backbone_strategy="fedbn_plus", identity_batchnorm=True)
+BUDGET = {"epsilon": 4.0, "planned_rounds": 2, "delta": 1e-5}  # two rounds of one local epoch each
+
+
+def _session(nih_data, workspace: Path, job: str) -> ClientSession:
+    """The site as FLARE runs it: its workspace, a job folder ``<workspace>/<job>/app_<site>``."""
+    config = site_config_from_dict(
+        {
+            "data": {"kind": "nih", "location": str(nih_data.root), "labels": ["Mass", "Effusion", "Atelectasis"]},
+            "image_size": 32,
+            "batch_size": 8,
+            "max_batches_per_epoch": 2,
+            "warmup_epochs": 0,
+            "optimizer": "sgd",
+            "learning_rate": 0.1,
+            "cache_dir": str(workspace.parent / "cache"),
+            "cpu_threads": 2,
+            "differential_privacy": BUDGET,
+        },
+        "site config",
+    )
+    return ClientSession(SITE, config, workspace / job / f"app_{SITE}", logging.getLogger("test"))
+
+
+def _train(session: ClientSession, round_number: int) -> FLModel:
+    trainer = session.trainer
+    meta = {META_CLASS_NAMES: trainer.head_classes, META_METHOD: method_meta(FEDBN_PLUS), META_WARMUP: False}
+    received = FLModel(params=numpy_state(trainer.state_dict()), meta=meta)
+    received.current_round = round_number
+    return session.handle(TASK_TRAIN, received)
+
+
+def _ledger_entries(workspace: Path) -> list[dict]:
+    return json.loads((workspace / "local" / LEDGER_FILE).read_text())["entries"]
+
+
+def test_two_jobs_and_a_resubmitted_one_spend_one_budget(nih_data, tmp_path):
+    """Job 1 trains a round, its process restarts (a resumed run) and trains the second; job 2 (a continued
+    federation) and job 3 (job 2 resubmitted: a new job id) find the budget spent and send nothing. The epsilon
+    reported is an Opacus accountant's over the ledger's steps, per patient."""
+    workspace = tmp_path / SITE
+    sent = [_train(_session(nih_data, workspace, "job-1"), 0)]
+    sent.append(_train(_session(nih_data, workspace, "job-1"), 1))  # a new process for the same job
+    for job in ("job-2", "job-3"):
+        sent.append(_train(_session(nih_data, workspace, job), 0))
+    reports = [answer.meta[META_PRIVACY] for answer in sent]
+    assert [report["stopped"] for report in reports] == [False, False, True, True]
+    assert [bool(answer.params) for answer in sent] == [True, True, False, False]  # a stopped site sends no update
+    (entry,) = _ledger_entries(workspace)
+    session = _session(nih_data, workspace, "job-4")
+    patients = session.trainer.data.train.table.n_patients
+    assert entry["unit"] == "patient" and entry["history"] == [[entry["noise_multiplier"], 8 / patients, 4]]
+    reference = RDPAccountant()
+    for _ in range(4):
+        reference.step(noise_multiplier=entry["noise_multiplier"], sample_rate=8 / patients)
+    assert reports[1]["epsilon"] == reports[3]["epsilon"] == reference.get_epsilon(1e-5) <= BUDGET["epsilon"]
+    assert reports[1]["unit"] == "patient" and reports[1]["steps"] == 4
+    spent = json.loads((workspace / "job-1" / f"app_{SITE}" / SPENT_FILE).read_text())
+    assert spent["steps"] == 4 and spent["fingerprint"] == entry["fingerprint"]
+
+
+def test_an_unreadable_ledger_is_refused_not_reset(nih_data, tmp_path):
+    workspace = tmp_path / SITE
+    _train(_session(nih_data, workspace, "job-1"), 0)
+    ledger = workspace / "local" / LEDGER_FILE
+    kept = ledger.read_text()
+    for broken in (kept[: len(kept) // 2], "{}", json.dumps({**json.loads(kept), "entries": [{"site": SITE}]})):
+        ledger.write_text(broken)
+        with pytest.raises(PrivacyLedgerError, match=f"privacy ledger {ledger}: cannot be read .*refusing to train"):
+            _session(nih_data, workspace, "job-2").trainer  # noqa: B018 - the trainer is built on first use
+    assert ledger.read_text() == broken  # left as found, for whoever restores it
+
+
+def test_a_missing_or_rolled_back_ledger_is_refused_when_an_earlier_job_took_steps(nih_data, tmp_path):
+    workspace = tmp_path / SITE
+    _train(_session(nih_data, workspace, "job-1"), 0)
+    ledger = workspace / "local" / LEDGER_FILE
+    after_one_round = ledger.read_text()
+    _train(_session(nih_data, workspace, "job-1"), 1)
+    ledger.write_text(after_one_round)  # an old backup put back: 2 steps where job-1 took 4
+    with pytest.raises(PrivacyLedgerError, match=r"holds 2 DP-SGD steps for this data, but job record .* says 4"):
+        _session(nih_data, workspace, "job-2").trainer  # noqa: B018
+    ledger.unlink()
+    with pytest.raises(PrivacyLedgerError, match=r"is missing, but job record .*job-1.* says 4 were taken"):
+        _session(nih_data, workspace, "job-2").trainer  # noqa: B018
+
+
+def test_training_data_sharing_patients_with_earlier_data_inherits_its_steps(tmp_path):
+    """A re-split (or a grown dataset) is a new fingerprint, but its patients already spent budget: their steps
+    count. Disjoint data starts afresh; a unit that cannot be derived from the earlier one is refused."""
+    settings = DifferentialPrivacy(epsilon=8.0, noise_multiplier=1.0)
+    path = tmp_path / "local" / LEDGER_FILE
+    first = LedgerFile(path, SITE, [f"p{index}" for index in range(10)], settings)
+    with first.transaction() as ledger:
+        ledger.record(1.0, 0.1, 100)
+    overlapping = LedgerFile(path, SITE, [f"p{index}" for index in range(5, 15)], settings).read()
+    assert overlapping.history == [] and overlapping.inherited == [(1.0, 0.1, 100)]
+    assert overlapping.epsilon(1e-5) == first.read().epsilon(1e-5) > 0
+    disjoint = LedgerFile(path, SITE, [f"q{index}" for index in range(10)], settings).read()
+    assert disjoint.inherited == [] and disjoint.epsilon(1e-5) == 0.0
+    per_image = DifferentialPrivacy(epsilon=8.0, noise_multiplier=1.0, unit="image")
+    with pytest.raises(SiteConfigError, match=r"spent budget per patient .* keep unit 'patient'"):
+        LedgerFile(path, SITE, [f"p{index}" for index in range(5, 15)], per_image).read()
+    assert "p3" not in path.read_text()  # the ledger holds salted hashes, not the patients' ids
+
+
+def test_the_ledger_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    settings = DifferentialPrivacy(epsilon=8.0, noise_multiplier=1.0)
+    path = tmp_path / "local" / LEDGER_FILE
+    ledger_file = LedgerFile(path, SITE, ["p1", "p2"], settings)
+    with ledger_file.transaction() as ledger:
+        ledger.record(1.0, 0.5, 10)
+    before = path.read_text()
+
+    def fail_midway(values, handle, **options):
+        handle.write(json.dumps(values)[:20])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(privacy_module.json, "dump", fail_midway)
+    with pytest.raises(OSError, match="disk full"), ledger_file.transaction() as ledger:
+        ledger.record(1.0, 0.5, 10)
+    monkeypatch.undo()
+    assert path.read_text() == before and ledger_file.read().steps == 10
