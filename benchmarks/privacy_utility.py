@@ -1,14 +1,15 @@
-"""Utility against privacy: the main job with DP-SGD at every site, at epsilon 1, 3 and 8 per site and without.
+"""Utility against privacy: the main job with DP-SGD at every site, at epsilon 1, 3 and 8 per patient and without.
 
-    python benchmarks/privacy_utility.py --out docs/privacy-utility [--cache DIR]
+    python benchmarks/privacy_utility.py --out docs/privacy-utility [--seeds 0 1 2] [--cache DIR]
 
-The main job (``jobs/nih_chexpert``: its sites, rounds, seed and embedded data) with FedBN+ from the offline
-pretrained stand-in (``surgical-aggregation pretrain``), because DP-SGD needs BatchNorm that does not learn from
-batch statistics; "none" is the same federation without DP-SGD. Each site's budget is spread over the job's
-rounds (``planned_rounds``), delta 1e-5, per-image clipping at 1.0. For each: the best global model's mean AUROC
-on each site's own classes and test split (with a bootstrap 95% CI), the epsilon each site spent, and the wall
-time of the federation. Writes ``summary.md`` (the table) and ``utility.png`` (mean test AUROC and time against
-epsilon) in ``--out``.
+The main job (``jobs/nih_chexpert``: its sites, rounds and embedded data) with FedBN+ from the offline pretrained
+stand-in (``surgical-aggregation pretrain``), because DP-SGD needs BatchNorm that does not learn from batch
+statistics; "none" is the same recipe without DP-SGD. Each site's budget is spread over the job's rounds
+(``planned_rounds``), delta 1e-5, per-patient clipping at 1.0. Every epsilon runs once per seed (the sites' and the
+initial model's ``seed``; the splits stay the job's); the DP-SGD noise and sampling are drawn from a secure source in
+every run, independent of the seed. For each run: the best global model's mean AUROC on each site's own classes and
+test split, the epsilon each site spent, and the federation's wall time. Writes ``results.json`` (every run),
+``summary.md`` (means across seeds with their 95% t-interval) and ``utility.png`` in ``--out``.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import time
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from surgical_aggregation.evaluation.inference import evaluate_on_table
 from surgical_aggregation.experiments.pretraining import Pretraining, pretrained_backbone
+from surgical_aggregation.experiments.summary import t_interval
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.training.config import site_config_from_dict
@@ -34,25 +37,29 @@ from surgical_aggregation.training.site_data import resolve_table, split_table
 
 EPSILONS = (1.0, 3.0, 8.0, None)  # None: the same federation without DP-SGD
 DELTA = 1e-5
-BOOTSTRAP = 1000
 
 
-def federation(epsilon: float | None, pretrained: Path):
+def federation(epsilon: float | None, seed: int, pretrained: Path):
     base = nih_chexpert_recipe()
     rounds = base.controller_args["num_rounds"]
     sites = {}
     for site, values in base.site_configs.items():
         values = json.loads(json.dumps(values))
+        values["seed"] = seed
         if epsilon is not None:
-            values["differential_privacy"] = {"epsilon": epsilon, "delta": DELTA, "planned_rounds": rounds}
+            values["differential_privacy"] = {
+                "epsilon": epsilon, "delta": DELTA, "planned_rounds": rounds, "unit": "patient"
+            }  # fmt: skip
         sites[site] = values
     return nih_chexpert_recipe(
-        sites, controller={"backbone_strategy": "fedbn_plus"}, persistor={"pretrained_weights": str(pretrained)}
+        sites,
+        controller={"backbone_strategy": "fedbn_plus"},
+        persistor={"pretrained_weights": str(pretrained), "seed": seed},
     )
 
 
-def run(epsilon: float | None, root: Path, pretrained: Path) -> dict:
-    recipe = federation(epsilon, pretrained)
+def run(epsilon: float | None, seed: int, root: Path, pretrained: Path) -> dict:
+    recipe = federation(epsilon, seed, pretrained)
     started = time.perf_counter()
     result = simulate(recipe, root, log_file=root / "simulator.log")
     seconds = time.perf_counter() - started
@@ -65,61 +72,100 @@ def run(epsilon: float | None, root: Path, pretrained: Path) -> dict:
     for site, values in recipe.site_configs.items():
         config = site_config_from_dict(values, f"{recipe.name} {site}")
         test = split_table(resolve_table(config), config)["test"]
-        report = evaluate_on_table(result.best_global_model, test, bootstrap=BOOTSTRAP, device="cpu")
-        sites[site] = {"mean_auroc": report.mean_auroc.estimate, "low": report.mean_auroc.low,
-                       "high": report.mean_auroc.high}  # fmt: skip
-    return {"epsilon": epsilon, "seconds": seconds, "spent": spent, "sites": sites}
+        report = evaluate_on_table(
+            result.best_global_model, test, bootstrap=200, device="cpu"
+        )  # the estimate; the interval is across seeds
+        sites[site] = report.mean_auroc.estimate
+    return {"epsilon": epsilon, "seed": seed, "seconds": seconds, "spent": spent, "mean_auroc": sites}
+
+
+def _label(epsilon: float | None) -> str:
+    return "none" if epsilon is None else f"{epsilon:g}"
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """Per epsilon (in EPSILONS' order): each site's mean AUROC over seeds with its 95% t-interval, the most epsilon
+    any run of a site spent, and the mean wall time."""
+    rows = []
+    for epsilon in EPSILONS:
+        runs = [result for result in results if result["epsilon"] == epsilon]
+        if not runs:
+            continue
+        sites = {}
+        for site in sorted(runs[0]["mean_auroc"]):
+            values = np.array([result["mean_auroc"][site] for result in runs])
+            low, high = t_interval(values)
+            sites[site] = {"mean": float(values.mean()), "low": low, "high": high, "seeds": values.tolist()}
+        spent = {site: max(result["spent"].get(site, 0.0) for result in runs) for site in sorted(runs[0]["spent"])}
+        seconds = float(np.mean([result["seconds"] for result in runs]))
+        rows.append({"epsilon": epsilon, "seeds": [r["seed"] for r in runs], "sites": sites, "spent": spent,
+                     "seconds": seconds})  # fmt: skip
+    return rows
 
 
 def write(results: list[dict], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    sites = sorted(results[0]["sites"])
-    command = "python benchmarks/privacy_utility.py --out docs/privacy-utility"
+    rows = summarize(results)
+    sites = sorted(rows[0]["sites"])
+    seeds = " ".join(str(seed) for seed in rows[0]["seeds"])
+    command = f"python benchmarks/privacy_utility.py --out docs/privacy-utility --seeds {seeds}"
     lines = [
         "# Utility against privacy: DP-SGD at every site",
         "",
-        f"Made by `{command}` on a 2-core CPU machine, embedded data, one seed (the job's). The main job with",
+        f"Made by `{command}` on a 2-core CPU machine, embedded data (the falsifiable benchmark of",
+        "docs/benchmark needs a GPU for DP-SGD over the full network, and is not used here). The main job with",
         "FedBN+ from the offline pretrained stand-in (DP-SGD needs BatchNorm that does not learn from batch",
-        "statistics); every site's budget spread over the job's rounds (`planned_rounds`), delta 1e-5, clipping",
-        'at 1.0; "none" is the same federation without DP-SGD. Mean AUROC of the best global model on each',
-        "site's own classes and test split (95% bootstrap CI); time is the federation's wall time, and its ratio",
-        "to the federation without DP-SGD.",
+        "statistics); every site's budget spread over the job's rounds (`planned_rounds`), delta 1e-5, **per",
+        "patient** (Poisson sampling of patients, one image of each sampled patient per step), clipping at 1.0.",
+        '"none" is the same recipe without DP-SGD (FedBN+ from the stand-in: not the README\'s default run, which',
+        "trains BatchNorm from scratch weights). Each epsilon ran once per seed (model initialisation and",
+        "shuffling; the patient splits are the job's), with DP-SGD noise and sampling drawn from a secure source",
+        "that no seed reaches. Mean AUROC of the best global model on each site's own classes and test split:",
+        "the mean over seeds, its 95% t-interval across seeds, and each seed's value; time is the mean wall time",
+        "of a federation, and its ratio to the one without DP-SGD.",
         "",
         "![mean test AUROC and time against epsilon](utility.png)",
         "",
-        "| epsilon per site | "
-        + " | ".join(f"{site} mean AUROC" for site in sites)
-        + " | epsilon spent | time (s) | time / none |",
+        "| epsilon per patient | "
+        + " | ".join(f"{site} mean AUROC (seeds)" for site in sites)
+        + " | most epsilon spent | time (s) | time / none |",
         "| --- | " + " | ".join("---" for _ in sites) + " | --- | --- | --- |",
     ]
-    baseline = next((result["seconds"] for result in results if result["epsilon"] is None), None)
-    for result in results:
-        label = "none" if result["epsilon"] is None else f"{result['epsilon']:g}"
+    baseline = next((row["seconds"] for row in rows if row["epsilon"] is None), None)
+    for row in rows:
         cells = [
-            f"{result['sites'][site]['mean_auroc']:.3f} ({result['sites'][site]['low']:.3f}-"
-            f"{result['sites'][site]['high']:.3f})"
+            f"{row['sites'][site]['mean']:.3f} ({row['sites'][site]['low']:.3f}-{row['sites'][site]['high']:.3f}; "
+            + ", ".join(f"{value:.3f}" for value in row["sites"][site]["seeds"])
+            + ")"
             for site in sites
         ]
-        spent = ", ".join(f"{site} {value:.2f}" for site, value in sorted(result["spent"].items())) or "-"
-        ratio = f"{result['seconds'] / baseline:.1f}" if baseline else "-"
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {spent} | {result['seconds']:.0f} | {ratio} |")
+        spent = ", ".join(f"{site} {value:.2f}" for site, value in row["spent"].items()) or "-"
+        ratio = f"{row['seconds'] / baseline:.1f}" if baseline else "-"
+        lines.append(
+            f"| {_label(row['epsilon'])} | " + " | ".join(cells) + f" | {spent} | {row['seconds']:.0f} | {ratio} |"
+        )
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
-    labels = ["none" if result["epsilon"] is None else f"{result['epsilon']:g}" for result in results]
+    labels = [_label(row["epsilon"]) for row in rows]
     figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for site in sites:
-        means = [result["sites"][site]["mean_auroc"] for result in results]
-        lows = [result["sites"][site]["mean_auroc"] - result["sites"][site]["low"] for result in results]
-        highs = [result["sites"][site]["high"] - result["sites"][site]["mean_auroc"] for result in results]
-        left.errorbar(labels, means, yerr=[lows, highs], marker="o", capsize=3, label=site)
-    left.set_xlabel("epsilon per site")
+    for offset, site in zip((-0.08, 0.08), sites, strict=False):
+        positions = np.arange(len(rows)) + offset
+        means = np.array([row["sites"][site]["mean"] for row in rows])
+        lows = means - np.array([row["sites"][site]["low"] for row in rows])
+        highs = np.array([row["sites"][site]["high"] for row in rows]) - means
+        line = left.errorbar(positions, means, yerr=[lows, highs], marker="o", capsize=3, label=site)
+        for position, row in zip(positions, rows, strict=True):
+            seeds = row["sites"][site]["seeds"]
+            left.scatter([position] * len(seeds), seeds, s=10, color=line[0].get_color(), alpha=0.5)
+    left.set_xticks(range(len(rows)), labels)
+    left.set_xlabel("epsilon per patient")
     left.set_ylabel("mean test AUROC, own classes")
     left.legend()
-    right.bar(labels, [result["seconds"] for result in results], color="grey")
-    right.set_xlabel("epsilon per site")
+    right.bar(labels, [row["seconds"] for row in rows], color="grey")
+    right.set_xlabel("epsilon per patient")
     right.set_ylabel("federation wall time (s)")
-    figure.suptitle("DP-SGD at every site: utility and cost")
+    figure.suptitle("DP-SGD at every site: utility (mean and 95% CI over seeds, dots: seeds) and cost")
     figure.tight_layout()
     figure.savefig(out / "utility.png", dpi=120)
 
@@ -129,6 +175,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cache", type=Path, default=None, help="cache root (embedded data, the stand-in weights)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/privacy-utility"), help="the federations' folder")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one federation per epsilon and seed")
     parser.add_argument("--rewrite", action="store_true", help="only rewrite the table and plot from results.json")
     args = parser.parse_args()
     if args.rewrite:
@@ -138,10 +185,10 @@ def main() -> None:
         os.environ["SURGICAL_AGGREGATION_CACHE"] = str(args.cache)
     pretrained = pretrained_backbone(DEMO, Pretraining.for_profile(DEMO), args.cache)
     results = []
-    for epsilon in EPSILONS:
-        name = "none" if epsilon is None else f"eps{epsilon:g}"
-        results.append(run(epsilon, args.work / name, pretrained))
-        print(json.dumps(results[-1]), flush=True)
+    for seed in args.seeds:
+        for epsilon in EPSILONS:
+            results.append(run(epsilon, seed, args.work / f"{_label(epsilon)}-seed{seed}", pretrained))
+            print(json.dumps(results[-1]), flush=True)
     write(results, args.out)
 
 

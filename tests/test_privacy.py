@@ -336,8 +336,12 @@ def test_the_utility_page_is_what_its_command_writes_from_its_results(tmp_path):
     results = json.loads((page / "results.json").read_text())
     benchmark.write(results, tmp_path)
     assert (tmp_path / "summary.md").read_text() == (page / "summary.md").read_text()
-    assert [result["epsilon"] for result in results] == [1.0, 3.0, 8.0, None]
+    rows = benchmark.summarize(results)
+    assert [row["epsilon"] for row in rows] == [1.0, 3.0, 8.0, None]
+    assert all(len(row["seeds"]) >= 3 and row["seeds"] == rows[-1]["seeds"] for row in rows)  # same seeds, each row
     for result in results:  # every site spent at most its budget, and nearly all of it over the planned rounds
+        if result["epsilon"] is not None:
+            assert len(result["spent"]) == 2
         for spent in result["spent"].values():
             assert result["epsilon"] * 0.95 <= spent <= result["epsilon"]
 

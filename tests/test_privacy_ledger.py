@@ -144,3 +144,10 @@ def test_the_ledger_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
         ledger.record(1.0, 0.5, 10)
     monkeypatch.undo()
     assert path.read_text() == before and ledger_file.read().steps == 10
+
+
+def test_the_readme_states_the_unit_the_ledger_and_what_leaves_un_noised():
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert DifferentialPrivacy().unit == "patient" and "protects each **patient**" in readme
+    assert f"`<site workspace>/local/{LEDGER_FILE}`" in readme
+    assert "Un-noised, only its validation metrics and handshake leave; its training loss stays home" in readme

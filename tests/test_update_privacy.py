@@ -157,7 +157,7 @@ def test_svt_privacy_sends_a_noised_fraction_of_the_update_biases_included_and_r
     assert model.meta["svt_privacy_accountant"]["epsilon_total"] == pytest.approx(budget["epsilon_total"])
     again = as_server_receives(svt, received, sent)  # the next round, in the same job: FLARE sums the epsilons
     assert again.meta["svt_privacy_accountant"]["epsilon_total"] == pytest.approx(2 * budget["epsilon_total"])
-    spent = f"SVT epsilon spent by this filter so far {2 * budget['epsilon_total']:.4g}"  # the site's log says it
+    spent = f"SVT epsilon spent by this filter so far {2 * budget['epsilon_total']:.4g} per update"  # in the site's log
     assert spent in logged[-1]
 
 

@@ -260,7 +260,7 @@ def _curves_markdown(curves: pd.DataFrame, results: pd.DataFrame) -> str:
 SEEDS_FILE = "seeds.md"  # the grid across seeds: means with seed CIs, differences to surgical, round-0 selections
 
 
-def _t_interval(values: np.ndarray) -> tuple[float, float]:
+def t_interval(values: np.ndarray) -> tuple[float, float]:
     """The 95% t-interval of the mean of ``values`` (NaN bounds for fewer than two)."""
     if len(values) < 2:
         return math.nan, math.nan
@@ -280,7 +280,7 @@ def seed_table(results: pd.DataFrame) -> pd.DataFrame:
         by_method = {method: frame.set_index("seed") for method, frame in group.groupby("method", sort=False)}
         for method, frame in by_method.items():
             values = frame["mean_auroc"].to_numpy(dtype=float)
-            low, high = _t_interval(values)
+            low, high = t_interval(values)
             row = dict(zip(keys, group_keys, strict=True)) | {
                 "method": method,
                 "label": COMPARATOR_LABELS.get(method, method),
@@ -301,7 +301,7 @@ def seed_table(results: pd.DataFrame) -> pd.DataFrame:
                 differences = (theirs - ours).to_numpy(dtype=float)
                 if len(differences):
                     row["difference"] = float(differences.mean())
-                    row["difference_low"], row["difference_high"] = _t_interval(differences)
+                    row["difference_low"], row["difference_high"] = t_interval(differences)
                 if len(differences) >= 2 and np.ptp(differences) > 0:
                     row["p_value"] = float(stats.ttest_1samp(differences, 0.0).pvalue)
             rows.append(row)

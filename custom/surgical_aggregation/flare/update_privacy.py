@@ -121,7 +121,8 @@ class UpdatePrivacy(DXOFilter):
         note = f"{what}: {summary}"
         accountant = filtered.meta.get(SVT_ACCOUNTANT_META)
         if isinstance(accountant, Mapping):
-            note += f"; SVT epsilon spent by this filter so far {accountant.get('epsilon_total', float('nan')):.4g}"
+            spent = accountant.get("epsilon_total", float("nan"))
+            note += f"; SVT epsilon spent by this filter so far {spent:.4g} per update (pure DP)"
         self.log_info(fl_ctx, f"round {received['round']}: {note}")
         _audit(fl_ctx, received["round"], sent_classes, note)
         return dxo
