@@ -192,3 +192,30 @@ def load_benchmark(name: str):
     finally:
         sys.path.remove(str(BENCHMARKS))
     return module
+
+
+def write_dicom(pixels: np.ndarray, path: Path, monochrome1: bool = False) -> Path:
+    """``pixels`` (uint8, H x W) as a PACS would export them: a CR image of 12 stored bits with a window that shows
+    them as they were (MONOCHROME1: stored inverted, as many CR systems do)."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.1"  # Computed Radiography Image Storage
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    dataset = Dataset()
+    dataset.file_meta = meta
+    dataset.SOPClassUID, dataset.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
+    dataset.Modality = "CR"
+    stored = pixels.astype(np.uint16) * 16  # 0..4080 of 4095
+    if monochrome1:
+        stored = 4095 - stored
+    dataset.PhotometricInterpretation = "MONOCHROME1" if monochrome1 else "MONOCHROME2"
+    dataset.Rows, dataset.Columns = stored.shape
+    dataset.SamplesPerPixel, dataset.BitsAllocated, dataset.BitsStored, dataset.HighBit = 1, 16, 12, 11
+    dataset.PixelRepresentation = 0
+    dataset.WindowCenter, dataset.WindowWidth = 2048, 4096
+    dataset.PixelData = stored.tobytes()
+    dataset.save_as(path, enforce_file_format=True)
+    return path

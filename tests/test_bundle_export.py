@@ -1,10 +1,10 @@
 """``export-bundle``: a model as a MONAI Bundle whose files compute what ``predict`` computes.
 
 A tiny image model (32 px, random weights) with thresholds saved in it; images of every kind ``predict`` reads (an
-8-bit PNG at the model's size, larger and non-square PNGs, an RGB JPEG, a 16-bit PNG). The bundle's metadata is
-validated with MONAI's own verification functions, offline; its TorchScript and ONNX files and its inference config,
-run by ``python -m monai.bundle run``, are compared with ``predict`` on the same images. The exports after a
-simulator run (the server's union table and history, the report model) are in ``test_flare_e2e.py`` and
+8-bit PNG at the model's size, larger and non-square PNGs, an RGB JPEG, a 16-bit PNG, a DICOM chest film). The
+bundle's metadata is validated with MONAI's own verification functions, offline; its TorchScript and ONNX files and
+its inference config, run by ``python -m monai.bundle run``, are compared with ``predict`` on the same images. The
+exports after a simulator run (the server's union table and history, the report model) are in ``test_flare_e2e.py`` and
 ``test_reports.py``.
 """
 
@@ -19,9 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pydicom
 import pytest
 import torch
 from PIL import Image
+from pydicom.data import get_testdata_file
 
 from surgical_aggregation.cli import main
 from surgical_aggregation.core.errors import ExportError
@@ -64,6 +66,10 @@ def images(nih_data, tmp_path_factory) -> Path:
     Image.fromarray(deep).save(folder / "d_16bit.png")
     (folder / "nested").mkdir()
     gray[0].resize((64, 64)).save(folder / "nested" / "e.png")
+    film = pydicom.dcmread(get_testdata_file("RG1_UNCR.dcm"))  # a CR chest film: MONOCHROME1, 15 bits, windowed
+    pixels = film.pixel_array[::16, ::16].copy()
+    film.Rows, film.Columns, film.PixelData = *pixels.shape, pixels.tobytes()
+    film.save_as(folder / "f_chest_film.dcm")
     return folder
 
 
@@ -108,6 +114,8 @@ def test_the_bundle_has_monais_layout_and_its_metadata_passes_monais_checks(expo
         "scripts/__init__.py",
         "scripts/predictions.py",
         "scripts/grayscale.py",
+        "scripts/dicom.py",
+        "scripts/bundle_reader.py",
         "docs/README.md",
     }
     meta_file = str(root / "configs" / "metadata.json")
@@ -174,7 +182,7 @@ def test_torchscript_and_onnx_give_predicts_probabilities_on_the_bundles_inputs(
     from_torchscript = scripted(inputs).detach().numpy()
     session = onnxruntime.InferenceSession(str(root / "models" / "model.onnx"), providers=["CPUExecutionProvider"])
     from_onnx = session.run(None, {"image": inputs.numpy()})[0]  # all five images in one batch: its size is free
-    assert inputs.shape == (5, 3, 32, 32)
+    assert inputs.shape == (6, 3, 32, 32)
     assert np.abs(from_torchscript - expected).max() <= TOLERANCE
     assert np.abs(from_onnx - expected).max() <= TOLERANCE
     assert expected.min() < 0.3 and expected.max() > 0.7  # a model whose outputs differ between images

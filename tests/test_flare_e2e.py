@@ -29,7 +29,6 @@ import numpy as np
 import pytest
 import torch
 from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedAggregationHelper
-from PIL import Image
 
 from surgical_aggregation.core.head import NAMED_HEAD, extend_head
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
@@ -58,7 +57,7 @@ from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.site_data import prepare_site_data
 from surgical_aggregation.training.trainer import SiteTrainer
 
-from helpers import built_once, load_benchmark, tiny_recipe, tiny_sites, union_of_the_seven_label_files
+from helpers import built_once, load_benchmark, tiny_recipe, tiny_sites, union_of_the_seven_label_files, write_dicom
 
 pytestmark = pytest.mark.slow
 TOL = 1e-6
@@ -260,17 +259,17 @@ def test_same_class_sets_give_flares_own_fedavg(tmp_path):
 
 
 def _csv_site_with_tuberculosis(root: Path, patients: int = 30, size: int = 32) -> Path:
-    """A hospital's own CSV (path, patient_id, Tuberculosis, Effusion) over generated images: Tuberculosis is in
-    no built-in vocabulary and no other site's label set."""
+    """A hospital's own CSV (path, patient_id, Tuberculosis, Effusion) over generated images exported from its PACS
+    as DICOM (half MONOCHROME1): Tuberculosis is in no built-in vocabulary and no other site's label set."""
     rng = np.random.default_rng(5)
     rows = []
     for index in range(patients):
         findings = {"Tuberculosis": float(index % 3 == 0), "Pleural Effusion": float(index % 4 == 0)}
         image = render_image(findings, size, GENERATED["nih"].style, rng)
         (root / "img").mkdir(parents=True, exist_ok=True)
-        Image.fromarray(image, mode="L").save(root / "img" / f"{index}.png")
+        write_dicom(image, root / "img" / f"{index}.dcm", monochrome1=index % 2 == 1)
         tuberculosis, effusion = int(findings["Tuberculosis"]), int(findings["Pleural Effusion"])
-        rows.append(f"img/{index}.png,p{index},{tuberculosis},{effusion}")
+        rows.append(f"img/{index}.dcm,p{index},{tuberculosis},{effusion}")
     (root / "labels.csv").write_text("path,patient_id,Tuberculosis,Effusion\n" + "\n".join(rows) + "\n")
     return root / "labels.csv"
 
@@ -318,7 +317,7 @@ def test_a_new_hospital_with_its_own_finding_joins_a_federation_that_continues_f
     assert warmed_up == {"site-a": False, "site-b": False, "site-c": True}
     # the saved global model predicts Tuberculosis, by name
     one = tmp_path / "one.csv"
-    one.write_text(f"path\n{csv.parent / 'img' / '0.png'}\n")
+    one.write_text(f"path\n{csv.parent / 'img' / '1.dcm'}\n")
     scores, failures = score(final, one, cache_dir=tmp_path / "cache")
     assert failures == [] and list(scores.columns) == ["path", "status", *later.class_names]
     assert 0 < scores["Tuberculosis"].iloc[0] < 1

@@ -1,8 +1,9 @@
 """A chest X-ray model in an exported MONAI Bundle: MONAI's transforms doing what training's preprocessing does.
 
-Each image is decoded by the bundle's copy of :mod:`.grayscale` (through MONAI's ``PILReader``, as its converter), so
-its 8-bit pixels are training's to the bit; MONAI's transforms then scale them to [0, 1], replicate the gray channel
-where the model reads three, and normalise with the float32 statistics training used. ``model.pt`` is the state dict
+Each image (PNG, JPEG, TIFF, BMP or DICOM) is decoded by the bundle's copies of :mod:`.grayscale` and :mod:`.dicom`
+(through :class:`.bundle_reader.RadiographReader`, a MONAI image reader), so its 8-bit pixels are training's to
+the bit; MONAI's transforms then scale them to [0, 1], replicate the gray channel where the model reads three, and
+normalise with the float32 statistics training used. ``model.pt`` is the state dict
 of MONAI's own ``DenseNet121`` (the named head adds names, no weights).
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.bundle_parts import BundleParts
-from . import grayscale
+from . import bundle_reader, dicom, grayscale
 from .dataset import IMAGE_SUFFIXES
 from .transforms import image_batch_transform
 
@@ -30,11 +31,7 @@ def image_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> Bu
             "_target_": "LoadImaged",
             "keys": "image",
             "image_only": True,
-            "reader": {
-                "_target_": "PILReader",
-                "reverse_indexing": False,  # rows first, as training reads them
-                "converter": "$functools.partial(scripts.grayscale.model_grayscale, size=@image_size)",
-            },
+            "reader": {"_target_": "scripts.bundle_reader.RadiographReader", "size": "@image_size"},
         },
         {"_target_": "EnsureChannelFirstd", "keys": "image", "channel_dim": "no_channel"},
         {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": 0, "a_max": 255, "b_min": 0.0, "b_max": 1.0},
@@ -94,15 +91,16 @@ def image_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> Bu
             "channel_def": {str(index): "grayscale radiograph" for index in range(channels)},
         },
         input_produced_by=(
-            f"a PNG/JPEG chest X-ray decoded to 8-bit grayscale and resized to {size} x {size} (Pillow, bilinear; "
-            f"scripts/grayscale.py), scaled to [0, 1]"
+            f"a PNG/JPEG/DICOM chest X-ray decoded to 8-bit grayscale (DICOM: modality LUT, VOI window, MONOCHROME1 "
+            f"inverted) and resized to {size} x {size} (Pillow, bilinear; scripts/grayscale.py, scripts/dicom.py), "
+            "scaled to [0, 1]"
             + (", replicated to 3 channels" if channels == 3 else "")
             + (f", normalised with {statistics}" if normalize else "")
         ),
         task=f"Multi-label classification of frontal chest X-rays into {class_count} findings",
-        data_type="png/jpeg",
+        data_type="png/jpeg/dicom",
         config=config,
-        scripts=(Path(grayscale.__file__),),
-        packages=("pillow",),
-        usage="--dataset_dir <a folder of PNG/JPEG images>",
+        scripts=(Path(grayscale.__file__), Path(dicom.__file__), Path(bundle_reader.__file__)),
+        packages=("pillow", "pydicom"),
+        usage="--dataset_dir <a folder of PNG/JPEG/DICOM images>",
     )

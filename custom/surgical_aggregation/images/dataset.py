@@ -14,6 +14,7 @@ from torch.utils.data import Dataset
 from ..core.errors import DataNotFoundError, DatasetFormatError
 from ..data.table import PATH_COLUMN, LabelTable, MissingClassPolicy
 from .cache import CacheReport, ImageCache, OnError, build_cache, cache_directory
+from .dicom import DICOM_SUFFIXES
 from .transforms import ImageBatchTransform
 
 
@@ -86,7 +87,7 @@ def cache_table(
     return table.subset(readable), cache, report
 
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", *DICOM_SUFFIXES)
 
 
 def list_images(source: str | Path, image_column: str = PATH_COLUMN) -> list[str]:

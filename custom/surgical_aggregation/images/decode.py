@@ -1,14 +1,16 @@
-"""Decoding one chest X-ray file into a square 8-bit grayscale array (:mod:`.grayscale` says how)."""
+"""Decoding one chest X-ray file (PNG, JPEG, TIFF, BMP, or DICOM: :mod:`.dicom`) into a square 8-bit grayscale array
+(:mod:`.grayscale` says how)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 
 from ..core.errors import ImageLoadError
-from .grayscale import UnusableImage, model_grayscale
+from .dicom import UnreadableDicom
+from .grayscale import UnusableImage, radiograph_pixels
 
 
 def read_grayscale(path: str | Path, size: int | None = None) -> np.ndarray:
@@ -18,11 +20,12 @@ def read_grayscale(path: str | Path, size: int | None = None) -> np.ndarray:
     small to use.
     """
     try:
-        with Image.open(path) as image:
-            return np.array(model_grayscale(image, size), dtype=np.uint8)
+        return radiograph_pixels(str(path), size)
     except FileNotFoundError:
         raise ImageLoadError(path, "file not found") from None
-    except UnusableImage as error:
+    except (UnusableImage, UnreadableDicom) as error:
         raise ImageLoadError(path, str(error)) from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
+    except UnidentifiedImageError:
+        raise ImageLoadError(path, "cannot decode image: not PNG, JPEG, TIFF, BMP or DICOM") from None
+    except (OSError, ValueError, SyntaxError) as error:
         raise ImageLoadError(path, f"cannot decode image ({type(error).__name__}: {error})") from None

@@ -1,13 +1,16 @@
 """An opened chest X-ray -> the 8-bit grayscale square the model reads: the one definition of it.
 
-Training, ``predict`` and the exported MONAI Bundle all read images through :func:`model_grayscale`; the bundle
-carries a copy of this file (``scripts/grayscale.py``), which is why it imports nothing but Pillow and NumPy.
+Training, ``predict`` and the exported MONAI Bundle all read images through :func:`radiograph_pixels`; the bundle
+carries a copy of this file and of :mod:`.dicom` (``scripts/``), which is why they import nothing but Pillow, NumPy
+and (for DICOM) pydicom.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from PIL import Image
+
+from .dicom import dicom_grayscale, is_dicom
 
 # What an image may be. Real radiographs are up to ~4k x 4k (16 MP); above MAX_IMAGE_PIXELS a file is refused
 # before it is decoded (PIL's own decompression-bomb check is replaced by this one, which names the size); below
@@ -48,3 +51,12 @@ def model_grayscale(image: Image.Image, size: int | None = None) -> Image.Image:
     if size is not None and gray.size != (size, size):
         gray = gray.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=3.0)
     return gray
+
+
+def radiograph_pixels(path: str, size: int | None = None) -> np.ndarray:
+    """The file at ``path`` (PNG, JPEG, TIFF, BMP or DICOM) as the model's uint8 (H, W) pixels, (size, size) when
+    ``size`` is given."""
+    if is_dicom(path):
+        return np.array(model_grayscale(dicom_grayscale(path), size), dtype=np.uint8)
+    with Image.open(path) as image:
+        return np.array(model_grayscale(image, size), dtype=np.uint8)

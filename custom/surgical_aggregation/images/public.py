@@ -3,8 +3,10 @@ labels of NIH images, RSNA pneumonia and SIIM pneumothorax.
 
 Each is read from its real release layout (label file and image folder, below); label names go through the
 site's vocabulary like any other, so PadChest's ~180 findings join as classes of their own next to the
-built-in ones. DICOM releases (VinDr-CXR, RSNA, SIIM) are read as PNG conversions (the widely shared
-Kaggle ones) at the path the DICOM had, with ``.png``: this bundle decodes PNG and JPEG only.
+built-in ones. The DICOM releases (VinDr-CXR, RSNA, SIIM) are read as shipped, and so are their PNG conversions
+(the widely shared Kaggle ones): an image whose PNG path below is not there is looked up by name among the data
+folder's DICOM files (``.dcm``, ``.dicom``; VinDr-CXR's ``train/<image_id>.dicom``, RSNA's
+``stage_2_train_images/<patientId>.dcm``, SIIM's ``dicom-images-train/<study>/<series>/<ImageId>.dcm``).
 
 =============  ==========================================================  ============================================
 kind           label file (in the data folder)                              images
@@ -47,6 +49,7 @@ import pandas as pd
 from ..core.errors import DataNotFoundError, DatasetFormatError
 from ..core.labels import BUILTIN_VOCABULARY, NO_FINDING, Vocabulary
 from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable, find_file, read_label_csv
+from .dicom import DICOM_SUFFIXES
 from .nih import nih_image_index
 
 KEY_COLUMN = "key"  # a parsed frame's link back to the raw rows it came from (an image id)
@@ -171,6 +174,17 @@ def read_public_labels(
     return raw, parsed
 
 
+def as_released(located: Sequence[Path], root: Path) -> list[Path]:
+    """Each image where it is: at its listed path, or else the DICOM file of the same name under ``root`` (the
+    release as shipped); a path found in neither place is kept, for the cache to report as missing."""
+    located = list(located)
+    present = [path.is_file() for path in located]
+    if all(present):
+        return located
+    dicoms = {path.stem: path for path in root.rglob("*") if path.suffix.lower() in DICOM_SUFFIXES}
+    return [path if found else dicoms.get(path.stem, path) for path, found in zip(located, present, strict=True)]
+
+
 def _load(kind: str, root: str | Path, label_file: str | Path | None, vocabulary: Vocabulary, **options) -> LabelTable:
     dataset = PUBLIC_DATASETS[kind]
     root = Path(root)
@@ -188,7 +202,7 @@ def _load(kind: str, root: str | Path, label_file: str | Path | None, vocabulary
             located = [index / name for name in parsed[PATH_COLUMN]]
     else:
         located = [root / relative for relative in parsed[PATH_COLUMN]]
-    parsed[PATH_COLUMN] = [str(path) for path in located]
+    parsed[PATH_COLUMN] = [str(path) for path in as_released(located, root)]
     classes = [column for column in parsed.columns if column not in (KEY_COLUMN, PATIENT_COLUMN, PATH_COLUMN)]
     return LabelTable(source=kind, root=root, classes=classes, frame=parsed.drop(columns=KEY_COLUMN))
 
