@@ -4,6 +4,7 @@ it (input -> exit code and message), and what is kept."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +14,10 @@ import pytest
 from PIL import Image
 
 from surgical_aggregation.cli import main
-from surgical_aggregation.core.errors import SiteConfigError
+from surgical_aggregation.core.errors import SiteConfigError, StorageError
+from surgical_aggregation.flare import simulation
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe
-from surgical_aggregation.flare.simulation import _move_aside
+from surgical_aggregation.flare.simulation import COMPLETED_FILE, _move_aside, one_run_at_a_time, usable_workspace
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 MAIN_JOB = REPOSITORY / "jobs" / "nih_chexpert"
@@ -124,12 +126,36 @@ def _scores_list_every_input(root: Path) -> None:
 
     scores = pd.read_csv(root / "s.csv").set_index("path")
     assert scores.loc[str(root / "img" / "fine.png"), "status"] == "ok"
-    assert scores.loc[str(root / "img" / "scan.png"), "status"].startswith("cannot decode image")
+    assert scores.loc[str(root / "img" / "scan.png"), "status"] == "a DICOM object with no pixel data (not an image)"
 
 
 def _predict_into_a_folder(root: Path) -> list[str]:
     (root / "out").mkdir()
     return ["predict", "--model", str(root / "m.pt"), "--input", str(root), "--out", str(root / "out")]
+
+
+def _csv_config(root: Path, **options) -> list[str]:
+    """check-site on a csv site whose data.options are ``options``."""
+    csv = _csv_site(root, "img/0.png,p0,1\nimg/1.png,p1,0\nimg/2.png,p2,1\nimg/3.png,p3,0\n")
+    config = {"data": {"kind": "csv", "location": str(csv), "options": options}, "image_size": 64}
+    (root / "site.json").write_text(json.dumps(config))
+    return ["check-site", "--job", str(MAIN_JOB), "--config", str(root / "site.json"), "--site", "site-nih"]
+
+
+def _model(root: Path) -> Path:
+    from surgical_aggregation.images.model import NamedDenseNet121
+    from surgical_aggregation.training.checkpoint import save_checkpoint
+
+    model = NamedDenseNet121(["Mass"])
+    preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
+    return save_checkpoint(root / "model.pt", model.state_dict(), model.class_names, preprocessing=preprocessing)
+
+
+def _predict_one_image(root: Path) -> list[str]:
+    _csv_site(root, "")
+    cache = ["--cache-dir", str(root / "cache")]
+    image = str(root / "img" / "2.png")
+    return ["predict", "--model", str(_model(root)), "--input", image, "--out", str(root / "s.csv"), *cache]
 
 
 CASES = {
@@ -197,6 +223,42 @@ CASES = {
         "trains BatchNorm: run the job with backbone_strategy 'fedbn_plus' (BatchNorm frozen and in eval mode; only "
         "the rest trains)",
     ),
+    "an uncertainty policy that does not exist": Case(
+        lambda root: _csv_config(root, uncertainty="zero"),
+        2,
+        "data.options.uncertainty must be one of ['zeros', 'ones', 'ignore'], got 'zero'",
+    ),
+    "rows with a blank patient id": Case(
+        lambda root: _prepare(_csv_site(root, "img/0.png,,1\nimg/1.png,p1,0\nimg/2.png, ,1\n"), root),
+        2,
+        "2 data row(s) with a blank 'patient_id' (rows 1, 3): every image needs its patient",
+    ),
+    "an image listed under two patients": Case(
+        lambda root: _prepare(_csv_site(root, "img/0.png,p0,1\nimg/1.png,p1,0\nimg/0.png,p9,1\n"), root),
+        2,
+        "/img/0.png (rows 1, 3: patients p0, p9); give each image its one patient",
+    ),
+    "an image listed twice with other labels": Case(
+        lambda root: _prepare(_csv_site(root, "img/0.png,p0,1\nimg/1.png,p1,0\nimg/0.png,p0,0\n"), root),
+        0,
+        "/img/0.png (rows 1, 3)",
+    ),
+    "a folder for kind csv": Case(
+        lambda root: _prepare(_csv_site(root, "img/0.png,p0,1\n").parent, root),
+        2,
+        "is a folder, not a label file: give the CSV file itself (it holds labels.csv)",
+    ),
+    "predict on one image file": Case(_predict_one_image, 0, "scored 1 of 1 input(s) for 1 classes"),
+    "an --initial-model that is not there": Case(
+        lambda root: ["write-job", "--out", str(root / "job"), "--initial-model", str(root / "best.pt")],
+        2,
+        "best.pt: not found; give the model file (e.g. an earlier job's best_FL_global_model.pt)",
+    ),
+    "simulate --workspace on a file": Case(
+        lambda root: (root / "ws").write_text("") or ["simulate", "--workspace", str(root / "ws")],
+        2,
+        "ws is a file, not a folder",
+    ),
     "a site config at another image size than the job's": Case(
         lambda root: _check_site(root, image_size=224),
         2,
@@ -239,15 +301,39 @@ def test_a_job_with_min_clients_above_its_sites_is_refused_when_written():
     SurgicalAggregationRecipe("two", bundle.site_configs, controller={"min_clients": 2})  # as many as sites: fine
 
 
-def test_a_workspace_of_an_earlier_run_is_kept(tmp_path):
+def test_a_workspace_of_an_earlier_run_is_kept_and_a_partial_one_is_named_so(tmp_path):
     earlier = tmp_path / "nih_chexpert"
     (earlier / "server").mkdir(parents=True)
     (earlier / "server" / "log.txt").write_text("the earlier run")
+    (earlier / COMPLETED_FILE).write_text("2026-11-26")
     moved = _move_aside(earlier)
     assert moved.name.startswith("nih_chexpert.earlier-") and (moved / "server" / "log.txt").read_text() == (
         "the earlier run"
     )
     assert not earlier.exists() and _move_aside(earlier) is None
+    (earlier / "server" / "app_server").mkdir(parents=True)  # a run stopped before its end: no COMPLETED
+    (earlier / "server" / "app_server" / "best_FL_global_model.pt").write_bytes(b"a round's model")
+    assert _move_aside(earlier).name.startswith("nih_chexpert.incomplete-")
+
+
+def test_a_second_run_into_a_workspace_in_use_is_refused_naming_the_first(tmp_path):
+    in_use = rf"in use by a running 'nih_chexpert' \(process {os.getpid()}, started"
+    first, second = one_run_at_a_time(tmp_path, "nih_chexpert"), one_run_at_a_time(tmp_path, "nih_chexpert")
+    with first, pytest.raises(StorageError, match=in_use), second:
+        pass
+    with one_run_at_a_time(tmp_path, "nih_chexpert"):  # free again once the first has ended
+        pass
+
+
+def test_a_workspace_that_is_a_file_or_cannot_be_written_is_a_clear_error(tmp_path, monkeypatch):
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(StorageError, match=r"a_file is a file, not a folder"):
+        usable_workspace(tmp_path / "a_file")
+    with pytest.raises(StorageError, match=r"cannot create the workspace .*a_file/ws: Not a directory"):
+        usable_workspace(tmp_path / "a_file" / "ws")
+    monkeypatch.setattr(simulation.os, "access", lambda *_: False)  # as a read-only folder is to a user (not root)
+    with pytest.raises(StorageError, match=r"cannot write in the workspace .*ws \(permission denied\)"):
+        usable_workspace(tmp_path / "ws")
 
 
 def test_check_site_passes_the_filled_in_template_and_lists_what_it_read(tmp_path, capsys):

@@ -126,7 +126,9 @@ def test_chexpert_bad_value_names_file_column_and_row(tmp_path):
     _write_chexpert(tmp_path / "cx", {"Fracture": [0.0, 2.0]})
     with pytest.raises(DatasetFormatError, match=r"train.csv column 'Fracture': value '2.0' in data row 2"):
         load_table("chexpert", tmp_path / "cx")
-    with pytest.raises(ValueError, match="unknown uncertainty policy 'maybe'"):
+    with pytest.raises(
+        SiteConfigError, match=r"data.options.uncertainty must be one of \['zeros', 'ones', 'ignore'\], got 'maybe'"
+    ):
         load_table("chexpert", tmp_path / "cx", uncertainty="maybe")
 
 

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .core.errors import DatasetFormatError, SiteConfigError, UserError
+from .core.errors import DataNotFoundError, DatasetFormatError, SiteConfigError, UserError
 from .data.names import UNCERTAINTY_POLICIES
 from .data.storage import default_cache_root
 from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES, NIH_CHEXPERT, RESUME_CHOICES, TIMED_TASKS
@@ -34,6 +34,12 @@ from .images.names import GENERATED_KINDS, ON_ERROR_POLICIES
 from .modalities import DATA_KINDS
 
 POC_STEPS = ("prepare", "start", "submit", "stop", "run")
+
+
+def _user_path(text: str) -> Path:
+    """A path option; ``~`` is the user's home even where the shell does not expand it (``--out=~/x``, a quoted
+    value, a launcher that passes arguments as given)."""
+    return Path(text).expanduser()
 
 
 def _positive(text: str) -> int:
@@ -60,13 +66,15 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--kind", required=True, choices=DATA_KINDS, help="what the data is, and its layout")
     parser.add_argument(
         "--data",
-        type=Path,
+        type=_user_path,
         default=None,
         help="dataset folder (the CSV file for the CSV kinds); needed for image kinds; the IU reports default to "
         "torchxrayvision's archive",
     )
     parser.add_argument("--size", type=_positive, default=224, help="side of the cached square images (default 224)")
-    parser.add_argument("--cache-dir", type=Path, default=None, help=f"cache root (default {default_cache_root()})")
+    parser.add_argument(
+        "--cache-dir", type=_user_path, default=None, help=f"cache root (default {default_cache_root()})"
+    )
     parser.add_argument("--workers", type=_positive, default=os.cpu_count() or 1, help="decoding threads")
     parser.add_argument(
         "--on-error",
@@ -89,7 +97,7 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--kind", choices=[*GENERATED_KINDS, "all"], default="all")
     parser.add_argument(
-        "--out", required=True, type=Path, help="the dataset's folder for one --kind; for all, <out>/<kind> each"
+        "--out", required=True, type=_user_path, help="the dataset's folder for one --kind; for all, <out>/<kind> each"
     )
     parser.add_argument("--patients", type=_positive, default=200, help="patients per dataset")
     parser.add_argument("--size", type=_positive, default=64, help="image side in pixels")
@@ -110,13 +118,13 @@ def _add_predict(commands: argparse._SubParsersAction) -> None:
         "(its file says which it reads). Every input gets a row: its status ('ok', or why it could not be read) "
         "and one probability column per class name.",
     )
-    parser.add_argument("--model", required=True, type=Path, help="e.g. .../app_server/best_FL_global_model.pt")
+    parser.add_argument("--model", required=True, type=_user_path, help="e.g. .../app_server/best_FL_global_model.pt")
     parser.add_argument(
         "--input",
         "--images",
         dest="source",
         required=True,
-        type=Path,
+        type=_user_path,
         help="a folder of images, a CSV with an image column, or (report models) a CSV with a text column",
     )
     parser.add_argument(
@@ -126,7 +134,7 @@ def _add_predict(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="the CSV's image path column (default: path) or report text column (default: report)",
     )
-    parser.add_argument("--out", required=True, type=Path, help="CSV file to write")
+    parser.add_argument("--out", required=True, type=_user_path, help="CSV file to write")
     parser.add_argument(
         "--calls",
         action="store_true",
@@ -146,11 +154,11 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
         "evaluated at it (accuracy, sensitivity, specificity), and a copy of the model carrying the thresholds is "
         "written for 'predict --calls'.",
     )
-    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--model", required=True, type=_user_path)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--site-config", type=Path, help="use a site's data exactly as its config defines it")
+    source.add_argument("--site-config", type=_user_path, help="use a site's data exactly as its config defines it")
     source.add_argument("--kind", choices=DATA_KINDS, help="what the labelled set is, and its layout (with --data)")
-    parser.add_argument("--data", type=Path, help="dataset folder (or CSV file for --kind csv)")
+    parser.add_argument("--data", type=_user_path, help="dataset folder (or CSV file for --kind csv)")
     parser.add_argument("--uncertainty", choices=UNCERTAINTY_POLICIES, default=None)
     parser.add_argument(
         "--split",
@@ -158,11 +166,11 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
         default="test",
         help="which patient-level split to evaluate on (default test; 'all' for an external set)",
     )
-    parser.add_argument("--out", required=True, type=Path, help="folder for the table, plot and summary")
+    parser.add_argument("--out", required=True, type=_user_path, help="folder for the table, plot and summary")
     parser.add_argument("--bootstrap", type=_positive, default=1000, help="bootstrap resamples for the CI")
     parser.add_argument(
         "--thresholds-out",
-        type=Path,
+        type=_user_path,
         default=None,
         metavar="MODEL_FILE",
         help="choose per-class thresholds on the validation split, evaluate the test split at them, and write a copy "
@@ -173,7 +181,9 @@ def _add_evaluate(commands: argparse._SubParsersAction) -> None:
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-size", type=_positive, default=None, help="override the size stored with the model")
-    parser.add_argument("--cache-dir", type=Path, default=None, help=f"cache root (default {default_cache_root()})")
+    parser.add_argument(
+        "--cache-dir", type=_user_path, default=None, help=f"cache root (default {default_cache_root()})"
+    )
     parser.add_argument("--on-error", choices=ON_ERROR_POLICIES, default="skip", help="unreadable images")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
 
@@ -184,7 +194,7 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out",
         required=True,
-        type=Path,
+        type=_user_path,
         help="job folder to write: absent, empty, or a job folder write-job wrote and nobody changed",
     )
     parser.add_argument(
@@ -219,7 +229,7 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--privacy-filter",
-        type=Path,
+        type=_user_path,
         default=None,
         metavar="FILE",
         help="one of FLARE's privacy filters on every site's training results, as its update: a JSON file {\"path\": "
@@ -227,7 +237,7 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--label-aliases",
-        type=Path,
+        type=_user_path,
         default=None,
         metavar="FILE",
         help='the consortium\'s synonyms for class names: a JSON/YAML mapping {"alias": "class name"}; they win '
@@ -299,7 +309,7 @@ def _add_simulate(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--name", default=NIH_CHEXPERT, choices=BUNDLE_JOBS, help="which of the bundle's jobs")
     parser.add_argument(
         "--workspace",
-        type=Path,
+        type=_user_path,
         default=Path("results/simulation"),
         help="FLARE's workspaces go to <workspace>/<job name> (default results/simulation)",
     )
@@ -315,9 +325,11 @@ def _add_poc(commands: argparse._SubParsersAction) -> None:
         "workspace); run: all of these, stopping even on failure.",
     )
     parser.add_argument("step", choices=POC_STEPS)
-    parser.add_argument("--job", type=Path, default=POC_DEFAULT_JOB, help=f"job folder (default {POC_DEFAULT_JOB})")
     parser.add_argument(
-        "--workspace", type=Path, default=Path("poc/workspace"), help="POC workspace (default poc/workspace)"
+        "--job", type=_user_path, default=POC_DEFAULT_JOB, help=f"job folder (default {POC_DEFAULT_JOB})"
+    )
+    parser.add_argument(
+        "--workspace", type=_user_path, default=Path("poc/workspace"), help="POC workspace (default poc/workspace)"
     )
     parser.add_argument("--code", choices=CODE_DELIVERIES, default="byoc", help="prepare/run: the sites' code policy")
     parser.add_argument(
@@ -326,7 +338,7 @@ def _add_poc(commands: argparse._SubParsersAction) -> None:
         default="project_admin",
         help="submit/run: submit as this role (project_admin, lead, org_admin, member) or user name",
     )
-    parser.add_argument("--out", type=Path, default=Path("results/poc"), help="submit/run: download folder")
+    parser.add_argument("--out", type=_user_path, default=Path("results/poc"), help="submit/run: download folder")
     parser.add_argument("--timeout", type=float, default=3600, help="submit/run: seconds to wait for the job")
     parser.add_argument(
         "--clean", action="store_true", help="stop: also delete the workspace (run: deletes it when the job completes)"
@@ -359,7 +371,7 @@ def _add_experiment(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds (default: 0)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="demo", help="training recipe (default demo)")
     parser.add_argument("--rounds", type=_positive, default=None, help="override the profile's number of rounds")
-    parser.add_argument("--out", required=True, type=Path, help="results folder (resumes when it exists)")
+    parser.add_argument("--out", required=True, type=_user_path, help="results folder (resumes when it exists)")
     parser.add_argument("--nih", default=None, help="NIH ChestX-ray14 folder (default: embedded data)")
     parser.add_argument("--chexpert", default=None, help="CheXpert folder (default: embedded data)")
     parser.add_argument("--mimic", default=None, help="MIMIC-CXR-JPG folder, the external test set (default: embedded)")
@@ -588,7 +600,7 @@ def _write_job(args: argparse.Namespace) -> int:
         code=args.code,
         client_execution=execution,
         ship_library=args.ship_library,
-        initial_model=args.initial_model,
+        initial_model=_initial_model(args.initial_model),
         publish_global_model=not args.no_publish,
         site_to_site_evaluation=args.site_to_site_evaluation,
         label_aliases=aliases,
@@ -599,13 +611,32 @@ def _write_job(args: argparse.Namespace) -> int:
     return 0
 
 
+def _initial_model(path: str | None) -> str | None:
+    """``--initial-model``: a model file of this bundle, checked here (the server reads the same path at start)."""
+    if path is None:
+        return None
+    from .training.checkpoint import load_checkpoint
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        what = "a folder" if file.is_dir() else "not found"
+        raise DataNotFoundError(
+            f"--initial-model {file}: {what}; give the model file (e.g. an earlier job's best_FL_global_model.pt), "
+            "at the path the server will read it from"
+        )
+    load_checkpoint(file)  # a file that is not a model of this bundle is refused now, not when the job starts
+    return str(file.resolve())
+
+
 def _simulate(args: argparse.Namespace) -> int:
     from .flare.recipe import BUNDLE_RECIPES  # imports FLARE: only for this command
     from .flare.simulation import simulate
 
     recipe = BUNDLE_RECIPES[args.name](_site_configs(args.site_config))
     result = simulate(recipe, args.workspace)
-    if result.earlier_results is not None:
+    if result.earlier_results is not None and ".incomplete-" in result.earlier_results.name:
+        print(f"an earlier run in this workspace had not finished (no results): moved to {result.earlier_results}")
+    elif result.earlier_results is not None:
         print(f"the earlier results in this workspace were kept: moved to {result.earlier_results}")
     print("\n".join(result.summary()))
     return 0
@@ -718,9 +749,11 @@ def _add_check_site(commands: argparse._SubParsersAction) -> None:
         "compared, and a sample of every split read as training reads it. Exit code 0 when the site would pass the "
         "handshake, 2 with each problem on its own line otherwise.",
     )
-    parser.add_argument("--job", type=Path, default=POC_DEFAULT_JOB, help=f"the job folder (default {POC_DEFAULT_JOB})")
     parser.add_argument(
-        "--config", required=True, type=Path, help="the site config, e.g. <kit>/local/surgical_aggregation.json"
+        "--job", type=_user_path, default=POC_DEFAULT_JOB, help=f"the job folder (default {POC_DEFAULT_JOB})"
+    )
+    parser.add_argument(
+        "--config", required=True, type=_user_path, help="the site config, e.g. <kit>/local/surgical_aggregation.json"
     )
     parser.add_argument(
         "--site", default=None, help="the site's name in the job (default: the kit's, else 'this site')"
@@ -749,16 +782,19 @@ def _add_export_bundle(commands: argparse._SubParsersAction) -> None:
         "reports, to predict's CSV), models/model.pt, model.ts and model.onnx (where the onnx extra is installed), "
         "docs/README.md. Next to a server's model, its union_classes.csv and round_history.json are read.",
     )
-    parser.add_argument("model", type=Path, help="the model file")
-    parser.add_argument("--out", required=True, type=Path, help="the bundle's folder (new, or empty)")
+    parser.add_argument("model", type=_user_path, help="the model file")
+    parser.add_argument("--out", required=True, type=_user_path, help="the bundle's folder (new, or empty)")
     parser.add_argument(
-        "--union-table", type=Path, default=None, help="the server's union_classes.csv (default: next to the model)"
+        "--union-table",
+        type=_user_path,
+        default=None,
+        help="the server's union_classes.csv (default: next to the model)",
     )
     parser.add_argument(
-        "--history", type=Path, default=None, help="the server's round_history.json (default: next to the model)"
+        "--history", type=_user_path, default=None, help="the server's round_history.json (default: next to the model)"
     )
     parser.add_argument(
-        "--label-aliases", type=Path, default=None, help="the job's alias file, reported with the class names"
+        "--label-aliases", type=_user_path, default=None, help="the job's alias file, reported with the class names"
     )
     onnx = parser.add_mutually_exclusive_group()
     onnx.add_argument("--onnx", dest="onnx", action="store_true", default=None, help="require model.onnx")
@@ -806,11 +842,11 @@ def _add_setup_kit(commands: argparse._SubParsersAction) -> None:
         "'nvflare package' assembled at its participant, as provisioning/project.yml's builder does for kits made "
         "centrally; the server's kit also gets its heartbeat timeout. The kit's startup files say its role.",
     )
-    parser.add_argument("kit", type=Path, help="the participant's kit folder (.../prod_00/<name>)")
+    parser.add_argument("kit", type=_user_path, help="the participant's kit folder (.../prod_00/<name>)")
     parser.add_argument("--code", choices=CODE_DELIVERIES, default="byoc", help="how the code reaches the sites")
     parser.add_argument(
         "--job",
-        type=Path,
+        type=_user_path,
         default=POC_DEFAULT_JOB,
         help=f"the job the site's config template follows ({POC_DEFAULT_JOB})",
     )

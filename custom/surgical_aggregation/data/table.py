@@ -136,6 +136,10 @@ def read_label_csv(path: Path, required: Sequence[str], blank_only: bool = False
     ``blank_only``: only an empty cell is missing; "NA", "null", "nan" and the like stay text (a label column's
     values are then checked against the documented set instead of silently read as blanks).
     """
+    if path.is_dir():
+        csvs = sorted(child.name for child in path.iterdir() if child.suffix.lower() in (".csv", ".gz", ".zip"))[:3]
+        hint = f" (it holds {', '.join(csvs)})" if csvs else ""
+        raise DataNotFoundError(f"{path.resolve()} is a folder, not a label file: give the CSV file itself{hint}")
     if not path.is_file():
         raise DataNotFoundError(f"label file not found: {path.resolve()}")
     try:

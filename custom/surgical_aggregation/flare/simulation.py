@@ -8,6 +8,7 @@ asks for "the best global model" rather than for a path.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 from nvflare.app_common.app_constant import DefaultCheckpointFileName
 from nvflare.recipe import SimEnv
 
-from ..core.errors import UserError
+from ..core.errors import StorageError, UserError
 from ..evaluation.run_summary import summary_lines
 from .protocol import JOB_FAILED
 from .recipe import SurgicalAggregationRecipe
@@ -129,19 +130,67 @@ def simulate(
     """Run ``recipe`` in FLARE's simulator under ``workspace_root/<job name>``; one thread per site by default
     (each site keeps its process, and its local model, between tasks), the cores shared among them."""
     parallel = threads or len(recipe.sites)
-    earlier = _move_aside(Path(workspace_root) / recipe.name)
-    env = SimEnv(clients=recipe.sites, num_threads=parallel, workspace_root=str(workspace_root))
+    workspace_root = usable_workspace(Path(workspace_root))
+    with one_run_at_a_time(workspace_root, recipe.name):
+        earlier = _move_aside(workspace_root / recipe.name)
+        env = SimEnv(clients=recipe.sites, num_threads=parallel, workspace_root=str(workspace_root))
+        try:
+            with _output_to(log_file), cores_shared_by(parallel):
+                run = recipe.run(env)
+        except RuntimeError as error:
+            server_log = workspace_root / recipe.name / "server" / "log.txt"
+            reason = _failure_reason(server_log) or str(error)
+            output = f"; output: {log_file}" if log_file else ""
+            raise FederationFailed(
+                f"the federation {recipe.name!r} failed: {reason} (server log: {server_log}{output})"
+            ) from None
+        result = FederationResult(Path(env.get_job_result(run.get_job_id())), earlier)
+        (workspace_root / recipe.name / COMPLETED_FILE).write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+    return result
+
+
+COMPLETED_FILE = "COMPLETED"  # written when a run ends with its results; a folder without it is a partial run
+LOCK_SUFFIX = ".lock"
+
+
+def usable_workspace(folder: Path) -> Path:
+    """``folder``, created if needed; a file in its place or a folder this user cannot write is a clear error."""
+    folder = folder.expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise StorageError(f"workspace {folder} is a file, not a folder: give a folder (it is created if needed)")
     try:
-        with _output_to(log_file), cores_shared_by(parallel):
-            run = recipe.run(env)
-    except RuntimeError as error:
-        server_log = Path(workspace_root) / recipe.name / "server" / "log.txt"
-        reason = _failure_reason(server_log) or str(error)
-        output = f"; output: {log_file}" if log_file else ""
-        raise FederationFailed(
-            f"the federation {recipe.name!r} failed: {reason} (server log: {server_log}{output})"
-        ) from None
-    return FederationResult(Path(env.get_job_result(run.get_job_id())), earlier)
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise StorageError(f"cannot create the workspace {folder}: {error.strerror}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise StorageError(f"cannot write in the workspace {folder} (permission denied): give one you can write")
+    return folder.resolve()
+
+
+@contextlib.contextmanager
+def one_run_at_a_time(workspace_root: Path, name: str) -> Iterator[None]:
+    """Hold ``<workspace>/<name>.lock`` for the run (the OS frees it when the process ends, even killed); a second
+    run into the same workspace is refused, naming the process that holds it."""
+    path = workspace_root / f"{name}{LOCK_SUFFIX}"
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise StorageError(
+                f"workspace {workspace_root / name} is in use by a running {name!r} ({holder}): wait for it to end, "
+                "or give another --workspace"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"process {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        lock.flush()
+        try:
+            yield
+        finally:
+            lock.seek(0)
+            lock.truncate()
 
 
 class FederationFailed(UserError, RuntimeError):
@@ -157,14 +206,16 @@ def _failure_reason(server_log: Path) -> str | None:
 
 
 def _move_aside(folder: Path) -> Path | None:
-    """An earlier run's workspace is kept, renamed ``<name>.earlier-<its time>``: FLARE's simulator would write
-    over it."""
+    """An earlier run's workspace is kept, renamed ``<name>.earlier-<its time>`` (FLARE's simulator would write
+    over it), or ``<name>.incomplete-<its time>`` when that run did not end with its results (stopped or failed: its
+    model files are not results)."""
     if not folder.exists():
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(folder.stat().st_mtime))
-    target, copy = folder.with_name(f"{folder.name}.earlier-{stamp}"), 1
+    kind = "earlier" if (folder / COMPLETED_FILE).is_file() else "incomplete"
+    target, copy = folder.with_name(f"{folder.name}.{kind}-{stamp}"), 1
     while target.exists():
         copy += 1
-        target = folder.with_name(f"{folder.name}.earlier-{stamp}-{copy}")
+        target = folder.with_name(f"{folder.name}.{kind}-{stamp}-{copy}")
     folder.rename(target)
     return target

@@ -23,7 +23,7 @@ from ..core.methods import method_from_meta
 from ..training.config import load_site_config
 from ..training.parallel import check_gpus
 from ..training.privacy import refuse_what_dp_sgd_cannot_bound
-from ..training.site_data import resolve_table, split_table
+from ..training.site_data import data_warnings, resolve_table, split_table
 from .handshake import (
     HandshakeRefused,
     HandshakeRules,
@@ -78,6 +78,7 @@ def check_site(
     _check_handshake(result, name, meta, settings)
     _check_private_training(result, config, settings, splits["train"])
     _check_sample(result, config, splits, sample)
+    result.lines.extend(f"warning: {line}" for line in data_warnings(table, config, "data"))
     verdict = "passes" if result.passed else "would be refused at"
     result.lines.append(f"{name} {verdict} the handshake of job {job.name!r} ({job.resolve()})")
     return result

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..core.errors import DatasetFormatError
@@ -60,10 +61,20 @@ def load_csv_table(
     if listed.isna().any():
         row = int(listed.isna().to_numpy().nonzero()[0][0])
         raise DatasetFormatError(f"{csv_path}: empty {image_column!r} in data row {row + 1}")
+    if patient_column:
+        patients = raw[patient_column].fillna("").astype(str).str.strip()
+        blank = np.flatnonzero(patients.to_numpy() == "")
+        if len(blank):
+            shown = ", ".join(str(row + 1) for row in blank[:10]) + (", ..." if len(blank) > 10 else "")
+            raise DatasetFormatError(
+                f"{csv_path}: {len(blank)} data row(s) with a blank {patient_column!r} (rows {shown}): every image "
+                "needs its patient, or the splits cannot keep a patient's images in one split; fill them in (or set "
+                "data.options.patient_column to null to make each image its own patient)"
+            )
     frame = pd.DataFrame(
         {
             PATH_COLUMN: [str(path if Path(path).is_absolute() else base / path) for path in listed],
-            PATIENT_COLUMN: raw[patient_column].astype(str).str.strip() if patient_column else listed.astype(str),
+            PATIENT_COLUMN: patients if patient_column else listed.astype(str),
         }
     )
     for column, name in names.items():

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 from ..core.errors import DataNotFoundError, DatasetFormatError
 from ..data.table import PATH_COLUMN, LabelTable, MissingClassPolicy
 from .cache import CacheReport, ImageCache, OnError, build_cache, cache_directory
-from .dicom import DICOM_SUFFIXES
+from .dicom import DICOM_SUFFIXES, is_dicom
 from .transforms import ImageBatchTransform
 
 
@@ -91,9 +91,11 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", *DICOM_SUFFI
 
 
 def list_images(source: str | Path, image_column: str = PATH_COLUMN) -> list[str]:
-    """Absolute image paths from a folder (recursively, by suffix) or from a CSV's ``image_column`` (relative paths
-    from the CSV's folder)."""
-    source = Path(source).resolve()
+    """Absolute image paths from a folder (recursively, by suffix), one image file, or a CSV's ``image_column``
+    (relative paths from the CSV's folder)."""
+    source = Path(source).expanduser().resolve()
+    if source.is_file() and (source.suffix.lower() in IMAGE_SUFFIXES or is_dicom(source)):
+        return [str(source)]
     if source.is_dir():
         paths = sorted(str(p) for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
         if not paths:

@@ -20,7 +20,7 @@ from ..data.storage import default_cache_root, exclusive
 from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable, MaterialisedTable
 from .dataset import ChestXrayDataset, cache_table, list_images
 from .decode import read_grayscale
-from .layouts import load_table
+from .layouts import check_options, load_table
 from .names import ARCHITECTURE, KINDS
 from .settings import ImageSettings
 from .synthetic import GENERATED, ensure_generated
@@ -43,6 +43,7 @@ class ImageModality:
 
     def check(self, config: SiteConfig, where: str) -> None:
         config.settings.check(where)
+        check_options(config.data.kind, config.data.options, where)
         if config.data.location is None and config.data.kind not in GENERATED:
             raise SiteConfigError(
                 f"{where}: data.location is required for kind {config.data.kind!r} "

@@ -230,11 +230,15 @@ def _check_and_resolve(config: SiteConfig, where: str, base_dir: Path | None) ->
         return SiteConfigError(f"{where}: {field_name} {message}")
 
     data = config.data
+    if data.location not in (None, DATA_LOCATION_PLACEHOLDER):  # "~/data" is the user's home's data
+        data.location = str(Path(data.location).expanduser())
+    if config.cache_dir is not None:
+        config.cache_dir = str(Path(config.cache_dir).expanduser())
     if base_dir is not None:  # relative paths start at the config file's folder, as data.label_aliases does
         location = data.location
-        if location not in (None, DATA_LOCATION_PLACEHOLDER) and not Path(location).expanduser().is_absolute():
+        if location not in (None, DATA_LOCATION_PLACEHOLDER) and not Path(location).is_absolute():
             data.location = str((base_dir / data.location).resolve())
-        if config.cache_dir is not None and not Path(config.cache_dir).expanduser().is_absolute():
+        if config.cache_dir is not None and not Path(config.cache_dir).is_absolute():
             config.cache_dir = str((base_dir / config.cache_dir).resolve())
     config.modality.check(config, where)
     if isinstance(data.label_aliases, str):  # inlined, so that a job written from this config carries them

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import ConcatDataset, Dataset
 
 from ..core.errors import DataNotFoundError, DatasetFormatError, SiteConfigError
+from ..data.quality import duplicate_images, one_sided_classes
 from ..data.splits import DEFAULT_SPLIT_NAMES, patient_split
 from ..data.table import PATH_COLUMN, LabelTable, MaterialisedTable
 from .config import DATA_LOCATION_PLACEHOLDER, SiteConfig
@@ -60,7 +61,15 @@ def resolve_table(config: SiteConfig, log: logging.Logger = logger) -> LabelTabl
     labelled = table.frame[list(table.classes)].notna().to_numpy().any()
     if not labelled:
         raise DatasetFormatError(f"{where}: none of its {len(table)} {noun} has a label for {table.classes}")
+    for line in data_warnings(table, config, where):
+        log.warning(line)
     return table
+
+
+def data_warnings(table: LabelTable, config: SiteConfig, where: str) -> list[str]:
+    """What a site should know of its data before it trains (``data.quality``): images listed twice, classes one-sided
+    in a split. An image under two patients is refused here."""
+    return duplicate_images(table, where) + one_sided_classes(split_table(table, config), where)
 
 
 class CombinedDataset(ConcatDataset):
