@@ -32,6 +32,7 @@ from .data.storage import default_cache_root
 from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES, NIH_CHEXPERT, RESUME_CHOICES, TIMED_TASKS
 from .images.names import GENERATED_KINDS, ON_ERROR_POLICIES
 from .modalities import DATA_KINDS
+from .stopping import CommandInterrupted, stopped_cleanly
 
 POC_STEPS = ("prepare", "start", "submit", "stop", "run")
 
@@ -924,7 +925,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return HANDLERS[args.command][1](args)
+        with stopped_cleanly():
+            return HANDLERS[args.command][1](args)
+    except CommandInterrupted as stop:
+        print(f"{args.command}: {stop}", file=sys.stderr)
+        return stop.exit_code
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
