@@ -16,13 +16,19 @@ of FLARE's; the site's Python environment must have the bundle installed (as hos
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+from pathlib import Path
 
-from nvflare.apis.fl_constant import JobConstants
+from nvflare.apis.fl_constant import FLContextKey, JobConstants
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.job_launcher_spec import JobHandleSpec, JobReturnCode
 from nvflare.app_common.job_launcher.client_process_launcher import ClientProcessJobLauncher
 from nvflare.app_common.job_launcher.process_launcher import ProcessHandle
+
+from ..training.config import SITE_LOCAL_CONFIG
+from .simulation import THREADS_VARIABLE
 
 FLARE_CLIENT_LAUNCHER = "nvflare.app_common.job_launcher.client_process_launcher.ClientProcessJobLauncher"
 SITE_LAUNCHER = f"{__name__}.SiteJobLauncher"
@@ -59,11 +65,34 @@ class LostProcessHandle(JobHandleSpec):
         self.handle.wait()
 
 
+def site_cpu_threads(workspace: Path) -> int | None:
+    """``cpu_threads`` of the site's own config (``<workspace>/local/surgical_aggregation.json``), if it sets it."""
+    path = workspace / "local" / SITE_LOCAL_CONFIG
+    try:
+        threads = json.loads(path.read_text()).get("cpu_threads")
+    except (OSError, ValueError, AttributeError):
+        return None  # no config, or one the job will refuse with its own message
+    return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 else None
+
+
 class SiteJobLauncher(ClientProcessJobLauncher):
-    """FLARE's client process launcher with :class:`LostProcessHandle` around each job process."""
+    """FLARE's client process launcher with :class:`LostProcessHandle` around each job process, which starts with
+    ``OMP_NUM_THREADS`` at the site config's ``cpu_threads`` when it sets one (torch, BLAS and the data workers then
+    keep to the cores hospital IT gave the site)."""
 
     def launch_job(self, job_meta: dict, fl_ctx: FLContext) -> JobHandleSpec:
-        handle = super().launch_job(job_meta, fl_ctx)
+        workspace = fl_ctx.get_prop(FLContextKey.WORKSPACE_OBJECT)
+        threads = site_cpu_threads(Path(workspace.get_root_dir()) if workspace is not None else Path.cwd())
+        before = os.environ.get(THREADS_VARIABLE)
+        if threads is not None:
+            os.environ[THREADS_VARIABLE] = str(threads)  # FLARE's launcher copies this process's environment
+        try:
+            handle = super().launch_job(job_meta, fl_ctx)
+        finally:
+            if threads is not None and before is None:
+                os.environ.pop(THREADS_VARIABLE, None)
+            elif threads is not None:
+                os.environ[THREADS_VARIABLE] = before
         return LostProcessHandle(handle, str(job_meta.get(JobConstants.JOB_ID)))
 
 

@@ -35,6 +35,7 @@ from ..training.parallel import process_alive
 from .deploy import SERVER_HEARTBEAT_TIMEOUT, set_heartbeat_timeout, write_local_folder
 from .job_folder import job_sites
 from .protocol import CODE_DELIVERIES
+from .simulation import THREADS_VARIABLE, cores_per_process
 
 log = logging.getLogger(__name__)
 
@@ -181,14 +182,17 @@ class PocWorkspace:
         return sites
 
     def start(self, timeout: float = 180) -> dict:
-        """Start the server and the sites; record their process group and pids."""
+        """Start the server and the sites, each site's torch on its share of the cores (``OMP_NUM_THREADS``, unless
+        set already; a site config's ``cpu_threads`` decides in the end); record their process group and pids."""
         if not self.prod_dir.is_dir():
             raise PocError(f"{self.root}: no prepared POC; run prepare first")
         if self.processes_file.exists():
             raise PocError(f"{self.root}: already started (see {self.processes_file}); stop it first")
+        sites = [name for name in self._participants() if name != SERVER_NAME]
+        env = {THREADS_VARIABLE: str(cores_per_process(len(sites))), **self.env()}  # as the simulator shares cores
         launcher = subprocess.Popen(
             [str(Path(sys.executable).parent / "nvflare"), "poc", "start"],
-            env=self.env(),
+            env=env,
             cwd=self.root,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
