@@ -917,12 +917,17 @@ HANDLERS = {
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (every command and option), as the docs' commands are checked against it."""
     parser = argparse.ArgumentParser(prog="surgical-aggregation", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for add_parser, _ in HANDLERS.values():
         add_parser(commands)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         with stopped_cleanly():

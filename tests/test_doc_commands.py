@@ -1,0 +1,57 @@
+"""Every ``surgical-aggregation`` command the docs show parses as written: its command and options exist and take
+the values shown (a renamed option, a dropped command or a typo in a doc fails here). Placeholders such as
+``<kit>`` stand for paths and parse as such; what the commands do is tested where each is."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from surgical_aggregation.cli import build_parser
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+PAGES = [REPOSITORY / "README.md", *sorted(REPOSITORY.glob("*/README.md")), *sorted(REPOSITORY.glob("docs/**/*.md"))]
+BLOCK = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", re.DOTALL)
+
+
+def documented_commands() -> list[tuple[str, list[str]]]:
+    """(page, arguments) of each ``surgical-aggregation`` command in the pages' shell blocks, the block's own
+    variables (``common="..."``) expanded as the shell would."""
+    found = []
+    for page in PAGES:
+        for block in BLOCK.findall(page.read_text()):
+            variables: dict[str, str] = {}
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split(" #", 1)[0].strip()
+                assignment = re.fullmatch(r"(\w+)=(.*)", line)
+                if assignment:
+                    variables[assignment[1]] = " ".join(shlex.split(assignment[2]))
+                    continue
+                for name, value in variables.items():
+                    line = re.sub(rf"\$\{{?{name}\b\}}?", value, line)
+                for part in re.split(r"&&|;|\|", line):
+                    words = shlex.split(part, comments=True)
+                    while words and re.fullmatch(r"\w+=.*", words[0]):  # VAR=value before the command
+                        words = words[1:]
+                    if words and words[0] == "surgical-aggregation":
+                        found.append((str(page.relative_to(REPOSITORY)), words[1:]))
+    return found
+
+
+COMMANDS = documented_commands()
+
+
+def test_the_docs_show_commands_to_check():
+    assert len(COMMANDS) >= 10 and {page for page, _ in COMMANDS} >= {"README.md", "provisioning/README.md"}
+
+
+@pytest.mark.parametrize(("page", "arguments"), COMMANDS, ids=[" ".join(a)[:60] for _, a in COMMANDS])
+def test_a_documented_command_parses_as_written(page, arguments, capsys):
+    try:
+        build_parser().parse_args(arguments)
+    except SystemExit as refused:
+        if refused.code:
+            pytest.fail(f"{page}: surgical-aggregation {' '.join(arguments)}: {capsys.readouterr().err}")
