@@ -133,6 +133,9 @@ def test_the_noise_is_gaussian_from_a_source_no_seed_reaches():
     assert not torch.equal(first, second) and float((first - second).abs().min()) >= 0
     assert abs(float(first.mean())) < 0.02 and float(first.std()) == pytest.approx(2.0, rel=0.01)
     assert stats.kstest(first.double().numpy() / 2.0, "norm").pvalue > 1e-4
+    extremes = SecureRandom()
+    extremes._words = lambda count: np.array([2**64 - 1, 0], dtype=np.uint64)  # the largest and smallest words
+    assert extremes.uniform(2).min() > 0 and extremes.uniform(2).max() < 1
     uniform = SecureRandom().uniform(100_000)
     assert uniform.min() > 0 and uniform.max() < 1 and stats.kstest(uniform, "uniform").pvalue > 1e-4
 

@@ -25,11 +25,12 @@ FEDBN_PLUS = SiteMethod(backbone_strategy="fedbn_plus", identity_batchnorm=True)
 BUDGET = {"epsilon": 4.0, "planned_rounds": 2, "delta": 1e-5}  # two rounds of one local epoch each
 
 
-def _session(nih_data, workspace: Path, job: str) -> ClientSession:
+def _session(nih_data, workspace: Path, job: str, split_seed: int = 0) -> ClientSession:
     """The site as FLARE runs it: its workspace, a job folder ``<workspace>/<job>/app_<site>``."""
+    labels = ["Mass", "Effusion", "Atelectasis"]
     config = site_config_from_dict(
         {
-            "data": {"kind": "nih", "location": str(nih_data.root), "labels": ["Mass", "Effusion", "Atelectasis"]},
+            "data": {"kind": "nih", "location": str(nih_data.root), "labels": labels, "split_seed": split_seed},
             "image_size": 32,
             "batch_size": 8,
             "max_batches_per_epoch": 2,
@@ -94,18 +95,28 @@ def test_an_unreadable_ledger_is_refused_not_reset(nih_data, tmp_path):
     assert ledger.read_text() == broken  # left as found, for whoever restores it
 
 
-def test_a_missing_or_rolled_back_ledger_is_refused_when_an_earlier_job_took_steps(nih_data, tmp_path):
+def test_a_missing_or_rolled_back_ledger_is_refused_when_a_job_took_steps(nih_data, tmp_path):
+    """Rolled back, deleted, deleted for a job on a re-split of the data, or deleted in the middle of a job: each
+    is refused by the job records, never read as a fresh budget."""
     workspace = tmp_path / SITE
     _train(_session(nih_data, workspace, "job-1"), 0)
     ledger = workspace / "local" / LEDGER_FILE
     after_one_round = ledger.read_text()
     _train(_session(nih_data, workspace, "job-1"), 1)
     ledger.write_text(after_one_round)  # an old backup put back: 2 steps where job-1 took 4
-    with pytest.raises(PrivacyLedgerError, match=r"holds 2 DP-SGD steps for this data, but job record .* says 4"):
+    with pytest.raises(PrivacyLedgerError, match=r"holds 2 DP-SGD steps for that data, but job record .* says 4"):
         _session(nih_data, workspace, "job-2").trainer  # noqa: B018
     ledger.unlink()
     with pytest.raises(PrivacyLedgerError, match=r"is missing, but job record .*job-1.* says 4 were taken"):
         _session(nih_data, workspace, "job-2").trainer  # noqa: B018
+    with pytest.raises(PrivacyLedgerError, match=r"is missing, but job record .*job-1.* says 4 were taken"):
+        _session(nih_data, workspace, "job-2", split_seed=1).trainer  # noqa: B018 - other patients, same refusal
+    (workspace / "job-1" / f"app_{SITE}" / SPENT_FILE).unlink()  # a workspace with no record: a fresh start
+    running = _session(nih_data, workspace, "job-3")
+    _train(running, 0)
+    ledger.unlink()  # in the middle of job-3
+    with pytest.raises(PrivacyLedgerError, match=r"is missing, but job record .*job-3.* says 2 were taken"):
+        _train(running, 1)
 
 
 def test_training_data_sharing_patients_with_earlier_data_inherits_its_steps(tmp_path):
@@ -125,6 +136,8 @@ def test_training_data_sharing_patients_with_earlier_data_inherits_its_steps(tmp
     with pytest.raises(SiteConfigError, match=r"spent budget per patient .* keep unit 'patient'"):
         LedgerFile(path, SITE, [f"p{index}" for index in range(5, 15)], per_image).read()
     assert "p3" not in path.read_text()  # the ledger holds salted hashes, not the patients' ids
+    renamed = LedgerFile(path, "nih-hospital", [f"p{index}" for index in range(5, 15)], settings).read()
+    assert renamed.inherited == [(1.0, 0.1, 100)]  # the workspace's budget, whatever the site is called now
 
 
 def test_the_ledger_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
@@ -151,3 +164,27 @@ def test_the_readme_states_the_unit_the_ledger_and_what_leaves_un_noised():
     assert DifferentialPrivacy().unit == "patient" and "protects each **patient**" in readme
     assert f"`<site workspace>/local/{LEDGER_FILE}`" in readme
     assert "Un-noised, only its validation metrics and handshake leave; its training loss stays home" in readme
+
+
+def test_the_patient_unit_is_refused_where_each_image_stands_for_its_patient(tmp_path):
+    from surgical_aggregation.images.csv_table import load_csv_table
+    from surgical_aggregation.training.privacy import refuse_made_up_patients
+
+    (tmp_path / "labels.csv").write_text("path,patient_id,Mass\na.png,p1,1\nb.png,p1,0\n")
+    (tmp_path / "no_patients.csv").write_text("path,Mass\na.png,1\nb.png,0\n")
+    with_ids = load_csv_table(tmp_path / "labels.csv")
+    without = load_csv_table(tmp_path / "no_patients.csv", patient_column=None)
+    patient = DifferentialPrivacy(epsilon=3.0, noise_multiplier=1.0)
+    image = DifferentialPrivacy(epsilon=3.0, noise_multiplier=1.0, unit="image")
+    refuse_made_up_patients(with_ids, patient, "site x")
+    refuse_made_up_patients(without, image, "site x")
+    with pytest.raises(SiteConfigError, match=r"site x: differential_privacy.unit 'patient' needs patient ids"):
+        refuse_made_up_patients(without, patient, "site x")
+    assert with_ids.patients_known and not without.patients_known
+
+
+def test_a_dp_site_does_not_send_exact_label_counts(nih_data, tmp_path):
+    session = _session(nih_data, tmp_path / SITE, "job-1")
+    with pytest.raises(SiteConfigError, match="exact per-class counts of the training split, which DP-SGD cannot"):
+        session.describe(with_label_counts=True)
+    assert session.describe().meta  # names and sizes, as every site sends

@@ -35,6 +35,9 @@ class LabelTable:
     classes: list[str]
     frame: pd.DataFrame
     split_classes: list[str] | None = None  # what patient splits stratify on (default: ``classes``)
+    # False where the data has no patient ids and each image stands for its own patient (VinDr-CXR, RSNA, SIIM, a
+    # CSV without a patient column): a patient's images may then sit in two splits, and DP-SGD's patient unit is void
+    patients_known: bool = True
 
     def __post_init__(self) -> None:
         missing = [column for column in (PATH_COLUMN, PATIENT_COLUMN, *self.classes) if column not in self.frame]

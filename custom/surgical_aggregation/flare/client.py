@@ -31,7 +31,7 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.client.tracking import SummaryWriter
 
 from ..core.devices import resolve_device
-from ..core.errors import UserError
+from ..core.errors import SiteConfigError, UserError
 from ..core.head import numpy_state
 from ..core.labels import read_alias_file
 from ..core.methods import method_from_meta
@@ -183,7 +183,14 @@ class ClientSession:
         )
 
     def describe(self, with_label_counts: bool = False) -> FLModel:
-        """Class names and sizes; per-class training counts only when asked (FedSLD shares them by design)."""
+        """Class names and sizes; per-class training counts only when asked (FedSLD shares them by design), never by
+        a DP-SGD site (exact counts of its training split, outside any privacy budget)."""
+        if with_label_counts and self.config.differential_privacy.enabled:
+            raise SiteConfigError(
+                f"{self.site}: differential_privacy is on, and the job's method (FedSLD) asks for exact per-class "
+                "counts of the training split, which DP-SGD cannot cover: this site does not send them; run it in a "
+                "job without label_prior"
+            )
         meta = site_handshake(self.config, self.table, with_label_counts)
         self.log.info("%s: %d classes %s; %s", self.site, len(self.class_names), self.class_names, meta[META_DATA])
         if with_label_counts:

@@ -22,7 +22,7 @@ from ..core.labels import BUILTIN_VOCABULARY, job_vocabulary
 from ..core.methods import method_from_meta
 from ..training.config import load_site_config
 from ..training.parallel import check_gpus
-from ..training.privacy import refuse_what_dp_sgd_cannot_bound
+from ..training.privacy import refuse_made_up_patients, refuse_what_dp_sgd_cannot_bound
 from ..training.site_data import data_warnings, resolve_table, split_table
 from .handshake import (
     HandshakeRefused,
@@ -95,6 +95,7 @@ def _check_private_training(result: SiteCheck, config, settings: dict, train) ->
     units = train.n_patients if privacy.unit == "patient" else len(train)
     try:
         refuse_what_dp_sgd_cannot_bound(model, method, config.gpus, config.compile, "this site")
+        refuse_made_up_patients(train, privacy, "this site")
         privacy.check_delta(units, "this site")
     except SiteConfigError as error:
         result.problem(str(error))

@@ -79,4 +79,6 @@ def load_csv_table(
     )
     for column, name in names.items():
         frame[name] = apply_uncertainty(raw[column], uncertainty, f"{csv_path} column {column!r}")
-    return LabelTable(source=source, root=base, classes=list(names.values()), frame=frame)
+    return LabelTable(
+        source=source, root=base, classes=list(names.values()), frame=frame, patients_known=bool(patient_column)
+    )

@@ -54,6 +54,7 @@ from .nih import nih_image_index
 
 KEY_COLUMN = "key"  # a parsed frame's link back to the raw rows it came from (an image id)
 
+IMAGES_AS_PATIENTS = ("vindr", "rsna", "siim")  # releases without patient ids: each image is its own patient
 PADCHEST_PROJECTIONS = ("PA", "AP", "AP_horizontal")
 PADCHEST_REMARKS = ("exclude", "suboptimal study", "unchanged")  # labels that are not findings
 PADCHEST_LABELLERS = {"all": None, "physician": "Physician", "model": "RNN_model"}
@@ -204,7 +205,9 @@ def _load(kind: str, root: str | Path, label_file: str | Path | None, vocabulary
         located = [root / relative for relative in parsed[PATH_COLUMN]]
     parsed[PATH_COLUMN] = [str(path) for path in as_released(located, root)]
     classes = [column for column in parsed.columns if column not in (KEY_COLUMN, PATIENT_COLUMN, PATH_COLUMN)]
-    return LabelTable(source=kind, root=root, classes=classes, frame=parsed.drop(columns=KEY_COLUMN))
+    known = kind not in IMAGES_AS_PATIENTS
+    table = parsed.drop(columns=KEY_COLUMN)
+    return LabelTable(source=kind, root=root, classes=classes, frame=table, patients_known=known)
 
 
 def load_padchest(

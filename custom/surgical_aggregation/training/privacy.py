@@ -264,8 +264,9 @@ class SecureRandom:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
     def uniform(self, count: int) -> np.ndarray:
-        """``count`` float64 draws, uniform on (0, 1) (53 random bits each; never 0 or 1)."""
-        return ((self._words(count) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+        """``count`` float64 draws, uniform on (0, 1): 52 random bits each, centred in their cell, so every value is
+        exact and never 0 or 1."""
+        return ((self._words(count) >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0**-52
 
     def standard_normal(self, count: int) -> np.ndarray:
         """``count`` float64 draws of N(0, 1), by the Box-Muller transform."""
@@ -313,6 +314,18 @@ def secure_dp_optimizer(
     )
 
 
+def refuse_made_up_patients(table: Any, settings: DifferentialPrivacy, where: str) -> None:
+    """The patient unit needs real patient ids: where each image stands for its own patient (``patients_known``
+    false: VinDr-CXR, RSNA, SIIM, a CSV without a patient column) a patient's several images would each count as a
+    patient, and the epsilon printed per patient would hold per image only."""
+    if settings.enabled and settings.unit == "patient" and not getattr(table, "patients_known", False):
+        raise SiteConfigError(
+            f"{where}: differential_privacy.unit 'patient' needs patient ids, but this site's data has none (each "
+            "image stands for its own patient): give its patient ids, or set unit 'image' (a patient with k images "
+            "is then protected as a group of k)"
+        )
+
+
 def sampling_groups(patients: Sequence[str] | None, size: int, unit: str, where: str) -> list[list[int]]:
     """The items Poisson sampling draws over: each patient's item indices (unit "patient"), or each item alone."""
     if unit == "image":
@@ -341,7 +354,7 @@ class PoissonBatches(Sampler[list[int]]):
             chosen = np.flatnonzero(self.random.uniform(len(self.groups)) < self.sample_rate)
             picks = self.random.uniform(len(chosen))
             yield [
-                self.groups[group][int(pick * len(self.groups[group]))]
+                self.groups[group][int(pick * len(self.groups[group]))]  # pick < 1: an index of the group
                 for group, pick in zip(chosen, picks, strict=True)
             ]
 
@@ -448,8 +461,8 @@ class LedgerFile:
         for entry in values["entries"]:
             if self._key(entry) == key:
                 ledger = PrivacyLedger.from_dict(entry, self.settings.accountant)
-        for entry in values["entries"]:
-            shares_patients = entry["site"] == self.site and not mine.isdisjoint(entry["patients"])
+        for entry in values["entries"]:  # the file is one site workspace's: any entry, whatever name it was kept under
+            shares_patients = not mine.isdisjoint(entry["patients"])
             if self._key(entry) == key or not shares_patients:
                 continue
             if entry["unit"] != self.settings.unit:
@@ -458,19 +471,29 @@ class LedgerFile:
                     f"budget per {entry['unit']} (ledger {self.path}): keep unit {entry['unit']!r} for this data"
                 )
             ledger.inherited.extend(PrivacyLedger.from_dict(entry, entry["accountant"]).history)
-        self._check_earlier_jobs(ledger.steps)
+        self._check_job_records(values)
         return ledger
 
-    def _check_earlier_jobs(self, steps: int) -> None:
-        for spent in self.earlier_spent:
+    def _check_job_records(self, values: Mapping[str, Any]) -> None:
+        """Every step a job of this workspace recorded (this job's too) is in the ledger: an entry with the record's
+        fingerprint and unit holding at least its steps. A ledger missing, rolled back, or with an entry removed is
+        refused, whatever data this job trains on."""
+        held = {(entry["fingerprint"], entry["unit"]): PrivacyLedger.from_dict(entry, entry["accountant"]).steps
+                for entry in values["entries"]}  # fmt: skip
+        records = [*self.earlier_spent, *([self.spent_file] if self.spent_file else [])]
+        for spent in records:
+            if not spent.is_file():
+                continue
             try:
                 record = json.loads(spent.read_text())
-                recorded = (record["site"], record["fingerprint"], record["unit"]), int(record["steps"])
+                key, steps = (record["fingerprint"], record["unit"]), int(record["steps"])
             except (OSError, ValueError, KeyError, TypeError) as error:
                 raise self._refuse(f"the job record {spent} cannot be read ({error})") from None
-            if recorded[0] == (self.site, self.fingerprint, self.settings.unit) and recorded[1] > steps:
-                state = "is missing" if not self.path.exists() else f"holds {steps} DP-SGD steps for this data"
-                raise self._refuse(f"{state}, but job record {spent} says {recorded[1]} were taken")
+            if steps > held.get(key, 0):
+                state = (
+                    "is missing" if not self.path.exists() else f"holds {held.get(key, 0)} DP-SGD steps for that data"
+                )
+                raise self._refuse(f"{state}, but job record {spent} says {steps} were taken")
 
     def read(self) -> PrivacyLedger:
         """This data's ledger as the file has it now."""

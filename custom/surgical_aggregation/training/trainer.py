@@ -40,6 +40,7 @@ from .privacy import (
     SecureRandom,
     collate_allowing_empty,
     noise_for_budget,
+    refuse_made_up_patients,
     refuse_what_dp_sgd_cannot_bound,
     sampling_groups,
     secure_dp_optimizer,
@@ -141,6 +142,7 @@ class SiteTrainer:
         self.ledger_file: LedgerFile | None = None  # None: the ledger lives in this process (and the local model file)
         privacy = config.differential_privacy
         if privacy.enabled:
+            refuse_made_up_patients(getattr(data.train, "table", None), privacy, f"site {site_name}")
             self._sampling_groups = sampling_groups(
                 self._training_patients(), len(data.train), privacy.unit, f"site {site_name}"
             )
