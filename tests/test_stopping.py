@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
-from surgical_aggregation.stopping import CommandInterrupted, stopped_cleanly
+from surgical_aggregation.flare.stopping import CommandInterrupted, stopped_cleanly
 
 from helpers import tiny_sites
 

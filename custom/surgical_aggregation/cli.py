@@ -30,9 +30,9 @@ from .core.errors import DataNotFoundError, DatasetFormatError, SiteConfigError,
 from .data.names import UNCERTAINTY_POLICIES
 from .data.storage import default_cache_root
 from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES, NIH_CHEXPERT, RESUME_CHOICES, TIMED_TASKS
+from .flare.stopping import CommandInterrupted, stopped_cleanly
 from .images.names import GENERATED_KINDS, ON_ERROR_POLICIES
 from .modalities import DATA_KINDS
-from .stopping import CommandInterrupted, stopped_cleanly
 
 POC_STEPS = ("prepare", "start", "submit", "stop", "run")
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import psutil
 
-from .core.errors import UserError
+from ..core.errors import UserError
 
 GRACE_SECONDS = 10  # how long the started processes get to end on SIGTERM before they are killed
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
