@@ -180,3 +180,19 @@ def test_a_voi_lut_takes_precedence_over_the_window(tmp_path):
     stored = pixels.astype(float) * 16
     expected = 255 * (4095 - stored - (4095 - stored).min()) / np.ptp(4095 - stored)  # the LUT's output, stretched
     assert np.abs(shown - expected).max() <= 0.5 + 1e-9
+
+
+def test_a_transfer_syntax_without_its_decoder_names_the_syntax_and_the_packages(tmp_path, monkeypatch):
+    """As a site without pylibjpeg sees a JPEG 2000 film: pydicom's own error, with the syntax and what to install."""
+    path = _in_syntax(_film(tmp_path), JPEG2000Lossless, tmp_path / "j2k.dcm")
+
+    def no_decoder(self):
+        raise RuntimeError("Unable to decode as exceptions were raised by all available plugins")
+
+    monkeypatch.setattr(pydicom.dataset.Dataset, "pixel_array", property(no_decoder))
+    expected = (
+        r"j2k.dcm: cannot decode its transfer syntax JPEG 2000 Image Compression \(Lossless Only\) "
+        r"\(Unable to decode .*\); the JPEG and JPEG 2000 syntaxes need pylibjpeg"
+    )
+    with pytest.raises(ImageLoadError, match=expected):
+        read_grayscale(path)

@@ -20,9 +20,10 @@ from ..core.devices import resolve_device
 from ..core.errors import SiteConfigError, UserError
 from ..core.labels import BUILTIN_VOCABULARY, job_vocabulary
 from ..core.methods import method_from_meta
+from ..data.table import PATIENT_COLUMN
 from ..training.config import load_site_config
 from ..training.parallel import check_gpus
-from ..training.privacy import refuse_made_up_patients, refuse_what_dp_sgd_cannot_bound
+from ..training.privacy import refuse_made_up_patients, refuse_what_dp_sgd_cannot_bound, sampling_groups
 from ..training.site_data import data_warnings, resolve_table, split_table
 from .handshake import (
     HandshakeRefused,
@@ -78,7 +79,7 @@ def check_site(
     _check_handshake(result, name, meta, settings)
     _check_private_training(result, config, settings, splits["train"])
     _check_sample(result, config, splits, sample)
-    result.lines.extend(f"warning: {line}" for line in data_warnings(table, config, "data"))
+    result.lines.extend(f"warning: {line}" for line in data_warnings(table, splits, "data"))
     verdict = "passes" if result.passed else "would be refused at"
     result.lines.append(f"{name} {verdict} the handshake of job {job.name!r} ({job.resolve()})")
     return result
@@ -92,10 +93,11 @@ def _check_private_training(result: SiteCheck, config, settings: dict, train) ->
         return
     method = method_from_meta(settings)  # the job's method, as the server sends it with every training task
     model = config.modality.build_model(["a class"], config.modality.preprocessing(config))
-    units = train.n_patients if privacy.unit == "patient" else len(train)
+    patients = train.frame[PATIENT_COLUMN].astype(str).tolist()
     try:
         refuse_what_dp_sgd_cannot_bound(model, method, config.gpus, config.compile, "this site")
         refuse_made_up_patients(train, privacy, "this site")
+        units = len(sampling_groups(patients, len(train), privacy.unit, "this site"))  # as the trainer samples them
         privacy.check_delta(units, "this site")
     except SiteConfigError as error:
         result.problem(str(error))

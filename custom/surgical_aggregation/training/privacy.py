@@ -449,13 +449,16 @@ class LedgerFile:
             raise self._refuse(f"cannot be read ({type(error).__name__}: {error})") from None
         return values
 
+    def _digests(self, salt: str) -> list[str]:
+        """This data's patients as the ledger keeps them: salted hashes, not ids."""
+        return [hashlib.sha256(f"{salt}{patient}".encode()).hexdigest()[:16] for patient in self.patients]
+
     def _key(self, entry: Mapping[str, Any]) -> tuple[str, str, str]:
         return entry["site"], entry["fingerprint"], entry["unit"]
 
     def _ledger(self, values: Mapping[str, Any]) -> PrivacyLedger:
         """This data's ledger: its own entry's steps, and those of this site's entries sharing a patient with it."""
-        salt = values["salt"]
-        mine = {hashlib.sha256(f"{salt}{patient}".encode()).hexdigest()[:16] for patient in self.patients}
+        mine = set(self._digests(values["salt"]))
         key = (self.site, self.fingerprint, self.settings.unit)
         ledger = PrivacyLedger(self.settings.accountant)
         for entry in values["entries"]:
@@ -515,9 +518,7 @@ class LedgerFile:
                 "fingerprint": self.fingerprint,
                 "unit": self.settings.unit,
                 **ledger.to_dict(),
-                "patients": sorted(
-                    hashlib.sha256(f"{values['salt']}{patient}".encode()).hexdigest()[:16] for patient in self.patients
-                ),
+                "patients": sorted(self._digests(values["salt"])),
             }
             values["entries"] = [old for old in values["entries"] if self._key(old) != key] + [entry]
             _write_atomically(self.path, values)

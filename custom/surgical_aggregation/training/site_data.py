@@ -9,7 +9,7 @@ kind, generated once into the cache folder on first use and reused afterwards.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,15 +61,15 @@ def resolve_table(config: SiteConfig, log: logging.Logger = logger) -> LabelTabl
     labelled = table.frame[list(table.classes)].notna().to_numpy().any()
     if not labelled:
         raise DatasetFormatError(f"{where}: none of its {len(table)} {noun} has a label for {table.classes}")
-    for line in data_warnings(table, config, where):
+    for line in data_warnings(table, split_table(table, config), where):
         log.warning(line)
     return table
 
 
-def data_warnings(table: LabelTable, config: SiteConfig, where: str) -> list[str]:
+def data_warnings(table: LabelTable, splits: Mapping[str, LabelTable], where: str) -> list[str]:
     """What a site should know of its data before it trains (``data.quality``): images listed twice, classes one-sided
     in a split. An image under two patients is refused here."""
-    return duplicate_images(table, where) + one_sided_classes(split_table(table, config), where)
+    return duplicate_images(table, where) + one_sided_classes(splits, where)
 
 
 class CombinedDataset(ConcatDataset):
