@@ -177,6 +177,31 @@ def test_two_runs_of_one_dp_site_send_different_updates_where_two_runs_without_d
             assert equal == [] and len(states[0]) > 100
 
 
+@pytest.mark.parametrize("privacy", [{"epsilon": 50.0, "noise_multiplier": 1.0}, None], ids=["dp", "no-dp"])
+def test_a_dp_site_starts_its_output_biases_at_the_public_prior_in_its_first_round_only(nih_data, tmp_path, privacy):
+    """Under DP-SGD the site's first round trains from output biases at logit(prior_prevalence), whatever it
+    received (without it, noise leaves "lower every output" as the only signal, which ranks positives lowest);
+    later rounds, and sites without DP-SGD, train from the biases they received."""
+    trainer = _trainer(nih_data, tmp_path, privacy)
+    received = torch.tensor([0.5, -0.25, 1.0])
+    starts = []
+    epoch = trainer._epoch
+
+    def recording(*args, **kwargs):
+        starts.append(trainer.model.class_layers.out.bias.detach().clone())
+        return epoch(*args, **kwargs)
+
+    trainer._epoch = recording
+    for round_number in range(2):
+        with torch.no_grad():
+            trainer.model.class_layers.out.bias.copy_(received)
+        trainer.fit(round_number, warmup=round_number == 0)
+    first_round, second_round = starts[0], starts[-1]
+    prior = torch.full((3,), math.log(0.05 / 0.95))
+    assert torch.allclose(first_round, prior if privacy else received, atol=1e-7)
+    assert torch.equal(second_round, received)
+
+
 @pytest.mark.parametrize(
     ("privacy", "message"),
     [
@@ -199,6 +224,8 @@ def test_two_runs_of_one_dp_site_send_different_updates_where_two_runs_without_d
         ({"epsilon": 3, "noise_multiplier": 1.0, "accountant": "moments"}, "differential_privacy.accountant must"),
         ({"epsilon": 3, "noise_multiplier": 1.0, "unit": "visit"}, r"differential_privacy.unit must be one of"),
         ({"epsilon": 3, "noise": 1.0}, r"unknown field\(s\) \['differential_privacy.noise'\]"),
+        ({"epsilon": 3, "noise_multiplier": 1.0, "prior_prevalence": 0.9}, "prior_prevalence must be a number from"),
+        ({"epsilon": 3, "noise_multiplier": 1.0, "prior_prevalence": 0}, "prior_prevalence must be a number from"),
     ],
 )
 def test_privacy_settings_are_checked_with_the_field_named(nih_data, tmp_path, privacy, message):

@@ -55,6 +55,7 @@ UNITS = ("patient", "image")  # what one neighbouring dataset adds or removes: a
 # ~0.1 at noise 1000); above 100 an epsilon promises nothing a reader would recognise as privacy.
 EPSILON_RANGE = (0.2, 100.0)
 NOISE_MULTIPLIER_RANGE = (0.1, 1000.0)  # below 0.1 one step of any sampling spends epsilon ~90
+PRIOR_PREVALENCE_RANGE = (0.001, 0.5)
 NOISE_SEARCH_STEPS = 40  # bisections of the noise for a budget: ~1e-12 of the range, then it stops
 LEDGER_FILE = "privacy_ledger.json"  # in the site workspace's local/ folder, beside the site's config
 SPENT_FILE = "privacy_spent.json"  # in each job's app folder: the steps it recorded, checked against the ledger
@@ -69,6 +70,13 @@ class DifferentialPrivacy:
     ``epsilon``: the site's whole budget over every federation it trains in, at ``delta``, per ``unit`` (a patient
     or an image). The noise is ``noise_multiplier``, or (null) the smallest that keeps ``planned_rounds`` rounds of
     this site's local training within the budget.
+
+    ``prior_prevalence``: at the site's first round, its head rows' biases are set to this prevalence's logit
+    (:func:`prior_logit`). Without it, the largest part of every item's gradient says "lower every output" (the
+    labels are mostly 0), and under noise only that part comes through: taken through the weights on the pooled
+    features (non-negative), it lowers most the outputs of the images with the most signal, the positives, and the
+    model ranks below chance while its loss falls (``docs/privacy-utility``). A public constant, so the biases
+    reveal nothing about the site's counts.
     """
 
     epsilon: float | None = None
@@ -78,6 +86,8 @@ class DifferentialPrivacy:
     planned_rounds: int | None = None
     accountant: str = "rdp"
     unit: str = "patient"
+    # the prevalence this site's head rows' biases start from at its first round: public, not its label counts
+    prior_prevalence: float = 0.05
 
     @property
     def enabled(self) -> bool:
@@ -102,6 +112,9 @@ class DifferentialPrivacy:
             raise fail("accountant", f"must be one of {list(ACCOUNTANTS)}, got {self.accountant!r}")
         if self.unit not in UNITS:
             raise fail("unit", f"must be one of {list(UNITS)}, got {self.unit!r}")
+        low, high = PRIOR_PREVALENCE_RANGE
+        if not low <= self.prior_prevalence <= high:
+            raise fail("prior_prevalence", f"must be a number from {low} to {high}, got {self.prior_prevalence}")
         if (self.noise_multiplier is None) == (self.planned_rounds is None):
             raise fail(
                 "noise_multiplier",
@@ -121,6 +134,11 @@ class DifferentialPrivacy:
                 f"{where}: differential_privacy.delta must be below 1 / the training split's {units} {self.unit}s "
                 f"({1 / max(units, 1):.3g}), got {self.delta}"
             )
+
+
+def prior_logit(prevalence: float) -> float:
+    """The output bias at which a model with no other signal predicts ``prevalence``."""
+    return math.log(prevalence / (1.0 - prevalence))
 
 
 def refuse_what_dp_sgd_cannot_bound(

@@ -40,6 +40,7 @@ from .privacy import (
     SecureRandom,
     collate_allowing_empty,
     noise_for_budget,
+    prior_logit,
     refuse_made_up_patients,
     refuse_what_dp_sgd_cannot_bound,
     sampling_groups,
@@ -285,6 +286,8 @@ class SiteTrainer:
                     plan["budget"], plan["delta"], plan["epsilon"],
                 )  # fmt: skip
                 return FitReport(privacy=self._privacy_report(stopped=True))
+            if warmup:
+                self._start_biases_at_prior()
         group = self._training_group()
         if group is not None:
             if group.rank == 0:
@@ -424,6 +427,20 @@ class SiteTrainer:
             "unit": settings.unit,
             "epsilon": spent,
         }
+
+    def _start_biases_at_prior(self) -> None:
+        """DP-SGD, the site's first round: its own classes' output biases start at the public prior's logit, so
+        that noise does not leave "lower every output" as the only part of the gradient that comes through
+        (:class:`~.privacy.DifferentialPrivacy`)."""
+        prevalence = self.config.differential_privacy.prior_prevalence
+        rows = [row for row, name in enumerate(self.head_classes) if name in self.class_names]
+        bias = dict(self.model.named_parameters())[NAMED_HEAD.bias_key]
+        with torch.no_grad():
+            bias[rows] = prior_logit(prevalence)
+        self.log.info(
+            "%s: DP-SGD: the output biases of its %d classes start at %.3f (the logit of a public prior prevalence "
+            "of %g, not the site's counts)", self.site_name, len(rows), prior_logit(prevalence), prevalence,
+        )  # fmt: skip
 
     def _privacy_report(self, stopped: bool) -> dict[str, Any]:
         settings = self.config.differential_privacy
