@@ -3,6 +3,7 @@ this bundle's local/ files (allow-list and authorization per code mode) and pass
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -64,11 +65,14 @@ def _provision(tmp_path: Path, code: str) -> Path:
     server = next(p for p in project["participants"] if p["type"] == "server")
     server["fed_learn_port"], server["admin_port"] = free_port(), free_port()
     builder = next(b for b in project["builders"] if b["path"].endswith("SurgicalAggregationBuilder"))
-    builder["args"] = {**builder["args"], "code": code, "job": str(REPOSITORY / builder["args"]["job"])}
+    builder["args"] = {**builder["args"], "code": code}  # its job as written: jobs/nih_chexpert
     copy = tmp_path / "project.yml"
     copy.write_text(yaml.safe_dump(project))
-    result = subprocess.run(
-        [str(NVFLARE), "provision", "-p", str(copy), "-w", str(tmp_path / "ws")], capture_output=True, text=True
+    result = subprocess.run(  # outside the repository, as an operator would
+        [str(NVFLARE), "provision", "-p", str(copy), "-w", str(tmp_path / "ws")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return tmp_path / "ws" / "surgical_aggregation" / "prod_00"
@@ -144,6 +148,8 @@ def test_byoc_kits_keep_flares_policies_and_get_the_bundles_files(byoc_kits):
         job_preprocessing = controller_settings(MAIN_JOB)["preprocessing"]  # the kits are for the main job
         assert {key: template[key] for key in job_preprocessing} == job_preprocessing and template["device"] == "auto"
         site_config_from_dict(template)  # a valid config once the location is filled in
+        # provisioned outside the repository, "jobs/nih_chexpert" is the bundle's job, as committed
+        assert template == site_config_template(kind, MAIN_JOB, site)
     assert not (byoc_kits / SERVER / "local" / SITE_CONFIG_TEMPLATE).exists()
 
 
@@ -231,10 +237,6 @@ def test_kits_pass_preflight_except_reaching_a_server_that_is_not_running(byoc_k
 @pytest.mark.slow
 def test_kits_carry_certificates_valid_for_360_days(byoc_kits):
     """provisioning/README.md's "Certificates expire" (FLARE 2.9's default lifetime)."""
-    import datetime
-
-    from cryptography import x509
-
     for path in (byoc_kits / "site-nih" / "startup" / "client.crt", byoc_kits / "site-nih" / "startup" / "rootCA.pem"):
         certificate = x509.load_pem_x509_certificate(path.read_bytes())
         lifetime = certificate.not_valid_after_utc - certificate.not_valid_before_utc
@@ -278,7 +280,7 @@ def _nvflare(*arguments: str, cwd: Path, home: Path) -> str:
 
 
 @pytest.mark.slow
-def test_distributed_provisioning_keeps_each_key_where_it_was_made_and_its_kits_pass_preflight(tmp_path):
+def test_distributed_provisioning_keeps_each_key_where_it_was_made_and_its_kits_pass_preflight(tmp_path, monkeypatch):
     """provisioning/README.md's "Keys that stay at the hospital": each participant makes its key and a certificate
     request; the project admin signs the request (it never sees a key); the participant assembles its kit, and
     ``setup-kit`` adds this bundle's local files."""
@@ -309,14 +311,24 @@ def test_distributed_provisioning_keeps_each_key_where_it_was_made_and_its_kits_
         _nvflare(*package, cwd=at, home=at)
         [kit] = (at / "ws" / "surgical_aggregation" / "prod_00").iterdir()
         assert [path.read_bytes() for path in (kit / "startup").glob("*.key")] == [key.read_bytes()]  # made here
-        assert main(["setup-kit", str(kit), "--job", str(MAIN_JOB), "--data-kind", "nih"]) == 0
+        # as the README writes it, in the participant's folder (no jobs/ there: the bundle's job)
+        setup = ["setup-kit", str(kit), "--job", "jobs/nih_chexpert", "--data-kind", "nih"]
+        with monkeypatch.context() as here:
+            here.chdir(at)
+            assert main(setup) == 0
         kits[who] = kit
+    # the lifetimes provisioning/README.md gives for this path: FLARE's cert init and cert approve defaults
+    startup = kits["site"] / "startup"
+    for path, days in ((startup / "rootCA.pem", 3650), (startup / "client.crt", 1095)):
+        certificate = x509.load_pem_x509_certificate(path.read_bytes())
+        lifetime = certificate.not_valid_after_utc - certificate.not_valid_before_utc
+        assert abs(lifetime - datetime.timedelta(days=days)) < datetime.timedelta(minutes=1), (path, lifetime)
     assert (kits["site"] / "startup" / "client.key").read_bytes() == next(
         (tmp_path / "site" / "request").glob("*.key")
     ).read_bytes()
     assert _json(kits["site"] / "local" / "privacy.json")["default_scope"] == PRIVACY_SCOPE
     template = _json(kits["site"] / "local" / SITE_CONFIG_TEMPLATE)
-    assert template["data"]["kind"] == "nih" and template["data"]["location"] == DATA_LOCATION_PLACEHOLDER
+    assert template == site_config_template("nih", MAIN_JOB, "site-nih")
     assert _preflight(kits["server"]) == []  # ports, storage, a dry run of the server
     assert _preflight(kits["site"]) == _preflight(kits["lead"]) == ["Check server available"]
 

@@ -136,11 +136,18 @@ def site_config_template(
 ) -> dict[str, Any]:
     """The site config hospital IT fills in: the recipe of the job the kit is provisioned for (its default config for
     ``site``, or its first site's), so that its preprocessing is the federation's; without a job, the papers' settings.
-    The data is the site's to set: its kind (from ``project.yml``) and a location placeholder that is refused."""
+    The data is the site's to set: its kind (from ``project.yml``) and a location placeholder that is refused.
+
+    A ``job`` that is no folder here but names one of the bundle's jobs (``jobs/nih_chexpert`` given outside the
+    repository) is that job as its recipe writes it, the same files as the committed folder."""
     if job is None:
         values = PAPER.site_config({"kind": kind or "nih"}, device="auto")
     else:
-        values = site_default_config(job, site)
+        if not (Path(job) / "meta.json").is_file() and Path(job).name in BUNDLE_RECIPES:
+            with tempfile.TemporaryDirectory(prefix="surgical-aggregation-job-") as root:
+                values = site_default_config(write_job(BUNDLE_RECIPES[Path(job).name](), Path(root) / "job"), site)
+        else:
+            values = site_default_config(job, site)
         values.pop("embedded", None)  # a site's own data replaces the embedded default
         values.pop("cache_dir", None)
         kind = kind or values["data"]["kind"]
@@ -237,7 +244,8 @@ class SurgicalAggregationBuilder(Builder):
 
     Put it after ``StaticFileBuilder`` (it reads the ``*.default`` files that builder writes). A
     client's ``data_kind`` property in ``project.yml`` fills in its site config template, whose recipe and
-    preprocessing are those of ``job`` (a job folder, relative to where ``nvflare provision`` runs).
+    preprocessing are those of ``job`` (a job folder, relative to where ``nvflare provision`` runs; a bundle job's
+    path, such as ``jobs/nih_chexpert``, from anywhere: :func:`site_config_template`).
     """
 
     def __init__(self, code: str = "byoc", heartbeat_timeout: int = SERVER_HEARTBEAT_TIMEOUT, job: str | None = None):
