@@ -316,3 +316,23 @@ def test_classes_too_few_sites_label_can_be_left_out_of_the_bundle(model_file, t
     assert torch.equal(weights, checkpoint.state["class_layers.out.weight"][:2])  # the kept rows, unchanged
     with pytest.raises(ExportError, match="no class of the model is labelled by 4 or more sites"):
         export_bundle(server_model, tmp_path / "none", onnx=False, min_sites=4)
+
+
+def test_the_offline_metadata_check_runs_as_the_docs_write_it(exported):
+    """docs/using-the-model.md's verify_metadata command, as written (the bundle's folder put for
+    ``chest_xray_bundle``), from the repository's root with every proxy pointing nowhere: it passes without a
+    download."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "using-the-model.md").read_text()
+    [command] = [
+        block.replace("\\\n", " ").strip()
+        for block in re.findall(r"```bash\n(.*?)```", page, re.DOTALL)
+        if "verify_metadata" in block
+    ]
+    command = command.replace("chest_xray_bundle/", f"{exported.root}/").replace("python ", f"{sys.executable} ", 1)
+    nowhere = "http://127.0.0.1:9"
+    proxies = {name: nowhere for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY")}
+    env = {**os.environ, **proxies, "NO_PROXY": "", "no_proxy": ""}
+    repository = Path(__file__).resolve().parents[1]
+    result = subprocess.run(command, shell=True, cwd=repository, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "verified" in (result.stdout + result.stderr).lower()

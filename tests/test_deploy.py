@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -337,3 +339,43 @@ def _with_ports(text: str, ports: dict[str, str]) -> str:
     for default, free in ports.items():
         text = text.replace(f": {default}", f": {free}")
     return text
+
+
+@pytest.mark.slow
+def test_the_distributed_provisioning_block_runs_as_written_on_two_machines(tmp_path):
+    """provisioning/README.md's shell block, line by line as written: the project admin's lines in one folder, the
+    participant's in another (its comments say whose line it is), only what the block says to send crossing
+    between them, and the root CA's fingerprint put for ``<fingerprint>``."""
+    readme = (REPOSITORY / "provisioning" / "README.md").read_text()
+    [block] = [block for block in re.findall(r"```bash\n(.*?)```", readme, re.DOTALL) if "nvflare cert init" in block]
+    ports = {"8002": str(free_port()), "8003": str(free_port())}
+    admin, participant = tmp_path / "project_admin", tmp_path / "site-nih"
+    (admin / "provisioning" / "distributed").mkdir(parents=True)
+    participant.mkdir()
+    profile = "provisioning/distributed/project_profile.yaml"
+    (admin / profile).write_text(_with_ports((REPOSITORY / profile).read_text(), ports))
+    (participant / "site-nih.yaml").write_text(_with_ports((DISTRIBUTED / "site-nih.yaml").read_text(), ports))
+    environment = {**os.environ, "PATH": f"{NVFLARE.parent}{os.pathsep}{os.environ['PATH']}"}
+    machine, ran = None, []
+    for line in block.replace("\\\n", " ").splitlines():
+        line = line.strip()
+        if line.startswith("#"):
+            machine = admin if line.startswith("# project admin") else participant
+            continue
+        command = line.split(" #", 1)[0].strip()
+        if (admin / "ca" / "ca.json").is_file():
+            command = command.replace("<fingerprint>", _json(admin / "ca" / "ca.json")["rootCA_fingerprint"])
+        result = subprocess.run(
+            command, shell=True, cwd=machine, env={**environment, "HOME": str(machine)}, capture_output=True, text=True
+        )
+        assert result.returncode == 0, (command, result.stdout[-2000:] + result.stderr[-2000:])
+        ran.append(command.split()[:3])
+        for sent in (*(participant / "request").glob("*.request.zip"), *admin.glob("*.signed.zip")):
+            receiver = admin if sent.is_relative_to(participant) else participant
+            shutil.copy(sent, receiver / sent.name)  # "send request/*.request.zip", "send back site-nih.signed.zip"
+    assert [words[:2] for words in ran] == [["nvflare", "cert"]] * 3 + [["nvflare", "package"]] + [
+        ["surgical-aggregation", "setup-kit"]
+    ]
+    kit = participant / "ws" / "surgical_aggregation" / "prod_00" / "site-nih"
+    assert _json(kit / "local" / SITE_CONFIG_TEMPLATE) == site_config_template("nih", MAIN_JOB, "site-nih")
+    assert sorted(str(path.relative_to(admin)) for path in admin.rglob("*.key")) == ["ca/rootCA.key"]  # no site key
