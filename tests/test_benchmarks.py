@@ -32,3 +32,24 @@ def test_train_throughput_measures_the_three_paths_and_writes_them(tmp_path: Pat
     assert results["train_over_ceiling"] == pytest.approx(
         results["train_images_per_s"]["median"] / results["ceiling_images_per_s"]["median"]
     )
+
+
+def test_the_poc_benchmark_reads_each_sites_local_epochs_once_from_its_logs(tmp_path: Path) -> None:
+    """benchmarks/poc_speed.py's rate: every local epoch once (a POC writes a line to the site's and the job's
+    log), the head warm-up left out, images over seconds summed per site."""
+    line = (
+        "2026-11-26 11:15:51,976 - {0} - INFO - {0} round {1} {2} epoch 1/1: loss 0.4854 on {3} images in {4} s (x/s)"
+    )
+    site_log = "\n".join(
+        [
+            line.format("site-nih", 0, "head warm-up", 500, "1.0"),
+            line.format("site-nih", 0, "training", 240, "20.0"),
+            line.format("site-nih", 1, "training", 260, "30.0"),
+            line.format("site-chexpert", 0, "training", 100, "4.0"),
+        ]
+    )
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "log.txt").write_text(site_log)
+    (tmp_path / "site" / "job").mkdir()
+    (tmp_path / "site" / "job" / "log.txt").write_text(site_log)  # the same epochs in the job's log
+    assert _load("poc_speed").site_rates(tmp_path) == {"site-chexpert": 25.0, "site-nih": 10.0}
