@@ -1,0 +1,257 @@
+"""Blind surgical aggregation (no FLARE): the server adds encrypted vectors and learns no class name, no row, no
+weight and no single site's backbone; each site decrypts the sums and takes its own classes' means.
+
+The sites share a key and the consortium's class list (canonical names); the server holds neither. A site packs its
+update into one vector (:class:`BlindLayout`):
+
+* the backbone entries the strategy averages, in the layout's order, times the site's aggregation weight ``w``,
+  then ``w`` itself;
+* one slot of ``features + 2`` values per listed class, the classes in the order of an HMAC of their names under
+  the key: the row (weight and bias) times ``w``, then ``w``. The slots of classes the site does not label hold
+  zeros, so every site's vector has the same length whatever its classes.
+
+The sites encrypt it under their shared CKKS secret key (:class:`BlindCipher`); the server holds the public part
+only and adds ciphertexts. A site decrypts the sum: the backbone's sum over the summed weight is the weighted mean,
+and for each of its classes the slot's row sum over its weight sum is the mean over the sites that label it, which
+is what :class:`~surgical_aggregation.core.aggregation.SurgicalAggregator` gives (to CKKS precision).
+
+Why a list and not a hash of each name into a slot space: two names on one slot would mix their rows, and keeping
+that improbable for a union of U classes takes a space of about U^2 slots of ``features + 2`` values each (for
+U = 199, millions of slots: more than the backbone). With the list, slots are exactly the listed classes; a class
+outside it is refused when packed (the consortium extends its list for a new finding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from .head import NAMED_HEAD, HeadSpec, StateDict, cast_like, to_numpy
+
+# CKKS for sums only (no multiplication, no rotation): one data prime of 60 bits at a scale of 2^40 leaves values up
+# to 2^20 in magnitude and an absolute error near 1e-8; N = 8192 gives 4096 values a ciphertext and 128-bit security
+# (log q = 120 of the 218 bits N = 8192 allows).
+POLY_MODULUS_DEGREE = 8192
+COEFFICIENT_MODULI = (60, 60)
+SCALE_BITS = 40
+VALUES_PER_CIPHERTEXT = POLY_MODULUS_DEGREE // 2
+LARGEST_VALUE = 2.0 ** (COEFFICIENT_MODULI[0] - SCALE_BITS - 1)  # a sum beyond it wraps around
+KEY_BYTES = 32
+
+
+class BlindAggregationError(ValueError):
+    """A blind update that cannot be packed or unpacked as asked; the message says which class and why."""
+
+
+def _keyed_order(key: bytes, name: str) -> bytes:
+    return hmac.new(key, name.encode("utf-8"), hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class BlindLayout:
+    """Where each value of a site's update goes in the vector every site encrypts (module docstring)."""
+
+    key: bytes  # the sites' shared key: the server must not hold it
+    classes: tuple[str, ...]  # the consortium's class list, canonical names: the sites', never the server's
+    backbone: tuple[tuple[str, tuple[int, ...]], ...]  # the averaged entries and their shapes, in order
+    features: int
+    head: HeadSpec = NAMED_HEAD
+
+    @classmethod
+    def of(
+        cls,
+        state: StateDict,
+        averaged_keys: Sequence[str],
+        key: bytes,
+        classes: Sequence[str],
+        head: HeadSpec = NAMED_HEAD,
+    ) -> BlindLayout:
+        if len(key) < KEY_BYTES:
+            raise BlindAggregationError(f"the sites' key must have at least {KEY_BYTES} bytes, got {len(key)}")
+        repeated = sorted({name for name in classes if list(classes).count(name) > 1})
+        if not classes or repeated:
+            raise BlindAggregationError(f"the consortium's class list must name each class once, got {list(classes)}")
+        backbone = tuple((name, tuple(to_numpy(state[name]).shape)) for name in averaged_keys)
+        return cls(key, tuple(classes), backbone, int(to_numpy(state[head.weight_key]).shape[1]), head)
+
+    @cached_property
+    def _slots(self) -> dict[str, int]:
+        ordered = sorted(self.classes, key=lambda name: _keyed_order(self.key, name))
+        return {name: slot for slot, name in enumerate(ordered)}
+
+    @property
+    def backbone_size(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.backbone)
+
+    @property
+    def slot_width(self) -> int:
+        return self.features + 2  # the weight row, the bias, w
+
+    @property
+    def size(self) -> int:
+        return self.backbone_size + 1 + len(self.classes) * self.slot_width
+
+    def slot(self, name: str) -> int:
+        if name not in self._slots:
+            raise BlindAggregationError(
+                f"class {name!r} is not in the consortium's list of {len(self.classes)} classes: blind aggregation "
+                "sums listed classes only (extend the list, in every site's blind settings, for a new finding)"
+            )
+        return self._slots[name]
+
+    def _slot_start(self, name: str) -> int:
+        return self.backbone_size + 1 + self.slot(name) * self.slot_width
+
+    def pack(self, state: StateDict, class_names: Sequence[str], weight: float) -> np.ndarray:
+        """A site's update as the vector it encrypts: ``state``'s averaged entries and its head rows (in
+        ``class_names`` order, canonical names), each times ``weight``."""
+        if not weight > 0:
+            raise BlindAggregationError(f"the aggregation weight must be positive, got {weight}")
+        if len(set(class_names)) != len(class_names):
+            raise BlindAggregationError(f"a site's class names must be unique, got {list(class_names)}")
+        vector = np.zeros(self.size, dtype=np.float64)
+        position = 0
+        for key, shape in self.backbone:
+            values = to_numpy(state[key]).astype(np.float64).ravel()
+            if values.shape != (math.prod(shape),):
+                raise BlindAggregationError(f"{key!r} has shape {to_numpy(state[key]).shape}, the layout's is {shape}")
+            vector[position : position + values.size] = values * weight
+            position += values.size
+        vector[position] = weight
+        rows, biases = to_numpy(state[self.head.weight_key]), to_numpy(state[self.head.bias_key])
+        if rows.shape != (len(class_names), self.features):
+            raise BlindAggregationError(f"the head has shape {rows.shape}, expected ({len(class_names)}, features)")
+        for index, name in enumerate(class_names):
+            start = self._slot_start(name)
+            vector[start : start + self.features] = rows[index] * weight
+            vector[start + self.features] = biases[index] * weight
+            vector[start + self.features + 1] = weight
+        largest = float(np.abs(vector).max(initial=0.0))
+        if largest * 1e3 > LARGEST_VALUE:  # room for the sum over up to 1000 sites
+            raise BlindAggregationError(
+                f"a packed value of {largest:.3g} leaves no room below the cipher's {LARGEST_VALUE:.3g} for the sum: "
+                "scale the aggregation weights down"
+            )
+        return vector
+
+    def unpack(self, total: np.ndarray, class_names: Sequence[str], template: StateDict) -> dict[str, Any]:
+        """From the decrypted sum of every site's vector, ``template`` (the site's state) with the averaged
+        backbone entries and the rows of ``class_names`` (in that order) replaced by their means."""
+        if total.shape != (self.size,):
+            raise BlindAggregationError(f"the sum has {total.shape} values, the layout {self.size}")
+        state = dict(template)
+        total_weight = float(total[self.backbone_size])
+        if not total_weight > 0:
+            raise BlindAggregationError(f"the summed weight is {total_weight}: no site's update is in this sum")
+        position = 0
+        for key, shape in self.backbone:
+            size = math.prod(shape)
+            state[key] = cast_like(template[key], (total[position : position + size] / total_weight).reshape(shape))
+            position += size
+        rows = np.empty((len(class_names), self.features))
+        biases = np.empty(len(class_names))
+        for index, name in enumerate(class_names):
+            start = self._slot_start(name)
+            row_weight = float(total[start + self.features + 1])
+            if not row_weight > 0:
+                raise BlindAggregationError(f"class {name!r}: its slot holds no weight (this site's row is missing)")
+            rows[index] = total[start : start + self.features] / row_weight
+            biases[index] = total[start + self.features] / row_weight
+        state[self.head.weight_key] = cast_like(template[self.head.weight_key], rows)
+        state[self.head.bias_key] = cast_like(template[self.head.bias_key], biases)
+        return state
+
+
+class BlindCipher:
+    """CKKS over TenSEAL: the sites' context (with the secret key: encrypt, decrypt) or the server's (the public
+    part only: add). A vector travels as one serialized ciphertext per ``VALUES_PER_CIPHERTEXT`` values."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+
+    @classmethod
+    def for_sites(cls) -> BlindCipher:
+        """A new context with a secret key, made once for a consortium and given to every site, never the server."""
+        import tenseal
+
+        context = tenseal.context(
+            tenseal.SCHEME_TYPE.CKKS,
+            poly_modulus_degree=POLY_MODULUS_DEGREE,
+            coeff_mod_bit_sizes=list(COEFFICIENT_MODULI),
+        )
+        context.global_scale = 2.0**SCALE_BITS
+        return cls(context)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> BlindCipher:
+        import tenseal
+
+        return cls(tenseal.context_from(data))
+
+    def to_bytes(self) -> bytes:
+        """This context as it is (the sites': with the secret key)."""
+        return self._context.serialize(save_secret_key=True)
+
+    def public_bytes(self) -> bytes:
+        """The context without its secret key: what the server gets."""
+        return self._context.serialize(save_secret_key=False)
+
+    @property
+    def holds_secret_key(self) -> bool:
+        return bool(self._context.is_private())
+
+    def encrypt(self, vector: np.ndarray) -> list[bytes]:
+        import tenseal
+
+        return [
+            tenseal.ckks_vector(self._context, vector[start : start + VALUES_PER_CIPHERTEXT].tolist()).serialize()
+            for start in range(0, len(vector), VALUES_PER_CIPHERTEXT)
+        ]
+
+    def add(self, encrypted: Sequence[Sequence[bytes]]) -> list[bytes]:
+        """The sum of several sites' encrypted vectors, ciphertext by ciphertext (no key needed)."""
+        import tenseal
+
+        lengths = {len(parts) for parts in encrypted}
+        if len(lengths) != 1:
+            raise BlindAggregationError(
+                f"the encrypted vectors have different numbers of ciphertexts: {sorted(lengths)}"
+            )
+        sums = []
+        for parts in zip(*encrypted, strict=True):
+            total = tenseal.ckks_vector_from(self._context, parts[0])
+            for part in parts[1:]:
+                total += tenseal.ckks_vector_from(self._context, part)
+            sums.append(total.serialize())
+        return sums
+
+    def decrypt(self, encrypted: Sequence[bytes]) -> np.ndarray:
+        import tenseal
+
+        if not self.holds_secret_key:
+            raise BlindAggregationError("this context has no secret key: only the sites decrypt")
+        return np.concatenate(
+            [
+                np.asarray(tenseal.ckks_vector_from(self._context, part).decrypt(), dtype=np.float64)
+                for part in encrypted
+            ]
+        )
+
+
+def new_sites_key() -> bytes:
+    """A fresh key for the slots, from the operating system's entropy."""
+    return os.urandom(KEY_BYTES)
+
+
+def blind_weight(num_samples: int, weighting: str) -> float:
+    """A site's aggregation weight: 1, or its samples in thousands (``samples``; any common scale leaves the means
+    as they are, and this one keeps the packed values far below the cipher's limit)."""
+    return 1.0 if weighting == "uniform" else num_samples / 1000.0

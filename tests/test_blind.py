@@ -1,0 +1,123 @@
+"""Blind surgical aggregation (core.blind): sums of encrypted, name-keyed slots give every site what surgical
+aggregation gives it, the server's context cannot decrypt, and what the server receives names no class."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from surgical_aggregation.core.aggregation import Contribution, SurgicalAggregator
+from surgical_aggregation.core.blind import (
+    BlindAggregationError,
+    BlindCipher,
+    BlindLayout,
+    blind_weight,
+    new_sites_key,
+)
+from surgical_aggregation.core.head import NAMED_HEAD
+from surgical_aggregation.core.strategies import strategy
+
+FEATURES = 6
+SITES = {
+    "site-a": ["Atelectasis", "Effusion", "Mass"],
+    "site-b": ["Effusion", "Pneumonia"],
+    "site-c": ["Mass", "Effusion", "Hernia", "Edema"],
+}
+SAMPLES = {"site-a": 1200, "site-b": 300, "site-c": 4500}
+CONSORTIUM = ["Atelectasis", "Cardiomegaly", "Edema", "Effusion", "Hernia", "Mass", "Nodule", "Pneumonia"]
+
+
+def _state(classes: list[str], seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "features.conv0.weight": torch.randn(4, 1, 3, 3, generator=generator),
+        "features.norm0.weight": torch.rand(4, generator=generator) + 0.5,
+        "features.norm0.running_mean": torch.randn(4, generator=generator),
+        "features.norm0.num_batches_tracked": torch.tensor(7 + seed),
+        NAMED_HEAD.weight_key: torch.randn(len(classes), FEATURES, generator=generator),
+        NAMED_HEAD.bias_key: torch.randn(len(classes), generator=generator),
+    }
+
+
+@pytest.fixture(scope="module")
+def cipher() -> BlindCipher:
+    return BlindCipher.for_sites()
+
+
+@pytest.mark.parametrize("backbone_strategy", ["fedavg", "fedbn_plus"])
+@pytest.mark.parametrize("weighting", ["uniform", "samples"])
+def test_blind_sums_give_each_site_what_surgical_aggregation_gives_it(cipher, backbone_strategy, weighting):
+    states = {site: _state(classes, seed) for seed, (site, classes) in enumerate(SITES.items())}
+    union = sorted({name for classes in SITES.values() for name in classes})
+    global_state = _state(union, 99)
+    plain = SurgicalAggregator(global_state, union, backbone_strategy, weighting)
+    for site, classes in SITES.items():
+        plain.add(Contribution(site, states[site], classes, SAMPLES[site]))
+    expected = plain.finalize()
+
+    averaged = strategy(backbone_strategy).shared_keys(global_state, NAMED_HEAD.keys)
+    layout = BlindLayout.of(global_state, averaged, new_sites_key(), CONSORTIUM)
+    server = BlindCipher.from_bytes(cipher.public_bytes())
+    sent = [
+        cipher.encrypt(layout.pack(states[site], classes, blind_weight(SAMPLES[site], weighting)))
+        for site, classes in SITES.items()
+    ]
+    total = cipher.decrypt(server.add(sent))
+    for site, classes in SITES.items():
+        received = layout.unpack(total, classes, states[site])
+        for key in averaged:
+            assert torch.allclose(received[key].double(), expected.state[key].double(), atol=1e-6), key
+            assert received[key].dtype == states[site][key].dtype
+        rows = [expected.class_names.index(name) for name in classes]
+        for key in NAMED_HEAD.keys:
+            assert torch.allclose(received[key], expected.state[key][rows], atol=1e-6), (site, key)
+        for key in set(states[site]) - set(averaged) - set(NAMED_HEAD.keys):  # not averaged: the site's own
+            assert torch.equal(received[key], states[site][key])
+
+
+def test_the_server_context_holds_no_secret_key_and_cannot_decrypt(cipher):
+    server = BlindCipher.from_bytes(cipher.public_bytes())
+    assert cipher.holds_secret_key and not server.holds_secret_key
+    encrypted = cipher.encrypt(np.arange(10.0))
+    with pytest.raises(BlindAggregationError, match="only the sites decrypt"):
+        server.decrypt(encrypted)
+    assert np.allclose(cipher.decrypt(server.add([encrypted, encrypted])), 2 * np.arange(10.0), atol=1e-6)
+
+
+def test_what_the_server_receives_names_no_class_and_has_one_size_for_every_site(cipher):
+    global_state = _state(["Mass"], 0)
+    layout = BlindLayout.of(global_state, ["features.conv0.weight"], new_sites_key(), CONSORTIUM)
+    sizes = set()
+    for seed, classes in enumerate(SITES.values()):
+        sent = cipher.encrypt(layout.pack(_state(classes, seed), classes, 1.0))
+        sizes.add((len(sent), tuple(len(part) for part in sent)))
+        payload = b"".join(sent) + cipher.public_bytes()
+        for name in [name for names in SITES.values() for name in names]:
+            assert name.encode() not in payload
+    assert len({count for count, _ in sizes}) == 1  # as many ciphertexts from a site of 2 classes as of 4
+
+
+def test_a_class_outside_the_consortiums_list_is_refused_when_packed():
+    layout = BlindLayout.of(_state(["Mass"], 0), [], new_sites_key(), CONSORTIUM)
+    with pytest.raises(BlindAggregationError, match="'Fibrosis' is not in the consortium's list of 8 classes"):
+        layout.pack(_state(["Mass", "Fibrosis"], 0), ["Mass", "Fibrosis"], 1.0)
+    with pytest.raises(BlindAggregationError, match="must name each class once"):
+        BlindLayout.of(_state(["Mass"], 0), [], new_sites_key(), ["Mass", "Mass"])
+
+
+def test_the_slots_depend_on_the_sites_key():
+    global_state = _state(["Mass"], 0)
+    names = [f"Finding {n}" for n in range(50)]
+    first, second = (BlindLayout.of(global_state, [], new_sites_key(), names) for _ in range(2))
+    assert sorted(first.slot(name) for name in names) == list(range(50))  # one slot per listed class
+    assert [first.slot(name) for name in names] != [second.slot(name) for name in names]
+    with pytest.raises(BlindAggregationError, match="at least 32 bytes"):
+        BlindLayout.of(global_state, [], b"short", names)
+
+
+def test_a_weight_that_would_overflow_the_sum_is_refused():
+    global_state = _state(["Mass"], 0)
+    layout = BlindLayout.of(global_state, [], new_sites_key(), CONSORTIUM)
+    with pytest.raises(BlindAggregationError, match="scale the aggregation weights down"):
+        layout.pack(global_state, ["Mass"], 1e6)
