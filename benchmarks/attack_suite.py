@@ -12,6 +12,9 @@ to measure its update as the server will (``core.checks.update_sizes``):
   bn_shift       an honest update, plus 90 % of the BatchNorm statistics' budget spent on one layer's running means
   label_flip     trained honestly on its labels flipped (1 <-> 0): its update looks like any other
   inflated       a free-rider that declares and reports 10^9 training samples, under ``weighting: samples``
+  squatting      declares every NIH class it does not label and trains their rows on no positive (every image a
+                 negative), honestly otherwise: the rows it gets back tell it which of them the other site labels,
+                 and its rows pull those classes' means towards "never"
   lying          sign_flip, and every validation it reports says loss 0 (standard error 0.001), AUROC 1
   colluding      two sign_flip sites of four
   sybil          three sign_flip sites of five (one party, three kits)
@@ -54,7 +57,7 @@ from surgical_aggregation.training.site_data import resolve_table
 PATIENTS, IMAGE_SIZE, ROUNDS = 120, 64, 3
 TEST_PATIENTS = 300  # the external test set every honest site is scored on (embedded MIMIC layout, NIH's classes)
 CLEAN = "clean"
-SINGLE = ("sign_flip", "ipm", "bn_shift", "label_flip", "inflated", "lying")
+SINGLE = ("sign_flip", "ipm", "bn_shift", "label_flip", "inflated", "squatting", "lying")
 # attack -> {sites in the federation: how many of them attack}
 ATTACKS: dict[str, dict[int, int]] = {
     "sign_flip": {2: 1, 4: 1},
@@ -62,6 +65,7 @@ ATTACKS: dict[str, dict[int, int]] = {
     "bn_shift": {2: 1},
     "label_flip": {2: 1},
     "inflated": {2: 1},
+    "squatting": {2: 1},
     "lying": {2: 1},
     "colluding": {4: 2},
     "sybil": {5: 3},
@@ -79,6 +83,7 @@ from surgical_aggregation.core.checks import (
     DEFAULT_UPDATE_BOUND, ROWS, STATISTICS, UPDATE_CAPS, WEIGHTS, clipped_state, row_part, update_sizes,
 )
 from surgical_aggregation.core.head import NAMED_HEAD
+from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.flare import client
 from surgical_aggregation.flare.protocol import META_CLASS_NAMES, META_NUM_SAMPLES
 
@@ -156,6 +161,11 @@ def init(self, *args, **kwargs):
     if ATTACK == "label_flip":
         for name in self.table.classes:
             self.table.frame[name] = 1.0 - self.table.frame[name]
+    if ATTACK == "squatting":  # NIH's classes it lacks, declared, every image a negative
+        for name in NIH_LABELS:
+            if name not in self.table.classes:
+                self.table.classes.append(name)
+                self.table.frame[name] = 0.0
 
 
 _validate = client.ClientSession.validate

@@ -7,9 +7,11 @@ stand-in (``surgical-aggregation pretrain``), because DP-SGD needs BatchNorm tha
 statistics; "none" is the same recipe without DP-SGD. Each site's budget is spread over the job's rounds
 (``planned_rounds``), delta 1e-5, per-patient clipping at 1.0. Every epsilon runs once per seed (the sites' and the
 initial model's ``seed``; the splits stay the job's); the DP-SGD noise and sampling are drawn from a secure source in
-every run, independent of the seed. For each run: the best global model's mean AUROC on each site's own classes and
-test split, the epsilon each site spent, and the federation's wall time. Writes ``results.json`` (every run),
-``summary.md`` (means across seeds with their 95% t-interval) and ``utility.png`` in ``--out``.
+every run, independent of the seed. For each run: the best global model's mean AUROC on each site's own classes
+and test split, the epsilon each site spent, and the federation's wall time. Writes ``results.json`` (every run),
+``summary.md`` (means across seeds with their 95% t-interval) and ``utility.png`` in ``--out``. Each finished
+federation is also kept in ``--work``'s ``results.json``; a run of the command skips those already there (delete
+it to start afresh).
 """
 
 from __future__ import annotations
@@ -203,11 +205,18 @@ def main() -> None:
     if args.cache is not None:
         os.environ["SURGICAL_AGGREGATION_CACHE"] = str(args.cache)
     pretrained = pretrained_backbone(DEMO, Pretraining.for_profile(DEMO), args.cache)
+    done = args.work / "results.json"  # each finished federation, so that a stopped run goes on where it was
+    finished = json.loads(done.read_text()) if done.is_file() else []
     results = []
     for seed in args.seeds:
         for epsilon in EPSILONS:
+            earlier = [result for result in finished if (result["epsilon"], result["seed"]) == (epsilon, seed)]
+            if earlier:
+                results.append(earlier[0])
+                continue
             results.append(run(epsilon, seed, args.work / f"{_label(epsilon)}-seed{seed}", pretrained))
             print(json.dumps(results[-1]), flush=True)
+            done.write_text(json.dumps([*finished, *results], indent=1))
     write(results, args.out)
 
 
