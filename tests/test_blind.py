@@ -3,6 +3,9 @@ aggregation gives it, the server's context cannot decrypt, and what the server r
 
 from __future__ import annotations
 
+import base64
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +15,7 @@ from surgical_aggregation.core.blind import (
     BlindAggregationError,
     BlindCipher,
     BlindLayout,
+    BlindSecret,
     blind_weight,
     new_sites_key,
 )
@@ -121,3 +125,38 @@ def test_a_weight_that_would_overflow_the_sum_is_refused():
     layout = BlindLayout.of(global_state, [], new_sites_key(), CONSORTIUM)
     with pytest.raises(BlindAggregationError, match="scale the aggregation weights down"):
         layout.pack(global_state, ["Mass"], 1e6)
+
+
+def test_the_sites_secret_survives_its_file_and_only_its_owner_reads_it(tmp_path):
+    secret = BlindSecret.new(CONSORTIUM)
+    path = secret.write(tmp_path / "blind_secret.json")
+    assert path.stat().st_mode & 0o777 == 0o600
+    again = BlindSecret.read(path)
+    assert (again.key, again.classes) == (secret.key, tuple(CONSORTIUM))
+    layout = again.layout_for(_state(["Mass"], 0), [])
+    assert [layout.slot(name) for name in CONSORTIUM] == [
+        secret.layout_for(_state(["Mass"], 0), []).slot(name) for name in CONSORTIUM
+    ]
+    assert np.allclose(again.cipher.decrypt(secret.cipher.encrypt(np.arange(5.0))), np.arange(5.0), atol=1e-6)
+
+
+def test_a_file_that_is_not_the_sites_secret_is_refused_by_name(tmp_path):
+    good = json.loads(BlindSecret.new(CONSORTIUM).write(tmp_path / "good.json").read_text())
+    public = BlindSecret.new(CONSORTIUM).cipher.public_bytes()
+    cases = {
+        "missing.json": (None, "not found"),
+        "text.json": ("not json", "not JSON"),
+        "list.json": ([], "format None"),
+        "format.json": ({**good, "format": 2}, "format 2"),
+        "key.json": ({**good, "key": "zz"}, "not a blind secret"),
+        "short.json": ({**good, "key": "00" * 8}, "at least 32 bytes"),
+        "classes.json": ({**good, "classes": ["Mass", "Mass"]}, "each class once"),
+        "context.json": ({**good, "context": base64.b64encode(b"junk").decode()}, "its context cannot be read"),
+        "server.json": ({**good, "context": base64.b64encode(public).decode()}, "no secret key"),
+    }
+    for name, (content, message) in cases.items():
+        if content is not None:
+            (tmp_path / name).write_text(content if isinstance(content, str) else json.dumps(content))
+        with pytest.raises(BlindAggregationError, match=message) as refused:
+            BlindSecret.read(tmp_path / name)
+        assert name in str(refused.value)

@@ -23,17 +23,21 @@ outside it is refused when packed (the consortium extends its list for a new fin
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import json
 import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .errors import UserError
 from .head import NAMED_HEAD, HeadSpec, StateDict, cast_like, to_numpy
 
 # CKKS for sums only (no multiplication, no rotation): one data prime of 60 bits at a scale of 2^40 leaves values up
@@ -47,8 +51,17 @@ LARGEST_VALUE = 2.0 ** (COEFFICIENT_MODULI[0] - SCALE_BITS - 1)  # a sum beyond 
 KEY_BYTES = 32
 
 
-class BlindAggregationError(ValueError):
-    """A blind update that cannot be packed or unpacked as asked; the message says which class and why."""
+class BlindAggregationError(UserError, ValueError):
+    """A blind update that cannot be packed or unpacked as asked, or sites' secret that cannot be read; the message
+    says which class, file or field, and why."""
+
+
+def check_secret(key: bytes, classes: Sequence[str]) -> None:
+    """A key long enough, and a class list naming each class once."""
+    if len(key) < KEY_BYTES:
+        raise BlindAggregationError(f"the sites' key must have at least {KEY_BYTES} bytes, got {len(key)}")
+    if not classes or len(set(classes)) != len(classes) or not all(isinstance(name, str) for name in classes):
+        raise BlindAggregationError(f"the consortium's class list must name each class once, got {list(classes)}")
 
 
 def _keyed_order(key: bytes, name: str) -> bytes:
@@ -74,11 +87,7 @@ class BlindLayout:
         classes: Sequence[str],
         head: HeadSpec = NAMED_HEAD,
     ) -> BlindLayout:
-        if len(key) < KEY_BYTES:
-            raise BlindAggregationError(f"the sites' key must have at least {KEY_BYTES} bytes, got {len(key)}")
-        repeated = sorted({name for name in classes if list(classes).count(name) > 1})
-        if not classes or repeated:
-            raise BlindAggregationError(f"the consortium's class list must name each class once, got {list(classes)}")
+        check_secret(key, classes)
         backbone = tuple((name, tuple(to_numpy(state[name]).shape)) for name in averaged_keys)
         return cls(key, tuple(classes), backbone, int(to_numpy(state[head.weight_key]).shape[1]), head)
 
@@ -255,3 +264,71 @@ def blind_weight(num_samples: int, weighting: str) -> float:
     """A site's aggregation weight: 1, or its samples in thousands (``samples``; any common scale leaves the means
     as they are, and this one keeps the packed values far below the cipher's limit)."""
     return 1.0 if weighting == "uniform" else num_samples / 1000.0
+
+
+SECRET_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class BlindSecret:
+    """What every site of a blind federation holds and the server must not: the slots' key, the consortium's class
+    list and the CKKS context with its secret key. One site makes it (:meth:`new`) and hands the file to the others
+    over a channel the coordinator does not run; each keeps it in its workspace's ``local/``, never in a job (a job
+    folder travels through the server). The server needs only the public context, which a site can send it."""
+
+    key: bytes
+    classes: tuple[str, ...]
+    cipher: BlindCipher
+
+    @classmethod
+    def new(cls, classes: Sequence[str]) -> BlindSecret:
+        key = new_sites_key()
+        check_secret(key, classes)
+        return cls(key, tuple(classes), BlindCipher.for_sites())
+
+    def layout_for(self, state: StateDict, averaged_keys: Sequence[str]) -> BlindLayout:
+        return BlindLayout.of(state, averaged_keys, self.key, self.classes)
+
+    def write(self, path: str | Path) -> Path:
+        """The secret as one JSON file, readable by its owner only."""
+        path = Path(path)
+        values = {
+            "format": SECRET_FORMAT,
+            "key": self.key.hex(),
+            "classes": list(self.classes),
+            "context": base64.b64encode(self.cipher.to_bytes()).decode("ascii"),
+        }
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(values, handle)
+        return path
+
+    @classmethod
+    def read(cls, path: str | Path) -> BlindSecret:
+        path = Path(path)
+        if not path.is_file():
+            raise BlindAggregationError(f"{path}: not found; the sites' blind secret is a file one site makes")
+        try:
+            values = json.loads(path.read_text())
+        except ValueError as error:
+            raise BlindAggregationError(f"{path}: not JSON ({error})") from None
+        found = values.get("format") if isinstance(values, dict) else None
+        if found != SECRET_FORMAT:
+            raise BlindAggregationError(f"{path}: format {found!r}; this bundle reads blind secrets of format 1")
+        try:
+            key = bytes.fromhex(values["key"])
+            context = base64.b64decode(values["context"], validate=True)
+            classes = tuple(values["classes"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise BlindAggregationError(f"{path}: not a blind secret ({type(error).__name__}: {error})") from None
+        try:
+            check_secret(key, classes)
+        except BlindAggregationError as error:
+            raise BlindAggregationError(f"{path}: {error}") from None
+        try:
+            cipher = BlindCipher.from_bytes(context)
+        except ValueError as error:
+            raise BlindAggregationError(f"{path}: its context cannot be read ({error})") from None
+        if not cipher.holds_secret_key:
+            raise BlindAggregationError(f"{path}: its context has no secret key (a server's public context?)")
+        return cls(key, classes, cipher)
