@@ -32,7 +32,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -274,7 +273,8 @@ class BlindSecret:
     """What every site of a blind federation holds and the server must not: the slots' key, the consortium's class
     list and the CKKS context with its secret key. One site makes it (:meth:`new`) and hands the file to the others
     over a channel the coordinator does not run; each keeps it in its workspace's ``local/``, never in a job (a job
-    folder travels through the server). The server needs only the public context, which a site can send it."""
+    folder travels through the server). The server needs only the public context, which a site can send it. As JSON
+    text here (:meth:`to_json`, :meth:`from_json`): the core does no I/O."""
 
     key: bytes
     classes: tuple[str, ...]
@@ -289,46 +289,40 @@ class BlindSecret:
     def layout_for(self, state: StateDict, averaged_keys: Sequence[str]) -> BlindLayout:
         return BlindLayout.of(state, averaged_keys, self.key, self.classes)
 
-    def write(self, path: str | Path) -> Path:
-        """The secret as one JSON file, readable by its owner only."""
-        path = Path(path)
+    def to_json(self) -> str:
+        """The secret as JSON text (whoever stores it keeps the file readable by its owner only)."""
         values = {
             "format": SECRET_FORMAT,
             "key": self.key.hex(),
             "classes": list(self.classes),
             "context": base64.b64encode(self.cipher.to_bytes()).decode("ascii"),
         }
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(values, handle)
-        return path
+        return json.dumps(values)
 
     @classmethod
-    def read(cls, path: str | Path) -> BlindSecret:
-        path = Path(path)
-        if not path.is_file():
-            raise BlindAggregationError(f"{path}: not found; the sites' blind secret is a file one site makes")
+    def from_json(cls, text: str, where: str) -> BlindSecret:
+        """The secret from :meth:`to_json`'s text; ``where`` (its file) names it in every error."""
         try:
-            values = json.loads(path.read_text())
+            values = json.loads(text)
         except ValueError as error:
-            raise BlindAggregationError(f"{path}: not JSON ({error})") from None
+            raise BlindAggregationError(f"{where}: not JSON ({error})") from None
         found = values.get("format") if isinstance(values, dict) else None
         if found != SECRET_FORMAT:
-            raise BlindAggregationError(f"{path}: format {found!r}; this bundle reads blind secrets of format 1")
+            raise BlindAggregationError(f"{where}: format {found!r}; this bundle reads blind secrets of format 1")
         try:
             key = bytes.fromhex(values["key"])
             context = base64.b64decode(values["context"], validate=True)
             classes = tuple(values["classes"])
         except (ValueError, KeyError, TypeError) as error:
-            raise BlindAggregationError(f"{path}: not a blind secret ({type(error).__name__}: {error})") from None
+            raise BlindAggregationError(f"{where}: not a blind secret ({type(error).__name__}: {error})") from None
         try:
             check_secret(key, classes)
         except BlindAggregationError as error:
-            raise BlindAggregationError(f"{path}: {error}") from None
+            raise BlindAggregationError(f"{where}: {error}") from None
         try:
             cipher = BlindCipher.from_bytes(context)
         except ValueError as error:
-            raise BlindAggregationError(f"{path}: its context cannot be read ({error})") from None
+            raise BlindAggregationError(f"{where}: its context cannot be read ({error})") from None
         if not cipher.holds_secret_key:
-            raise BlindAggregationError(f"{path}: its context has no secret key (a server's public context?)")
+            raise BlindAggregationError(f"{where}: its context has no secret key (a server's public context?)")
         return cls(key, classes, cipher)
