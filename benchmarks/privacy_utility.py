@@ -70,15 +70,33 @@ def run(epsilon: float | None, seed: int, root: Path, pretrained: Path) -> dict:
     for entry in history:
         for site, report in entry.get("aggregation", {}).get("privacy", {}).items():
             spent[site] = report["epsilon"]
-    sites = {}
+    sites, intervals = test_scores(recipe, result.best_global_model)
+    return {"epsilon": epsilon, "seed": seed, "seconds": seconds, "spent": spent, "mean_auroc": sites,
+            "test_interval": intervals}  # fmt: skip
+
+
+def test_scores(recipe, model: Path) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Each site's mean AUROC of ``model`` on its test split, and its 95% bootstrap interval over the split's images
+    (what one test split's sampling leaves uncertain; the table's interval is across seeds)."""
+    sites, intervals = {}, {}
     for site, values in recipe.site_configs.items():
         config = site_config_from_dict(values, f"{recipe.name} {site}")
         test = split_table(resolve_table(config), config)["test"]
-        report = evaluate_on_table(
-            result.best_global_model, test, bootstrap=200, device="cpu"
-        )  # the estimate; the interval is across seeds
+        report = evaluate_on_table(model, test, bootstrap=200, device="cpu")
         sites[site] = report.mean_auroc.estimate
-    return {"epsilon": epsilon, "seed": seed, "seconds": seconds, "spent": spent, "mean_auroc": sites}
+        intervals[site] = [report.mean_auroc.low, report.mean_auroc.high]
+    return sites, intervals
+
+
+def chance_verdict(cell: dict) -> str:
+    """ "below" when every seed's test interval (or, without them, the seeds' interval) lies under 0.5; "chance" when
+    the seeds' interval holds 0.5 or every seed's test interval does; "above" otherwise."""
+    tests = cell["test_intervals"]
+    if all(high < 0.5 for _, high in tests) if tests else cell["high"] < 0.5:
+        return "below"
+    if cell["low"] <= 0.5 <= cell["high"] or (tests and all(low <= 0.5 <= high for low, high in tests)):
+        return "chance"
+    return "above"
 
 
 def _label(epsilon: float | None) -> str:
@@ -97,7 +115,9 @@ def summarize(results: list[dict]) -> list[dict]:
         for site in sorted(runs[0]["mean_auroc"]):
             values = np.array([result["mean_auroc"][site] for result in runs])
             low, high = t_interval(values)
-            sites[site] = {"mean": float(values.mean()), "low": low, "high": high, "seeds": values.tolist()}
+            tests = [result["test_interval"][site] for result in runs if "test_interval" in result]
+            sites[site] = {"mean": float(values.mean()), "low": low, "high": high, "seeds": values.tolist(),
+                           "test_intervals": tests}  # fmt: skip
         spent = {site: max(result["spent"].get(site, 0.0) for result in runs) for site in sorted(runs[0]["spent"])}
         seconds = float(np.mean([result["seconds"] for result in runs]))
         rows.append({"epsilon": epsilon, "seeds": [r["seed"] for r in runs], "sites": sites, "spent": spent,
@@ -150,20 +170,25 @@ def write(results: list[dict], out: Path) -> None:
         lines.append(
             f"| {_label(row['epsilon'])} | " + " | ".join(cells) + f" | {spent} | {row['seconds']:.0f} | {ratio} |"
         )
-    below = [f"{site} at epsilon {_label(row['epsilon'])} ({row['sites'][site]['high']:.3f})" for row in rows
-             for site in sites if row["epsilon"] is not None and row["sites"][site]["high"] < 0.5]  # fmt: skip
-    chance = [f"{site} at epsilon {_label(row['epsilon'])}" for row in rows for site in sites
-              if row["epsilon"] is not None and row["sites"][site]["low"] <= 0.5 <= row["sites"][site]["high"]
-              ]  # fmt: skip
+    verdicts = {(row["epsilon"], site): chance_verdict(row["sites"][site]) for row in rows for site in sites}
+    chance = [f"{site} at epsilon {_label(epsilon)}" for (epsilon, site), verdict in verdicts.items()
+              if epsilon is not None and verdict == "chance"]  # fmt: skip
+    below = [f"{site} at epsilon {_label(epsilon)}" for (epsilon, site), verdict in verdicts.items()
+             if epsilon is not None and verdict == "below"]  # fmt: skip
     if chance:
-        lines += ["", "**No better than chance** (the interval holds 0.5): " + ", ".join(chance) + "."]
+        lines += [
+            "",
+            "**No better than chance**: " + ", ".join(chance) + " (the seeds' interval holds 0.5, or so does every "
+            "seed's 95% bootstrap interval over the test split's images: the seeds share one test split, so their "
+            "interval leaves out its sampling).",
+        ]
     if below:
         lines += [
             "",
-            "**Read with care: below chance.** The upper ends of these intervals are under 0.5: "
-            + ", ".join(below)
-            + ". Under DP-SGD this federation's global model ranks the images against their labels. A model below "
-            "chance is not what noise costs (noise alone leaves 0.5): these rows do not measure privacy's price.",
+            "**Read with care: below chance.** " + ", ".join(below) + ": every seed's bootstrap interval over the "
+            "test split lies under 0.5. Under DP-SGD this federation's global model ranks the images against their "
+            "labels. A model below chance is not what noise costs (noise alone leaves 0.5): these rows do not "
+            "measure privacy's price.",
         ]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -206,18 +231,16 @@ def main() -> None:
         os.environ["SURGICAL_AGGREGATION_CACHE"] = str(args.cache)
     pretrained = pretrained_backbone(DEMO, Pretraining.for_profile(DEMO), args.cache)
     done = args.work / "results.json"  # each finished federation, so that a stopped run goes on where it was
-    finished = json.loads(done.read_text()) if done.is_file() else []
-    results = []
+    earlier = json.loads(done.read_text()) if done.is_file() else []
+    finished = {(result["epsilon"], result["seed"]): result for result in earlier}
     for seed in args.seeds:
         for epsilon in EPSILONS:
-            earlier = [result for result in finished if (result["epsilon"], result["seed"]) == (epsilon, seed)]
-            if earlier:
-                results.append(earlier[0])
+            if (epsilon, seed) in finished:
                 continue
-            results.append(run(epsilon, seed, args.work / f"{_label(epsilon)}-seed{seed}", pretrained))
-            print(json.dumps(results[-1]), flush=True)
-            done.write_text(json.dumps([*finished, *results], indent=1))
-    write(results, args.out)
+            finished[(epsilon, seed)] = run(epsilon, seed, args.work / f"{_label(epsilon)}-seed{seed}", pretrained)
+            print(json.dumps(finished[(epsilon, seed)]), flush=True)
+            done.write_text(json.dumps(list(finished.values()), indent=1))
+    write([finished[(epsilon, seed)] for seed in args.seeds for epsilon in EPSILONS], args.out)
 
 
 if __name__ == "__main__":

@@ -369,6 +369,16 @@ def test_the_utility_page_is_what_its_command_writes_from_its_results(tmp_path):
     rows = benchmark.summarize(results)
     assert [row["epsilon"] for row in rows] == [1.0, 3.0, 8.0, None]
     assert all(len(row["seeds"]) >= 3 and row["seeds"] == rows[-1]["seeds"] for row in rows)  # same seeds, each row
+    # provisioning/README.md's summary of the table
+    readme = " ".join((page.parents[1] / "provisioning" / "README.md").read_text().split())
+    private, plain = [row for row in rows if row["epsilon"] is not None], rows[-1]["sites"]
+    chexpert = [row["sites"]["site-chexpert"]["mean"] for row in private]
+    assert (
+        f"site-chexpert reaches a mean AUROC of {min(chexpert):.2f} to {max(chexpert):.2f} at epsilon 1 to 8 against "
+        f"{plain['site-chexpert']['mean']:.2f} without" in readme
+    )
+    assert [benchmark.chance_verdict(row["sites"]["site-nih"]) for row in private] == ["chance"] * 3
+    assert f"site-nih is no better than chance at any of them ({plain['site-nih']['mean']:.2f} without)" in readme
     for result in results:  # every site spent at most its budget, and nearly all of it over the planned rounds
         if result["epsilon"] is not None:
             assert len(result["spent"]) == 2
