@@ -27,3 +27,23 @@ def test_the_gpu_table_is_its_json_files():
             f"{run['validation_images_per_s']['median']:.1f}",
         ]
         assert cells == expected, name
+
+
+def test_the_poc_table_is_its_json_file():
+    text = (DOCS / "performance.md").read_text()
+    table = text.split("<!-- poc-speed -->")[1].split("<!-- /poc-speed -->")[0]
+    summary = json.loads((DOCS / "performance" / "poc_speed.json").read_text())["summary"]
+    rows = table.strip().splitlines()[2:]
+    assert [row.split("|")[1].strip() for row in rows] == ["quiet", "loaded"]
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        values = summary[cells[0]]
+        assert cells[1:] == [
+            f"{values['simulator']['images_per_second_median']:.1f}",
+            f"{values['poc']['images_per_second_median']:.1f}",
+            f"{values['ratio_min']:.2f}",
+            f"{values['ratio_median']:.2f}",
+            f"{values['simulator']['seconds_median']:.0f}",
+            f"{values['poc']['seconds_median']:.0f}",
+        ]
+        assert 0.9 <= values["ratio_min"] <= values["ratio_median"] <= 1.1  # "as fast in the POC as in the simulator"
