@@ -379,6 +379,15 @@ def test_the_utility_page_is_what_its_command_writes_from_its_results(tmp_path):
     )
     assert [benchmark.chance_verdict(row["sites"]["site-nih"]) for row in private] == ["chance"] * 3
     assert f"site-nih is no better than chance at any of them ({plain['site-nih']['mean']:.2f} without)" in readme
+    # and its ablation of DP-SGD's parts (benchmarks/dp_ablation.py), figure for figure
+    ablation = json.loads((page / "dp_ablation.json").read_text())["aurocs"]
+    last = {arm: f"{values[-1]:.3f}" for arm, values in ablation.items()}
+    assert (
+        f"(validation AUROC {ablation['no_dp'][0]:.3f} before training, after 2 rounds): without DP {last['no_dp']}, "
+        f"clipping alone {last['clipping_only']}, noise alone {last['noise_only']}, DP-SGD without the prior "
+        f"{last['dp_sgd_no_prior']}, with it {last['dp_sgd']}." in readme
+    )
+    assert float(last["dp_sgd_no_prior"]) < 0.45 < 0.5 <= float(last["dp_sgd"])  # the prior is what lifts it
     for result in results:  # every site spent at most its budget, and nearly all of it over the planned rounds
         if result["epsilon"] is not None:
             assert len(result["spent"]) == 2
