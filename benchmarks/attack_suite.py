@@ -57,7 +57,6 @@ from surgical_aggregation.training.site_data import resolve_table
 PATIENTS, IMAGE_SIZE, ROUNDS = 120, 64, 3
 TEST_PATIENTS = 300  # the external test set every honest site is scored on (embedded MIMIC layout, NIH's classes)
 CLEAN = "clean"
-SINGLE = ("sign_flip", "ipm", "bn_shift", "label_flip", "inflated", "squatting", "lying")
 # attack -> {sites in the federation: how many of them attack}
 ATTACKS: dict[str, dict[int, int]] = {
     "sign_flip": {2: 1, 4: 1},

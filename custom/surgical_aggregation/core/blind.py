@@ -95,7 +95,7 @@ class BlindLayout:
         ordered = sorted(self.classes, key=lambda name: _keyed_order(self.key, name))
         return {name: slot for slot, name in enumerate(ordered)}
 
-    @property
+    @cached_property
     def backbone_size(self) -> int:
         return sum(math.prod(shape) for _, shape in self.backbone)
 

@@ -433,13 +433,14 @@ class SiteTrainer:
         that noise does not leave "lower every output" as the only part of the gradient that comes through
         (:class:`~.privacy.DifferentialPrivacy`)."""
         prevalence = self.config.differential_privacy.prior_prevalence
+        logit = prior_logit(prevalence)
         rows = [row for row, name in enumerate(self.head_classes) if name in self.class_names]
         bias = dict(self.model.named_parameters())[NAMED_HEAD.bias_key]
         with torch.no_grad():
-            bias[rows] = prior_logit(prevalence)
+            bias[rows] = logit
         self.log.info(
             "%s: DP-SGD: the output biases of its %d classes start at %.3f (the logit of a public prior prevalence "
-            "of %g, not the site's counts)", self.site_name, len(rows), prior_logit(prevalence), prevalence,
+            "of %g, not the site's counts)", self.site_name, len(rows), logit, prevalence,
         )  # fmt: skip
 
     def _privacy_report(self, stopped: bool) -> dict[str, Any]:
