@@ -46,11 +46,13 @@ from typing import Any
 
 from hostile_site import run_simulator
 
+from surgical_aggregation.core.checks import loss_rise
 from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.evaluation.inference import evaluate_models
 from surgical_aggregation.experiments.summary import rewrite_marked_block
 from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
 from surgical_aggregation.flare.results import HISTORY_FILE
+from surgical_aggregation.flare.state import REJECTED_SITES, own_models
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.site_data import resolve_table
 
@@ -82,6 +84,7 @@ from surgical_aggregation.core.checks import (
     DEFAULT_UPDATE_BOUND, ROWS, STATISTICS, UPDATE_CAPS, WEIGHTS, clipped_state, row_part, update_sizes,
 )
 from surgical_aggregation.core.head import NAMED_HEAD
+from surgical_aggregation.core.checks import loss_rise
 from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.flare import client
 from surgical_aggregation.flare.protocol import META_CLASS_NAMES, META_NUM_SAMPLES
@@ -250,6 +253,21 @@ def honest_test_auroc(model: Path, test: dict[str, Any]) -> float:
     return report.mean_auroc.estimate
 
 
+def largest_harm(history: list[dict[str, Any]], honest: set[str]) -> float:
+    """The largest rise, in standard errors, of an honest site's validation loss of a global model above its own
+    model of the round that made it (the harm rule of ``flare.state.harmed_sites``, which stops a job above
+    ``HARM_SIGMAS``), over every round; NaN when none was measured."""
+    rises = []
+    for entry in history:
+        validation = entry.get("validation", {})
+        own = own_models(history, entry["round"])
+        for site, metrics in {**validation.get(REJECTED_SITES, {}), **validation.get("sites", {})}.items():
+            rise = loss_rise(metrics, own.get(site, {})) if site in honest else None
+            if rise is not None and rise[1] > 0:
+                rises.append(rise[0] / rise[1])
+    return max(rises, default=math.nan)
+
+
 def outcome(workspace: Path, code: int, log: str, test: dict[str, Any], attackers: list[str]) -> dict[str, Any]:
     server = workspace / "server" / "simulate_job" / "app_server"
     history = json.loads((server / HISTORY_FILE).read_text()) if (server / HISTORY_FILE).is_file() else []
@@ -259,6 +277,7 @@ def outcome(workspace: Path, code: int, log: str, test: dict[str, Any], attacker
     capped = sorted({site for entry in rounds for site in entry.get("capped_weights", {})})
     disagreement = re.search(r"the sites disagree about [^:]*", log)
     published = any(workspace.glob("site-*/*/app_site-*/published_global_model.pt"))
+    honest = {site.name for site in workspace.glob("site-*")} - set(attackers)
     return {
         "exit_code": code,
         "attackers": attackers,
@@ -267,6 +286,7 @@ def outcome(workspace: Path, code: int, log: str, test: dict[str, Any], attacker
         "capped": capped,
         "disagreement": disagreement.group(0) if disagreement else None,
         "published": published,
+        "largest_harm": largest_harm(history, honest),
         "best_auroc": honest_test_auroc(server / "best_FL_global_model.pt", test),
         "last_auroc": honest_test_auroc(server / "FL_global_model.pt", test),
     }
@@ -290,8 +310,8 @@ def table(results: dict[str, dict]) -> list[str]:
         floors[sites] = (min(r["best_auroc"] for r in runs), min(r["last_auroc"] for r in runs))
     lines = [
         "| attack | sites (attackers) | seed | honest sites' test AUROC: best | last | clean runs' lowest (best, last) "
-        "| exit code | rejected | clipped | capped | stopped on a disagreement | verdict |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| largest harm (SE) | exit code | rejected | clipped | capped | stopped on a disagreement | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for result in sorted(results.values(), key=lambda r: (r["attack"] != CLEAN, r["attack"], r["sites"], r["seed"])):
         floor = floors.get(result["sites"], (math.nan, math.nan))
@@ -301,7 +321,8 @@ def table(results: dict[str, dict]) -> list[str]:
         lines.append(
             f"| {result['attack']} | {result['sites']} ({len(result['attackers'])}) | {result['seed']} "
             f"| {result['best_auroc']:.3f} | {result['last_auroc']:.3f} | {floor[0]:.3f}, {floor[1]:.3f} "
-            f"| {result['exit_code']} | {', '.join(result['rejected']) or '—'} | {', '.join(result['clipped']) or '—'} "
+            f"| {result.get('largest_harm', math.nan):.1f} | {result['exit_code']} "
+            f"| {', '.join(result['rejected']) or '—'} | {', '.join(result['clipped']) or '—'} "
             f"| {', '.join(result['capped']) or '—'} | {'yes' if result['disagreement'] else 'no'} | {said} |"
         )
     return lines

@@ -8,9 +8,9 @@ site labels a random half of the consortium's classes (at least one), its entrie
 noise. Plain: each site sends its float32 state (backbone and its rows) and the server runs ``SurgicalAggregator``.
 Blind: each
 site packs and encrypts its vector (the CKKS parameters of ``core.blind``), the server adds the ciphertexts with
-the public context, and each site decrypts the sum and unpacks its rows. Seconds are for one site (the mean over
-sites) or for the server; bytes are one site's upload (the download is one sum of the same size). The largest
-difference between a site's blind and plain result is printed too.
+the public context, and each site is sent the summed backbone and its own classes' slots, which it decrypts and
+unpacks. Seconds are for one site (the mean over sites) or for the server; bytes are one site's upload and download.
+The largest difference between a site's blind and plain result is printed too.
 """
 
 from __future__ import annotations
@@ -78,10 +78,12 @@ def measure(sites: int, classes: int, cipher: BlindCipher, seed: int = 0) -> dic
     started = time.perf_counter()
     summed = server.add(sent)
     add_seconds = time.perf_counter() - started
-    decrypt_seconds, error = [], 0.0
+    decrypt_seconds, received_bytes, error = [], [], 0.0
     for site, names in site_classes.items():
+        sent_back = {part: summed[part] for part in layout.parts_for(names)}
+        received_bytes.append(sum(len(data) for data in sent_back.values()))
         started = time.perf_counter()
-        received = layout.unpack(cipher.decrypt(summed), names, states[site])
+        received = layout.unpack(cipher.decrypt(sent_back), names, states[site])
         decrypt_seconds.append(time.perf_counter() - started)
         rows = [expected.class_names.index(name) for name in names]
         for key in averaged:
@@ -95,6 +97,7 @@ def measure(sites: int, classes: int, cipher: BlindCipher, seed: int = 0) -> dic
         "plain_bytes_per_site": plain_bytes,
         "blind_bytes_per_site": float(np.mean([sum(len(part) for part in parts) for parts in sent])),
         "plain_server_seconds": plain_seconds,
+        "blind_bytes_received_per_site": float(np.mean(received_bytes)),
         "blind_site_encrypt_seconds": float(np.mean(encrypt_seconds)),
         "blind_server_add_seconds": add_seconds,
         "blind_site_decrypt_seconds": float(np.mean(decrypt_seconds)),
@@ -116,7 +119,9 @@ def main() -> None:
             row = rows[-1]
             print(
                 f"{sites} sites, {classes} classes: {row['values_per_site']:,} values; a site sends "
-                f"{row['blind_bytes_per_site'] / 1e6:.0f} MB blind, {row['plain_bytes_per_site'] / 1e6:.0f} MB plain; "
+                f"{row['blind_bytes_per_site'] / 1e6:.0f} MB blind (and receives "
+                f"{row['blind_bytes_received_per_site'] / 1e6:.0f} MB), "
+                f"{row['plain_bytes_per_site'] / 1e6:.0f} MB plain; "
                 f"a site encrypts in {row['blind_site_encrypt_seconds']:.1f} s and decrypts in "
                 f"{row['blind_site_decrypt_seconds']:.1f} s; the server adds in "
                 f"{row['blind_server_add_seconds']:.1f} s "

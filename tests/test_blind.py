@@ -67,9 +67,10 @@ def test_blind_sums_give_each_site_what_surgical_aggregation_gives_it(cipher, ba
         cipher.encrypt(layout.pack(states[site], classes, blind_weight(SAMPLES[site], weighting)))
         for site, classes in SITES.items()
     ]
-    total = cipher.decrypt(server.add(sent))
+    summed = server.add(sent)
     for site, classes in SITES.items():
-        received = layout.unpack(total, classes, states[site])
+        sent_back = {part: summed[part] for part in layout.parts_for(classes)}
+        received = layout.unpack(cipher.decrypt(sent_back), classes, states[site])
         for key in averaged:
             assert torch.allclose(received[key].double(), expected.state[key].double(), atol=1e-6), key
             assert received[key].dtype == states[site][key].dtype
@@ -86,7 +87,8 @@ def test_the_server_context_holds_no_secret_key_and_cannot_decrypt(cipher):
     encrypted = cipher.encrypt(np.arange(10.0))
     with pytest.raises(BlindAggregationError, match="only the sites decrypt"):
         server.decrypt(encrypted)
-    assert np.allclose(cipher.decrypt(server.add([encrypted, encrypted])), 2 * np.arange(10.0), atol=1e-6)
+    summed = cipher.decrypt(dict(enumerate(server.add([encrypted, encrypted]))))
+    assert np.allclose(summed[0][:10], 2 * np.arange(10.0), atol=1e-6)
 
 
 def test_what_the_server_receives_names_no_class_and_has_one_size_for_every_site(cipher):
@@ -100,6 +102,28 @@ def test_what_the_server_receives_names_no_class_and_has_one_size_for_every_site
         for name in [name for names in SITES.values() for name in names]:
             assert name.encode() not in payload
     assert len({count for count, _ in sizes}) == 1  # as many ciphertexts from a site of 2 classes as of 4
+
+
+def test_a_site_is_sent_the_backbone_and_its_own_slots_only(cipher):
+    """What the server sends a site back: the backbone's ciphertexts and those of its own classes' slots, so it learns
+    no row, and not even the summed weight, of a class it does not label; a slot nobody filled keeps its row."""
+    global_state = _state(["Mass"], 0)
+    layout = BlindLayout.of(global_state, ["features.conv0.weight"], new_sites_key(), CONSORTIUM)
+    assert layout.parts_per_slot == 1 and layout.parts == layout.backbone_parts + len(CONSORTIUM)
+    own = layout.parts_for(["Mass", "Edema"])
+    assert own == [0, *sorted(layout.backbone_parts + layout.slot(name) for name in ["Mass", "Edema"])]
+    others = set(range(layout.parts)) - set(own)
+    assert len(others) == len(CONSORTIUM) - 2
+    # one site sends Mass only: its Edema row (the template's) stays as it is, Mass's becomes the sent one
+    sender = _state(["Mass"], 1)
+    summed = dict(enumerate(cipher.encrypt(layout.pack(sender, ["Mass"], 2.0))))
+    template = _state(["Mass", "Edema"], 2)
+    received = layout.unpack(cipher.decrypt({part: summed[part] for part in own}), ["Mass", "Edema"], template)
+    assert torch.allclose(received[NAMED_HEAD.weight_key][0], sender[NAMED_HEAD.weight_key][0], atol=1e-6)
+    assert torch.equal(received[NAMED_HEAD.weight_key][1], template[NAMED_HEAD.weight_key][1])
+    assert torch.equal(received[NAMED_HEAD.bias_key][1], template[NAMED_HEAD.bias_key][1])
+    with pytest.raises(BlindAggregationError, match=r"ciphertexts \[\d+\] of the sum were not received"):
+        layout.unpack(cipher.decrypt({0: summed[0]}), ["Mass"], _state(["Mass"], 3))
 
 
 def test_a_class_outside_the_consortiums_list_is_refused_when_packed():
@@ -133,7 +157,8 @@ def test_the_sites_secret_survives_its_text():
     assert (again.key, again.classes) == (secret.key, tuple(CONSORTIUM))
     slots = [secret.layout_for(_state(["Mass"], 0), []).slot(name) for name in CONSORTIUM]
     assert [again.layout_for(_state(["Mass"], 0), []).slot(name) for name in CONSORTIUM] == slots
-    assert np.allclose(again.cipher.decrypt(secret.cipher.encrypt(np.arange(5.0))), np.arange(5.0), atol=1e-6)
+    decrypted = again.cipher.decrypt(dict(enumerate(secret.cipher.encrypt(np.arange(5.0)))))
+    assert np.allclose(decrypted[0], np.arange(5.0), atol=1e-6)
 
 
 def test_text_that_is_not_the_sites_secret_is_refused_naming_its_file():

@@ -578,6 +578,42 @@ def test_a_rise_within_a_sites_noise_is_no_disagreement(tmp_path):
 
 
 @pytest.mark.parametrize("validation_guard", [True, False])
+def test_a_model_far_worse_for_a_site_than_its_own_work_stops_the_job(tmp_path, validation_guard):
+    """Labels flipped at one of two sites: its update and its figures look honest, and the model is not worse for the
+    honest site than the best one beyond its noise (2 standard errors), but it is far worse than the model the
+    honest site trained itself in the round that made it (4 standard errors). With two sites nobody can tell who is
+    lying: the job stops naming the disagreement, and the best model stays the one before."""
+
+    def with_own_model(site: FakeSite, local_loss: float) -> FakeSite:
+        site.metrics_override = {"val_loss_se": 0.02, "local_val_loss": local_loss, "local_val_loss_se": 0.02}
+        site.validation_override = {"val_loss_se": 0.02}
+        return site
+
+    # site-a validates the initial model, then round 0's (0.10 above its own 0.40: within 4 x 0.028 = 0.113), then
+    # round 1's: 0.05 above the best (within 2 x 0.028 = 0.057), 0.15 above its own work; the mean says better
+    honest = with_own_model(FakeSite("site-a", ["Mass"], [0.6, 0.5, 0.55, 0.55]), 0.40)
+    flipping = with_own_model(FakeSite("site-x", ["Edema"], [0.6, 0.5, 0.40, 0.40]), 0.40)
+    harness = Harness([honest, flipping], tmp_path, num_rounds=4, validation_guard=validation_guard)
+    if not validation_guard:  # the papers' selection: the mean of the two makes the harmful model the best
+        harness.run()
+        assert harness.best_rounds() == [0, 1]
+        return
+    with pytest.raises(RuntimeError) as stopped:
+        harness.run()
+    assert str(stopped.value).startswith(
+        "the sites disagree about the global model after round 1: it is worse for site-a than its own work: its "
+        "validation loss 0.5500 is 0.1500 above its 0.4000 of the model it trained itself in round 1, more than its "
+        "noise (4 standard errors: 0.1131). "
+    )
+    assert "the last good global model (the global model after round 0) stays on disk" in str(stopped.value)
+    assert harness.best_rounds() == [0]
+    assert TASK_PUBLISH not in [task for task, _, _ in honest.tasks]
+    recorded = json.loads((tmp_path / "round_history.json").read_text())
+    assert list(recorded[2]["validation"]["harmed"]["sites"]) == ["site-a"]
+    assert "harmed" not in recorded[1]["validation"]  # round 0's model: within the honest site's noise
+
+
+@pytest.mark.parametrize("validation_guard", [True, False])
 def test_a_trained_model_no_accepted_site_vouched_for_is_not_published(tmp_path, validation_guard):
     sites = [FakeSite(f"site-{name}", ["Mass"], [0.9, 0.5, 0.5]) for name in "ab"]
     for site in sites:  # every validation loss it sends is refused, so no model is ever judged

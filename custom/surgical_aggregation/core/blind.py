@@ -2,18 +2,22 @@
 weight and no single site's backbone; each site decrypts the sums and takes its own classes' means.
 
 The sites share a key and the consortium's class list (canonical names); the server holds neither. A site packs its
-update into one vector (:class:`BlindLayout`):
+update into one vector of whole ciphertexts (:class:`BlindLayout`):
 
-* the backbone entries the strategy averages, in the layout's order, times the site's aggregation weight ``w``,
-  then ``w`` itself;
-* one slot of ``features + 2`` values per listed class, the classes in the order of an HMAC of their names under
-  the key: the row (weight and bias) times ``w``, then ``w``. The slots of classes the site does not label hold
-  zeros, so every site's vector has the same length whatever its classes.
+* the backbone part: the entries the strategy averages, in the layout's order, times the site's aggregation weight
+  ``w``, then ``w`` itself;
+* one slot of ``features + 2`` values per listed class, each starting a ciphertext of its own, the classes in the
+  order of an HMAC of their names under the key: the row (weight and bias) times ``w``, then ``w``. The slots of
+  classes the site does not label hold zeros, so every site's vector has the same length whatever its classes.
 
 The sites encrypt it under their shared CKKS secret key (:class:`BlindCipher`); the server holds the public part
-only and adds ciphertexts. A site decrypts the sum: the backbone's sum over the summed weight is the weighted mean,
-and for each of its classes the slot's row sum over its weight sum is the mean over the sites that label it, which
-is what :class:`~surgical_aggregation.core.aggregation.SurgicalAggregator` gives (to CKKS precision).
+only and adds ciphertexts. A site is sent the summed backbone part and the summed ciphertexts of its own slots (it
+names them by position, which the server cannot map to a name), never another site's slots: so the sites learn no
+more of each other's classes than surgical aggregation tells them. It decrypts them: the backbone's sum over the
+summed weight is the weighted mean, and for each of its classes the slot's row sum over its weight sum is the mean
+over the sites that label it, which is what :class:`~surgical_aggregation.core.aggregation.SurgicalAggregator`
+gives (to CKKS precision). A slot whose summed weight is zero (no site sent the class this round) leaves the site's
+row as it was, as the plain aggregation keeps a row nobody sent.
 
 Why a list and not a hash of each name into a slot space: two names on one slot would mix their rows, and keeping
 that improbable for a union of U classes takes a space of about U^2 slots of ``features + 2`` values each (for
@@ -29,7 +33,7 @@ import hmac
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -48,6 +52,8 @@ SCALE_BITS = 40
 VALUES_PER_CIPHERTEXT = POLY_MODULUS_DEGREE // 2
 LARGEST_VALUE = 2.0 ** (COEFFICIENT_MODULI[0] - SCALE_BITS - 1)  # a sum beyond it wraps around
 KEY_BYTES = 32
+SMALLEST_WEIGHT = 1e-3  # an aggregation weight below it is refused: a summed weight below EMPTY_WEIGHT is no site's
+EMPTY_WEIGHT = 1e-6  # far above CKKS's error on a zero (about 1e-9), far below SMALLEST_WEIGHT
 
 
 class BlindAggregationError(UserError, ValueError):
@@ -103,9 +109,23 @@ class BlindLayout:
     def slot_width(self) -> int:
         return self.features + 2  # the weight row, the bias, w
 
+    @cached_property
+    def backbone_parts(self) -> int:
+        """Ciphertexts of the backbone part (its entries and the summed weight)."""
+        return math.ceil((self.backbone_size + 1) / VALUES_PER_CIPHERTEXT)
+
+    @property
+    def parts_per_slot(self) -> int:
+        return math.ceil(self.slot_width / VALUES_PER_CIPHERTEXT)
+
+    @property
+    def parts(self) -> int:
+        """Ciphertexts of a site's whole vector: the same for every site of the consortium."""
+        return self.backbone_parts + len(self.classes) * self.parts_per_slot
+
     @property
     def size(self) -> int:
-        return self.backbone_size + 1 + len(self.classes) * self.slot_width
+        return self.parts * VALUES_PER_CIPHERTEXT
 
     def slot(self, name: str) -> int:
         if name not in self._slots:
@@ -115,14 +135,19 @@ class BlindLayout:
             )
         return self._slots[name]
 
-    def _slot_start(self, name: str) -> int:
-        return self.backbone_size + 1 + self.slot(name) * self.slot_width
+    def _first_part(self, name: str) -> int:
+        return self.backbone_parts + self.slot(name) * self.parts_per_slot
+
+    def parts_for(self, class_names: Sequence[str]) -> list[int]:
+        """The ciphertexts a site of these classes is sent back: the backbone part and its own slots."""
+        slots = [self._first_part(name) + offset for name in class_names for offset in range(self.parts_per_slot)]
+        return list(range(self.backbone_parts)) + sorted(slots)
 
     def pack(self, state: StateDict, class_names: Sequence[str], weight: float) -> np.ndarray:
         """A site's update as the vector it encrypts: ``state``'s averaged entries and its head rows (in
         ``class_names`` order, canonical names), each times ``weight``."""
-        if not weight > 0:
-            raise BlindAggregationError(f"the aggregation weight must be positive, got {weight}")
+        if not weight >= SMALLEST_WEIGHT:
+            raise BlindAggregationError(f"the aggregation weight must be at least {SMALLEST_WEIGHT}, got {weight}")
         if len(set(class_names)) != len(class_names):
             raise BlindAggregationError(f"a site's class names must be unique, got {list(class_names)}")
         vector = np.zeros(self.size, dtype=np.float64)
@@ -138,7 +163,7 @@ class BlindLayout:
         if rows.shape != (len(class_names), self.features):
             raise BlindAggregationError(f"the head has shape {rows.shape}, expected ({len(class_names)}, features)")
         for index, name in enumerate(class_names):
-            start = self._slot_start(name)
+            start = self._first_part(name) * VALUES_PER_CIPHERTEXT
             vector[start : start + self.features] = rows[index] * weight
             vector[start + self.features] = biases[index] * weight
             vector[start + self.features + 1] = weight
@@ -150,29 +175,38 @@ class BlindLayout:
             )
         return vector
 
-    def unpack(self, total: np.ndarray, class_names: Sequence[str], template: StateDict) -> dict[str, Any]:
-        """From the decrypted sum of every site's vector, ``template`` (the site's state) with the averaged
-        backbone entries and the rows of ``class_names`` (in that order) replaced by their means."""
-        if total.shape != (self.size,):
-            raise BlindAggregationError(f"the sum has {total.shape} values, the layout {self.size}")
+    def _values(self, sums: Mapping[int, np.ndarray], first: int, count: int) -> np.ndarray:
+        """``count`` values from the decrypted ciphertexts ``sums`` (part -> values), from part ``first`` on."""
+        parts = range(first, first + math.ceil(count / VALUES_PER_CIPHERTEXT))
+        missing = [part for part in parts if part not in sums]
+        if missing:
+            raise BlindAggregationError(f"ciphertexts {missing} of the sum were not received")
+        return np.concatenate([np.asarray(sums[part], dtype=np.float64) for part in parts])[:count]
+
+    def unpack(self, sums: Mapping[int, np.ndarray], class_names: Sequence[str], template: StateDict) -> dict[str, Any]:
+        """From the decrypted sums of every site's vector (part -> values: the parts :meth:`parts_for` names),
+        ``template`` (the model the site holds) with the averaged backbone entries and the rows of ``class_names``
+        (in that order) replaced by their means; a row whose slot no site filled stays as it is."""
         state = dict(template)
-        total_weight = float(total[self.backbone_size])
-        if not total_weight > 0:
-            raise BlindAggregationError(f"the summed weight is {total_weight}: no site's update is in this sum")
+        backbone = self._values(sums, 0, self.backbone_size + 1)
+        total_weight = float(backbone[self.backbone_size])
+        if not total_weight > EMPTY_WEIGHT:
+            raise BlindAggregationError(f"the summed weight is {total_weight:.3g}: no site's update is in this sum")
         position = 0
         for key, shape in self.backbone:
             size = math.prod(shape)
-            state[key] = cast_like(template[key], (total[position : position + size] / total_weight).reshape(shape))
+            state[key] = cast_like(template[key], (backbone[position : position + size] / total_weight).reshape(shape))
             position += size
-        rows = np.empty((len(class_names), self.features))
-        biases = np.empty(len(class_names))
+        rows = to_numpy(template[self.head.weight_key]).astype(np.float64).copy()
+        biases = to_numpy(template[self.head.bias_key]).astype(np.float64).copy()
+        if rows.shape != (len(class_names), self.features):
+            raise BlindAggregationError(f"the head has shape {rows.shape}, expected ({len(class_names)}, features)")
         for index, name in enumerate(class_names):
-            start = self._slot_start(name)
-            row_weight = float(total[start + self.features + 1])
-            if not row_weight > 0:
-                raise BlindAggregationError(f"class {name!r}: its slot holds no weight (this site's row is missing)")
-            rows[index] = total[start : start + self.features] / row_weight
-            biases[index] = total[start + self.features] / row_weight
+            values = self._values(sums, self._first_part(name), self.slot_width)
+            row_weight = float(values[self.features + 1])
+            if row_weight > EMPTY_WEIGHT:
+                rows[index] = values[: self.features] / row_weight
+                biases[index] = values[self.features] / row_weight
         state[self.head.weight_key] = cast_like(template[self.head.weight_key], rows)
         state[self.head.bias_key] = cast_like(template[self.head.bias_key], biases)
         return state
@@ -241,17 +275,16 @@ class BlindCipher:
             sums.append(total.serialize())
         return sums
 
-    def decrypt(self, encrypted: Sequence[bytes]) -> np.ndarray:
+    def decrypt(self, encrypted: Mapping[int, bytes]) -> dict[int, np.ndarray]:
+        """Each ciphertext (part -> serialized ciphertext) decrypted: part -> its values."""
         import tenseal
 
         if not self.holds_secret_key:
             raise BlindAggregationError("this context has no secret key: only the sites decrypt")
-        return np.concatenate(
-            [
-                np.asarray(tenseal.ckks_vector_from(self._context, part).decrypt(), dtype=np.float64)
-                for part in encrypted
-            ]
-        )
+        return {
+            part: np.asarray(tenseal.ckks_vector_from(self._context, data).decrypt(), dtype=np.float64)
+            for part, data in encrypted.items()
+        }
 
 
 def new_sites_key() -> bytes:

@@ -970,34 +970,55 @@ def judged_loss(losses: Mapping[str, float]) -> tuple[float, str]:
 
 
 NOISE_SIGMAS = 2.0  # a site's loss must rise by this many standard errors of the difference to count as worse
+# a global model is harmful to a site when its loss there is this many standard errors of the difference above the
+# site's own model of the round that made it: clean two-site federations of the attack suite stay below 1.4, a
+# two-site federation with a label-flipping site is at 7 and more in its first round
+HARM_SIGMAS = 4.0
+
+
+def loss_rise(now: Mapping[str, float], before: Mapping[str, float]) -> tuple[float, float] | None:
+    """How far a site's validation loss of a model (``now``) is above its loss of another (``before``), and the
+    standard error of that difference from the site's ``val_loss_se`` of both (unpaired: the same images make the
+    true noise smaller, so a rule on it errs towards silence); None without both losses and both errors."""
+    figures = [now.get("val_loss"), now.get("val_loss_se"), before.get("val_loss"), before.get("val_loss_se")]
+    if any(value is None for value in figures):
+        return None
+    loss, error, earlier_loss, earlier_error = figures
+    return loss - earlier_loss, math.hypot(error, earlier_error)
 
 
 def validation_regressions(
-    now: Mapping[str, Mapping[str, float]], before: Mapping[str, Mapping[str, float]], reference: str
+    now: Mapping[str, Mapping[str, float]],
+    before: Mapping[str, Mapping[str, float]],
+    reference: str,
+    sigmas: float = NOISE_SIGMAS,
 ) -> dict[str, str]:
     """site -> why, for each site whose validation loss of a model (``now``: its checked metrics) is higher than its
-    loss of the ``reference`` model (``before``) by more than :data:`NOISE_SIGMAS` standard errors of the difference,
-    from the site's own ``val_loss_se`` of both (unpaired: the same images make the true noise smaller, so this
-    errs towards silence). A site without both losses and both standard errors is not judged."""
+    loss of the ``reference`` model (``before``) by more than ``sigmas`` standard errors of the difference
+    (:func:`loss_rise`). A site without both losses and both standard errors is not judged."""
     regressed = {}
     for site, metrics in sorted(now.items()):
-        earlier = before.get(site, {})
-        figures = [
-            metrics.get("val_loss"),
-            metrics.get("val_loss_se"),
-            earlier.get("val_loss"),
-            earlier.get("val_loss_se"),
-        ]
-        if any(value is None for value in figures):
+        rise = loss_rise(metrics, before.get(site, {}))
+        if rise is None:
             continue
-        loss, error, earlier_loss, earlier_error = figures
-        noise = NOISE_SIGMAS * math.hypot(error, earlier_error)
-        if loss - earlier_loss > noise:
+        difference, error = rise
+        if difference > sigmas * error:
+            loss = metrics["val_loss"]
             regressed[site] = (
-                f"its validation loss {loss:.4f} is {loss - earlier_loss:.4f} above its {earlier_loss:.4f} of "
-                f"{reference}, more than its noise ({NOISE_SIGMAS:g} standard errors: {noise:.4f})"
+                f"its validation loss {loss:.4f} is {difference:.4f} above its {loss - difference:.4f} of "
+                f"{reference}, more than its noise ({sigmas:g} standard errors: {sigmas * error:.4f})"
             )
     return regressed
+
+
+def own_model_figures(metrics: Mapping[str, float]) -> dict[str, float]:
+    """A site's validation of the model it trained itself (``local_val_loss``, ``local_val_loss_se``), under the
+    names of a validation of a received model, so the two compare (:func:`validation_regressions`)."""
+    return {
+        name: metrics[f"local_{name}"]
+        for name in ("val_loss", "val_loss_se")
+        if metrics.get(f"local_{name}") is not None
+    }
 
 
 # --- the documentation -----------------------------------------------------------------------------------------

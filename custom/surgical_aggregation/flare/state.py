@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.checks import judged_loss, validation_regressions
+from ..core.checks import HARM_SIGMAS, judged_loss, own_model_figures, validation_regressions
 from ..core.errors import ModelFileError, StateFileError
 from ..core.head import HeadSpec, extend_head, slice_for_client, to_numpy
 from ..core.methods import head_classes_for_site
@@ -248,7 +248,13 @@ def history_entry(history: list[dict[str, Any]], round_number: int) -> dict[str,
     return entry
 
 
+def recorded_entry(history: list[dict[str, Any]], round_number: int) -> dict[str, Any]:
+    """The history's entry for ``round_number`` as recorded (empty when there is none; nothing is created)."""
+    return next((entry for entry in history if entry["round"] == round_number), {})
+
+
 REJECTED_SITES = "rejected_sites"  # a validation record's figures of the sites whose result was rejected
+OBJECTS = " (its result was rejected: it objects, not judges)"  # appended to the reason of a rejected site's objection
 
 
 @dataclass
@@ -262,7 +268,8 @@ class Judgement:
     best: bool  # it became the best global model
     reference: int = INITIAL_ROUND  # the round of the model each judging site compared it with (the best, or initial)
     regressed: dict[str, str] = field(default_factory=dict)  # judging site -> why the model is worse for it
-    disagreement: bool = False  # the judged loss says better, a judging site's own validation says worse
+    harmed: dict[str, str] = field(default_factory=dict)  # site -> why the model is worse than its own of the round
+    disagreement: bool = False  # the judged loss says better but a site's validation says worse, or a site is harmed
 
 
 def _mean(values: list[float | None]) -> float:
@@ -294,17 +301,17 @@ def judge(
     judged, statistic = judged_loss(judges)
     reference = federation.best.round if federation.best is not None else INITIAL_ROUND
     than = f"the global model {model_label(reference)}"
-    regressed = {}
+    regressed, harmed = {}, {}
+    now = {site: site_metrics[site] for site in judges}
+    objecting = {site: metrics for site, metrics in (objectors or {}).items() if site not in judges}
     if guard and version.trained and version.round != reference:  # each judging site: worse than on the reference?
         recorded = history_entry(federation.history, reference).get("validation", {})
         earlier = {**recorded.get(REJECTED_SITES, {}), **recorded.get("sites", {})}  # every site's, rejected or not
-        now = {site: site_metrics[site] for site in judges}
         regressed = validation_regressions(now, earlier, than)
-        objecting = {site: metrics for site, metrics in (objectors or {}).items() if site not in judges}
         objections = validation_regressions(objecting, earlier, than)
-        regressed |= {
-            site: f"{reason} (its result was rejected: it objects, not judges)" for site, reason in objections.items()
-        }
+        regressed |= {site: f"{reason}{OBJECTS}" for site, reason in objections.items()}
+    if guard and version.trained:  # each site whose result made the model: worse than its own model of that round?
+        harmed = harmed_sites(federation.history, version.round, now, objecting)
     improves = version.trained and not math.isnan(judged) and judged < federation.best_loss - min_delta
     mean_auroc = _mean([metrics.get("val_mean_auroc") for metrics in site_metrics.values()])
     validation = {
@@ -319,9 +326,41 @@ def judge(
     if objectors:  # recorded whether or not they object: what the rejected sites' own validation said
         validation[REJECTED_SITES] = {site: dict(metrics) for site, metrics in objectors.items()}
     history_entry(federation.history, version.round)["validation"] = validation
-    best = select(federation, version, judged, min_delta, eligible=not regressed)
+    if harmed:
+        validation["harmed"] = {"than": f"the model each site trained itself in round {version.round}", "sites": harmed}
+    best = select(federation, version, judged, min_delta, eligible=not regressed and not harmed)
     if best:
         validation["best"] = True
-    return Judgement(
-        judged, statistic, sorted(judges), mean_auroc, best, reference, regressed, improves and bool(regressed)
-    )
+    disagreement = (improves and bool(regressed)) or bool(harmed)
+    return Judgement(judged, statistic, sorted(judges), mean_auroc, best, reference, regressed, harmed, disagreement)
+
+
+def own_models(history: list[dict[str, Any]], round_number: int) -> dict[str, dict[str, float]]:
+    """site -> its validation of the model it trained itself in ``round_number`` (reported with its result, so
+    recorded with the validation of the model it trained from), for each site whose result that round accepted."""
+    accepted = set(recorded_entry(history, round_number).get("aggregation", {}).get("accepted", []))
+    trained_from = recorded_entry(history, round_number - 1).get("validation", {})
+    return {
+        site: own_model_figures(metrics)
+        for site, metrics in {**trained_from.get(REJECTED_SITES, {}), **trained_from.get("sites", {})}.items()
+        if site in accepted
+    }
+
+
+def harmed_sites(
+    history: list[dict[str, Any]],
+    round_number: int,
+    judging: Mapping[str, Mapping[str, float]],
+    objecting: Mapping[str, Mapping[str, float]],
+) -> dict[str, str]:
+    """site -> why, for each site whose result went into the global model of ``round_number`` and whose validation
+    of that model (``judging``, or ``objecting``: sites whose result of the next round was rejected) is worse than
+    its validation of the model it trained itself in that round (``local_val_loss``, reported with its result) by
+    more than :data:`HARM_SIGMAS` standard errors. Averaging with the other sites' results made the model far worse
+    for this site's data than its own work: another site's result harms it (labels flipped, a poisoned update inside
+    every bound), or this site misreports, and with two sites the server cannot tell which."""
+    own = own_models(history, round_number)
+    than = f"the model it trained itself in round {round_number}"
+    harmed = validation_regressions(judging, own, than, HARM_SIGMAS)
+    objections = validation_regressions(objecting, own, than, HARM_SIGMAS)
+    return harmed | {site: f"{reason}{OBJECTS}" for site, reason in objections.items()}
