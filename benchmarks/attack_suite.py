@@ -64,7 +64,7 @@ ATTACKS: dict[str, dict[int, int]] = {
     "sign_flip": {2: 1, 4: 1},
     "ipm": {2: 1, 4: 1},
     "bn_shift": {2: 1},
-    "label_flip": {2: 1},
+    "label_flip": {2: 1, 4: 1},
     "inflated": {2: 1},
     "squatting": {2: 1},
     "lying": {2: 1},

@@ -613,6 +613,23 @@ def test_a_model_far_worse_for_a_site_than_its_own_work_stops_the_job(tmp_path, 
     assert "harmed" not in recorded[1]["validation"]  # round 0's model: within the honest site's noise
 
 
+def test_the_harm_rule_judges_models_of_two_sites_only(tmp_path):
+    """Three sites with the same figures as the two-site test above: the mean of three first updates moves each site
+    less far than its own training (clean four- and five-site runs measure 4 to 6 standard errors), so the rule does
+    not judge it and the median rules act instead; the job runs to its end."""
+    sites = []
+    for name, losses in (("site-a", [0.6, 0.5, 0.55, 0.55]), ("site-b", [0.6, 0.5, 0.40, 0.40]),
+                         ("site-c", [0.6, 0.5, 0.40, 0.40])):  # fmt: skip
+        site = FakeSite(name, ["Mass"], losses)
+        site.metrics_override = {"val_loss_se": 0.02, "local_val_loss": 0.40, "local_val_loss_se": 0.02}
+        site.validation_override = {"val_loss_se": 0.02}
+        sites.append(site)
+    harness = Harness(sites, tmp_path, num_rounds=4)
+    harness.run()
+    assert not any("harmed" in entry.get("validation", {}) for entry in harness.history)
+    assert TASK_PUBLISH in [task for task, _, _ in sites[0].tasks]
+
+
 @pytest.mark.parametrize("validation_guard", [True, False])
 def test_a_trained_model_no_accepted_site_vouched_for_is_not_published(tmp_path, validation_guard):
     sites = [FakeSite(f"site-{name}", ["Mass"], [0.9, 0.5, 0.5]) for name in "ab"]

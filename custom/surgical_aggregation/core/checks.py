@@ -974,6 +974,7 @@ NOISE_SIGMAS = 2.0  # a site's loss must rise by this many standard errors of th
 # site's own model of the round that made it: clean two-site federations of the attack suite stay below 1.4, a
 # two-site federation with a label-flipping site is at 7 and more in its first round
 HARM_SIGMAS = 4.0
+HARM_SITES = 2  # the harm rule judges a model made of exactly two sites' results (flare.state.harmed_sites)
 
 
 def loss_rise(now: Mapping[str, float], before: Mapping[str, float]) -> tuple[float, float] | None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.checks import HARM_SIGMAS, judged_loss, own_model_figures, validation_regressions
+from ..core.checks import HARM_SIGMAS, HARM_SITES, judged_loss, own_model_figures, validation_regressions
 from ..core.errors import ModelFileError, StateFileError
 from ..core.head import HeadSpec, extend_head, slice_for_client, to_numpy
 from ..core.methods import head_classes_for_site
@@ -353,12 +353,18 @@ def harmed_sites(
     judging: Mapping[str, Mapping[str, float]],
     objecting: Mapping[str, Mapping[str, float]],
 ) -> dict[str, str]:
-    """site -> why, for each site whose result went into the global model of ``round_number`` and whose validation
-    of that model (``judging``, or ``objecting``: sites whose result of the next round was rejected) is worse than
-    its validation of the model it trained itself in that round (``local_val_loss``, reported with its result) by
-    more than :data:`HARM_SIGMAS` standard errors. Averaging with the other sites' results made the model far worse
-    for this site's data than its own work: another site's result harms it (labels flipped, a poisoned update inside
-    every bound), or this site misreports, and with two sites the server cannot tell which."""
+    """site -> why, for each site whose result went into the global model of ``round_number`` with exactly one
+    other site's and whose validation of that model (``judging``, or ``objecting``: sites whose result of the next
+    round was rejected) is worse than its validation of the model it trained itself in that round
+    (``local_val_loss``, reported with its result) by more than :data:`HARM_SIGMAS` standard errors. Averaging with
+    the other site's result made the model far worse for this site's data than its own work: the other site's
+    result harms it (labels flipped, a poisoned update inside every bound), or this site misreports, and the server
+    cannot tell which. Two sites only: the mean of more sites' first updates, nearly orthogonal, moves each site's
+    model less far than its own training did (clean four- and five-site federations of the attack suite measure 4 to
+    6 standard errors after round 0), so there the rule could not tell harm from averaging; the round's median
+    rules (clipping, opposed updates, the judged median) act instead."""
+    if len(recorded_entry(history, round_number).get("aggregation", {}).get("accepted", [])) != HARM_SITES:
+        return {}
     own = own_models(history, round_number)
     than = f"the model it trained itself in round {round_number}"
     harmed = validation_regressions(judging, own, than, HARM_SIGMAS)
