@@ -84,7 +84,6 @@ from surgical_aggregation.core.checks import (
     DEFAULT_UPDATE_BOUND, ROWS, STATISTICS, UPDATE_CAPS, WEIGHTS, clipped_state, row_part, update_sizes,
 )
 from surgical_aggregation.core.head import NAMED_HEAD
-from surgical_aggregation.core.checks import loss_rise
 from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.flare import client
 from surgical_aggregation.flare.protocol import META_CLASS_NAMES, META_NUM_SAMPLES
