@@ -11,6 +11,7 @@ to measure its update as the server will (``core.checks.update_sizes``):
   ipm            its honest update negated, at its honest size (inner-product manipulation: inside any clipping)
   bn_shift       an honest update, plus 90 % of the BatchNorm statistics' budget spent on one layer's running means
   label_flip     trained honestly on its labels flipped (1 <-> 0): its update looks like any other
+  label_flip_quiet  label_flip, reporting no validation figure (so its own validation neither judges nor objects)
   inflated       a free-rider that declares and reports 10^9 training samples, under ``weighting: samples``
   squatting      declares every NIH class it does not label and trains their rows on no positive (every image a
                  negative), honestly otherwise: the rows it gets back tell it which of them the other site labels,
@@ -65,6 +66,7 @@ ATTACKS: dict[str, dict[int, int]] = {
     "ipm": {2: 1, 4: 1},
     "bn_shift": {2: 1},
     "label_flip": {2: 1, 4: 1},
+    "label_flip_quiet": {2: 1, 4: 1},
     "inflated": {2: 1},
     "squatting": {2: 1},
     "lying": {2: 1},
@@ -91,6 +93,7 @@ from surgical_aggregation.flare.protocol import META_CLASS_NAMES, META_NUM_SAMPL
 ATTACK = {attack!r}
 INSIDE = 0.9  # the share of each bound it uses
 INFLATED = 10**9
+QUIET = ("val_", "local_val_")  # the metrics a quiet attacker leaves out
 
 
 def most_accepted(group, honest_size, round_number):
@@ -135,6 +138,8 @@ def train(self, received):
         received_classes = received.meta.get(META_CLASS_NAMES) or self.class_names
         sent_classes, round_number = answer.meta[META_CLASS_NAMES], received.current_round or 0
         answer.params = altered(received.params, received_classes, answer.params, sent_classes, round_number)
+    if ATTACK == "label_flip_quiet":
+        answer.metrics = {{name: value for name, value in answer.metrics.items() if not name.startswith(QUIET)}}
     if ATTACK == "lying":
         for prefix in ("val", "local_val"):
             lie = {{"_loss": 0.0, "_loss_se": 0.001, "_mean_auroc": 1.0}}
@@ -146,6 +151,8 @@ def validate(self, received):
     answer = _validate(self, received)
     if ATTACK == "lying":
         answer.metrics.update({{"val_loss": 0.0, "val_loss_se": 0.001, "val_mean_auroc": 1.0}})
+    if ATTACK == "label_flip_quiet":
+        answer.metrics = {{name: value for name, value in answer.metrics.items() if not name.startswith(QUIET)}}
     return answer
 
 
@@ -159,7 +166,7 @@ def describe(self, with_label_counts=False):
 
 def init(self, *args, **kwargs):
     _init(self, *args, **kwargs)
-    if ATTACK == "label_flip":
+    if ATTACK in ("label_flip", "label_flip_quiet"):
         for name in self.table.classes:
             self.table.frame[name] = 1.0 - self.table.frame[name]
     if ATTACK == "squatting":  # NIH's classes it lacks, declared, every image a negative

@@ -2,13 +2,14 @@
 what they send (``benchmarks/hostile_site.py``'s test doubles), held to what the numbers do: the global model each
 round is recomputed here from what every site recorded that it received and sent (``record_exchanges: full``).
 
-Two tiny jobs answer the tests, each built once:
+Three jobs answer the tests, each built once:
 
 * four NIH-layout sites (the same images at each) under ``weighting: samples`` with ``reject_opposed_updates`` on:
   ``site-3`` triples its update, skewed, and claims 10^9 training samples (clipping and the weight cap),
   ``site-4`` negates and doubles its update (the opposed-update check, and the final validation's judges);
 * the default job's two sites, ``site-chexpert`` flipping its update inside every bound and reporting validation
-  loss 0 (``benchmarks/attack_suite.py``'s ``lying`` site): the validation guard.
+  loss 0 (``benchmarks/attack_suite.py``'s ``lying`` site): the validation guard;
+* the attack suite's two-site federation, ``site-chexpert`` training on flipped labels: the harm rule.
 
 Removing any one defence makes its test fail (the closing note of issue 34 shows each).
 """
@@ -98,6 +99,21 @@ def liar(tmp_path_factory):
         return code, output, root / "ws"
 
     return built_once(tmp_path_factory, "defences-liar", build)
+
+
+@pytest.fixture(scope="module")
+def label_flipper(tmp_path_factory):
+    """The attack suite's two-site federation (120 patients a site, 64 px: enough images for the honest site's
+    validation to tell), ``site-chexpert`` training honestly on its labels flipped, for 2 rounds."""
+
+    def build(root: Path) -> tuple[int, str, Path]:
+        suite = load_benchmark("attack_suite")
+        suite.ROUNDS = 2
+        job, _ = suite.write_case_job(suite.Case("label_flip", 2, 0), root / "job", root / "cache")
+        code, output = _simulate(job, root / "ws", root / "cache")
+        return code, output, root / "ws"
+
+    return built_once(tmp_path_factory, "defences-label-flipper", build)
 
 
 def _exchange(workspace: Path, site: str, round_number: int, direction: str) -> dict[str, np.ndarray]:
@@ -252,3 +268,20 @@ def test_a_site_whose_validation_contradicts_the_others_stops_the_job_with_nothi
     assert not list(workspace.glob(f"site-*/simulate_job/app_site-*/{PUBLISHED_MODEL_FILE}"))
     history = _history(workspace)
     assert not any(entry.get("validation", {}).get("best") for entry in history if entry["round"] >= 0)
+
+
+def test_a_model_far_worse_for_the_honest_site_than_its_own_work_stops_a_two_site_job(label_flipper):
+    """Labels flipped at one of two sites: every update is inside every bound and every figure honest for the data it
+    was computed on, but the round-0 model is far worse on site-nih's validation than the model site-nih trained
+    itself in that round. The server cannot tell who lies: the job stops non-zero naming the disagreement, no model
+    became the best and nothing is published (without the rule: exit 0 and a worse model published, the suite's
+    0.636 against the clean runs' lowest 0.679)."""
+    code, output, workspace = label_flipper
+    assert code != 0, output[-4000:]
+    assert "the sites disagree about the global model after round 0: it is worse for " in output
+    assert "it is worse for site-nih than its own work: its validation loss" in output
+    assert not list(workspace.glob(f"site-*/simulate_job/app_site-*/{PUBLISHED_MODEL_FILE}"))
+    history = _history(workspace)
+    (harmful,) = [entry for entry in history if entry["round"] == 0]
+    assert "site-nih" in harmful["validation"]["harmed"]["sites"]
+    assert not any(entry.get("validation", {}).get("best") for entry in history)

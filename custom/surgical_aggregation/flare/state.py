@@ -335,10 +335,18 @@ def judge(
     return Judgement(judged, statistic, sorted(judges), mean_auroc, best, reference, regressed, harmed, disagreement)
 
 
+def averaged_sites(history: list[dict[str, Any]], round_number: int) -> list[str]:
+    """The sites whose results went into the mean of ``round_number``: accepted, free-riders left out."""
+    aggregation = recorded_entry(history, round_number).get("aggregation", {})
+    free_riders = set(aggregation.get("free_riders", []))
+    return [site for site in aggregation.get("accepted", []) if site not in free_riders]
+
+
 def own_models(history: list[dict[str, Any]], round_number: int) -> dict[str, dict[str, float]]:
     """site -> its validation of the model it trained itself in ``round_number`` (reported with its result, so
-    recorded with the validation of the model it trained from), for each site whose result that round accepted."""
-    accepted = set(recorded_entry(history, round_number).get("aggregation", {}).get("accepted", []))
+    recorded with the validation of the model it trained from), for each site whose result went into that round's
+    mean (accepted, and not a free-rider's unmoved model, which is left out of it)."""
+    accepted = set(averaged_sites(history, round_number))
     trained_from = recorded_entry(history, round_number - 1).get("validation", {})
     return {
         site: own_model_figures(metrics)
@@ -353,9 +361,9 @@ def harmed_sites(
     judging: Mapping[str, Mapping[str, float]],
     objecting: Mapping[str, Mapping[str, float]],
 ) -> dict[str, str]:
-    """site -> why, for each site whose result went into the global model of ``round_number`` with exactly one
-    other site's and whose validation of that model (``judging``, or ``objecting``: sites whose result of the next
-    round was rejected) is worse than its validation of the model it trained itself in that round
+    """site -> why, for each site whose result went into the mean of ``round_number`` with exactly one other
+    site's (:func:`averaged_sites`) and whose validation of that model (``judging``, or ``objecting``: sites whose
+    result of the next round was rejected) is worse than its validation of the model it trained itself in that round
     (``local_val_loss``, reported with its result) by more than :data:`HARM_SIGMAS` standard errors. Averaging with
     the other site's result made the model far worse for this site's data than its own work: the other site's
     result harms it (labels flipped, a poisoned update inside every bound), or this site misreports, and the server
@@ -363,7 +371,7 @@ def harmed_sites(
     model less far than its own training did (clean four- and five-site federations of the attack suite measure 4 to
     6 standard errors after round 0), so there the rule could not tell harm from averaging; the round's median
     rules (clipping, opposed updates, the judged median) act instead."""
-    if len(recorded_entry(history, round_number).get("aggregation", {}).get("accepted", [])) != HARM_SITES:
+    if len(averaged_sites(history, round_number)) != HARM_SITES:
         return {}
     own = own_models(history, round_number)
     than = f"the model it trained itself in round {round_number}"
