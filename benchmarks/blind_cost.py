@@ -27,6 +27,7 @@ from surgical_aggregation.core.aggregation import Contribution, SurgicalAggregat
 from surgical_aggregation.core.blind import BlindCipher, BlindLayout, new_sites_key
 from surgical_aggregation.core.head import NAMED_HEAD, extend_head
 from surgical_aggregation.core.strategies import strategy
+from surgical_aggregation.experiments.summary import rewrite_marked_block
 from surgical_aggregation.training.checkpoint import initial_global_state
 
 
@@ -105,12 +106,39 @@ def measure(sites: int, classes: int, cipher: BlindCipher, seed: int = 0) -> dic
     }
 
 
+MARKER = "blind-cost"
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The cost table of docs/blind.md."""
+    lines = [
+        "| sites | classes | a site sends: blind | plain | a site receives: blind | a site encrypts | the server adds "
+        "| a site decrypts | plain aggregation (server) | largest difference |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['sites']} | {row['classes']} | {row['blind_bytes_per_site'] / 1e6:.0f} MB "
+            f"| {row['plain_bytes_per_site'] / 1e6:.0f} MB | {row['blind_bytes_received_per_site'] / 1e6:.0f} MB "
+            f"| {row['blind_site_encrypt_seconds']:.1f} s | {row['blind_server_add_seconds']:.1f} s "
+            f"| {row['blind_site_decrypt_seconds']:.1f} s | {row['plain_server_seconds']:.2f} s "
+            f"| {row['largest_difference']:.1e} |"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sites", type=int, nargs="+", default=[2, 7])
     parser.add_argument("--classes", type=int, nargs="+", default=[20, 199])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--table-only", action="store_true", help="only redraw the table of --out")
+    parser.add_argument("--write-doc", type=Path, help=f"rewrite the table between <!-- {MARKER} --> markers")
     args = parser.parse_args()
+    if args.table_only:
+        rows = json.loads(args.out.read_text())
+        _write(rows, args.write_doc)
+        return
     cipher = BlindCipher.for_sites()
     rows = []
     for sites in args.sites:
@@ -130,6 +158,15 @@ def main() -> None:
                 flush=True,
             )
     args.out.write_text(json.dumps(rows, indent=1))
+    _write(rows, args.write_doc)
+
+
+def _write(rows: list[dict], doc: Path | None) -> None:
+    lines = table(rows)
+    print("\n".join(lines))
+    if doc is not None:
+        text = doc.read_text()
+        doc.write_text(rewrite_marked_block(text, f"<!-- {MARKER} -->", f"<!-- /{MARKER} -->", "\n".join(lines)))
 
 
 if __name__ == "__main__":

@@ -155,6 +155,9 @@ def test_the_sites_secret_survives_its_text():
     secret = BlindSecret.new(CONSORTIUM)
     again = BlindSecret.from_json(secret.to_json(), "blind_secret.json")
     assert (again.key, again.classes) == (secret.key, tuple(CONSORTIUM))
+    # a loaded context serializes its public part anew each time: the sites send the bytes stored with the secret
+    assert again.public == secret.public and again.fingerprint == secret.fingerprint
+    assert not BlindCipher.from_bytes(again.public).holds_secret_key
     slots = [secret.layout_for(_state(["Mass"], 0), []).slot(name) for name in CONSORTIUM]
     assert [again.layout_for(_state(["Mass"], 0), []).slot(name) for name in CONSORTIUM] == slots
     decrypted = again.cipher.decrypt(dict(enumerate(secret.cipher.encrypt(np.arange(5.0)))))
@@ -167,12 +170,13 @@ def test_text_that_is_not_the_sites_secret_is_refused_naming_its_file():
     cases = [
         ("not json", "not JSON"),
         ([], "format None"),
-        ({**good, "format": 2}, "format 2"),
+        ({**good, "format": 1}, "format 1; this bundle reads blind secrets of format 2"),
         ({**good, "key": "zz"}, "not a blind secret"),
         ({**good, "key": "00" * 8}, "at least 32 bytes"),
         ({**good, "classes": ["Mass", "Mass"]}, "each class once"),
         ({**good, "context": base64.b64encode(b"junk").decode()}, "its context cannot be read"),
         ({**good, "context": base64.b64encode(public).decode()}, "no secret key"),
+        ({**good, "public_context": good["context"]}, "its public context holds the secret key"),
     ]
     for content, message in cases:
         text = content if isinstance(content, str) else json.dumps(content)

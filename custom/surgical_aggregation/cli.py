@@ -6,6 +6,7 @@
 * ``evaluate``  per-class AUROC of a model on a labelled set (the classes both have), table + plot;
 * ``export-bundle`` write a model as a MONAI Bundle (metadata with class names, TorchScript, ONNX, inference config);
 * ``write-job`` (re)write a FLARE job folder of this bundle (e.g. ``jobs/nih_chexpert``) from its recipe;
+* ``blind-secret`` make the consortium's secret for blind mode (``docs/blind.md``);
 * ``simulate``  run one of the bundle's jobs in FLARE's simulator, one process per site, then summarise;
 * ``check-site`` check a site config against the job it will run, before a federation does;
 * ``setup-kit`` add this bundle's local/ files to a startup kit of FLARE's distributed provisioning;
@@ -251,6 +252,12 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="a closed vocabulary: a class the job accepts (repeat for each); a site bringing any other is refused "
         "at the handshake. Default: any class joins",
+    )
+    parser.add_argument(
+        "--blind",
+        action="store_true",
+        help="blind mode: the server adds ciphertexts and learns no class name, row or site's backbone; every site "
+        "needs the consortium's secret (blind-secret, and blind_secret in its site config). See docs/blind.md",
     )
     parser.add_argument(
         "--resume",
@@ -607,8 +614,10 @@ def _write_job(args: argparse.Namespace) -> int:
         label_aliases=aliases,
         accepted_classes=args.accepted_class,
         update_privacy=None if args.privacy_filter is None else read_privacy_filter(args.privacy_filter),
+        blind=args.blind,
     )
-    print(f"wrote job {args.name!r} ({args.code}) to {write_job(recipe, args.out, force=args.force)}")
+    mode = f"{args.code}, blind" if args.blind else args.code
+    print(f"wrote job {args.name!r} ({mode}) to {write_job(recipe, args.out, force=args.force)}")
     return 0
 
 
@@ -901,6 +910,58 @@ def _pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_blind_secret(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "blind-secret",
+        help="make the consortium's secret for blind mode (one site makes it and hands it to the others, never to "
+        "the server)",
+    )
+    parser.add_argument("--out", required=True, type=_user_path, help="e.g. <site workspace>/local/blind_secret.json")
+    classes = parser.add_mutually_exclusive_group(required=True)
+    classes.add_argument("--classes", nargs="+", metavar="NAME", help="the consortium's class list (any spelling)")
+    classes.add_argument(
+        "--job", choices=BUNDLE_JOBS, help="the union of the classes of one of the bundle's jobs' default sites"
+    )
+    parser.add_argument("--label-aliases", type=_user_path, default=None, metavar="FILE", help="the job's aliases")
+    parser.add_argument("--force", action="store_true", help="replace --out when it exists")
+
+
+def _blind_secret(args: argparse.Namespace) -> int:
+    from .core.blind import BlindSecret
+    from .core.labels import job_vocabulary, label_aliases
+
+    aliases = label_aliases(args.label_aliases)
+    if args.job:
+        from .flare.recipe import BUNDLE_RECIPES  # imports FLARE: only for --job
+
+        configs = BUNDLE_RECIPES[args.job]().site_configs.values()
+        names = sorted({name for config in configs for name in _labels_of(config, aliases)})
+    else:
+        names = args.classes
+    classes = sorted(job_vocabulary(aliases, None).canonical_list(names, "--classes"))
+    if args.out.exists() and not args.force:
+        raise SiteConfigError(f"{args.out} exists: a new secret would lock its sites out of their federation; pass "
+                              "--force to replace it")  # fmt: skip
+    secret = BlindSecret.new(classes)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # its owner's only
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(secret.to_json())
+    print(
+        f"wrote the blind secret of {len(classes)} classes to {args.out} (readable by its owner only). Copy it to "
+        "every site's local/ folder over a channel the server does not run, and set blind_secret in each site "
+        f"config. Each site can compare the public context's fingerprint: {secret.fingerprint}"
+    )
+    return 0
+
+
+def _labels_of(config: Mapping, aliases: Mapping[str, str]) -> list[str]:
+    from .training.config import site_config_from_dict
+    from .training.site_data import resolve_table
+
+    return list(resolve_table(site_config_from_dict(config, job_aliases=aliases)).classes)
+
+
 HANDLERS = {
     "prepare": (_add_prepare, _prepare),
     "generate": (_add_generate, _generate),
@@ -908,6 +969,7 @@ HANDLERS = {
     "evaluate": (_add_evaluate, _evaluate),
     "export-bundle": (_add_export_bundle, _export_bundle),
     "write-job": (_add_write_job, _write_job),
+    "blind-secret": (_add_blind_secret, _blind_secret),
     "simulate": (_add_simulate, _simulate),
     "check-site": (_add_check_site, _check_site),
     "setup-kit": (_add_setup_kit, _setup_kit),

@@ -275,6 +275,19 @@ class BlindCipher:
             sums.append(total.serialize())
         return sums
 
+    def ciphertext_problem(self, data: bytes) -> str | None:
+        """Why ``data`` is not one ciphertext of this context's parameters (None: it is). What a server can check of a
+        value it cannot read: that it parses, and holds at most one ciphertext's values."""
+        import tenseal
+
+        try:
+            vector = tenseal.ckks_vector_from(self._context, data)
+        except Exception as error:  # TenSEAL raises plain exceptions of several kinds on bytes it cannot parse
+            return f"not a ciphertext of the consortium's parameters ({type(error).__name__})"
+        if vector.size() > VALUES_PER_CIPHERTEXT:
+            return f"it holds {vector.size()} values, a ciphertext at most {VALUES_PER_CIPHERTEXT}"
+        return None
+
     def decrypt(self, encrypted: Mapping[int, bytes]) -> dict[int, np.ndarray]:
         """Each ciphertext (part -> serialized ciphertext) decrypted: part -> its values."""
         import tenseal
@@ -285,6 +298,29 @@ class BlindCipher:
             part: np.asarray(tenseal.ckks_vector_from(self._context, data).decrypt(), dtype=np.float64)
             for part, data in encrypted.items()
         }
+
+
+PUBLIC_CONTEXT = "public_context"  # the handshake's param: the consortium's CKKS context without its secret key
+PART_PREFIX = "ciphertext/"  # a ciphertext's name among a task's params: the prefix, then its part number
+
+
+def parts_as_params(parts: Mapping[int, bytes]) -> dict[str, np.ndarray]:
+    """Ciphertexts as FLARE params: named by part number, each its bytes as a uint8 array (FLARE streams arrays)."""
+    return {f"{PART_PREFIX}{part:06d}": np.frombuffer(data, dtype=np.uint8) for part, data in sorted(parts.items())}
+
+
+def params_as_parts(params: Mapping[str, Any], where: str) -> dict[int, bytes]:
+    """The ciphertexts of :func:`parts_as_params`' params; anything else is refused, ``where`` naming the sender."""
+    parts = {}
+    for name, value in params.items():
+        number = name[len(PART_PREFIX) :] if isinstance(name, str) and name.startswith(PART_PREFIX) else ""
+        if not number.isdigit():
+            raise BlindAggregationError(f"{where}: {name!r} is not a ciphertext ({PART_PREFIX}<part>)")
+        array = np.asarray(value)
+        if array.dtype != np.uint8 or array.ndim != 1:
+            raise BlindAggregationError(f"{where}: {name!r} is {array.dtype} of shape {array.shape}, not bytes")
+        parts[int(number)] = array.tobytes()
+    return parts
 
 
 def new_sites_key() -> bytes:
@@ -298,26 +334,35 @@ def blind_weight(num_samples: int, weighting: str) -> float:
     return 1.0 if weighting == "uniform" else num_samples / 1000.0
 
 
-SECRET_FORMAT = 1
+SECRET_FORMAT = 2  # 2: the public context is stored with the secret (every site sends the same bytes)
 
 
 @dataclass(frozen=True)
 class BlindSecret:
     """What every site of a blind federation holds and the server must not: the slots' key, the consortium's class
-    list and the CKKS context with its secret key. One site makes it (:meth:`new`) and hands the file to the others
-    over a channel the coordinator does not run; each keeps it in its workspace's ``local/``, never in a job (a job
-    folder travels through the server). The server needs only the public context, which a site can send it. As JSON
-    text here (:meth:`to_json`, :meth:`from_json`): the core does no I/O."""
+    list and the CKKS context with its secret key; and the public part of that context, serialized once when the
+    secret is made (a context serializes its public part differently each time it is loaded, so the sites send these
+    stored bytes: the server checks that every site sent the same). One site makes it (:meth:`new`) and hands the file
+    to the others over a channel the coordinator does not run; each keeps it in its workspace's ``local/``, never in
+    a job (a job folder travels through the server). As JSON text here (:meth:`to_json`, :meth:`from_json`): the core
+    does no I/O."""
 
     key: bytes
     classes: tuple[str, ...]
     cipher: BlindCipher
+    public: bytes  # the public context (no secret key), as every site sends it
 
     @classmethod
     def new(cls, classes: Sequence[str]) -> BlindSecret:
         key = new_sites_key()
         check_secret(key, classes)
-        return cls(key, tuple(classes), BlindCipher.for_sites())
+        cipher = BlindCipher.for_sites()
+        return cls(key, tuple(classes), cipher, cipher.public_bytes())
+
+    @property
+    def fingerprint(self) -> str:
+        """The public context's SHA-256: the same at every site of the consortium (compare it out of band)."""
+        return hashlib.sha256(self.public).hexdigest()
 
     def layout_for(self, state: StateDict, averaged_keys: Sequence[str]) -> BlindLayout:
         return BlindLayout.of(state, averaged_keys, self.key, self.classes)
@@ -329,6 +374,7 @@ class BlindSecret:
             "key": self.key.hex(),
             "classes": list(self.classes),
             "context": base64.b64encode(self.cipher.to_bytes()).decode("ascii"),
+            "public_context": base64.b64encode(self.public).decode("ascii"),
         }
         return json.dumps(values)
 
@@ -341,10 +387,14 @@ class BlindSecret:
             raise BlindAggregationError(f"{where}: not JSON ({error})") from None
         found = values.get("format") if isinstance(values, dict) else None
         if found != SECRET_FORMAT:
-            raise BlindAggregationError(f"{where}: format {found!r}; this bundle reads blind secrets of format 1")
+            raise BlindAggregationError(
+                f"{where}: format {found!r}; this bundle reads blind secrets of format {SECRET_FORMAT} (make a new "
+                "one with surgical-aggregation blind-secret)"
+            )
         try:
             key = bytes.fromhex(values["key"])
             context = base64.b64decode(values["context"], validate=True)
+            public = base64.b64decode(values["public_context"], validate=True)
             classes = tuple(values["classes"])
         except (ValueError, KeyError, TypeError) as error:
             raise BlindAggregationError(f"{where}: not a blind secret ({type(error).__name__}: {error})") from None
@@ -354,8 +404,11 @@ class BlindSecret:
             raise BlindAggregationError(f"{where}: {error}") from None
         try:
             cipher = BlindCipher.from_bytes(context)
+            public_cipher = BlindCipher.from_bytes(public)
         except ValueError as error:
             raise BlindAggregationError(f"{where}: its context cannot be read ({error})") from None
         if not cipher.holds_secret_key:
             raise BlindAggregationError(f"{where}: its context has no secret key (a server's public context?)")
-        return cls(key, classes, cipher)
+        if public_cipher.holds_secret_key:
+            raise BlindAggregationError(f"{where}: its public context holds the secret key: it must not")
+        return cls(key, classes, cipher, public)

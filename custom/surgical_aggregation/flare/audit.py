@@ -54,8 +54,9 @@ class SiteAudit:
         privacy: Mapping[str, Any] | None = None,
     ) -> None:
         """``direction``: received | sent, or what the server later said of a sent training result: aggregated |
-        not_aggregated (rejected, or it never arrived: a late result is dropped). ``privacy``: a DP-SGD site's
-        privacy report, with what it sent.
+        not_aggregated (rejected, or it never arrived: a late result is dropped); in blind mode also decrypted (the
+        model a received task carried, in clear) | encrypted (a result before its encryption). ``privacy``: a DP-SGD
+        site's privacy report, with what it sent.
         ``keep_tensors`` off: the exchange has its own file (the published model), only the record is kept."""
         state = state or {}
         entry = {

@@ -42,9 +42,11 @@ from ..training.privacy import LEDGER_FILE, SPENT_FILE
 from ..training.site_data import SiteData, prepare_site_data, resolve_table, split_table
 from ..training.trainer import SiteTrainer, Tracker, evaluation_metrics
 from .audit import SiteAudit
+from .blind_site import BlindSite, classless_metrics
 from .handshake import site_handshake
 from .protocol import (
     JOB_ALIASES_FILE,
+    META_BLIND,
     META_CLASS_NAMES,
     META_DATA,
     META_METHOD,
@@ -98,6 +100,8 @@ class ClientSession:
         self.app_dir = app_dir
         self.local_model_path = app_dir / LOCAL_MODEL_FILE
         self._trainer: SiteTrainer | None = None
+        # blind mode (flare.blind_site): only with the consortium's secret; such a site takes part in blind jobs only
+        self.blind = BlindSite.from_file(config.blind_secret, site, app_dir, log) if config.blind_secret else None
 
     def __enter__(self) -> ClientSession:
         return self
@@ -139,9 +143,16 @@ class ClientSession:
             self.record_outcome(meta[META_OUTCOME])
         round_number = received.current_round if task == TASK_TRAIN else meta.get(META_ROUND)
         names = meta.get(META_CLASS_NAMES) or []
-        # the published model is kept whole in its own file: no second copy among the exchanges
-        self.audit.record(task, round_number, "received", names, received.params, keep_tensors=task != TASK_PUBLISH)
-        if task == TASK_DESCRIBE:
+        # the published model is kept whole in its own file: no second copy among the exchanges; ciphertexts (blind
+        # mode) are not kept: their decryption is ("decrypted")
+        blind = META_BLIND in meta
+        keep = task != TASK_PUBLISH and not blind
+        self.audit.record(task, round_number, "received", names, received.params, keep_tensors=keep)
+        if task != TASK_REFUSED and bool(meta.get(META_BLIND)) != (self.blind is not None):
+            answer = self.not_blind_alike(task, bool(meta.get(META_BLIND)))
+        elif blind and task in (TASK_DESCRIBE, TASK_TRAIN, TASK_VALIDATE, TASK_PUBLISH):
+            answer = self.handle_blind(task, received)
+        elif task == TASK_DESCRIBE:
             answer = self.describe(bool(meta.get(META_WANT_LABEL_COUNTS)))
         elif task == TASK_TRAIN:
             answer = self.train(received)
@@ -158,8 +169,65 @@ class ClientSession:
             raise ValueError(f"{self.site}: unknown task {task!r}")
         sent = (answer.meta or {}).get(META_CLASS_NAMES) or []
         privacy = (answer.meta or {}).get(META_PRIVACY)
-        self.audit.record(task, round_number, "sent", sent, answer.params, answer.metrics, privacy=privacy)
+        self.audit.record(
+            task, round_number, "sent", sent, answer.params, answer.metrics, privacy=privacy, keep_tensors=not blind
+        )
         return answer
+
+    def not_blind_alike(self, task: str, server_blind: bool) -> FLModel:
+        """A blind server and a site without the consortium's secret, or a site with one and a plain server: the
+        site sends nothing of its classes (its log says why) and takes no part."""
+        if server_blind:
+            self.log.error(
+                "%s: this job runs in blind mode and this site's config has no blind_secret (the consortium's "
+                "secret file): it sends nothing; ask the consortium for the secret and set blind_secret",
+                self.site,
+            )
+        else:
+            self.log.error(
+                "%s: this site's config has blind_secret, so it takes part in blind jobs only, and this job's server "
+                "asks for class names and models in clear (task %s): it sends nothing; remove blind_secret to take "
+                "part in plain jobs",
+                self.site,
+                task,
+            )
+        return FLModel(params={}, meta={})
+
+    def handle_blind(self, task: str, received: FLModel) -> FLModel:
+        """A blind task: decrypt what the server sent into the model the plain task would have received, answer it
+        as the plain task does, and encrypt the result (``flare.blind_site``)."""
+        settings = (received.meta or {}).get(META_BLIND)
+        settings = settings if isinstance(settings, dict) else {}
+        trainer = self.trainer
+        classes = list(trainer.class_names)
+        trainer.set_method(method_from_meta(received.meta.get(META_METHOD) or {}))
+        layout = self.blind.layout(trainer.state_dict(), trainer.site_method.backbone_strategy)  # made once
+        if task == TASK_DESCRIBE:
+            preprocessing = self.config.modality.preprocessing(self.config)
+            self.log.info("%s: blind mode, %d classes, none named to the server", self.site, len(classes))
+            blind, params = self.blind.describe(layout, classes)
+            return FLModel(params=params, meta={META_BLIND: blind, META_PREPROCESSING: preprocessing})
+        round_number = received.current_round if task == TASK_TRAIN else (received.meta or {}).get(META_ROUND)
+        if task == TASK_TRAIN:
+            params = self.blind.received(received.params or {}, settings, classes)
+            self.audit.record(task, round_number, "decrypted", classes, params)
+            answer = self.train(FLModel(params=params, meta={**received.meta, META_CLASS_NAMES: classes},
+                                        current_round=received.current_round))  # fmt: skip
+            sent = (answer.meta or {}).get(META_CLASS_NAMES) or []
+            parts = {}
+            if answer.params:  # (a DP-SGD site whose budget is spent sends nothing)
+                self.audit.record(task, round_number, "encrypted", sent, answer.params, answer.metrics)
+                samples = int((answer.meta or {}).get(META_NUM_SAMPLES, 0))
+                parts = self.blind.encrypted(answer.params, sent, samples, str(settings.get("weighting", "uniform")))
+            meta = {key: value for key, value in (answer.meta or {}).items() if key == META_PRIVACY}
+            return FLModel(params=parts, metrics=classless_metrics(answer.metrics or {}), meta=meta)
+        params = self.blind.decrypted(received.params or {}, classes)
+        if task == TASK_VALIDATE:
+            self.audit.record(task, round_number, "decrypted", classes, params)
+            answer = self.validate(FLModel(params=params, meta={META_CLASS_NAMES: classes}))
+            return FLModel(metrics=classless_metrics(answer.metrics or {}))
+        meta = {key: value for key, value in (received.meta or {}).items() if key != META_BLIND}
+        return self.keep_published(FLModel(params=params, meta={**meta, META_CLASS_NAMES: classes}))
 
     def record_outcome(self, outcome: dict) -> None:
         """What the server did with this site's last training result: logged, and recorded in the audit (a result

@@ -88,6 +88,7 @@ from .state import (
     Judgement,
     SavedVersion,
     continue_or_start,
+    disagreement,
     grow_union,
     history_entry,
     judge,
@@ -490,30 +491,10 @@ class SurgicalAggregatorShareable(ServerModels):
             self.info(f"new best global model: {model_label(version.round)}")
 
     def _stop_on_disagreement(self, version: SavedVersion, verdict: Judgement) -> None:
-        """A site's own validation contradicts the federation: the judged loss says a model improves while a site
-        finds it worse than the last good model beyond its noise, or the model is far worse for a site than the model
-        the site trained itself that round. Someone reports figures the model does not earn, or a contribution harms
-        one site's data, and the server cannot tell which. The job stops; the last good global model stays on disk,
-        and nothing is published."""
+        """A site's own validation contradicts the federation (``state.disagreement``): the job stops; the last good
+        global model stays on disk, and nothing is published."""
         write_history(self._federation.history, Path(self.get_app_dir()))
-        label = model_label(version.round)
-        said = []
-        if verdict.regressed and not verdict.harmed:
-            worse = "; ".join(f"for {site}, {reason}" for site, reason in verdict.regressed.items())
-            said.append(
-                f"the {verdict.statistic} of {verdict.judges}'s validation losses ({verdict.judged_loss:.4f}) says it "
-                f"is the best so far, but {worse}"
-            )
-        for site, reason in verdict.harmed.items():
-            said.append(f"it is worse for {site} than its own work: {reason}")
-        kept = f"the global model {model_label(verdict.reference)}"
-        raise FederationCannotProceed(
-            f"the sites disagree about the global model {label}: {'; '.join(said)}. A site reports figures the model "
-            "does not earn (a hostile or broken site), or a contribution harms one site's data (labels flipped, an "
-            "update poisoned inside every bound), and the server cannot tell which. Nothing is published; the last "
-            f"good global model ({kept}) stays on disk. Compare the sites' logs and data; judging_sites names the "
-            "sites whose validation is trusted"
-        )
+        raise FederationCannotProceed(disagreement(version, verdict))
 
     def _judges_of_final_validation(self, latest: SavedVersion, validated: dict[str, dict]) -> list[str]:
         """The sites whose final validation judges the last model: those whose result the last round accepted (a site

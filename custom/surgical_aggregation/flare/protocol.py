@@ -20,6 +20,9 @@ META_OUTCOME = "last_outcome"  # how its last training result fared: aggregated 
 META_PRIVACY = "privacy"  # a DP-SGD site's training result: epsilon spent, delta, budget, whether it stopped
 META_INITIAL_MODEL = "initial_model"  # persistor -> controller: where the initial global model came from
 META_ROUND = "model_round"  # which global model a validation or publication carries (-1: before training)
+# blind mode: a site's handshake answer (its ciphertext count, the parts it is sent back, the public context) and
+# the settings every blind task carries (weighting, head seed, whether the params are the plain initial model)
+META_BLIND = "blind"
 
 # How the bundle's code reaches the participants (see flare.recipe) and the bundle's jobs (its recipes).
 CODE_DELIVERIES = ("byoc", "preinstalled")

@@ -53,6 +53,7 @@ from ..core.labels import job_vocabulary
 from ..core.labels import label_aliases as load_label_aliases
 from ..training.config import SITE_CONFIGS_DIR, SiteConfig, site_config_from_dict
 from ..training.profiles import CONSORTIUM_ROUNDS, DEMO, REPORT, REPORT_JOB_ROUNDS
+from .blind import BLIND_REFUSED, BlindSurgicalAggregator
 from .controller import SurgicalAggregatorShareable
 from .persistor import SurgicalModelPersistor
 from .protocol import (
@@ -147,8 +148,11 @@ class SurgicalAggregationRecipe(Recipe):
         tracking: str = "tensorboard",
         tracking_uri: str | None = None,
         update_privacy: Mapping[str, Any] | None = None,
+        blind: bool = False,
     ) -> None:
         _check_delivery(client_execution, code, ship_library)
+        if blind:
+            _check_blind(initial_model, site_to_site_evaluation, update_privacy, accepted_classes, controller or {})
         if tracking not in TRACKERS:
             raise ValueError(f"tracking must be one of {TRACKERS}, got {tracking!r}")
         if not sites:
@@ -177,10 +181,11 @@ class SurgicalAggregationRecipe(Recipe):
                 f"job {name!r}: min_clients {minimum} is more than its {len(configs)} site(s) "
                 f"{sorted(configs)}: no round could ever aggregate; set min_clients to at most {len(configs)}"
             )
-        if self.label_aliases:
+        if self.label_aliases and not blind:  # a blind server holds no class name: the sites' apps carry them
             self.controller_args["label_aliases"] = self.label_aliases
         if accepted_classes is not None:
             self.controller_args["accepted_classes"] = list(vocabulary.accepted)
+        self.blind = blind
         self.persistor_args = {"architecture": first.modality.architecture, "preprocessing": preprocessing}
         self.persistor_args.update(persistor or {})
         if initial_model is not None:
@@ -192,7 +197,8 @@ class SurgicalAggregationRecipe(Recipe):
         # checked and built once here: bad args are refused before anything is written
         self.update_privacy = None if update_privacy is None else UpdatePrivacy(update_privacy).privacy_filter
         # raises on bad arguments before anything is built
-        aggregator = SurgicalAggregatorShareable(**self.controller_args)
+        workflow = BlindSurgicalAggregator if blind else SurgicalAggregatorShareable
+        aggregator = workflow(**self.controller_args)
         model_persistor = SurgicalModelPersistor(**self.persistor_args)
 
         self._server_custom_added = False
@@ -282,6 +288,27 @@ def _one_preprocessing(job: str, configs: Mapping[str, SiteConfig]) -> dict[str,
         if problem := preprocessing_problem(preprocessing, first, f"{first_site}'s"):
             raise SiteConfigError(f"job {job!r}: site {site!r}: {problem}")
     return dict(first)
+
+
+def _check_blind(
+    initial_model: str | None,
+    site_to_site_evaluation: bool,
+    update_privacy: Mapping[str, Any] | None,
+    accepted_classes: Sequence[str] | None,
+    controller: Mapping[str, Any],
+) -> None:
+    """What a blind job cannot do, refused before anything is written, each with the reason."""
+    asked = {
+        "initial_model": initial_model is not None,
+        "site_to_site_evaluation": site_to_site_evaluation,
+        "update_privacy": update_privacy is not None,
+        "accepted_classes": accepted_classes is not None,
+        **{name: True for name in controller if name in BLIND_REFUSED},
+    }
+    refused = [name for name, wanted in asked.items() if wanted]
+    if refused:
+        reasons = "; ".join(f"{name}: {BLIND_REFUSED[name]}" for name in refused)
+        raise SiteConfigError(f"blind mode cannot run {refused}: {reasons}")
 
 
 def _json(content: Mapping[str, Any]) -> str:

@@ -378,3 +378,25 @@ def harmed_sites(
     harmed = validation_regressions(judging, own, than, HARM_SIGMAS)
     objections = validation_regressions(objecting, own, than, HARM_SIGMAS)
     return harmed | {site: f"{reason}{OBJECTS}" for site, reason in objections.items()}
+
+
+def disagreement(version: SavedVersion, verdict: Judgement) -> str:
+    """Why a job stops on a model the sites' own validation contradicts: the judged loss says it improves while a site
+    finds it worse than the last good model beyond its noise, or it is far worse for a site than the model the site
+    trained itself that round. Someone reports figures the model does not earn, or a contribution harms one site's
+    data, and the server cannot tell which."""
+    said = []
+    if verdict.regressed and not verdict.harmed:
+        worse = "; ".join(f"for {site}, {reason}" for site, reason in verdict.regressed.items())
+        said.append(
+            f"the {verdict.statistic} of {verdict.judges}'s validation losses ({verdict.judged_loss:.4f}) says it is "
+            f"the best so far, but {worse}"
+        )
+    said += [f"it is worse for {site} than its own work: {reason}" for site, reason in verdict.harmed.items()]
+    return (
+        f"the sites disagree about the global model {model_label(version.round)}: {'; '.join(said)}. A site reports "
+        "figures the model does not earn (a hostile or broken site), or a contribution harms one site's data (labels "
+        "flipped, an update poisoned inside every bound), and the server cannot tell which. Nothing is published; the "
+        f"last good global model (the global model {model_label(verdict.reference)}) stays on disk. Compare the "
+        "sites' logs and data; judging_sites names the sites whose validation is trusted"
+    )

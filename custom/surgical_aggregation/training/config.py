@@ -87,6 +87,9 @@ class SiteConfig:
     cache_dir: str | None = None  # null = $SURGICAL_AGGREGATION_CACHE or ~/.cache/surgical_aggregation
     seed: int = 0
     record_exchanges: str = "head"  # what to keep of each model exchange: head | full | off (flare.audit)
+    # blind mode: the consortium's secret file (core.blind.BlindSecret), kept in the site workspace's local/ folder,
+    # never in a job; a site with one takes part in blind jobs only (flare.blind_site)
+    blind_secret: str | None = None
     # DP-SGD over this site's local training, with this site's own budget (training.privacy); off by default
     differential_privacy: DifferentialPrivacy = field(default_factory=DifferentialPrivacy)
     settings: Any = field(default=None, metadata={MODALITY_FIELDS: True})  # the modality's (its settings_type)
@@ -240,6 +243,8 @@ def _check_and_resolve(config: SiteConfig, where: str, base_dir: Path | None) ->
             data.location = str((base_dir / data.location).resolve())
         if config.cache_dir is not None and not Path(config.cache_dir).is_absolute():
             config.cache_dir = str((base_dir / config.cache_dir).resolve())
+        if config.blind_secret is not None and not Path(config.blind_secret).expanduser().is_absolute():
+            config.blind_secret = str((base_dir / config.blind_secret).resolve())
     config.modality.check(config, where)
     if isinstance(data.label_aliases, str):  # inlined, so that a job written from this config carries them
         path = Path(data.label_aliases).expanduser()

@@ -1,0 +1,89 @@
+"""A site's side of blind surgical aggregation (``core.blind``, the server's in :mod:`.blind`): what it tells a blind
+server, how it turns the ciphertexts it is sent into the model it trains, and its result into ciphertexts.
+
+The site holds the consortium's secret (``blind_secret`` in its config: the slots' key, the class list and the CKKS
+context with its secret key, in its workspace's ``local/`` folder, never in a job). It keeps the model it last
+received in clear in its job folder (``blind_received.pt``): a class slot that no site filled in a round leaves
+that row as it was, as the plain aggregation keeps a row nobody sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core.blind import PUBLIC_CONTEXT, BlindLayout, BlindSecret, blind_weight, params_as_parts, parts_as_params
+from ..core.errors import SiteConfigError
+from ..core.head import NAMED_HEAD, extend_head, numpy_state
+from ..core.strategies import strategy
+
+RECEIVED_FILE = "blind_received.pt"  # the model this site last received, in clear, in its job folder
+
+
+class BlindSite:
+    """One site's secret, its layout and the model it last received."""
+
+    def __init__(self, secret: BlindSecret, site: str, app_dir: Path, log: logging.Logger) -> None:
+        self.secret, self.site, self.log = secret, site, log
+        self.received_file = app_dir / RECEIVED_FILE
+        self._layout: BlindLayout | None = None
+
+    @classmethod
+    def from_file(cls, path: str | Path, site: str, app_dir: Path, log: logging.Logger) -> BlindSite:
+        path = Path(path)
+        if not path.is_file():
+            raise SiteConfigError(f"{site}: blind_secret {path} is not a file (the consortium's blind secret)")
+        return cls(BlindSecret.from_json(path.read_text(), str(path)), site, app_dir, log)
+
+    def layout(self, model_state: Mapping[str, Any], backbone_strategy: str) -> BlindLayout:
+        """The layout of this consortium for a model of ``model_state``'s entries (made at the first task)."""
+        if self._layout is None:
+            averaged = strategy(backbone_strategy).shared_keys(list(model_state), NAMED_HEAD.keys)
+            self._layout = self.secret.layout_for(model_state, averaged)
+        return self._layout
+
+    def describe(self, layout: BlindLayout, classes: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The handshake's answer (meta, params): the ciphertext count and the parts to send back; the public
+        context (no secret key) as bytes."""
+        public = np.frombuffer(self.secret.public, dtype=np.uint8)
+        return {"parts": layout.parts, "wanted": layout.parts_for(classes)}, {PUBLIC_CONTEXT: public}
+
+    def received(self, params: Mapping[str, Any], settings: Mapping[str, Any], classes: Sequence[str]) -> dict:
+        """The model this site is sent, in clear: the initial model with its own rows (seeded by name, as the plain
+        job makes them), or the decrypted sums of its parts over the model it last received. Kept as the template of
+        the next one."""
+        if settings.get("initial"):
+            state = numpy_state(params)
+            state, _ = extend_head(state, [], list(classes), NAMED_HEAD, int(settings.get("head_seed", 0)))
+        else:
+            if not self.received_file.is_file():
+                raise SiteConfigError(
+                    f"{self.site}: sent ciphertexts before the initial model (no {self.received_file}): this site "
+                    "cannot read them"
+                )
+            template = torch.load(self.received_file, weights_only=False)
+            sums = self.secret.cipher.decrypt(params_as_parts(params, "the server's model"))
+            state = self._layout.unpack(sums, list(classes), template)
+        torch.save(numpy_state(state), self.received_file)
+        return state
+
+    def decrypted(self, params: Mapping[str, Any], classes: Sequence[str]) -> dict:
+        """A model to validate or keep (not trained from): decrypted over the model last received."""
+        template = torch.load(self.received_file, weights_only=False)
+        sums = self.secret.cipher.decrypt(params_as_parts(params, "the server's model"))
+        return self._layout.unpack(sums, list(classes), template)
+
+    def encrypted(self, state: Mapping[str, Any], classes: Sequence[str], samples: int, weighting: str) -> dict:
+        """This site's trained model as the ciphertexts it sends."""
+        vector = self._layout.pack(state, list(classes), blind_weight(samples, weighting))
+        return parts_as_params(dict(enumerate(self.secret.cipher.encrypt(vector))))
+
+
+def classless_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The metrics a blind site sends: none with a class in its name (a per-class AUROC would tell the server)."""
+    return {name: value for name, value in metrics.items() if "/" not in name}

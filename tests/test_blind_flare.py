@@ -1,0 +1,96 @@
+"""Blind mode's FLARE layer without a federation: what a blind job refuses, what the server accepts of an answer, and
+the tables of docs/blind.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from surgical_aggregation.core.blind import PART_PREFIX, BlindAggregationError, params_as_parts, parts_as_params
+from surgical_aggregation.core.errors import SiteConfigError
+from surgical_aggregation.flare.blind import BLIND_REFUSED, classless_check, refused_table
+from surgical_aggregation.flare.recipe import nih_chexpert_recipe, write_job
+
+from helpers import load_benchmark
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"controller": {"update_bound": 5.0}}, "update_bound"),
+        ({"controller": {"clip_updates": True, "method": "vanilla"}}, "clip_updates"),
+        ({"site_to_site_evaluation": True}, "site_to_site_evaluation"),
+        ({"initial_model": "best_FL_global_model.pt"}, "initial_model"),
+        ({"accepted_classes": ["Mass"]}, "accepted_classes"),
+        ({"update_privacy": {"path": "exclude_vars", "args": {}}}, "update_privacy"),
+    ],
+)
+def test_a_blind_job_refuses_what_the_server_cannot_do_blind(options, named):
+    with pytest.raises(SiteConfigError, match=rf"blind mode cannot run \[.*'{named}'.*\]: {named}: "):
+        nih_chexpert_recipe(blind=True, **options)
+
+
+def test_a_blind_job_writes_no_class_name_into_the_servers_app(tmp_path):
+    """The server's config holds no alias and no class (a plain job's holds the aliases)."""
+    aliases = {"Water On The Lung": "Effusion"}
+    job = write_job(nih_chexpert_recipe(blind=True, label_aliases=aliases), tmp_path / "job")
+    server = "".join(path.read_text() for path in (job / "app_server").rglob("*.json"))
+    assert "blind.BlindSurgicalAggregator" in server
+    assert "Water On The Lung" not in server and "Effusion" not in server
+    site = json.loads((job / "app_site-nih" / "config" / "label_aliases.json").read_text())
+    assert site == aliases  # the sites read the aliases: their apps carry them
+    plain = write_job(nih_chexpert_recipe(label_aliases=aliases), tmp_path / "plain")
+    assert "Water On The Lung" in (plain / "app_server" / "config" / "config_fed_server.json").read_text()
+
+
+def test_ciphertexts_travel_as_bytes_and_nothing_else_is_taken_for_one():
+    parts = {0: b"\x00\x01", 7: b"abc"}
+    assert params_as_parts(parts_as_params(parts), "site-x") == parts
+    with pytest.raises(BlindAggregationError, match=r"site-x: 'class_head\.weight' is not a ciphertext"):
+        params_as_parts({"class_head.weight": np.zeros((2, 3), np.float32)}, "site-x")
+    with pytest.raises(BlindAggregationError, match=rf"site-x: '{PART_PREFIX}000001' is float32 of shape \(3,\)"):
+        params_as_parts({f"{PART_PREFIX}000001": np.zeros(3, np.float32)}, "site-x")
+
+
+def test_a_per_class_metric_is_refused_without_its_name():
+    checked, problems = classless_check({"val_loss": 0.5, "val_auroc/Mass": 0.7, "val_auroc/Edema": 0.6})
+    assert checked == {"val_loss": 0.5}
+    assert problems == ["2 metric(s) with a class in their name refused (not named here)"]
+    assert "Mass" not in " ".join(problems)
+
+
+def test_the_threat_model_page_shows_the_refused_settings_and_the_measured_cost():
+    page = (REPOSITORY / "docs" / "blind.md").read_text()
+    block = page.split("<!-- blind-refused -->\n", 1)[1].split("\n<!-- /blind-refused -->", 1)[0]
+    assert block == refused_table()
+    assert len(block.splitlines()) == 2 + len(BLIND_REFUSED)
+    cost = load_benchmark("blind_cost")
+    rows = json.loads((REPOSITORY / "docs" / "blind" / "cost.json").read_text())
+    block = page.split(f"<!-- {cost.MARKER} -->\n", 1)[1].split(f"\n<!-- /{cost.MARKER} -->", 1)[0]
+    assert block == "\n".join(cost.table(rows))
+    assert {(row["sites"], row["classes"]) for row in rows} == {(2, 20), (2, 199), (7, 20), (7, 199)}
+    assert max(row["largest_difference"] for row in rows) < 1e-6
+
+
+def test_the_blind_secret_command_writes_a_secret_only_its_owner_reads_and_never_replaces_one(tmp_path, capsys):
+    from surgical_aggregation.cli import main
+    from surgical_aggregation.core.blind import BlindSecret
+
+    out = tmp_path / "local" / "blind_secret.json"
+    assert main(["blind-secret", "--out", str(out), "--classes", "Mass", "effusion", "Nodule"]) == 0
+    secret = BlindSecret.from_json(out.read_text(), str(out))
+    assert secret.classes == ("Mass", "Nodule", "Pleural Effusion")  # canonical, in name order
+    assert out.stat().st_mode & 0o777 == 0o600
+    printed = capsys.readouterr().out
+    assert f"{secret.fingerprint}" in printed and str(out) in printed
+    before = out.read_text()
+    assert main(["blind-secret", "--out", str(out), "--classes", "Mass"]) == 2
+    assert "exists: a new secret would lock its sites out" in capsys.readouterr().err
+    assert out.read_text() == before
+    assert main(["blind-secret", "--out", str(out), "--job", "nih_chexpert", "--force"]) == 0
+    assert len(BlindSecret.from_json(out.read_text(), str(out)).classes) == 20  # the job's union
