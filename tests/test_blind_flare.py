@@ -94,3 +94,48 @@ def test_the_blind_secret_command_writes_a_secret_only_its_owner_reads_and_never
     assert out.read_text() == before
     assert main(["blind-secret", "--out", str(out), "--job", "nih_chexpert", "--force"]) == 0
     assert len(BlindSecret.from_json(out.read_text(), str(out)).classes) == 20  # the job's union
+
+
+def _session(tmp_path: Path, blind_secret: str | None):
+    import logging
+
+    from surgical_aggregation.flare.client import ClientSession
+    from surgical_aggregation.training.config import site_config_from_dict
+
+    from helpers import tiny_sites
+
+    values = tiny_sites(nih_chexpert_recipe().site_configs, tmp_path / "cache")["site-nih"]
+    config = site_config_from_dict({**values, "blind_secret": blind_secret}, "site config")
+    return ClientSession("site-nih", config, tmp_path / "job" / "app_site-nih", logging.getLogger("test"))
+
+
+def test_a_site_sends_nothing_of_its_classes_to_a_server_of_the_other_mode(tmp_path, caplog):
+    """A site without the consortium's secret in a blind job, and a site with one in a plain job, answer the
+    handshake with nothing (the blind server refuses it; the plain server cannot read it) and say why in their log;
+    with the secret in a blind job the answer holds positions and the public context, never a class name."""
+    from nvflare.app_common.abstract.fl_model import FLModel
+
+    from surgical_aggregation.core.blind import PUBLIC_CONTEXT, BlindSecret
+    from surgical_aggregation.flare.protocol import META_BLIND, META_CLASS_NAMES, TASK_DESCRIBE
+
+    blind_task = FLModel(params={}, meta={META_BLIND: {"weighting": "uniform"}})
+    plain_site = _session(tmp_path / "plain-site", None)
+    answer = plain_site.handle(TASK_DESCRIBE, blind_task)
+    assert (answer.params, answer.meta) == ({}, {})
+    assert "this job runs in blind mode and this site's config has no blind_secret" in caplog.text
+
+    secret_file = tmp_path / "local" / "blind_secret.json"
+    secret_file.parent.mkdir()
+    secret = BlindSecret.new(sorted([*plain_site.class_names, "Fracture", "Lung Opacity"]))  # two it does not label
+    secret_file.write_text(secret.to_json())
+    blind_site = _session(tmp_path / "blind-site", str(secret_file))
+    answer = blind_site.handle(TASK_DESCRIBE, FLModel(params={}, meta={}))
+    assert (answer.params, answer.meta) == ({}, {})
+    assert "this site's config has blind_secret, so it takes part in blind jobs only" in caplog.text
+
+    answer = blind_site.handle(TASK_DESCRIBE, blind_task)
+    assert META_CLASS_NAMES not in answer.meta and set(answer.params) == {PUBLIC_CONTEXT}
+    assert bytes(answer.params[PUBLIC_CONTEXT]) == secret.public
+    sent = json.dumps(answer.meta)
+    assert not any(name in sent for name in secret.classes)
+    assert len(answer.meta[META_BLIND]["wanted"]) == answer.meta[META_BLIND]["parts"] - 2  # not its two slots
