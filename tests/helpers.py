@@ -219,3 +219,17 @@ def write_dicom(pixels: np.ndarray, path: Path, monochrome1: bool = False) -> Pa
     dataset.PixelData = stored.tobytes()
     dataset.save_as(path, enforce_file_format=True)
     return path
+
+
+def audit_exchange(app: Path, round_number: int, direction: str, task: str = "train") -> tuple[dict, list[str]]:
+    """(state, class names) of one exchange a site's audit kept (``flare.audit``): ``direction`` received, sent, or
+    in blind mode decrypted, encrypted, of its ``task`` in ``round_number``."""
+    from surgical_aggregation.flare.audit import read_audit
+
+    (record,) = [
+        record
+        for record in read_audit(app)
+        if record["task"] == task and record["round"] == round_number and record["direction"] == direction
+    ]
+    payload = torch.load(app / record["tensors"], weights_only=False)
+    return payload["state"], record["class_names"]

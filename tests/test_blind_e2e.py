@@ -13,12 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from surgical_aggregation.core.blind import BlindSecret
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
-from surgical_aggregation.flare.audit import read_audit
 from surgical_aggregation.flare.blind import BLIND_BEST_MODEL_FILE, SEEN_FILE
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
@@ -26,7 +24,7 @@ from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.site_data import resolve_table
 
-from helpers import built_once, load_benchmark, tiny_recipe
+from helpers import audit_exchange, built_once, load_benchmark, tiny_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -103,14 +101,7 @@ def _server(workspace: Path) -> Path:
 def _trained_from(workspace: Path, site: str, round_number: int, direction: str) -> dict[str, np.ndarray]:
     """What ``site`` trained from in ``round_number`` (its audit's ``direction`` record: the plain site's
     ``received``, the blind site's ``decrypted``), each head row keyed by its canonical class name."""
-    app = _app(workspace, site)
-    (record,) = [
-        record
-        for record in read_audit(app)
-        if record["task"] == "train" and record["round"] == round_number and record["direction"] == direction
-    ]
-    payload = torch.load(app / record["tensors"], weights_only=False)
-    return _by_name(payload["state"], record["class_names"])
+    return _by_name(*audit_exchange(_app(workspace, site), round_number, direction))
 
 
 def _by_name(state: dict, class_names: list[str]) -> dict[str, np.ndarray]:

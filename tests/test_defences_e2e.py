@@ -22,16 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from surgical_aggregation.core.head import NAMED_HEAD
-from surgical_aggregation.flare.audit import read_audit
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
 from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.training.checkpoint import load_checkpoint
 
-from helpers import built_once, load_benchmark, tiny_recipe, tiny_sites
+from helpers import audit_exchange, built_once, load_benchmark, tiny_recipe, tiny_sites
 
 pytestmark = pytest.mark.slow
 
@@ -118,14 +116,8 @@ def label_flipper(tmp_path_factory):
 
 def _exchange(workspace: Path, site: str, round_number: int, direction: str) -> dict[str, np.ndarray]:
     """What ``site`` received or sent with its training task of ``round_number``, as its audit kept it."""
-    app = _app(workspace, site)
-    (record,) = [
-        record
-        for record in read_audit(app)
-        if record["task"] == "train" and record["round"] == round_number and record["direction"] == direction
-    ]
-    payload = torch.load(app / record["tensors"], weights_only=False)
-    return {key: value.double().numpy() for key, value in payload["state"].items()}
+    state, _ = audit_exchange(_app(workspace, site), round_number, direction)
+    return {key: value.double().numpy() for key, value in state.items()}
 
 
 def _weight_keys(state: dict[str, np.ndarray]) -> list[str]:
