@@ -139,3 +139,33 @@ def test_a_site_sends_nothing_of_its_classes_to_a_server_of_the_other_mode(tmp_p
     sent = json.dumps(answer.meta)
     assert not any(name in sent for name in secret.classes)
     assert len(answer.meta[META_BLIND]["wanted"]) == answer.meta[META_BLIND]["parts"] - 2  # not its two slots
+
+
+def test_what_a_blind_server_still_checks_of_answers_it_cannot_read():
+    """The handshake: an answer without the blind fields, with class names, or with a context holding the secret key
+    is refused; a round's result: the wrong number of ciphertexts or bytes that are no ciphertext is refused."""
+    from surgical_aggregation.core.blind import PUBLIC_CONTEXT, BlindCipher, BlindSecret
+    from surgical_aggregation.flare.blind import BlindSurgicalAggregator
+    from surgical_aggregation.flare.protocol import META_BLIND, META_CLASS_NAMES
+
+    server = BlindSurgicalAggregator()
+    secret = BlindSecret.new(["Mass", "Nodule"])
+    public = {PUBLIC_CONTEXT: np.frombuffer(secret.public, np.uint8)}
+    blind = {META_BLIND: {"parts": 5, "wanted": [0, 3]}}
+    assert server._handshake_problem(blind, public) == (None, {**blind[META_BLIND], "context": secret.public})
+    refusals = [
+        ({}, {}, "it did not answer in blind mode"),
+        ({**blind, META_CLASS_NAMES: ["Mass"]}, public, "it sent class names"),
+        ({META_BLIND: {"parts": 5, "wanted": [0, 7]}}, public, "not part numbers below 5"),
+        (blind, {PUBLIC_CONTEXT: np.frombuffer(secret.cipher.to_bytes(), np.uint8)}, "context with the secret key"),
+        (blind, {PUBLIC_CONTEXT: np.frombuffer(b"junk", np.uint8)}, "its public context cannot be read"),
+    ]
+    for meta, params, reason in refusals:
+        problem, _ = server._handshake_problem(meta, params)
+        assert reason in problem and "Mass" not in problem.replace("it sent class names", "")
+
+    server._cipher, server._parts = BlindCipher.from_bytes(secret.public), 2
+    good = secret.cipher.encrypt(np.arange(3.0))[0]
+    assert server._parts_problem({0: good, 1: good}) is None
+    assert server._parts_problem({0: good}) == "it sent 1 ciphertexts, not the 2 of every update"
+    assert server._parts_problem({0: good, 1: b"junk"}).startswith("ciphertext 1: not a ciphertext")
