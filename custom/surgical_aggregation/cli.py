@@ -944,9 +944,16 @@ def _blind_secret(args: argparse.Namespace) -> int:
                               "--force to replace it")  # fmt: skip
     secret = BlindSecret.new(classes)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # its owner's only
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(secret.to_json())
+    temporary = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")  # its owner's only, then renamed whole
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secret.to_json())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, args.out)
+    finally:
+        temporary.unlink(missing_ok=True)
     print(
         f"wrote the blind secret of {len(classes)} classes to {args.out} (readable by its owner only). Copy it to "
         "every site's local/ folder over a channel the server does not run, and set blind_secret in each site "

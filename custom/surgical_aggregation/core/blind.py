@@ -11,13 +11,15 @@ update into one vector of whole ciphertexts (:class:`BlindLayout`):
   classes the site does not label hold zeros, so every site's vector has the same length whatever its classes.
 
 The sites encrypt it under their shared CKKS secret key (:class:`BlindCipher`); the server holds the public part
-only and adds ciphertexts. A site is sent the summed backbone part and the summed ciphertexts of its own slots (it
-names them by position, which the server cannot map to a name), never another site's slots: so the sites learn no
-more of each other's classes than surgical aggregation tells them. It decrypts them: the backbone's sum over the
-summed weight is the weighted mean, and for each of its classes the slot's row sum over its weight sum is the mean
-over the sites that label it, which is what :class:`~surgical_aggregation.core.aggregation.SurgicalAggregator`
-gives (to CKKS precision). A slot whose summed weight is zero (no site sent the class this round) leaves the site's
-row as it was, as the plain aggregation keeps a row nobody sent.
+only and adds ciphertexts. A site is sent the summed backbone part and the summed ciphertexts of the slots it names
+by position (its own: the server cannot map a position to a name). An honest site asks for its own slots only, and
+learns no more of the others' classes than surgical aggregation tells it; the server cannot tell which slots are a
+site's, so a curious site that asks for every position reads every class's sum (docs/blind.md: limits). A site
+decrypts what it is sent: the backbone's sum over the summed weight is the weighted mean, and for each of its
+classes the slot's row sum over its weight sum is the mean over the sites that label it, which is what
+:class:`~surgical_aggregation.core.aggregation.SurgicalAggregator` gives (to CKKS precision). A slot whose summed
+weight is zero (no site sent the class this round) leaves the site's row as it was, as the plain aggregation keeps a
+row nobody sent.
 
 Why a list and not a hash of each name into a slot space: two names on one slot would mix their rows, and keeping
 that improbable for a union of U classes takes a space of about U^2 slots of ``features + 2`` values each (for
@@ -43,17 +45,20 @@ import numpy as np
 from .errors import UserError
 from .head import NAMED_HEAD, HeadSpec, StateDict, cast_like, to_numpy
 
-# CKKS for sums only (no multiplication, no rotation): one data prime of 60 bits at a scale of 2^40 leaves values up
-# to 2^20 in magnitude and an absolute error near 1e-8; N = 8192 gives 4096 values a ciphertext and 128-bit security
-# (log q = 120 of the 218 bits N = 8192 allows).
+# CKKS for sums only (no multiplication, no rotation): one data prime of 60 bits at a scale of 2^40 keeps a sum of
+# seven N(0, 1) vectors within 2e-8 (a scale of 2^30 would give 2e-5), and encodes values up to about 2^18 (measured:
+# 2e5 encodes, 1e6 does not); N = 8192 gives 4096 values a ciphertext and 128-bit security (log q = 120 of the 218
+# bits N = 8192 allows).
 POLY_MODULUS_DEGREE = 8192
 COEFFICIENT_MODULI = (60, 60)
 SCALE_BITS = 40
 VALUES_PER_CIPHERTEXT = POLY_MODULUS_DEGREE // 2
-LARGEST_VALUE = 2.0 ** (COEFFICIENT_MODULI[0] - SCALE_BITS - 1)  # a sum beyond it wraps around
+LARGEST_VALUE = 2.0**17  # a sum beyond it would not decode: below the measured limit, with a margin
+MOST_SITES = 100  # the sum of this many sites' largest packed values stays below LARGEST_VALUE
+WEIGHT_UNIT = 10_000  # with weighting "samples", a site's weight is its images in units of this many
 KEY_BYTES = 32
-SMALLEST_WEIGHT = 1e-3  # an aggregation weight below it is refused: a summed weight below EMPTY_WEIGHT is no site's
-EMPTY_WEIGHT = 1e-6  # far above CKKS's error on a zero (about 1e-9), far below SMALLEST_WEIGHT
+SMALLEST_WEIGHT = 1e-4  # one image: an aggregation weight below it is refused
+EMPTY_WEIGHT = 1e-6  # a summed weight below it is no site's: far above CKKS's error (2e-8), below SMALLEST_WEIGHT
 
 
 class BlindAggregationError(UserError, ValueError):
@@ -93,7 +98,10 @@ class BlindLayout:
         head: HeadSpec = NAMED_HEAD,
     ) -> BlindLayout:
         check_secret(key, classes)
-        backbone = tuple((name, tuple(to_numpy(state[name]).shape)) for name in averaged_keys)
+        # floating entries only: an integer counter (BatchNorm's num_batches_tracked, which DenseNet's BatchNorm with
+        # its fixed momentum never reads) grows past what the cipher encodes; each site keeps its own
+        floating = [name for name in averaged_keys if np.issubdtype(to_numpy(state[name]).dtype, np.floating)]
+        backbone = tuple((name, tuple(to_numpy(state[name]).shape)) for name in floating)
         return cls(key, tuple(classes), backbone, int(to_numpy(state[head.weight_key]).shape[1]), head)
 
     @cached_property
@@ -168,7 +176,7 @@ class BlindLayout:
             vector[start + self.features] = biases[index] * weight
             vector[start + self.features + 1] = weight
         largest = float(np.abs(vector).max(initial=0.0))
-        if largest * 1e3 > LARGEST_VALUE:  # room for the sum over up to 1000 sites
+        if largest * MOST_SITES > LARGEST_VALUE:  # room for the sum over the most sites
             raise BlindAggregationError(
                 f"a packed value of {largest:.3g} leaves no room below the cipher's {LARGEST_VALUE:.3g} for the sum: "
                 "scale the aggregation weights down"
@@ -277,15 +285,20 @@ class BlindCipher:
 
     def ciphertext_problem(self, data: bytes) -> str | None:
         """Why ``data`` is not one ciphertext of this context's parameters (None: it is). What a server can check of a
-        value it cannot read: that it parses, and holds at most one ciphertext's values."""
+        value it cannot read: that it parses, holds one ciphertext's values and has the consortium's scale (so that
+        the sum can be computed)."""
         import tenseal
 
         try:
             vector = tenseal.ckks_vector_from(self._context, data)
         except Exception as error:  # TenSEAL raises plain exceptions of several kinds on bytes it cannot parse
             return f"not a ciphertext of the consortium's parameters ({type(error).__name__})"
-        if vector.size() > VALUES_PER_CIPHERTEXT:
-            return f"it holds {vector.size()} values, a ciphertext at most {VALUES_PER_CIPHERTEXT}"
+        if vector.size() != VALUES_PER_CIPHERTEXT:  # every site pads its vector to whole ciphertexts
+            return f"it holds {vector.size()} values, every ciphertext of an update {VALUES_PER_CIPHERTEXT}"
+        scales = {ciphertext.scale for ciphertext in vector.data.ciphertext()}
+        if scales != {2.0**SCALE_BITS}:  # ciphertexts of another scale cannot be added (TenSEAL raises)
+            found = ", ".join(f"2^{math.log2(scale):.0f}" for scale in sorted(scales))
+            return f"its scale is {found}, the consortium's 2^{SCALE_BITS}"
         return None
 
     def decrypt(self, encrypted: Mapping[int, bytes]) -> dict[int, np.ndarray]:
@@ -329,9 +342,11 @@ def new_sites_key() -> bytes:
 
 
 def blind_weight(num_samples: int, weighting: str) -> float:
-    """A site's aggregation weight: 1, or its samples in thousands (``samples``; any common scale leaves the means
-    as they are, and this one keeps the packed values far below the cipher's limit)."""
-    return 1.0 if weighting == "uniform" else num_samples / 1000.0
+    """A site's aggregation weight: 1, or its images in units of :data:`WEIGHT_UNIT` (``samples``; any common unit
+    leaves the means as they are, and this one keeps the packed values of a site of up to about a million images
+    within the cipher's range, and CKKS's error on a mean, 2e-8 over the summed weight, small for sites of more than a
+    few hundred images)."""
+    return 1.0 if weighting == "uniform" else num_samples / WEIGHT_UNIT
 
 
 SECRET_FORMAT = 2  # 2: the public context is stored with the secret (every site sends the same bytes)

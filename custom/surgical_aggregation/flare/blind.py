@@ -32,7 +32,7 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.fuel.utils.log_utils import center_message
 
 from ..core.blind import PUBLIC_CONTEXT, BlindAggregationError, BlindCipher, params_as_parts, parts_as_params
-from ..core.checks import check_metrics, preprocessing_problem
+from ..core.checks import METRIC_KEYS, check_metrics, preprocessing_problem
 from ..core.errors import UserError
 from ..core.head import numpy_state
 from ..core.methods import SiteMethod, method_meta
@@ -78,7 +78,8 @@ BLIND_REFUSED = {
     "resume": "a blind federation starts afresh with each job (the server keeps no state to continue from)",
     "max_classes_per_site": "the server never sees a class",
     "max_class_name_length": "the server never sees a class name",
-    "label_aliases": "the server never sees a class name (the sites' apps carry the aliases)",
+    "label_aliases": "they name classes, and a job passes through the server: each site keeps its aliases in its "
+    "own config (data.label_aliases), in its local/ folder",
     "initial_model": "its head rows carry class names, which the server must not hold",
     "accepted_classes": "a closed vocabulary is checked by the server on class names, which it never sees",
     "site_to_site_evaluation": "it sends each site's model and class names to every other site",
@@ -170,6 +171,7 @@ class BlindSurgicalAggregator(SiteTasks):
         latest = federation.latest
         for round_number in range(self.num_rounds):
             if self.abort_signal.triggered:
+                self._write_records()
                 return
             if federation.rounds_without_improvement >= self.patience:
                 self.info(f"early stop: {self.patience} validated rounds without improvement beyond {self.min_delta}")
@@ -182,25 +184,22 @@ class BlindSurgicalAggregator(SiteTasks):
                 {site: values for site, values in metrics.items() if site in answers},
                 objectors={site: values for site, values in metrics.items() if site not in answers},
             )
-            trained = latest.trained
-            if len(accepted) >= self.min_clients:
-                self._sums[round_number] = self._add(answers)
-                trained = True
-                federation.aggregated_rounds += 1
-                self.info(f"round {round_number}: added the ciphertexts of {accepted}")
-            else:
-                self._sums[round_number] = self._sums.get(latest.round, {})
-                self.warning(
-                    f"round {round_number}: only {len(accepted)} valid contribution(s) ({accepted}), "
-                    f"{self.min_clients} needed: keeping the last good global model"
-                )
             history_entry(federation.history, round_number)["aggregation"] = {
                 "accepted": accepted,
                 "rejected": rejected,
                 "failed": self.failed_answers(),
             }
-            latest = SavedVersion(round_number, {}, [], {}, trained and bool(self._sums[round_number]))
-            federation.latest = latest
+            if len(accepted) >= self.min_clients:
+                self._sums[round_number] = self._add(answers)
+                federation.aggregated_rounds += 1
+                self.info(f"round {round_number}: added the ciphertexts of {accepted}")
+                latest = SavedVersion(round_number, {}, [], {}, True)
+                federation.latest = latest
+            else:  # the last good model stays the latest, under its own round (no new model to judge)
+                self.warning(
+                    f"round {round_number}: only {len(accepted)} valid contribution(s) ({accepted}), "
+                    f"{self.min_clients} needed: keeping the last good global model"
+                )
             self._keep_sums()
         if federation.aggregated_rounds == 0:
             raise BlindFederationCannotProceed("the federation made no progress: no round added enough valid results")
@@ -267,7 +266,7 @@ class BlindSurgicalAggregator(SiteTasks):
         for site, wanted in self._wanted.items():
             self.info(f"{site}: an update of {self._parts} ciphertexts, {len(wanted)} of them sent back to it")
         self._seen["handshake"] = {
-            "public_context_sha256": next(iter(contexts.values())),
+            "public_context_sha256": contexts[next(iter(admitted))],
             "ciphertexts_per_update": self._parts,
             "parts_sent_back": {site: len(wanted) for site, wanted in self._wanted.items()},
         }
@@ -329,8 +328,11 @@ class BlindSurgicalAggregator(SiteTasks):
             if problems:
                 self.error(f"round {round_number}: rejected metric(s) of {site}: {'; '.join(problems)}")
             metrics[site] = checked
+            if not result.params:  # e.g. a DP-SGD site whose budget is spent: nothing to add, nothing wrong
+                self.warning(f"round {round_number}: {site} sent no update")
+                return
             try:
-                parts = params_as_parts(result.params or {}, site)
+                parts = params_as_parts(result.params, site)
             except BlindAggregationError as error:
                 rejected[site] = str(error)
             else:
@@ -423,9 +425,9 @@ class BlindSurgicalAggregator(SiteTasks):
         )
 
     def _saw(self, task: str, site: str, result: FLModel, round_number: int | None = None) -> None:
-        """Everything a site's answer brought the server, as ``SEEN_FILE`` keeps it: its meta, the names of its
-        metrics, each param's dtype and dimensions counted (ciphertexts are bytes), the public context's size and
-        SHA-256."""
+        """Everything a site's answer brought the server, as ``SEEN_FILE`` keeps it (:func:`_kept`: what is not one
+        of the protocol's keys or documented metrics is counted, never written), each param's dtype and dimensions
+        counted (ciphertexts are bytes), the public context's size and SHA-256."""
         params: dict[str, Any] = {}
         for name, value in (result.params or {}).items():
             array = np.asarray(value)
@@ -439,8 +441,7 @@ class BlindSurgicalAggregator(SiteTasks):
                 "task": task,
                 "site": site,
                 "round": round_number,
-                "meta": {key: _summary(value) for key, value in (result.meta or {}).items()},
-                "metric_names": sorted(map(str, result.metrics or {})),
+                **_kept(result.meta or {}, result.metrics or {}),
                 "param_names": sorted({str(name).split("/")[0] for name in result.params or {}}),
                 "params": params,
             }
@@ -467,15 +468,32 @@ class BlindSurgicalAggregator(SiteTasks):
 
 
 def classless_check(metrics: Any) -> tuple[dict[str, float], list[str]]:
-    """``check_metrics`` without any class: a metric with a class in its name is refused and not named (its name
-    would put the class in the server's log)."""
+    """``check_metrics`` of the documented metrics without a class (``METRIC_KEYS``); any other is refused and not
+    named (its name may be a class's, which would then be in the server's log)."""
     if not isinstance(metrics, dict):
         return check_metrics(metrics)
-    named = [name for name in metrics if not isinstance(name, str) or "/" in name]
-    checked, problems = check_metrics({name: value for name, value in metrics.items() if name not in named})
-    if named:
-        problems.append(f"{len(named)} metric(s) with a class in their name refused (not named here)")
+    other = [name for name in metrics if name not in METRIC_KEYS]
+    checked, problems = check_metrics({name: value for name, value in metrics.items() if name not in other})
+    if other:
+        problems.append(f"{len(other)} metric(s) other than the documented ones refused (not named here)")
     return checked, problems
+
+
+# the meta keys of a blind answer the server's record keeps with their values (FLARE adds the rest of them)
+KEPT_META = (META_BLIND, META_PREPROCESSING, META_ROUND, META_WARMUP, META_METHOD, "client_name", "job_id", "site_name")
+
+
+def _kept(meta: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    """What the record keeps of an answer's meta and metrics: the protocol's meta keys with their values, the
+    documented metric names (also those FLARE echoes in the meta's ``initial_metrics``); any other key only counted,
+    as it may be a class's name (a site of the wrong mode, a hostile one)."""
+    names = [name for source in (metrics, meta.get("initial_metrics") or {}) for name in source]
+    return {
+        "meta": {key: _summary(value) for key, value in meta.items() if key in KEPT_META},
+        "other_meta_keys": sum(1 for key in meta if key not in KEPT_META and key != "initial_metrics"),
+        "metric_names": sorted({name for name in names if name in METRIC_KEYS}),
+        "other_metric_names": len({str(name) for name in names if name not in METRIC_KEYS}),
+    }
 
 
 def _summary(value: Any) -> Any:

@@ -10,7 +10,7 @@ that row as it was, as the plain aggregation keeps a row nobody sent.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,14 @@ import numpy as np
 import torch
 
 from ..core.blind import PUBLIC_CONTEXT, BlindLayout, BlindSecret, blind_weight, params_as_parts, parts_as_params
+from ..core.checks import METRIC_KEYS
 from ..core.errors import SiteConfigError
 from ..core.head import NAMED_HEAD, extend_head, numpy_state
 from ..core.strategies import strategy
+from .protocol import TASK_DESCRIBE, TASK_PUBLISH, TASK_TRAIN, TASK_VALIDATE
 
 RECEIVED_FILE = "blind_received.pt"  # the model this site last received, in clear, in its job folder
+BLIND_TASKS = (TASK_DESCRIBE, TASK_TRAIN, TASK_VALIDATE, TASK_PUBLISH)  # what a blind site answers
 
 
 class BlindSite:
@@ -35,16 +38,18 @@ class BlindSite:
 
     @classmethod
     def from_file(cls, path: str | Path, site: str, app_dir: Path, log: logging.Logger) -> BlindSite:
-        path = Path(path)
+        path = Path(path).expanduser()
         if not path.is_file():
             raise SiteConfigError(f"{site}: blind_secret {path} is not a file (the consortium's blind secret)")
         return cls(BlindSecret.from_json(path.read_text(), str(path)), site, app_dir, log)
 
-    def layout(self, model_state: Mapping[str, Any], backbone_strategy: str) -> BlindLayout:
-        """The layout of this consortium for a model of ``model_state``'s entries (made at the first task)."""
+    def layout(self, model_state: Callable[[], Mapping[str, Any]], backbone_strategy: str) -> BlindLayout:
+        """The layout of this consortium for a model of the entries ``model_state()`` gives (called once, at the
+        first task)."""
         if self._layout is None:
-            averaged = strategy(backbone_strategy).shared_keys(list(model_state), NAMED_HEAD.keys)
-            self._layout = self.secret.layout_for(model_state, averaged)
+            state = model_state()
+            averaged = strategy(backbone_strategy).shared_keys(list(state), NAMED_HEAD.keys)
+            self._layout = self.secret.layout_for(state, averaged)
         return self._layout
 
     def describe(self, layout: BlindLayout, classes: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -85,5 +90,6 @@ class BlindSite:
 
 
 def classless_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
-    """The metrics a blind site sends: none with a class in its name (a per-class AUROC would tell the server)."""
-    return {name: value for name, value in metrics.items() if "/" not in name}
+    """The metrics a blind site sends: the documented ones without a class (a per-class AUROC would tell the
+    server)."""
+    return {name: value for name, value in metrics.items() if name in METRIC_KEYS}

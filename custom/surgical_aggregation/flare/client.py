@@ -42,7 +42,7 @@ from ..training.privacy import LEDGER_FILE, SPENT_FILE
 from ..training.site_data import SiteData, prepare_site_data, resolve_table, split_table
 from ..training.trainer import SiteTrainer, Tracker, evaluation_metrics
 from .audit import SiteAudit
-from .blind_site import BlindSite, classless_metrics
+from .blind_site import BLIND_TASKS, BlindSite, classless_metrics
 from .handshake import site_handshake
 from .protocol import (
     JOB_ALIASES_FILE,
@@ -150,7 +150,7 @@ class ClientSession:
         self.audit.record(task, round_number, "received", names, received.params, keep_tensors=keep)
         if task != TASK_REFUSED and bool(meta.get(META_BLIND)) != (self.blind is not None):
             answer = self.not_blind_alike(task, bool(meta.get(META_BLIND)))
-        elif blind and task in (TASK_DESCRIBE, TASK_TRAIN, TASK_VALIDATE, TASK_PUBLISH):
+        elif self.blind is not None and task != TASK_REFUSED:  # a blind site answers the blind tasks, nothing else
             answer = self.handle_blind(task, received)
         elif task == TASK_DESCRIBE:
             answer = self.describe(bool(meta.get(META_WANT_LABEL_COUNTS)))
@@ -196,14 +196,19 @@ class ClientSession:
     def handle_blind(self, task: str, received: FLModel) -> FLModel:
         """A blind task: decrypt what the server sent into the model the plain task would have received, answer it
         as the plain task does, and encrypt the result (``flare.blind_site``)."""
+        if task not in BLIND_TASKS:  # e.g. a site-to-site evaluation's submit_model: its model in clear, never
+            self.log.error("%s: blind mode answers %s only; task %r gets nothing", self.site, BLIND_TASKS, task)
+            return FLModel(params={}, meta={})
         settings = (received.meta or {}).get(META_BLIND)
         settings = settings if isinstance(settings, dict) else {}
-        trainer = self.trainer
-        classes = list(trainer.class_names)
-        trainer.set_method(method_from_meta(received.meta.get(META_METHOD) or {}))
-        layout = self.blind.layout(trainer.state_dict(), trainer.site_method.backbone_strategy)  # made once
+        classes = list(self.class_names)
+        method = method_from_meta(received.meta.get(META_METHOD) or {})
+        preprocessing = self.config.modality.preprocessing(self.config)
+        # made once, from the model's shapes alone: the handshake prepares no data (as the plain one)
+        layout = self.blind.layout(
+            lambda: self.config.modality.build_model(classes, preprocessing).state_dict(), method.backbone_strategy
+        )
         if task == TASK_DESCRIBE:
-            preprocessing = self.config.modality.preprocessing(self.config)
             self.log.info("%s: blind mode, %d classes, none named to the server", self.site, len(classes))
             blind, params = self.blind.describe(layout, classes)
             return FLModel(params=params, meta={META_BLIND: blind, META_PREPROCESSING: preprocessing})
@@ -216,11 +221,12 @@ class ClientSession:
             sent = (answer.meta or {}).get(META_CLASS_NAMES) or []
             parts = {}
             if answer.params:  # (a DP-SGD site whose budget is spent sends nothing)
-                self.audit.record(task, round_number, "encrypted", sent, answer.params, answer.metrics)
+                privacy = (answer.meta or {}).get(META_PRIVACY)
+                self.audit.record(task, round_number, "encrypted", sent, answer.params, answer.metrics, privacy=privacy)
                 samples = int((answer.meta or {}).get(META_NUM_SAMPLES, 0))
                 parts = self.blind.encrypted(answer.params, sent, samples, str(settings.get("weighting", "uniform")))
-            meta = {key: value for key, value in (answer.meta or {}).items() if key == META_PRIVACY}
-            return FLModel(params=parts, metrics=classless_metrics(answer.metrics or {}), meta=meta)
+            # no privacy report (its steps would tell the server the training-set size): the site's ledger keeps it
+            return FLModel(params=parts, metrics=classless_metrics(answer.metrics or {}), meta={})
         params = self.blind.decrypted(received.params or {}, classes)
         if task == TASK_VALIDATE:
             self.audit.record(task, round_number, "decrypted", classes, params)

@@ -152,7 +152,14 @@ class SurgicalAggregationRecipe(Recipe):
     ) -> None:
         _check_delivery(client_execution, code, ship_library)
         if blind:
-            _check_blind(initial_model, site_to_site_evaluation, update_privacy, accepted_classes, controller or {})
+            _check_blind(
+                initial_model,
+                site_to_site_evaluation,
+                update_privacy,
+                accepted_classes,
+                label_aliases,
+                controller or {},
+            )
         if tracking not in TRACKERS:
             raise ValueError(f"tracking must be one of {TRACKERS}, got {tracking!r}")
         if not sites:
@@ -181,7 +188,7 @@ class SurgicalAggregationRecipe(Recipe):
                 f"job {name!r}: min_clients {minimum} is more than its {len(configs)} site(s) "
                 f"{sorted(configs)}: no round could ever aggregate; set min_clients to at most {len(configs)}"
             )
-        if self.label_aliases and not blind:  # a blind server holds no class name: the sites' apps carry them
+        if self.label_aliases:
             self.controller_args["label_aliases"] = self.label_aliases
         if accepted_classes is not None:
             self.controller_args["accepted_classes"] = list(vocabulary.accepted)
@@ -295,10 +302,12 @@ def _check_blind(
     site_to_site_evaluation: bool,
     update_privacy: Mapping[str, Any] | None,
     accepted_classes: Sequence[str] | None,
+    label_aliases: Any,
     controller: Mapping[str, Any],
 ) -> None:
     """What a blind job cannot do, refused before anything is written, each with the reason."""
     asked = {
+        "label_aliases": bool(label_aliases),
         "initial_model": initial_model is not None,
         "site_to_site_evaluation": site_to_site_evaluation,
         "update_privacy": update_privacy is not None,
