@@ -112,7 +112,7 @@ def test_a_site_sends_nothing_of_its_classes_to_a_server_of_the_other_mode(tmp_p
     from nvflare.app_common.abstract.fl_model import FLModel
 
     from surgical_aggregation.core.blind import PUBLIC_CONTEXT, BlindSecret
-    from surgical_aggregation.flare.protocol import META_BLIND, META_CLASS_NAMES, TASK_DESCRIBE
+    from surgical_aggregation.flare.protocol import META_BLIND, META_CLASS_NAMES, TASK_DESCRIBE, TASK_SUBMIT_MODEL
 
     blind_task = FLModel(params={}, meta={META_BLIND: {"weighting": "uniform"}})
     plain_site = _session(tmp_path / "plain-site", None)
@@ -129,6 +129,9 @@ def test_a_site_sends_nothing_of_its_classes_to_a_server_of_the_other_mode(tmp_p
     assert (answer.params, answer.meta) == ({}, {})
     assert "this site's config has blind_secret, so it takes part in blind jobs only" in caplog.text
 
+    # a blind site answers the blind tasks only: asked for its model (site-to-site evaluation), it sends nothing
+    answer = blind_site.handle(TASK_SUBMIT_MODEL, FLModel(params={}, meta={META_BLIND: {"weighting": "uniform"}}))
+    assert (answer.params, answer.meta) == ({}, {})
     answer = blind_site.handle(TASK_DESCRIBE, blind_task)
     assert META_CLASS_NAMES not in answer.meta and set(answer.params) == {PUBLIC_CONTEXT}
     assert bytes(answer.params[PUBLIC_CONTEXT]) == secret.public
