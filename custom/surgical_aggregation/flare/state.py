@@ -269,6 +269,7 @@ class Judgement:
     reference: int = INITIAL_ROUND  # the round of the model each judging site compared it with (the best, or initial)
     regressed: dict[str, str] = field(default_factory=dict)  # judging site -> why the model is worse for it
     harmed: dict[str, str] = field(default_factory=dict)  # site -> why the model is worse than its own of the round
+    improves: bool = False  # the judged loss says it is the best so far
     disagreement: bool = False  # the judged loss says better but a site's validation says worse, or a site is harmed
 
 
@@ -332,7 +333,9 @@ def judge(
     if best:
         validation["best"] = True
     disagreement = (improves and bool(regressed)) or bool(harmed)
-    return Judgement(judged, statistic, sorted(judges), mean_auroc, best, reference, regressed, harmed, disagreement)
+    return Judgement(
+        judged, statistic, sorted(judges), mean_auroc, best, reference, regressed, harmed, improves, disagreement
+    )
 
 
 def averaged_sites(history: list[dict[str, Any]], round_number: int) -> list[str]:
@@ -386,7 +389,7 @@ def disagreement(version: SavedVersion, verdict: Judgement) -> str:
     trained itself that round. Someone reports figures the model does not earn, or a contribution harms one site's
     data, and the server cannot tell which."""
     said = []
-    if verdict.regressed and not verdict.harmed:
+    if verdict.regressed and verdict.improves:
         worse = "; ".join(f"for {site}, {reason}" for site, reason in verdict.regressed.items())
         said.append(
             f"the {verdict.statistic} of {verdict.judges}'s validation losses ({verdict.judged_loss:.4f}) says it is "
