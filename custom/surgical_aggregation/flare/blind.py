@@ -54,7 +54,7 @@ from .protocol import (
     TASK_VALIDATE,
 )
 from .results import write_history
-from .state import FederationState, SavedVersion, disagreement, history_entry, judge
+from .state import FederationState, SavedVersion, averaged_sites, disagreement, history_entry, judge
 from .tasks import SiteTasks
 
 BLIND_MODEL_FILE = "blind_global_model.npz"  # the latest round's summed ciphertexts (the server cannot read them)
@@ -143,6 +143,7 @@ class BlindSurgicalAggregator(SiteTasks):
         self._wanted: dict[str, list[int]] = {}  # site -> the parts it is sent back
         self._federation: FederationState | None = None
         self._sums: dict[int, dict[int, bytes]] = {}  # round -> summed ciphertexts (the latest and the best)
+        self._files: dict[str, int] = {}  # the file of the latest or best sums -> the round it holds
         self._seen: dict[str, Any] = {"handshake": {}, "rounds": [], "received": []}
 
     # --- the workflow ---------------------------------------------------------------------------
@@ -185,6 +186,7 @@ class BlindSurgicalAggregator(SiteTasks):
                 objectors={site: values for site, values in metrics.items() if site not in answers},
             )
             history_entry(federation.history, round_number)["aggregation"] = {
+                "trained_from": latest.round,  # the last good model, which a round that adds nothing keeps
                 "accepted": accepted,
                 "rejected": rejected,
                 "failed": self.failed_answers(),
@@ -410,7 +412,7 @@ class BlindSurgicalAggregator(SiteTasks):
             self.validate_timeout,
             collect,
         )
-        made = set(history_entry(self._federation.history, latest.round).get("aggregation", {}).get("accepted", []))
+        made = set(averaged_sites(self._federation.history, latest.round))
         judges = {site: values for site, values in validated.items() if site in made}
         return judges, {site: values for site, values in validated.items() if site not in made}
 
@@ -454,9 +456,11 @@ class BlindSurgicalAggregator(SiteTasks):
         self._sums = {round_number: sums for round_number, sums in self._sums.items() if round_number in keep}
         app = Path(self.get_app_dir())
         for version, name in ((federation.latest, BLIND_MODEL_FILE), (federation.best, BLIND_BEST_MODEL_FILE)):
-            if version is not None and self._sums.get(version.round):
+            # a file is written again only when it is to hold another round (each is a site's upload in size)
+            if version is not None and self._sums.get(version.round) and self._files.get(name) != version.round:
                 arrays = parts_as_params(self._sums[version.round])
                 write_atomically(app / name, lambda handle, arrays=arrays: np.savez(handle, **arrays), "blind model")
+                self._files[name] = version.round
         self._write_records()
 
     def _write_records(self) -> None:

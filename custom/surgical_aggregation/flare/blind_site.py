@@ -35,6 +35,7 @@ class BlindSite:
         self.secret, self.site, self.log = secret, site, log
         self.received_file = app_dir / RECEIVED_FILE
         self._layout: BlindLayout | None = None
+        self._template: dict[str, Any] | None = None  # the model last received (also in received_file)
 
     @classmethod
     def from_file(cls, path: str | Path, site: str, app_dir: Path, log: logging.Logger) -> BlindSite:
@@ -66,22 +67,22 @@ class BlindSite:
             state = numpy_state(params)
             state, _ = extend_head(state, [], list(classes), NAMED_HEAD, int(settings.get("head_seed", 0)))
         else:
+            state = self.decrypted(params, classes)
+        self._template = numpy_state(state)
+        torch.save(self._template, self.received_file)  # a restarted process reads it back
+        return state
+
+    def decrypted(self, params: Mapping[str, Any], classes: Sequence[str]) -> dict:
+        """The decrypted sums of the parts in ``params`` over the model this site last received."""
+        if self._template is None:
             if not self.received_file.is_file():
                 raise SiteConfigError(
                     f"{self.site}: sent ciphertexts before the initial model (no {self.received_file}): this site "
                     "cannot read them"
                 )
-            template = torch.load(self.received_file, weights_only=False)
-            sums = self.secret.cipher.decrypt(params_as_parts(params, "the server's model"))
-            state = self._layout.unpack(sums, list(classes), template)
-        torch.save(numpy_state(state), self.received_file)
-        return state
-
-    def decrypted(self, params: Mapping[str, Any], classes: Sequence[str]) -> dict:
-        """A model to validate or keep (not trained from): decrypted over the model last received."""
-        template = torch.load(self.received_file, weights_only=False)
+            self._template = torch.load(self.received_file, weights_only=False)
         sums = self.secret.cipher.decrypt(params_as_parts(params, "the server's model"))
-        return self._layout.unpack(sums, list(classes), template)
+        return self._layout.unpack(sums, list(classes), self._template)
 
     def encrypted(self, state: Mapping[str, Any], classes: Sequence[str], samples: int, weighting: str) -> dict:
         """This site's trained model as the ciphertexts it sends."""

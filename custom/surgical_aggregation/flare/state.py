@@ -350,7 +350,10 @@ def own_models(history: list[dict[str, Any]], round_number: int) -> dict[str, di
     recorded with the validation of the model it trained from), for each site whose result went into that round's
     mean (accepted, and not a free-rider's unmoved model, which is left out of it)."""
     accepted = set(averaged_sites(history, round_number))
-    trained_from = recorded_entry(history, round_number - 1).get("validation", {})
+    # the model the round's sites trained from: the round before, unless the workflow recorded another (blind mode
+    # keeps the last good model's round when a round adds nothing)
+    source = recorded_entry(history, round_number).get("aggregation", {}).get("trained_from", round_number - 1)
+    trained_from = recorded_entry(history, source).get("validation", {})
     return {
         site: own_model_figures(metrics)
         for site, metrics in {**trained_from.get(REJECTED_SITES, {}), **trained_from.get("sites", {})}.items()
