@@ -26,10 +26,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from .core.errors import DataNotFoundError, DatasetFormatError, SiteConfigError, UserError
 from .data.names import UNCERTAINTY_POLICIES
-from .data.storage import default_cache_root
+from .data.storage import default_cache_root, write_atomically
 from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES, NIH_CHEXPERT, RESUME_CHOICES, TIMED_TASKS
 from .flare.stopping import CommandInterrupted, stopped_cleanly
 from .images.names import GENERATED_KINDS, ON_ERROR_POLICIES
@@ -943,17 +944,13 @@ def _blind_secret(args: argparse.Namespace) -> int:
         raise SiteConfigError(f"{args.out} exists: a new secret would lock its sites out of their federation; pass "
                               "--force to replace it")  # fmt: skip
     secret = BlindSecret.new(classes)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = args.out.with_name(f".{args.out.name}.{os.getpid()}.tmp")  # its owner's only, then renamed whole
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(secret.to_json())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, args.out)
-    finally:
-        temporary.unlink(missing_ok=True)
+    text = secret.to_json().encode()
+
+    def owner_only(handle: BinaryIO) -> None:  # made its owner's only before the secret is in it
+        os.fchmod(handle.fileno(), 0o600)
+        handle.write(text)
+
+    write_atomically(args.out, owner_only, "blind secret")
     print(
         f"wrote the blind secret of {len(classes)} classes to {args.out} (readable by its owner only). Copy it to "
         "every site's local/ folder over a channel the server does not run, and set blind_secret in each site "

@@ -145,11 +145,11 @@ class ClientSession:
         names = meta.get(META_CLASS_NAMES) or []
         # the published model is kept whole in its own file: no second copy among the exchanges; ciphertexts (blind
         # mode) are not kept: their decryption is ("decrypted")
-        blind = META_BLIND in meta
+        blind = bool(meta.get(META_BLIND))  # the server's mode
         keep = task != TASK_PUBLISH and not blind
         self.audit.record(task, round_number, "received", names, received.params, keep_tensors=keep)
-        if task != TASK_REFUSED and bool(meta.get(META_BLIND)) != (self.blind is not None):
-            answer = self.not_blind_alike(task, bool(meta.get(META_BLIND)))
+        if task != TASK_REFUSED and blind != (self.blind is not None):
+            answer = self.not_blind_alike(task, blind)
         elif self.blind is not None and task != TASK_REFUSED:  # a blind site answers the blind tasks, nothing else
             answer = self.handle_blind(task, received)
         elif task == TASK_DESCRIBE:
