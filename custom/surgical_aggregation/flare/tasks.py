@@ -23,6 +23,18 @@ from .protocol import META_OUTCOME
 
 TaskData = Callable[[str], FLModel]  # site -> what it is sent
 Callback = Callable[[FLModel], None]  # called with each answer as it arrives, one answer at a time
+WAIT_GRACE = 60  # seconds past a task's timeout before the wait gives up on FLARE's task monitor
+
+
+class _ClientTasks(list):
+    """A task's ``client_tasks`` holding each ClientTask once. FLARE 2.9's ``WFCommServer`` appends a ClientTask it
+    re-sends (a site asking again before answering) a second time when a later standing task is not for that site
+    (``_do_process_task_request``); the task's exit then pops its id twice from ``_client_task_map`` and the KeyError
+    kills the task monitor thread, after which no task ends and the workflow waits forever."""
+
+    def append(self, client_task: Any) -> None:
+        if not any(existing is client_task for existing in self):
+            super().append(client_task)
 
 
 class SiteTasks(ModelController):
@@ -67,7 +79,12 @@ class SiteTasks(ModelController):
             with self._task_lock:
                 self._outstanding.add(site)
             self.send_model(task_name=task, data=model, targets=[site], timeout=timeout, callback=one_at_a_time)
-        return self._wait()
+        return self._wait(timeout)
+
+    def _prepare_task(self, data: FLModel, task_name: str, timeout: int, callback: Callable) -> Any:
+        task = super()._prepare_task(data=data, task_name=task_name, timeout=timeout, callback=callback)
+        task.client_tasks = _ClientTasks()  # see _ClientTasks: one site's task, sent again, is listed once
+        return task
 
     def failed_answers(self) -> dict[str, str]:
         """Site -> return code, for the last task's answers that were errors."""
@@ -87,12 +104,20 @@ class SiteTasks(ModelController):
                     self._failed[client_name] = str(code)
         return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
 
-    def _wait(self) -> bool:
+    def _wait(self, timeout: int = 0) -> bool:
         """Until every task is answered or timed out, or every site still awaited is disconnected."""
+        deadline = time.monotonic() + timeout + WAIT_GRACE if timeout else None
         while self.get_num_standing_tasks():
             if self.abort_signal.triggered:
                 self.info("abort signal received: stopping")
                 return False
+            monitor = getattr(self.communicator, "_task_monitor", None)  # FLARE's 'wf_task' thread ends tasks
+            if isinstance(monitor, threading.Thread) and monitor.ident is not None and not monitor.is_alive():
+                raise RuntimeError("FLARE's task monitor thread (wf_task) has died: no task can end (see the log)")
+            if deadline is not None and time.monotonic() > deadline:
+                self.error(f"tasks still standing {timeout + WAIT_GRACE}s after they were sent: cancelling them")
+                self.cancel_all_tasks(fl_ctx=self.fl_ctx)
+                break
             with self._task_lock:
                 awaited = set(self._outstanding)
             if awaited and not any(self.alive(site) for site in awaited):
