@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from nvflare.apis.dxo import from_shareable
 from nvflare.apis.fl_constant import ReturnCode
@@ -26,6 +27,8 @@ from surgical_aggregation.flare.protocol import (
     META_OUTCOME,
     META_PREPROCESSING,
     META_PRIVACY,
+    META_ROUND,
+    META_VALIDATION_SIZE,
     META_WARMUP,
     TASK_DESCRIBE,
     TASK_PUBLISH,
@@ -55,22 +58,29 @@ class FakeSite:
         self.trains_received_rows = False  # its results carry the rows it received (FL + partial loss), not its own
         self.privacy: Callable[[int], dict] | None = None  # a DP-SGD site's privacy report by round
         self.samples = 10  # its training-set size, declared at the handshake and reported with each result
+        self.validation_size: int | None = None  # declared at the handshake (the floor of its standard errors)
+        self.harm_scale: float | None = None  # see harm_figures: its paired figures of each model it validates
+        self.own_gain = 0.1  # what its own training gains in a round, in loss
+        self.sent: dict | None = None  # the params of its last training result (its own model)
 
     def answer(self, task: str, data: FLModel) -> FLModel | None:
         meta = {"client_name": self.name, META_CLASS_NAMES: self.classes, META_NUM_SAMPLES: self.samples}
         if task == TASK_DESCRIBE:
-            described = {**meta, META_PREPROCESSING: self.preprocessing}
+            described = {**meta, META_PREPROCESSING: self.preprocessing, META_VALIDATION_SIZE: self.validation_size}
             return FLModel(params={}, metrics={"num_train": self.samples}, meta=described)
         self.tasks.append((task, list(data.meta.get(META_CLASS_NAMES) or []), data.params))
         if META_OUTCOME in data.meta:
             self.outcomes.append(data.meta[META_OUTCOME])
         if task in (TASK_PUBLISH, TASK_REFUSED):
             return FLModel(params={}, meta={"client_name": self.name})
-        round_number = data.current_round if task != TASK_VALIDATE else len(self.losses) - 1
+        # losses[r]: its validation loss of the model it trains from in round r, the model round r - 1 made, which
+        # it validates (TASK_VALIDATE) at the end of round r - 1
+        round_number = data.current_round if task != TASK_VALIDATE else data.meta.get(META_ROUND, -1) + 1
         metrics = {"val_loss": self.losses[min(round_number, len(self.losses) - 1)], "val_mean_auroc": 0.7}
         if self.metrics_override is not None and task == TASK_TRAIN:
             metrics = {**metrics, **self.metrics_override}
         if task == TASK_VALIDATE:
+            metrics.update(self.harm_figures(data.params))
             return FLModel(metrics={**metrics, **(self.validation_override or {})}, meta=meta)
         self.received.append((list(data.meta[META_CLASS_NAMES]), data.params))
         self.training_rounds.append(data.current_round)
@@ -84,7 +94,29 @@ class FakeSite:
             return params
         if self.trains_received_rows:
             meta[META_CLASS_NAMES] = list(data.meta[META_CLASS_NAMES])
+        self.sent = params
         return FLModel(params=params, metrics=metrics, meta=meta)
+
+    def harm_figures(self, params: dict) -> dict:
+        """With ``harm_scale``: a model costs this site ``harm_scale`` x its squared distance from the site's own last
+        model (its loss 0.5 plus that), paired over 400 images with standard errors of 0.005; its own training gained
+        ``own_gain``. A model far from what the site trained is worse for it, one close to it is not."""
+        if self.harm_scale is None or self.sent is None:
+            return {}
+        own = {key: torch.as_tensor(np.asarray(value)) for key, value in self.sent.items()}
+        distance = sum(
+            float(torch.sum((torch.as_tensor(np.asarray(params[key])) - own[key]).double() ** 2))
+            for key in own
+            if key in params and own[key].is_floating_point()
+        )
+        harm = self.harm_scale * distance
+        return {
+            "val_loss": 0.5 + harm,
+            "val_loss_minus_own": harm,
+            "val_loss_minus_own_se": 0.005,
+            "val_loss_minus_start": harm - self.own_gain,
+            "val_loss_minus_start_se": 0.005,
+        }
 
 
 def shifted(params: dict, amount: float) -> dict:

@@ -28,7 +28,6 @@ from surgical_aggregation.core.checks import (
     opposed_updates,
     update_problems,
     update_sizes,
-    validation_regressions,
 )
 from surgical_aggregation.core.head import HeadSpec
 
@@ -190,24 +189,6 @@ def test_the_server_checks_page_lists_every_check_of_the_registry():
     assert document_checks(page) == page, "run: python -m surgical_aggregation.core.checks docs/server-checks.md"
     assert {check.stage for check in CHECKS} == set(STAGES)
     assert len({check.name for check in CHECKS}) == len(CHECKS)
-
-
-def test_a_site_is_worse_off_only_beyond_twice_the_standard_error_of_the_difference():
-    before = {site: {"val_loss": 0.5, "val_loss_se": 0.03} for site in ("a", "b", "c", "d")}
-    noise = 2 * math.hypot(0.03, 0.04)  # 0.1
-    now = {
-        "a": {"val_loss": 0.5 + noise + 1e-9, "val_loss_se": 0.04},  # just beyond
-        "b": {"val_loss": 0.5 + noise - 1e-9, "val_loss_se": 0.04},  # just within
-        "c": {"val_loss": 9.0},  # no standard error: not compared
-        "d": {"val_loss": 0.1, "val_loss_se": 0.04},  # better
-        "e": {"val_loss": 9.0, "val_loss_se": 0.04},  # no loss of the reference model
-    }
-    regressed = validation_regressions(now, before, "the global model after round 2")
-    assert list(regressed) == ["a"]
-    assert regressed["a"] == (
-        "its validation loss 0.6000 is 0.1000 above its 0.5000 of the global model after round 2, more than its "
-        "noise (2 standard errors: 0.1000)"
-    )
 
 
 def test_clip_factors_scale_each_part_above_the_median_of_three_or_more_sites_to_it():

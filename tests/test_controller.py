@@ -146,14 +146,14 @@ def test_too_few_valid_contributions_keep_the_last_good_model(tmp_path):
     harness.run()
     assert "round 1: no result from ['site-b']" in messages(harness, "warning")
     assert "keeping the last good global model" in messages(harness, "warning")
-    after_round_0, after_round_1 = harness.saved[0].params, harness.saved[1].params
-    for key in after_round_0:
-        assert torch.equal(torch.as_tensor(after_round_0[key]), torch.as_tensor(after_round_1[key])), key
+    assert [model.current_round for model in harness.saved] == [0]  # round 1 made no model: round 0's stays
+    assert harness._federation.latest.round == 0 and harness.history[-1]["aggregation"]["trained_from"] == 0
 
 
 def test_best_model_by_mean_validation_loss_and_early_stopping(tmp_path):
-    # The sites validate the model they receive: losses reported in round r judge the global of round r-1.
-    sites = [  # the last value answers the final validation
+    # The sites validate each round's model at the end of that round (losses[r + 1]); the initial model is judged by
+    # the figures of round 0's training task (losses[0]).
+    sites = [
         FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.3, 0.35, 0.34, 0.36, 0.6]),
         FakeSite("site-b", ["Edema"], [0.9, 0.7, 0.5, 0.55, 0.56, 0.54, 0.6]),
     ]
@@ -161,11 +161,11 @@ def test_best_model_by_mean_validation_loss_and_early_stopping(tmp_path):
     harness.run()
     # global of round 0: 0.6, round 1: 0.4 (best), rounds 2-4: 0.45 -> three without improvement -> stop
     judged = [(r["round"], r["validation"]["mean_val_loss"]) for r in harness.history if "validation" in r]
-    assert [j[0] for j in judged] == [-1, 0, 1, 2, 3, 4, 5]  # -1: before training (never best); 5: the final one
-    assert [j[1] for j in judged] == pytest.approx([0.9, 0.6, 0.4, 0.45, 0.45, 0.45, 0.6])
+    assert [j[0] for j in judged] == [-1, 0, 1, 2, 3, 4]  # -1: before training (never best)
+    assert [j[1] for j in judged] == pytest.approx([0.9, 0.6, 0.4, 0.45, 0.45, 0.45])
     assert harness.best_rounds() == [0, 1]
     assert harness._federation.best.round == 1
-    assert max(r["round"] for r in harness.history) == 5  # round 6 never ran
+    assert max(r["round"] for r in harness.history) == 4  # stopped at once: rounds 5 and 6 never ran
     assert "early stop: 3 validated rounds without improvement" in messages(harness, "info")
 
 
@@ -185,8 +185,8 @@ def test_before_publication_each_site_only_ever_receives_its_own_rows(tmp_path):
     harness.run()
     for site in (a, b):
         before_publication, publication = site.tasks[:-1], site.tasks[-1]
-        assert [task for task, _, _ in before_publication] == [TASK_TRAIN] * 3 + [TASK_VALIDATE] * 2
-        for _, names, params in before_publication:  # training, final validation, the best model's evaluation
+        assert [task for task, _, _ in before_publication] == [TASK_TRAIN, TASK_VALIDATE] * 3
+        for _, names, params in before_publication:  # training, and the validation of each round's model
             assert names == site.classes  # its own classes, in its own spelling and order
             assert params["head.weight"].shape == (2, 4)
         task, names, params = publication
@@ -195,7 +195,7 @@ def test_before_publication_each_site_only_ever_receives_its_own_rows(tmp_path):
     best = harness._federation.best
     assert best.round == 0
     np.testing.assert_array_equal(np.asarray(a.tasks[-1][2]["head.weight"]), np.asarray(best.state["head.weight"]))
-    # the server's models as FLARE's cross-site evaluation reports them: latest (final validation) and best
+    # the server's models as FLARE's cross-site evaluation reports them: latest and best, as validated in their round
     assert sorted((owner, site) for owner, site, _ in harness.validation_results) == [
         ("SRV_FL_global_model.pt", "site-a"),
         ("SRV_FL_global_model.pt", "site-b"),
@@ -402,17 +402,18 @@ def test_an_update_out_of_proportion_is_rejected(tmp_path):
 
 def test_a_forged_validation_loss_does_not_steer_model_selection(tmp_path):
     forger = FakeSite("site-b", ["Edema"], [0.6, 0.6, 0.6])
-    forger.metrics_override = {"val_loss": -1e9}
+    forger.metrics_override = forger.validation_override = {"val_loss": -1e9}
     honest = FakeSite("site-a", ["Mass"], [0.9, 0.3, 0.5])  # round 0's model is the best by honest losses
     harness = Harness([honest, forger], tmp_path, num_rounds=3, min_clients=1)
     harness.run()
     rejected = harness.history[1]["aggregation"]["rejected_metrics"]["site-b"]
     assert rejected == ["val_loss = -1e+09 is outside [0, 100]"]
-    assert set(harness.history[1]["validation"]["sites"]) == {"site-a"}  # only the checked metrics judged it
+    assert harness.history[1]["rejected_validation_metrics"]["site-b"] == rejected
+    assert harness.history[1]["validation"]["judged_by"]["sites"] == ["site-a"]  # only checked metrics judge it
     assert harness._federation.best.round == 0 and harness.best_rounds() == [0]
 
 
-def test_a_forged_final_validation_does_not_pick_the_best_model(tmp_path):
+def test_a_forged_validation_that_is_not_a_number_is_dropped_and_named(tmp_path):
     forger = FakeSite("site-b", ["Edema"], [0.6, 0.6, 0.6])
     forger.validation_override = {"val_loss": -1e9, "val_mean_auroc": "high"}
     honest = FakeSite("site-a", ["Mass"], [0.9, 0.3, 0.5])
@@ -422,8 +423,8 @@ def test_a_forged_final_validation_does_not_pick_the_best_model(tmp_path):
     assert final["rejected_validation_metrics"] == {
         "site-b": ["val_loss = -1e+09 is outside [0, 100]", "val_mean_auroc is not a number: 'high'"]
     }
-    assert set(final["validation"]["sites"]) == {"site-a"} and final["validation"]["mean_val_loss"] == 0.5
-    assert harness._federation.best.round == 0  # (0.3 + 0.6) / 2 = 0.45 stays the lowest mean
+    assert final["validation"]["judged_by"]["sites"] == ["site-a"] and final["validation"]["judged_val_loss"] == 0.5
+    assert harness._federation.best.round == 0  # site-a's 0.3 stays the lowest
 
 
 def test_a_metric_that_is_not_a_number_is_rejected_and_the_run_goes_on(tmp_path):

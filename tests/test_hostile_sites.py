@@ -21,8 +21,10 @@ import torch
 
 from surgical_aggregation.core.checks import WEIGHTS, UpdateReference
 from surgical_aggregation.core.errors import StorageError
+from surgical_aggregation.core.judging import MAJORITY, OUTVOTED, SEVERAL
 from surgical_aggregation.data import storage
 from surgical_aggregation.evaluation.run_summary import summary_lines
+from surgical_aggregation.flare.loop import FederationLoop
 from surgical_aggregation.flare.protocol import (
     META_CLASS_NAMES,
     META_NUM_SAMPLES,
@@ -495,151 +497,11 @@ def test_no_sample_count_buys_a_majority_of_the_aggregate(tmp_path):
     )
 
 
-def test_a_site_rejected_in_the_last_round_does_not_judge_the_final_validation(tmp_path):
-    honest = FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.6, 0.7])  # round 0's model stays the best by its losses
-
-    def rejected_last(round_number, params):
-        return withheld(round_number, params) if round_number == 2 else trained(1.0)(round_number, params)
-
-    liar = FakeSite("site-x", ["Mass"], [0.9, 0.5, 0.6, 0.7], rejected_last)
-    liar.validation_override = {"val_loss": 0.0}  # would make the last model the best with the mean of two
-    harness = Harness([honest, liar], tmp_path, num_rounds=3, min_clients=1)
-    harness.run()
-    assert "site-x" in harness.history[3]["aggregation"]["rejected"]
-    final = harness.history[3]["validation"]
-    assert final["judged_by"] == {"statistic": "mean", "sites": ["site-a"]}
-    assert harness._federation.best.round == 0
-    assert "final validation: ['site-x'] do not judge" in messages(harness, "warning")
-
-
-def _reporting_noise(site: FakeSite, error: float = 0.02) -> FakeSite:
-    """``site`` reports the standard error of its validation loss, as the bundle's client does."""
-    site.metrics_override = {"val_loss_se": error}
-    site.validation_override = {"val_loss_se": error}
-    return site
-
-
-def test_a_model_an_honest_site_finds_worse_is_never_the_best_and_a_lie_that_says_better_stops_the_job(tmp_path):
-    # round 1's model (validated in round 2) is worse for site-a by 0.3, far beyond its noise (2 x 0.028); the liar
-    # reports a loss of 0 for it, so the mean of the two says it is the best so far
-    honest = _reporting_noise(FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.8, 0.8]))
-    liar = _reporting_noise(FakeSite("site-x", ["Edema"], [0.9, 0.5, 0.0, 0.0]))
-    harness = Harness([honest, liar], tmp_path, num_rounds=4)
-    with pytest.raises(RuntimeError) as stopped:
-        harness.run()
-    assert str(stopped.value).startswith(
-        "the sites disagree about the global model after round 1: the mean of ['site-a', 'site-x']'s validation "
-        "losses (0.4000) says it is the best so far, but for site-a, its validation loss 0.8000 is 0.3000 above its "
-        "0.5000 of the global model after round 0, more than its noise (2 standard errors: 0.0566)."
-    )
-    assert "Nothing is published; the last good global model (the global model after round 0) stays on disk" in (
-        str(stopped.value)
-    )
-    assert harness._federation.best.round == 0 and harness.best_rounds() == [0]
-    assert TASK_PUBLISH not in [task for task, _, _ in honest.tasks]
-    recorded = json.loads((tmp_path / "round_history.json").read_text())
-    regressed = next(entry for entry in recorded if entry["round"] == 1)["validation"]["regressed"]
-    assert regressed["than"] == "the global model after round 0" and list(regressed["sites"]) == ["site-a"]
-
-    # the papers' selection (validation_guard off) takes the liar's word: round 1's model becomes the best
-    unguarded = Harness(
-        [
-            _reporting_noise(FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.8, 0.8])),
-            _reporting_noise(FakeSite("site-x", ["Edema"], [0.9, 0.5, 0.0, 0.0])),
-        ],
-        tmp_path / "unguarded",
-        num_rounds=4,
-        validation_guard=False,
-    )
-    unguarded.run()
-    assert unguarded._federation.best.round == 1
-
-
-def test_a_rise_within_a_sites_noise_is_no_disagreement(tmp_path):
-    sites = [
-        _reporting_noise(FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.55, 0.4])),  # +0.05 < 2 x 0.028 of noise
-        _reporting_noise(FakeSite("site-b", ["Edema"], [0.9, 0.5, 0.35, 0.3])),
-    ]
-    harness = Harness(sites, tmp_path, num_rounds=4)
-    harness.run()
-    assert harness.best_rounds() == [0, 1, 2]
-    assert not any("regressed" in entry.get("validation", {}) for entry in harness.history)
-
-    # the first trained model against the initial one: worse for a site beyond its noise, said better by the mean
-    wrecked = [
-        _reporting_noise(FakeSite("site-a", ["Mass"], [0.5, 0.9])),
-        _reporting_noise(FakeSite("site-x", ["Edema"], [0.5, 0.0])),
-    ]
-    first = Harness(wrecked, tmp_path / "first", num_rounds=2)
-    with pytest.raises(RuntimeError, match=r"the sites disagree about the global model after round 0: .* of the "
-                                           r"global model before training, more than its noise"):  # fmt: skip
-        first.run()
-    assert first._federation.best is None
-
-
-@pytest.mark.parametrize("validation_guard", [True, False])
-def test_a_model_far_worse_for_a_site_than_its_own_work_stops_the_job(tmp_path, validation_guard):
-    """Labels flipped at one of two sites: its update and its figures look honest, and the model is not worse for the
-    honest site than the best one beyond its noise (2 standard errors), but it is far worse than the model the
-    honest site trained itself in the round that made it (4 standard errors). With two sites nobody can tell who is
-    lying: the job stops naming the disagreement, and the best model stays the one before."""
-
-    def with_own_model(site: FakeSite, local_loss: float) -> FakeSite:
-        site.metrics_override = {"val_loss_se": 0.02, "local_val_loss": local_loss, "local_val_loss_se": 0.02}
-        site.validation_override = {"val_loss_se": 0.02}
-        return site
-
-    # site-a validates the initial model, then round 0's (0.10 above its own 0.40: within 4 x 0.028 = 0.113), then
-    # round 1's: 0.05 above the best (within 2 x 0.028 = 0.057), 0.15 above its own work; the mean says better
-    honest = with_own_model(FakeSite("site-a", ["Mass"], [0.6, 0.5, 0.55, 0.55]), 0.40)
-    flipping = with_own_model(FakeSite("site-x", ["Edema"], [0.6, 0.5, 0.40, 0.40]), 0.40)
-    harness = Harness([honest, flipping], tmp_path, num_rounds=4, validation_guard=validation_guard)
-    if not validation_guard:  # the papers' selection: the mean of the two makes the harmful model the best
-        harness.run()
-        assert harness.best_rounds() == [0, 1]
-        return
-    with pytest.raises(RuntimeError) as stopped:
-        harness.run()
-    assert str(stopped.value).startswith(
-        "the sites disagree about the global model after round 1: it is worse for site-a than its own work: its "
-        "validation loss 0.5500 is 0.1500 above its 0.4000 of the model it trained itself in round 1, more than its "
-        "noise (4 standard errors: 0.1131). "
-    )
-    assert "the last good global model (the global model after round 0) stays on disk" in str(stopped.value)
-    assert harness.best_rounds() == [0]
-    assert TASK_PUBLISH not in [task for task, _, _ in honest.tasks]
-    recorded = json.loads((tmp_path / "round_history.json").read_text())
-    assert list(recorded[2]["validation"]["harmed"]["sites"]) == ["site-a"]
-    assert "harmed" not in recorded[1]["validation"]  # round 0's model: within the honest site's noise
-
-
-def test_the_harm_rule_judges_models_of_two_sites_only(tmp_path):
-    """Three sites with the same figures as the two-site test above: the mean of three first updates moves each site
-    less far than its own training (clean four- and five-site runs measure 4 to 6 standard errors), so the rule does
-    not judge it and the median rules act instead; the job runs to its end."""
-    sites = []
-    for name, losses in (("site-a", [0.6, 0.5, 0.55, 0.55]), ("site-b", [0.6, 0.5, 0.40, 0.40]),
-                         ("site-c", [0.6, 0.5, 0.40, 0.40])):  # fmt: skip
-        site = FakeSite(name, ["Mass"], losses)
-        site.metrics_override = {"val_loss_se": 0.02, "local_val_loss": 0.40, "local_val_loss_se": 0.02}
-        site.validation_override = {"val_loss_se": 0.02}
-        sites.append(site)
-    harness = Harness(sites, tmp_path, num_rounds=4)
-    harness.run()
-    assert not any("harmed" in entry.get("validation", {}) for entry in harness.history)
-    assert TASK_PUBLISH in [task for task, _, _ in sites[0].tasks]
-
-
-@pytest.mark.parametrize("validation_guard", [True, False])
-def test_a_trained_model_no_accepted_site_vouched_for_is_not_published(tmp_path, validation_guard):
+def test_a_trained_model_no_accepted_site_vouched_for_is_not_published(tmp_path):
     sites = [FakeSite(f"site-{name}", ["Mass"], [0.9, 0.5, 0.5]) for name in "ab"]
     for site in sites:  # every validation loss it sends is refused, so no model is ever judged
         site.metrics_override = site.validation_override = {"val_loss": -1.0}
-    harness = Harness(sites, tmp_path, num_rounds=2, validation_guard=validation_guard)
-    if not validation_guard:  # the papers' selection publishes the last model, judged by no one
-        harness.run()
-        assert [task for task, _, _ in sites[0].tasks][-1] == TASK_PUBLISH
-        return
+    harness = Harness(sites, tmp_path, num_rounds=2)
     with pytest.raises(
         RuntimeError, match=r"^no trained global model was judged by the sites: .* Nothing is published"
     ):
@@ -833,44 +695,143 @@ def test_a_model_file_written_on_a_full_disk_leaves_the_previous_one(tmp_path, m
     assert load_checkpoint(path).meta["round"] == 1
 
 
-def test_an_outvoted_honest_minority_rejected_as_opposed_still_stops_the_job(tmp_path):
-    # three sites of one party send the same flipped update: the coordinate-wise median is theirs, so from round 1 on
-    # the two honest sites are the ones rejected as opposed, and do not judge. Their own validation still counts against
-    # a model: round 1's is worse for both by 0.3 (noise 2 x 0.028) while the three report 0 for it
-    honest = [_reporting_noise(FakeSite(f"site-{name}", ["Mass"], [0.9, 0.5, 0.8, 0.8])) for name in "ab"]
-    sybils = [
-        _reporting_noise(FakeSite(f"site-{name}", ["Mass"], [0.9, 0.5, 0.0, 0.0], _flipped(1.0))) for name in "xyz"
-    ]
-    harness = Harness([*honest, *sybils], tmp_path, num_rounds=4, reject_opposed_updates=True)
+# --- the screening of each round's model (core.judging, flare.loop) ---------------------------------------------------
+
+
+def _screened_sites(names: str, attacker: str | None, harm_scale: float = 200.0) -> list[FakeSite]:
+    """Sites of one class whose validation of a model costs them in proportion to its squared distance from their own
+    model (``FakeSite.harm_figures``); ``attacker`` sends its honest update negated, at the honest size (inside every
+    bound and every clipping)."""
+    sites = []
+    for name in names:
+        site = FakeSite(f"site-{name}", ["Mass"], [0.6, 0.5, 0.5, 0.5], _flipped(1.0) if name == attacker else None)
+        site.harm_scale = harm_scale
+        sites.append(site)
+    return sites
+
+
+@pytest.mark.parametrize("validation_guard", [True, False])
+def test_with_three_sites_a_contribution_the_others_validation_finds_harmful_is_left_out(tmp_path, validation_guard):
+    """A flipped update at the honest size among three sites, averaged by the plain mean: the round's model is far
+    from what the honest sites trained (each finds it 0.51 worse than its own model, against the 0.075 averaging may
+    cost it); without site-x's result it is exactly theirs. The round is recomputed without site-x, the job goes on,
+    and site-x is named in the log, the history and its own outcome."""
+    sites = _screened_sites("abx", attacker="x")
+    harness = Harness(sites, tmp_path, num_rounds=2, robust_aggregation="mean", validation_guard=validation_guard)
+    harness.run()
+    round_0 = harness.history[1]
+    if not validation_guard:  # unscreened: the flipped update stays in the mean, a third of the honest step is left
+        assert "excluded" not in round_0["aggregation"]
+        np.testing.assert_allclose(_round_zero_change(harness, sites[0], "backbone.conv.weight"), 0.01 / 3, atol=1e-6)
+        return
+    assert round_0["aggregation"]["excluded"] == {"site-x": FederationLoop._exclusion_reason(None)}
+    screening = round_0["screening"]
+    assert screening["action"] == "exclude" and screening["excluded"] == ["site-x"]
+    assert sorted(screening["candidates"]) == ["all", "site-a", "site-b", "site-x"]
+    assert screening["candidates"]["all"]["site-a"]["val_loss_minus_own"] == pytest.approx(
+        200 * 57 * (0.02 / 3) ** 2, rel=1e-5
+    )
+    np.testing.assert_allclose(_round_zero_change(harness, sites[0], "backbone.conv.weight"), 0.01, atol=1e-6)
+    assert round_0["validation"]["judged_by"]["sites"] == ["site-a", "site-b"]
+    assert "round 0: site-x excluded: left out of the round" in messages(harness, "warning")
+    assert sites[2].outcomes[0]["status"] == "excluded"
+    assert [task for task, _, _ in sites[0].tasks][-1] == TASK_PUBLISH
+
+
+def test_with_two_sites_a_harmful_model_stops_the_job_and_nothing_is_published(tmp_path):
+    """The same attack with two sites: the model is the mean of two results, and the server cannot tell which one
+    harms the other site, or whose figures are false. The job stops non-zero, naming the case."""
+    sites = _screened_sites("ax", attacker="x")
+    harness = Harness(sites, tmp_path, num_rounds=3, robust_aggregation="mean")
     with pytest.raises(RuntimeError) as stopped:
         harness.run()
-    round_1 = next(entry for entry in harness.history if entry["round"] == 1)["aggregation"]
-    assert round_1["accepted"] == ["site-x", "site-y", "site-z"]
-    assert sorted(round_1["rejected"]) == ["site-a", "site-b"]
-    worse = (
-        "its validation loss 0.8000 is 0.3000 above its 0.5000 of the global model after round 0, more than its "
-        "noise (2 standard errors: 0.0566) (its result was rejected: it objects, not judges)"
-    )
+    harm = 200 * 57 * 0.01**2  # site-a's own model moved 0.01 on each of its 57 numbers; the mean did not move
     assert str(stopped.value).startswith(
-        "the sites disagree about the global model after round 1: the median of ['site-x', 'site-y', 'site-z']'s "
-        f"validation losses (0.0000) says it is the best so far, but for site-a, {worse}; for site-b, {worse}."
+        f"the global model after round 0 harms a site: for site-a, its validation loss is {harm:.4f} above its own "
+        "model's, more than the 0.0750 averaging may cost it"
     )
-    assert harness._federation.best.round == 0
-    assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in honest)
+    assert "Two sites made the model: the server cannot tell which result harms the other site's data" in str(
+        stopped.value
+    )
+    assert harness._federation.best is None
+    assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in sites)
 
-    # without the objections (validation_guard off) the three pick their own model
-    unguarded = Harness(
-        [
-            *[_reporting_noise(FakeSite(f"site-{name}", ["Mass"], [0.9, 0.5, 0.8, 0.8])) for name in "ab"],
-            *[
-                _reporting_noise(FakeSite(f"site-{name}", ["Mass"], [0.9, 0.5, 0.0, 0.0], _flipped(1.0)))
-                for name in "xyz"
-            ],
-        ],
-        tmp_path / "unguarded",
-        num_rounds=4,
-        reject_opposed_updates=True,
-        validation_guard=False,
-    )
-    unguarded.run()
-    assert unguarded._federation.best.round == 1
+
+def test_one_site_whose_figures_say_every_model_harms_it_is_outvoted_not_obeyed(tmp_path):
+    """With three sites a site that reports harm of every model (its data or its figures disagree with the others)
+    can neither stop the job nor get anyone left out: no single exclusion clears its flag, so it is kept on record."""
+    sites = _screened_sites("abl", attacker=None)
+    sites[2].validation_override = {
+        "val_loss": 1.5,
+        "val_loss_minus_own": 1.0,
+        "val_loss_minus_own_se": 0.005,
+        "val_loss_minus_start": 0.9,
+        "val_loss_minus_start_se": 0.005,
+    }
+    harness = Harness(sites, tmp_path, num_rounds=2, robust_aggregation="mean")
+    harness.run()
+    for entry in harness.history[1:]:
+        assert entry["screening"]["action"] == "accept" and entry["screening"]["excluded"] == []
+        assert list(entry["screening"]["flags"]) == ["site-l"] and entry["screening"]["why"] == OUTVOTED
+        assert "excluded" not in entry["aggregation"]
+    assert [task for task, _, _ in sites[0].tasks][-1] == TASK_PUBLISH
+
+
+@pytest.mark.parametrize("declared", [400, None])
+def test_a_standard_error_below_what_the_validation_size_allows_decides_nothing(tmp_path, declared):
+    """A site reports a harm just above its margin with a standard error of 0: floored at what its 400 declared
+    validation images allow (0.02 / 20 = 0.001), it is 0.0015 above the margin, 1.5 standard errors: no flag. A site
+    that declared no size is not floored, and its claim stops a two-site job."""
+    sites = _screened_sites("ax", attacker=None)
+    sites[1].validation_size = declared
+    margin = 0.5 * 0.1 + 0.05 * 0.5  # half its own gain of 0.1, and 5 % of its own model's loss of 0.5
+    sites[1].validation_override = {
+        "val_loss": 0.5 + margin + 0.0015,
+        "val_loss_minus_own": margin + 0.0015,
+        "val_loss_minus_own_se": 0.0,
+        "val_loss_minus_start": margin + 0.0015 - 0.1,
+        "val_loss_minus_start_se": 0.0,
+    }
+    harness = Harness(sites, tmp_path, num_rounds=2, robust_aggregation="mean")
+    if declared is None:
+        with pytest.raises(RuntimeError, match=r"^the global model after round 0 harms a site: for site-x"):
+            harness.run()
+        return
+    harness.run()
+    assert not any("screening" in entry for entry in harness.history)
+
+
+def test_a_colluding_group_no_single_exclusion_explains_stops_the_job(tmp_path):
+    """Three sites of one party send the same flipped update among five: the mean is theirs, both honest sites find it
+    harmful, and leaving any one contribution out does not clear that. The server cannot tell which group to trust:
+    the job stops, naming the case."""
+    sites = _screened_sites("ab", attacker=None) + [
+        FakeSite(f"site-{name}", ["Mass"], [0.6, 0.5, 0.5], _flipped(1.0)) for name in "xyz"
+    ]
+    harness = Harness(sites, tmp_path, num_rounds=3, robust_aggregation="mean")
+    with pytest.raises(RuntimeError) as stopped:
+        harness.run()
+    assert str(stopped.value).startswith("the global model after round 0 harms a site: for site-a,")
+    assert SEVERAL[1:80] in str(stopped.value)
+    screening = harness.history[1]["screening"]
+    assert (screening["action"], sorted(screening["flags"])) == ("stop", ["site-a", "site-b"])
+    assert sorted(screening["candidates"]) == ["all", "site-a", "site-b", "site-x", "site-y", "site-z"]
+    assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in sites)
+
+
+def test_honest_sites_whose_results_are_rejected_still_object_two_of_them_stop_the_job(tmp_path):
+    """The honest sites' results are rejected (here for their structure) while three others agree with each other:
+    the rejected sites do not judge, but their validation still counts. Two of them finding the model harmful stop
+    the job (a colluding majority that got them rejected); one alone could not (it may have got itself rejected)."""
+    sites = _screened_sites("ab", attacker=None) + [
+        FakeSite(f"site-{name}", ["Mass"], [0.6, 0.5, 0.5], _flipped(1.0)) for name in "xyz"
+    ]
+    for site in sites[:2]:
+        site.behaviour = withheld
+    harness = Harness(sites, tmp_path, num_rounds=3, robust_aggregation="mean", min_clients=1)
+    with pytest.raises(RuntimeError) as stopped:
+        harness.run()
+    assert MAJORITY[1:80] in str(stopped.value)
+    round_0 = harness.history[1]["aggregation"]
+    assert round_0["accepted"] == ["site-x", "site-y", "site-z"] and sorted(round_0["rejected"]) == ["site-a", "site-b"]
+    assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in sites)

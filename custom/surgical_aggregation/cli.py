@@ -268,6 +268,22 @@ def _add_write_job(commands: argparse._SubParsersAction) -> None:
         "from its last saved round, backup from the state saved one round earlier, never starts afresh",
     )
     parser.add_argument(
+        "--leave-out",
+        action="append",
+        default=[],
+        metavar="SITE",
+        help="run the job without this site (repeat for each): e.g. a site an earlier job's screening named; it is "
+        "left out of the job's deploy map and apps",
+    )
+    parser.add_argument(
+        "--min-clients",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sites needed at the handshake, and valid results needed for a round to make a model (default: every "
+        "site of the job)",
+    )
+    parser.add_argument(
         "--judging-site",
         action="append",
         default=None,
@@ -602,7 +618,7 @@ def _write_job(args: argparse.Namespace) -> int:
     # FLARE runs an in-process script only from the job's custom/ folder
     execution = "external_process" if args.code == "preinstalled" else "in_process"
     controller = {f"{task}_timeout": getattr(args, f"{task}_timeout") for task in TIMED_TASKS}
-    controller.update(resume=args.resume, judging_sites=args.judging_site)
+    controller.update(resume=args.resume, judging_sites=args.judging_site, min_clients=args.min_clients)
     recipe = BUNDLE_RECIPES[args.name](
         sites,
         controller={name: value for name, value in controller.items() if value is not None},
@@ -616,6 +632,7 @@ def _write_job(args: argparse.Namespace) -> int:
         accepted_classes=args.accepted_class,
         update_privacy=None if args.privacy_filter is None else read_privacy_filter(args.privacy_filter),
         blind=args.blind,
+        left_out=args.leave_out,
     )
     mode = f"{args.code}, blind" if args.blind else args.code
     print(f"wrote job {args.name!r} ({mode}) to {write_job(recipe, args.out, force=args.force)}")

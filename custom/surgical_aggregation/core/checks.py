@@ -686,6 +686,19 @@ def weight_change(
     return np.concatenate(changes) if changes else np.zeros(0, dtype=np.float32)
 
 
+def agreement_with_others(changes: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """site -> the cosine of its update (``changes``: site -> :func:`weight_change`) with the mean of the other sites'
+    updates (NaN where either is zero)."""
+    total = np.sum(np.stack([change.astype(np.float64) for change in changes.values()]), axis=0)
+    cosines = {}
+    for site, change in changes.items():
+        change = change.astype(np.float64)
+        others = total - change
+        norm = float(np.linalg.norm(change) * np.linalg.norm(others))
+        cosines[site] = float(np.dot(change, others)) / norm if norm > 0 else math.nan
+    return cosines
+
+
 MIN_SITES_FOR_DIRECTION = 3  # a coordinate-wise median of three or more updates lies between honest values
 
 
@@ -816,6 +829,7 @@ def capped_weights(weights: Mapping[str, float]) -> dict[str, float]:
 # --- validation metrics ------------------------------------------------------------------------------------
 
 MAX_BCE_LOSS = 100.0  # far above any real mean BCE (a confident wrong guess costs ~16 with the metrics' clipping)
+PAIRED_LOSS_KEYS = ("val_loss_minus_own", "val_loss_minus_own_se", "val_loss_minus_start", "val_loss_minus_start_se")
 # What a site reports: its validation of the model it received (the loss, its standard error across images, mean
 # AUROC), the same of its model after local training, its training loss, and per-class AUROC of its own classes.
 METRIC_KEYS = (
@@ -826,14 +840,20 @@ METRIC_KEYS = (
     "local_val_loss_se",
     "local_val_mean_auroc",
     "train_loss",
+    # paired over the site's validation images (evaluation.metrics.paired_loss_difference): this model's loss minus
+    # the site's loss of the model it trained itself in the round that made this one, and minus its loss of the model
+    # that round started from, each with its standard error
+    *PAIRED_LOSS_KEYS,
 )
 PER_CLASS_METRIC_PREFIXES = ("val_auroc/", "local_val_auroc/")
 
 
 def metric_range(name: str) -> tuple[float, float] | None:
     """The sane range of a validation metric this bundle reports, by its name."""
-    if name.endswith(("_loss", "_loss_se")):
+    if name.endswith(("_loss", "_se")):
         return (0.0, MAX_BCE_LOSS)
+    if name in PAIRED_LOSS_KEYS:  # a difference of two losses
+        return (-MAX_BCE_LOSS, MAX_BCE_LOSS)
     if "auroc" in name:
         return (0.0, 1.0)
     return None
@@ -967,59 +987,6 @@ def judged_loss(losses: Mapping[str, float]) -> tuple[float, str]:
     if len(values) >= 3:
         return float(np.median(values)), "median"
     return float(np.mean(values)), "mean"
-
-
-NOISE_SIGMAS = 2.0  # a site's loss must rise by this many standard errors of the difference to count as worse
-# a global model is harmful to a site when its loss there is this many standard errors of the difference above the
-# site's own model of the round that made it: clean two-site federations of the attack suite stay below 1.4, a
-# two-site federation with a label-flipping site is at 7 and more in its first round
-HARM_SIGMAS = 4.0
-HARM_SITES = 2  # the harm rule judges a model made of exactly two sites' results (flare.state.harmed_sites)
-
-
-def loss_rise(now: Mapping[str, float], before: Mapping[str, float]) -> tuple[float, float] | None:
-    """How far a site's validation loss of a model (``now``) is above its loss of another (``before``), and the
-    standard error of that difference from the site's ``val_loss_se`` of both (unpaired: the same images make the
-    true noise smaller, so a rule on it errs towards silence); None without both losses and both errors."""
-    figures = [now.get("val_loss"), now.get("val_loss_se"), before.get("val_loss"), before.get("val_loss_se")]
-    if any(value is None for value in figures):
-        return None
-    loss, error, earlier_loss, earlier_error = figures
-    return loss - earlier_loss, math.hypot(error, earlier_error)
-
-
-def validation_regressions(
-    now: Mapping[str, Mapping[str, float]],
-    before: Mapping[str, Mapping[str, float]],
-    reference: str,
-    sigmas: float = NOISE_SIGMAS,
-) -> dict[str, str]:
-    """site -> why, for each site whose validation loss of a model (``now``: its checked metrics) is higher than its
-    loss of the ``reference`` model (``before``) by more than ``sigmas`` standard errors of the difference
-    (:func:`loss_rise`). A site without both losses and both standard errors is not judged."""
-    regressed = {}
-    for site, metrics in sorted(now.items()):
-        rise = loss_rise(metrics, before.get(site, {}))
-        if rise is None:
-            continue
-        difference, error = rise
-        if difference > sigmas * error:
-            loss = metrics["val_loss"]
-            regressed[site] = (
-                f"its validation loss {loss:.4f} is {difference:.4f} above its {loss - difference:.4f} of "
-                f"{reference}, more than its noise ({sigmas:g} standard errors: {sigmas * error:.4f})"
-            )
-    return regressed
-
-
-def own_model_figures(metrics: Mapping[str, float]) -> dict[str, float]:
-    """A site's validation of the model it trained itself (``local_val_loss``, ``local_val_loss_se``), under the
-    names of a validation of a received model, so the two compare (:func:`validation_regressions`)."""
-    return {
-        name: metrics[f"local_{name}"]
-        for name in ("val_loss", "val_loss_se")
-        if metrics.get(f"local_{name}") is not None
-    }
 
 
 # --- the documentation -----------------------------------------------------------------------------------------

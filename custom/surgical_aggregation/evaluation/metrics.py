@@ -111,11 +111,12 @@ def bce_loss(y_true: np.ndarray, y_prob: np.ndarray, mask: np.ndarray | None = N
     return float(-(target * np.log(prob) + (1 - target) * np.log(1 - prob)).mean())
 
 
-def bce_loss_standard_error(
+def image_losses(
     y_true: np.ndarray, y_prob: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-7
-) -> float:
-    """The standard error of :func:`bce_loss` across images: the standard deviation of each image's mean loss over
-    its labelled entries, divided by the square root of the number of images (NaN with fewer than two)."""
+) -> np.ndarray:
+    """Each image's mean binary cross-entropy over its labelled entries (NaN for an image with none), float64: the
+    per-image figures behind :func:`bce_loss_standard_error` and a paired comparison of two models on the same images
+    (:func:`paired_loss_difference`)."""
     y_true = np.asarray(y_true, dtype=np.float64)
     y_prob = np.clip(np.asarray(y_prob, dtype=np.float64), eps, 1 - eps)
     if y_true.ndim == 1:
@@ -125,11 +126,35 @@ def bce_loss_standard_error(
     target = np.nan_to_num(y_true)
     losses = np.where(valid, -(target * np.log(y_prob) + (1 - target) * np.log(1 - y_prob)), 0.0)
     counts = valid.sum(axis=1)
-    labelled = counts > 0
-    if labelled.sum() < 2:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, losses.sum(axis=1) / np.maximum(counts, 1), np.nan)
+
+
+def bce_loss_standard_error(
+    y_true: np.ndarray, y_prob: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-7
+) -> float:
+    """The standard error of :func:`bce_loss` across images: the standard deviation of each image's mean loss over
+    its labelled entries, divided by the square root of the number of images (NaN with fewer than two)."""
+    per_image = image_losses(y_true, y_prob, mask, eps)
+    per_image = per_image[np.isfinite(per_image)]
+    if per_image.size < 2:
         return math.nan
-    per_image = losses[labelled].sum(axis=1) / counts[labelled]
-    return float(per_image.std(ddof=1) / math.sqrt(labelled.sum()))
+    return float(per_image.std(ddof=1) / math.sqrt(per_image.size))
+
+
+def paired_loss_difference(losses: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
+    """(mean, standard error) over images of ``losses - reference``: two models' per-image losses
+    (:func:`image_losses`) on the same images, in the same order. The pairing removes what the images share (an easy
+    or a hard image is so for both models), so the error is that of the difference itself. Images without a figure
+    in either are left out; NaN, NaN with fewer than two."""
+    losses, reference = np.asarray(losses, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    if losses.shape != reference.shape:
+        raise ValueError(f"paired losses need the same images: {losses.shape} against {reference.shape}")
+    both = np.isfinite(losses) & np.isfinite(reference)
+    if both.sum() < 2:
+        return math.nan, math.nan
+    difference = losses[both] - reference[both]
+    return float(difference.mean()), float(difference.std(ddof=1) / math.sqrt(difference.size))
 
 
 @dataclass

@@ -10,12 +10,13 @@ server adds ciphertexts and never holds a secret key, a plaintext head row, a si
    for. Each result is checked for what can be checked of ciphertexts: their names, number and that each parses
    under the consortium's context with at most one ciphertext's values; and its metrics, of which only the
    documented numbers without a class in their name are accepted. The valid results' ciphertexts are added;
-3. the sites' validation of the model they received judges it (best model, early stopping, and the rules that stop
-   the job when a site's own validation contradicts the federation: ``state.judge``), as in the plain job: the
-   defences that run at the sites keep running. The server keeps the sums of the latest and the best round;
-4. at the end every site validates the last model, and is sent its parts of the best one, which it decrypts and
-   keeps as its published model. No union model is assembled: the server cannot decrypt one, and a site that did
-   would read every other site's rows.
+3. the round loop both workflows share (:mod:`.loop`): every site validates the round's summed candidate (it decrypts
+   its parts), the candidate is screened for harm to a site, and a contribution it harms with is left out (the sums
+   made again without it: ciphertexts add and subtract without a key), then judged (best model, early stopping):
+   the defences that run at the sites keep running. The server keeps the sums of the latest and the best round;
+4. at the end every site is sent its parts of the best model, which it decrypts and keeps as its published model.
+   No union model is assembled: the server cannot decrypt one, and a site that did would read every other site's
+   rows.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +35,12 @@ from nvflare.fuel.utils.log_utils import center_message
 
 from ..core.blind import PUBLIC_CONTEXT, BlindAggregationError, BlindCipher, params_as_parts, parts_as_params
 from ..core.checks import METRIC_KEYS, check_metrics, preprocessing_problem
-from ..core.errors import UserError
 from ..core.head import numpy_state
 from ..core.methods import SiteMethod, method_meta
 from ..data.storage import write_atomically
 from ..evaluation.run_summary import INITIAL_ROUND, model_label
+from .loop import FederationCannotProceed, FederationLoop, RoundResults
 from .protocol import (
-    JOB_FAILED,
     META_BLIND,
     META_CLASS_NAMES,
     META_METHOD,
@@ -51,11 +52,9 @@ from .protocol import (
     TASK_PUBLISH,
     TASK_REFUSED,
     TASK_TRAIN,
-    TASK_VALIDATE,
 )
 from .results import write_history
-from .state import FederationState, SavedVersion, averaged_sites, disagreement, history_entry, judge
-from .tasks import SiteTasks
+from .state import FederationState, SavedVersion
 
 BLIND_MODEL_FILE = "blind_global_model.npz"  # the latest round's summed ciphertexts (the server cannot read them)
 BLIND_BEST_MODEL_FILE = "best_blind_global_model.npz"
@@ -95,11 +94,7 @@ def refused_table() -> str:
     return "\n".join(lines)
 
 
-class BlindFederationCannotProceed(RuntimeError):
-    """Why a blind job stops (too few sites, no progress, a disagreement of the sites' validation)."""
-
-
-class BlindSurgicalAggregator(SiteTasks):
+class BlindSurgicalAggregator(FederationLoop):
     def __init__(
         self,
         num_rounds: int = 10,
@@ -142,81 +137,131 @@ class BlindSurgicalAggregator(SiteTasks):
         self._parts = 0  # ciphertexts in every site's update
         self._wanted: dict[str, list[int]] = {}  # site -> the parts it is sent back
         self._federation: FederationState | None = None
-        self._sums: dict[int, dict[int, bytes]] = {}  # round -> summed ciphertexts (the latest and the best)
+        self._initial_state: dict[str, Any] = {}  # the initial model, sent in the clear in round 0
+        self._answers: dict[str, dict[int, bytes]] = {}  # the round's valid updates: site -> its ciphertexts
         self._files: dict[str, int] = {}  # the file of the latest or best sums -> the round it holds
         self._seen: dict[str, Any] = {"handshake": {}, "rounds": [], "received": []}
 
-    # --- the workflow ---------------------------------------------------------------------------
+    # --- the loop's hooks (flare.loop); a version's ``state`` is its summed ciphertexts, part -> bytes ----------
 
-    def run(self) -> None:
-        try:
-            self._run()
-        except (BlindFederationCannotProceed, UserError) as reason:
-            self.error(f"{JOB_FAILED}{reason}")
-            self.panic(str(reason))
-
-    def _run(self) -> None:
+    def _open(self) -> FederationState:
         self.info(center_message("Start blind surgical aggregation"))
         initial = self.load_model()
         if (initial.meta or {}).get(META_CLASS_NAMES):
-            raise BlindFederationCannotProceed(
+            raise FederationCannotProceed(
                 "the initial model has head rows with class names: a blind job starts from a model without any "
                 "(the server must hold no row and no name)"
             )
-        initial_state = numpy_state(initial.params)
+        self._initial_state = numpy_state(initial.params)
         self._handshake()
-        federation = FederationState(
+        self._federation = FederationState(
             {"blind": True}, SavedVersion(INITIAL_ROUND, {}, []), None, math.inf, 0, [], [], {}, []
         )
-        self._federation = federation
-        latest = federation.latest
-        for round_number in range(self.num_rounds):
-            if self.abort_signal.triggered:
-                self._write_records()
+        return self._federation
+
+    def _site_names(self) -> list[str]:
+        return list(self._wanted)
+
+    def _train(self, round_number: int, latest: SavedVersion) -> RoundResults | None:
+        answers: dict[str, dict[int, bytes]] = {}
+        metrics: dict[str, dict[str, float]] = {}
+        rejected: dict[str, str] = {}
+        seen: dict[str, Any] = {"round": round_number, "sites": {}}
+
+        def accept(result: FLModel) -> None:
+            site = (result.meta or {}).get("client_name", "?")
+            self._saw(TASK_TRAIN, site, result, round_number)
+            if site in answers or site in rejected:
+                rejected[site] = "this client already contributed in this round"
+                answers.pop(site, None)
                 return
-            if federation.rounds_without_improvement >= self.patience:
-                self.info(f"early stop: {self.patience} validated rounds without improvement beyond {self.min_delta}")
-                break
-            self.info(center_message(f"Round {round_number} started", boarder_str="-"))
-            answers, metrics, rejected = self._train_round(round_number, latest, initial_state)
-            accepted = sorted(answers)
-            self._judge(
-                latest,
-                {site: values for site, values in metrics.items() if site in answers},
-                objectors={site: values for site, values in metrics.items() if site not in answers},
-            )
-            history_entry(federation.history, round_number)["aggregation"] = {
-                "trained_from": latest.round,  # the last good model, which a round that adds nothing keeps
-                "accepted": accepted,
-                "rejected": rejected,
-                "failed": self.failed_answers(),
-            }
-            if len(accepted) >= self.min_clients:
-                self._sums[round_number] = self._add(answers)
-                federation.aggregated_rounds += 1
-                self.info(f"round {round_number}: added the ciphertexts of {accepted}")
-                latest = SavedVersion(round_number, {}, [], {}, True)
-                federation.latest = latest
-            else:  # the last good model stays the latest, under its own round (no new model to judge)
-                self.warning(
-                    f"round {round_number}: only {len(accepted)} valid contribution(s) ({accepted}), "
-                    f"{self.min_clients} needed: keeping the last good global model"
-                )
-            self._keep_sums()
-        if federation.aggregated_rounds == 0:
-            raise BlindFederationCannotProceed("the federation made no progress: no round added enough valid results")
-        self._judge(latest, *self._final_validation(latest))
-        if federation.best is None:
-            raise BlindFederationCannotProceed(
-                "no trained global model was judged by the sites: nothing is published (see the sites' logs)"
-            )
+            checked, problems = classless_check(result.metrics or {})
+            if problems:
+                self.error(f"round {round_number}: rejected metric(s) of {site}: {'; '.join(problems)}")
+            metrics[site] = checked
+            if not result.params:  # e.g. a DP-SGD site whose budget is spent: nothing to add, nothing wrong
+                self.warning(f"round {round_number}: {site} sent no update")
+                return
+            try:
+                parts = params_as_parts(result.params, site)
+            except BlindAggregationError as error:
+                rejected[site] = str(error)
+            else:
+                seen["sites"][site] = {"ciphertexts": len(parts), "bytes": sum(len(data) for data in parts.values())}
+                if problem := self._parts_problem(parts):
+                    rejected[site] = problem
+                else:
+                    answers[site] = parts
+            if site in rejected:
+                self.error(f"round {round_number}: contribution from {site!r} rejected: {rejected[site]}")
+            else:
+                self.info(f"round {round_number}: received {len(parts)} ciphertexts from {site}")
+
+        def train_data(site: str) -> FLModel:
+            initial = None if latest.state else self._initial_state  # no round has added anything yet
+            model = self._task(latest, site, initial, **{META_WARMUP: initial is not None})
+            model.current_round, model.total_rounds = round_number, self.num_rounds
+            return model
+
+        if not self.to_each_site(TASK_TRAIN, list(self._wanted), train_data, self.train_timeout, accept):
+            return None
+        failed = self.failed_answers()
+        for site, code in failed.items():
+            self.error(f"round {round_number}: the training task of {site} failed ({code}); its log names the cause")
+        self._seen["rounds"].append(seen)
+        self._answers = answers
+        accepted = sorted(answers)
+        outcomes = {}
+        for site in self._wanted:
+            if site in answers:
+                outcomes[site] = {"task": TASK_TRAIN, "round": round_number, "status": "aggregated"}
+            elif site in rejected:
+                outcomes[site] = {
+                    "task": TASK_TRAIN,
+                    "round": round_number,
+                    "status": "rejected",
+                    "reason": rejected[site],
+                }
+        return RoundResults(
+            accepted=accepted,
+            contributors=accepted,
+            record={"accepted": accepted, "rejected": rejected, "failed": failed},
+            outcomes=outcomes,
+            received_validation={site: values for site, values in metrics.items() if site in answers},
+            trained=sorted(set(answers) | set(rejected)),
+        )
+
+    def _candidate(self, round_number: int, leave_out: frozenset[str] = frozenset()) -> SavedVersion | None:
+        kept = {site: parts for site, parts in self._answers.items() if site not in leave_out}
+        if not kept:
+            return None
+        return SavedVersion(round_number, self._add(kept), [], {}, True)
+
+    def _model_for(self, version: SavedVersion, site: str) -> FLModel:
+        return self._task(version, site, None)
+
+    def _received(self, task: str, site: str, result: FLModel, round_number: int | None) -> None:
+        self._saw(task, site, result, round_number)
+
+    def _check_validation(self, site: str, metrics: Mapping[str, Any]) -> tuple[dict[str, float], list[str]]:
+        return classless_check(metrics)
+
+    def _tolerated(self, contributors: int) -> int:
+        return (contributors - 1) // 2
+
+    def _adopt(self, latest: SavedVersion) -> None:
+        self._keep_sums()
+
+    def _checkpoint(self) -> None:
+        self._write_records()
+
+    def _finish(self, latest: SavedVersion) -> None:
         if self.publish_global_model:
-            self._publish(federation.best)
+            self._publish(self._federation.best)
         self._keep_sums()
         self.info(center_message("Finished blind surgical aggregation"))
 
     # --- steps ------------------------------------------------------------------------------------
-
     def _handshake(self) -> None:
         """Every site's ciphertext count, the parts it asks for and the public context; no class name is asked for,
         and an answer that carries one is refused without being logged."""
@@ -257,7 +302,7 @@ class BlindSurgicalAggregator(SiteTasks):
                 lambda result: None,
             )
         if len(admitted) < self.min_clients:
-            raise BlindFederationCannotProceed(
+            raise FederationCannotProceed(
                 f"only {len(admitted)} site(s) passed the blind handshake ({sorted(admitted)}); {self.min_clients} "
                 "needed. See the sites' logs for their errors."
             )
@@ -308,57 +353,8 @@ class BlindSurgicalAggregator(SiteTasks):
         meta = {META_BLIND: settings, META_METHOD: self._method(), META_ROUND: version.round, **meta}
         if initial_state is not None:
             return FLModel(params=initial_state, meta=meta)
-        sums = self._sums[version.round]
+        sums = version.state
         return FLModel(params=parts_as_params({part: sums[part] for part in self._wanted[site]}), meta=meta)
-
-    def _train_round(
-        self, round_number: int, latest: SavedVersion, initial_state: dict[str, Any]
-    ) -> tuple[dict[str, dict[int, bytes]], dict[str, dict[str, float]], dict[str, str]]:
-        answers: dict[str, dict[int, bytes]] = {}
-        metrics: dict[str, dict[str, float]] = {}
-        rejected: dict[str, str] = {}
-        seen: dict[str, Any] = {"round": round_number, "sites": {}}
-
-        def accept(result: FLModel) -> None:
-            site = (result.meta or {}).get("client_name", "?")
-            self._saw(TASK_TRAIN, site, result, round_number)
-            if site in answers or site in rejected:
-                rejected[site] = "this client already contributed in this round"
-                answers.pop(site, None)
-                return
-            checked, problems = classless_check(result.metrics or {})
-            if problems:
-                self.error(f"round {round_number}: rejected metric(s) of {site}: {'; '.join(problems)}")
-            metrics[site] = checked
-            if not result.params:  # e.g. a DP-SGD site whose budget is spent: nothing to add, nothing wrong
-                self.warning(f"round {round_number}: {site} sent no update")
-                return
-            try:
-                parts = params_as_parts(result.params, site)
-            except BlindAggregationError as error:
-                rejected[site] = str(error)
-            else:
-                seen["sites"][site] = {"ciphertexts": len(parts), "bytes": sum(len(data) for data in parts.values())}
-                if problem := self._parts_problem(parts):
-                    rejected[site] = problem
-                else:
-                    answers[site] = parts
-            if site in rejected:
-                self.error(f"round {round_number}: contribution from {site!r} rejected: {rejected[site]}")
-            else:
-                self.info(f"round {round_number}: received {len(parts)} ciphertexts from {site}")
-
-        def train_data(site: str) -> FLModel:
-            initial = None if self._sums.get(latest.round) else initial_state  # no round has added anything yet
-            model = self._task(latest, site, initial, **{META_WARMUP: initial is not None})
-            model.current_round, model.total_rounds = round_number, self.num_rounds
-            return model
-
-        self.to_each_site(TASK_TRAIN, list(self._wanted), train_data, self.train_timeout, accept)
-        for site, code in self.failed_answers().items():
-            self.error(f"round {round_number}: the training task of {site} failed ({code}); its log names the cause")
-        self._seen["rounds"].append(seen)
-        return answers, metrics, rejected
 
     def _parts_problem(self, parts: dict[int, bytes]) -> str | None:
         """What the server can check of an update it cannot read."""
@@ -373,48 +369,6 @@ class BlindSurgicalAggregator(SiteTasks):
         sites = sorted(answers)
         summed = self._cipher.add([[answers[site][part] for part in range(self._parts)] for site in sites])
         return dict(enumerate(summed))
-
-    def _judge(
-        self, version: SavedVersion, site_metrics: dict[str, dict], objectors: dict[str, dict] | None = None
-    ) -> None:
-        judges = [site for site in (self.judging_sites or site_metrics) if site in site_metrics]
-        verdict = judge(
-            self._federation, version, site_metrics, judges, self.min_delta, self.validation_guard, objectors
-        )
-        label = model_label(version.round)
-        if math.isnan(verdict.judged_loss):
-            return
-        self.info(f"global model {label}: {verdict.statistic} validation loss {verdict.judged_loss:.4f} of {judges}")
-        for site, reason in {**verdict.regressed, **verdict.harmed}.items():
-            self.warning(f"global model {label} is worse for {site}: {reason}")
-        if verdict.disagreement:
-            self._write_records()
-            raise BlindFederationCannotProceed(disagreement(version, verdict))
-        if verdict.best:
-            self.info(f"new best global model: {label}")
-
-    def _final_validation(self, latest: SavedVersion) -> tuple[dict[str, dict], dict[str, dict]]:
-        """Every site validates the last model: the sites whose result made it judge, the others may object."""
-        validated: dict[str, dict] = {}
-
-        def collect(result: FLModel) -> None:
-            site = (result.meta or {}).get("client_name", "?")
-            self._saw(TASK_VALIDATE, site, result, latest.round)
-            checked, problems = classless_check(result.metrics or {})
-            if problems:
-                self.error(f"final validation: rejected metric(s) of {site}: {'; '.join(problems)}")
-            validated[site] = checked
-
-        self.to_each_site(
-            TASK_VALIDATE,
-            list(self._wanted),
-            lambda site: self._task(latest, site, None),
-            self.validate_timeout,
-            collect,
-        )
-        made = set(averaged_sites(self._federation.history, latest.round))
-        judges = {site: values for site, values in validated.items() if site in made}
-        return judges, {site: values for site, values in validated.items() if site not in made}
 
     def _publish(self, best: SavedVersion) -> None:
         self.info(f"publishing {model_label(best.round)}: each site is sent its own parts of it, which it decrypts")
@@ -452,13 +406,11 @@ class BlindSurgicalAggregator(SiteTasks):
     def _keep_sums(self) -> None:
         """The latest and the best round's sums (ciphertexts only) and the records, in the server's app folder."""
         federation = self._federation
-        keep = {federation.latest.round, federation.best.round if federation.best else federation.latest.round}
-        self._sums = {round_number: sums for round_number, sums in self._sums.items() if round_number in keep}
         app = Path(self.get_app_dir())
         for version, name in ((federation.latest, BLIND_MODEL_FILE), (federation.best, BLIND_BEST_MODEL_FILE)):
             # a file is written again only when it is to hold another round (each is a site's upload in size)
-            if version is not None and self._sums.get(version.round) and self._files.get(name) != version.round:
-                arrays = parts_as_params(self._sums[version.round])
+            if version is not None and version.state and self._files.get(name) != version.round:
+                arrays = parts_as_params(version.state)
                 write_atomically(app / name, lambda handle, arrays=arrays: np.savez(handle, **arrays), "blind model")
                 self._files[name] = version.round
         self._write_records()

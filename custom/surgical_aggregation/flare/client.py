@@ -23,9 +23,12 @@ sent is recorded in the site's ``audit/exchanges.jsonl`` (``flare.audit``).
 from __future__ import annotations
 
 import logging
+import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import nvflare.client as flare
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.client.tracking import SummaryWriter
@@ -35,8 +38,10 @@ from ..core.errors import SiteConfigError, UserError
 from ..core.head import numpy_state
 from ..core.labels import read_alias_file
 from ..core.methods import method_from_meta
+from ..evaluation.metrics import paired_loss_difference
 from ..training.checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_checkpoint
 from ..training.config import JOB_DEFAULT_ORIGIN, SITE_CONFIGS_DIR, SiteConfig, find_site_config, load_site_config
+from ..training.loops import Evaluation
 from ..training.parallel import check_gpus
 from ..training.privacy import LEDGER_FILE, SPENT_FILE
 from ..training.site_data import SiteData, prepare_site_data, resolve_table, split_table
@@ -84,6 +89,17 @@ def job_app_dir(site: str, job_id: str, cwd: Path | None = None) -> Path:
     return cwd if cwd.name == f"app_{site}" else cwd / job_id / f"app_{site}"
 
 
+@dataclass(frozen=True)
+class TrainedRound:
+    """A site's per-image validation losses (``Evaluation.image_losses``) of the round it last trained in: of the
+    model the round started from, and of the model it trained itself. They stay at the site; the server is sent
+    paired differences of later models against them (:meth:`ClientSession.compared`)."""
+
+    round: int
+    start: np.ndarray | None
+    own: np.ndarray | None
+
+
 class ClientSession:
     """One site's state across the tasks of a job."""
 
@@ -100,6 +116,7 @@ class ClientSession:
         self.app_dir = app_dir
         self.local_model_path = app_dir / LOCAL_MODEL_FILE
         self._trainer: SiteTrainer | None = None
+        self.trained: TrainedRound | None = None
         # blind mode (flare.blind_site): only with the consortium's secret; such a site takes part in blind jobs only
         self.blind = BlindSite.from_file(config.blind_secret, site, app_dir, log) if config.blind_secret else None
 
@@ -279,15 +296,17 @@ class ClientSession:
         trainer.set_method(method_from_meta(received.meta.get(META_METHOD) or {}))
         trainer.load_global(received.params, classes)
         global_evaluation = trainer.validate()
+        compared = self.compared(global_evaluation, received.meta.get(META_ROUND))
         report = trainer.fit(round_number, warmup=bool(received.meta.get(META_WARMUP)))
         if report.privacy is not None and report.privacy["stopped"]:  # DP-SGD budget spent: nothing to send
             trainer.save(self.local_model_path)
             meta = {META_CLASS_NAMES: trainer.head_classes, META_PRIVACY: report.privacy}
-            return FLModel(params={}, metrics=evaluation_metrics(global_evaluation, "val"), meta=meta)
+            return FLModel(params={}, metrics=evaluation_metrics(global_evaluation, "val") | compared, meta=meta)
         local_evaluation = trainer.validate()
+        self.trained = TrainedRound(round_number, global_evaluation.image_losses, local_evaluation.image_losses)
         trainer.save(self.local_model_path)
         state = trainer.state_dict()
-        metrics = evaluation_metrics(global_evaluation, "val")
+        metrics = evaluation_metrics(global_evaluation, "val") | compared
         metrics.update({f"local_{k}": v for k, v in evaluation_metrics(local_evaluation, "val").items()})
         if not self.config.differential_privacy.enabled:  # computed on the training split, un-noised: DP keeps it home
             metrics["train_loss"] = report.train_losses[-1]
@@ -330,7 +349,26 @@ class ClientSession:
             evaluation.loss,
             evaluation.mean_auroc,
         )
-        return FLModel(metrics=evaluation_metrics(evaluation, "val"))
+        return FLModel(
+            metrics=evaluation_metrics(evaluation, "val") | self.compared(evaluation, received.meta.get(META_ROUND))
+        )
+
+    def compared(self, evaluation: Evaluation, model_round: object) -> dict[str, float]:
+        """Paired over this site's validation images, when ``evaluation`` is of the global model that the round this
+        site last trained in made (``model_round``): its loss minus the loss of the model the site trained itself in
+        that round (``val_loss_minus_own``), and minus the loss of the model that round started from
+        (``val_loss_minus_start``), each with its standard error. Nothing for another model."""
+        trained = self.trained
+        if trained is None or model_round != trained.round or evaluation.image_losses is None:
+            return {}
+        figures = {}
+        for name, reference in (("own", trained.own), ("start", trained.start)):
+            if reference is None or reference.shape != evaluation.image_losses.shape:
+                continue
+            difference, error = paired_loss_difference(evaluation.image_losses, reference)
+            if math.isfinite(difference) and math.isfinite(error):
+                figures[f"val_loss_minus_{name}"], figures[f"val_loss_minus_{name}_se"] = difference, error
+        return figures
 
     def refused(self, outcome: dict) -> FLModel:
         """The server left this site out at the handshake: why, in the site's log and audit."""

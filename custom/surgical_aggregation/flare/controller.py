@@ -12,12 +12,14 @@ sending each site its own task in :mod:`.tasks`, the files a run leaves in :mod:
    updates are bounded, the valid results summed into the global model, and that candidate checked before it
    replaces the last good one. A rejected result is logged with its reason, which the site is told with its next
    task;
-3. the latest global model is saved every round, the best one chosen by the sites' validation loss of the global
-   model they received, with early stopping; the state is persisted, so a job of the same name submitted after a
-   server crash continues from the last completed round;
-4. at the end every site validates its slice of the last and the best global model (FLARE's
-   ``cross_val_results.json``), and the best one is published to every site (``publish_global_model``). Before
-   that no site receives a row or a name of a class it does not label.
+3. every site validates the round's candidate on its slice; the candidate is screened for harm to a site, and a
+   contribution it harms with is left out (the shared loop, :mod:`.loop`, and :mod:`surgical_aggregation.core.judging`);
+4. the latest global model is saved every round, the best one chosen by the sites' validation loss, with early
+   stopping; the state is persisted, so a job of the same name submitted after a server crash continues from the last
+   completed round;
+5. at the end the sites' validation of the last and the best global model go to FLARE's ``cross_val_results.json``,
+   and the best one is published to every site (``publish_global_model``). Before that no site receives a row or a
+   name of a class it does not label.
 
 The papers' comparators run through this same loop with ``method`` (:mod:`surgical_aggregation.core.methods`):
 ``vanilla`` and ``partial_loss`` send every site the whole union head, ``personal`` (PFL) lets each site keep its
@@ -29,6 +31,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +48,9 @@ from ..core.checks import (
     DEFAULT_UPDATE_BOUND,
     ModelOutputs,
     UpdateReference,
+    check_metrics,
     model_problems,
 )
-from ..core.errors import UserError
 from ..core.head import NAMED_HEAD, to_numpy
 from ..core.labels import job_vocabulary
 from ..core.methods import (
@@ -58,20 +61,22 @@ from ..core.methods import (
     head_classes_for_site,
     method_meta,
 )
+from ..core.robust import RobustRule
 from ..core.strategies import strategy
 from ..evaluation.plots import validated_models
 from ..evaluation.run_summary import INITIAL_ROUND, model_label, summary_lines
 from ..modalities import DEFAULT_ARCHITECTURE
 from ..training.checkpoint import ARCHITECTURE_KEY, probe_outputs
 from .handshake import HandshakeRules, SiteInfo, admit
+from .loop import FederationCannotProceed, RoundResults
 from .protocol import (
-    JOB_FAILED,
     META_CLASS_NAMES,
     META_INITIAL_MODEL,
     META_METHOD,
     META_NUM_SAMPLES,
     META_OUTCOME,
     META_PRIVACY,
+    META_ROUND,
     META_WANT_LABEL_COUNTS,
     META_WARMUP,
     RESUME_LATEST,
@@ -85,22 +90,14 @@ from .rounds import Round, RoundRules
 from .settings import ALWAYS_WRITTEN, checked_arguments
 from .state import (
     FederationState,
-    Judgement,
     SavedVersion,
     continue_or_start,
-    disagreement,
     grow_union,
     history_entry,
-    judge,
     load_state,
     save_state,
     state_path,
 )
-
-
-class FederationCannotProceed(RuntimeError):
-    """Why a job stops early (too few sites at the handshake, no progress, an unusable model, a saved federation
-    that cannot be continued, a full disk)."""
 
 
 class SurgicalAggregatorShareable(ServerModels):
@@ -128,6 +125,8 @@ class SurgicalAggregatorShareable(ServerModels):
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         clip_updates: bool = True,
         reject_opposed_updates: bool = False,
+        robust_aggregation: str = "mean",
+        byzantine_sites: int | None = None,
         validation_guard: bool = True,
         judging_sites: list | None = None,
         identity_batchnorm: bool = False,
@@ -156,17 +155,12 @@ class SurgicalAggregatorShareable(ServerModels):
         self._federation_preprocessing: dict[str, Any] = {}
         self._outputs: ModelOutputs | None = None
         self._reference = UpdateReference()
+        self._round: Round | None = None  # the round in progress (its candidates are made from it)
+        self._candidates: dict[frozenset[str], SavedVersion | None] = {}  # left out -> the round's candidate
 
-    # --- the workflow -------------------------------------------------------------------------
+    # --- the loop's hooks (flare.loop) -----------------------------------------------------------------------
 
-    def run(self) -> None:
-        try:
-            self._run()
-        except (FederationCannotProceed, UserError) as reason:  # the job's own end, said once (FLARE adds a traceback)
-            self.error(f"{JOB_FAILED}{reason}")
-            self.panic(str(reason))
-
-    def _run(self) -> None:
+    def _open(self) -> FederationState:
         self.info(center_message("Start surgical aggregation"))
         initial = self.load_model()
         self._architecture = str((initial.meta or {}).get(ARCHITECTURE_KEY, DEFAULT_ARCHITECTURE))
@@ -175,81 +169,82 @@ class SurgicalAggregatorShareable(ServerModels):
         if self.label_prior:
             self._prior = federation_label_prior({site: info.label_counts for site, info in self._sites.items()})
             self.info(f"federation label prior (FedSLD): { {k: round(v, 4) for k, v in self._prior.items()} }")
-        federation = self._start(initial)
-        latest = federation.latest
-        for round_number in range(latest.round + 1, self.num_rounds):
-            if self.abort_signal.triggered:
-                return
-            if federation.rounds_without_improvement >= self.patience:
-                break
-            self.info(center_message(f"Round {round_number} started", boarder_str="-"))
-            self._set_round(round_number)
-            self.event(AppEventType.ROUND_STARTED)
-            started = time.perf_counter()
-            gathered = self._train_round(round_number, latest)
-            if gathered is None:  # aborted
-                return
-            self.event(AppEventType.BEFORE_AGGREGATION)
-            aggregated = self._aggregate(gathered, latest)
-            # the sites validated the model they received (the previous one): accepted sites judge it, the checked
-            # validation of rejected ones can only count against it
-            accepted = set(aggregated.accepted)
-            self._judge(
-                latest,
-                {site: metrics for site, metrics in gathered.metrics.items() if site in accepted},
-                objectors={site: metrics for site, metrics in gathered.metrics.items() if site not in accepted},
-            )
-            state, classes, trained = latest.state, latest.class_names, latest.trained
-            if len(aggregated.accepted) >= self.min_clients:
-                state, classes, trained = aggregated.state, aggregated.class_names, True
-                federation.aggregated_rounds += 1
-                self.info(f"round {round_number}: aggregated {aggregated.accepted}; union {len(classes)} classes")
-            else:
-                self.warning(
-                    f"round {round_number}: only {len(aggregated.accepted)} valid contribution(s) "
-                    f"({aggregated.accepted}), {self.min_clients} needed: keeping the last good global model"
-                )
-            latest = SavedVersion(round_number, state, classes, self._personal_models(state), trained)
-            missing = sorted(set(self._sites) - gathered.answered())
-            history_entry(federation.history, round_number)["aggregation"] = gathered.record(
-                aggregated.accepted, missing, time.perf_counter() - started
-            )
-            for site, outcome in gathered.outcomes(list(self._sites), aggregated.accepted).items():
-                self.tell_next_time(site, outcome)
-            federation.latest = latest
-            federation.typical_updates = list(self._reference.rounds)
-            self._make_global(latest, AppEventType.AFTER_AGGREGATION)
-            self.save_model(self._as_flmodel(latest))
-            self._save_personal(latest)
-            self._checkpoint_round()
-            if federation.rounds_without_improvement >= self.patience:
-                self.info(f"early stop: {self.patience} validated rounds without improvement beyond {self.min_delta}")
+        return self._start(initial)
 
-        if latest.round > INITIAL_ROUND and federation.aggregated_rounds == 0:
-            self._fail_without_progress(latest.round)
-        if self.final_validation and latest.round > INITIAL_ROUND:
-            validated = self._sites_validate(latest)
-            judges = self._judges_of_final_validation(latest, validated)
-            self._judge(
-                latest,
-                validated,
-                judges,
-                objectors={site: metrics for site, metrics in validated.items() if site not in judges},
+    def _site_names(self) -> list[str]:
+        return list(self._sites)
+
+    def _validation_sizes(self) -> dict[str, int | None]:
+        return {site: info.validation_size for site, info in self._sites.items()}
+
+    def _tolerated(self, contributors: int) -> int:
+        return self._robust_rule().tolerated(contributors)
+
+    def _train(self, round_number: int, latest: SavedVersion) -> RoundResults | None:
+        self._set_round(round_number)
+        self.event(AppEventType.ROUND_STARTED)
+        gathered = self._train_round(round_number, latest)
+        if gathered is None:  # aborted
+            return None
+        self.event(AppEventType.BEFORE_AGGREGATION)
+        aggregated = self._aggregate(gathered, latest)
+        self._round, self._candidates = gathered, {}
+        self._federation.typical_updates = list(self._reference.rounds)
+        missing = sorted(set(self._sites) - gathered.answered())
+        return RoundResults(
+            accepted=list(aggregated.accepted),
+            contributors=[site for site in aggregated.accepted if site not in gathered.free_riders],
+            record=gathered.record(aggregated.accepted, missing),
+            outcomes=gathered.outcomes(list(self._sites), aggregated.accepted),
+            received_validation={
+                site: gathered.metrics[site] for site in aggregated.accepted if site in gathered.metrics
+            },
+            trained=sorted(set(gathered.arrivals) | set(gathered.rejected)),
+        )
+
+    def _candidate(self, round_number: int, leave_out: frozenset[str] = frozenset()) -> SavedVersion | None:
+        if leave_out not in self._candidates:
+            result = self._round.candidate(leave_out)
+            self._candidates[leave_out] = (
+                None
+                if result is None
+                else SavedVersion(
+                    round_number, result.state, result.class_names, self._personal_models(result.state), True
+                )
             )
+        return self._candidates[leave_out]
+
+    def _model_for(self, version: SavedVersion, site: str) -> FLModel:
+        return self._slice(version, site)
+
+    def _check_validation(self, site: str, metrics: Mapping[str, Any]) -> tuple[dict[str, float], list[str]]:
+        info = self._sites[site]
+        return check_metrics(metrics, [*info.classes, *info.reported])
+
+    def _adopt(self, latest: SavedVersion) -> None:
+        self._make_global(latest, AppEventType.AFTER_AGGREGATION)
+        self.save_model(self._as_flmodel(latest))
+        self._save_personal(latest)
+
+    def _became_best(self, version: SavedVersion) -> None:
+        self._make_global(version, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
+        self._save_personal(version, best=True)
+
+    def _finish(self, latest: SavedVersion) -> None:
+        federation = self._federation
+        if self.final_validation and latest.round > INITIAL_ROUND:
             self._evaluate_server_models(latest)
-        if self.validation_guard and self.final_validation and federation.best is None and federation.aggregated_rounds:
-            self._fail_unjudged()
         self._refuse_unusable(federation.best or latest, "the best global model")
         if self.publish_global_model:
             self._publish_best()
         else:
             self.info("the global model is not published to the sites (publish_global_model is off)")
-        federation.finished = True
-        self._checkpoint_round()
         if self.export_bundle:
             self._export_monai_bundle()
         self.info(center_message("Finished surgical aggregation"))
-        for line in summary_lines(federation.history, result_files(Path(self.get_app_dir()))):
+
+    def _summarise(self) -> None:
+        for line in summary_lines(self._federation.history, result_files(Path(self.get_app_dir()))):
             self.info(line)
 
     # --- the federation's state ------------------------------------------------------------------
@@ -292,7 +287,7 @@ class SurgicalAggregatorShareable(ServerModels):
         self._write_union_table()
         if federation.best is not None:  # the new job's folder gets the best model too
             self._make_global(federation.best, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
-        self._checkpoint_round()
+        self._checkpoint()
         return federation
 
     def _probe(self) -> ModelOutputs:
@@ -320,7 +315,7 @@ class SurgicalAggregatorShareable(ServerModels):
         workspace = self.fl_ctx.get_engine().get_workspace()
         return state_path(workspace.get_root_dir(), str(job_meta.get("name", "job")))
 
-    def _checkpoint_round(self) -> None:
+    def _checkpoint(self) -> None:
         self._federation.job_id = self.fl_ctx.get_job_id() or ""
         save_state(self._state_file, self._federation)
         now = time.monotonic()
@@ -417,7 +412,9 @@ class SurgicalAggregatorShareable(ServerModels):
             warmup = site not in federation.warmed_up and bool(set(info.classes) & set(federation.fresh_classes))
             if site not in federation.warmed_up:
                 federation.warmed_up.append(site)
-            model = self._slice(latest, site, **{META_METHOD: method_meta(self._site_method(info))})
+            model = self._slice(
+                latest, site, **{META_METHOD: method_meta(self._site_method(info)), META_ROUND: latest.round}
+            )
             sent[site] = (model.params, model.meta)
             model.meta[META_WARMUP] = warmup
             model.current_round, model.total_rounds = round_number, self.num_rounds
@@ -433,6 +430,9 @@ class SurgicalAggregatorShareable(ServerModels):
             self.warning(f"round {round_number}: no result from {missing} (late or disconnected)")
         return gathered
 
+    def _robust_rule(self) -> RobustRule:
+        return RobustRule.parse(self.robust_aggregation, self.byzantine_sites)
+
     def _rules(self) -> RoundRules:
         normalize = self.vocabulary.canonical
         return RoundRules(
@@ -444,6 +444,7 @@ class SurgicalAggregatorShareable(ServerModels):
             self._outputs,
             self.clip_updates,
             self.reject_opposed_updates,
+            self._robust_rule(),
         )
 
     def _aggregate(self, gathered: Round, latest: SavedVersion) -> AggregationResult:
@@ -456,85 +457,6 @@ class SurgicalAggregatorShareable(ServerModels):
             for site in aggregated.accepted:
                 self._keep_personal(site, gathered.arrivals[site].contribution.state)
         return aggregated
-
-    def _judge(
-        self,
-        version: SavedVersion,
-        site_metrics: dict[str, dict],
-        eligible: list[str] | None = None,
-        objectors: dict[str, dict] | None = None,
-    ) -> None:
-        """Record the sites' validation of ``version``; best-model selection and early stopping on it (``state``), by
-        the ``judging_sites`` among ``eligible`` (None: every site in ``site_metrics``); ``objectors``: the validation
-        of sites whose result was rejected, which can only count against the model (``state.judge``)."""
-        judges = self.judging_sites
-        if eligible is not None:
-            judges = [site for site in (judges or eligible) if site in eligible]
-        verdict = judge(
-            self._federation, version, site_metrics, judges, self.min_delta, self.validation_guard, objectors
-        )
-        if math.isnan(verdict.judged_loss):
-            self.warning(f"global model {model_label(version.round)}: no validation loss of a judging site")
-            return
-        self.info(
-            f"global model {model_label(version.round)}: {verdict.statistic} validation loss "
-            f"{verdict.judged_loss:.4f} of {verdict.judges}, mean validation AUROC {verdict.mean_auroc:.4f} over "
-            f"{len(site_metrics)} site(s)"
-        )
-        for site, reason in verdict.regressed.items():
-            self.warning(f"global model {model_label(version.round)} is worse for {site}: {reason}")
-        if verdict.disagreement:
-            self._stop_on_disagreement(version, verdict)
-        if verdict.best:
-            self._make_global(version, AppEventType.GLOBAL_BEST_MODEL_AVAILABLE)
-            self._save_personal(version, best=True)
-            self.info(f"new best global model: {model_label(version.round)}")
-
-    def _stop_on_disagreement(self, version: SavedVersion, verdict: Judgement) -> None:
-        """A site's own validation contradicts the federation (``state.disagreement``): the job stops; the last good
-        global model stays on disk, and nothing is published."""
-        write_history(self._federation.history, Path(self.get_app_dir()))
-        raise FederationCannotProceed(disagreement(version, verdict))
-
-    def _judges_of_final_validation(self, latest: SavedVersion, validated: dict[str, dict]) -> list[str]:
-        """The sites whose final validation judges the last model: those whose result the last round accepted (a site
-        rejected in that round does not judge the model, as in every round; its figures are recorded)."""
-        accepted = history_entry(self._federation.history, latest.round).get("aggregation", {}).get("accepted", [])
-        left_out = sorted(set(validated) - set(accepted))
-        if left_out:
-            self.warning(
-                f"final validation: {left_out} do not judge {model_label(latest.round)}: their result of that round "
-                "was not aggregated"
-            )
-        return [site for site in validated if site in accepted]
-
-    def _fail_unjudged(self) -> None:
-        """The federation trained, but no site whose result was accepted ever judged one of its models no worse than
-        the initial one: nothing earned publication. The job fails, naming each site's last outcome."""
-        federation = self._federation
-        federation.finished = True
-        self._checkpoint_round()
-        reasons = Round.no_progress({site: self.last_outcome(site) for site in self._sites}, self.min_clients)
-        for site, reason in reasons.items():
-            self.error(f"{site}: {reason}")
-        raise FederationCannotProceed(
-            "no trained global model was judged by the sites: none was validated, no worse than the initial model, "
-            "by a site whose result of that round was accepted (validation_guard). Nothing is published; the initial "
-            f"model stays. Per site, its last result: {reasons}"
-        )
-
-    def _fail_without_progress(self, last_round: int) -> None:
-        """No round aggregated ``min_clients`` valid contributions: the job fails, naming the sites and why."""
-        federation = self._federation
-        federation.finished = True  # nothing to resume: a corrected job starts afresh
-        self._checkpoint_round()
-        reasons = Round.no_progress({site: self.last_outcome(site) for site in self._sites}, self.min_clients)
-        for site, reason in reasons.items():
-            self.error(f"{site}: {reason}")
-        raise FederationCannotProceed(
-            f"the federation made no progress: in {last_round + 1} round(s) none aggregated {self.min_clients} valid "
-            f"contribution(s) (min_clients); no global model was trained or published. Per site: {reasons}"
-        )
 
     # --- FLARE plumbing ------------------------------------------------------------------------------
 

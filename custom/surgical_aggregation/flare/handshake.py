@@ -28,7 +28,14 @@ from ..core.methods import LabelCounts
 from ..data.table import LabelTable
 from ..training.config import SiteConfig
 from ..training.site_data import split_table
-from .protocol import META_CLASS_NAMES, META_DATA, META_LABEL_COUNTS, META_NUM_SAMPLES, META_PREPROCESSING
+from .protocol import (
+    META_CLASS_NAMES,
+    META_DATA,
+    META_LABEL_COUNTS,
+    META_NUM_SAMPLES,
+    META_PREPROCESSING,
+    META_VALIDATION_SIZE,
+)
 
 MAX_DATA_DESCRIPTION = 200  # characters of a site's one-line description of its data kept by the server
 
@@ -37,10 +44,12 @@ def site_handshake(config: SiteConfig, table: LabelTable, with_label_counts: boo
     """What a site answers at the handshake (the meta of its ``describe`` result): its class names in its own order,
     its training-set size, one line on its data, its preprocessing; per-class training counts only when asked
     (FedSLD shares them by design)."""
-    train = split_table(table, config)["train"]
+    splits = split_table(table, config)
+    train = splits["train"]
     meta = {
         META_CLASS_NAMES: list(table.classes),
         META_NUM_SAMPLES: len(train),
+        META_VALIDATION_SIZE: len(splits["val"]),
         META_DATA: config.modality.describe(config, table),
         META_PREPROCESSING: config.modality.preprocessing(config),
     }
@@ -63,6 +72,7 @@ class SiteInfo:
     data: str
     preprocessing: dict[str, Any]
     label_counts: dict[str, LabelCounts] = field(default_factory=dict)  # FedSLD only
+    validation_size: int | None = None  # the validation images it declared (None: not said)
 
 
 @dataclass(frozen=True)
@@ -103,7 +113,9 @@ def read_site(site: str, meta: Mapping[str, Any], rules: HandshakeRules) -> Site
     description = str(meta.get(META_DATA, ""))
     if len(description) > MAX_DATA_DESCRIPTION or not description.isprintable():
         description = "".join(c for c in description[:MAX_DATA_DESCRIPTION] if c.isprintable()) + " [cut]"
-    return SiteInfo(classes, reported, int(samples), description, dict(preprocessing), counts)
+    size = meta.get(META_VALIDATION_SIZE)
+    size = int(size) if isinstance(size, (int, float)) and not isinstance(size, bool) and 0 < size < 1e9 else None
+    return SiteInfo(classes, reported, int(samples), description, dict(preprocessing), counts, size)
 
 
 def _label_counts(

@@ -3,7 +3,7 @@ leaving the loop: saved with what they predict, made FLARE's global model, evalu
 (FLARE's cross-site results), and published at the end.
 
 :class:`ServerModels` is a layer of the controller (:class:`~.controller.SurgicalAggregatorShareable` is one): it reads
-the controller's federation state, admitted sites and settings, and sends tasks through :class:`~.tasks.SiteTasks`.
+the controller's federation state, admitted sites and settings, and sends tasks through :class:`~.loop.FederationLoop`.
 """
 
 from __future__ import annotations
@@ -17,22 +17,21 @@ from nvflare.app_common.abstract.model import make_model_learnable
 from nvflare.app_common.app_constant import AppConstants, DefaultCheckpointFileName
 from nvflare.app_common.app_event_type import AppEventType
 
-from ..core.checks import check_metrics
 from ..core.errors import UserError
 from ..core.head import HeadSpec, classes_labelled_by_at_least, slice_for_client
 from ..core.labels import Vocabulary
 from ..evaluation.run_summary import model_label, union_table
 from ..training.checkpoint import save_checkpoint
 from .handshake import SiteInfo
-from .protocol import META_CLASS_NAMES, META_PREPROCESSING, META_ROUND, TASK_PUBLISH, TASK_VALIDATE
+from .loop import FederationLoop
+from .protocol import META_CLASS_NAMES, META_PREPROCESSING, META_ROUND, TASK_PUBLISH
 from .results import BUNDLE_DIR, PERSONAL_MODELS_DIR, result_files
 from .state import FederationState, SavedVersion, history_entry, site_view
-from .tasks import SiteTasks
 
 SERVER_MODEL_PREFIX = "SRV_"  # how FLARE's cross-site evaluation names the server's models in its results
 
 
-class ServerModels(SiteTasks):
+class ServerModels(FederationLoop):
     """Saving, evaluating and publishing the federation's global models."""
 
     method: str
@@ -79,31 +78,6 @@ class ServerModels(SiteTasks):
         params, names = site_view(version, site, info.classes, info.reported, self.method, self.head)
         return FLModel(params=params, meta={META_CLASS_NAMES: names, **meta})
 
-    def _sites_validate(self, version: SavedVersion) -> dict[str, dict]:
-        """Each site validates its slice of ``version``; returns site -> its checked metrics (a site whose
-        validation loss is rejected is left out; the reasons go to the log and the round's history)."""
-        metrics: dict[str, dict] = {}
-
-        def collect(result: FLModel) -> None:
-            site = result.meta.get("client_name", "?")
-            info = self._sites[site]
-            valid, problems = check_metrics(result.metrics or {}, [*info.classes, *info.reported])
-            if problems:
-                entry = history_entry(self._federation.history, version.round)
-                entry.setdefault("rejected_validation_metrics", {})[site] = problems
-                self.error(f"rejected validation metric(s) of {site}: {'; '.join(problems)}")
-            if "val_loss" in valid:
-                metrics[site] = valid
-
-        self.to_each_site(
-            TASK_VALIDATE,
-            list(self._sites),
-            lambda site: self._slice(version, site, **{META_ROUND: version.round}),
-            self.validate_timeout,
-            collect,
-        )
-        return metrics
-
     def _evaluate_server_models(self, latest: SavedVersion) -> None:
         """The server's saved models (latest, best), each validated by every site on its own slice: FLARE's
         ``cross_val_results.json`` of the server's models, without sending any site another site's rows."""
@@ -111,11 +85,11 @@ class ServerModels(SiteTasks):
         models = {DefaultCheckpointFileName.GLOBAL_MODEL: latest}
         if best is not None:
             models[DefaultCheckpointFileName.BEST_GLOBAL_MODEL] = best
-        latest_validation = history_entry(self._federation.history, latest.round)["validation"]["sites"]
-        results: dict[int, dict[str, dict]] = {latest.round: latest_validation}
+        results: dict[int, dict[str, dict]] = {}
         for name, version in models.items():
-            if version.round not in results:
-                results[version.round] = self._sites_validate(version)
+            if version.round not in results:  # each was validated in its round, by every site
+                recorded = history_entry(self._federation.history, version.round).get("validation", {})
+                results[version.round] = recorded.get("sites") or self._validate(version, list(self._sites))
             for site, metrics in results[version.round].items():
                 # not sticky: FLARE's cross-site evaluation of the sites' models sets the same properties afterwards
                 self.fl_ctx.set_prop(AppConstants.MODEL_OWNER, SERVER_MODEL_PREFIX + name, private=True, sticky=False)

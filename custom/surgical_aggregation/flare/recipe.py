@@ -125,6 +125,8 @@ class SurgicalAggregationRecipe(Recipe):
             (``flare.update_privacy``): ``{"path": "exclude_vars" | "percentile" | "svt" | a class path, "args":
             {...}}``, the args of FLARE's ``ExcludeVars``, ``PercentilePrivacy`` or ``SVTPrivacy``. A site can add
             its own in its ``local/privacy.json`` instead (see provisioning/README.md).
+        left_out: sites of ``sites`` this job runs without (e.g. one the last job's screening named): not in the job
+            at all (its deploy map, its apps, ``min_clients``).
         tracking: where the sites' per-round curves go: ``tensorboard`` (``tb_events/`` on the server) or
             ``mlflow`` (FLARE's MLflow receiver: an SQLite store ``mlflow.db`` in the job's run folder on the
             server, or the tracking server ``tracking_uri`` names). FLARE's ``add_experiment_tracking(recipe,
@@ -149,8 +151,13 @@ class SurgicalAggregationRecipe(Recipe):
         tracking_uri: str | None = None,
         update_privacy: Mapping[str, Any] | None = None,
         blind: bool = False,
+        left_out: Sequence[str] = (),
     ) -> None:
         _check_delivery(client_execution, code, ship_library)
+        unknown = sorted(set(left_out) - set(sites))
+        if unknown:
+            raise SiteConfigError(f"job {name!r} has no site(s) {unknown} to leave out; its sites are {sorted(sites)}")
+        sites = {site: config for site, config in sites.items() if site not in left_out}
         if blind:
             _check_blind(
                 initial_model,

@@ -21,7 +21,7 @@ The order of the checks, each from :mod:`surgical_aggregation.core.checks`:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,6 +30,7 @@ from ..core.checks import (
     CheckedResult,
     ModelOutputs,
     UpdateReference,
+    agreement_with_others,
     blame_for_failing_model,
     capped_weights,
     check_metrics,
@@ -43,6 +44,7 @@ from ..core.checks import (
     weight_change,
 )
 from ..core.head import HeadSpec
+from ..core.robust import RobustRule, SiteResult, robust_state
 from ..training.privacy import UNITS as PRIVACY_UNITS
 from .handshake import SiteInfo
 from .protocol import META_CLASS_NAMES, META_WARMUP, TASK_TRAIN
@@ -71,6 +73,7 @@ class RoundRules:
     outputs: ModelOutputs | None  # the model's outputs on the probe input (the model check)
     clip_updates: bool = True  # each part of an update at most the round's median (three or more sites)
     reject_opposed_updates: bool = False  # a backbone update against the others' median direction is rejected
+    robust: RobustRule = field(default_factory=lambda: RobustRule("mean"))  # parts three or more sites moved
 
     def aggregator(self, state: Mapping[str, Any], classes: Sequence[str]) -> SurgicalAggregator:
         """An aggregator over the global model ``state`` (head rows ``classes``): it checks each arriving result,
@@ -94,6 +97,9 @@ class Round:
     clipped: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> part -> the factor it was scaled by
     weights: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> claimed and used weight, when capped
     model_check: list[str] = field(default_factory=list)  # why the first candidate failed (empty: it passed)
+    robust_parts: dict[str, int] = field(default_factory=dict)  # part -> sites its robust rule aggregated
+    contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
+    directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the others' mean
     privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # DP-SGD sites: their checked privacy report
     budget_spent: dict[str, str] = field(default_factory=dict)  # site -> why it did not train (its budget)
 
@@ -173,13 +179,15 @@ class Round:
                 self.rejected[site] = "; ".join(told)
                 self.rejection_details[site] = details
         candidates = [site for site in sorted(self.arrivals) if site not in self.rejected]
-        if rules.reject_opposed_updates and len(candidates) >= 3:
+        if len(candidates) >= 2:
             changes = {
                 site: weight_change(
                     self.arrivals[site].contribution.state, self.arrivals[site].received, averaged, rules.head
                 )
                 for site in candidates
             }
+            self.directions = agreement_with_others(changes)
+        if rules.reject_opposed_updates and len(candidates) >= 3:
             self.rejected.update(opposed_updates(changes))
             candidates = [site for site in candidates if site not in self.rejected]
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
@@ -188,6 +196,7 @@ class Round:
                 {site: sizes[site] for site in candidates if site not in riders}, rules.normalize
             )
         aggregates: dict[tuple[str, ...], AggregationResult] = {}
+        robust_parts: dict[tuple[str, ...], dict[str, int]] = {}
 
         def contribution_of(site: str) -> Contribution:
             arrival, factors = self.arrivals[site], self.clipped.get(site)
@@ -214,7 +223,16 @@ class Round:
                 for site in sites:  # name order: the same sums on every run
                     checked = replace(self.arrivals[site].checked, weight=weights[site])
                     combined.add_checked(contribution_of(site), checked)
-                aggregates[key] = combined.finalize()
+                result = combined.finalize()
+                if not rules.robust.is_mean:
+                    sent = [SiteResult(contribution_of(site).state, self.arrivals[site].contribution.class_names)
+                            for site in sites]  # fmt: skip
+                    robust, parts = robust_state(
+                        result.state, state, classes, sent, averaged, rules.robust, rules.head, rules.normalize
+                    )
+                    result = replace(result, state=robust)
+                    robust_parts[key] = parts
+                aggregates[key] = result
             return aggregates[key]
 
         def problems_of(sites: Sequence[str]) -> list[str]:
@@ -224,6 +242,7 @@ class Round:
         kept, blamed, self.model_check = (
             blame_for_failing_model(candidates, problems_of) if candidates else ([], {}, [])
         )
+        self._aggregate_of, self._problems_of = aggregate_of, problems_of
         self.rejected.update(blamed)
         self.free_riders = free_riders({site: sizes[site] for site in kept})
         typical = [site for site in kept if site not in self.free_riders]
@@ -232,6 +251,8 @@ class Round:
         # recorded, and left out of the mean, unless nothing else is left
         contributors = typical or kept
         result = replace(aggregate_of(contributors), accepted=list(kept))
+        self.robust_parts = robust_parts.get(tuple(contributors), {})
+        self.contributors = list(contributors)
         result.rejected = dict(self.rejected)
         claimed = {site: self.arrivals[site].checked.weight for site in contributors}
         self.weights = {
@@ -241,6 +262,14 @@ class Round:
         }
         self.clipped = {site: factors for site, factors in self.clipped.items() if site in kept}
         return result
+
+    def candidate(self, leave_out: Collection[str]) -> AggregationResult | None:
+        """The round's aggregate of its contributors but ``leave_out`` (after :meth:`aggregate`, with its clipping and
+        weights); None when none is left or the model check fails it."""
+        sites = [site for site in self.contributors if site not in leave_out]
+        if not sites or self._problems_of(sites):
+            return None
+        return replace(self._aggregate_of(sites), accepted=sites)
 
     def report(self, result: AggregationResult, rejected_on_arrival: Sequence[str]) -> list[tuple[str, str]]:
         """What the server's log says of the round's aggregation: (level, line), level ``error``, ``warning`` or
@@ -299,19 +328,7 @@ class Round:
             told[site] = {"task": TASK_TRAIN, "round": self.number, **outcome}
         return told
 
-    @staticmethod
-    def no_progress(outcomes: dict[str, dict[str, Any] | None], min_clients: int) -> dict[str, str]:
-        """Why each site (site -> its last outcome) did not make a round aggregate ``min_clients`` valid results."""
-        reasons = {}
-        for site, outcome in outcomes.items():
-            outcome = outcome or {"status": "not_received"}
-            if outcome["status"] == "aggregated":
-                reasons[site] = f"its result was valid, but no round had {min_clients} valid contributions"
-            else:
-                reasons[site] = outcome.get("reason", outcome["status"])
-        return reasons
-
-    def record(self, accepted: Sequence[str], missing: Sequence[str], seconds: float) -> dict[str, Any]:
+    def record(self, accepted: Sequence[str], missing: Sequence[str]) -> dict[str, Any]:
         """The round's ``aggregation`` entry of the history."""
         entry: dict[str, Any] = {
             "accepted": list(accepted),
@@ -335,5 +352,8 @@ class Round:
             entry["budget_spent"] = dict(self.budget_spent)
         if self.model_check:
             entry["model_check"] = list(self.model_check)
-        entry["seconds"] = round(seconds, 2)
+        if self.directions:  # each backbone update's cosine with the mean of the others'
+            entry["directions"] = {site: round(value, 4) for site, value in self.directions.items()}
+        if self.robust_parts:  # the parts a robust rule aggregated: how many sites each
+            entry["robust"] = dict(self.robust_parts)
         return entry

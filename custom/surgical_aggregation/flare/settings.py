@@ -40,6 +40,14 @@ reject_opposed_updates: with three or more results left in a round, reject an up
     of the round's updates do (their directions are then noise). Off by default: in small rounds honest updates are
     nearly orthogonal (cosines of -0.00 in the tests' tiny federations), so a minority of honest sites can fall just
     below 0; turn it on where rounds are large enough for the sites' directions to agree (the attack suite does).
+robust_aggregation: how the server aggregates each part of the model (the backbone weights, the BatchNorm
+    statistics, a head row) that three or more sites moved in a round, after the size checks and the clipping:
+    "mean" (the papers' plain mean), or a rule of :mod:`surgical_aggregation.core.robust` ("median",
+    "trimmed_mean", "meamed", "geometric_median", "multi_krum", "mda", each with "nnm+" before it for
+    nearest-neighbour mixing). A part fewer sites moved keeps its (weighted) mean; a robust rule counts each site
+    once, whatever its sample count.
+byzantine_sites: the hostile sites the robust rule tolerates among the sites that moved a part (None: the most
+    it can, (n - 1) // 2 of n; never more).
 validation_guard: a model that a judging site's own validation finds worse than the best model so far (or the
     initial one) by more than that site's noise (twice the standard error of the difference, from the standard
     errors the site reports) is never the best; and when the judged loss says such a model is the best, the sites
@@ -67,6 +75,7 @@ from typing import Any
 
 from ..core.aggregation import WEIGHTINGS
 from ..core.methods import check_method
+from ..core.robust import RobustRule
 from ..core.strategies import strategy
 from .protocol import RESUME_CHOICES, RESUME_LATEST, RESUME_NEVER
 
@@ -120,6 +129,7 @@ def checked_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     for name in ("clip_updates", "reject_opposed_updates", "validation_guard"):
         if not isinstance(values[name], bool):
             raise ValueError(f"{name} must be true or false, got {values[name]!r}")
+    RobustRule.parse(values["robust_aggregation"], values["byzantine_sites"])  # a ValueError names the problem
     judges = values["judging_sites"]
     if judges is not None and (isinstance(judges, str) or not judges):
         raise ValueError(f"judging_sites must list at least one site name (or be None), got {judges!r}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.checks import HARM_SIGMAS, HARM_SITES, judged_loss, own_model_figures, validation_regressions
+from ..core.checks import judged_loss
 from ..core.errors import ModelFileError, StateFileError
 from ..core.head import HeadSpec, extend_head, slice_for_client, to_numpy
 from ..core.methods import head_classes_for_site
@@ -176,16 +176,13 @@ def load_state(path: Path, resume: str = RESUME_LATEST) -> FederationState | Non
     return None
 
 
-def select(
-    federation: FederationState, version: SavedVersion, judged_loss: float, min_delta: float, eligible: bool = True
-) -> bool:
+def select(federation: FederationState, version: SavedVersion, judged_loss: float, min_delta: float) -> bool:
     """Best-model selection and early stopping on the judged validation loss of ``version``: True when it becomes the
-    best (lower than the best so far by more than ``min_delta``, and ``eligible``: no judging site found it worse
-    than the reference model); otherwise one more round without improvement. A model no aggregation went into (the
-    initial one) and a model without a judged loss are never judged."""
+    best (lower than the best so far by more than ``min_delta``); otherwise one more round without improvement. A
+    model no aggregation went into (the initial one) and a model without a judged loss are never judged."""
     if not version.trained or math.isnan(judged_loss):
         return False
-    if eligible and judged_loss < federation.best_loss - min_delta:
+    if judged_loss < federation.best_loss - min_delta:
         federation.best_loss, federation.best = judged_loss, version
         federation.rounds_without_improvement = 0
         return True
@@ -248,15 +245,6 @@ def history_entry(history: list[dict[str, Any]], round_number: int) -> dict[str,
     return entry
 
 
-def recorded_entry(history: list[dict[str, Any]], round_number: int) -> dict[str, Any]:
-    """The history's entry for ``round_number`` as recorded (empty when there is none; nothing is created)."""
-    return next((entry for entry in history if entry["round"] == round_number), {})
-
-
-REJECTED_SITES = "rejected_sites"  # a validation record's figures of the sites whose result was rejected
-OBJECTS = " (its result was rejected: it objects, not judges)"  # appended to the reason of a rejected site's objection
-
-
 @dataclass
 class Judgement:
     """How the sites' validation of one global model judged it."""
@@ -266,11 +254,6 @@ class Judgement:
     judges: list[str]
     mean_auroc: float
     best: bool  # it became the best global model
-    reference: int = INITIAL_ROUND  # the round of the model each judging site compared it with (the best, or initial)
-    regressed: dict[str, str] = field(default_factory=dict)  # judging site -> why the model is worse for it
-    harmed: dict[str, str] = field(default_factory=dict)  # site -> why the model is worse than its own of the round
-    improves: bool = False  # the judged loss says it is the best so far
-    disagreement: bool = False  # the judged loss says better but a site's validation says worse, or a site is harmed
 
 
 def _mean(values: list[float | None]) -> float:
@@ -281,128 +264,29 @@ def _mean(values: list[float | None]) -> float:
 def judge(
     federation: FederationState,
     version: SavedVersion,
-    site_metrics: dict[str, dict[str, float]],
-    judging_sites: list[str] | None,
+    site_metrics: Mapping[str, Mapping[str, float]],
+    judging_sites: Sequence[str] | None,
     min_delta: float,
-    guard: bool = True,
-    objectors: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Judgement:
     """Record the sites' validation of ``version`` in the history, then select on it (:func:`select`): the judged
     validation loss is the mean of two judging sites', the median of three or more (``judging_sites``: None, every
-    site that reported). With ``guard``, a model that a judging site's own validation finds worse than the best model
-    (or the initial one) beyond its noise is never the best, and a judged improvement against it is a disagreement.
-    ``objectors``: the checked validation of sites whose result of the round was rejected: they do not judge (their
-    loss selects nothing), but under ``guard`` a model their own validation finds worse counts as one a judging site
-    finds worse (a rejected honest minority, outvoted by sites that agree with each other, still stops the job)."""
+    site that reported one). Whether the model harms a site is the screening's (``core.judging``), before this."""
     judges = {
         site: metrics["val_loss"]
         for site, metrics in site_metrics.items()
-        if judging_sites is None or site in judging_sites
+        if "val_loss" in metrics and (judging_sites is None or site in judging_sites)
     }
     judged, statistic = judged_loss(judges)
-    reference = federation.best.round if federation.best is not None else INITIAL_ROUND
-    than = f"the global model {model_label(reference)}"
-    regressed, harmed = {}, {}
-    now = {site: site_metrics[site] for site in judges}
-    objecting = {site: metrics for site, metrics in (objectors or {}).items() if site not in judges}
-    if guard and version.trained and version.round != reference:  # each judging site: worse than on the reference?
-        recorded = history_entry(federation.history, reference).get("validation", {})
-        earlier = {**recorded.get(REJECTED_SITES, {}), **recorded.get("sites", {})}  # every site's, rejected or not
-        regressed = validation_regressions(now, earlier, than)
-        objections = validation_regressions(objecting, earlier, than)
-        regressed |= {site: f"{reason}{OBJECTS}" for site, reason in objections.items()}
-    if guard and version.trained:  # each site whose result made the model: worse than its own model of that round?
-        harmed = harmed_sites(federation.history, version.round, now, objecting)
-    improves = version.trained and not math.isnan(judged) and judged < federation.best_loss - min_delta
     mean_auroc = _mean([metrics.get("val_mean_auroc") for metrics in site_metrics.values()])
     validation = {
-        "sites": site_metrics,
+        "sites": {site: dict(metrics) for site, metrics in site_metrics.items()},
         "mean_val_loss": _mean([metrics.get("val_loss") for metrics in site_metrics.values()]),
         "mean_val_auroc": mean_auroc,
         "judged_val_loss": judged,
         "judged_by": {"statistic": statistic, "sites": sorted(judges)},
     }
-    if regressed:
-        validation["regressed"] = {"than": than, "sites": regressed}
-    if objectors:  # recorded whether or not they object: what the rejected sites' own validation said
-        validation[REJECTED_SITES] = {site: dict(metrics) for site, metrics in objectors.items()}
     history_entry(federation.history, version.round)["validation"] = validation
-    if harmed:
-        validation["harmed"] = {"than": f"the model each site trained itself in round {version.round}", "sites": harmed}
-    best = select(federation, version, judged, min_delta, eligible=not regressed and not harmed)
+    best = select(federation, version, judged, min_delta)
     if best:
         validation["best"] = True
-    disagreement = (improves and bool(regressed)) or bool(harmed)
-    return Judgement(
-        judged, statistic, sorted(judges), mean_auroc, best, reference, regressed, harmed, improves, disagreement
-    )
-
-
-def averaged_sites(history: list[dict[str, Any]], round_number: int) -> list[str]:
-    """The sites whose results went into the mean of ``round_number``: accepted, free-riders left out."""
-    aggregation = recorded_entry(history, round_number).get("aggregation", {})
-    free_riders = set(aggregation.get("free_riders", []))
-    return [site for site in aggregation.get("accepted", []) if site not in free_riders]
-
-
-def own_models(history: list[dict[str, Any]], round_number: int) -> dict[str, dict[str, float]]:
-    """site -> its validation of the model it trained itself in ``round_number`` (reported with its result, so
-    recorded with the validation of the model it trained from), for each site whose result went into that round's
-    mean (accepted, and not a free-rider's unmoved model, which is left out of it)."""
-    accepted = set(averaged_sites(history, round_number))
-    # the model the round's sites trained from: the round before, unless the workflow recorded another (blind mode
-    # keeps the last good model's round when a round adds nothing)
-    source = recorded_entry(history, round_number).get("aggregation", {}).get("trained_from", round_number - 1)
-    trained_from = recorded_entry(history, source).get("validation", {})
-    return {
-        site: own_model_figures(metrics)
-        for site, metrics in {**trained_from.get(REJECTED_SITES, {}), **trained_from.get("sites", {})}.items()
-        if site in accepted
-    }
-
-
-def harmed_sites(
-    history: list[dict[str, Any]],
-    round_number: int,
-    judging: Mapping[str, Mapping[str, float]],
-    objecting: Mapping[str, Mapping[str, float]],
-) -> dict[str, str]:
-    """site -> why, for each site whose result went into the mean of ``round_number`` with exactly one other
-    site's (:func:`averaged_sites`) and whose validation of that model (``judging``, or ``objecting``: sites whose
-    result of the next round was rejected) is worse than its validation of the model it trained itself in that round
-    (``local_val_loss``, reported with its result) by more than :data:`HARM_SIGMAS` standard errors. Averaging with
-    the other site's result made the model far worse for this site's data than its own work: the other site's
-    result harms it (labels flipped, a poisoned update inside every bound), or this site misreports, and the server
-    cannot tell which. Two sites only: the mean of more sites' first updates, nearly orthogonal, moves each site's
-    model less far than its own training did (clean four- and five-site federations of the attack suite measure 4 to
-    6 standard errors after round 0), so there the rule could not tell harm from averaging; the round's median
-    rules (clipping, opposed updates, the judged median) act instead."""
-    if len(averaged_sites(history, round_number)) != HARM_SITES:
-        return {}
-    own = own_models(history, round_number)
-    than = f"the model it trained itself in round {round_number}"
-    harmed = validation_regressions(judging, own, than, HARM_SIGMAS)
-    objections = validation_regressions(objecting, own, than, HARM_SIGMAS)
-    return harmed | {site: f"{reason}{OBJECTS}" for site, reason in objections.items()}
-
-
-def disagreement(version: SavedVersion, verdict: Judgement) -> str:
-    """Why a job stops on a model the sites' own validation contradicts: the judged loss says it improves while a site
-    finds it worse than the last good model beyond its noise, or it is far worse for a site than the model the site
-    trained itself that round. Someone reports figures the model does not earn, or a contribution harms one site's
-    data, and the server cannot tell which."""
-    said = []
-    if verdict.regressed and verdict.improves:
-        worse = "; ".join(f"for {site}, {reason}" for site, reason in verdict.regressed.items())
-        said.append(
-            f"the {verdict.statistic} of {verdict.judges}'s validation losses ({verdict.judged_loss:.4f}) says it is "
-            f"the best so far, but {worse}"
-        )
-    said += [f"it is worse for {site} than its own work: {reason}" for site, reason in verdict.harmed.items()]
-    return (
-        f"the sites disagree about the global model {model_label(version.round)}: {'; '.join(said)}. A site reports "
-        "figures the model does not earn (a hostile or broken site), or a contribution harms one site's data (labels "
-        "flipped, an update poisoned inside every bound), and the server cannot tell which. Nothing is published; the "
-        f"last good global model (the global model {model_label(verdict.reference)}) stays on disk. Compare the "
-        "sites' logs and data; judging_sites names the sites whose validation is trusted"
-    )
+    return Judgement(judged, statistic, sorted(judges), mean_auroc, best)

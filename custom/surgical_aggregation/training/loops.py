@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from ..core.head import NAMED_HEAD
 from ..core.methods import label_prior_weights
 from ..core.progress import PROGRESS_SECONDS
-from ..evaluation.metrics import bce_loss, bce_loss_standard_error, mean_defined, per_class_auroc
+from ..evaluation.metrics import bce_loss, bce_loss_standard_error, image_losses, mean_defined, per_class_auroc
 from .parallel import RowShard
 
 logger = logging.getLogger(__name__)
@@ -399,6 +399,9 @@ class Evaluation:
     mean_auroc: float
     samples: int
     loss_se: float = math.nan  # the loss's standard error across images: the noise of this validation
+    # each image's mean loss over its labelled classes (NaN: none), in the split's order: two models' figures on the
+    # same images compare pairwise (evaluation.metrics.paired_loss_difference); never sent anywhere
+    image_losses: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(
@@ -412,6 +415,7 @@ class Evaluation:
             mean_auroc=mean_defined(aurocs),
             samples=len(labels),
             loss_se=bce_loss_standard_error(labels, probabilities, mask),
+            image_losses=image_losses(labels, probabilities, mask),
         )
 
 

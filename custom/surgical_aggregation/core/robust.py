@@ -1,0 +1,290 @@
+"""Robust aggregation of the sites' updates, part by part: the rules the field benchmarks, from their papers.
+
+A *rule* turns the updates of one part of the model (the backbone weights, the BatchNorm statistics, one head row),
+one row per site, into the update the global model takes. ``mean`` is plain averaging; the others bound what
+``f`` hostile rows can do when the others are honest. They are written here from their papers' definitions, as
+ByzFL (EPFL's maintained library, ``byzfl.aggregators``) implements them: ByzFL itself cannot be imported beside the
+CPU build of torch this bundle pins (its package imports torchvision), and Flower's strategies need a protobuf
+older than FLARE's. Each rule is tested on a worked example (``tests/test_robust.py``).
+
+Aggregators (rows ``x_1..x_n``, ``f`` the number of hostile rows tolerated, ``2f < n``):
+
+* ``median``: coordinate-wise median (Yin, Chen, Kannan, Bartlett, ICML 2018).
+* ``trimmed_mean``: per coordinate, the mean of the values left after the ``f`` largest and ``f`` smallest are
+  removed (Yin et al., ICML 2018).
+* ``meamed``: per coordinate, the mean of the ``n - f`` values closest to the coordinate's median (Xie, Koyejo,
+  Gupta, *Generalized Byzantine-tolerant SGD*, 2018).
+* ``geometric_median``: the point minimising the sum of Euclidean distances, by Weiszfeld's iterations smoothed as
+  in RFA (Pillutla, Kakade, Harchaoui, *Robust Aggregation for Federated Learning*, IEEE TSP 2022), started at the
+  coordinate-wise median and run until it moves less than 1e-6 of its norm (ByzFL runs 3 iterations from zero).
+* ``multi_krum``: the mean of the ``n - f`` rows with the smallest Krum scores, a row's score being the sum of its
+  squared distances to its ``n - f - 1`` nearest other rows (Blanchard, El Mhamdi, Guerraoui, Stainer, NeurIPS 2017,
+  count ``n - f - 2``, which is 0 at three sites; ByzFL's ``n - f - 1``).
+* ``mda``: the mean of the ``n - f`` rows of smallest diameter (El Mhamdi, Guerraoui, Guirguis, Hoang, Rouault, PODC
+  2020), by exhaustive search (at most a few hundred subsets for the federations this bundle runs).
+
+Pre-aggregation, written before the aggregator as ``nnm+<aggregator>``:
+
+* ``nnm`` (nearest-neighbour mixing): each row replaced by the mean of its ``n - f`` nearest rows, itself included
+  (Allouah, Farhadkhani, Guerraoui, Gupta, Pinot, Stephan, *Fixing by Mixing: A Recipe for Optimal Byzantine ML
+  under Heterogeneity*, AISTATS 2023): what makes the aggregators above hold when honest sites' data differ.
+
+Plain NumPy, no FLARE. The rows are float64 copies of the updates.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .checks import STATISTICS, WEIGHTS, row_part, update_group
+from .head import NAMED_HEAD, HeadSpec, cast_like, to_numpy
+
+Aggregator = Callable[[np.ndarray, int], np.ndarray]  # (rows, f) -> the aggregate
+
+
+def _checked(rows: np.ndarray, f: int) -> np.ndarray:
+    rows = np.asarray(rows, dtype=np.float64)
+    if rows.ndim != 2 or rows.shape[0] < 1:
+        raise ValueError(f"robust aggregation needs a 2-D array of rows, got shape {rows.shape}")
+    if not isinstance(f, (int, np.integer)) or f < 0 or 2 * f >= rows.shape[0]:
+        raise ValueError(f"f = {f!r} hostile rows of {rows.shape[0]}: a rule needs 0 <= 2f < n")
+    return rows
+
+
+def mean(rows: np.ndarray, f: int = 0) -> np.ndarray:
+    """The plain mean (no robustness: the reference the others are measured against)."""
+    return _checked(rows, f).mean(axis=0)
+
+
+def median(rows: np.ndarray, f: int = 0) -> np.ndarray:
+    """Coordinate-wise median (the mean of the two middle values for an even number of rows)."""
+    return np.median(_checked(rows, f), axis=0)
+
+
+def trimmed_mean(rows: np.ndarray, f: int) -> np.ndarray:
+    """Per coordinate, the mean after the ``f`` largest and the ``f`` smallest values are removed."""
+    rows = _checked(rows, f)
+    ordered = np.sort(rows, axis=0)
+    return ordered[f : rows.shape[0] - f].mean(axis=0)
+
+
+def meamed(rows: np.ndarray, f: int) -> np.ndarray:
+    """Mean around the median: per coordinate, the mean of the ``n - f`` values closest to the median."""
+    rows = _checked(rows, f)
+    centre = np.median(rows, axis=0)
+    closest = np.argsort(np.abs(rows - centre), axis=0, kind="stable")[: rows.shape[0] - f]
+    return np.take_along_axis(rows, closest, axis=0).mean(axis=0)
+
+
+def _squared_distances(rows: np.ndarray) -> np.ndarray:
+    """The rows' pairwise squared Euclidean distances, from their Gram matrix (exact zeros on the diagonal)."""
+    gram = rows @ rows.T
+    norms = np.diag(gram)
+    distances = np.maximum(norms[:, None] + norms[None, :] - 2 * gram, 0.0)
+    np.fill_diagonal(distances, 0.0)
+    return distances
+
+
+GEOMETRIC_MEDIAN_TOLERANCE = 1e-6  # stop when an iteration moves the estimate by less than this share of its norm
+GEOMETRIC_MEDIAN_ITERATIONS = 100
+GEOMETRIC_MEDIAN_SMOOTHING = 1e-8  # RFA's nu, as a share of the rows' largest norm (a floor on each distance)
+
+
+def geometric_median(rows: np.ndarray, f: int = 0) -> np.ndarray:
+    """The geometric median by smoothed Weiszfeld iterations: ``z <- sum(x_i / d_i) / sum(1 / d_i)``, ``d_i =
+    max(|x_i - z|, nu)``, from the coordinate-wise median until ``z`` moves less than 1e-6 of its norm."""
+    rows = _checked(rows, f)
+    nu = GEOMETRIC_MEDIAN_SMOOTHING * max(float(np.max(np.linalg.norm(rows, axis=1))), 1e-30)
+    estimate = np.median(rows, axis=0)
+    for _ in range(GEOMETRIC_MEDIAN_ITERATIONS):
+        weights = 1.0 / np.maximum(np.linalg.norm(rows - estimate, axis=1), nu)
+        moved = weights @ rows / weights.sum()
+        step = float(np.linalg.norm(moved - estimate))
+        estimate = moved
+        if step <= GEOMETRIC_MEDIAN_TOLERANCE * max(float(np.linalg.norm(estimate)), nu):
+            break
+    return estimate
+
+
+def multi_krum(rows: np.ndarray, f: int) -> np.ndarray:
+    """The mean of the ``n - f`` rows with the smallest Krum scores (sum of squared distances to the ``n - f - 1``
+    nearest other rows; ties go to the lower index)."""
+    rows = _checked(rows, f)
+    n = rows.shape[0]
+    neighbours = n - f - 1
+    distances = _squared_distances(rows)
+    others = np.sort(distances + np.diag(np.full(n, np.inf)), axis=1)[:, :neighbours]
+    scores = others.sum(axis=1)
+    chosen = np.argsort(scores, kind="stable")[: n - f]
+    return rows[chosen].mean(axis=0)
+
+
+def mda(rows: np.ndarray, f: int) -> np.ndarray:
+    """Minimum-diameter averaging: the mean of the subset of ``n - f`` rows whose largest pairwise distance is
+    smallest (the first such subset in ``itertools.combinations`` order)."""
+    rows = _checked(rows, f)
+    n = rows.shape[0]
+    distances = _squared_distances(rows)
+    best, best_diameter = None, math.inf
+    for subset in itertools.combinations(range(n), n - f):
+        diameter = float(distances[np.ix_(subset, subset)].max())
+        if diameter < best_diameter:
+            best, best_diameter = subset, diameter
+    return rows[list(best)].mean(axis=0)
+
+
+def nearest_neighbour_mixing(rows: np.ndarray, f: int) -> np.ndarray:
+    """NNM: each row replaced by the mean of its ``n - f`` nearest rows (Euclidean), itself included; ties go to
+    the lower index."""
+    rows = _checked(rows, f)
+    n = rows.shape[0]
+    distances = _squared_distances(rows)
+    nearest = np.argsort(distances, axis=1, kind="stable")[:, : n - f]
+    return np.stack([rows[indices].mean(axis=0) for indices in nearest])
+
+
+AGGREGATORS: dict[str, Aggregator] = {
+    "mean": mean,
+    "median": median,
+    "trimmed_mean": trimmed_mean,
+    "meamed": meamed,
+    "geometric_median": geometric_median,
+    "multi_krum": multi_krum,
+    "mda": mda,
+}
+PRE_AGGREGATORS: dict[str, Aggregator] = {"nnm": nearest_neighbour_mixing}
+MIN_ROWS = 3  # a part moved by fewer sites is averaged: no rule tells one hostile row from one honest row among two
+
+
+@dataclass(frozen=True)
+class RobustRule:
+    """A pre-aggregation (or none) and an aggregator, e.g. ``nnm+trimmed_mean``; ``byzantine``: the hostile rows it
+    tolerates among ``n`` (None: the most it can, ``(n - 1) // 2``; never more)."""
+
+    aggregator: str
+    pre: tuple[str, ...] = ()
+    byzantine: int | None = None
+
+    @classmethod
+    def parse(cls, text: str, byzantine: int | None = None) -> RobustRule:
+        """``"nnm+trimmed_mean"`` -> the rule; a :class:`ValueError` names the unknown part and the choices."""
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"a robust aggregation rule is a name such as 'nnm+trimmed_mean', got {text!r}")
+        *pre, aggregator = text.split("+")
+        if aggregator not in AGGREGATORS:
+            raise ValueError(f"unknown robust aggregator {aggregator!r}; choose one of {sorted(AGGREGATORS)}")
+        unknown = [name for name in pre if name not in PRE_AGGREGATORS]
+        if unknown:
+            raise ValueError(f"unknown pre-aggregation {unknown[0]!r}; choose one of {sorted(PRE_AGGREGATORS)}")
+        if byzantine is not None and (not isinstance(byzantine, int) or isinstance(byzantine, bool) or byzantine < 0):
+            raise ValueError(f"byzantine_sites must be a whole number of at least 0 or null, got {byzantine!r}")
+        return cls(aggregator, tuple(pre), byzantine)
+
+    @property
+    def name(self) -> str:
+        return "+".join([*self.pre, self.aggregator])
+
+    @property
+    def is_mean(self) -> bool:
+        return self.aggregator == "mean" and not self.pre
+
+    def tolerated(self, rows: int) -> int:
+        """The hostile rows it tolerates among ``rows``: its ``byzantine`` setting, at most ``(rows - 1) // 2``."""
+        most = (rows - 1) // 2
+        return most if self.byzantine is None else min(self.byzantine, most)
+
+    def __call__(self, rows: np.ndarray | Sequence[np.ndarray]) -> np.ndarray:
+        """The aggregate of ``rows`` (one per site); fewer than :data:`MIN_ROWS` rows: their mean."""
+        rows = np.asarray(rows, dtype=np.float64)
+        if rows.shape[0] < MIN_ROWS:
+            return rows.mean(axis=0)
+        f = self.tolerated(rows.shape[0])
+        for name in self.pre:
+            rows = PRE_AGGREGATORS[name](rows, f)
+        return AGGREGATORS[self.aggregator](rows, f)
+
+
+# --- applied to a model, part by part -------------------------------------------------------------------------
+
+
+@dataclass
+class SiteResult:
+    """What one site sent (after the server's clipping), read against the global model it was sent."""
+
+    state: Mapping[str, Any]
+    class_names: Sequence[str]  # its head rows' names, in its own spelling
+
+
+def robust_state(
+    mean_state: Mapping[str, Any],
+    global_state: Mapping[str, Any],
+    global_classes: Sequence[str],
+    results: Sequence[SiteResult],
+    averaged_keys: Sequence[str],
+    rule: RobustRule,
+    head: HeadSpec = NAMED_HEAD,
+    normalize: Callable[[str], str] | None = None,
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """``mean_state`` (the round's surgical mean of ``results``) with each part that :data:`MIN_ROWS` or more sites
+    moved replaced by ``global + rule(updates)``: the backbone weights as one vector, the BatchNorm statistics as one,
+    and each head row (weights and bias, matched by name) over the sites that sent it. An update is what a site sent
+    minus the global model's value. Returns the state and part -> the number of sites its rule aggregated (only the
+    parts it replaced). A part fewer sites moved keeps its mean: nothing tells one hostile row from one honest row
+    among two."""
+    normalize = normalize or (lambda name: name)
+    state = dict(mean_state)
+    replaced: dict[str, int] = {}
+    if rule.is_mean or len(results) < MIN_ROWS:
+        return state, replaced
+    for group in (WEIGHTS, STATISTICS):
+        keys = [
+            key
+            for key in averaged_keys
+            if key not in head.keys
+            and update_group(key) == group
+            and np.issubdtype(to_numpy(global_state[key]).dtype, np.floating)
+        ]
+        if not keys:
+            continue
+        base = np.concatenate([to_numpy(global_state[key]).astype(np.float64).ravel() for key in keys])
+        rows = np.stack(
+            [
+                np.concatenate([to_numpy(result.state[key]).astype(np.float64).ravel() for key in keys]) - base
+                for result in results
+            ]
+        )
+        moved = base + rule(rows)
+        offset = 0
+        for key in keys:
+            size = to_numpy(global_state[key]).size
+            shape = to_numpy(global_state[key]).shape
+            state[key] = cast_like(global_state[key], moved[offset : offset + size].reshape(shape))
+            offset += size
+        replaced[group] = len(results)
+    positions = {normalize(name): index for index, name in enumerate(global_classes)}
+    old_weight, old_bias = (to_numpy(global_state[key]).astype(np.float64) for key in head.keys)
+    sent: dict[str, list[np.ndarray]] = {}
+    for result in results:
+        weight, bias = (to_numpy(result.state[key]).astype(np.float64) for key in head.keys)
+        for row, name in enumerate(result.class_names):
+            canonical = normalize(name)
+            if canonical in positions:
+                sent.setdefault(canonical, []).append(np.append(weight[row], bias[row]))
+    new_weight, new_bias = (to_numpy(state[key]).astype(np.float64) for key in head.keys)
+    for canonical, rows in sent.items():
+        if len(rows) < MIN_ROWS:
+            continue
+        index = positions[canonical]
+        old = np.append(old_weight[index], old_bias[index])
+        moved = old + rule(np.stack(rows) - old)
+        new_weight[index], new_bias[index] = moved[:-1], moved[-1]
+        replaced[row_part(canonical)] = len(rows)
+    state[head.weight_key] = cast_like(global_state[head.weight_key], new_weight)
+    state[head.bias_key] = cast_like(global_state[head.bias_key], new_bias)
+    return state, replaced

@@ -1,0 +1,355 @@
+"""The round loop both server workflows share (plain and blind): train, aggregate a candidate, have the sites validate
+it, screen it for harm, leave out what harms, judge, keep, and at the end publish.
+
+Each round:
+
+1. every site is sent the last good model and trains (``_train``: how the model travels and which checks the server
+   can run on an update are the workflow's own: tensors and every check of ``core.checks`` in the plain workflow,
+   ciphertexts in the blind one);
+2. the valid results make a candidate (``_candidate``); every site validates it on its own validation images and
+   reports, paired over those images, how much worse it is than the model the site trained itself this round;
+3. the candidate is screened (``core.judging``): a site whose harm test is rejected at the job's false-alarm rate
+   flags it. With three or more contributions the round is recomputed without each contribution in turn and a
+   contribution whose leave-one-out candidate clears the harm is left out (``excluded`` in the round's history, the
+   log, the summary); with two the server cannot decide and the job stops; a harm no single exclusion clears is kept
+   on record when one site raises it and stops the job when several do;
+4. the chosen model is judged (the best model by the judging sites' validation loss, early stopping) and kept.
+
+Whatever the workflow, a rule written here holds in both modes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvflare.app_common.abstract.fl_model import FLModel
+from nvflare.fuel.utils.log_utils import center_message
+
+from ..core.checks import check_metrics, judged_loss
+from ..core.errors import UserError
+from ..core.judging import Decision, Screen, decide, flagged, round_level
+from ..evaluation.run_summary import INITIAL_ROUND, model_label
+from .protocol import JOB_FAILED, META_ROUND, TASK_VALIDATE
+from .state import FederationState, SavedVersion, history_entry, judge
+from .tasks import SiteTasks
+
+
+class FederationCannotProceed(RuntimeError):
+    """Why a job stops early (too few sites at the handshake, no progress, an unusable model, a saved federation
+    that cannot be continued, a full disk, sites whose validation the server cannot reconcile)."""
+
+
+@dataclass
+class RoundResults:
+    """What a round's training gathered, as the loop needs it (the workflow keeps the rest)."""
+
+    accepted: list[str]  # sites whose results are valid
+    contributors: list[str]  # those whose results go into the mean (free-riders left out)
+    record: dict[str, Any] = field(default_factory=dict)  # the round's ``aggregation`` entry of the history
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)  # site -> how its result fared (told later)
+    received_validation: dict[str, dict[str, float]] = field(default_factory=dict)  # of the model they trained from
+    trained: list[str] = field(default_factory=list)  # every site that sent a trained result, valid or rejected
+
+
+class FederationLoop(SiteTasks):
+    """The loop; a workflow supplies how a round trains and how a candidate is made, sent and kept."""
+
+    num_rounds: int
+    min_clients: int
+    patience: int
+    min_delta: float
+    validation_guard: bool
+    judging_sites: list[str] | None
+    validate_timeout: int
+    _federation: FederationState
+
+    # --- what a workflow supplies --------------------------------------------------------------------------
+
+    def _open(self) -> FederationState:
+        """The handshake, then the federation this job starts or continues."""
+        raise NotImplementedError
+
+    def _site_names(self) -> list[str]:
+        """The sites admitted at the handshake."""
+        raise NotImplementedError
+
+    def _train(self, round_number: int, latest: SavedVersion) -> RoundResults | None:
+        """Send each site the last good model, gather and check the results (None: aborted)."""
+        raise NotImplementedError
+
+    def _candidate(self, round_number: int, leave_out: frozenset[str] = frozenset()) -> SavedVersion | None:
+        """The round's model made of its contributors' results but ``leave_out``'s (None: none can be made)."""
+        raise NotImplementedError
+
+    def _model_for(self, version: SavedVersion, site: str) -> FLModel:
+        """What ``site`` is sent of ``version`` to validate (its own slice, or its own ciphertexts)."""
+        raise NotImplementedError
+
+    def _adopt(self, latest: SavedVersion) -> None:
+        """``latest`` is the last good model now: keep it (files, FLARE's events)."""
+
+    def _became_best(self, version: SavedVersion) -> None:
+        """``version`` is the best model now."""
+
+    def _checkpoint(self) -> None:
+        """Persist what the federation needs to continue and the history."""
+
+    def _finish(self, latest: SavedVersion) -> None:
+        """After the last round: evaluate, publish, export."""
+
+    def _summarise(self) -> None:
+        """The job's last lines, once its state says it finished."""
+
+    def _validation_sizes(self) -> dict[str, int | None]:
+        """site -> the validation images it declared at the handshake (the floor under its standard errors)."""
+        return {}
+
+    def _tolerated(self, contributors: int) -> int:
+        """How many contributions a round may leave out (the robust rule's tolerated hostile sites)."""
+        return (contributors - 1) // 2
+
+    # --- the loop ------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except (FederationCannotProceed, UserError) as reason:  # the job's own end, said once (FLARE adds a traceback)
+            self.error(f"{JOB_FAILED}{reason}")
+            self.panic(str(reason))
+
+    def _run(self) -> None:
+        federation = self._open()
+        latest = federation.latest
+        for round_number in range(latest.round + 1, self.num_rounds):
+            if self.abort_signal.triggered:
+                return
+            if federation.rounds_without_improvement >= self.patience:
+                break
+            self.info(center_message(f"Round {round_number} started", boarder_str="-"))
+            started = time.perf_counter()
+            results = self._train(round_number, latest)
+            if results is None:  # aborted
+                return
+            if latest.round == INITIAL_ROUND or "validation" not in history_entry(federation.history, latest.round):
+                self._record_received(latest, results)
+            decision, chosen = None, None
+            entry = history_entry(federation.history, round_number)
+            entry["aggregation"] = {**results.record, "trained_from": federation.latest.round}
+            if len(results.accepted) >= self.min_clients:
+                decision, chosen = self._screened(round_number, results)
+            if chosen is not None:
+                latest = chosen
+                federation.aggregated_rounds += 1
+                self.info(f"round {round_number}: the global model is {self._made_of(results, decision)}")
+            else:
+                self.warning(
+                    f"round {round_number}: only {len(results.accepted)} valid contribution(s) "
+                    f"({results.accepted}), {self.min_clients} needed: keeping the last good global model"
+                )
+            if decision is not None and decision.excluded:
+                entry["aggregation"]["excluded"] = {
+                    site: self._exclusion_reason(decision) for site in decision.excluded
+                }
+            entry["aggregation"]["seconds"] = round(time.perf_counter() - started, 2)
+            for site, outcome in results.outcomes.items():
+                if decision is not None and site in decision.excluded:
+                    outcome = {**outcome, "status": "excluded", "reason": self._exclusion_reason(decision)}
+                self.tell_next_time(site, outcome)
+            federation.latest = latest
+            if chosen is not None:
+                self._adopt(latest)
+            self._checkpoint()
+            if federation.rounds_without_improvement >= self.patience:
+                self.info(f"early stop: {self.patience} validated rounds without improvement beyond {self.min_delta}")
+        self._end(latest)
+
+    def _end(self, latest: SavedVersion) -> None:
+        federation = self._federation
+        ran = [entry["round"] for entry in federation.history if "aggregation" in entry]
+        if ran and federation.aggregated_rounds == 0:
+            self._fail_without_progress(max(ran))
+        if federation.best is None and federation.aggregated_rounds:
+            federation.finished = True
+            self._checkpoint()
+            raise FederationCannotProceed(
+                "no trained global model was judged by the sites: none had a validation loss of a site whose result "
+                "made it. Nothing is published; the initial model stays. See the sites' logs"
+            )
+        self._finish(latest)
+        federation.finished = True
+        self._checkpoint()
+        self._summarise()
+
+    def _fail_without_progress(self, last_round: int) -> None:
+        """No round aggregated ``min_clients`` valid contributions: the job fails, naming the sites and why."""
+        federation = self._federation
+        federation.finished = True  # nothing to resume: a corrected job starts afresh
+        self._checkpoint()
+        reasons = no_progress({site: self.last_outcome(site) for site in self._site_names()}, self.min_clients)
+        for site, reason in reasons.items():
+            self.error(f"{site}: {reason}")
+        raise FederationCannotProceed(
+            f"the federation made no progress: in {last_round + 1} round(s) none aggregated {self.min_clients} valid "
+            f"contribution(s) (min_clients); no global model was trained or published. Per site: {reasons}"
+        )
+
+    @staticmethod
+    def _made_of(results: RoundResults, decision: Decision | None) -> str:
+        left_out = decision.excluded if decision is not None else []
+        made = [site for site in results.contributors if site not in left_out]
+        said = f"the aggregate of {made}"
+        return said + (f", without {left_out} (excluded)" if left_out else "")
+
+    @staticmethod
+    def _exclusion_reason(decision: Decision) -> str:
+        return (
+            "left out of the round: the sites' validation found the round's model harmful with its result and not "
+            "without it"
+        )
+
+    # --- validation, screening, judging ---------------------------------------------------------------------
+
+    def _validate(self, version: SavedVersion, sites: Sequence[str]) -> dict[str, dict[str, float]]:
+        """Each of ``sites`` validates ``version``; site -> its checked metrics (rejected ones logged and recorded)."""
+        validated: dict[str, dict[str, float]] = {}
+
+        def collect(result: FLModel) -> None:
+            site = (result.meta or {}).get("client_name", "?")
+            self._received(TASK_VALIDATE, site, result, version.round)
+            valid, problems = self._check_validation(site, result.metrics or {})
+            if problems:
+                entry = history_entry(self._federation.history, version.round)
+                entry.setdefault("rejected_validation_metrics", {})[site] = problems
+                self.error(f"rejected validation metric(s) of {site}: {'; '.join(problems)}")
+            validated[site] = valid
+
+        def task(site: str) -> FLModel:
+            model = self._model_for(version, site)
+            model.meta[META_ROUND] = version.round
+            return model
+
+        self.to_each_site(TASK_VALIDATE, list(sites), task, self.validate_timeout, collect)
+        return validated
+
+    def _received(self, task: str, site: str, result: FLModel, round_number: int | None) -> None:
+        """Every answer as it arrives, before it is read (the blind workflow records what it saw)."""
+
+    def _check_validation(self, site: str, metrics: Mapping[str, Any]) -> tuple[dict[str, float], list[str]]:
+        """A site's validation metrics, checked (``core.checks.check_metrics``)."""
+        return check_metrics(metrics)
+
+    def _screened(self, round_number: int, results: RoundResults) -> tuple[Decision, SavedVersion | None]:
+        """The round's candidate, validated by the sites, screened for harm, with contributions left out where the
+        sites' validation says so; the job stops where the server cannot decide."""
+        contributors = list(results.contributors or results.accepted)
+        candidate = self._candidate(round_number)
+        if candidate is None:
+            return Decision("accept"), None
+        validation = self._validate(candidate, self._site_names())
+        made: dict[frozenset[str], tuple[SavedVersion, dict[str, dict[str, float]]]] = {
+            frozenset(): (candidate, validation)
+        }
+        level = round_level(self.num_rounds)
+        sizes = self._validation_sizes()
+
+        def screen(figures: Mapping[str, Mapping[str, float]], judges: Sequence[str]) -> Screen:
+            judged = {site: figures[site] for site in judges if site in figures}
+            loss, _ = judged_loss({site: values.get("val_loss", math.nan) for site, values in judged.items()})
+            return Screen(flagged(judged, sizes, level), loss)
+
+        def without(left_out: frozenset[str]) -> Screen | None:
+            version = self._candidate(round_number, left_out)
+            if version is None:
+                return None
+            judges = [site for site in contributors if site not in left_out]
+            figures = self._validate(version, judges)
+            made[left_out] = (version, figures)
+            return screen(figures, judges)
+
+        decision = Decision("accept")
+        if self.validation_guard:
+            # one Holm family for the round's first candidate: its judges and the sites whose results were rejected
+            objectors = [site for site in results.trained if site not in contributors]
+            everyone = screen(validation, [*contributors, *objectors])
+            judged = Screen(
+                {site: harm for site, harm in everyone.flags.items() if site in contributors},
+                screen(validation, contributors).judged_loss,
+            )
+            objections = {site: harm for site, harm in everyone.flags.items() if site in objectors}
+            decision = decide(contributors, judged, without, self._tolerated(len(contributors)), objections)
+        entry = history_entry(self._federation.history, round_number)
+        if decision.flags or decision.excluded:
+            entry["screening"] = {
+                "action": decision.action,
+                "excluded": list(decision.excluded),
+                "flags": dict(decision.flags),
+                "why": decision.why,
+                "candidates": {"+".join(sorted(key)) or "all": self._figures(value[1]) for key, value in made.items()},
+            }
+        for site, reason in decision.flags.items():
+            self.warning(f"global model {model_label(round_number)} harms {site}: {reason}")
+        if decision.action == "stop":
+            self._checkpoint()
+            raise FederationCannotProceed(self._stop_message(round_number, decision))
+        if decision.flags:
+            self.warning(f"round {round_number}: kept on record, not acted on: {decision.why}")
+        for site in decision.excluded:
+            self.warning(f"round {round_number}: {site} excluded: {self._exclusion_reason(decision)}")
+        chosen, figures = made[frozenset(decision.excluded)]
+        judges = [site for site in contributors if site not in decision.excluded]
+        self._judge(chosen, figures, judges)
+        return decision, chosen
+
+    @staticmethod
+    def _figures(validation: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+        keys = ("val_loss", "val_loss_minus_own", "val_loss_minus_own_se")
+        return {site: {key: values[key] for key in keys if key in values} for site, values in validation.items()}
+
+    def _stop_message(self, round_number: int, decision: Decision) -> str:
+        harmed = "; ".join(f"for {site}, {reason}" for site, reason in decision.flags.items())
+        left = f" (after leaving out {decision.excluded})" if decision.excluded else ""
+        return (
+            f"the global model {model_label(round_number)} harms a site{left}: {harmed}. {decision.why[:1].upper()}"
+            f"{decision.why[1:]}. Nothing is published; the last good global model stays on disk. Compare the sites' "
+            "logs and data; write-job --leave-out names a site the next job runs without"
+        )
+
+    def _judge(self, version: SavedVersion, figures: dict[str, dict[str, float]], judges: Sequence[str]) -> None:
+        """Best-model selection and early stopping on ``version``'s validation (``state.judge``): by the
+        ``judging_sites`` among ``judges`` (the sites whose results made it)."""
+        chosen = [site for site in (self.judging_sites or judges) if site in judges]
+        verdict = judge(self._federation, version, figures, chosen, self.min_delta)
+        if math.isnan(verdict.judged_loss):
+            self.warning(f"global model {model_label(version.round)}: no validation loss of a judging site")
+            return
+        self.info(
+            f"global model {model_label(version.round)}: {verdict.statistic} validation loss "
+            f"{verdict.judged_loss:.4f} of {verdict.judges}, mean validation AUROC {verdict.mean_auroc:.4f} over "
+            f"{len(figures)} site(s)"
+        )
+        if verdict.best:
+            self._became_best(version)
+            self.info(f"new best global model: {model_label(version.round)}")
+
+    def _record_received(self, version: SavedVersion, results: RoundResults) -> None:
+        """The sites' validation of the model they trained from, when nobody validated it before (the initial model,
+        or the one a resumed job starts from): recorded, and judged only if trained (a model no aggregation went
+        into is never the best)."""
+        if results.received_validation:
+            judge(self._federation, version, results.received_validation, list(results.accepted), self.min_delta)
+
+
+def no_progress(outcomes: Mapping[str, Mapping[str, Any] | None], min_clients: int) -> dict[str, str]:
+    """Why each site (site -> its last outcome) did not make a round aggregate ``min_clients`` valid results."""
+    reasons = {}
+    for site, outcome in outcomes.items():
+        outcome = outcome or {"status": "not_received"}
+        if outcome["status"] == "aggregated":
+            reasons[site] = f"its result was valid, but no round had {min_clients} valid contributions"
+        else:
+            reasons[site] = outcome.get("reason", outcome["status"])
+    return reasons

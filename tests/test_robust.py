@@ -1,0 +1,110 @@
+"""The robust aggregation rules (core.robust), each on a worked example computed by hand, and applied part by part to
+a model's state (the backbone weights, the BatchNorm statistics, each head row by name)."""
+
+import numpy as np
+import pytest
+
+from surgical_aggregation.core.head import NAMED_HEAD
+from surgical_aggregation.core.robust import (
+    AGGREGATORS,
+    RobustRule,
+    SiteResult,
+    geometric_median,
+    mda,
+    meamed,
+    median,
+    multi_krum,
+    nearest_neighbour_mixing,
+    robust_state,
+    trimmed_mean,
+)
+
+FIVE = np.array([[1.0], [2.0], [6.0], [7.0], [100.0]])
+FOUR = np.array([[0.0], [1.0], [2.0], [10.0]])
+
+
+def test_coordinate_rules_on_five_values_one_of_them_hostile():
+    assert median(FIVE) == pytest.approx([6.0])
+    assert trimmed_mean(FIVE, 1) == pytest.approx([5.0])  # (2 + 6 + 7) / 3
+    assert trimmed_mean(FIVE, 2) == pytest.approx([6.0])
+    assert meamed(FIVE, 1) == pytest.approx([4.0])  # the 4 closest to 6: 6, 7, 2, 1
+    assert median(np.array([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [100.0, -50.0]])) == pytest.approx([2.5, 15.0])
+
+
+def test_distance_rules_on_four_values_one_of_them_hostile():
+    # squared distances from 0, 1, 2, 10; Krum's score: the 2 nearest others -> 5, 2, 5, 145; keep the 3 smallest
+    assert multi_krum(FOUR, 1) == pytest.approx([1.0])
+    assert mda(FOUR, 1) == pytest.approx([1.0])  # {0, 1, 2}: diameter 2, the others' at least 9
+    mixed = nearest_neighbour_mixing(FOUR, 1)  # each: the mean of its 3 nearest, itself included
+    assert mixed[:, 0] == pytest.approx([1.0, 1.0, 1.0, 13.0 / 3.0])
+
+
+def test_the_geometric_median_is_where_the_unit_vectors_to_the_points_cancel():
+    points = np.array([[0.0, 0.0], [4.0, 0.0], [1.0, 3.0], [50.0, 50.0]])
+    centre = geometric_median(points)
+    pulls = (points - centre) / np.linalg.norm(points - centre, axis=1, keepdims=True)
+    assert np.linalg.norm(pulls.sum(axis=0)) < 1e-4
+    assert np.linalg.norm(centre) < 5  # the far point does not drag it
+    symmetric = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0], [0.0, 0.0]])
+    assert geometric_median(symmetric) == pytest.approx([0.0, 0.0], abs=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(AGGREGATORS))
+def test_every_rule_keeps_one_hostile_value_among_five_inside_the_honest_ones(name):
+    rows = np.array([[1.0, -1.0], [1.2, -0.8], [0.8, -1.2], [1.1, -0.9], [1e6, 1e6]])
+    aggregate = AGGREGATORS[name](rows, 1 if name != "mean" else 0)
+    if name == "mean":
+        assert aggregate[0] > 1e5  # the reference: one value moves the mean anywhere
+    else:
+        assert 0.8 <= aggregate[0] <= 1.2 and -1.2 <= aggregate[1] <= -0.8
+
+
+def test_a_rule_refuses_as_many_hostile_rows_as_honest_ones():
+    with pytest.raises(ValueError, match="2f < n"):
+        trimmed_mean(FOUR, 2)
+
+
+def test_a_rule_reads_its_name_and_tolerates_at_most_a_minority():
+    rule = RobustRule.parse("nnm+trimmed_mean")
+    assert (rule.pre, rule.aggregator, rule.name) == (("nnm",), "trimmed_mean", "nnm+trimmed_mean")
+    assert [rule.tolerated(n) for n in (3, 4, 5, 7)] == [1, 1, 2, 3]
+    assert RobustRule.parse("median", byzantine=1).tolerated(7) == 1
+    assert RobustRule.parse("median", byzantine=5).tolerated(4) == 1
+    assert rule(np.array([[1.0], [3.0]])) == pytest.approx([2.0])  # two rows: their mean
+    with pytest.raises(ValueError, match="unknown robust aggregator 'krum'"):
+        RobustRule.parse("krum")
+    with pytest.raises(ValueError, match="unknown pre-aggregation 'bucketing'"):
+        RobustRule.parse("bucketing+median")
+    with pytest.raises(ValueError, match="byzantine_sites"):
+        RobustRule.parse("median", byzantine=-1)
+
+
+def _state(weight: float, variance: float, rows: dict[str, float]) -> dict[str, np.ndarray]:
+    return {
+        "features.conv.weight": np.full((2, 2), weight, dtype=np.float32),
+        "features.norm.running_mean": np.zeros(2, dtype=np.float32),
+        "features.norm.running_var": np.full(2, variance, dtype=np.float32),
+        "features.norm.num_batches_tracked": np.array(3, dtype=np.int64),
+        NAMED_HEAD.weight_key: np.array([[value, value] for value in rows.values()], dtype=np.float32),
+        NAMED_HEAD.bias_key: np.array(list(rows.values()), dtype=np.float32),
+    }
+
+
+def test_applied_part_by_part_each_head_row_over_the_sites_that_hold_it():
+    global_state = _state(0.0, 1.0, {"A": 0.0, "B": 0.0})
+    results = [
+        SiteResult(_state(1.0, 2.0, {"A": 1.0, "B": 1.0}), ["A", "B"]),
+        SiteResult(_state(2.0, 3.0, {"A": 2.0}), ["A"]),
+        SiteResult(_state(3.0, 4.0, {"A": 3.0, "B": 5.0}), ["A", "B"]),
+        SiteResult(_state(100.0, 500.0, {"A": 100.0}), ["A"]),
+    ]
+    keys = [key for key in global_state if key not in NAMED_HEAD.keys]
+    mean_state = dict(global_state)  # what the surgical mean left in place: each replaced part differs from it
+    state, parts = robust_state(mean_state, global_state, ["A", "B"], results, keys, RobustRule.parse("median"))
+    assert state["features.conv.weight"] == pytest.approx(np.full((2, 2), 2.5))  # median of 1, 2, 3, 100
+    assert state["features.norm.running_var"] == pytest.approx(np.full(2, 3.5))
+    assert state["features.norm.num_batches_tracked"] == 3  # an integer counter keeps the mean's value
+    assert state[NAMED_HEAD.weight_key][0] == pytest.approx([2.5, 2.5])  # A: four sites
+    assert state[NAMED_HEAD.weight_key][1] == pytest.approx([0.0, 0.0])  # B: two sites, the mean's (unchanged here)
+    assert parts == {"backbone weights": 4, "BatchNorm statistics": 4, "head row A": 4}
+    assert robust_state(mean_state, global_state, ["A", "B"], results[:2], keys, RobustRule.parse("median"))[1] == {}
