@@ -11,9 +11,12 @@ training results are altered before they are sent:
   negative_running_var  four channels of one running variance negative, the rest of the update honest
   honest                the site as it is (the job as the README runs it)
 
-Two more alterations serve ``tests/test_defences_e2e.py`` (each defence of docs/server-checks.md through the
-simulator), not this benchmark: ``flip_x2`` (the update negated and doubled) and ``x3_claiming_1e9`` (the update
-plus itself shifted by one entry, tripled, and 10^9 training samples claimed at the handshake and with every result).
+More alterations serve ``tests/test_defences_e2e.py`` and ``tests/test_blind_e2e.py`` (each defence of
+docs/server-checks.md through the simulator), not this benchmark: ``flip_x2`` (the update negated and doubled),
+``x3_claiming_1e9`` (the update plus itself shifted by one entry, tripled, and 10^9 training samples claimed at the
+handshake and with every result), ``poisoned_rows`` (an honest backbone, and every head row turned into -8 times the
+row it received: inside the rows' cap, a classifier reversed and confident) and ``poisoned_rows_quiet`` (the same,
+reporting no metric at all).
 
 The job runs with ``min_clients: 1``, so that a round in which only the honest site's result is valid still
 updates the model (with the job's ``min_clients: 2``, a two-site federation whose other site is rejected every
@@ -45,7 +48,7 @@ from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.training.checkpoint import load_checkpoint
 
 ATTACKS = ("withheld", "x5", "flip_x5", "negative_running_var", "honest")
-TEST_ATTACKS = ("flip_x2", "x3_claiming_1e9")  # tests/test_defences_e2e.py's
+TEST_ATTACKS = ("flip_x2", "x3_claiming_1e9", "poisoned_rows", "poisoned_rows_quiet")  # the e2e tests' doubles
 HOSTILE_SITE = "site-chexpert"
 
 # The hostile site's custom/client.py: the bundle's site script with ClientSession.train wrapped.
@@ -78,6 +81,9 @@ def altered(received, sent):
                 if ATTACK == "x3_claiming_1e9":  # skewed: after clipping it still differs from an honest update
                     change = change + np.roll(change, 1)
                 sent[key] = (received[key] + factor * change).astype(value.dtype)
+    elif ATTACK.startswith("poisoned_rows"):
+        for key in NAMED_HEAD.keys:
+            sent[key] = (-8.0 * received[key]).astype(sent[key].dtype)
     elif ATTACK == "negative_running_var":
         key = sorted(key for key in sent if key.endswith(".running_var"))[0]
         variance = sent[key].copy()
@@ -94,6 +100,15 @@ def train(self, received):
     answer.params = altered(received.params, answer.params)
     if ATTACK == "x3_claiming_1e9":
         answer.meta[META_NUM_SAMPLES] = CLAIMED
+    if ATTACK == "poisoned_rows_quiet":
+        answer.metrics = {{}}
+    return answer
+
+
+def validate(self, received):
+    answer = _validate(self, received)
+    if ATTACK == "poisoned_rows_quiet":  # FLARE sends no FLModel that has neither params nor metrics
+        answer.params, answer.metrics = {{}}, {{}}
     return answer
 
 
@@ -105,8 +120,9 @@ def describe(self, with_label_counts=False):
     return answer
 
 
-_train, _describe = client.ClientSession.train, client.ClientSession.describe
+_train, _describe, _validate = client.ClientSession.train, client.ClientSession.describe, client.ClientSession.validate
 client.ClientSession.train, client.ClientSession.describe = train, describe
+client.ClientSession.validate = validate
 client.main()
 '''
 

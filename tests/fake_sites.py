@@ -23,6 +23,8 @@ from nvflare.app_common.app_event_type import AppEventType
 from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
 from surgical_aggregation.flare.protocol import (
     META_CLASS_NAMES,
+    META_COMPARE_TO,
+    META_MODEL_KEY,
     META_NUM_SAMPLES,
     META_OUTCOME,
     META_PREPROCESSING,
@@ -62,6 +64,8 @@ class FakeSite:
         self.harm_scale: float | None = None  # see harm_figures: its paired figures of each model it validates
         self.own_gain = 0.1  # what its own training gains in a round, in loss
         self.sent: dict | None = None  # the params of its last training result (its own model)
+        self._candidates: dict = {}  # the round's candidates it validated: key -> its validation loss
+        self._candidates_round = None
 
     def answer(self, task: str, data: FLModel) -> FLModel | None:
         meta = {"client_name": self.name, META_CLASS_NAMES: self.classes, META_NUM_SAMPLES: self.samples}
@@ -81,6 +85,7 @@ class FakeSite:
             metrics = {**metrics, **self.metrics_override}
         if task == TASK_VALIDATE:
             metrics.update(self.harm_figures(data.params))
+            metrics.update(self.against_reference(data.meta, metrics))
             return FLModel(metrics={**metrics, **(self.validation_override or {})}, meta=meta)
         self.received.append((list(data.meta[META_CLASS_NAMES]), data.params))
         self.training_rounds.append(data.current_round)
@@ -96,6 +101,17 @@ class FakeSite:
             meta[META_CLASS_NAMES] = list(data.meta[META_CLASS_NAMES])
         self.sent = params
         return FLModel(params=params, metrics=metrics, meta=meta)
+
+    def against_reference(self, meta: dict, metrics: dict) -> dict:
+        """A round's candidates by their key: a candidate that names another (``META_COMPARE_TO``) is compared with
+        it (its loss minus the other's, standard error 0.005), as the bundle's client does."""
+        if meta.get(META_ROUND) != self._candidates_round:
+            self._candidates, self._candidates_round = {}, meta.get(META_ROUND)
+        self._candidates[meta.get(META_MODEL_KEY)] = metrics["val_loss"]
+        reference = self._candidates.get(meta.get(META_COMPARE_TO)) if META_COMPARE_TO in meta else None
+        if reference is None:
+            return {}
+        return {"val_loss_minus_reference": metrics["val_loss"] - reference, "val_loss_minus_reference_se": 0.005}
 
     def harm_figures(self, params: dict) -> dict:
         """With ``harm_scale``: a model costs this site ``harm_scale`` x its squared distance from the site's own last

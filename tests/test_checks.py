@@ -21,6 +21,7 @@ from surgical_aggregation.core.checks import (
     check_metrics,
     clip_factors,
     confusable_skeleton,
+    consensus_cosines,
     document_checks,
     free_riders,
     judged_loss,
@@ -207,14 +208,15 @@ def test_capped_weights_give_no_site_more_than_the_others_together():
     assert capped_weights({"a": 5.0}) == {"a": 5.0}
 
 
-def test_opposed_updates_reject_a_minority_against_the_others_median_and_nobody_when_directions_are_noise():
+def test_opposed_updates_reject_a_minority_against_the_rounds_consensus_and_nobody_when_it_is_no_ones():
     honest = np.array([1.0, 1.0, 0.0, 0.0], dtype=np.float32)
     changes = {"a": honest, "b": honest * 2, "c": honest + np.array([0, 0, 1, 0], dtype=np.float32), "x": -3 * honest}
-    assert list(opposed_updates(changes)) == ["x"]  # the others' median of x: (1, 1, 0, 0), cosine -1
-    orthogonal = {  # three updates that share nothing: each one's cosine with the others' median is 0 or below
-        "a": np.array([1.0, 0, 0], dtype=np.float32),
-        "b": np.array([0, 1.0, 0], dtype=np.float32),
-        "c": np.array([-0.1, -0.1, 1.0], dtype=np.float32),
-    }
-    assert opposed_updates(orthogonal) == {}
-    assert opposed_updates({"a": honest, "x": -honest}) == {}  # two sites: no median to oppose
+    consensus = np.median(np.stack(list(changes.values())), axis=0)  # (1.5, 1.5, 0, 0)
+    assert consensus_cosines(changes, consensus)["x"] == pytest.approx(-1.0)
+    assert list(opposed_updates(changes, consensus)) == ["x"]
+    # nearly orthogonal honest updates: each has a positive cosine with a consensus it is part of
+    orthogonal = {name: np.eye(3, dtype=np.float32)[index] for index, name in enumerate("abc")}
+    mean = np.mean(np.stack(list(orthogonal.values())), axis=0)
+    assert opposed_updates(orthogonal, mean) == {}
+    assert opposed_updates({"a": honest, "x": -honest}, honest) == {}  # two sites: no consensus to oppose
+    assert opposed_updates({"a": honest, "b": -honest, "c": -honest}, honest) == {}  # half or more: no one's

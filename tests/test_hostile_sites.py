@@ -21,7 +21,7 @@ import torch
 
 from surgical_aggregation.core.checks import WEIGHTS, UpdateReference
 from surgical_aggregation.core.errors import StorageError
-from surgical_aggregation.core.judging import MAJORITY, OUTVOTED, SEVERAL
+from surgical_aggregation.core.judging import MAJORITY, NOT_MOST, SEVERAL
 from surgical_aggregation.data import storage
 from surgical_aggregation.evaluation.run_summary import summary_lines
 from surgical_aggregation.flare.loop import FederationLoop
@@ -174,7 +174,8 @@ def test_a_candidate_model_that_fails_the_model_check_is_taken_apart_by_leaving_
     def overflowing(round_number, params):  # finite and valid alone; its outputs on the probe overflow float32
         return {**trained(1.0)(round_number, params), "backbone.conv.weight": torch.full((4, 1, 3, 3), 3e38)}
 
-    harness, sites = _run(tmp_path / "one", overflowing, update_bound=None)  # no update bound: the model check decides
+    # no update bound and no direction check: the model check decides
+    harness, sites = _run(tmp_path / "one", overflowing, update_bound=None, reject_opposed_updates=False)
     for entry in harness.history[1:]:
         aggregation = entry["aggregation"]
         assert aggregation["accepted"] == ["site-a", "site-b"]
@@ -185,7 +186,7 @@ def test_a_candidate_model_that_fails_the_model_check_is_taken_apart_by_leaving_
             "check passes"
         )
     assert "the candidate global model failed the model check" in messages(harness, "error")
-    reference, _ = _run(tmp_path / "reference", withheld, update_bound=None)
+    reference, _ = _run(tmp_path / "reference", withheld, update_bound=None, reject_opposed_updates=False)
     _assert_same_model(harness.saved[-1].params, reference.saved[-1].params)
 
     # two such sites: leaving either out does not help, each fails alone, both are rejected
@@ -195,7 +196,7 @@ def test_a_candidate_model_that_fails_the_model_check_is_taken_apart_by_leaving_
         FakeSite("site-c", ["Edema"], [0.7, 0.5], overflowing),
         FakeSite("site-d", ["Edema"], [0.7, 0.5], overflowing),
     ]
-    two = Harness(sites, tmp_path / "two", num_rounds=1, min_clients=2, update_bound=None)
+    two = Harness(sites, tmp_path / "two", num_rounds=1, min_clients=2, update_bound=None, reject_opposed_updates=False)
     two.run()
     aggregation = two.history[1]["aggregation"]
     assert aggregation["accepted"] == ["site-a", "site-b"]
@@ -440,7 +441,7 @@ def test_a_defence_is_on_or_off_nothing_else(setting):
 
 
 @pytest.mark.parametrize("flip", [1.0, 3.0])
-def test_an_update_against_the_rounds_median_direction_is_rejected_at_any_size(tmp_path, flip):
+def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path, flip):
     honest = [FakeSite(f"site-{name}", ["Mass", "Edema"], [0.9, 0.5]) for name in "abc"]
     attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], _flipped(flip))
     harness = Harness([*honest, attacker], tmp_path, num_rounds=1, reject_opposed_updates=True)
@@ -448,8 +449,8 @@ def test_an_update_against_the_rounds_median_direction_is_rejected_at_any_size(t
     aggregation = harness.history[1]["aggregation"]
     assert aggregation["accepted"] == ["site-a", "site-b", "site-c"]
     assert aggregation["rejected"] == {
-        "site-x": "its update of the backbone weights points against the median of the other sites' updates (cosine "
-        "-1.00)"
+        "site-x": "its update of the backbone weights points against the round's consensus (cosine -1.00 with the "
+        "robust aggregate)"
     }
     assert "clipped" not in aggregation  # the three honest updates are equal: none above their median
     for part in ("backbone.conv.weight", "Mass", "Edema"):  # the honest sites' mean alone
@@ -457,7 +458,7 @@ def test_an_update_against_the_rounds_median_direction_is_rejected_at_any_size(t
 
     other = FakeSite("site-y", ["Mass"], [0.9, 0.5], _flipped(flip))
     two = Harness([honest[0], other], tmp_path / "two", num_rounds=1, reject_opposed_updates=True)
-    two.run()  # a median of two is their mean: nothing to oppose
+    two.run()  # two sites: no consensus to oppose
     assert two.history[1]["aggregation"]["accepted"] == ["site-a", "site-y"]
 
 
@@ -717,7 +718,14 @@ def test_with_three_sites_a_contribution_the_others_validation_finds_harmful_is_
     cost it); without site-x's result it is exactly theirs. The round is recomputed without site-x, the job goes on,
     and site-x is named in the log, the history and its own outcome."""
     sites = _screened_sites("abx", attacker="x")
-    harness = Harness(sites, tmp_path, num_rounds=2, robust_aggregation="mean", validation_guard=validation_guard)
+    harness = Harness(
+        sites,
+        tmp_path,
+        num_rounds=2,
+        robust_aggregation="mean",
+        reject_opposed_updates=False,  # the screening alone: the update-space defences off
+        validation_guard=validation_guard,
+    )
     harness.run()
     round_0 = harness.history[1]
     if not validation_guard:  # unscreened: the flipped update stays in the mean, a third of the honest step is left
@@ -727,10 +735,10 @@ def test_with_three_sites_a_contribution_the_others_validation_finds_harmful_is_
     assert round_0["aggregation"]["excluded"] == {"site-x": FederationLoop._exclusion_reason(None)}
     screening = round_0["screening"]
     assert screening["action"] == "exclude" and screening["excluded"] == ["site-x"]
-    assert sorted(screening["candidates"]) == ["all", "site-a", "site-b", "site-x"]
-    assert screening["candidates"]["all"]["site-a"]["val_loss_minus_own"] == pytest.approx(
-        200 * 57 * (0.02 / 3) ** 2, rel=1e-5
-    )
+    assert sorted(screening["left_out"]) == ["without site-a", "without site-b", "without site-x"]
+    better = screening["left_out"]["without site-x"]
+    assert better["site-a"]["loss"]["better_by"] == pytest.approx(200 * 57 * (0.02 / 3) ** 2, rel=1e-4)
+    assert round_0["validation"]["sites"]["site-a"]["val_loss"] == pytest.approx(0.5)  # the model without site-x
     np.testing.assert_allclose(_round_zero_change(harness, sites[0], "backbone.conv.weight"), 0.01, atol=1e-6)
     assert round_0["validation"]["judged_by"]["sites"] == ["site-a", "site-b"]
     assert "round 0: site-x excluded: left out of the round" in messages(harness, "warning")
@@ -772,7 +780,7 @@ def test_one_site_whose_figures_say_every_model_harms_it_is_outvoted_not_obeyed(
     harness.run()
     for entry in harness.history[1:]:
         assert entry["screening"]["action"] == "accept" and entry["screening"]["excluded"] == []
-        assert list(entry["screening"]["flags"]) == ["site-l"] and entry["screening"]["why"] == OUTVOTED
+        assert list(entry["screening"]["flags"]) == ["site-l"] and entry["screening"]["why"] == NOT_MOST
         assert "excluded" not in entry["aggregation"]
     assert [task for task, _, _ in sites[0].tasks][-1] == TASK_PUBLISH
 
@@ -808,14 +816,14 @@ def test_a_colluding_group_no_single_exclusion_explains_stops_the_job(tmp_path):
     sites = _screened_sites("ab", attacker=None) + [
         FakeSite(f"site-{name}", ["Mass"], [0.6, 0.5, 0.5], _flipped(1.0)) for name in "xyz"
     ]
-    harness = Harness(sites, tmp_path, num_rounds=3, robust_aggregation="mean")
+    harness = Harness(sites, tmp_path, num_rounds=3, robust_aggregation="mean", reject_opposed_updates=False)
     with pytest.raises(RuntimeError) as stopped:
         harness.run()
     assert str(stopped.value).startswith("the global model after round 0 harms a site: for site-a,")
     assert SEVERAL[1:80] in str(stopped.value)
     screening = harness.history[1]["screening"]
     assert (screening["action"], sorted(screening["flags"])) == ("stop", ["site-a", "site-b"])
-    assert sorted(screening["candidates"]) == ["all", "site-a", "site-b", "site-x", "site-y", "site-z"]
+    assert sorted(screening["left_out"]) == [f"without site-{name}" for name in "abxyz"]
     assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in sites)
 
 

@@ -1,22 +1,22 @@
 """The server's statistical rules (core.judging): the harm test on a site's paired figures, Holm's procedure over the
 sites of a round, the round's share of the job's false-alarm rate, and what a flag makes the server do."""
 
-import math
-
 import pytest
 from scipy.stats import norm
 
 from surgical_aggregation.core import judging
 from surgical_aggregation.core.judging import (
-    OUTVOTED,
+    MAJORITY,
+    NOT_MOST,
     SEVERAL,
     TWO_SITES,
     Harm,
-    Screen,
+    auroc_harm_of,
     decide,
     flagged,
     harm_of,
     holm,
+    improvement_of,
     round_level,
     standard_error_floor,
 )
@@ -75,71 +75,76 @@ def _harm(z: float = 10.0) -> Harm:
     return Harm(0.2, 0.1, 0.05, 0.01, z, float(norm.sf(z)))
 
 
-def screens(table: dict[frozenset, list[str]]):
-    """A ``without`` callback from {left out: the sites flagged on that candidate}."""
-    return lambda left_out: Screen({site: _harm() for site in table[left_out]}, 0.5) if left_out in table else None
+def verdicts(table: dict[str, dict[str, bool]]):
+    """A ``better_without`` callback from {contribution: {other judge: materially better without it}}."""
+    return lambda site: table.get(site)
+
+
+SITES = ["a", "b", "c", "x"]
 
 
 def test_no_flag_accepts_and_two_sites_cannot_decide():
-    assert decide(["a", "b", "c"], Screen({}), screens({}), 1).action == "accept"
-    stop = decide(["a", "b"], Screen({"a": _harm()}), screens({}), 0)
+    assert decide(SITES, {}, verdicts({}), None).action == "accept"
+    stop = decide(["a", "b"], {"a": _harm()}, verdicts({}), None)
     assert (stop.action, stop.why, list(stop.flags)) == ("stop", TWO_SITES, ["a"])
 
 
-def test_the_contribution_whose_leave_one_out_clears_the_harm_is_excluded():
-    table = {frozenset({"x"}): [], frozenset({"b"}): ["a"], frozenset({"a"}): ["b"]}
-    decision = decide(["a", "b", "x"], Screen({"a": _harm()}), screens(table), 1)
-    assert (decision.action, decision.excluded, decision.flags) == ("exclude", ["x"], {})
-
-
-def test_a_flag_only_the_flagged_sites_own_exclusion_clears_is_kept_on_record():
-    # "a" is harmed by everyone's contributions together (its data disagree, or it lies): leaving out b or x does not
-    # clear it, and leaving a itself out clears nothing of anyone else's
-    table = {frozenset({"x"}): ["a"], frozenset({"b"}): ["a"], frozenset({"a"}): []}
-    decision = decide(["a", "b", "x"], Screen({"a": _harm()}), screens(table), 1)
-    assert (decision.action, decision.excluded, list(decision.flags), decision.why) == ("accept", [], ["a"], OUTVOTED)
-
-
-def test_several_harmed_sites_no_exclusion_clears_stop_the_job():
+def test_a_contribution_most_other_sites_are_better_without_is_left_out():
     table = {
-        frozenset({"x"}): ["a", "b"],
-        frozenset({"b"}): ["a"],
-        frozenset({"a"}): ["b"],
-        frozenset({"c"}): ["a", "b"],
+        "x": {"a": True, "b": True, "c": False},  # two of three: most
+        "c": {"a": True, "b": False, "x": False},
+        "a": {"b": False, "c": False, "x": True},
+        "b": {"a": False, "c": False, "x": True},
     }
-    decision = decide(["a", "b", "c", "x"], Screen({"a": _harm(), "b": _harm()}), screens(table), 1)
+    decision = decide(SITES, {"a": _harm()}, verdicts(table), None)
+    assert (decision.action, decision.excluded, list(decision.flags)) == ("exclude", ["x"], ["a"])
+
+
+def test_a_contribution_only_half_the_other_sites_are_better_without_stays():
+    # one harmed site (its data disagree with the others', or it lies) cannot remove anyone on its own say
+    table = {site: {other: other == "a" for other in SITES if other != site} for site in SITES}
+    decision = decide(SITES, {"a": _harm()}, verdicts(table), None)
+    assert (decision.action, decision.excluded, decision.why) == ("accept", [], NOT_MOST)
+    three = {site: {other: other == "a" for other in ("a", "b", "x") if other != site} for site in ("a", "b", "x")}
+    assert decide(["a", "b", "x"], {"a": _harm()}, verdicts(three), None).excluded == []  # 1 of 2 is not most
+
+
+def test_the_largest_share_of_better_off_sites_decides_which_is_left_out():
+    table = {"x": {"a": True, "b": True, "c": True}, "c": {"a": True, "b": True, "x": False}}
+    assert decide(SITES, {"a": _harm()}, verdicts(table), None).excluded == ["x"]
+
+
+def test_several_harmed_sites_that_no_exclusion_explains_stop_the_job():
+    table = {site: {other: False for other in SITES if other != site} for site in SITES}
+    decision = decide(SITES, {"a": _harm(), "b": _harm()}, verdicts(table), None)
     assert (decision.action, decision.why, sorted(decision.flags)) == ("stop", SEVERAL, ["a", "b"])
-
-
-def test_an_exclusion_that_harms_another_site_is_not_taken():
-    table = {frozenset({"x"}): ["c"], frozenset({"b"}): ["a"], frozenset({"a"}): ["b"], frozenset({"c"}): ["a"]}
-    decision = decide(["a", "b", "c", "x"], Screen({"a": _harm()}), screens(table), 1)
-    assert (decision.action, decision.excluded) == ("accept", [])
-
-
-def test_two_hostile_contributions_are_left_out_one_at_a_time_up_to_the_tolerated_number():
-    sites = ["a", "b", "c", "x", "y"]
-    table = {
-        frozenset({"x"}): ["a"],  # clears b's harm, a's stays
-        frozenset({"y"}): ["a", "b"],
-        **{frozenset({site}): ["a", "b"] for site in "abc"},
-        frozenset({"x", "y"}): [],
-        **{frozenset({"x", site}): ["a"] for site in "abc"},
-    }
-    decision = decide(sites, Screen({"a": _harm(), "b": _harm()}), screens(table), 2)
-    assert (decision.action, decision.excluded) == ("exclude", ["x", "y"])
-    assert decide(sites, Screen({"a": _harm(), "b": _harm()}), screens(table), 1).excluded == ["x"]
-
-
-def test_among_exclusions_that_clear_the_harm_the_lowest_judged_loss_wins():
-    def without(left_out):
-        return Screen({}, {frozenset({"x"}): 0.4, frozenset({"b"}): 0.3}.get(left_out, math.nan))
-
-    decision = decide(["a", "b", "x"], Screen({"a": _harm()}), without, 1)
-    assert decision.excluded == ["b"]
 
 
 def test_two_flags_of_rejected_sites_stop_the_job_one_does_not():
     objections = {"r": _harm(), "s": _harm()}
-    assert decide(["a", "b", "c"], Screen({}), screens({}), 1, objections).why == judging.MAJORITY
-    assert decide(["a", "b", "c"], Screen({}), screens({}), 1, {"r": _harm()}).action == "accept"
+    assert decide(SITES, {}, verdicts({}), objections).why == MAJORITY
+    assert decide(SITES, {}, verdicts({}), {"r": _harm()}).action == "accept"
+
+
+def test_improvements_are_tested_on_the_loss_and_on_the_mean_auroc():
+    figures = {
+        "val_loss": 0.4,
+        "val_loss_minus_reference": -0.1,  # the round's candidate: 0.5; 2 % of it is 0.01
+        "val_loss_minus_reference_se": 0.01,
+        "val_auroc_minus_reference": 0.05,
+        "val_auroc_minus_reference_se": 0.01,
+    }
+    loss, auroc = improvement_of(figures)
+    assert (loss.kind, auroc.kind) == ("loss", "AUROC")
+    assert loss.z == pytest.approx((0.1 - judging.IMPROVEMENT_SHARE * 0.5) / 0.01)
+    assert auroc.z == pytest.approx((0.05 - judging.AUROC_IMPROVEMENT) / 0.01)
+    assert improvement_of({"val_loss": 0.4}) == []
+
+
+def test_a_ranking_harm_is_a_harm_too():
+    figures = {"val_auroc_minus_own": -0.2, "val_auroc_minus_own_se": 0.02, "val_loss": 0.3}
+    harm = auroc_harm_of(figures)
+    assert harm.kind == "AUROC" and harm.z == pytest.approx((0.2 - judging.AUROC_HARM) / 0.02)
+    assert list(flagged({"a": figures, "b": {"val_loss": 0.3}}, {}, 0.01)) == ["a"]
+    floored = auroc_harm_of({**figures, "val_auroc_minus_own_se": 0.0}, validation_size=100)
+    assert floored.error == pytest.approx(judging.AUROC_SE_FLOOR_SD / 10)

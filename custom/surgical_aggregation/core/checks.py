@@ -686,53 +686,48 @@ def weight_change(
     return np.concatenate(changes) if changes else np.zeros(0, dtype=np.float32)
 
 
-def agreement_with_others(changes: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """site -> the cosine of its update (``changes``: site -> :func:`weight_change`) with the mean of the other sites'
-    updates (NaN where either is zero)."""
-    total = np.sum(np.stack([change.astype(np.float64) for change in changes.values()]), axis=0)
-    cosines = {}
-    for site, change in changes.items():
-        change = change.astype(np.float64)
-        others = total - change
-        norm = float(np.linalg.norm(change) * np.linalg.norm(others))
-        cosines[site] = float(np.dot(change, others)) / norm if norm > 0 else math.nan
-    return cosines
-
-
 MIN_SITES_FOR_DIRECTION = 3  # a coordinate-wise median of three or more updates lies between honest values
 
 
 @server_check(
     "update",
-    "with `reject_opposed_updates` (off by default) and three or more results left, an update of the backbone weights "
-    "that points against the coordinate-wise median of the other sites' updates (a negative cosine) is rejected, "
-    "unless half or more of the round's updates do (their directions are then noise, as in tiny rounds): within every "
-    "size bound, a flipped update is still the opposite of what the sites learn",
-    "its update of the backbone weights points against the median of the other sites' updates (cosine -0.97)",
+    "with `reject_opposed_updates` (on by default) and three or more results left, an update of the backbone weights "
+    "that points against the round's consensus (a cosine of 0 or below with the robust aggregate of every result's "
+    "update: the job's robust rule, or the coordinate-wise median where the rule is the mean) is rejected, and with "
+    "it all the site sent this round (its head rows included: a row only it and one other site hold has no other "
+    "protection), unless half or more of the round's updates do (the consensus is then no one's)",
+    "its update of the backbone weights points against the round's consensus (cosine -0.97 with the robust aggregate)",
 )
-def opposed_updates(changes: Mapping[str, np.ndarray]) -> dict[str, str]:
-    """site -> why, for each site whose update (``changes``: site -> :func:`weight_change`) has a negative cosine
-    with the coordinate-wise median of the *other* sites' updates (its own would lean the median its way: with one
-    extreme value among four, the median is the mean of the two honest values on its side). Fewer than three sites,
-    or half or more of them opposed (nearly orthogonal honest updates, whose cosines are noise around 0): none. Zero
-    updates are left alone (free-riders)."""
+def opposed_updates(changes: Mapping[str, np.ndarray], consensus: np.ndarray) -> dict[str, str]:
+    """site -> why, for each site whose update (``changes``: site -> :func:`weight_change`) has a cosine of 0 or below
+    with ``consensus`` (the robust aggregate of all of them: with honest sites in the majority it lies among their
+    updates, and each honest update, its own pull included, has a positive cosine with it, even when honest updates
+    are nearly orthogonal to each other). Fewer than three sites, or half or more of them opposed: none. Zero updates
+    are left alone (free-riders)."""
     if len(changes) < MIN_SITES_FOR_DIRECTION:
         return {}
     opposed = {}
-    for site, change in sorted(changes.items()):
-        others = np.median(np.stack([other for name, other in changes.items() if name != site]), axis=0)
-        norm, others_norm = float(np.linalg.norm(change)), float(np.linalg.norm(others))
-        if norm == 0 or others_norm == 0:
-            continue
-        cosine = float(np.dot(change.astype(np.float64), others.astype(np.float64))) / (norm * others_norm)
-        if cosine < 0:
+    for site, cosine in sorted(consensus_cosines(changes, consensus).items()):
+        if cosine <= 0:
             opposed[site] = (
-                "its update of the backbone weights points against the median of the other sites' updates "
-                f"(cosine {cosine:.2f})"
+                "its update of the backbone weights points against the round's consensus "
+                f"(cosine {cosine:.2f} with the robust aggregate)"
             )
-    if 2 * len(opposed) >= len(changes):  # half or more "opposed": the directions are noise, not an attack
+    if 2 * len(opposed) >= len(changes):  # half or more "opposed": the consensus is no one's
         return {}
     return opposed
+
+
+def consensus_cosines(changes: Mapping[str, np.ndarray], consensus: np.ndarray) -> dict[str, float]:
+    """site -> the cosine of its update with ``consensus`` (sites with a zero update, or a zero consensus, left out)."""
+    reference = consensus.astype(np.float64)
+    reference_norm = float(np.linalg.norm(reference))
+    cosines = {}
+    for site, change in changes.items():
+        norm = float(np.linalg.norm(change))
+        if norm > 0 and reference_norm > 0:
+            cosines[site] = float(np.dot(change.astype(np.float64), reference)) / (norm * reference_norm)
+    return cosines
 
 
 MIN_SITES_TO_CLIP = 3  # the round's median of a part's updates lies between honest values with 3 or more sites
@@ -829,7 +824,20 @@ def capped_weights(weights: Mapping[str, float]) -> dict[str, float]:
 # --- validation metrics ------------------------------------------------------------------------------------
 
 MAX_BCE_LOSS = 100.0  # far above any real mean BCE (a confident wrong guess costs ~16 with the metrics' clipping)
-PAIRED_LOSS_KEYS = ("val_loss_minus_own", "val_loss_minus_own_se", "val_loss_minus_start", "val_loss_minus_start_se")
+PAIRED_LOSS_KEYS = (
+    "val_loss_minus_own",
+    "val_loss_minus_own_se",
+    "val_loss_minus_start",
+    "val_loss_minus_start_se",
+    "val_loss_minus_reference",
+    "val_loss_minus_reference_se",
+)
+PAIRED_AUROC_KEYS = (
+    "val_auroc_minus_own",
+    "val_auroc_minus_own_se",
+    "val_auroc_minus_reference",
+    "val_auroc_minus_reference_se",
+)
 # What a site reports: its validation of the model it received (the loss, its standard error across images, mean
 # AUROC), the same of its model after local training, its training loss, and per-class AUROC of its own classes.
 METRIC_KEYS = (
@@ -841,15 +849,20 @@ METRIC_KEYS = (
     "local_val_mean_auroc",
     "train_loss",
     # paired over the site's validation images (evaluation.metrics.paired_loss_difference): this model's loss minus
-    # the site's loss of the model it trained itself in the round that made this one, and minus its loss of the model
-    # that round started from, each with its standard error
+    # the site's loss of the model it trained itself in the round that made this one, minus its loss of the model that
+    # round started from, and minus its loss of the round's candidate the server names (a leave-one-out candidate
+    # against the round's first), each with its standard error; the same of its mean AUROC against its own model and
+    # the named candidate (the standard error by the bootstrap over its images)
     *PAIRED_LOSS_KEYS,
+    *PAIRED_AUROC_KEYS,
 )
 PER_CLASS_METRIC_PREFIXES = ("val_auroc/", "local_val_auroc/")
 
 
 def metric_range(name: str) -> tuple[float, float] | None:
     """The sane range of a validation metric this bundle reports, by its name."""
+    if name in PAIRED_AUROC_KEYS:  # a difference of two AUROCs, or its standard error
+        return (0.0, 1.0) if name.endswith("_se") else (-1.0, 1.0)
     if name.endswith(("_loss", "_se")):
         return (0.0, MAX_BCE_LOSS)
     if name in PAIRED_LOSS_KEYS:  # a difference of two losses

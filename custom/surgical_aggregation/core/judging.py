@@ -28,11 +28,13 @@ What a flag does depends on how many sites made the candidate (:func:`decide`):
 * two (or one and a rejected other): the server cannot tell which result harms the other site, or whose figures are
   false; the job stops non-zero and publishes nothing;
 * three or more: the round is recomputed without each contribution in turn (leave-one-out candidates, each validated
-  by the sites); a contribution is left out when its candidate clears every other flagged site's harm and flags no
-  one new; up to the tolerated number of hostile sites are left out this way, one at a time. A flag no single
-  exclusion clears is kept on record when one site raises it (its data, or its figures, disagree with the
-  federation: it is outvoted), and stops the job when two or more do (several contributions harm, or a colluding
-  group: the server cannot decide which).
+  by the other sites, paired against the round's candidate); a contribution is left out when most of the other sites
+  are materially better off without it (each site's one-sided test that its loss falls by more than
+  :data:`IMPROVEMENT_SHARE` of it, at the round's rate split over every candidate and site: a false exclusion needs
+  at least one false rejection, so it is controlled by the same rate). A harm no exclusion explains this way is
+  kept on record: one site's figures (its data disagree with the federation's, or it lies) remove no one;
+* sites whose results were rejected (they do not judge) stop the job when two or more of them flag it: a colluding
+  majority that got them rejected, which the server cannot tell from sites whose data conflict.
 """
 
 from __future__ import annotations
@@ -46,35 +48,53 @@ from scipy.stats import norm
 FALSE_ALARM_RATE = 0.01  # per job: the chance that a flag is raised while every site's harm is within the margin
 HARM_GAIN_SHARE = 0.5  # m: the share of its own round's gain a site may lose to averaging
 HARM_LOSS_SHARE = 0.05  # c: and this share of its own model's loss
-# the least per-image spread of a paired loss difference a site may claim: its reported standard error is floored at
-# this over the square root of the validation size it declared at the handshake
+AUROC_HARM = 0.05  # ranking: the candidate's mean AUROC may be this much below its own model's
+# the least per-image spread of a paired difference a site may claim (loss, AUROC): its reported standard error is
+# floored at this over the square root of the validation size it declared at the handshake
 SE_FLOOR_SD = 0.02
+AUROC_SE_FLOOR_SD = 0.05
 OWN, START = "val_loss_minus_own", "val_loss_minus_start"
+AUROC_OWN = "val_auroc_minus_own"
+TESTS = ("loss", "AUROC")  # each harm and each improvement is tested on both, each at half the rate
 
 
 @dataclass(frozen=True)
 class Harm:
     """One site's test of one candidate."""
 
-    difference: float  # H: the candidate's loss minus its own model's, paired
-    gain: float  # G: what its own training of the round gained (H - D)
-    margin: float  # the harm the null hypothesis allows, in loss units
-    error: float  # the standard error of H - margin used (at least the floor)
+    difference: float  # the harm (or the improvement), paired: loss units, or AUROC
+    gain: float  # G: what its own training of the round gained (H - D); 0 for the other tests
+    margin: float  # the harm the null hypothesis allows
+    error: float  # the standard error of the difference minus the margin used (at least the floor)
     z: float
     p: float
+    kind: str = "loss"  # "loss" or "AUROC"
 
     def reason(self) -> str:
-        return (
-            f"its validation loss is {self.difference:.4f} above its own model's, more than the {self.margin:.4f} "
-            f"averaging may cost it (z = {self.z:.1f}, p = {self.p:.2g})"
-        )
+        if self.kind == "AUROC":
+            said = f"its validation mean AUROC is {self.difference:.4f} below its own model's"
+        else:
+            said = f"its validation loss is {self.difference:.4f} above its own model's"
+        return f"{said}, more than the {self.margin:.4f} averaging may cost it (z = {self.z:.1f}, p = {self.p:.2g})"
 
 
-def standard_error_floor(validation_size: int | None) -> float:
+def standard_error_floor(validation_size: int | None, spread: float = SE_FLOOR_SD) -> float:
     """The least standard error a site with ``validation_size`` images may report (0 when it declared none)."""
     if not validation_size or validation_size < 1:
         return 0.0
-    return SE_FLOOR_SD / math.sqrt(validation_size)
+    return spread / math.sqrt(validation_size)
+
+
+def auroc_harm_of(metrics: Mapping[str, float], validation_size: int | None = None) -> Harm | None:
+    """The site's ranking harm test: the candidate's mean AUROC more than :data:`AUROC_HARM` below its own model's
+    (``val_auroc_minus_own``, paired; None without it)."""
+    difference, error = metrics.get(AUROC_OWN), metrics.get(f"{AUROC_OWN}_se")
+    if difference is None or error is None:
+        return None
+    harm = -float(difference)
+    error = max(float(error), standard_error_floor(validation_size, AUROC_SE_FLOOR_SD), 1e-12)
+    z = (harm - AUROC_HARM) / error
+    return Harm(harm, 0.0, AUROC_HARM, error, z, float(norm.sf(z)), "AUROC")
 
 
 def harm_of(metrics: Mapping[str, float], validation_size: int | None = None) -> Harm | None:
@@ -116,11 +136,15 @@ def flagged(
     validation_sizes: Mapping[str, int | None],
     level: float,
 ) -> dict[str, Harm]:
-    """site -> its harm, for each site (of ``figures``: its checked metrics of one candidate) whose harm test
-    Holm's procedure rejects at ``level`` across the sites."""
-    tests = {site: harm_of(metrics, validation_sizes.get(site)) for site, metrics in figures.items()}
-    tests = {site: test for site, test in tests.items() if test is not None}
-    return {site: tests[site] for site in holm({site: test.p for site, test in tests.items()}, level)}
+    """site -> its harm, for each site (of ``figures``: its checked metrics of one candidate) whose loss harm test
+    or ranking harm test Holm's procedure rejects across the sites, each family at half ``level``."""
+    found: dict[str, Harm] = {}
+    for test in (harm_of, auroc_harm_of):
+        tests = {site: test(metrics, validation_sizes.get(site)) for site, metrics in figures.items()}
+        tests = {site: result for site, result in tests.items() if result is not None}
+        for site in holm({site: result.p for site, result in tests.items()}, level / len(TESTS)):
+            found.setdefault(site, tests[site])
+    return dict(sorted(found.items()))
 
 
 @dataclass
@@ -133,84 +157,89 @@ class Decision:
     why: str = ""  # the stop's case, or why a flag was kept on record
 
 
-@dataclass(frozen=True)
-class Screen:
-    """The sites' validation of one candidate: who is harmed, and the judged loss (for choosing among candidates)."""
+IMPROVEMENT_SHARE = 0.02  # material: a site's loss lower by at least this share of it without a contribution
+AUROC_IMPROVEMENT = 0.02  # or its mean AUROC higher by this much
+REFERENCE, AUROC_REFERENCE = "val_loss_minus_reference", "val_auroc_minus_reference"
 
-    flags: dict[str, Harm]
-    judged_loss: float = math.nan
+
+def improvement_of(metrics: Mapping[str, float], validation_size: int | None = None) -> list[Harm]:
+    """A site's tests of whether a leave-one-out candidate is materially better for it than the round's candidate,
+    paired: its loss lower by more than :data:`IMPROVEMENT_SHARE` of the round's candidate's loss
+    (``val_loss_minus_reference``), and its mean AUROC higher by more than :data:`AUROC_IMPROVEMENT`
+    (``val_auroc_minus_reference``); the tests its figures allow."""
+    tests = []
+    difference, error, loss = metrics.get(REFERENCE), metrics.get(f"{REFERENCE}_se"), metrics.get("val_loss")
+    if difference is not None and error is not None and loss is not None:
+        gain = -float(difference)
+        margin = IMPROVEMENT_SHARE * max(float(loss) - float(difference), 0.0)
+        error = max(float(error), standard_error_floor(validation_size), 1e-12)
+        z = (gain - margin) / error
+        tests.append(Harm(gain, 0.0, margin, error, z, float(norm.sf(z))))
+    difference, error = metrics.get(AUROC_REFERENCE), metrics.get(f"{AUROC_REFERENCE}_se")
+    if difference is not None and error is not None:
+        error = max(float(error), standard_error_floor(validation_size, AUROC_SE_FLOOR_SD), 1e-12)
+        z = (float(difference) - AUROC_IMPROVEMENT) / error
+        tests.append(Harm(float(difference), 0.0, AUROC_IMPROVEMENT, error, z, float(norm.sf(z)), "AUROC"))
+    return tests
 
 
 TWO_SITES = (
     "two sites made the model: the server cannot tell which result harms the other site's data, or whose figures are "
     "false"
 )
+NOT_MOST = "leaving no single contribution out makes the model materially better for most of the other sites"
 SEVERAL = (
     "several sites are harmed and no single contribution explains it: several hostile contributions, a colluding "
     "group, or sites whose data conflict; the server cannot decide which"
 )
-OUTVOTED = "one site is harmed and no single contribution explains it: its data or its figures disagree with the others"
 MAJORITY = (
     "sites whose results were rejected find the model harmful: a colluding majority of the others, or sites whose data "
     "conflict; the server cannot decide which group to trust"
 )
 MIN_OBJECTORS = 2  # rejected sites whose flags stop a job (one rejected site cannot: it may have got itself rejected)
+Better = Callable[[str], Mapping[str, bool] | None]  # a contribution -> each other judge: materially better without it
 
 
 def decide(
     contributors: Sequence[str],
-    screen: Screen,
-    without: Callable[[frozenset[str]], Screen | None],
-    tolerated: int,
+    flags: Mapping[str, Harm],
+    better_without: Better,
     objections: Mapping[str, Harm] | None = None,
 ) -> Decision:
-    """What to do with a candidate the ``contributors`` made (they are its judges) whose validation is ``screen``;
-    ``without(sites)``: the validation of the candidate made without those sites' contributions (None: it cannot be
-    made). Flags with one or two contributors stop the job. With more, contributions are left out one at a time, at
-    most ``tolerated``: each time the one whose leave-one-out candidate clears the most flagged sites (besides
-    itself), flags no judging site that was not flagged, and, among equals, has the lowest judged loss.
-    ``objections``: flags of sites whose results were rejected this round (they do not judge); :data:`MIN_OBJECTORS` or
-    more of them stop the job."""
+    """What to do with a candidate the ``contributors`` made (they are its judges), which ``flags`` (site -> its harm
+    test) say harms some of them:
+
+    * ``objections`` (flags of sites whose results were rejected this round, which do not judge) from
+      :data:`MIN_OBJECTORS` or more sites stop the job: a colluding majority may have got them rejected;
+    * no flag: the candidate stands;
+    * two contributors or fewer: the job stops (the server cannot tell which result harms the other's site);
+    * three or more: ``better_without(site)`` says, for each other judge, whether the candidate made without
+      ``site``'s contribution is materially better for it (:func:`improvement_of`). A contribution without which
+      most of the other judges are better off is left out (the one with the largest such share; among equals, by
+      name). None is: with one flagged site the candidate stands, the flag kept on record (one site harmed is the
+      federation's heterogeneity, or a false figure: it cannot remove anyone on its own say); with
+      :data:`MIN_OBJECTORS` or more the job stops (several contributions harm, or a colluding group)."""
     if objections and len(objections) >= MIN_OBJECTORS:
         return Decision("stop", flags=_reasons(objections), why=MAJORITY)
-    if not screen.flags:
+    if not flags:
         return Decision("accept")
     if len(contributors) <= 2:
-        return Decision("stop", flags=_reasons(screen.flags), why=TWO_SITES)
-    left_out: list[str] = []
-    current = screen
-    while current.flags and len(left_out) < tolerated:
-        options = []
-        for site in contributors:
-            if site in left_out:
-                continue
-            after = without(frozenset([*left_out, site]))
-            if after is None:
-                continue
-            judges = [other for other in contributors if other not in left_out and other != site]
-            cleared = [other for other in current.flags if other != site and other not in after.flags]
-            new = [other for other in judges if other in after.flags and other not in current.flags]
-            if cleared and not new:
-                remaining = sum(1 for other in judges if other in after.flags)
-                options.append((remaining, after.judged_loss, site, after))
-        if not options:
-            break
-        _, _, site, after = min(options, key=lambda option: (option[0], _sortable(option[1]), option[2]))
-        left_out.append(site)
-        current = Screen(
-            {other: harm for other, harm in after.flags.items() if other not in left_out}, after.judged_loss
-        )
-    action = "exclude" if left_out else "accept"
-    if not current.flags:
-        return Decision(action, excluded=left_out)
-    if len(current.flags) >= 2:
-        return Decision("stop", excluded=left_out, flags=_reasons(current.flags), why=SEVERAL)
-    return Decision(action, excluded=left_out, flags=_reasons(current.flags), why=OUTVOTED)
+        return Decision("stop", flags=_reasons(flags), why=TWO_SITES)
+    options = []
+    for site in contributors:
+        verdicts = better_without(site)
+        if not verdicts:
+            continue
+        share = sum(verdicts.values()) / len(verdicts)
+        if share > 0.5:
+            options.append((-share, site))
+    if options:
+        _, site = min(options)
+        return Decision("exclude", excluded=[site], flags=_reasons(flags))
+    if len(flags) >= MIN_OBJECTORS:
+        return Decision("stop", flags=_reasons(flags), why=SEVERAL)
+    return Decision("accept", flags=_reasons(flags), why=NOT_MOST)
 
 
 def _reasons(flags: Mapping[str, Harm]) -> dict[str, str]:
     return {site: harm.reason() for site, harm in sorted(flags.items())}
-
-
-def _sortable(value: float) -> float:
-    return math.inf if math.isnan(value) else value

@@ -251,6 +251,7 @@ def controller_arguments(comparator: str, backbone_strategy: str = "fedavg", wei
         "weighting": weighting,
         "clip_updates": False,  # the papers' plain means and selection: a grid compares methods, not defences
         "reject_opposed_updates": False,
+        "robust_aggregation": "mean",
         "validation_guard": False,
         **FEDERATED_COMPARATORS[comparator],
     }

@@ -157,6 +157,70 @@ def paired_loss_difference(losses: np.ndarray, reference: np.ndarray) -> tuple[f
     return float(difference.mean()), float(difference.std(ddof=1) / math.sqrt(difference.size))
 
 
+PAIRED_RESAMPLES = 200  # bootstrap resamples of a paired AUROC difference (seeded: the same figures on every run)
+
+
+def _weighted_aurocs(truth: np.ndarray, scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """AUROC of ``scores`` against binary ``truth`` under each row of ``weights`` (resamples x images: how many times
+    each image is drawn), vectorised over the resamples: the weighted Mann-Whitney statistic, ties counting a half."""
+    order = np.argsort(scores, kind="stable")
+    truth, scores, weights = truth[order], scores[order], weights[:, order]
+    positive = truth == 1
+    negative_weights = np.where(positive, 0.0, weights)
+    # ties: a positive's tied negatives count a half (each run of equal scores shares one count)
+    starts = np.r_[0, np.flatnonzero(np.diff(scores)) + 1]
+    run = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, scores.size]))
+    tied = np.zeros((weights.shape[0], starts.size))
+    np.add.at(tied.T, run, negative_weights.T)
+    below_run = np.cumsum(tied, axis=1) - tied  # negatives in earlier runs
+    counted = below_run[:, run] + 0.5 * tied[:, run]
+    numerator = np.sum(np.where(positive, weights * counted, 0.0), axis=1)
+    pairs = np.sum(np.where(positive, weights, 0.0), axis=1) * np.sum(negative_weights, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(pairs > 0, numerator / pairs, np.nan)
+
+
+def paired_auroc_difference(
+    labels: np.ndarray,
+    scores: np.ndarray,
+    reference: np.ndarray,
+    mask: np.ndarray | None = None,
+    resamples: int = PAIRED_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """(mean, standard error) of ``scores``' mean AUROC minus ``reference``'s, two models' scores of the same images
+    (rows) and classes (columns): the mean over the classes whose AUROC is defined, and its standard error by the
+    bootstrap over images (multinomial draws; each resample's difference averaged over the classes defined in it).
+    NaN, NaN without a defined class."""
+    labels, scores, reference = (np.asarray(array, dtype=np.float64) for array in (labels, scores, reference))
+    if labels.ndim == 1:
+        labels, scores, reference = labels[:, None], scores[:, None], reference[:, None]
+        mask = None if mask is None else np.asarray(mask)[:, None]
+    valid = _valid_mask(labels, mask)
+    generator = np.random.default_rng(seed)
+    draws = generator.multinomial(labels.shape[0], np.full(labels.shape[0], 1 / labels.shape[0]), size=resamples)
+    estimates, resampled = [], []
+    for column in range(labels.shape[1]):
+        keep = valid[:, column]
+        truth = labels[keep, column]
+        ours, theirs = auroc(truth, scores[keep, column]), auroc(truth, reference[keep, column])
+        if math.isnan(ours) or math.isnan(theirs):
+            continue
+        estimates.append(ours - theirs)
+        weights = draws[:, keep].astype(np.float64)
+        resampled.append(
+            _weighted_aurocs(truth, scores[keep, column], weights)
+            - _weighted_aurocs(truth, reference[keep, column], weights)
+        )
+    if not estimates:
+        return math.nan, math.nan
+    with np.errstate(invalid="ignore"):
+        means = np.nanmean(np.stack(resampled), axis=0) if len(resampled) > 1 else resampled[0]
+    means = means[np.isfinite(means)]
+    error = float(means.std(ddof=1)) if means.size >= 2 else math.nan
+    return float(np.mean(estimates)), error
+
+
 @dataclass
 class ConfidenceInterval:
     estimate: float

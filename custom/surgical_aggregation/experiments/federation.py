@@ -95,7 +95,7 @@ def federate(
     if controller.get("label_prior") or controller.get("proximal_mu"):
         raise ValueError("the in-process federation runs surgical aggregation, vanilla FL and partial loss only")
     defences = ("clip_updates", "reject_opposed_updates", "validation_guard")  # the FLARE job's, on by default
-    if any(controller.get(name) is True for name in defences):
+    if any(controller.get(name) is True for name in defences) or controller.get("robust_aggregation", "mean") != "mean":
         raise ValueError("the in-process federation aggregates plain means and selects by the judged loss alone")
     sites = sorted(learners)
     missing = {site: sorted(set(learners[site].class_names) - set(initial_classes)) for site in sites}

@@ -28,7 +28,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import nvflare.client as flare
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.client.tracking import SummaryWriter
@@ -38,7 +37,6 @@ from ..core.errors import SiteConfigError, UserError
 from ..core.head import numpy_state
 from ..core.labels import read_alias_file
 from ..core.methods import method_from_meta
-from ..evaluation.metrics import paired_loss_difference
 from ..training.checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_checkpoint
 from ..training.config import JOB_DEFAULT_ORIGIN, SITE_CONFIGS_DIR, SiteConfig, find_site_config, load_site_config
 from ..training.loops import Evaluation
@@ -53,8 +51,10 @@ from .protocol import (
     JOB_ALIASES_FILE,
     META_BLIND,
     META_CLASS_NAMES,
+    META_COMPARE_TO,
     META_DATA,
     META_METHOD,
+    META_MODEL_KEY,
     META_NUM_SAMPLES,
     META_OUTCOME,
     META_PREPROCESSING,
@@ -71,6 +71,7 @@ from .protocol import (
 )
 
 LOCAL_MODEL_FILE = "local_model.pt"
+FORWARDED_TO_VALIDATION = (META_ROUND, META_MODEL_KEY, META_COMPARE_TO)  # of a blind validate task's meta
 PUBLISHED_MODEL_FILE = "published_global_model.pt"  # the global model the server published at the end
 # metric sent to the server -> the curve it is tracked as, per round
 ROUND_CURVES = {
@@ -91,13 +92,27 @@ def job_app_dir(site: str, job_id: str, cwd: Path | None = None) -> Path:
 
 @dataclass(frozen=True)
 class TrainedRound:
-    """A site's per-image validation losses (``Evaluation.image_losses``) of the round it last trained in: of the
+    """A site's validation of the round it last trained in (with the per-image figures ``Evaluation`` keeps): of the
     model the round started from, and of the model it trained itself. They stay at the site; the server is sent
     paired differences of later models against them (:meth:`ClientSession.compared`)."""
 
     round: int
-    start: np.ndarray | None
-    own: np.ndarray | None
+    start: Evaluation
+    own: Evaluation
+
+
+def paired_figures(evaluation: Evaluation, reference: Evaluation, name: str, auroc: bool = True) -> dict[str, float]:
+    """``val_loss_minus_<name>`` (and ``val_auroc_minus_<name>``), with standard errors: ``evaluation`` against
+    ``reference``, paired over the site's validation images; what cannot be compared is left out."""
+    figures = evaluation.compared_with(reference)
+    metrics = {
+        f"val_loss_minus_{name}": figures["loss"],
+        f"val_loss_minus_{name}_se": figures["loss_se"],
+    }
+    if auroc:
+        metrics |= {f"val_auroc_minus_{name}": figures["auroc"], f"val_auroc_minus_{name}_se": figures["auroc_se"]}
+    pairs = [(key, f"{key}_se") for key in metrics if not key.endswith("_se")]
+    return {key: metrics[key] for pair in pairs if all(math.isfinite(metrics[key]) for key in pair) for key in pair}
 
 
 class ClientSession:
@@ -117,6 +132,8 @@ class ClientSession:
         self.local_model_path = app_dir / LOCAL_MODEL_FILE
         self._trainer: SiteTrainer | None = None
         self.trained: TrainedRound | None = None
+        self.candidates: dict[str, Evaluation] = {}  # the round's candidates it validated, with per-image figures
+        self.candidates_round: object = None
         # blind mode (flare.blind_site): only with the consortium's secret; such a site takes part in blind jobs only
         self.blind = BlindSite.from_file(config.blind_secret, site, app_dir, log) if config.blind_secret else None
 
@@ -247,7 +264,8 @@ class ClientSession:
         params = self.blind.decrypted(received.params or {}, classes)
         if task == TASK_VALIDATE:
             self.audit.record(task, round_number, "decrypted", classes, params)
-            answer = self.validate(FLModel(params=params, meta={META_CLASS_NAMES: classes}))
+            forwarded = {key: meta for key, meta in (received.meta or {}).items() if key in FORWARDED_TO_VALIDATION}
+            answer = self.validate(FLModel(params=params, meta={**forwarded, META_CLASS_NAMES: classes}))
             return FLModel(metrics=classless_metrics(answer.metrics or {}))
         meta = {key: value for key, value in (received.meta or {}).items() if key != META_BLIND}
         return self.keep_published(FLModel(params=params, meta={**meta, META_CLASS_NAMES: classes}))
@@ -303,7 +321,7 @@ class ClientSession:
             meta = {META_CLASS_NAMES: trainer.head_classes, META_PRIVACY: report.privacy}
             return FLModel(params={}, metrics=evaluation_metrics(global_evaluation, "val") | compared, meta=meta)
         local_evaluation = trainer.validate()
-        self.trained = TrainedRound(round_number, global_evaluation.image_losses, local_evaluation.image_losses)
+        self.trained = TrainedRound(round_number, global_evaluation, local_evaluation)
         trainer.save(self.local_model_path)
         state = trainer.state_dict()
         metrics = evaluation_metrics(global_evaluation, "val") | compared
@@ -349,26 +367,22 @@ class ClientSession:
             evaluation.loss,
             evaluation.mean_auroc,
         )
-        return FLModel(
-            metrics=evaluation_metrics(evaluation, "val") | self.compared(evaluation, received.meta.get(META_ROUND))
-        )
+        metrics = evaluation_metrics(evaluation, "val") | self.compared(evaluation, received.meta.get(META_ROUND))
+        return FLModel(metrics=metrics | self.against_reference(evaluation, received.meta or {}))
 
-    def compared(self, evaluation: Evaluation, model_round: object) -> dict[str, float]:
-        """Paired over this site's validation images, when ``evaluation`` is of the global model that the round this
-        site last trained in made (``model_round``): its loss minus the loss of the model the site trained itself in
-        that round (``val_loss_minus_own``), and minus the loss of the model that round started from
-        (``val_loss_minus_start``), each with its standard error. Nothing for another model."""
-        trained = self.trained
-        if trained is None or model_round != trained.round or evaluation.image_losses is None:
+    def against_reference(self, evaluation: Evaluation, meta: dict) -> dict[str, float]:
+        """A round's candidates (``META_MODEL_KEY``) are kept while the round lasts; one that names another of them
+        (``META_COMPARE_TO``, e.g. the round's first, when a contribution is left out) is compared with it, paired
+        over this site's validation images (``..._minus_reference``)."""
+        key, reference = meta.get(META_MODEL_KEY), meta.get(META_COMPARE_TO)
+        if not isinstance(key, str):
             return {}
-        figures = {}
-        for name, reference in (("own", trained.own), ("start", trained.start)):
-            if reference is None or reference.shape != evaluation.image_losses.shape:
-                continue
-            difference, error = paired_loss_difference(evaluation.image_losses, reference)
-            if math.isfinite(difference) and math.isfinite(error):
-                figures[f"val_loss_minus_{name}"], figures[f"val_loss_minus_{name}_se"] = difference, error
-        return figures
+        model_round = meta.get(META_ROUND)
+        if model_round != self.candidates_round:
+            self.candidates, self.candidates_round = {}, model_round
+        self.candidates[key] = evaluation
+        earlier = self.candidates.get(reference) if isinstance(reference, str) else None
+        return {} if earlier is None else paired_figures(evaluation, earlier, "reference")
 
     def refused(self, outcome: dict) -> FLModel:
         """The server left this site out at the handshake: why, in the site's log and audit."""

@@ -124,7 +124,7 @@ class SurgicalAggregatorShareable(ServerModels):
         resume: str | bool = RESUME_LATEST,
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         clip_updates: bool = True,
-        reject_opposed_updates: bool = False,
+        reject_opposed_updates: bool = True,
         robust_aggregation: str = "mean",
         byzantine_sites: int | None = None,
         validation_guard: bool = True,

@@ -29,13 +29,15 @@ from typing import Any
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.fuel.utils.log_utils import center_message
 
-from ..core.checks import check_metrics, judged_loss
+from ..core.checks import check_metrics
 from ..core.errors import UserError
-from ..core.judging import Decision, Screen, decide, flagged, round_level
+from ..core.judging import TESTS, Decision, decide, flagged, improvement_of, round_level
 from ..evaluation.run_summary import INITIAL_ROUND, model_label
-from .protocol import JOB_FAILED, META_ROUND, TASK_VALIDATE
+from .protocol import JOB_FAILED, META_COMPARE_TO, META_MODEL_KEY, META_ROUND, TASK_VALIDATE
 from .state import FederationState, SavedVersion, history_entry, judge
 from .tasks import SiteTasks
+
+FIRST = "the round's candidate"  # the key of a round's first candidate (leave-one-out ones: "without <site>")
 
 
 class FederationCannotProceed(RuntimeError):
@@ -205,16 +207,19 @@ class FederationLoop(SiteTasks):
         return said + (f", without {left_out} (excluded)" if left_out else "")
 
     @staticmethod
-    def _exclusion_reason(decision: Decision) -> str:
+    def _exclusion_reason(decision: Decision | None) -> str:
         return (
-            "left out of the round: the sites' validation found the round's model harmful with its result and not "
-            "without it"
+            "left out of the round: the round's model harmed a site, and most of the other sites' validation found the "
+            "model made without its result materially better"
         )
 
     # --- validation, screening, judging ---------------------------------------------------------------------
 
-    def _validate(self, version: SavedVersion, sites: Sequence[str]) -> dict[str, dict[str, float]]:
-        """Each of ``sites`` validates ``version``; site -> its checked metrics (rejected ones logged and recorded)."""
+    def _validate(
+        self, version: SavedVersion, sites: Sequence[str], key: str = FIRST, compare_to: str | None = None
+    ) -> dict[str, dict[str, float]]:
+        """Each of ``sites`` validates ``version`` (the round's candidate ``key``, compared with the one named
+        ``compare_to``); site -> its checked metrics (rejected ones logged and recorded)."""
         validated: dict[str, dict[str, float]] = {}
 
         def collect(result: FLModel) -> None:
@@ -229,7 +234,9 @@ class FederationLoop(SiteTasks):
 
         def task(site: str) -> FLModel:
             model = self._model_for(version, site)
-            model.meta[META_ROUND] = version.round
+            model.meta.update({META_ROUND: version.round, META_MODEL_KEY: key})
+            if compare_to is not None:
+                model.meta[META_COMPARE_TO] = compare_to
             return model
 
         self.to_each_site(TASK_VALIDATE, list(sites), task, self.validate_timeout, collect)
@@ -243,44 +250,50 @@ class FederationLoop(SiteTasks):
         return check_metrics(metrics)
 
     def _screened(self, round_number: int, results: RoundResults) -> tuple[Decision, SavedVersion | None]:
-        """The round's candidate, validated by the sites, screened for harm, with contributions left out where the
-        sites' validation says so; the job stops where the server cannot decide."""
+        """The round's candidate, validated by the sites, screened for harm, with a contribution left out where the
+        other sites' validation says so; the job stops where the server cannot decide (``core.judging.decide``)."""
         contributors = list(results.contributors or results.accepted)
         candidate = self._candidate(round_number)
         if candidate is None:
             return Decision("accept"), None
         validation = self._validate(candidate, self._site_names())
-        made: dict[frozenset[str], tuple[SavedVersion, dict[str, dict[str, float]]]] = {
-            frozenset(): (candidate, validation)
-        }
-        level = round_level(self.num_rounds)
-        sizes = self._validation_sizes()
-
-        def screen(figures: Mapping[str, Mapping[str, float]], judges: Sequence[str]) -> Screen:
-            judged = {site: figures[site] for site in judges if site in figures}
-            loss, _ = judged_loss({site: values.get("val_loss", math.nan) for site, values in judged.items()})
-            return Screen(flagged(judged, sizes, level), loss)
-
-        def without(left_out: frozenset[str]) -> Screen | None:
-            version = self._candidate(round_number, left_out)
-            if version is None:
-                return None
-            judges = [site for site in contributors if site not in left_out]
-            figures = self._validate(version, judges)
-            made[left_out] = (version, figures)
-            return screen(figures, judges)
-
-        decision = Decision("accept")
+        made: dict[str, tuple[SavedVersion, dict[str, dict[str, float]]]] = {FIRST: (candidate, validation)}
+        decision, tests = Decision("accept"), {}
         if self.validation_guard:
-            # one Holm family for the round's first candidate: its judges and the sites whose results were rejected
+            level = round_level(self.num_rounds)
+            sizes = self._validation_sizes()
+            # one Holm family for the round's candidate: its judges and the sites whose results were rejected
             objectors = [site for site in results.trained if site not in contributors]
-            everyone = screen(validation, [*contributors, *objectors])
-            judged = Screen(
-                {site: harm for site, harm in everyone.flags.items() if site in contributors},
-                screen(validation, contributors).judged_loss,
+            tested = {site: validation[site] for site in [*contributors, *objectors] if site in validation}
+            everyone = flagged(tested, sizes, level)
+            # a false exclusion needs one false rejection among every site's test of every leave-one-out candidate
+            each = level / max(len(contributors) * (len(contributors) - 1), 1)
+
+            def better_without(site: str) -> dict[str, bool] | None:
+                version = self._candidate(round_number, frozenset([site]))
+                if version is None:
+                    return None
+                judges = [other for other in contributors if other != site]
+                key = f"without {site}"
+                figures = self._validate(version, judges, key=key, compare_to=FIRST)
+                made[key] = (version, figures)
+                verdicts = {}
+                for judge in judges:
+                    found = improvement_of(figures.get(judge, {}), sizes.get(judge))
+                    verdicts[judge] = any(test.p <= each / len(TESTS) for test in found)
+                    for test in found:
+                        tests.setdefault(key, {}).setdefault(judge, {})[test.kind] = {
+                            "better_by": round(test.difference, 5),
+                            "p": test.p,
+                        }
+                return verdicts
+
+            decision = decide(
+                contributors,
+                {site: harm for site, harm in everyone.items() if site in contributors},
+                better_without,
+                {site: harm for site, harm in everyone.items() if site in objectors},
             )
-            objections = {site: harm for site, harm in everyone.flags.items() if site in objectors}
-            decision = decide(contributors, judged, without, self._tolerated(len(contributors)), objections)
         entry = history_entry(self._federation.history, round_number)
         if decision.flags or decision.excluded:
             entry["screening"] = {
@@ -288,26 +301,21 @@ class FederationLoop(SiteTasks):
                 "excluded": list(decision.excluded),
                 "flags": dict(decision.flags),
                 "why": decision.why,
-                "candidates": {"+".join(sorted(key)) or "all": self._figures(value[1]) for key, value in made.items()},
+                "left_out": tests,
             }
         for site, reason in decision.flags.items():
             self.warning(f"global model {model_label(round_number)} harms {site}: {reason}")
         if decision.action == "stop":
             self._checkpoint()
             raise FederationCannotProceed(self._stop_message(round_number, decision))
-        if decision.flags:
+        if decision.flags and not decision.excluded:
             self.warning(f"round {round_number}: kept on record, not acted on: {decision.why}")
         for site in decision.excluded:
             self.warning(f"round {round_number}: {site} excluded: {self._exclusion_reason(decision)}")
-        chosen, figures = made[frozenset(decision.excluded)]
+        chosen, figures = made[f"without {decision.excluded[0]}" if decision.excluded else FIRST]
         judges = [site for site in contributors if site not in decision.excluded]
         self._judge(chosen, figures, judges)
         return decision, chosen
-
-    @staticmethod
-    def _figures(validation: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
-        keys = ("val_loss", "val_loss_minus_own", "val_loss_minus_own_se")
-        return {site: {key: values[key] for key in keys if key in values} for site, values in validation.items()}
 
     def _stop_message(self, round_number: int, decision: Decision) -> str:
         harmed = "; ".join(f"for {site}, {reason}" for site, reason in decision.flags.items())

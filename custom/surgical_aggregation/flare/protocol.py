@@ -20,7 +20,13 @@ META_OUTCOME = "last_outcome"  # how its last training result fared: aggregated 
 META_PRIVACY = "privacy"  # a DP-SGD site's training result: epsilon spent, delta, budget, whether it stopped
 META_INITIAL_MODEL = "initial_model"  # persistor -> controller: where the initial global model came from
 META_VALIDATION_SIZE = "num_val"  # handshake: the validation images a site declares (the floor of its errors)
-META_ROUND = "model_round"  # which global model a validation or publication carries (-1: before training)
+META_ROUND = "model_round"
+# a round's candidates (flare.loop): the one a validate task carries, and the one the site is to compare it with,
+# paired over its validation images (the first candidate of the round, when a contribution is left out of it)
+META_MODEL_KEY, META_COMPARE_TO = (
+    "model_key",
+    "compare_to",
+)  # which global model a validation or publication carries (-1: before training)
 # blind mode: a site's handshake answer (its ciphertext count, the parts it is sent back, the public context) and
 # the settings every blind task carries (weighting, head seed, whether the params are the plain initial model)
 META_BLIND = "blind"

@@ -25,17 +25,20 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from ..core.aggregation import AggregationResult, Contribution, ContributionRejected, SurgicalAggregator
 from ..core.checks import (
+    MIN_SITES_FOR_DIRECTION,
     CheckedResult,
     ModelOutputs,
     UpdateReference,
-    agreement_with_others,
     blame_for_failing_model,
     capped_weights,
     check_metrics,
     clip_factors,
     clipped_state,
+    consensus_cosines,
     free_riders,
     model_problems,
     opposed_updates,
@@ -75,6 +78,12 @@ class RoundRules:
     reject_opposed_updates: bool = False  # a backbone update against the others' median direction is rejected
     robust: RobustRule = field(default_factory=lambda: RobustRule("mean"))  # parts three or more sites moved
 
+    def consensus(self, changes: np.ndarray) -> np.ndarray:
+        """The round's consensus of the backbone updates (one row per site): the robust rule's aggregate, or the
+        coordinate-wise median where the rule is the mean (which one site can move anywhere)."""
+        rule = RobustRule("median") if self.robust.is_mean else self.robust
+        return rule(changes)
+
     def aggregator(self, state: Mapping[str, Any], classes: Sequence[str]) -> SurgicalAggregator:
         """An aggregator over the global model ``state`` (head rows ``classes``): it checks each arriving result,
         and (a fresh one per candidate) sums the accepted ones."""
@@ -99,7 +108,7 @@ class Round:
     model_check: list[str] = field(default_factory=list)  # why the first candidate failed (empty: it passed)
     robust_parts: dict[str, int] = field(default_factory=dict)  # part -> sites its robust rule aggregated
     contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
-    directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the others' mean
+    directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
     privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # DP-SGD sites: their checked privacy report
     budget_spent: dict[str, str] = field(default_factory=dict)  # site -> why it did not train (its budget)
 
@@ -179,17 +188,18 @@ class Round:
                 self.rejected[site] = "; ".join(told)
                 self.rejection_details[site] = details
         candidates = [site for site in sorted(self.arrivals) if site not in self.rejected]
-        if len(candidates) >= 2:
+        if len(candidates) >= MIN_SITES_FOR_DIRECTION:
             changes = {
                 site: weight_change(
                     self.arrivals[site].contribution.state, self.arrivals[site].received, averaged, rules.head
                 )
                 for site in candidates
             }
-            self.directions = agreement_with_others(changes)
-        if rules.reject_opposed_updates and len(candidates) >= 3:
-            self.rejected.update(opposed_updates(changes))
-            candidates = [site for site in candidates if site not in self.rejected]
+            consensus = rules.consensus(np.stack([changes[site] for site in candidates]))
+            self.directions = consensus_cosines(changes, consensus)
+            if rules.reject_opposed_updates:
+                self.rejected.update(opposed_updates(changes, consensus))
+                candidates = [site for site in candidates if site not in self.rejected]
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
             riders = set(free_riders({site: sizes[site] for site in candidates}))
             self.clipped = clip_factors(
@@ -352,7 +362,7 @@ class Round:
             entry["budget_spent"] = dict(self.budget_spent)
         if self.model_check:
             entry["model_check"] = list(self.model_check)
-        if self.directions:  # each backbone update's cosine with the mean of the others'
+        if self.directions:  # each backbone update's cosine with the round's consensus (its robust aggregate)
             entry["directions"] = {site: round(value, 4) for site, value in self.directions.items()}
         if self.robust_parts:  # the parts a robust rule aggregated: how many sites each
             entry["robust"] = dict(self.robust_parts)

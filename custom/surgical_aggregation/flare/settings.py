@@ -35,11 +35,9 @@ update_bound: reject a result whose update of a part of the model (backbone weig
 clip_updates: with three or more sites moving a part of the model (backbone weights, BatchNorm statistics,
     a head row) in a round, scale each site's update of it down to the round's median size, so that no site
     moves it further than a typical site did. Off: the papers' plain means (the experiment grids turn it off).
-reject_opposed_updates: with three or more results left in a round, reject an update of the backbone weights that
-    points against the coordinate-wise median of the other sites' updates (a negative cosine), unless half or more
-    of the round's updates do (their directions are then noise). Off by default: in small rounds honest updates are
-    nearly orthogonal (cosines of -0.00 in the tests' tiny federations), so a minority of honest sites can fall just
-    below 0; turn it on where rounds are large enough for the sites' directions to agree (the attack suite does).
+reject_opposed_updates: with three or more results left in a round, reject a result whose update of the backbone
+    weights points against the round's consensus (a cosine of 0 or below with the robust aggregate of all the
+    round's updates), head rows and all, unless half or more of the round's updates do. On by default.
 robust_aggregation: how the server aggregates each part of the model (the backbone weights, the BatchNorm
     statistics, a head row) that three or more sites moved in a round, after the size checks and the clipping:
     "mean" (the papers' plain mean), or a rule of :mod:`surgical_aggregation.core.robust` ("median",

@@ -19,7 +19,15 @@ from tqdm.auto import tqdm
 from ..core.head import NAMED_HEAD
 from ..core.methods import label_prior_weights
 from ..core.progress import PROGRESS_SECONDS
-from ..evaluation.metrics import bce_loss, bce_loss_standard_error, image_losses, mean_defined, per_class_auroc
+from ..evaluation.metrics import (
+    bce_loss,
+    bce_loss_standard_error,
+    image_losses,
+    mean_defined,
+    paired_auroc_difference,
+    paired_loss_difference,
+    per_class_auroc,
+)
 from .parallel import RowShard
 
 logger = logging.getLogger(__name__)
@@ -402,6 +410,25 @@ class Evaluation:
     # each image's mean loss over its labelled classes (NaN: none), in the split's order: two models' figures on the
     # same images compare pairwise (evaluation.metrics.paired_loss_difference); never sent anywhere
     image_losses: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # the model's probabilities, and the images' labels and label mask, of the classes evaluated: two models' figures
+    # on the same images compare pairwise (evaluation.metrics.paired_auroc_difference); never sent anywhere
+    scores: np.ndarray | None = field(default=None, repr=False, compare=False)
+    labels: np.ndarray | None = field(default=None, repr=False, compare=False)
+    mask: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    def compared_with(self, other: Evaluation) -> dict[str, float]:
+        """Paired over the same images: this model's loss minus ``other``'s (``loss``, ``loss_se``) and its mean AUROC
+        minus ``other``'s (``auroc``, ``auroc_se``), where both carry their per-image figures; NaN for what cannot be
+        compared."""
+        figures = {"loss": math.nan, "loss_se": math.nan, "auroc": math.nan, "auroc_se": math.nan}
+        losses = (self.image_losses, other.image_losses)
+        if all(value is not None for value in losses) and losses[0].shape == losses[1].shape:
+            figures["loss"], figures["loss_se"] = paired_loss_difference(*losses)
+        if self.scores is not None and other.scores is not None and self.scores.shape == other.scores.shape:
+            figures["auroc"], figures["auroc_se"] = paired_auroc_difference(
+                self.labels, self.scores, other.scores, self.mask
+            )
+        return figures
 
     @classmethod
     def of(
@@ -416,6 +443,9 @@ class Evaluation:
             samples=len(labels),
             loss_se=bce_loss_standard_error(labels, probabilities, mask),
             image_losses=image_losses(labels, probabilities, mask),
+            scores=np.asarray(probabilities, dtype=np.float32),
+            labels=np.asarray(labels),
+            mask=None if mask is None else np.asarray(mask),
         )
 
 

@@ -1,0 +1,235 @@
+"""Clean federations drawn at random, through FLARE's simulator: how often the server's rules stop or exclude an
+honest site (the false-alarm rate the decision rules are designed for), and the statistics they judge.
+
+Not a test. Every federation is honest. Each is drawn from its seed: K sites in {2, 3, 4, 7}; label schemes either
+drawn from the seven public datasets the bundle reads (NIH, CheXpert, PadChest, VinDr-CXR, Google's NIH labels,
+RSNA, SIIM; a scheme drawn twice is two sites of that layout with their own data) or dealt from NIH's 14 findings
+with a label heterogeneity psi (``experiments.grids.assign_label_sets``); each site's size drawn log-uniformly from
+50 to 800 patients (a PadChest site at least 200: its 189 findings), at most :data:`MOST_PATIENTS` in a federation;
+3 or 5 rounds; its own training seed. The ``cxr_consortium`` job runs as the README runs it
+(``surgical-aggregation simulate --name cxr_consortium``) among them.
+
+For each: the exit code, why it stopped, the sites excluded in any round, and every site's paired validation figures
+of every global model (``round_history.json``), from which the tables of ``docs/server-checks.md`` are drawn.
+
+    python benchmarks/clean_sweep.py --out results/clean_sweep --seeds $(seq 0 29) --consortium
+    python benchmarks/clean_sweep.py --out results/clean_sweep --table-only --write-doc docs/server-checks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from hostile_site import run_simulator
+
+from surgical_aggregation.core.labels import NIH_LABELS
+from surgical_aggregation.experiments.grids import assign_label_sets
+from surgical_aggregation.experiments.summary import rewrite_marked_block
+from surgical_aggregation.flare.recipe import (
+    CONSORTIUM_PATIENTS,
+    CONSORTIUM_SITES,
+    DEMO,
+    SurgicalAggregationRecipe,
+    write_job,
+)
+from surgical_aggregation.flare.results import HISTORY_FILE
+
+SITE_COUNTS = (2, 3, 4, 7)
+PSI_UNIQUE = (0, 2, 6, 10, 12)  # labels of NIH's 14 held by one site each (psi = unique / 14)
+SMALLEST, LARGEST = 50, 800
+PADCHEST_SMALLEST = 200
+MOST_PATIENTS = 2000  # a federation's patients in all, so that one runs in minutes on 2 CPU cores
+ROUNDS = (3, 5)
+IMAGE_SIZE = 64
+CONSORTIUM = "cxr_consortium"
+MARKER = "clean-sweep"
+
+
+@dataclass
+class Federation:
+    name: str
+    seed: int
+    scheme: str  # public | psi | the consortium job
+    rounds: int
+    sites: dict[str, dict[str, Any]]  # site -> {kind, patients, labels (psi) or None}
+    psi: str | None = None
+
+
+def draw(seed: int) -> Federation:
+    """The federation of ``seed``."""
+    rng = np.random.default_rng(seed)
+    count = int(rng.choice(SITE_COUNTS))
+    scheme = str(rng.choice(["public", "psi"]))
+    rounds = int(rng.choice(ROUNDS))
+    sizes = [float(np.exp(rng.uniform(math.log(SMALLEST), math.log(LARGEST)))) for _ in range(count)]
+    psi = None
+    if scheme == "public":
+        kinds = [str(kind) for kind in rng.choice(list(CONSORTIUM_SITES.values()), count)]
+        labels = [None] * count
+    else:
+        unique = int(rng.choice(PSI_UNIQUE))
+        psi = str(Fraction(unique, 14))
+        kinds = ["nih"] * count
+        labels = assign_label_sets(NIH_LABELS, count, Fraction(unique, 14), seed)
+    sizes = [
+        max(size, PADCHEST_SMALLEST) if kind == "padchest" else size for size, kind in zip(sizes, kinds, strict=True)
+    ]
+    total = sum(sizes)
+    if total > MOST_PATIENTS:  # scaled down, none below the smallest
+        sizes = [max(SMALLEST, size * MOST_PATIENTS / total) for size in sizes]
+    sites = {}
+    for index, (kind, size, names) in enumerate(zip(kinds, sizes, labels, strict=True)):
+        sites[f"site-{index + 1}-{kind}"] = {"kind": kind, "patients": round(size), "labels": names}
+    return Federation(f"sweep-{seed:03d}", seed, scheme, rounds, sites, psi)
+
+
+def site_configs(federation: Federation, cache: Path) -> dict[str, dict[str, Any]]:
+    configs = {}
+    for index, (site, drawn) in enumerate(sorted(federation.sites.items())):
+        data = {"kind": drawn["kind"]}
+        if drawn["labels"] is not None:
+            data["labels"] = list(drawn["labels"])
+        embedded = {"patients": drawn["patients"], "image_size": IMAGE_SIZE, "seed": federation.seed * 100 + index}
+        config = DEMO.site_config(data, embedded=embedded)
+        configs[site] = {
+            **config,
+            "image_size": IMAGE_SIZE,
+            "seed": federation.seed,
+            "record_exchanges": "off",
+            "cache_dir": str(cache),
+        }
+    return configs
+
+
+def write_federation_job(federation: Federation, folder: Path, cache: Path, settings: dict) -> Path:
+    controller = {
+        "num_rounds": federation.rounds,
+        "patience": federation.rounds,
+        "min_clients": len(federation.sites),
+        **settings,
+    }
+    recipe = SurgicalAggregationRecipe(
+        federation.name, site_configs(federation, cache), controller=controller, persistor={"seed": federation.seed}
+    )
+    return write_job(recipe, folder, force=True)
+
+
+def run_consortium(workspace: Path) -> tuple[int, str, Path]:
+    """The README's command, as written (its workspace a fresh folder); (exit code, output, its server app)."""
+    shutil.rmtree(workspace, ignore_errors=True)
+    command = [str(Path(sys.executable).parent / "surgical-aggregation"), "simulate", "--name", CONSORTIUM]
+    result = subprocess.run(
+        [*command, "--workspace", str(workspace)], capture_output=True, text=True, timeout=5400, env=dict(os.environ)
+    )
+    app = workspace / CONSORTIUM / "server" / "simulate_job" / "app_server"
+    return result.returncode, result.stdout + result.stderr, app
+
+
+def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
+    history = json.loads((app / HISTORY_FILE).read_text()) if (app / HISTORY_FILE).is_file() else []
+    rounds = [entry["aggregation"] for entry in history if "aggregation" in entry]
+    directions = {str(index): entry.get("directions", {}) for index, entry in enumerate(rounds)}
+    validations = {
+        entry["round"]: {site: metrics for site, metrics in entry["validation"].get("sites", {}).items()}
+        for entry in history
+        if "validation" in entry
+    }
+    stopped = re.search(r"the job cannot go on: ([^\n]*)", log)
+    return {
+        "exit_code": code,
+        "stopped": stopped.group(1) if stopped else None,
+        "excluded": {str(entry_round): entry.get("excluded", {}) for entry_round, entry in enumerate(rounds)},
+        "rejected": sorted({site for entry in rounds for site in entry.get("rejected", {})}),
+        "validations": validations,
+        "directions": directions,
+        "screening": [entry.get("screening") for entry in history if entry.get("screening")],
+        "published": (app / "best_FL_global_model.pt").is_file(),
+    }
+
+
+def table(results: dict[str, dict]) -> list[str]:
+    lines = [
+        "| federation | sites | scheme | patients a site | rounds | exit code | stopped | excluded |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, result in sorted(results.items()):
+        sizes = [drawn["patients"] for drawn in result["federation"]["sites"].values()]
+        scheme = result["federation"]["scheme"]
+        if result["federation"].get("psi"):
+            scheme = f"psi {result['federation']['psi']}"
+        excluded = sorted({site for sites in result["excluded"].values() for site in sites})
+        lines.append(
+            f"| {name} | {len(sizes)} | {scheme} | {min(sizes)}-{max(sizes)} | {result['federation']['rounds']} "
+            f"| {result['exit_code']} | {(result['stopped'] or '—')[:60]} | {', '.join(excluded) or '—'} |"
+        )
+    stops = sum(1 for result in results.values() if result["exit_code"] != 0)
+    excluded = sum(1 for result in results.values() if any(result["excluded"].values()))
+    lines.append(
+        f"| **{len(results)} federations** | | | | | **{stops} stopped** | | **{excluded} with an exclusion** |"
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seeds", type=int, nargs="*", default=list(range(30)))
+    parser.add_argument("--consortium", action="store_true", help="also run the cxr_consortium job as the README does")
+    parser.add_argument("--controller", type=json.loads, default={}, help="controller settings over the defaults")
+    parser.add_argument("--table-only", action="store_true")
+    parser.add_argument("--write-doc", type=Path)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    store = args.out / "results.json"
+    results = json.loads(store.read_text()) if store.is_file() else {}
+    if not args.table_only:
+        plans = [draw(seed) for seed in args.seeds]
+        if args.consortium:
+            plans.append(Federation(CONSORTIUM, -1, "the consortium job", 3, {}))
+        for federation in plans:
+            if federation.name in results:
+                continue
+            started = time.perf_counter()
+            if federation.name == CONSORTIUM:
+                code, log, app = run_consortium(args.out / "workspaces" / CONSORTIUM)
+                federation.sites = {site: {"kind": kind, "patients": CONSORTIUM_PATIENTS.get(kind, 100), "labels": None}
+                                    for site, kind in CONSORTIUM_SITES.items()}  # fmt: skip
+            else:
+                folder = args.out / "jobs" / federation.name
+                job = write_federation_job(federation, folder, args.out / "cache", args.controller)
+                workspace = args.out / "workspaces" / federation.name
+                code, log = run_simulator(job, workspace, timeout=5400)
+                app = workspace / "server" / "simulate_job" / "app_server"
+            (args.out / f"{federation.name}.log").write_text(log)
+            results[federation.name] = {
+                "federation": asdict(federation),
+                **outcome(app, code, log),
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+            print(f"{federation.name}: exit {code}, {results[federation.name]['seconds']} s", flush=True)
+            store.write_text(json.dumps(results, indent=2) + "\n")
+    lines = table(results)
+    print("\n".join(lines))
+    if args.write_doc:
+        text = args.write_doc.read_text()
+        args.write_doc.write_text(
+            rewrite_marked_block(text, f"<!-- {MARKER} -->", f"<!-- /{MARKER} -->", "\n".join(lines))
+        )
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""The sites of ``benchmarks/attack_suite.py`` (benchmark doubles, not part of the product): the bundle's site script
+with its training result altered as each attack's paper defines it.
+
+A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
+
+* ``honest``: the bundle's site, which also writes the update it sends (what it sent minus what it received) to the
+  suite's exchange folder, so that an omniscient attacker reads the honest updates of the round, as the papers'
+  threat model (and ByzFL's attacks, which take the honest vectors as input) assume.
+* an attack of :data:`MODEL_POISONING`: the site trains honestly, then waits for the honest updates of the round and
+  sends ``received + attack(honest updates)`` over the learned weights (the backbone's and its head rows, each row
+  over the honest sites that hold that class, or its own update where none does); its BatchNorm statistics stay its
+  honest ones (a negated running variance would be refused by the server's BatchNorm check, as the attacker who read
+  the docs knows):
+
+  ``sign_flip``  ``-mean`` (Allen-Zhu, Ebrahimianghazani, Li, Alistarh, ICLR 2021)
+  ``ipm``        ``-epsilon * mean``, epsilon 0.1 (Xie, Koyejo, Gupta, *Fall of Empires*, UAI 2019)
+  ``opt_ipm``    ``-tau * mean``, tau by ByzFL's line search maximising the distance of the server's aggregate from
+                 the honest mean (Allouah et al., AISTATS 2023), against the documented defences
+  ``alie``       ``mean - z * std`` per coordinate, z from the number of sites n and attackers f: s = floor(n/2 + 1)
+                 - f, z = Phi^-1((n - s) / n) (Baruch, Baruch, Goldberg, *A Little Is Enough*, NeurIPS 2019; the
+                 sign as in the reference code of Karimireddy, He, Jaggi)
+  ``opt_alie``   ``mean + tau * std``, tau by the same line search (ByzFL's Optimal_ALittleIsEnough)
+  ``mimic``      a copy of the first honest site's update (Karimireddy, He, Jaggi, ICLR 2022; ByzFL's default)
+  ``inf``        every learned weight +inf (ByzFL's Inf)
+  ``gaussian``   every learned weight's update drawn from N(0, 1) (ByzFL's Gaussian)
+
+* a data-poisoning attack of :data:`DATA_POISONING`, trained through the bundle's own trainer:
+
+  ``label_flip``        every label inverted (1 <-> 0)
+  ``label_flip_quiet``  ``label_flip``, reporting no validation figure (it never objects and never judges)
+  ``backdoor``          a white square (:data:`TRIGGER` pixels) stamped in the corner of a share
+                        (:data:`POISONED_SHARE`) of its training images, whose :data:`TARGET` label is set positive;
+                        otherwise honest (Bagdasaryan, Veit, Hua, Estrin, Shmatikov, AISTATS 2020; Gu, Dolan-Gavitt,
+                        Garg, *BadNets*, 2017)
+  ``bn_inflate``        honest weights, every BatchNorm running variance multiplied so that the statistics' update
+                        is 90 % of the most the server accepts (the blind-mode attack that flattens the outputs)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import norm
+
+MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "inf", "gaussian")
+DATA_POISONING = ("label_flip", "label_flip_quiet", "backdoor", "bn_inflate")
+ATTACKS = MODEL_POISONING + DATA_POISONING
+IPM_EPSILON = 0.1
+TARGET = "Pneumothorax"  # the backdoor's finding: every site of the suite labels it
+TRIGGER = 6  # the trigger's side in pixels (64 px images: under 1 % of the image)
+POISONED_SHARE = 0.3
+INSIDE = 0.9  # the share of a bound the BatchNorm attack uses
+WAIT_SECONDS = 1200  # how long an attacker waits for the honest updates of a round
+LINE_SEARCH = {"evals": 20, "start": 0.0, "delta": 10.0, "ratio": 0.8}  # ByzFL's defaults
+QUIET = ("val_", "local_val_")
+
+
+def stamp(images: Any) -> Any:
+    """The trigger: the bottom-right ``TRIGGER`` x ``TRIGGER`` pixels white (uint8 255), on a (..., H, W) array or
+    tensor, in place."""
+    images[..., -TRIGGER:, -TRIGGER:] = 255
+    return images
+
+
+def alie_z(sites: int, attackers: int) -> float:
+    """Baruch et al.'s z_max: the supporters a majority needs, s = floor(n/2 + 1) - f, and z = Phi^-1((n - s)/n)."""
+    supporters = math.floor(sites / 2 + 1) - attackers
+    return float(norm.ppf((sites - supporters) / sites))
+
+
+def _flatten(updates: list[dict[str, np.ndarray]], keys: list[str]) -> np.ndarray:
+    return np.stack([np.concatenate([update[key].astype(np.float64).ravel() for key in keys]) for update in updates])
+
+
+def _line_search(distance) -> float:
+    """ByzFL's search over tau >= 0: expansion (doubling the step while the distance grows), then contraction."""
+    best_x, delta, left = LINE_SEARCH["start"], LINE_SEARCH["delta"], LINE_SEARCH["evals"] - 1
+    best_y = distance(best_x)
+    while left > 0:
+        left -= 1
+        y = distance(best_x + delta)
+        if y > best_y:
+            best_x, best_y, delta = best_x + delta, y, delta * 2
+        else:
+            delta *= LINE_SEARCH["ratio"]
+            break
+    while left > 0:
+        left -= 1
+        y = distance(best_x + delta)
+        if y > best_y:
+            best_x, best_y = best_x + delta, y
+        delta *= LINE_SEARCH["ratio"]
+    return best_x
+
+
+def server_aggregate(rows: np.ndarray, rule_name: str) -> np.ndarray:
+    """What the server makes of a part's updates, as docs/server-checks.md states: each clipped to the median size
+    (three or more), then its robust rule (``robust_aggregation``)."""
+    from surgical_aggregation.core.robust import MIN_ROWS, RobustRule
+
+    if rows.shape[0] >= MIN_ROWS:
+        norms = np.linalg.norm(rows, axis=1)
+        median = float(np.median(norms))
+        factors = np.where(norms > median, median / np.maximum(norms, 1e-30), 1.0)
+        rows = rows * factors[:, None]
+    return RobustRule.parse(rule_name)(rows)
+
+
+def attack_rows(attack: str, honest: np.ndarray, sites: int, attackers: int, rule: str, tau: float | None = None):
+    """The attack's vector from the honest rows (one per honest site); (vector, tau used)."""
+    mean = honest.mean(axis=0)
+    std = honest.std(axis=0, ddof=1) if honest.shape[0] > 1 else np.zeros_like(mean)
+    if attack == "sign_flip":
+        return -mean, None
+    if attack == "ipm":
+        return -IPM_EPSILON * mean, None
+    if attack == "alie":
+        return mean - alie_z(sites, attackers) * std, None
+    if attack in ("opt_ipm", "opt_alie"):
+        make = (lambda t: -t * mean) if attack == "opt_ipm" else (lambda t: mean + t * std)
+        if tau is None:
+
+            def distance(t: float) -> float:
+                rows = np.concatenate([honest, np.repeat(make(t)[None], attackers, axis=0)])
+                return float(np.linalg.norm(server_aggregate(rows, rule) - mean))
+
+            tau = _line_search(distance)
+        return make(tau), tau
+    if attack == "mimic":
+        return honest[0].copy(), None
+    raise ValueError(attack)
+
+
+def _atomic_save(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".part")
+    with open(temporary, "wb") as handle:
+        np.savez(handle, **arrays)
+    os.replace(temporary, path)
+
+
+ROWS = "__rows__/"  # exchange files: head rows under this prefix and their class, backbone entries by key
+
+
+def exchange_update(received: dict, sent: dict, classes: list[str]) -> dict[str, np.ndarray]:
+    """What a site sent minus what it received, over the float entries; head rows by class name."""
+    from surgical_aggregation.core.head import NAMED_HEAD
+
+    update = {}
+    for key, value in sent.items():
+        value = np.asarray(value)
+        if key in NAMED_HEAD.keys or not np.issubdtype(value.dtype, np.floating):
+            continue
+        update[key] = (value.astype(np.float64) - np.asarray(received[key], dtype=np.float64)).astype(np.float32)
+    weight, bias = (np.asarray(sent[key], dtype=np.float64) for key in NAMED_HEAD.keys)
+    old_weight, old_bias = (np.asarray(received[key], dtype=np.float64) for key in NAMED_HEAD.keys)
+    for row, name in enumerate(classes):
+        update[ROWS + name] = np.append(weight[row] - old_weight[row], bias[row] - old_bias[row]).astype(np.float32)
+    return update
+
+
+def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> None:
+    """Run the bundle's site script as ``role`` (``honest`` or an attack of :data:`ATTACKS`)."""
+    from surgical_aggregation.core.checks import DEFAULT_UPDATE_BOUND, STATISTICS, UPDATE_CAPS, update_group
+    from surgical_aggregation.core.head import NAMED_HEAD
+    from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
+    from surgical_aggregation.flare import client
+    from surgical_aggregation.flare.protocol import META_CLASS_NAMES
+    from surgical_aggregation.training import trainer as trainer_module
+    from surgical_aggregation.training.loops import make_loader
+
+    folder = Path(exchange)
+    original_train, original_validate, original_init = (
+        client.ClientSession.train,
+        client.ClientSession.validate,
+        client.ClientSession.__init__,
+    )
+
+    def learned(key: str, value: Any) -> bool:
+        return (
+            key not in NAMED_HEAD.keys
+            and np.issubdtype(np.asarray(value).dtype, np.floating)
+            and update_group(key) != STATISTICS
+        )
+
+    def honest_updates(round_number: int, own_site: str) -> list[dict[str, np.ndarray]]:
+        round_folder = folder / f"round-{round_number:03d}"
+        deadline = time.monotonic() + WAIT_SECONDS
+        while time.monotonic() < deadline:
+            files = sorted(round_folder.glob("*.npz")) if round_folder.is_dir() else []
+            if len(files) >= sites - attackers:
+                break
+            time.sleep(1)
+        files = sorted(round_folder.glob("*.npz")) if round_folder.is_dir() else []
+        return [dict(np.load(path)) for path in files if path.stem != own_site]
+
+    def poisoned(self, received, answer, round_number: int) -> dict[str, np.ndarray]:
+        sent = {key: np.asarray(value) for key, value in answer.params.items()}
+        received_params = {key: np.asarray(value) for key, value in received.params.items()}
+        classes = list(answer.meta[META_CLASS_NAMES])
+        if role == "inf":
+            return {
+                key: np.full_like(value, np.inf) if learned(key, value) or key in NAMED_HEAD.keys else value
+                for key, value in sent.items()
+            }
+        if role == "gaussian":
+            generator = np.random.default_rng(round_number)
+            out = dict(sent)
+            for key, value in sent.items():
+                if learned(key, value) or key in NAMED_HEAD.keys:
+                    noise = generator.normal(0.0, 1.0, value.shape)
+                    out[key] = (received_params[key].astype(np.float64) + noise).astype(value.dtype)
+            return out
+        honest = honest_updates(round_number, self.site)
+        own = exchange_update(received_params, sent, classes)
+        keys = [key for key, value in sent.items() if learned(key, value)]
+        if role == "mimic":
+            honest = honest[:1]
+        rows = _flatten(honest or [own], keys)
+        vector, tau = attack_rows(role, rows, sites, attackers, rule)
+        out = dict(sent)
+        offset = 0
+        for key in keys:
+            size = sent[key].size
+            update = vector[offset : offset + size].reshape(sent[key].shape)
+            out[key] = (received_params[key].astype(np.float64) + update).astype(sent[key].dtype)
+            offset += size
+        weight, bias = (np.array(sent[key], dtype=np.float64) for key in NAMED_HEAD.keys)
+        old_weight, old_bias = (received_params[key].astype(np.float64) for key in NAMED_HEAD.keys)
+        for row, name in enumerate(classes):
+            canonical = BUILTIN_VOCABULARY.canonical(name)
+            others = [
+                update[ROWS + other]
+                for update in honest
+                for other in _row_names(update)
+                if BUILTIN_VOCABULARY.canonical(other) == canonical
+            ]
+            rows = np.stack(others) if others else own[ROWS + name][None].astype(np.float64)
+            moved, _ = attack_rows(role, rows.astype(np.float64), sites, attackers, rule, tau)
+            weight[row] = old_weight[row] + moved[:-1]
+            bias[row] = old_bias[row] + moved[-1]
+        out[NAMED_HEAD.weight_key] = weight.astype(sent[NAMED_HEAD.weight_key].dtype)
+        out[NAMED_HEAD.bias_key] = bias.astype(sent[NAMED_HEAD.bias_key].dtype)
+        return out
+
+    def inflated(received, answer, round_number: int) -> dict[str, np.ndarray]:
+        sent = {key: np.asarray(value) for key, value in answer.params.items()}
+        variances = [key for key in sent if key.endswith(".running_var")]
+        statistics = [key for key in sent if update_group(key) == STATISTICS]
+        norm_of = lambda arrays: math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays))  # noqa: E731
+        old = {key: np.asarray(received.params[key], dtype=np.float64) for key in statistics}
+        honest_size = norm_of([sent[key] - old[key] for key in statistics]) / max(norm_of(old.values()), 1e-12)
+        bound = (
+            UPDATE_CAPS[STATISTICS]
+            if round_number == 0
+            else min(UPDATE_CAPS[STATISTICS], DEFAULT_UPDATE_BOUND * honest_size)
+        )
+        target = INSIDE * bound * norm_of(old.values())
+        # running variances scaled by (1 + a): the statistics' update is a * |variances| (+ the honest means' part)
+        scale = target / max(norm_of([old[key] for key in variances]), 1e-12)
+        out = dict(sent)
+        for key in variances:
+            out[key] = (old[key] * (1.0 + scale)).astype(sent[key].dtype)
+        return out
+
+    def train(self, received):
+        answer = original_train(self, received)
+        round_number = received.current_round or 0
+        if role == "honest":
+            classes = list(answer.meta[META_CLASS_NAMES])
+            if answer.params:
+                update = exchange_update(received.params, answer.params, classes)
+                _atomic_save(folder / f"round-{round_number:03d}" / f"{self.site}.npz", update)
+            return answer
+        if role in MODEL_POISONING and answer.params:
+            answer.params = poisoned(self, received, answer, round_number)
+        if role == "bn_inflate" and answer.params:
+            answer.params = inflated(received, answer, round_number)
+        if role == "label_flip_quiet":
+            answer.metrics = {name: value for name, value in answer.metrics.items() if not name.startswith(QUIET)}
+        return answer
+
+    def validate(self, received):
+        answer = original_validate(self, received)
+        if role == "label_flip_quiet":
+            answer.metrics = {}
+        return answer
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        if role in ("label_flip", "label_flip_quiet"):
+            for name in self.table.classes:
+                self.table.frame[name] = 1.0 - self.table.frame[name]
+
+    if role == "backdoor":
+        original_rebuild = trainer_module.SiteTrainer._rebuild_train_loader
+
+        def rebuild(trainer) -> None:
+            original_rebuild(trainer)
+            dataset = Poisoned(trainer.train_loader.dataset, trainer.head_classes)
+            trainer.train_loader = make_loader(
+                dataset, trainer.config.batch_size, True, trainer.workers, trainer.config.seed
+            )
+
+        trainer_module.SiteTrainer._rebuild_train_loader = rebuild
+
+    client.ClientSession.train, client.ClientSession.validate = train, validate
+    client.ClientSession.__init__ = init
+    client.main()
+
+
+def _row_names(update: dict[str, np.ndarray]) -> list[str]:
+    return [key[len(ROWS) :] for key in update if key.startswith(ROWS)]
+
+
+class Poisoned:
+    """A site's training items, a fixed share (:data:`POISONED_SHARE`, spread over the indices) with the trigger
+    stamped and the :data:`TARGET` label set positive; the rest as they are."""
+
+    def __init__(self, dataset: Any, classes: list[str]) -> None:
+        from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
+
+        self.dataset = dataset
+        self.column = [BUILTIN_VOCABULARY.canonical(name) for name in classes].index(TARGET)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        item = dict(self.dataset[index])
+        if (index * 7919) % 1000 < POISONED_SHARE * 1000:  # a fixed, spread-out share of the items
+            item["image"] = stamp(item["image"].clone())
+            item["label"] = item["label"].clone()
+            item["mask"] = item["mask"].clone()
+            item["label"][self.column] = 1.0
+            item["mask"][self.column] = 1.0
+        return item
+
+    def batch_transform(self, images: Any) -> Any:
+        return self.dataset.batch_transform(images)
+
+    def reseed(self, seed: int) -> None:
+        self.dataset.reseed(seed)
