@@ -224,7 +224,7 @@ def verdict(result: dict[str, Any], clean: dict[str, Any] | None) -> str:
         return "no clean run"
     worst = lowest_margin(result, clean)
     backdoor = result["best_backdoor_success"] - clean["best_backdoor_success"]
-    if worst >= -TOLERANCE and (result["attack"] != "backdoor" or backdoor <= BACKDOOR_TOLERANCE):
+    if worst >= -TOLERANCE and (not result["attack"].startswith("backdoor") or backdoor <= BACKDOOR_TOLERANCE):
         return "holds"
     return "breaks through"
 

@@ -14,9 +14,9 @@ training results are altered before they are sent:
 More alterations serve ``tests/test_defences_e2e.py`` and ``tests/test_blind_e2e.py`` (each defence of
 docs/server-checks.md through the simulator), not this benchmark: ``flip_x2`` (the update negated and doubled),
 ``x3_claiming_1e9`` (the update plus itself shifted by one entry, tripled, and 10^9 training samples claimed at the
-handshake and with every result), ``poisoned_rows`` (an honest backbone, and every head row turned into -8 times the
-row it received: inside the rows' cap, a classifier reversed and confident) and ``poisoned_rows_quiet`` (the same,
-reporting no metric at all).
+handshake and with every result), ``poisoned_rows`` (an honest backbone and honest head weights, every head row's bias
+raised by 90 % of what the rows' cap allows: inside every bound, every output pushed towards "present") and
+``poisoned_rows_quiet`` (the same, reporting no metric at all).
 
 The job runs with ``min_clients: 1``, so that a round in which only the honest site's result is valid still
 updates the model (with the job's ``min_clients: 2``, a two-site federation whose other site is rejected every
@@ -81,9 +81,10 @@ def altered(received, sent):
                 if ATTACK == "x3_claiming_1e9":  # skewed: after clipping it still differs from an honest update
                     change = change + np.roll(change, 1)
                 sent[key] = (received[key] + factor * change).astype(value.dtype)
-    elif ATTACK.startswith("poisoned_rows"):
-        for key in NAMED_HEAD.keys:
-            sent[key] = (-8.0 * received[key]).astype(sent[key].dtype)
+    elif ATTACK.startswith("poisoned_rows"):  # the bias up by 90 % of the cap: 10 x the row's size, at least 0.1
+        weight, bias = (received[key].astype(np.float64) for key in NAMED_HEAD.keys)
+        size = np.maximum(np.sqrt(np.sum(weight**2, axis=1) + bias**2), 0.1)
+        sent[NAMED_HEAD.bias_key] = (bias + 0.9 * 10 * size).astype(sent[NAMED_HEAD.bias_key].dtype)
     elif ATTACK == "negative_running_var":
         key = sorted(key for key in sent if key.endswith(".running_var"))[0]
         variance = sent[key].copy()

@@ -30,8 +30,10 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
   ``label_flip_quiet``  ``label_flip``, reporting no validation figure (it never objects and never judges)
   ``backdoor``          a white square (:data:`TRIGGER` pixels) stamped in the corner of a share
                         (:data:`POISONED_SHARE`) of its training images, whose :data:`TARGET` label is set positive;
-                        otherwise honest (Bagdasaryan, Veit, Hua, Estrin, Shmatikov, AISTATS 2020; Gu, Dolan-Gavitt,
-                        Garg, *BadNets*, 2017)
+                        otherwise honest (Gu, Dolan-Gavitt, Garg, *BadNets*, 2017)
+  ``backdoor_boosted``  ``backdoor``, its update scaled by the number of sites (model replacement: Bagdasaryan,
+                        Veit, Hua, Estrin, Shmatikov, *How To Backdoor Federated Learning*, AISTATS 2020), at most to
+                        90 % of what the server's size bounds accept, part by part
   ``bn_inflate``        honest weights, every BatchNorm running variance multiplied so that the statistics' update
                         is 90 % of the most the server accepts (the blind-mode attack that flattens the outputs)
 """
@@ -48,12 +50,12 @@ import numpy as np
 from scipy.stats import norm
 
 MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "inf", "gaussian")
-DATA_POISONING = ("label_flip", "label_flip_quiet", "backdoor", "bn_inflate")
+DATA_POISONING = ("label_flip", "label_flip_quiet", "backdoor", "backdoor_boosted", "bn_inflate")
 ATTACKS = MODEL_POISONING + DATA_POISONING
 IPM_EPSILON = 0.1
 TARGET = "Pneumothorax"  # the backdoor's finding: every site of the suite labels it
-TRIGGER = 6  # the trigger's side in pixels (64 px images: under 1 % of the image)
-POISONED_SHARE = 0.3
+TRIGGER = 8  # the trigger's side in pixels (64 px images: 1.6 % of the image)
+POISONED_SHARE = 0.5
 INSIDE = 0.9  # the share of a bound the BatchNorm attack uses
 WAIT_SECONDS = 1200  # how long an attacker waits for the honest updates of a round
 LINE_SEARCH = {"evals": 20, "start": 0.0, "delta": 10.0, "ratio": 0.8}  # ByzFL's defaults
@@ -268,6 +270,24 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
             out[key] = (old[key] * (1.0 + scale)).astype(sent[key].dtype)
         return out
 
+    def boosted(received, answer, round_number: int) -> dict[str, np.ndarray]:
+        """Its update scaled by the number of sites, each part at most 90 % of the server's bound for it."""
+        from surgical_aggregation.core.checks import ROWS, WEIGHTS, clipped_state, row_part, update_sizes
+
+        sent = {key: np.asarray(value) for key, value in answer.params.items()}
+        old = {key: np.asarray(value) for key, value in received.params.items()}
+        classes = list(answer.meta[META_CLASS_NAMES])
+        keys = [key for key, value in sent.items() if learned(key, value)]
+        sizes = update_sizes(sent, classes, old, classes, keys)
+
+        def factor(group: str, size: float) -> float:
+            bound = UPDATE_CAPS[group] if round_number == 0 else min(UPDATE_CAPS[group], DEFAULT_UPDATE_BOUND * size)
+            return min(float(sites), INSIDE * bound / size) if size > 0 else 1.0
+
+        factors = {WEIGHTS: factor(WEIGHTS, sizes.groups.get(WEIGHTS, 0.0))}
+        factors |= {row_part(name): factor(ROWS, size) for name, size in sizes.rows.items()}
+        return clipped_state(sent, classes, old, classes, factors, keys)
+
     def train(self, received):
         answer = original_train(self, received)
         round_number = received.current_round or 0
@@ -281,6 +301,8 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
             answer.params = poisoned(self, received, answer, round_number)
         if role == "bn_inflate" and answer.params:
             answer.params = inflated(received, answer, round_number)
+        if role == "backdoor_boosted" and answer.params:
+            answer.params = boosted(received, answer, round_number)
         if role == "label_flip_quiet":
             answer.metrics = {name: value for name, value in answer.metrics.items() if not name.startswith(QUIET)}
         return answer
@@ -297,7 +319,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
             for name in self.table.classes:
                 self.table.frame[name] = 1.0 - self.table.frame[name]
 
-    if role == "backdoor":
+    if role in ("backdoor", "backdoor_boosted"):
         original_rebuild = trainer_module.SiteTrainer._rebuild_train_loader
 
         def rebuild(trainer) -> None:

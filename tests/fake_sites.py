@@ -142,7 +142,8 @@ def shifted(params: dict, amount: float) -> dict:
 
 class Harness(SurgicalAggregatorShareable):
     def __init__(self, sites: list[FakeSite], app_dir, initial: tuple[dict, list[str]] | None = None, **arguments):
-        super().__init__(**arguments)
+        # the plain mean unless a test asks for a robust rule: the other mechanisms, each in isolation
+        super().__init__(**{"robust_aggregation": "mean", **arguments})
         self.head = TOY_HEAD
         self.sites = {site.name: site for site in sites}
         self.initial = initial or (toy_state(0, seed=0), [])

@@ -16,15 +16,15 @@ import pytest
 
 from surgical_aggregation.core.blind import BlindSecret
 from surgical_aggregation.core.head import NAMED_HEAD
-from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
+from surgical_aggregation.core.labels import BUILTIN_VOCABULARY, NIH_LABELS
 from surgical_aggregation.flare.blind import BLIND_BEST_MODEL_FILE, SEEN_FILE
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
-from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
+from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
 from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.site_data import resolve_table
 
-from helpers import audit_exchange, built_once, load_benchmark, tiny_recipe
+from helpers import audit_exchange, built_once, load_benchmark, tiny_recipe, tiny_sites
 
 pytestmark = pytest.mark.slow
 
@@ -51,9 +51,9 @@ def _run(root: Path, blind: bool) -> tuple[int, str, Path]:
     return code, output, root / "ws"
 
 
-def _with_secret(configs: dict[str, dict], root: Path) -> dict[str, dict]:
+def _with_secret(configs: dict[str, dict], root: Path, union: list[str] | None = None) -> dict[str, dict]:
     """The consortium's secret, made once by a site and kept in each site's local/ folder (here: one file for all)."""
-    union = sorted({name for site in SITES for name in _site_labels(site)})
+    union = sorted(union or {name for site in SITES for name in _site_labels(site)})
     secret = root / "local" / "blind_secret.json"
     secret.parent.mkdir(parents=True)
     secret.write_text(BlindSecret.new(union).to_json())
@@ -61,25 +61,27 @@ def _with_secret(configs: dict[str, dict], root: Path) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def label_flipper(tmp_path_factory):
-    """Blind mode against the attack suite's two-site federation (120 patients a site, 64 px), ``site-chexpert``
-    training honestly on its labels flipped, 2 rounds."""
+def poisoned(tmp_path_factory):
+    """Blind mode with three NIH-layout sites (tiny, the same 60 patients each), ``site-3`` raising every head row's
+    bias inside the rows' cap and reporting no metric at all (it never judges, and the server must not need its
+    figures), 3 rounds."""
 
     def build(root: Path) -> tuple[int, str, Path]:
-        suite = load_benchmark("attack_suite")
-        configs = {
-            site: {**config, "cache_dir": str(root / "cache")} for site, config in suite.site_configs(2, 0).items()
-        }
-        controller = {"num_rounds": 2, "min_clients": 1, "handshake_timeout": 300, "train_timeout": 600}
-        recipe = SurgicalAggregationRecipe("blind-flip", _with_secret(configs, root), controller=controller, blind=True)
-        job = write_job(recipe, root / "job")
-        (job / "app_site-chexpert" / "custom" / "client.py").write_text(
-            suite.ATTACKER_CLIENT.format(attack="label_flip")
+        cache = root / "cache"
+        defences = load_benchmark("hostile_site")
+        site = DEMO.site_config({"kind": "nih"}, embedded={"patients": 60}, record_exchanges="off")
+        configs = tiny_sites({f"site-{index}": dict(site) for index in (1, 2, 3)}, cache)
+        for config in configs.values():
+            config.update(embedded={**config["embedded"], "patients": 60}, max_batches_per_epoch=8)
+        controller = {"num_rounds": 3, "min_clients": 1, "handshake_timeout": 300, "train_timeout": 600}
+        recipe = SurgicalAggregationRecipe(
+            "blind-poisoned", _with_secret(configs, root, NIH_LABELS), controller=controller, blind=True
         )
-        code, output = load_benchmark("hostile_site").run_simulator(job, root / "ws", cache=root / "cache")
+        job = defences.write_job_with_hostile_sites(recipe, root / "job", {"site-3": "poisoned_rows_quiet"})
+        code, output = defences.run_simulator(job, root / "ws", cache=cache, timeout=900)
         return code, output, root / "ws"
 
-    return built_once(tmp_path_factory, "blind-e2e-label-flipper", build)
+    return built_once(tmp_path_factory, "blind-e2e-poisoned", build)
 
 
 @pytest.fixture(scope="module")
@@ -222,12 +224,19 @@ def test_the_blind_server_receives_no_class_name_no_plaintext_row_and_no_secret_
     assert (server / BLIND_BEST_MODEL_FILE).is_file()
 
 
-def test_the_sites_own_validation_still_stops_a_harmful_blind_federation(label_flipper):
+def test_the_sites_validation_leaves_out_a_harmful_blind_contribution_and_a_silent_site_breaks_nothing(poisoned):
     """The server reads no update, so the checks of values cannot run; the sites' validation of what they decrypt
-    still judges every model. Labels flipped at one of two sites: the round-0 model is far worse for site-nih than
-    the model it trained itself, and the blind job stops naming the disagreement, with nothing published."""
-    code, output, workspace = label_flipper
-    assert code != 0, output[-4000:]
-    assert "the sites disagree about the global model after round 0: " in output
-    assert "it is worse for site-nih than its own work: its validation loss" in output
-    assert not list(workspace.glob(f"site-*/simulate_job/app_site-*/{PUBLISHED_MODEL_FILE}"))
+    still judges every model. ``site-3`` raises every head row's bias: both other sites find the summed model harmful
+    and the sums made without ``site-3``'s ciphertexts (added again without them) materially better, so the round is
+    made without it, and the job goes on to publish. ``site-3`` sends no metric at all: nothing waits for it."""
+    code, output, workspace = poisoned
+    assert code == 0, output[-4000:]
+    assert "Traceback" not in output
+    history = json.loads((_server(workspace) / "round_history.json").read_text())
+    excluded = [entry for entry in history if "site-3" in entry.get("aggregation", {}).get("excluded", {})]
+    assert excluded, "site-3 was never left out"
+    for entry in excluded:
+        assert set(entry["screening"]["left_out"]["without site-3"]) == {"site-1", "site-2"}
+        assert "site-3" not in entry["validation"]["judged_by"]["sites"]
+    assert "site-3 excluded: left out of the round" in output
+    assert list(_app(workspace, "site-1").glob(PUBLISHED_MODEL_FILE))

@@ -30,3 +30,13 @@ def test_the_trained_model_beats_the_random_backbones_probe_on_every_site():
     for site, values in summary["test"].items():
         assert values["random_probe"] <= 0.65 and values["margin"] > 0.05, site
     assert summary["external"]["classes"] == 20
+
+
+def test_the_documented_best_model_is_the_one_the_controller_kept():
+    """The tables name the round held in the run's best_FL_global_model.pt (benchmarks/default_run.py reads it from the
+    file, and refuses a history whose last best flag names another round)."""
+    summary = json.loads(_default_run().SUMMARY.read_text())
+    best = summary["models"]["best"]
+    assert best["round"] == best["model_file_round"]
+    readme = (REPOSITORY / "README.md").read_text()
+    assert f"| best (round {best['model_file_round']}, " in readme

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from surgical_aggregation.core import judging
 from surgical_aggregation.core.checks import WEIGHTS, UpdateReference
 from surgical_aggregation.core.errors import StorageError
 from surgical_aggregation.core.judging import MAJORITY, NOT_MOST, SEVERAL
@@ -754,9 +755,10 @@ def test_with_two_sites_a_harmful_model_stops_the_job_and_nothing_is_published(t
     with pytest.raises(RuntimeError) as stopped:
         harness.run()
     harm = 200 * 57 * 0.01**2  # site-a's own model moved 0.01 on each of its 57 numbers; the mean did not move
+    margin = judging.HARM_GAIN_SHARE * 0.1 + judging.HARM_LOSS_SHARE * 0.5  # its own gain 0.1, its own loss 0.5
     assert str(stopped.value).startswith(
         f"the global model after round 0 harms a site: for site-a, its validation loss is {harm:.4f} above its own "
-        "model's, more than the 0.0750 averaging may cost it"
+        f"model's, more than the {margin:.4f} averaging may cost it"
     )
     assert "Two sites made the model: the server cannot tell which result harms the other site's data" in str(
         stopped.value
@@ -792,7 +794,8 @@ def test_a_standard_error_below_what_the_validation_size_allows_decides_nothing(
     that declared no size is not floored, and its claim stops a two-site job."""
     sites = _screened_sites("ax", attacker=None)
     sites[1].validation_size = declared
-    margin = 0.5 * 0.1 + 0.05 * 0.5  # half its own gain of 0.1, and 5 % of its own model's loss of 0.5
+    margin = judging.HARM_GAIN_SHARE * 0.1 + judging.HARM_LOSS_SHARE * 0.5  # its own gain of 0.1, its own loss 0.5
+    assert judging.SE_FLOOR_SD / math.sqrt(400) == pytest.approx(0.001)
     sites[1].validation_override = {
         "val_loss": 0.5 + margin + 0.0015,
         "val_loss_minus_own": margin + 0.0015,
@@ -806,7 +809,7 @@ def test_a_standard_error_below_what_the_validation_size_allows_decides_nothing(
             harness.run()
         return
     harness.run()
-    assert not any("screening" in entry for entry in harness.history)
+    assert not any(entry.get("screening", {}).get("flags") for entry in harness.history)
 
 
 def test_a_colluding_group_no_single_exclusion_explains_stops_the_job(tmp_path):
@@ -843,3 +846,30 @@ def test_honest_sites_whose_results_are_rejected_still_object_two_of_them_stop_t
     round_0 = harness.history[1]["aggregation"]
     assert round_0["accepted"] == ["site-x", "site-y", "site-z"] and sorted(round_0["rejected"]) == ["site-a", "site-b"]
     assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in sites)
+
+
+def test_harm_no_site_flags_still_leaves_out_a_contribution_the_others_are_better_off_without(tmp_path):
+    """Labels flipped at one of three sites do little to each other site's loss, too little for its harm test
+    (here 0.10 against the 0.25 averaging may cost it), but both are materially better off without that site's
+    result: every round's leave-one-out candidates find it without any flag."""
+    sites = _screened_sites("abx", attacker="x", harm_scale=40.0)
+    harness = Harness(sites, tmp_path, num_rounds=2, robust_aggregation="mean", reject_opposed_updates=False)
+    harness.run()
+    round_0 = harness.history[1]
+    assert set(round_0["screening"]["flags"]) <= {"site-x"}  # no honest site's harm test says anything
+    assert round_0["screening"]["excluded"] == ["site-x"]
+    assert round_0["aggregation"]["excluded"] == {"site-x": FederationLoop._exclusion_reason(None)}
+    np.testing.assert_allclose(_round_zero_change(harness, sites[0], "backbone.conv.weight"), 0.01, atol=1e-6)
+
+
+def test_the_products_robust_rule_keeps_a_flipped_update_among_three_inside_the_honest_ones(tmp_path):
+    """The default rule (the geometric median of each part's updates) with the direction check off: one update
+    negated at the honest size among three moves the model the honest way, by the honest sites' step (their two
+    equal updates are the geometric median of the three); the plain mean would move it a third of that."""
+    sites = _screened_sites("abx", attacker="x")
+    harness = Harness(
+        sites, tmp_path, num_rounds=1, robust_aggregation="geometric_median", reject_opposed_updates=False
+    )
+    harness.run()
+    assert harness.history[1]["aggregation"]["robust"]["backbone weights"] == 3
+    np.testing.assert_allclose(_round_zero_change(harness, sites[0], "backbone.conv.weight"), 0.01, atol=1e-5)

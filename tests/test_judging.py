@@ -66,8 +66,9 @@ def test_holm_steps_down_over_the_sites_of_a_round():
 
 
 def test_flagged_sites_are_those_holm_rejects():
-    far = {**FIGURES, "val_loss_minus_own": 0.5}
-    near = {**FIGURES, "val_loss_minus_own": 0.05}
+    # far: 0.5 above its own model and 0.45 above the round's start (its own training gained 0.05)
+    far = {**FIGURES, "val_loss_minus_own": 0.5, "val_loss_minus_start": 0.45}
+    near = {**FIGURES, "val_loss_minus_own": 0.05, "val_loss_minus_start": 0.0}
     assert list(flagged({"a": far, "b": near, "c": {"val_loss": 0.3}}, {}, 0.01)) == ["a"]
 
 

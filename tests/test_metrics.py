@@ -12,8 +12,11 @@ from surgical_aggregation.evaluation.metrics import (
     bce_loss,
     bce_loss_standard_error,
     bootstrap_ci,
+    image_losses,
     mean_auroc_ci,
     mean_defined,
+    paired_auroc_difference,
+    paired_loss_difference,
     paired_t_test,
     per_class_auroc,
 )
@@ -134,3 +137,42 @@ def test_paired_t_test_drops_undefined_pairs():
 def test_paired_t_test_of_identical_scores_has_no_normality_check():
     result = paired_t_test([0.7, 0.8, 0.9], [0.7, 0.8, 0.9])
     assert result.mean_difference == 0.0 and math.isnan(result.shapiro_p) and result.wilcoxon_p == 1.0
+
+
+def test_image_losses_and_their_paired_difference_by_hand():
+    labels = np.array([[1.0, 0.0], [0.0, np.nan], [1.0, 1.0]])
+    first = np.array([[0.9, 0.2], [0.3, 0.5], [0.6, 0.8]])
+    second = np.array([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])
+    by_hand = np.array([(-math.log(0.9) - math.log(0.8)) / 2, -math.log(0.7), (-math.log(0.6) - math.log(0.8)) / 2])
+    np.testing.assert_allclose(image_losses(labels, first), by_hand, rtol=1e-12)
+    differences = by_hand - np.full(3, -math.log(0.5))
+    mean, error = paired_loss_difference(image_losses(labels, first), image_losses(labels, second))
+    assert mean == pytest.approx(differences.mean(), rel=1e-12)
+    assert error == pytest.approx(differences.std(ddof=1) / math.sqrt(3), rel=1e-12)
+    assert np.isnan(image_losses(np.array([[np.nan]]), np.array([[0.5]]))[0])  # an image with no label
+
+
+def test_the_paired_auroc_difference_is_the_difference_of_mean_aurocs_with_a_bootstrap_error():
+    generator = np.random.default_rng(3)
+    labels = (generator.random((200, 3)) < 0.3).astype(float)
+    better = labels + generator.normal(0, 0.6, labels.shape)
+    worse = labels + generator.normal(0, 1.2, labels.shape)
+    mean, error = paired_auroc_difference(labels, better, worse)
+    by_hand = np.mean(
+        [roc_auc_score(labels[:, c], better[:, c]) - roc_auc_score(labels[:, c], worse[:, c]) for c in range(3)]
+    )
+    assert mean == pytest.approx(by_hand, abs=1e-12)
+    # the bootstrap's error against a slow bootstrap written out by hand (same draws: multinomial counts as rows)
+    draws = np.random.default_rng(0).multinomial(200, np.full(200, 1 / 200), size=200)
+    resampled = []
+    for counts in draws:
+        rows = np.repeat(np.arange(200), counts)
+        differences = [
+            roc_auc_score(labels[rows, c], better[rows, c]) - roc_auc_score(labels[rows, c], worse[rows, c])
+            for c in range(3)
+        ]
+        resampled.append(np.mean(differences))
+    assert error == pytest.approx(np.std(resampled, ddof=1), rel=1e-9)
+    assert paired_auroc_difference(labels, better, better) == (0.0, 0.0)
+    undefined = paired_auroc_difference(np.zeros((5, 1)), np.ones((5, 1)), np.ones((5, 1)))
+    assert all(math.isnan(value) for value in undefined)  # no positive image: no AUROC

@@ -142,6 +142,22 @@ def test_the_job_sets_the_federations_preprocessing_and_each_tasks_time(tmp_path
     assert timeouts == {"handshake": 3600, "train": 7200, "validate": 300}  # validate: the job's default
 
 
+def test_an_operator_leaves_a_site_out_and_sets_min_clients(tmp_path, capsys):
+    arguments = ["write-job", "--name", "cxr_consortium", "--out", str(tmp_path / "job"), "--leave-out", "site-siim"]
+    assert main([*arguments, "--leave-out", "site-rsna", "--min-clients", "4"]) == 0
+    meta = json.loads((tmp_path / "job" / "meta.json").read_text())
+    assert "site-siim" not in meta["deploy_map"] and "site-rsna" not in meta["deploy_map"]
+    assert len(meta["deploy_map"]) == 6 and not (tmp_path / "job" / "app_site-siim").exists()  # 5 sites and the server
+    controller = json.loads((tmp_path / "job/app_server/config/config_fed_server.json").read_text())["workflows"][0]
+    assert controller["args"]["min_clients"] == 4
+    assert main(["write-job", "--out", str(tmp_path / "other"), "--leave-out", "site-x"]) == 2
+    assert (
+        "has no site(s) ['site-x'] to leave out; its sites are ['site-chexpert', 'site-nih']" in capsys.readouterr().err
+    )
+    assert main(["write-job", "--out", str(tmp_path / "more"), "--min-clients", "3"]) == 2
+    assert "min_clients 3 is more than its 2 site(s)" in capsys.readouterr().err
+
+
 def test_the_job_carries_its_label_aliases_to_the_server_and_every_site_and_its_accepted_classes(tmp_path):
     (tmp_path / "consortium.json").write_text(json.dumps({"Opacity": "Consolidation", "TB": "Tuberculosis"}))
     arguments = ["write-job", "--out", str(tmp_path / "job"), "--label-aliases", str(tmp_path / "consortium.json")]

@@ -44,6 +44,8 @@ STAGES: dict[str, str] = {
     "update": "The size of every update",
     "metrics": "In the validation metrics",
     "model": "The candidate global model",
+    "aggregation": "How the round's updates are aggregated",
+    "screening": "The sites' validation of each round's model",
 }
 
 
@@ -1031,6 +1033,10 @@ def document_checks(text: str) -> str:
         text = text[:start] + "\n" + checks_table(stage) + "\n" + text[end:]
     return text
 
+
+# the rules registered in modules of their own: robust aggregation and the statistical judging of models
+from . import judging as _judging  # noqa: E402, F401
+from . import robust as _robust  # noqa: E402, F401
 
 if __name__ == "__main__":  # python -m surgical_aggregation.core.checks docs/server-checks.md
     # the registry as the package imports it: checks in modules of their own register there, not in __main__

@@ -2,37 +2,40 @@
 leave out of a round, and when the server cannot decide. Plain Python and SciPy, no FLARE.
 
 Every site validates each round's candidate model on its own validation images and reports, paired over those
-images (``training.loops.Evaluation.image_losses``), how much worse the candidate is than the model it trained itself
-in that round (``val_loss_minus_own``, H) and than the model the round started from (``val_loss_minus_start``, D),
-each with its standard error. ``G = H - D`` is what the site's own training of the round gained. Averaging with the
-other sites costs every site something (the federation's model is not its own), so the rule is a test of *material*
-harm, a non-inferiority test with a margin: the null hypothesis of a site is that the candidate lost at most
-:data:`HARM_GAIN_SHARE` of the site's own gain of the round plus :data:`HARM_LOSS_SHARE` of its own model's loss,
+images (``training.loops.Evaluation``), how much worse the candidate is than the model it trained itself in that
+round (``val_loss_minus_own``, H; ``val_auroc_minus_own``) and than the model the round started from
+(``val_loss_minus_start``, D), each with its standard error. ``G = H - D`` is what the site's own training of the
+round gained. Averaging with the other sites costs every site something (the federation's model is not its own, and
+a large site's own model fits its data better than any average), so each rule is a non-inferiority test with a
+margin, one-sided on the z-score of the paired difference minus the margin:
 
-    H0: H <= m * max(G, 0) + c * own loss,
-
-tested one-sided on ``T = H - m * max(G, 0) - c * own loss`` = ``(1 - m) H + m D - c * own loss`` (G > 0), whose
-standard error is at most ``(1 - m) SE(H) + m SE(D)`` (the paired figures' correlation is not reported, so the bound
-that holds for any correlation is used; the own loss's noise is small beside them).
+* loss: H0: ``H <= m * max(G, 0) + c * own loss`` (m = :data:`HARM_GAIN_SHARE`, c = :data:`HARM_LOSS_SHARE`): with
+  m = 1, the round may cost the site all its own gain and c of its own loss more, i.e. for G > 0 the test is on
+  ``D - c * own loss`` with the standard error of D (``(1 - m) SE(H) + m SE(D)`` in general, the bound that holds for
+  any correlation of the two paired figures);
+* ranking: H0: the candidate's mean AUROC is at most :data:`AUROC_HARM` below its own model's.
 
 Error rate. A job tests every site whose result made the candidate, every round: the sites of a round are tested by
-Holm's step-down procedure, and the rounds share the job's :data:`FALSE_ALARM_RATE` equally (Bonferroni over the
-planned ``num_rounds``; a job that stops early spends less). So the probability that a job flags any site whose harm
-is within the margin is at most :data:`FALSE_ALARM_RATE` (for the figures' normal approximation), whatever the number
-of sites and rounds. The margin and the floor under a reported standard error (:data:`SE_FLOOR_SD`) were set on a
-randomised sweep of clean federations (``benchmarks/clean_sweep.py`` with other seeds than the one the docs report);
-``docs/server-checks.md`` gives both sweeps.
+Holm's step-down procedure, each of the two tests at half the round's rate, and the rounds share the job's
+:data:`FALSE_ALARM_RATE` equally (Bonferroni over the planned ``num_rounds``; a job that stops early spends less). So
+the probability that a job flags a site whose harm is within the margins is at most :data:`FALSE_ALARM_RATE` (for the
+figures' normal approximation), whatever the number of sites and rounds. The margins and the floors under a
+reported standard error (:data:`SE_FLOOR_SD`, :data:`AUROC_SE_FLOOR_SD`) were set on a randomised sweep of clean
+federations (``benchmarks/clean_sweep.py``, other seeds than those the docs report); ``docs/server-checks.md`` gives
+both sweeps.
 
 What a flag does depends on how many sites made the candidate (:func:`decide`):
 
-* two (or one and a rejected other): the server cannot tell which result harms the other site, or whose figures are
-  false; the job stops non-zero and publishes nothing;
-* three or more: the round is recomputed without each contribution in turn (leave-one-out candidates, each validated
-  by the other sites, paired against the round's candidate); a contribution is left out when most of the other sites
-  are materially better off without it (each site's one-sided test that its loss falls by more than
-  :data:`IMPROVEMENT_SHARE` of it, at the round's rate split over every candidate and site: a false exclusion needs
-  at least one false rejection, so it is controlled by the same rate). A harm no exclusion explains this way is
-  kept on record: one site's figures (its data disagree with the federation's, or it lies) remove no one;
+* two (or fewer): the server cannot tell which result harms the other site, or whose figures are false; the job
+  stops non-zero and publishes nothing;
+* three or more, every round (no flag needed: harm spread thin over the other sites counts as much as harm
+  concentrated on one): the round is made again without each contribution in turn (leave-one-out candidates, each
+  validated by the other sites, paired against the round's candidate); a contribution is left out when most of the
+  other sites are materially better off without it (each site's one-sided tests that its loss falls by more than
+  :data:`IMPROVEMENT_SHARE` of it or its mean AUROC rises by more than :data:`AUROC_IMPROVEMENT`, at the round's rate
+  split over every candidate, site and test: a false exclusion needs at least one false rejection, so it is controlled
+  by the same rate). A flag of one site that no exclusion explains is kept on record (its data disagree with the
+  federation's, or it lies: it removes no one on its own say); flags of two or more stop the job;
 * sites whose results were rejected (they do not judge) stop the job when two or more of them flag it: a colluding
   majority that got them rejected, which the server cannot tell from sites whose data conflict.
 """
@@ -45,9 +48,11 @@ from dataclasses import dataclass, field
 
 from scipy.stats import norm
 
+from .checks import server_check
+
 FALSE_ALARM_RATE = 0.01  # per job: the chance that a flag is raised while every site's harm is within the margin
-HARM_GAIN_SHARE = 0.5  # m: the share of its own round's gain a site may lose to averaging
-HARM_LOSS_SHARE = 0.05  # c: and this share of its own model's loss
+HARM_GAIN_SHARE = 1.0  # m: the share of its own round's gain a site may lose to averaging
+HARM_LOSS_SHARE = 0.3  # c: and this share of its own model's loss
 AUROC_HARM = 0.05  # ranking: the candidate's mean AUROC may be this much below its own model's
 # the least per-image spread of a paired difference a site may claim (loss, AUROC): its reported standard error is
 # floored at this over the square root of the validation size it declared at the handshake
@@ -85,6 +90,16 @@ def standard_error_floor(validation_size: int | None, spread: float = SE_FLOOR_S
     return spread / math.sqrt(validation_size)
 
 
+@server_check(
+    "screening",
+    f"a site whose mean validation AUROC of the candidate is more than {AUROC_HARM:g} below that of the model it "
+    "trained itself that round (`val_auroc_minus_own`, paired, its standard error by the bootstrap over its images) "
+    "flags it, tested as the loss; a reported standard error is floored at what the validation size the site "
+    f"declared at the handshake allows ({SE_FLOOR_SD:g} for the loss, {AUROC_SE_FLOOR_SD:g} for the AUROC, over the "
+    "square root of that size)",
+    "its validation mean AUROC is 0.1200 below its own model's, more than the 0.0500 averaging may cost it (z = 3.5, "
+    "p = 0.0002)",
+)
 def auroc_harm_of(metrics: Mapping[str, float], validation_size: int | None = None) -> Harm | None:
     """The site's ranking harm test: the candidate's mean AUROC more than :data:`AUROC_HARM` below its own model's
     (``val_auroc_minus_own``, paired; None without it)."""
@@ -97,6 +112,17 @@ def auroc_harm_of(metrics: Mapping[str, float], validation_size: int | None = No
     return Harm(harm, 0.0, AUROC_HARM, error, z, float(norm.sf(z)), "AUROC")
 
 
+@server_check(
+    "screening",
+    "every site validates each round's candidate; a site whose validation loss of it is above the loss of the model "
+    "it started the round from by more than "
+    f"{HARM_LOSS_SHARE:g} of its own model's loss (paired over its images: `val_loss_minus_own` and "
+    "`val_loss_minus_start`), tested one-sided at the job's false-alarm rate "
+    f"({FALSE_ALARM_RATE:g} per job, shared by the planned rounds, Holm over the sites; the loss and the AUROC tests "
+    "each at half), flags it",
+    "its validation loss is 0.4210 above its own model's, more than the 0.3550 averaging may cost it (z = 4.1, "
+    "p = 2e-05)",
+)
 def harm_of(metrics: Mapping[str, float], validation_size: int | None = None) -> Harm | None:
     """The site's harm test of a candidate from its checked metrics (None without the paired figures)."""
     names = (OWN, f"{OWN}_se", START, f"{START}_se", "val_loss")
@@ -162,6 +188,15 @@ AUROC_IMPROVEMENT = 0.02  # or its mean AUROC higher by this much
 REFERENCE, AUROC_REFERENCE = "val_loss_minus_reference", "val_auroc_minus_reference"
 
 
+@server_check(
+    "screening",
+    "with three or more contributions, every round, the round is made again without each contribution in turn, and "
+    "the other sites validate each such candidate against the round's: a site is materially better off without a "
+    f"contribution when its loss falls by more than {IMPROVEMENT_SHARE:g} of it or its mean AUROC rises by more than "
+    f"{AUROC_IMPROVEMENT:g} (`val_..._minus_reference`, one-sided, at the round's rate split over every candidate, "
+    "site and test)",
+    "(recorded in the round's `screening`: each left-out candidate's figures and p-values)",
+)
 def improvement_of(metrics: Mapping[str, float], validation_size: int | None = None) -> list[Harm]:
     """A site's tests of whether a leave-one-out candidate is materially better for it than the round's candidate,
     paired: its loss lower by more than :data:`IMPROVEMENT_SHARE` of the round's candidate's loss
@@ -200,6 +235,16 @@ MIN_OBJECTORS = 2  # rejected sites whose flags stop a job (one rejected site ca
 Better = Callable[[str], Mapping[str, bool] | None]  # a contribution -> each other judge: materially better without it
 
 
+@server_check(
+    "screening",
+    "a contribution most of the other sites are materially better off without is left out of the round (the "
+    "round's model is made again without it; the site is named in the log, the history and its outcome); a flag no "
+    "exclusion explains is kept on record when one site raises it, and stops the job when "
+    f"{MIN_OBJECTORS} or more do, when two sites made the model (the server cannot tell which result harms), or when "
+    f"{MIN_OBJECTORS} or more sites whose results were rejected flag it (a colluding majority)",
+    "the global model after round 1 harms a site: for site-a, its validation loss is ... Two sites made the model: the "
+    "server cannot tell which result harms the other site's data, or whose figures are false",
+)
 def decide(
     contributors: Sequence[str],
     flags: Mapping[str, Harm],
@@ -211,20 +256,18 @@ def decide(
 
     * ``objections`` (flags of sites whose results were rejected this round, which do not judge) from
       :data:`MIN_OBJECTORS` or more sites stop the job: a colluding majority may have got them rejected;
-    * no flag: the candidate stands;
-    * two contributors or fewer: the job stops (the server cannot tell which result harms the other's site);
-    * three or more: ``better_without(site)`` says, for each other judge, whether the candidate made without
-      ``site``'s contribution is materially better for it (:func:`improvement_of`). A contribution without which
-      most of the other judges are better off is left out (the one with the largest such share; among equals, by
-      name). None is: with one flagged site the candidate stands, the flag kept on record (one site harmed is the
-      federation's heterogeneity, or a false figure: it cannot remove anyone on its own say); with
-      :data:`MIN_OBJECTORS` or more the job stops (several contributions harm, or a colluding group)."""
+    * two contributors or fewer: a flag stops the job (the server cannot tell which result harms the other's site);
+    * three or more, every round: ``better_without(site)`` says, for each other judge, whether the candidate made
+      without ``site``'s contribution is materially better for it (:func:`improvement_of`). A contribution without
+      which most of the other judges are better off is left out (the one with the largest such share; among equals,
+      by name): this needs no flag, so harm spread thin over the other sites (labels flipped at one of them) counts
+      as much as harm concentrated on one. None is: one flagged site is kept on record (its data or its figures
+      disagree with the federation's: it removes no one on its own say), :data:`MIN_OBJECTORS` or more stop the job
+      (several contributions harm, or a colluding group)."""
     if objections and len(objections) >= MIN_OBJECTORS:
         return Decision("stop", flags=_reasons(objections), why=MAJORITY)
-    if not flags:
-        return Decision("accept")
     if len(contributors) <= 2:
-        return Decision("stop", flags=_reasons(flags), why=TWO_SITES)
+        return Decision("stop", flags=_reasons(flags), why=TWO_SITES) if flags else Decision("accept")
     options = []
     for site in contributors:
         verdicts = better_without(site)
@@ -238,7 +281,7 @@ def decide(
         return Decision("exclude", excluded=[site], flags=_reasons(flags))
     if len(flags) >= MIN_OBJECTORS:
         return Decision("stop", flags=_reasons(flags), why=SEVERAL)
-    return Decision("accept", flags=_reasons(flags), why=NOT_MOST)
+    return Decision("accept", flags=_reasons(flags), why=NOT_MOST if flags else "")
 
 
 def _reasons(flags: Mapping[str, Harm]) -> dict[str, str]:

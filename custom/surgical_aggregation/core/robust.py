@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .checks import STATISTICS, WEIGHTS, row_part, update_group
+from .checks import STATISTICS, WEIGHTS, row_part, server_check, update_group
 from .head import NAMED_HEAD, HeadSpec, cast_like, to_numpy
 
 Aggregator = Callable[[np.ndarray, int], np.ndarray]  # (rows, f) -> the aggregate
@@ -221,6 +221,14 @@ class SiteResult:
     class_names: Sequence[str]  # its head rows' names, in its own spelling
 
 
+@server_check(
+    "aggregation",
+    "with `robust_aggregation` (default `geometric_median`), each part of the model (the backbone weights, the "
+    f"BatchNorm statistics, each head row over the sites that hold it) that {MIN_ROWS} or more accepted results moved "
+    "takes the rule's aggregate of their (clipped) updates instead of their mean, tolerating `byzantine_sites` hostile "
+    "ones (default: the most it can, (n - 1) // 2 of n); a part fewer sites moved keeps its (weighted) mean",
+    "(recorded in the round's `robust`: how many sites each part's rule aggregated)",
+)
 def robust_state(
     mean_state: Mapping[str, Any],
     global_state: Mapping[str, Any],

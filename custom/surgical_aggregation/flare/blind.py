@@ -44,6 +44,7 @@ from .protocol import (
     META_BLIND,
     META_CLASS_NAMES,
     META_METHOD,
+    META_MODEL_KEY,
     META_OUTCOME,
     META_PREPROCESSING,
     META_ROUND,
@@ -61,12 +62,18 @@ BLIND_BEST_MODEL_FILE = "best_blind_global_model.npz"
 SEEN_FILE = "blind_server_saw.json"  # what the server received at the handshake and each round: counts and sizes
 BLIND_WEIGHTINGS = ("uniform", "samples")
 _VALUES = "the server sees ciphertexts only, so it cannot check or change what an update's numbers do; "
-_AT_SITES = "the sites' own validation of each model guards instead (validation_guard)"
+_AT_SITES = (
+    "the sites' own validation of each model guards instead (validation_guard: a contribution most other sites are "
+    "better off without is left out, the sums made again without it)"
+)
 # what a blind job refuses (recipe, write-job), and why
 BLIND_REFUSED = {
     "update_bound": _VALUES + _AT_SITES,
     "clip_updates": _VALUES + _AT_SITES,
     "reject_opposed_updates": _VALUES + _AT_SITES,
+    "robust_aggregation": "ciphertexts add; no rule of their values (a median, a geometric median) can be taken "
+    "without reading them: blind mode sums, and " + _AT_SITES,
+    "byzantine_sites": "it sets the robust rule, which blind mode cannot take",
     "method": "blind mode runs surgical aggregation (the comparators send sites rows of classes they do not label)",
     "label_prior": "FedSLD sends the server each site's per-class counts, which name its classes",
     "proximal_mu": "FedProx is not offered in blind mode",
@@ -199,7 +206,9 @@ class BlindSurgicalAggregator(FederationLoop):
 
         def train_data(site: str) -> FLModel:
             initial = None if latest.state else self._initial_state  # no round has added anything yet
-            model = self._task(latest, site, initial, **{META_WARMUP: initial is not None})
+            model = self._task(
+                latest, site, initial, **{META_WARMUP: initial is not None, META_MODEL_KEY: self._model_key(latest)}
+            )
             model.current_round, model.total_rounds = round_number, self.num_rounds
             return model
 

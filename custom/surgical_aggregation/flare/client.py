@@ -313,7 +313,7 @@ class ClientSession:
         classes = received.meta.get(META_CLASS_NAMES) or self.class_names
         trainer.set_method(method_from_meta(received.meta.get(META_METHOD) or {}))
         trainer.load_global(received.params, classes)
-        global_evaluation = trainer.validate()
+        global_evaluation = self.validated_before(received.meta) or trainer.validate()
         compared = self.compared(global_evaluation, received.meta.get(META_ROUND))
         report = trainer.fit(round_number, warmup=bool(received.meta.get(META_WARMUP)))
         if report.privacy is not None and report.privacy["stopped"]:  # DP-SGD budget spent: nothing to send
@@ -369,6 +369,15 @@ class ClientSession:
         )
         metrics = evaluation_metrics(evaluation, "val") | self.compared(evaluation, received.meta.get(META_ROUND))
         return FLModel(metrics=metrics | self.against_reference(evaluation, received.meta or {}))
+
+    def validated_before(self, meta: dict) -> Evaluation | None:
+        """This site's validation of the model a task carries, when it validated that very candidate of that round
+        (the server names it, ``META_MODEL_KEY``): a training task after the round's screening needs no second
+        pass over the validation images."""
+        key = meta.get(META_MODEL_KEY)
+        if not isinstance(key, str) or meta.get(META_ROUND) != self.candidates_round:
+            return None
+        return self.candidates.get(key)
 
     def against_reference(self, evaluation: Evaluation, meta: dict) -> dict[str, float]:
         """A round's candidates (``META_MODEL_KEY``) are kept while the round lasts; one that names another of them

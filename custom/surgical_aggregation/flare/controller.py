@@ -73,6 +73,7 @@ from .protocol import (
     META_CLASS_NAMES,
     META_INITIAL_MODEL,
     META_METHOD,
+    META_MODEL_KEY,
     META_NUM_SAMPLES,
     META_OUTCOME,
     META_PRIVACY,
@@ -125,7 +126,7 @@ class SurgicalAggregatorShareable(ServerModels):
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         clip_updates: bool = True,
         reject_opposed_updates: bool = True,
-        robust_aggregation: str = "mean",
+        robust_aggregation: str = "geometric_median",
         byzantine_sites: int | None = None,
         validation_guard: bool = True,
         judging_sites: list | None = None,
@@ -413,7 +414,13 @@ class SurgicalAggregatorShareable(ServerModels):
             if site not in federation.warmed_up:
                 federation.warmed_up.append(site)
             model = self._slice(
-                latest, site, **{META_METHOD: method_meta(self._site_method(info)), META_ROUND: latest.round}
+                latest,
+                site,
+                **{
+                    META_METHOD: method_meta(self._site_method(info)),
+                    META_ROUND: latest.round,
+                    META_MODEL_KEY: self._model_key(latest),
+                },
             )
             sent[site] = (model.params, model.meta)
             model.meta[META_WARMUP] = warmup

@@ -69,6 +69,10 @@ class FederationLoop(SiteTasks):
     validate_timeout: int
     _federation: FederationState
 
+    def __init__(self, persistor_id: str) -> None:
+        super().__init__(persistor_id)
+        self._keys: dict[int, str] = {}  # round -> the key its chosen candidate was validated under
+
     # --- what a workflow supplies --------------------------------------------------------------------------
 
     def _open(self) -> FederationState:
@@ -105,6 +109,11 @@ class FederationLoop(SiteTasks):
 
     def _summarise(self) -> None:
         """The job's last lines, once its state says it finished."""
+
+    def _model_key(self, version: SavedVersion) -> str | None:
+        """The key under which the sites validated ``version`` in its round (a training task names it, so that a site
+        does not validate the same model twice); None for a model validated in no round of this job."""
+        return self._keys.get(version.round)
 
     def _validation_sizes(self) -> dict[str, int | None]:
         """site -> the validation images it declared at the handshake (the floor under its standard errors)."""
@@ -295,7 +304,7 @@ class FederationLoop(SiteTasks):
                 {site: harm for site, harm in everyone.items() if site in objectors},
             )
         entry = history_entry(self._federation.history, round_number)
-        if decision.flags or decision.excluded:
+        if self.validation_guard:
             entry["screening"] = {
                 "action": decision.action,
                 "excluded": list(decision.excluded),
@@ -312,7 +321,9 @@ class FederationLoop(SiteTasks):
             self.warning(f"round {round_number}: kept on record, not acted on: {decision.why}")
         for site in decision.excluded:
             self.warning(f"round {round_number}: {site} excluded: {self._exclusion_reason(decision)}")
-        chosen, figures = made[f"without {decision.excluded[0]}" if decision.excluded else FIRST]
+        key = f"without {decision.excluded[0]}" if decision.excluded else FIRST
+        chosen, figures = made[key]
+        self._keys = {round_number: key}  # the sites validated it under this key: their next task names it
         judges = [site for site in contributors if site not in decision.excluded]
         self._judge(chosen, figures, judges)
         return decision, chosen
