@@ -55,6 +55,7 @@ TEST_PATIENTS = 300
 TOLERANCE = 0.05  # the AUROC an honest site may lose to an attack, against the clean run
 BACKDOOR_TOLERANCE = 0.05  # the backdoor's success above the clean model's, as a share of the target's negatives
 CLEAN = "clean"
+ALONE = "honest alone"  # the same federation without its attacking sites: what a defence that leaves them out gives
 # (sites, attackers) of every federation an attack runs in
 SETTINGS = ((2, 1), (3, 1), (4, 1), (7, 1), (7, 2))
 MARKER = "attack-suite"
@@ -117,12 +118,16 @@ def write_case_job(case: Case, folder: Path, cache: Path, exchange: Path, contro
         site: {**config, "cache_dir": str(cache)} for site, config in site_configs(case.sites, case.seed).items()
     }
     settings = {"num_rounds": ROUNDS, "patience": ROUNDS, "min_clients": 1, **controller}
+    attackers = attackers_of(case, configs)
     recipe = SurgicalAggregationRecipe(
-        f"attack-{case.sites}", configs, controller=settings, persistor={"seed": case.seed}
+        f"attack-{case.sites}",
+        configs,
+        controller=settings,
+        persistor={"seed": case.seed},
+        left_out=attackers if case.attack == ALONE else (),
     )
     job = write_job(recipe, folder, force=True)
-    attackers = attackers_of(case, configs)
-    if case.attack != CLEAN:
+    if case.attack not in (CLEAN, ALONE):
         rule = settings.get("robust_aggregation", "mean")
         for site in configs:
             role = case.attack if site in attackers else "honest"
@@ -217,24 +222,26 @@ def outcome(workspace: Path, code: int, log: str, test: dict, attackers: list[st
     return result
 
 
-def verdict(result: dict[str, Any], clean: dict[str, Any] | None) -> str:
+def verdict(result: dict[str, Any], reference: dict[str, Any] | None) -> str:
+    """Against ``reference`` (the clean run, or the honest sites alone): holds, fails closed, breaks through."""
     if result["exit_code"] != 0:
         return "fails closed" if result["stopped"] and not result["published"] else "fails open"
-    if clean is None:
-        return "no clean run"
-    worst = lowest_margin(result, clean)
-    backdoor = result["best_backdoor_success"] - clean["best_backdoor_success"]
+    if reference is None:
+        return "no reference run"
+    worst = lowest_margin(result, reference)
+    backdoor = result["best_backdoor_success"] - reference["best_backdoor_success"]
     if worst >= -TOLERANCE and (not result["attack"].startswith("backdoor") or backdoor <= BACKDOOR_TOLERANCE):
         return "holds"
     return "breaks through"
 
 
-def lowest_margin(result: dict[str, Any], clean: dict[str, Any]) -> float:
-    """The largest loss of an honest site's best or final AUROC against the clean run, as a negative number."""
+def lowest_margin(result: dict[str, Any], reference: dict[str, Any]) -> float:
+    """The largest loss of an honest site's best or final AUROC against ``reference``, as a negative number."""
     margins = [
-        result[f"{label}_auroc"][site] - clean[f"{label}_auroc"][site]
+        result[f"{label}_auroc"][site] - reference[f"{label}_auroc"][site]
         for label in ("best", "final")
         for site in result[f"{label}_auroc"]
+        if site in reference[f"{label}_auroc"]
     ]
     return min(margins, default=math.nan)
 
@@ -243,38 +250,43 @@ def clean_of(results: dict[str, dict], case: dict[str, Any]) -> dict[str, Any] |
     return results.get(Case(CLEAN, case["sites"], 0, case["seed"]).name)
 
 
-def auroc_cell(result: dict[str, Any], clean: dict[str, Any] | None, label: str) -> str:
-    """The lowest honest site's AUROC, and the largest loss of one against the clean run."""
-    values = result[f"{label}_auroc"]
-    low = min(values.values(), default=math.nan)
-    if clean is None or result["attack"] == CLEAN:
-        return f"{low:.3f}"
-    change = min(values[site] - clean[f"{label}_auroc"][site] for site in values)
-    return f"{low:.3f} ({change:+.3f})"
+def alone_of(results: dict[str, dict], case: dict[str, Any]) -> dict[str, Any] | None:
+    return results.get(Case(ALONE, case["sites"], case["attackers"], case["seed"]).name)
+
+
+def _lowest(result: dict[str, Any], label: str) -> float:
+    return min(result[f"{label}_auroc"].values(), default=math.nan)
 
 
 def table(results: dict[str, dict]) -> list[str]:
+    """One row per run: the honest sites' lowest best and final AUROC, the largest loss of one against the clean run
+    and against the honest sites alone, the backdoor's success, what the server did, and the verdicts."""
     lines = [
-        "| attack | sites (attackers) | honest sites' AUROC, best (lowest, against the clean run) | final | backdoor "
-        "success | exit code | rejected | excluded | stopped | verdict |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| attack | sites (attackers) | honest sites' lowest AUROC: best, final | largest loss against the clean run "
+        "| against the honest sites alone | backdoor success | exit code | rejected | excluded | stopped "
+        "| verdict (clean run) | verdict (honest alone) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    order = {CLEAN: 0, ALONE: 1}
     for result in sorted(
-        results.values(), key=lambda r: (r["attack"] != CLEAN, r["attack"], r["sites"], r["attackers"])
+        results.values(), key=lambda r: (order.get(r["attack"], 2), r["attack"], r["sites"], r["attackers"])
     ):
-        clean = clean_of(results, result)
-
-        said = (
-            ("clean" if result["exit_code"] == 0 else "false alarm")
-            if result["attack"] == CLEAN
-            else verdict(result, clean)
-        )
+        clean, alone = clean_of(results, result), alone_of(results, result)
+        reference_run = result["attack"] in (CLEAN, ALONE)
+        if reference_run:
+            said = ("runs" if result["exit_code"] == 0 else "false alarm", "")
+        else:
+            said = (verdict(result, clean), verdict(result, alone))
+        against = [
+            "—" if reference_run or other is None else f"{lowest_margin(result, other):+.3f}"
+            for other in (clean, alone)
+        ]
         stopped = (result["stopped"] or "")[:80]
         lines.append(
-            f"| {result['attack']} | {result['sites']} ({result['attackers']}) | {auroc_cell(result, clean, 'best')} "
-            f"| {auroc_cell(result, clean, 'final')} "
+            f"| {result['attack']} | {result['sites']} ({result['attackers']}) "
+            f"| {_lowest(result, 'best'):.3f}, {_lowest(result, 'final'):.3f} | {against[0]} | {against[1]} "
             f"| {result['best_backdoor_success']:.3f} | {result['exit_code']} | {', '.join(result['rejected']) or '—'} "
-            f"| {', '.join(result['excluded']) or '—'} | {stopped or '—'} | {said} |"
+            f"| {', '.join(result['excluded']) or '—'} | {stopped or '—'} | {said[0]} | {said[1] or '—'} |"
         )
     return lines
 
@@ -283,6 +295,7 @@ def cases(seeds: list[int], attacks: list[str], settings: list[tuple[int, int]])
     """The clean run of every size and seed, then each attack in each setting with each seed."""
     sizes = sorted({sites for sites, _ in settings})
     planned = [Case(CLEAN, sites, 0, seed) for seed in seeds for sites in sizes]
+    planned += [Case(ALONE, sites, count, seed) for seed in seeds for sites, count in settings]
     planned += [Case(attack, sites, count, seed) for seed in seeds for attack in attacks for sites, count in settings]
     return planned
 

@@ -229,7 +229,8 @@ def test_with_two_sites_a_model_harmful_to_one_of_them_stops_the_job(two_sites):
     case, no model became the best, and nothing is published."""
     code, output, workspace = two_sites
     assert code != 0, output[-4000:]
-    assert "harms a site: for site-nih, its validation loss is" in output
+    assert "the global model after round 0 harms a site: " in output
+    assert "for site-nih, its validation loss is" in output
     assert "Two sites made the model: the server cannot tell which result harms the other site's data" in output
     assert not list(workspace.glob(f"site-*/simulate_job/app_site-*/{PUBLISHED_MODEL_FILE}"))
     assert not any(entry.get("validation", {}).get("best") for entry in _history(workspace))

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from nvflare.app_common.abstract.fl_model import FLModel
 from opacus.accountants import RDPAccountant
@@ -25,12 +27,15 @@ FEDBN_PLUS = SiteMethod(backbone_strategy="fedbn_plus", identity_batchnorm=True)
 BUDGET = {"epsilon": 4.0, "planned_rounds": 2, "delta": 1e-5}  # two rounds of one local epoch each
 
 
-def _session(nih_data, workspace: Path, job: str, split_seed: int = 0) -> ClientSession:
+def _session(
+    nih_data, workspace: Path, job: str, split_seed: int = 0, budget: dict | None = None, location: Path | None = None
+) -> ClientSession:
     """The site as FLARE runs it: its workspace, a job folder ``<workspace>/<job>/app_<site>``."""
     labels = ["Mass", "Effusion", "Atelectasis"]
+    root = location or nih_data.root
     config = site_config_from_dict(
         {
-            "data": {"kind": "nih", "location": str(nih_data.root), "labels": labels, "split_seed": split_seed},
+            "data": {"kind": "nih", "location": str(root), "labels": labels, "split_seed": split_seed},
             "image_size": 32,
             "batch_size": 8,
             "max_batches_per_epoch": 2,
@@ -39,7 +44,7 @@ def _session(nih_data, workspace: Path, job: str, split_seed: int = 0) -> Client
             "learning_rate": 0.1,
             "cache_dir": str(workspace.parent / "cache"),
             "cpu_threads": 2,
-            "differential_privacy": BUDGET,
+            "differential_privacy": budget or BUDGET,
         },
         "site config",
     )
@@ -73,7 +78,8 @@ def test_two_jobs_and_a_resubmitted_one_spend_one_budget(nih_data, tmp_path):
     (entry,) = _ledger_entries(workspace)
     session = _session(nih_data, workspace, "job-4")
     patients = session.trainer.data.train.table.n_patients
-    assert entry["unit"] == "patient" and entry["history"] == [[entry["noise_multiplier"], 8 / patients, 4]]
+    assert entry["unit"] == "patient" and entry["delta"] == BUDGET["delta"]
+    assert entry["history"] == [[entry["noise_multiplier"], 8 / patients, 2]] * 2  # each round's steps, appended
     reference = RDPAccountant()
     for _ in range(4):
         reference.step(noise_multiplier=entry["noise_multiplier"], sample_rate=8 / patients)
@@ -93,6 +99,50 @@ def test_an_unreadable_ledger_is_refused_not_reset(nih_data, tmp_path):
         with pytest.raises(PrivacyLedgerError, match=f"privacy ledger {ledger}: cannot be read .*refusing to train"):
             _session(nih_data, workspace, "job-2").trainer  # noqa: B018 - the trainer is built on first use
     assert ledger.read_text() == broken  # left as found, for whoever restores it
+
+
+def test_an_edited_noise_multiplier_is_refused_by_the_job_records(nih_data, tmp_path):
+    """The ledger's recorded noise multiplier raised after a job (its steps would then look cheap: the issue measured
+    1.438 reported against 1.757 truly spent): the job's record holds a digest of the steps it saw, and the next job
+    refuses the ledger, naming what was changed."""
+    workspace = tmp_path / SITE
+    _train(_session(nih_data, workspace, "job-1"), 0)
+    ledger = workspace / "local" / LEDGER_FILE
+    values = json.loads(ledger.read_text())
+    for entry in values["entries"]:
+        entry["history"] = [[noise * 50, rate, steps] for noise, rate, steps in entry["history"]]
+    ledger.write_text(json.dumps(values))
+    with pytest.raises(PrivacyLedgerError, match=r"a noise multiplier, sample rate, step count, delta, unit or "):
+        _session(nih_data, workspace, "job-2").trainer  # noqa: B018
+    record = json.loads((workspace / "job-1" / f"app_{SITE}" / SPENT_FILE).read_text())
+    assert record["items"] == 1 and len(record["digest"]) == 64
+
+
+def test_a_budget_keeps_its_delta(nih_data, tmp_path):
+    """A later job asking for a larger delta would recompute a smaller epsilon for the same steps: refused, naming
+    the delta the budget was set at."""
+    workspace = tmp_path / SITE
+    _train(_session(nih_data, workspace, "job-1"), 0)
+    with pytest.raises(SiteConfigError, match=r"its budget was set at delta 1e-05 .*set delta to that value"):
+        _session(nih_data, workspace, "job-2", budget={**BUDGET, "delta": 1e-3}).trainer  # noqa: B018
+
+
+def test_the_same_images_exported_again_under_new_patient_ids_inherit_the_spend(nih_data, tmp_path):
+    """The images copied to another folder with every patient id changed (a re-pseudonymised export): the training
+    split is another set of patients by id, but its images' content is the same, so it inherits the steps spent."""
+    workspace = tmp_path / SITE
+    _train(_session(nih_data, workspace, "job-1"), 0)
+    spent = _ledger_entries(workspace)[0]["history"]
+    copy = tmp_path / "exported-again"
+    shutil.copytree(nih_data.root, copy)
+    table = copy / "Data_Entry_2017.csv"
+    frame = pd.read_csv(table)
+    frame["Patient ID"] = frame["Patient ID"] + 1000
+    frame.to_csv(table, index=False)
+    trainer = _session(nih_data, workspace, "job-2", location=copy).trainer
+    assert trainer.ledger_file.fingerprint != _ledger_entries(workspace)[0]["fingerprint"]  # other ids
+    assert trainer.ledger.inherited == [tuple(item) for item in spent]
+    assert trainer.ledger.epsilon(trainer.delta) > 0
 
 
 def test_a_missing_or_rolled_back_ledger_is_refused_when_a_job_took_steps(nih_data, tmp_path):

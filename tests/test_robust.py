@@ -102,9 +102,9 @@ def test_applied_part_by_part_each_head_row_over_the_sites_that_hold_it():
     mean_state = dict(global_state)  # what the surgical mean left in place: each replaced part differs from it
     state, parts = robust_state(mean_state, global_state, ["A", "B"], results, keys, RobustRule.parse("median"))
     assert state["features.conv.weight"] == pytest.approx(np.full((2, 2), 2.5))  # median of 1, 2, 3, 100
-    assert state["features.norm.running_var"] == pytest.approx(np.full(2, 3.5))
+    assert state["features.norm.running_var"] == pytest.approx(np.full(2, 1.0))  # statistics keep the mean's value
     assert state["features.norm.num_batches_tracked"] == 3  # an integer counter keeps the mean's value
     assert state[NAMED_HEAD.weight_key][0] == pytest.approx([2.5, 2.5])  # A: four sites
     assert state[NAMED_HEAD.weight_key][1] == pytest.approx([0.0, 0.0])  # B: two sites, the mean's (unchanged here)
-    assert parts == {"backbone weights": 4, "BatchNorm statistics": 4, "head row A": 4}
+    assert parts == {"backbone weights": 4, "head row A": 4}
     assert robust_state(mean_state, global_state, ["A", "B"], results[:2], keys, RobustRule.parse("median"))[1] == {}

@@ -98,7 +98,7 @@ def _check_private_training(result: SiteCheck, config, settings: dict, train) ->
         refuse_what_dp_sgd_cannot_bound(model, method, config.gpus, config.compile, "this site")
         refuse_made_up_patients(train, privacy, "this site")
         units = len(sampling_groups(patients, len(train), privacy.unit, "this site"))  # as the trainer samples them
-        privacy.check_delta(units, "this site")
+        delta = privacy.resolved_delta(units, "this site")
     except SiteConfigError as error:
         result.problem(str(error))
         return
@@ -106,7 +106,7 @@ def _check_private_training(result: SiteCheck, config, settings: dict, train) ->
         f"noise chosen for {privacy.planned_rounds} rounds"
     )  # fmt: skip
     result.lines.append(
-        f"differential privacy: budget epsilon {privacy.epsilon} per {privacy.unit} at delta {privacy.delta}, {noise}"
+        f"differential privacy: budget epsilon {privacy.epsilon} per {privacy.unit} at delta {delta:.3g}, {noise}"
     )
 
 

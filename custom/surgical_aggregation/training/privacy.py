@@ -56,11 +56,14 @@ UNITS = ("patient", "image")  # what one neighbouring dataset adds or removes: a
 EPSILON_RANGE = (0.2, 100.0)
 NOISE_MULTIPLIER_RANGE = (0.1, 1000.0)  # below 0.1 one step of any sampling spends epsilon ~90
 PRIOR_PREVALENCE_RANGE = (0.001, 0.5)
+DELTA_UNITS_FACTOR = 10  # delta at most 1 / (10 N) for N protected units (patients or images)
 NOISE_SEARCH_STEPS = 40  # bisections of the noise for a budget: ~1e-12 of the range, then it stops
 LEDGER_FILE = "privacy_ledger.json"  # in the site workspace's local/ folder, beside the site's config
 SPENT_FILE = "privacy_spent.json"  # in each job's app folder: the steps it recorded, checked against the ledger
-LEDGER_FORMAT = "surgical-aggregation privacy ledger 1"
-LEDGER_ENTRY_FIELDS = ("site", "fingerprint", "unit", "accountant", "history", "patients")
+LEDGER_FORMAT = "surgical-aggregation privacy ledger 2"
+LEDGER_ENTRY_FIELDS = ("site", "fingerprint", "unit", "accountant", "delta", "history", "patients", "images")
+# what a job's record holds a digest of: every field that decides the epsilon an entry's steps spend
+DIGESTED_FIELDS = ("site", "fingerprint", "unit", "accountant", "delta")
 
 
 @dataclass
@@ -80,7 +83,7 @@ class DifferentialPrivacy:
     """
 
     epsilon: float | None = None
-    delta: float = 1e-5
+    delta: float | None = None  # None: 1 / (10 x the units the training split protects), as the field advises
     max_grad_norm: float = 1.0
     noise_multiplier: float | None = None
     planned_rounds: int | None = None
@@ -94,18 +97,30 @@ class DifferentialPrivacy:
         return self.epsilon is not None
 
     def check(self, where: str) -> None:
-        """Refuse settings DP-SGD could not use; the error names ``where`` and the field."""
-        if not self.enabled:
-            return
+        """Refuse settings DP-SGD could not use; the error names ``where`` and the field. A block that sets any DP
+        field but gives no ``epsilon`` is refused too: it would train without DP, silently."""
 
         def fail(name: str, message: str) -> SiteConfigError:
             return SiteConfigError(f"{where}: differential_privacy.{name} {message}")
 
+        if not self.enabled:
+            defaults = DifferentialPrivacy()
+            named = [
+                name for name in vars(self) if name != "epsilon" and getattr(self, name) != getattr(defaults, name)
+            ]
+            if named:
+                raise fail(
+                    "epsilon",
+                    f"is null, so DP-SGD is off, but the block sets {named}: give epsilon (the budget) to train with "
+                    "DP-SGD, or remove those fields (or the whole block) to train without it",
+                )
+            return
+
         low, high = EPSILON_RANGE
         if not low <= self.epsilon <= high:  # NaN fails too
             raise fail("epsilon", f"must be a number from {low} to {high}, got {self.epsilon}")
-        if not 0 < self.delta < 1:
-            raise fail("delta", f"must be between 0 and 1 (and below 1 / the site's patients), got {self.delta}")
+        if self.delta is not None and not 0 < self.delta < 1:
+            raise fail("delta", f"must be between 0 and 1 (at most 1 / (10 x the site's patients)), got {self.delta}")
         if not 0 < self.max_grad_norm < math.inf:
             raise fail("max_grad_norm", f"must be a finite positive number, got {self.max_grad_norm}")
         if self.accountant not in ACCOUNTANTS:
@@ -126,14 +141,19 @@ class DifferentialPrivacy:
         if self.planned_rounds is not None and self.planned_rounds < 1:
             raise fail("planned_rounds", f"must be at least 1, got {self.planned_rounds}")
 
-    def check_delta(self, units: int, where: str) -> None:
-        """delta below 1 / the number of units protected (patients, or images): a larger delta allows a mechanism
-        that publishes one of them outright."""
-        if self.enabled and not self.delta < 1 / max(units, 1):
+    def resolved_delta(self, units: int, where: str) -> float:
+        """The delta of this site's budget: the one given, which must be at most 1 / (10 x the units the training
+        split protects: patients, or images; a delta of 1 / N allows a mechanism that publishes one of them outright),
+        or that bound when none is given."""
+        bound = 1 / (DELTA_UNITS_FACTOR * max(units, 1))
+        if self.delta is None:
+            return bound
+        if self.delta > bound:
             raise SiteConfigError(
-                f"{where}: differential_privacy.delta must be below 1 / the training split's {units} {self.unit}s "
-                f"({1 / max(units, 1):.3g}), got {self.delta}"
+                f"{where}: differential_privacy.delta must be at most 1 / ({DELTA_UNITS_FACTOR} x the training split's "
+                f"{units} {self.unit}s) = {bound:.3g}, got {self.delta}; leave it out to use that bound"
             )
+        return self.delta
 
 
 def prior_logit(prevalence: float) -> float:
@@ -204,12 +224,8 @@ class PrivacyLedger:
         return float(_accountant(self.accountant, history).get_epsilon(delta))
 
     def record(self, noise_multiplier: float, sample_rate: float, steps: int) -> None:
-        if steps <= 0:
-            return
-        last = self.history[-1] if self.history else None
-        if last is not None and last[0] == noise_multiplier and last[1] == sample_rate:
-            self.history[-1] = (noise_multiplier, sample_rate, last[2] + steps)  # as Opacus merges them
-        else:
+        """Append the steps: the history only grows (each job's record holds a digest of what it saw of it)."""
+        if steps > 0:
             self.history.append((noise_multiplier, sample_rate, steps))
 
     def to_dict(self) -> dict[str, Any]:
@@ -232,18 +248,18 @@ class PrivacyLedger:
         return cls(accountant, history, values.get("noise_multiplier"))
 
 
-def noise_for_budget(settings: DifferentialPrivacy, sample_rate: float, steps: int) -> float:
+def noise_for_budget(settings: DifferentialPrivacy, sample_rate: float, steps: int, delta: float) -> float:
     """The smallest noise multiplier (within NOISE_MULTIPLIER_RANGE, to ~1e-12 of it) that keeps ``steps`` steps at
     ``sample_rate`` within the budget: a bisection of bounded length."""
     low, high = NOISE_MULTIPLIER_RANGE
 
     def spent(noise: float) -> float:
-        return PrivacyLedger(settings.accountant, [(noise, sample_rate, steps)]).epsilon(settings.delta)
+        return PrivacyLedger(settings.accountant, [(noise, sample_rate, steps)]).epsilon(delta)
 
     if spent(high) > settings.epsilon:
         raise SiteConfigError(
             f"differential_privacy.epsilon {settings.epsilon} cannot cover {steps} steps at sample rate "
-            f"{sample_rate:.4g} (delta {settings.delta}) even at noise multiplier {high}: raise epsilon, or lower "
+            f"{sample_rate:.4g} (delta {delta:.3g}) even at noise multiplier {high}: raise epsilon, or lower "
             "planned_rounds, local_epochs or the steps per epoch"
         )
     if spent(low) <= settings.epsilon:
@@ -421,6 +437,16 @@ def _write_atomically(path: Path, values: Mapping[str, Any]) -> None:
         os.close(directory)
 
 
+def entry_digest(entry: Mapping[str, Any] | None, items: int) -> str:
+    """SHA-256 of a ledger entry's first ``items`` history items and the fields that decide what they spend
+    (:data:`DIGESTED_FIELDS`): a job records it, and a later job refuses a ledger whose entry no longer gives it."""
+    if entry is None or items > len(entry.get("history", [])):
+        return ""
+    canonical = {name: entry[name] for name in DIGESTED_FIELDS}
+    canonical["history"] = [[float(noise), float(rate), int(steps)] for noise, rate, steps in entry["history"][:items]]
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
+
+
 class LedgerFile:
     """A site's privacy ledger on disk (``<site workspace>/local/privacy_ledger.json``), shared by every job of the
     site: entries keyed by (site, fingerprint of the training patients, unit), each with its steps and the salted
@@ -438,11 +464,17 @@ class LedgerFile:
         settings: DifferentialPrivacy,
         spent_file: Path | None = None,
         earlier_spent: Sequence[Path] = (),
+        delta: float | None = None,
+        contents: Sequence[str] = (),
     ) -> None:
+        """``delta``: the budget's (the trainer's resolved one); ``contents``: a digest of each training item's decoded
+        pixels (or embedding), so that the same images exported under new patient ids share the ledger's steps."""
         self.path, self.site, self.settings = Path(path), site, settings
         self.patients = sorted({str(patient) for patient in patients})
+        self.contents = sorted(set(contents))
         self.fingerprint = data_fingerprint(self.patients)
         self.spent_file, self.earlier_spent = spent_file, list(earlier_spent)
+        self.delta = delta
 
     def _refuse(self, problem: str) -> PrivacyLedgerError:
         return PrivacyLedgerError(
@@ -467,23 +499,31 @@ class LedgerFile:
             raise self._refuse(f"cannot be read ({type(error).__name__}: {error})") from None
         return values
 
-    def _digests(self, salt: str) -> list[str]:
-        """This data's patients as the ledger keeps them: salted hashes, not ids."""
-        return [hashlib.sha256(f"{salt}{patient}".encode()).hexdigest()[:16] for patient in self.patients]
+    def _digests(self, salt: str, values: Sequence[str] | None = None) -> list[str]:
+        """This data's patients (or ``values``) as the ledger keeps them: salted hashes, not ids."""
+        return [hashlib.sha256(f"{salt}{value}".encode()).hexdigest()[:16] for value in values or self.patients]
 
     def _key(self, entry: Mapping[str, Any]) -> tuple[str, str, str]:
         return entry["site"], entry["fingerprint"], entry["unit"]
 
     def _ledger(self, values: Mapping[str, Any]) -> PrivacyLedger:
-        """This data's ledger: its own entry's steps, and those of this site's entries sharing a patient with it."""
+        """This data's ledger: its own entry's steps, and those of this site's entries sharing a patient (by id or by
+        an image's content) with it."""
         mine = set(self._digests(values["salt"]))
+        images = set(self._digests(values["salt"], self.contents)) if self.contents else set()
         key = (self.site, self.fingerprint, self.settings.unit)
         ledger = PrivacyLedger(self.settings.accountant)
         for entry in values["entries"]:
             if self._key(entry) == key:
                 ledger = PrivacyLedger.from_dict(entry, self.settings.accountant)
+                if self.delta is not None and not math.isclose(entry["delta"], self.delta, rel_tol=1e-9):
+                    raise SiteConfigError(
+                        f"differential_privacy.delta resolves to {self.delta:.3g} for this data, but its budget was "
+                        f"set at delta {entry['delta']:.3g} (ledger {self.path}): a budget keeps its delta (a larger "
+                        "one would make the same steps look cheaper); set delta to that value"
+                    )
         for entry in values["entries"]:  # the file is one site workspace's: any entry, whatever name it was kept under
-            shares_patients = not mine.isdisjoint(entry["patients"])
+            shares_patients = not mine.isdisjoint(entry["patients"]) or not images.isdisjoint(entry["images"])
             if self._key(entry) == key or not shares_patients:
                 continue
             if entry["unit"] != self.settings.unit:
@@ -496,11 +536,12 @@ class LedgerFile:
         return ledger
 
     def _check_job_records(self, values: Mapping[str, Any]) -> None:
-        """Every step a job of this workspace recorded (this job's too) is in the ledger: an entry with the record's
-        fingerprint and unit holding at least its steps. A ledger missing, rolled back, or with an entry removed is
-        refused, whatever data this job trains on."""
-        held = {(entry["fingerprint"], entry["unit"]): PrivacyLedger.from_dict(entry, entry["accountant"]).steps
-                for entry in values["entries"]}  # fmt: skip
+        """Every step a job of this workspace recorded (this job's too) is in the ledger as it recorded it: an entry
+        with the record's fingerprint and unit whose history begins with the items the job saw, unchanged (their
+        digest: noise multipliers, sample rates, steps, and the entry's delta, unit and accountant). A ledger missing,
+        rolled back, with an entry removed, or with any recorded number edited is refused, whatever data this job
+        trains on."""
+        entries = {(entry["fingerprint"], entry["unit"]): entry for entry in values["entries"]}
         records = [*self.earlier_spent, *([self.spent_file] if self.spent_file else [])]
         for spent in records:
             if not spent.is_file():
@@ -508,13 +549,19 @@ class LedgerFile:
             try:
                 record = json.loads(spent.read_text())
                 key, steps = (record["fingerprint"], record["unit"]), int(record["steps"])
+                items, digest = int(record["items"]), str(record["digest"])
             except (OSError, ValueError, KeyError, TypeError) as error:
                 raise self._refuse(f"the job record {spent} cannot be read ({error})") from None
-            if steps > held.get(key, 0):
-                state = (
-                    "is missing" if not self.path.exists() else f"holds {held.get(key, 0)} DP-SGD steps for that data"
-                )
+            entry = entries.get(key)
+            held = PrivacyLedger.from_dict(entry, entry["accountant"]).steps if entry else 0
+            if steps > held:
+                state = "is missing" if not self.path.exists() else f"holds {held} DP-SGD steps for that data"
                 raise self._refuse(f"{state}, but job record {spent} says {steps} were taken")
+            if entry_digest(entry, items) != digest:
+                raise self._refuse(
+                    f"its entry for that data is not what job record {spent} recorded: a noise multiplier, sample "
+                    "rate, step count, delta, unit or accountant of the steps it saw was changed"
+                )
 
     def read(self) -> PrivacyLedger:
         """This data's ledger as the file has it now."""
@@ -531,15 +578,20 @@ class LedgerFile:
             ledger = self._ledger(values)
             yield ledger
             key = (self.site, self.fingerprint, self.settings.unit)
+            earlier = next((old for old in values["entries"] if self._key(old) == key), None)
             entry = {
                 "site": self.site,
                 "fingerprint": self.fingerprint,
                 "unit": self.settings.unit,
+                "delta": earlier["delta"] if earlier else self.delta,
                 **ledger.to_dict(),
                 "patients": sorted(self._digests(values["salt"])),
+                "images": sorted(self._digests(values["salt"], self.contents)) if self.contents else [],
             }
             values["entries"] = [old for old in values["entries"] if self._key(old) != key] + [entry]
             _write_atomically(self.path, values)
             if self.spent_file is not None:
                 record = {"site": self.site, "fingerprint": self.fingerprint, "unit": self.settings.unit}
-                _write_atomically(self.spent_file, {**record, "steps": ledger.steps, "ledger": str(self.path)})
+                items = len(entry["history"])
+                record |= {"steps": ledger.steps, "items": items, "digest": entry_digest(entry, items)}
+                _write_atomically(self.spent_file, {**record, "ledger": str(self.path)})

@@ -6,6 +6,7 @@ the site's modality (images: DenseNet121, reports: the MLP), rows are placed by 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..core.devices import autocast_dtype, resolve_device, resolve_workers
@@ -52,6 +54,19 @@ from .site_data import SiteData
 logger = logging.getLogger(__name__)
 Tracker = Callable[[str, float, int], None]  # (tag, value, step), e.g. a TensorBoard writer's add_scalar
 TRAIN_EPOCH_LOSS = "train/epoch_loss"  # tracked per local epoch (warm-up included), step = epochs so far
+
+
+def training_contents(dataset: Any) -> list[str]:
+    """A SHA-256 of each training item's content as the model reads it (the cached pixels of an image, a report's
+    embedding): the same images exported again under other patient ids are the same items."""
+    digests = []
+    for index in range(len(dataset)):
+        item = dataset[index]
+        value = item.get("image", item.get("embedding")) if isinstance(item, dict) else None
+        if value is not None:
+            array = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+            digests.append(hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest())
+    return digests
 
 
 def evaluation_metrics(evaluation: Evaluation, prefix: str = "val") -> dict[str, float]:
@@ -147,7 +162,8 @@ class SiteTrainer:
             self._sampling_groups = sampling_groups(
                 self._training_patients(), len(data.train), privacy.unit, f"site {site_name}"
             )
-            privacy.check_delta(self._privacy_units(), f"site {site_name}")
+        # the delta of this site's budget: the config's, or 1 / (10 x the units it protects)
+        self.delta = privacy.resolved_delta(self._privacy_units(), f"site {site_name}") if privacy.enabled else None
 
     def _training_patients(self) -> list[str] | None:
         from ..data.table import PATIENT_COLUMN
@@ -165,7 +181,14 @@ class SiteTrainer:
         if patients is None:
             patients = [f"item {index}" for index in range(len(self.data.train))]
         self.ledger_file = LedgerFile(
-            path, self.site_name, patients, self.config.differential_privacy, spent_file, earlier_spent
+            path,
+            self.site_name,
+            patients,
+            self.config.differential_privacy,
+            spent_file,
+            earlier_spent,
+            delta=self.delta,
+            contents=training_contents(self.data.train),
         )
         self.ledger = self.ledger_file.read()  # refuses an unreadable ledger, or one behind this site's jobs, now
 
@@ -392,7 +415,7 @@ class SiteTrainer:
             rate, steps = self._epoch_plan()
             config = self.config
             planned = (config.warmup_epochs + settings.planned_rounds * config.local_epochs) * steps
-            self.ledger.noise_multiplier = noise_for_budget(settings, rate, planned)
+            self.ledger.noise_multiplier = noise_for_budget(settings, rate, planned, self.delta)
         return self.ledger.noise_multiplier
 
     @contextmanager
@@ -412,9 +435,9 @@ class SiteTrainer:
         rate, steps = self._epoch_plan()
         epochs = self.config.local_epochs + (self.config.warmup_epochs if warmup else 0)
         with self._ledger_transaction() as ledger:
-            spent = ledger.epsilon(settings.delta)
+            spent = ledger.epsilon(self.delta)
             planned = (self._noise_multiplier(), rate, epochs * steps)
-            would_spend = ledger.epsilon(settings.delta, [planned])
+            would_spend = ledger.epsilon(self.delta, [planned])
             stopped = would_spend > settings.epsilon
             if not stopped:
                 ledger.record(*planned)
@@ -423,7 +446,7 @@ class SiteTrainer:
             "round_steps": epochs * steps,
             "would_spend": would_spend,
             "budget": settings.epsilon,
-            "delta": settings.delta,
+            "delta": self.delta,
             "unit": settings.unit,
             "epsilon": spent,
         }
@@ -446,8 +469,8 @@ class SiteTrainer:
     def _privacy_report(self, stopped: bool) -> dict[str, Any]:
         settings = self.config.differential_privacy
         return {
-            "epsilon": self.ledger.epsilon(settings.delta),
-            "delta": settings.delta,
+            "epsilon": self.ledger.epsilon(self.delta),
+            "delta": self.delta,
             "budget": settings.epsilon,
             "noise_multiplier": self._noise_multiplier(),
             "max_grad_norm": settings.max_grad_norm,
