@@ -55,7 +55,7 @@ TEST_PATIENTS = 300
 TOLERANCE = 0.05  # the AUROC an honest site may lose to an attack, against the clean run
 BACKDOOR_TOLERANCE = 0.05  # the backdoor's success above the clean model's, as a share of the target's negatives
 CLEAN = "clean"
-ALONE = "honest alone"  # the same federation without its attacking sites: what a defence that leaves them out gives
+ALONE = "honest_alone"  # the same federation without its attacking sites: what a defence that leaves them out gives
 # (sites, attackers) of every federation an attack runs in
 SETTINGS = ((2, 1), (3, 1), (4, 1), (7, 1), (7, 2))
 MARKER = "attack-suite"

@@ -57,6 +57,7 @@ def _with_secret(configs: dict[str, dict], root: Path, union: list[str] | None =
     secret = root / "local" / "blind_secret.json"
     secret.parent.mkdir(parents=True)
     secret.write_text(BlindSecret.new(union).to_json())
+    secret.chmod(0o600)
     return {site: {**config, "blind_secret": str(secret)} for site, config in configs.items()}
 
 

@@ -124,6 +124,10 @@ def test_a_site_sends_nothing_of_its_classes_to_a_server_of_the_other_mode(tmp_p
     secret_file.parent.mkdir()
     secret = BlindSecret.new(sorted([*plain_site.class_names, "Fracture", "Lung Opacity"]))  # two it does not label
     secret_file.write_text(secret.to_json())
+    secret_file.chmod(0o644)  # as a copy onto a shared drive leaves it: the site refuses a secret others can read
+    with pytest.raises(SiteConfigError, match=r"blind_secret .*blind_secret.json can be read by others \(mode 644\)"):
+        _session(tmp_path / "blind-site", str(secret_file))
+    secret_file.chmod(0o600)
     blind_site = _session(tmp_path / "blind-site", str(secret_file))
     answer = blind_site.handle(TASK_DESCRIBE, FLModel(params={}, meta={}))
     assert (answer.params, answer.meta) == ({}, {})

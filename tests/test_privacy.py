@@ -442,3 +442,45 @@ def test_no_training_statistic_leaves_a_dp_site_in_any_message_or_tracked_curve(
     else:
         assert training_keys == set() and training_tags == set()
         assert all(key.startswith(("val_", "local_val_", "num_")) for key in keys), sorted(keys)
+
+
+def _positive_counts_that_fit(auroc: float, images: int) -> list[int]:
+    """The issue's count recovery: an AUROC over ``images`` is a Mann-Whitney statistic over positives x negatives
+    pairs, a multiple of 1/2 divided by their product, so only some positive counts fit a reported AUROC."""
+    return [
+        positives
+        for positives in range(1, images)
+        if abs(2 * auroc * positives * (images - positives) - round(2 * auroc * positives * (images - positives)))
+        < 1e-6
+    ]
+
+
+@pytest.mark.parametrize("release", ["loss", "full"])
+def test_a_dp_sites_validation_sends_no_count_and_no_class_by_default(nih_data, tmp_path, release):
+    """Under DP-SGD a site's validation sends only its clipped, rounded mean loss and standard error: the count
+    recovery (per-class AUROC and the validation size) has nothing to work on. A site that opts in
+    (``release_validation: "full"``) sends what a site without DP sends, and the recovery narrows every class's
+    validation positives to a few counts, the true one among them: what the default withholds."""
+    privacy = {"epsilon": 50.0, "noise_multiplier": 1.2, "release_validation": release}
+    config = _config(nih_data, tmp_path / "cache", privacy)
+    session = ClientSession("site-dp", config, tmp_path / "site-dp" / "job" / "app_site-dp", logging.getLogger("t"))
+    described = session.handle(TASK_DESCRIBE, FLModel(params={}, meta={}))
+    classes = session.trainer.head_classes
+    meta = {META_CLASS_NAMES: classes, META_METHOD: method_meta(FEDBN_PLUS), META_WARMUP: False}
+    validated = session.handle(TASK_VALIDATE, FLModel(params=numpy_state(session.trainer.state_dict()), meta=meta))
+    if release == "loss":
+        assert set(validated.metrics) == {"val_loss", "val_loss_se"}
+        assert all(value == round(value, 3) for value in validated.metrics.values())
+        assert "num_val" not in described.metrics and "num_val" not in described.meta
+        return
+    images = described.metrics["num_val"]
+    dataset = session.trainer.val_loader.dataset
+    recovered = 0
+    for column, name in enumerate(classes):
+        if f"val_auroc/{name}" not in validated.metrics:  # a class without a positive: no AUROC, nothing sent
+            continue
+        truth = int((dataset.labels[:, column] * dataset.mask[:, column]).sum())
+        fitting = _positive_counts_that_fit(validated.metrics[f"val_auroc/{name}"], images)
+        assert truth in fitting and len(fitting) <= 6, (name, truth, fitting)
+        recovered += 1
+    assert recovered >= 1

@@ -42,6 +42,12 @@ class BlindSite:
         path = Path(path).expanduser()
         if not path.is_file():
             raise SiteConfigError(f"{site}: blind_secret {path} is not a file (the consortium's blind secret)")
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:  # as ssh refuses a private key others can read
+            raise SiteConfigError(
+                f"{site}: blind_secret {path} can be read by others (mode {mode:o}): it holds the consortium's keys; "
+                f"make it its owner's only (chmod 600 {path}) and ask whoever could read it whether they copied it"
+            )
         return cls(BlindSecret.from_json(path.read_text(), str(path)), site, app_dir, log)
 
     def layout(self, model_state: Callable[[], Mapping[str, Any]], backbone_strategy: str) -> BlindLayout:

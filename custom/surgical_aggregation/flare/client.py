@@ -41,7 +41,7 @@ from ..training.checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_chec
 from ..training.config import JOB_DEFAULT_ORIGIN, SITE_CONFIGS_DIR, SiteConfig, find_site_config, load_site_config
 from ..training.loops import Evaluation
 from ..training.parallel import check_gpus
-from ..training.privacy import LEDGER_FILE, SPENT_FILE
+from ..training.privacy import LEDGER_FILE, SPENT_FILE, released_validation
 from ..training.site_data import SiteData, prepare_site_data, resolve_table, split_table
 from ..training.trainer import SiteTrainer, Tracker, evaluation_metrics
 from .audit import SiteAudit
@@ -60,6 +60,7 @@ from .protocol import (
     META_PREPROCESSING,
     META_PRIVACY,
     META_ROUND,
+    META_VALIDATION_SIZE,
     META_WANT_LABEL_COUNTS,
     META_WARMUP,
     TASK_DESCRIBE,
@@ -305,7 +306,11 @@ class ClientSession:
         if with_label_counts:
             self.log.info("%s: sharing per-class training counts with the server (FedSLD)", self.site)
         splits = split_table(self.table, self.config)
-        return FLModel(params={}, metrics={"num_train": len(splits["train"]), "num_val": len(splits["val"])}, meta=meta)
+        counts = {"num_train": len(splits["train"]), "num_val": len(splits["val"])}
+        if self.config.differential_privacy.withholds_validation:  # no count of its validation set
+            counts.pop("num_val")
+            meta.pop(META_VALIDATION_SIZE, None)
+        return FLModel(params={}, metrics=counts, meta=meta)
 
     def train(self, received: FLModel) -> FLModel:
         trainer = self.trainer
@@ -319,13 +324,15 @@ class ClientSession:
         if report.privacy is not None and report.privacy["stopped"]:  # DP-SGD budget spent: nothing to send
             trainer.save(self.local_model_path)
             meta = {META_CLASS_NAMES: trainer.head_classes, META_PRIVACY: report.privacy}
-            return FLModel(params={}, metrics=evaluation_metrics(global_evaluation, "val") | compared, meta=meta)
+            return FLModel(params={}, metrics=self.released(evaluation_metrics(global_evaluation, "val") | compared,
+                                                            global_evaluation), meta=meta)  # fmt: skip
         local_evaluation = trainer.validate()
         self.trained = TrainedRound(round_number, global_evaluation, local_evaluation)
         trainer.save(self.local_model_path)
         state = trainer.state_dict()
         metrics = evaluation_metrics(global_evaluation, "val") | compared
         metrics.update({f"local_{k}": v for k, v in evaluation_metrics(local_evaluation, "val").items()})
+        metrics = self.released(metrics, global_evaluation)
         if not self.config.differential_privacy.enabled:  # computed on the training split, un-noised: DP keeps it home
             metrics["train_loss"] = report.train_losses[-1]
         self._track_round(round_number, metrics)
@@ -368,7 +375,14 @@ class ClientSession:
             evaluation.mean_auroc,
         )
         metrics = evaluation_metrics(evaluation, "val") | self.compared(evaluation, received.meta.get(META_ROUND))
-        return FLModel(metrics=metrics | self.against_reference(evaluation, received.meta or {}))
+        metrics |= self.against_reference(evaluation, received.meta or {})
+        return FLModel(metrics=self.released(metrics, evaluation))
+
+    def released(self, metrics: dict[str, float], evaluation: Evaluation) -> dict[str, float]:
+        """What leaves the site of a validation: everything, or for a DP site (``release_validation: "loss"``) only
+        its clipped, rounded mean loss and standard error (``training.privacy.released_validation``)."""
+        kept = released_validation(evaluation, self.config.differential_privacy)
+        return metrics if kept is None else kept
 
     def compared(self, evaluation: Evaluation, model_round: object) -> dict[str, float]:
         """Paired over this site's validation images, when ``evaluation`` is of the global model that the round this

@@ -56,6 +56,12 @@ UNITS = ("patient", "image")  # what one neighbouring dataset adds or removes: a
 EPSILON_RANGE = (0.2, 100.0)
 NOISE_MULTIPLIER_RANGE = (0.1, 1000.0)  # below 0.1 one step of any sampling spends epsilon ~90
 PRIOR_PREVALENCE_RANGE = (0.001, 0.5)
+VALIDATION_RELEASES = ("loss", "full")
+# a DP site's validation by default: each image's loss at most this (a confident miss of one finding costs ~16), the
+# mean over n images and its standard error rounded to 3 decimals: one patient with m images moves the mean by at
+# most VALIDATION_LOSS_CLIP * m / n
+VALIDATION_LOSS_CLIP = 2.0
+VALIDATION_DECIMALS = 3
 DELTA_UNITS_FACTOR = 10  # delta at most 1 / (10 N) for N protected units (patients or images)
 NOISE_SEARCH_STEPS = 40  # bisections of the noise for a budget: ~1e-12 of the range, then it stops
 LEDGER_FILE = "privacy_ledger.json"  # in the site workspace's local/ folder, beside the site's config
@@ -91,10 +97,20 @@ class DifferentialPrivacy:
     unit: str = "patient"
     # the prevalence this site's head rows' biases start from at its first round: public, not its label counts
     prior_prevalence: float = 0.05
+    # what its validation sends the server: "loss" (the default: only the mean validation loss and its standard error,
+    # each image's loss clipped and the figures rounded: no per-class figure, no count), or "full" (everything a site
+    # without DP sends: per-class AUROCs, paired figures, the validation set's size; the site's validation patients
+    # are not protected by DP-SGD, which covers its training patients)
+    release_validation: str = "loss"
 
     @property
     def enabled(self) -> bool:
         return self.epsilon is not None
+
+    @property
+    def withholds_validation(self) -> bool:
+        """Its validation sends only the clipped, rounded mean loss and its standard error (no count, no class)."""
+        return self.enabled and self.release_validation == "loss"
 
     def check(self, where: str) -> None:
         """Refuse settings DP-SGD could not use; the error names ``where`` and the field. A block that sets any DP
@@ -127,6 +143,10 @@ class DifferentialPrivacy:
             raise fail("accountant", f"must be one of {list(ACCOUNTANTS)}, got {self.accountant!r}")
         if self.unit not in UNITS:
             raise fail("unit", f"must be one of {list(UNITS)}, got {self.unit!r}")
+        if self.release_validation not in VALIDATION_RELEASES:
+            raise fail(
+                "release_validation", f"must be one of {list(VALIDATION_RELEASES)}, got {self.release_validation!r}"
+            )
         low, high = PRIOR_PREVALENCE_RANGE
         if not low <= self.prior_prevalence <= high:
             raise fail("prior_prevalence", f"must be a number from {low} to {high}, got {self.prior_prevalence}")
@@ -154,6 +174,23 @@ class DifferentialPrivacy:
                 f"{units} {self.unit}s) = {bound:.3g}, got {self.delta}; leave it out to use that bound"
             )
         return self.delta
+
+
+def released_validation(evaluation: Any, settings: DifferentialPrivacy) -> dict[str, float] | None:
+    """What a DP site's validation sends (``release_validation: "loss"``): the mean of each image's loss clipped to
+    :data:`VALIDATION_LOSS_CLIP` and its standard error, rounded to :data:`VALIDATION_DECIMALS` decimals; None for a
+    site that releases everything (no DP, or ``"full"``)."""
+    if not settings.withholds_validation:
+        return None
+    losses = getattr(evaluation, "image_losses", None)
+    if losses is None:
+        return {}
+    losses = np.clip(np.asarray(losses, dtype=np.float64), 0.0, VALIDATION_LOSS_CLIP)
+    losses = losses[np.isfinite(losses)]
+    if losses.size < 2:
+        return {}
+    mean, error = float(losses.mean()), float(losses.std(ddof=1) / math.sqrt(losses.size))
+    return {"val_loss": round(mean, VALIDATION_DECIMALS), "val_loss_se": round(error, VALIDATION_DECIMALS)}
 
 
 def prior_logit(prevalence: float) -> float:
