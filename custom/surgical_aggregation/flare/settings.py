@@ -91,6 +91,10 @@ ALWAYS_WRITTEN = (
     "validate_timeout",
     "publish_global_model",
     "update_bound",
+    "clip_updates",
+    "reject_opposed_updates",
+    "robust_aggregation",
+    "validation_guard",
 )
 POSITIVE_WHOLE_NUMBERS = (
     "num_rounds",
