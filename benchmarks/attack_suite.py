@@ -41,6 +41,7 @@ from hostile_site import run_simulator
 from suite_site import ATTACKS, TARGET, stamp
 
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY, CHEXPERT_LABELS, NIH_LABELS, union_labels
+from surgical_aggregation.core.robust import DEFAULT_RULE
 from surgical_aggregation.evaluation.inference import predict_checkpoint, scoring_dataset
 from surgical_aggregation.evaluation.metrics import auroc
 from surgical_aggregation.experiments.summary import rewrite_marked_block
@@ -128,7 +129,7 @@ def write_case_job(case: Case, folder: Path, cache: Path, exchange: Path, contro
     )
     job = write_job(recipe, folder, force=True)
     if case.attack not in (CLEAN, ALONE):
-        rule = settings.get("robust_aggregation", "mean")
+        rule = settings.get("robust_aggregation", DEFAULT_RULE)  # what the omniscient attacks optimise against
         for site in configs:
             role = case.attack if site in attackers else "honest"
             (job / f"app_{site}" / "custom" / "client.py").write_text(client_script(role, exchange, case, rule))

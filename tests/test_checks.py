@@ -192,14 +192,17 @@ def test_the_server_checks_page_lists_every_check_of_the_registry():
     assert len({check.name for check in CHECKS}) == len(CHECKS)
 
 
-def test_clip_factors_scale_each_part_above_the_median_of_three_or_more_sites_to_it():
+def test_clip_factors_scale_each_part_to_the_median_of_three_or_more_sites_or_the_smaller_of_two():
     sizes = {
         "a": UpdateSizes({WEIGHTS: 0.01, STATISTICS: 0.2}, {"Mass": 0.1, "Edema": 0.3}),
         "b": UpdateSizes({WEIGHTS: 0.02, STATISTICS: 0.2}, {"mass": 0.2, "Edema": 0.0}),  # Edema unmoved
         "c": UpdateSizes({WEIGHTS: 0.08, STATISTICS: 0.1}, {"Mass": 0.4, "Edema": 0.9}),
     }
     factors = clip_factors(sizes, str.title)  # rows matched by canonical name
-    assert factors == {"c": {WEIGHTS: pytest.approx(0.25), "head row Mass": pytest.approx(0.5)}}
+    # Edema: moved by a and c only, so c is scaled to a's size
+    assert factors == {
+        "c": {WEIGHTS: pytest.approx(0.25), "head row Mass": pytest.approx(0.5), "head row Edema": pytest.approx(1 / 3)}
+    }
 
 
 def test_capped_weights_give_no_site_more_than_the_others_together():

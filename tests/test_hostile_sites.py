@@ -25,7 +25,7 @@ from surgical_aggregation.core.errors import StorageError
 from surgical_aggregation.core.judging import MAJORITY, NOT_MOST, SEVERAL
 from surgical_aggregation.data import storage
 from surgical_aggregation.evaluation.run_summary import summary_lines
-from surgical_aggregation.flare.loop import FederationLoop
+from surgical_aggregation.flare.loop import EXCLUDED
 from surgical_aggregation.flare.protocol import (
     META_CLASS_NAMES,
     META_NUM_SAMPLES,
@@ -463,7 +463,7 @@ def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path
     assert two.history[1]["aggregation"]["accepted"] == ["site-a", "site-y"]
 
 
-def test_with_two_sites_or_a_row_two_sites_hold_nothing_is_clipped(tmp_path):
+def test_a_part_two_sites_move_is_clipped_to_the_smaller_update(tmp_path):
     sites = [
         FakeSite("site-a", ["Mass", "Edema"], [0.9, 0.5]),
         FakeSite("site-b", ["Mass"], [0.9, 0.5]),
@@ -472,22 +472,29 @@ def test_with_two_sites_or_a_row_two_sites_hold_nothing_is_clipped(tmp_path):
     harness = Harness(sites, tmp_path, num_rounds=1, reject_opposed_updates=False)
     harness.run()
     clipped = harness.history[1]["aggregation"]["clipped"]
-    parts = ["BatchNorm statistics", "backbone weights", "head row Mass"]  # three sites moved each
-    assert clipped == {"site-x": pytest.approx(dict.fromkeys(parts, 1 / 3), rel=1e-3)}
-    # the backbone: (0.01 + 0.01 - 0.01) / 3; Mass's row the same; Edema's row (site-a +0.01, site-x -0.03) unclipped
-    for part, change in (("backbone.conv.weight", 0.01 / 3), ("Mass", 0.01 / 3), ("Edema", -0.01)):
+    parts = ["BatchNorm statistics", "backbone weights", "head row Mass"]  # three sites moved each: their median
+    # Edema's row only site-a (+0.01) and site-x (-0.03) moved: site-x is scaled to site-a's size
+    assert clipped == {"site-x": pytest.approx(dict.fromkeys([*parts, "head row Edema"], 1 / 3), rel=1e-3)}
+    # the backbone: (0.01 + 0.01 - 0.01) / 3; Mass's row the same; Edema's row (0.01 - 0.01) / 2
+    for part, change in (("backbone.conv.weight", 0.01 / 3), ("Mass", 0.01 / 3), ("Edema", 0.0)):
         np.testing.assert_allclose(_round_zero_change(harness, sites[0], part), change, atol=1e-6, err_msg=part)
 
     two = Harness([sites[0], FakeSite("site-y", ["Mass"], [0.9, 0.5], _flipped(3.0))], tmp_path / "two", num_rounds=1)
-    two.run()
-    assert "clipped" not in two.history[1]["aggregation"]
+    two.run()  # two sites: each shared part of site-y's update scaled to site-a's size; unclipped it would be -0.01
+    assert two.history[1]["aggregation"]["clipped"] == {
+        "site-y": pytest.approx(
+            dict.fromkeys(["BatchNorm statistics", "backbone weights", "head row Mass"], 1 / 3), rel=1e-3
+        )
+    }
+    np.testing.assert_allclose(_round_zero_change(two, sites[0], "backbone.conv.weight"), 0.0, atol=1e-6)
 
 
 def test_no_sample_count_buys_a_majority_of_the_aggregate(tmp_path):
     honest = FakeSite("site-a", ["Mass"], [0.9, 0.5])
     claimant = FakeSite("site-x", ["Mass"], [0.9, 0.5], _flipped(5.0))
     claimant.samples = 10**9  # declared at the handshake too, so no check can refuse it
-    harness = Harness([honest, claimant], tmp_path, num_rounds=1, weighting="samples")
+    # clipping off: it alone would scale the claimant's update to site-a's size; the cap is what is tested
+    harness = Harness([honest, claimant], tmp_path, num_rounds=1, weighting="samples", clip_updates=False)
     harness.run()
     aggregation = harness.history[1]["aggregation"]
     assert aggregation["accepted"] == ["site-a", "site-x"]
@@ -733,7 +740,7 @@ def test_with_three_sites_a_contribution_the_others_validation_finds_harmful_is_
         assert "excluded" not in round_0["aggregation"]
         np.testing.assert_allclose(_round_zero_change(harness, sites[0], "backbone.conv.weight"), 0.01 / 3, atol=1e-6)
         return
-    assert round_0["aggregation"]["excluded"] == {"site-x": FederationLoop._exclusion_reason(None)}
+    assert round_0["aggregation"]["excluded"] == {"site-x": EXCLUDED}
     screening = round_0["screening"]
     assert screening["action"] == "exclude" and screening["excluded"] == ["site-x"]
     assert sorted(screening["left_out"]) == ["without site-a", "without site-b", "without site-x"]
@@ -744,6 +751,7 @@ def test_with_three_sites_a_contribution_the_others_validation_finds_harmful_is_
     assert round_0["validation"]["judged_by"]["sites"] == ["site-a", "site-b"]
     assert "round 0: site-x excluded: left out of the round" in messages(harness, "warning")
     assert sites[2].outcomes[0]["status"] == "excluded"
+    assert "  excluded            site-x (rounds 0, 1)" in summary_lines(harness.history, {})  # the end-of-run summary
     assert [task for task, _, _ in sites[0].tasks][-1] == TASK_PUBLISH
 
 
@@ -787,6 +795,38 @@ def test_one_site_whose_figures_say_every_model_harms_it_is_outvoted_not_obeyed(
     assert [task for task, _, _ in sites[0].tasks][-1] == TASK_PUBLISH
 
 
+def test_a_lying_judge_leaves_out_at_three_sites_what_no_other_site_needs_and_at_seven_no_one(tmp_path):
+    """A site claims every model made without another's contribution is far better for it. With three sites its
+    verdict is a third of the others': an honest contribution the third site does not materially need is left out
+    (the documented price; named in every record), never one the third site needs. With seven it is one of six,
+    fewer than a third: no one is left out."""
+    lie = {"val_loss_minus_reference": -0.5, "val_loss_minus_reference_se": 0.005}
+    sites = _screened_sites("abl", attacker=None)
+    sites[2].validation_override = lie
+    harness = Harness(sites, tmp_path, num_rounds=2, robust_aggregation="mean")
+    harness.run()
+    # the honest sites' models are equal: neither needs the other's; site-a, left out in round 0, stays out
+    assert harness.history[1]["screening"]["left_out"]["without site-a"]["site-b"]["verdict"] == judging.NEITHER
+    assert [entry["screening"]["excluded"] for entry in harness.history[1:]] == [["site-a"], ["site-a"]]
+    assert harness.history[2]["aggregation"]["excluded"]["site-a"].startswith("left out since round 0")
+    assert [task for task, _, _ in sites[0].tasks][-1] == TASK_PUBLISH
+
+    needed = _screened_sites("abl", attacker=None)
+    needed[2].validation_override = lie
+    needed[1].validation_override = {"val_loss_minus_reference": 0.5, "val_loss_minus_reference_se": 0.005}
+    kept = Harness(needed, tmp_path / "needed", num_rounds=2, robust_aggregation="mean")
+    kept.run()  # site-b is materially worse off without site-a's contribution: one better, one worse, it stays
+    assert kept.history[1]["screening"]["left_out"]["without site-a"]["site-b"]["verdict"] == judging.WORSE
+    # left out instead: site-b, which no other site vouches for (and no more: three sites tolerate one)
+    assert [entry["screening"]["excluded"] for entry in kept.history[1:]] == [["site-b"], ["site-b"]]
+
+    seven = _screened_sites("abcdefl", attacker=None)
+    seven[-1].validation_override = lie
+    many = Harness(seven, tmp_path / "seven", num_rounds=2, robust_aggregation="mean")
+    many.run()
+    assert all(entry["screening"]["excluded"] == [] for entry in many.history[1:])
+
+
 @pytest.mark.parametrize("declared", [400, None])
 def test_a_standard_error_below_what_the_validation_size_allows_decides_nothing(tmp_path, declared):
     """A site reports a harm just above its margin with a standard error of 0: floored at what its 400 declared
@@ -814,18 +854,25 @@ def test_a_standard_error_below_what_the_validation_size_allows_decides_nothing(
 
 def test_a_colluding_group_no_single_exclusion_explains_stops_the_job(tmp_path):
     """Three sites of one party send the same flipped update among five: the mean is theirs, both honest sites find it
-    harmful, and leaving any one contribution out does not clear that. The server cannot tell which group to trust:
-    the job stops, naming the case."""
+    harmful. Both are materially better off without ``site-x`` (a third of the judges and more), so it is left out,
+    but the model made without it still harms both: one exclusion does not explain the harm, and the server cannot
+    tell which group to trust: the job stops, naming the case."""
     sites = _screened_sites("ab", attacker=None) + [
         FakeSite(f"site-{name}", ["Mass"], [0.6, 0.5, 0.5], _flipped(1.0)) for name in "xyz"
     ]
     harness = Harness(sites, tmp_path, num_rounds=3, robust_aggregation="mean", reject_opposed_updates=False)
     with pytest.raises(RuntimeError) as stopped:
         harness.run()
-    assert str(stopped.value).startswith("the global model after round 0 harms a site: for site-a,")
+    assert str(stopped.value).startswith(
+        "the global model after round 0 harms a site (after leaving out ['site-x']): for site-a,"
+    )
     assert SEVERAL[1:80] in str(stopped.value)
     screening = harness.history[1]["screening"]
-    assert (screening["action"], sorted(screening["flags"])) == ("stop", ["site-a", "site-b"])
+    assert (screening["action"], screening["excluded"], sorted(screening["flags"])) == (
+        "stop",
+        ["site-x"],
+        ["site-a", "site-b"],
+    )
     assert sorted(screening["left_out"]) == [f"without site-{name}" for name in "abxyz"]
     assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in sites)
 
@@ -858,7 +905,7 @@ def test_harm_no_site_flags_still_leaves_out_a_contribution_the_others_are_bette
     round_0 = harness.history[1]
     assert set(round_0["screening"]["flags"]) <= {"site-x"}  # no honest site's harm test says anything
     assert round_0["screening"]["excluded"] == ["site-x"]
-    assert round_0["aggregation"]["excluded"] == {"site-x": FederationLoop._exclusion_reason(None)}
+    assert round_0["aggregation"]["excluded"] == {"site-x": EXCLUDED}
     np.testing.assert_allclose(_round_zero_change(harness, sites[0], "backbone.conv.weight"), 0.01, atol=1e-6)
 
 

@@ -76,12 +76,13 @@ def _harm(z: float = 10.0) -> Harm:
     return Harm(0.2, 0.1, 0.05, 0.01, z, float(norm.sf(z)))
 
 
-def verdicts(table: dict[str, dict[str, bool]]):
-    """A ``better_without`` callback from {contribution: {other judge: materially better without it}}."""
+def verdicts(table: dict[str, dict[str, str]]):
+    """A ``verdicts_without`` callback from {contribution: {other judge: "better" / "worse" / "neither"}}."""
     return lambda site: table.get(site)
 
 
 SITES = ["a", "b", "c", "x"]
+B, W, N = judging.BETTER, judging.WORSE, judging.NEITHER
 
 
 def test_no_flag_accepts_and_two_sites_cannot_decide():
@@ -90,29 +91,49 @@ def test_no_flag_accepts_and_two_sites_cannot_decide():
     assert (stop.action, stop.why, list(stop.flags)) == ("stop", TWO_SITES, ["a"])
 
 
-def test_a_contribution_most_other_sites_are_better_without_is_left_out():
+def test_a_contribution_a_third_of_the_other_sites_are_better_without_is_left_out():
     table = {
-        "x": {"a": True, "b": True, "c": False},  # two of three: most
-        "c": {"a": True, "b": False, "x": False},
-        "a": {"b": False, "c": False, "x": True},
-        "b": {"a": False, "c": False, "x": True},
+        "x": {"a": B, "b": N, "c": N},  # one of three: a third, none worse off
+        "c": {"a": N, "b": N, "x": N},
+        "a": {"b": N, "c": N, "x": B},
+        "b": {"a": N, "c": N, "x": N},
     }
     decision = decide(SITES, {"a": _harm()}, verdicts(table), None)
-    assert (decision.action, decision.excluded, list(decision.flags)) == ("exclude", ["x"], ["a"])
-
-
-def test_a_contribution_only_half_the_other_sites_are_better_without_stays():
-    # one harmed site (its data disagree with the others', or it lies) cannot remove anyone on its own say
-    table = {site: {other: other == "a" for other in SITES if other != site} for site in SITES}
+    # x and a are each a third; x's net share is the same, so the name decides: a. Give a a site that needs it:
+    assert decision.excluded == ["a"]
+    table["a"]["c"] = W
     decision = decide(SITES, {"a": _harm()}, verdicts(table), None)
+    assert (decision.action, decision.excluded, list(decision.flags)) == ("exclude", ["x"], ["a"])
+    # at three sites one of the two other judges is enough: the rows only two sites hold show harm at one judge
+    three = {"x": {"a": B, "b": N}, "a": {"b": N, "x": N}, "b": {"a": N, "x": N}}
+    assert decide(["a", "b", "x"], {}, verdicts(three), None).excluded == ["x"]
+
+
+def test_a_contribution_another_site_needs_as_much_stays():
+    three = {"x": {"a": B, "b": W}, "a": {"b": N, "x": N}, "b": {"a": N, "x": N}}
+    assert decide(["a", "b", "x"], {}, verdicts(three), None).action == "accept"
+    # at seven sites one site's say (fewer than a third of the six others) removes no one
+    seven = [*"abcdefx"]
+    table = {site: {other: N for other in seven if other != site} for site in seven}
+    table["x"]["a"] = B
+    decision = decide(seven, {"a": _harm()}, verdicts(table), None)
     assert (decision.action, decision.excluded, decision.why) == ("accept", [], NOT_MOST)
-    three = {site: {other: other == "a" for other in ("a", "b", "x") if other != site} for site in ("a", "b", "x")}
-    assert decide(["a", "b", "x"], {"a": _harm()}, verdicts(three), None).excluded == []  # 1 of 2 is not most
+    table["x"]["b"] = B  # two of six: a third
+    assert decide(seven, {"a": _harm()}, verdicts(table), None).excluded == ["x"]
 
 
-def test_the_largest_share_of_better_off_sites_decides_which_is_left_out():
-    table = {"x": {"a": True, "b": True, "c": True}, "c": {"a": True, "b": True, "x": False}}
+def test_the_largest_net_share_of_better_off_sites_decides_which_is_left_out():
+    table = {"x": {"a": B, "b": B, "c": B}, "c": {"a": B, "b": B, "x": N}}
     assert decide(SITES, {"a": _harm()}, verdicts(table), None).excluded == ["x"]
+
+
+def test_a_verdict_is_better_worse_or_neither_at_the_level():
+    base = {"val_loss": 0.4, "val_loss_minus_reference_se": 0.01}
+    # the round's candidate: 0.5 (and 0.3 when worse); the margin is IMPROVEMENT_SHARE of it
+    assert judging.verdict_of({**base, "val_loss_minus_reference": -0.1}, None, 0.01) == B
+    assert judging.verdict_of({**base, "val_loss": 0.4, "val_loss_minus_reference": 0.1}, None, 0.01) == W
+    assert judging.verdict_of({**base, "val_loss_minus_reference": -0.001}, None, 0.01) == N
+    assert judging.verdict_of({"val_loss": 0.4}, None, 0.01) == N  # no figure: no verdict
 
 
 def test_several_harmed_sites_that_no_exclusion_explains_stop_the_job():

@@ -744,16 +744,18 @@ def row_part(name: str) -> str:
     "update",
     "with `clip_updates` (default on), each part of an accepted update (the backbone weights, the BatchNorm "
     f"statistics, each head row) that {MIN_SITES_TO_CLIP} or more sites moved this round is scaled down to the "
-    "round's median size of that part's updates, so no site moves a part further than a typical site did; with "
-    "fewer sites the part is left as sent (a median of two is their mean)",
+    "round's median size of that part's updates, so no site moves a part further than a typical site did; a part "
+    "two sites moved, to the smaller of their two sizes (a median of two is their mean, which the larger decides: "
+    "a site boosting its update of a row it shares with one other site would otherwise move it alone)",
     "(recorded in the round's `clipped`: the factor each part was scaled by, not a rejection)",
 )
 def clip_factors(
     sizes: Mapping[str, UpdateSizes], normalize: NameNormalizer | None = None
 ) -> dict[str, dict[str, float]]:
     """site -> part (``WEIGHTS``, ``STATISTICS`` or :func:`row_part` of a canonical class) -> the factor below 1 its
-    update of that part is scaled by: the round's median size of that part over the sites that moved it, divided by
-    the site's. A part fewer than :data:`MIN_SITES_TO_CLIP` sites moved is not clipped, nor is an unmoved one."""
+    update of that part is scaled by: the round's median size of that part over the sites that moved it (with
+    fewer than :data:`MIN_SITES_TO_CLIP` of them, two: the smaller size), divided by the site's. A part one site
+    moved is not clipped, nor is an unmoved one."""
     normalize = normalize or (lambda name: name)
     by_part: dict[str, dict[str, float]] = {}
     for site, size in sizes.items():
@@ -764,9 +766,10 @@ def clip_factors(
     factors: dict[str, dict[str, float]] = {}
     for part, values in by_part.items():
         moved = {site: value for site, value in values.items() if value > 0}
-        if len(moved) < MIN_SITES_TO_CLIP:
+        if len(moved) < 2:
             continue
-        median = float(np.median(list(moved.values())))
+        values_moved = list(moved.values())
+        median = float(np.median(values_moved) if len(moved) >= MIN_SITES_TO_CLIP else min(values_moved))
         for site, value in moved.items():
             if value > median:
                 factors.setdefault(site, {})[part] = median / value

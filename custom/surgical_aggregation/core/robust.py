@@ -159,6 +159,8 @@ AGGREGATORS: dict[str, Aggregator] = {
     "mda": mda,
 }
 PRE_AGGREGATORS: dict[str, Aggregator] = {"nnm": nearest_neighbour_mixing}
+# the server's rule unless a job names another: the attack suite's results chose it (docs/server-checks.md)
+DEFAULT_RULE = "geometric_median"
 MIN_ROWS = 3  # a part moved by fewer sites is averaged: no rule tells one hostile row from one honest row among two
 # the backbone parts a rule aggregates: its learned weights. BatchNorm's running statistics are averages each site
 # measures, bounded by their own checks (valid variances, caps, clipping to the round's median size): the attack

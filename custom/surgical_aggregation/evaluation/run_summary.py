@@ -62,12 +62,32 @@ def summary_lines(history: Sequence[Mapping[str, Any]], files: Mapping[str, Path
     initial = [entry for entry in validated if entry["round"] == INITIAL_ROUND]
     if initial:
         lines.append(f"  initial model       {_describe(initial[0])}")
+    lines += screening_lines(history)
     started = next((entry["initial_model"] for entry in history if "initial_model" in entry), None)
     if started:
         lines.append(f"  started from        {started['origin']}; backbone strategy {started['backbone_strategy']}")
     width = max((len(label) for label in files), default=0)
     shown = {label: path for label, path in files.items() if isinstance(path, str) or path.exists()}
     lines += [f"  {label.ljust(width)}  {path}" for label, path in shown.items()]
+    return lines
+
+
+def screening_lines(history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Who the screening left out of which rounds, and the flags it kept on record (``core.judging.decide``)."""
+    excluded: dict[str, list[int]] = {}
+    flagged: dict[str, list[int]] = {}
+    for entry in history:
+        screening = entry.get("screening") or {}
+        for site in screening.get("excluded", []):
+            excluded.setdefault(site, []).append(entry["round"])
+        if screening.get("action") != "stop":
+            for site in screening.get("flags", {}):
+                flagged.setdefault(site, []).append(entry["round"])
+    lines = []
+    for label, sites in (("excluded", excluded), ("harm on record", flagged)):
+        for site, rounds in sorted(sites.items()):
+            lines.append(f"  {label.ljust(18)}  {site} (round{'s' if len(rounds) > 1 else ''} "
+                         f"{', '.join(map(str, rounds))})")  # fmt: skip
     return lines
 
 

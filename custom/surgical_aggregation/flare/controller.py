@@ -61,7 +61,7 @@ from ..core.methods import (
     head_classes_for_site,
     method_meta,
 )
-from ..core.robust import RobustRule
+from ..core.robust import DEFAULT_RULE, RobustRule
 from ..core.strategies import strategy
 from ..evaluation.plots import validated_models
 from ..evaluation.run_summary import INITIAL_ROUND, model_label, summary_lines
@@ -126,7 +126,7 @@ class SurgicalAggregatorShareable(ServerModels):
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         clip_updates: bool = True,
         reject_opposed_updates: bool = True,
-        robust_aggregation: str = "geometric_median",
+        robust_aggregation: str = DEFAULT_RULE,
         byzantine_sites: int | None = None,
         validation_guard: bool = True,
         judging_sites: list | None = None,

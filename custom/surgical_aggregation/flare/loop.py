@@ -31,12 +31,16 @@ from nvflare.fuel.utils.log_utils import center_message
 
 from ..core.checks import check_metrics
 from ..core.errors import UserError
-from ..core.judging import TESTS, Decision, decide, flagged, improvement_of, round_level
+from ..core.judging import Decision, after_exclusion, decide, flagged, improvement_of, round_level, verdict_of
 from ..evaluation.run_summary import INITIAL_ROUND, model_label
 from .protocol import JOB_FAILED, META_COMPARE_TO, META_MODEL_KEY, META_ROUND, TASK_VALIDATE
 from .state import FederationState, SavedVersion, history_entry, judge
 from .tasks import SiteTasks
 
+EXCLUDED = (
+    "left out of the round: at least a third of the other sites' validation found the model made without its result "
+    "materially better, and more of them better than worse"
+)
 FIRST = "the round's candidate"  # the key of a round's first candidate (leave-one-out ones: "without <site>")
 
 
@@ -163,12 +167,12 @@ class FederationLoop(SiteTasks):
                 )
             if decision is not None and decision.excluded:
                 entry["aggregation"]["excluded"] = {
-                    site: self._exclusion_reason(decision) for site in decision.excluded
+                    site: self._exclusion_reason(site, round_number) for site in decision.excluded
                 }
             entry["aggregation"]["seconds"] = round(time.perf_counter() - started, 2)
             for site, outcome in results.outcomes.items():
                 if decision is not None and site in decision.excluded:
-                    outcome = {**outcome, "status": "excluded", "reason": self._exclusion_reason(decision)}
+                    outcome = {**outcome, "status": "excluded", "reason": self._exclusion_reason(site, round_number)}
                 self.tell_next_time(site, outcome)
             federation.latest = latest
             if chosen is not None:
@@ -215,12 +219,21 @@ class FederationLoop(SiteTasks):
         said = f"the aggregate of {made}"
         return said + (f", without {left_out} (excluded)" if left_out else "")
 
-    @staticmethod
-    def _exclusion_reason(decision: Decision | None) -> str:
-        return (
-            "left out of the round: the round's model harmed a site, and most of the other sites' validation found the "
-            "model made without its result materially better"
-        )
+    def _excluded_since(self, round_number: int) -> dict[str, int]:
+        """site -> the round its contribution was first left out, for the rounds before ``round_number`` (read from
+        the history, so a resumed job keeps them)."""
+        since: dict[str, int] = {}
+        for entry in sorted(self._federation.history, key=lambda item: item["round"]):
+            if entry["round"] < round_number:
+                for site in (entry.get("screening") or {}).get("excluded", []):
+                    since.setdefault(site, entry["round"])
+        return since
+
+    def _exclusion_reason(self, site: str, round_number: int) -> str:
+        first = self._excluded_since(round_number + 1).get(site, round_number)
+        if first < round_number:
+            return f"left out since round {first}, when its result was first excluded: an excluded site stays out"
+        return EXCLUDED
 
     # --- validation, screening, judging ---------------------------------------------------------------------
 
@@ -261,10 +274,17 @@ class FederationLoop(SiteTasks):
     def _screened(self, round_number: int, results: RoundResults) -> tuple[Decision, SavedVersion | None]:
         """The round's candidate, validated by the sites, screened for harm, with a contribution left out where the
         other sites' validation says so; the job stops where the server cannot decide (``core.judging.decide``)."""
-        contributors = list(results.contributors or results.accepted)
-        candidate = self._candidate(round_number)
+        # a contribution left out once stays out for the rest of the job (its site still trains and validates):
+        # the evidence that excluded it was significant at the job's rate, and an attacker's later rounds are no
+        # less harmful for showing less in a validation of a few images; at most as many as the robust rule tolerates
+        earlier = self._excluded_since(round_number)
+        standing = [site for site in (results.contributors or results.accepted) if site in earlier]
+        contributors = [site for site in (results.contributors or results.accepted) if site not in earlier]
+        base = frozenset(standing)
+        room = self._tolerated(len(contributors) + len(standing)) - len(earlier)
+        candidate = self._candidate(round_number, base)
         if candidate is None:
-            return Decision("accept"), None
+            return Decision("accept", excluded=standing), None
         validation = self._validate(candidate, self._site_names())
         made: dict[str, tuple[SavedVersion, dict[str, dict[str, float]]]] = {FIRST: (candidate, validation)}
         decision, tests = Decision("accept"), {}
@@ -278,8 +298,8 @@ class FederationLoop(SiteTasks):
             # a false exclusion needs one false rejection among every site's test of every leave-one-out candidate
             each = level / max(len(contributors) * (len(contributors) - 1), 1)
 
-            def better_without(site: str) -> dict[str, bool] | None:
-                version = self._candidate(round_number, frozenset([site]))
+            def verdicts_without(site: str) -> dict[str, str] | None:
+                version = self._candidate(round_number, base | {site})
                 if version is None:
                     return None
                 judges = [other for other in contributors if other != site]
@@ -288,21 +308,24 @@ class FederationLoop(SiteTasks):
                 made[key] = (version, figures)
                 verdicts = {}
                 for judge in judges:
-                    found = improvement_of(figures.get(judge, {}), sizes.get(judge))
-                    verdicts[judge] = any(test.p <= each / len(TESTS) for test in found)
-                    for test in found:
-                        tests.setdefault(key, {}).setdefault(judge, {})[test.kind] = {
-                            "better_by": round(test.difference, 5),
-                            "p": test.p,
-                        }
+                    verdicts[judge] = verdict_of(figures.get(judge, {}), sizes.get(judge), each)
+                    recorded = tests.setdefault(key, {}).setdefault(judge, {"verdict": verdicts[judge]})
+                    for test in improvement_of(figures.get(judge, {}), sizes.get(judge)):
+                        recorded[test.kind] = {"better_by": round(test.difference, 5), "p": test.p}
                 return verdicts
 
             decision = decide(
                 contributors,
                 {site: harm for site, harm in everyone.items() if site in contributors},
-                better_without,
+                verdicts_without if room > 0 else lambda site: None,
                 {site: harm for site, harm in everyone.items() if site in objectors},
             )
+            if decision.action == "exclude":  # the flags that count are those of the model the round keeps
+                kept = made[f"without {decision.excluded[0]}"][1]
+                remaining = [site for site in contributors if site not in decision.excluded and site in kept]
+                decision = after_exclusion(decision, flagged({site: kept[site] for site in remaining}, sizes, level))
+        key = f"without {decision.excluded[0]}" if decision.excluded else FIRST
+        decision.excluded[:0] = standing
         entry = history_entry(self._federation.history, round_number)
         if self.validation_guard:
             entry["screening"] = {
@@ -320,8 +343,7 @@ class FederationLoop(SiteTasks):
         if decision.flags and not decision.excluded:
             self.warning(f"round {round_number}: kept on record, not acted on: {decision.why}")
         for site in decision.excluded:
-            self.warning(f"round {round_number}: {site} excluded: {self._exclusion_reason(decision)}")
-        key = f"without {decision.excluded[0]}" if decision.excluded else FIRST
+            self.warning(f"round {round_number}: {site} excluded: {self._exclusion_reason(site, round_number)}")
         chosen, figures = made[key]
         self._keys = {round_number: key}  # the sites validated it under this key: their next task names it
         judges = [site for site in contributors if site not in decision.excluded]
