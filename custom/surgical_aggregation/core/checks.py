@@ -745,8 +745,9 @@ def row_part(name: str) -> str:
     "with `clip_updates` (default on), each part of an accepted update (the backbone weights, the BatchNorm "
     f"statistics, each head row) that {MIN_SITES_TO_CLIP} or more sites moved this round is scaled down to the "
     "round's median size of that part's updates, so no site moves a part further than a typical site did; a part "
-    "two sites moved, to the smaller of their two sizes (a median of two is their mean, which the larger decides: "
-    "a site boosting its update of a row it shares with one other site would otherwise move it alone)",
+    "two of them moved (a head row two sites hold), to the smaller of their two sizes (a median of two is their "
+    "mean, which the larger decides: a site boosting its update of a row it shares with one other site would "
+    "otherwise move it alone); a round of two sites is not clipped (nothing tells which is typical)",
     "(recorded in the round's `clipped`: the factor each part was scaled by, not a rejection)",
 )
 def clip_factors(
@@ -755,7 +756,8 @@ def clip_factors(
     """site -> part (``WEIGHTS``, ``STATISTICS`` or :func:`row_part` of a canonical class) -> the factor below 1 its
     update of that part is scaled by: the round's median size of that part over the sites that moved it (with
     fewer than :data:`MIN_SITES_TO_CLIP` of them, two: the smaller size), divided by the site's. A part one site
-    moved is not clipped, nor is an unmoved one."""
+    moved is not clipped, nor is an unmoved one, nor anything in a round of fewer than :data:`MIN_SITES_TO_CLIP`
+    sites (``sizes``)."""
     normalize = normalize or (lambda name: name)
     by_part: dict[str, dict[str, float]] = {}
     for site, size in sizes.items():
@@ -766,7 +768,7 @@ def clip_factors(
     factors: dict[str, dict[str, float]] = {}
     for part, values in by_part.items():
         moved = {site: value for site, value in values.items() if value > 0}
-        if len(moved) < 2:
+        if len(moved) < 2 or len(sizes) < MIN_SITES_TO_CLIP:
             continue
         values_moved = list(moved.values())
         median = float(np.median(values_moved) if len(moved) >= MIN_SITES_TO_CLIP else min(values_moved))

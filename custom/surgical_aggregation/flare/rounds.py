@@ -200,16 +200,23 @@ class Round:
             if rules.reject_opposed_updates:
                 self.rejected.update(opposed_updates(changes, consensus))
                 candidates = [site for site in candidates if site not in self.rejected]
-        if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
-            riders = set(free_riders({site: sizes[site] for site in candidates}))
-            self.clipped = clip_factors(
-                {site: sizes[site] for site in candidates if site not in riders}, rules.normalize
-            )
         aggregates: dict[tuple[str, ...], AggregationResult] = {}
         robust_parts: dict[tuple[str, ...], dict[str, int]] = {}
+        clipping: dict[tuple[str, ...], dict[str, dict[str, float]]] = {}
 
-        def contribution_of(site: str) -> Contribution:
-            arrival, factors = self.arrivals[site], self.clipped.get(site)
+        def clipping_of(sites: Sequence[str]) -> dict[str, dict[str, float]]:
+            """The clip factors of an aggregate of ``sites``: of their updates alone, so that an aggregate without a
+            site is the one the others would have made had it sent nothing."""
+            key = tuple(sites)
+            if key not in clipping:
+                # free-riders' near-zero updates would pull the median down: left out of it
+                riders = set(free_riders({site: sizes[site] for site in sites}))
+                moved = {site: sizes[site] for site in sites if site not in riders}
+                clipping[key] = clip_factors(moved, rules.normalize) if rules.clip_updates else {}
+            return clipping[key]
+
+        def contribution_of(site: str, sites: Sequence[str]) -> Contribution:
+            arrival, factors = self.arrivals[site], clipping_of(sites).get(site)
             if not factors:
                 return arrival.contribution
             sent = arrival.contribution
@@ -232,10 +239,10 @@ class Round:
                 weights = capped_weights({site: self.arrivals[site].checked.weight for site in sites})
                 for site in sites:  # name order: the same sums on every run
                     checked = replace(self.arrivals[site].checked, weight=weights[site])
-                    combined.add_checked(contribution_of(site), checked)
+                    combined.add_checked(contribution_of(site, sites), checked)
                 result = combined.finalize()
                 if not rules.robust.is_mean:
-                    sent = [SiteResult(contribution_of(site).state, self.arrivals[site].contribution.class_names)
+                    sent = [SiteResult(contribution_of(site, sites).state, self.arrivals[site].contribution.class_names)
                             for site in sites]  # fmt: skip
                     robust, parts = robust_state(
                         result.state, state, classes, sent, averaged, rules.robust, rules.head, rules.normalize
@@ -270,7 +277,7 @@ class Round:
             for site, used in capped_weights(claimed).items()
             if used < claimed[site]
         }
-        self.clipped = {site: factors for site, factors in self.clipped.items() if site in kept}
+        self.clipped = clipping_of(contributors)
         return result
 
     def candidate(self, leave_out: Collection[str]) -> AggregationResult | None:
