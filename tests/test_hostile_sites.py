@@ -747,6 +747,11 @@ def test_with_three_sites_a_contribution_the_others_validation_finds_harmful_is_
     assert "round 0: site-x excluded: left out of the round" in messages(harness, "warning")
     assert sites[2].outcomes[0]["status"] == "excluded"
     assert "  excluded            site-x (rounds 0, 1)" in summary_lines(harness.history, {})  # the end-of-run summary
+    round_1 = harness.history[2]["aggregation"]  # it stays out: its result takes no part in round 1 at all
+    assert round_1["accepted"] == ["site-a", "site-b"] and "site-x" not in round_1.get("clipped", {})
+    assert round_1["excluded"] == {"site-x": "left out since round 0, when its result was first excluded: an excluded "
+                                              "site stays out"}  # fmt: skip
+    assert sites[2].outcomes[1]["status"] == "excluded"
     assert [task for task, _, _ in sites[0].tasks][-1] == TASK_PUBLISH
 
 

@@ -457,7 +457,8 @@ class SurgicalAggregatorShareable(ServerModels):
     def _aggregate(self, gathered: Round, latest: SavedVersion) -> AggregationResult:
         """The round's aggregation after its update bounds and the candidate model's check (see ``rounds``)."""
         on_arrival = list(gathered.rejected)
-        aggregated = gathered.aggregate(latest.state, latest.class_names, self._rules(), self._reference)
+        excluded = self._excluded_since(gathered.number)  # left out of an earlier round: out for the rest of the job
+        aggregated = gathered.aggregate(latest.state, latest.class_names, self._rules(), self._reference, excluded)
         for level, line in gathered.report(aggregated, on_arrival):
             getattr(self, level)(line)
         if self.method == "personal":

@@ -278,9 +278,9 @@ class FederationLoop(SiteTasks):
         # the evidence that excluded it was significant at the job's rate, and an attacker's later rounds are no
         # less harmful for showing less in a validation of a few images; at most as many as the robust rule tolerates
         earlier = self._excluded_since(round_number)
-        standing = [site for site in (results.contributors or results.accepted) if site in earlier]
+        standing = [site for site in results.trained if site in earlier]
         contributors = [site for site in (results.contributors or results.accepted) if site not in earlier]
-        base = frozenset(standing)
+        base = frozenset(standing)  # the plain workflow left them out of its round already; the blind one here
         room = self._tolerated(len(contributors) + len(standing)) - len(earlier)
         candidate = self._candidate(round_number, base)
         if candidate is None:
@@ -292,7 +292,7 @@ class FederationLoop(SiteTasks):
             level = round_level(self.num_rounds)
             sizes = self._validation_sizes()
             # one Holm family for the round's candidate: its judges and the sites whose results were rejected
-            objectors = [site for site in results.trained if site not in contributors]
+            objectors = [site for site in results.trained if site not in contributors and site not in earlier]
             tested = {site: validation[site] for site in [*contributors, *objectors] if site in validation}
             everyone = flagged(tested, sizes, level)
             # a false exclusion needs one false rejection among every site's test of every leave-one-out candidate

@@ -104,6 +104,7 @@ class Round:
     update_sizes: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> part -> relative update
     free_riders: list[str] = field(default_factory=list)
     clipped: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> part -> the factor it was scaled by
+    excluded: list[str] = field(default_factory=list)  # sites the screening left out for the rest of the job
     weights: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> claimed and used weight, when capped
     model_check: list[str] = field(default_factory=list)  # why the first candidate failed (empty: it passed)
     robust_parts: dict[str, int] = field(default_factory=dict)  # part -> sites its robust rule aggregated
@@ -164,14 +165,24 @@ class Round:
         return None
 
     def aggregate(
-        self, state: Mapping[str, Any], classes: Sequence[str], rules: RoundRules, reference: UpdateReference
+        self,
+        state: Mapping[str, Any],
+        classes: Sequence[str],
+        rules: RoundRules,
+        reference: UpdateReference,
+        excluded: Collection[str] = (),
     ) -> AggregationResult:
         """The round's global model from its valid results (see the module's docstring for the order of the
-        checks); ``reference`` learns the accepted updates' sizes."""
+        checks); ``reference`` learns the accepted updates' sizes. The results of ``excluded`` sites (left out of an
+        earlier round by the screening, for the rest of the job) take no part: not in the consensus, the clipping,
+        the typical update or the mean."""
+        self.excluded = sorted(set(excluded) & set(self.arrivals))
 
         averaged = rules.aggregator(state, classes).averaged_keys
         sizes = {}
         for site, arrival in sorted(self.arrivals.items()):
+            if site in self.excluded:
+                continue
             contribution = arrival.contribution
             sizes[site] = update_sizes(
                 contribution.state,
@@ -187,7 +198,7 @@ class Round:
             if told:
                 self.rejected[site] = "; ".join(told)
                 self.rejection_details[site] = details
-        candidates = [site for site in sorted(self.arrivals) if site not in self.rejected]
+        candidates = [site for site in sorted(self.arrivals) if site not in self.rejected and site not in self.excluded]
         if len(candidates) >= MIN_SITES_FOR_DIRECTION:
             changes = {
                 site: weight_change(
@@ -200,23 +211,16 @@ class Round:
             if rules.reject_opposed_updates:
                 self.rejected.update(opposed_updates(changes, consensus))
                 candidates = [site for site in candidates if site not in self.rejected]
+        if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
+            riders = set(free_riders({site: sizes[site] for site in candidates}))
+            self.clipped = clip_factors(
+                {site: sizes[site] for site in candidates if site not in riders}, rules.normalize
+            )
         aggregates: dict[tuple[str, ...], AggregationResult] = {}
         robust_parts: dict[tuple[str, ...], dict[str, int]] = {}
-        clipping: dict[tuple[str, ...], dict[str, dict[str, float]]] = {}
 
-        def clipping_of(sites: Sequence[str]) -> dict[str, dict[str, float]]:
-            """The clip factors of an aggregate of ``sites``: of their updates alone, so that an aggregate without a
-            site is the one the others would have made had it sent nothing."""
-            key = tuple(sites)
-            if key not in clipping:
-                # free-riders' near-zero updates would pull the median down: left out of it
-                riders = set(free_riders({site: sizes[site] for site in sites}))
-                moved = {site: sizes[site] for site in sites if site not in riders}
-                clipping[key] = clip_factors(moved, rules.normalize) if rules.clip_updates else {}
-            return clipping[key]
-
-        def contribution_of(site: str, sites: Sequence[str]) -> Contribution:
-            arrival, factors = self.arrivals[site], clipping_of(sites).get(site)
+        def contribution_of(site: str) -> Contribution:
+            arrival, factors = self.arrivals[site], self.clipped.get(site)
             if not factors:
                 return arrival.contribution
             sent = arrival.contribution
@@ -239,10 +243,10 @@ class Round:
                 weights = capped_weights({site: self.arrivals[site].checked.weight for site in sites})
                 for site in sites:  # name order: the same sums on every run
                     checked = replace(self.arrivals[site].checked, weight=weights[site])
-                    combined.add_checked(contribution_of(site, sites), checked)
+                    combined.add_checked(contribution_of(site), checked)
                 result = combined.finalize()
                 if not rules.robust.is_mean:
-                    sent = [SiteResult(contribution_of(site, sites).state, self.arrivals[site].contribution.class_names)
+                    sent = [SiteResult(contribution_of(site).state, self.arrivals[site].contribution.class_names)
                             for site in sites]  # fmt: skip
                     robust, parts = robust_state(
                         result.state, state, classes, sent, averaged, rules.robust, rules.head, rules.normalize
@@ -277,7 +281,7 @@ class Round:
             for site, used in capped_weights(claimed).items()
             if used < claimed[site]
         }
-        self.clipped = clipping_of(contributors)
+        self.clipped = {site: factors for site, factors in self.clipped.items() if site in kept}
         return result
 
     def candidate(self, leave_out: Collection[str]) -> AggregationResult | None:
@@ -332,6 +336,8 @@ class Round:
                 outcome: dict[str, Any] = {"status": "aggregated"}
                 if site in self.free_riders:
                     outcome["note"] = "its update barely moved the model (a free-rider: left out of the mean)"
+            elif site in self.excluded:  # the loop says since when and why
+                outcome = {"status": "excluded"}
             elif site in self.rejected:
                 outcome = {"status": "rejected", "reason": self.rejected[site]}
             elif site in self.failed:
