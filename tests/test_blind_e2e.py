@@ -236,8 +236,12 @@ def test_the_sites_validation_leaves_out_a_harmful_blind_contribution_and_a_sile
     history = json.loads((_server(workspace) / "round_history.json").read_text())
     excluded = [entry for entry in history if "site-3" in entry.get("aggregation", {}).get("excluded", {})]
     assert excluded, "site-3 was never left out"
+    first, *later = excluded
+    assert set(first["screening"]["left_out"]["without site-3"]) == {"site-1", "site-2"}
+    assert [entry["round"] for entry in excluded] == list(range(first["round"], 3))  # out for the rest of the job
     for entry in excluded:
-        assert set(entry["screening"]["left_out"]["without site-3"]) == {"site-1", "site-2"}
         assert "site-3" not in entry["validation"]["judged_by"]["sites"]
+    for entry in later:
+        assert entry["aggregation"]["excluded"]["site-3"].startswith(f"left out since round {first['round']}")
     assert "site-3 excluded: left out of the round" in output
     assert list(_app(workspace, "site-1").glob(PUBLISHED_MODEL_FILE))

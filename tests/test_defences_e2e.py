@@ -203,19 +203,21 @@ def test_the_model_is_the_robust_rules_aggregate_of_the_clipped_updates(four_sit
 
 def test_a_contribution_both_other_sites_are_better_off_without_is_left_out(three_sites):
     """``site-3`` raises every head row's bias inside the rows' cap; with the plain mean the round's model pushes
-    every output towards "present". Both other sites' validation finds it harmful and the model made without
-    ``site-3``'s result materially better: the round is made of theirs alone (to 1e-4), ``site-3`` is named in the
-    history, the log and its own outcome, and the job goes on to publish."""
+    every output towards "present". The other sites' validation finds the model made without ``site-3``'s result
+    materially better: the round is made of theirs alone (to 1e-4), and so is every later round (an excluded site
+    stays out), ``site-3`` is named in the history, the log and its own outcome, and the job goes on to publish."""
     code, output, workspace = three_sites
     assert code == 0, output[-4000:]
     history = _history(workspace)
     excluded = [entry for entry in history if POISONING in entry.get("aggregation", {}).get("excluded", {})]
     assert excluded, "site-3 was never left out"
+    first = excluded[0]
+    assert first["screening"]["action"] == "exclude"
+    assert set(first["screening"]["left_out"][f"without {POISONING}"]) == {"site-1", "site-2"}
+    assert [entry["round"] for entry in excluded] == list(range(first["round"], ROUNDS))  # out for the rest of the job
     for entry in excluded:
         round_number = entry["round"]
-        assert entry["screening"]["action"] == "exclude" and entry["screening"]["excluded"] == [POISONING]
-        verdicts = entry["screening"]["left_out"][f"without {POISONING}"]
-        assert set(verdicts) == {"site-1", "site-2"}
+        assert entry["screening"]["excluded"] == [POISONING]
         keys = [*_weight_keys(_exchange(workspace, "site-1", round_number, "sent")), *NAMED_HEAD.keys]
         updates = _updates(workspace, round_number, ["site-1", "site-2"], keys)
         _assert_round_is(workspace, round_number, ROUNDS, (updates["site-1"] + updates["site-2"]) / 2, keys)
