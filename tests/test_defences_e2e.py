@@ -129,11 +129,17 @@ def _weight_keys(state: dict[str, np.ndarray]) -> list[str]:
 
 
 def _global_after(workspace: Path, round_number: int, rounds: int, site: str = SITES[0]) -> dict[str, np.ndarray]:
-    """The global model the round gave: what the sites received next round, or the server's last model."""
+    """The global model the round gave: what the sites received next round, or the server's last model (its head
+    rows in ``site``'s class order, matched by name)."""
     if round_number + 1 < rounds:
         return _exchange(workspace, site, round_number + 1, "received")
-    state = load_checkpoint(workspace / "server" / "simulate_job" / "app_server" / "FL_global_model.pt").state
-    return {key: value.double().numpy() for key, value in state.items()}
+    saved = load_checkpoint(workspace / "server" / "simulate_job" / "app_server" / "FL_global_model.pt")
+    state = {key: value.double().numpy() for key, value in saved.state.items()}
+    _, site_classes = audit_exchange(_app(workspace, site), round_number, "received")
+    rows = [saved.class_names.index(name) for name in site_classes]
+    for key in NAMED_HEAD.keys:
+        state[key] = state[key][rows]
+    return state
 
 
 def _updates(workspace: Path, round_number: int, sites: list[str], keys: list[str]) -> dict[str, np.ndarray]:

@@ -188,6 +188,7 @@ def test_comparator_presets():
         "weighting": "uniform",
         "clip_updates": False,  # the papers' plain means and selection
         "reject_opposed_updates": False,
+        "robust_aggregation": "mean",
         "validation_guard": False,
     }
     assert controller_arguments("fedsld")["weighting"] == "samples"

@@ -176,3 +176,19 @@ def test_the_paired_auroc_difference_is_the_difference_of_mean_aurocs_with_a_boo
     assert paired_auroc_difference(labels, better, better) == (0.0, 0.0)
     undefined = paired_auroc_difference(np.zeros((5, 1)), np.ones((5, 1)), np.ones((5, 1)))
     assert all(math.isnan(value) for value in undefined)  # no positive image: no AUROC
+
+
+def test_score_specificity_tells_one_shared_score_from_finding_specific_ones():
+    from surgical_aggregation.evaluation.metrics import score_specificity
+
+    labels = np.array([[1, 0], [0, 1], [1, 1], [0, 0]], dtype=float)
+    specific = np.array([[0.9, 0.2], [0.1, 0.8], [0.8, 0.7], [0.3, 0.1]])  # each class ranks its own positives first
+    found = score_specificity(labels, specific)
+    # by hand: the mean logits are 0.41, -0.41, 1.12, -1.52: class 0 still ranks both positives first (AUROC 1),
+    # class 1 puts a negative (0.41) above a positive (-0.41): 3/4; its own scores give 1 for both
+    logits = np.log(specific / (1 - specific))
+    assert found.logit_correlation == pytest.approx(np.corrcoef(logits[:, 0], logits[:, 1])[0, 1])
+    assert found.shared_score_auroc_loss == pytest.approx(1.0 - (1.0 + 0.75) / 2)
+    generic = np.array([[0.6, 0.6], [0.5, 0.5], [0.9, 0.9], [0.1, 0.1]])  # one score for both
+    same = score_specificity(labels, generic)
+    assert same.logit_correlation == pytest.approx(1.0) and same.shared_score_auroc_loss == pytest.approx(0.0)

@@ -137,7 +137,7 @@ def federate(
         for contribution in contributions:
             aggregating.add(contribution)
         result = aggregating.finalize()
-        verdict = judge(federation, latest, validation, None, min_delta, guard=False)
+        verdict = judge(federation, latest, validation, None, min_delta)
         latest = SavedVersion(round_number, result.state, result.class_names, trained=True)
         federation.latest = latest
         history_entry(federation.history, round_number)["aggregation"] = {
@@ -156,6 +156,6 @@ def federate(
             time.perf_counter() - round_started,
         )
     final = {site: evaluation_metrics(learners[site].evaluate_state(*slice_of(latest, site)), "val") for site in sites}
-    verdict = judge(federation, latest, final, None, min_delta, guard=False)
+    verdict = judge(federation, latest, final, None, min_delta)
     log.info("final validation of round %d: judged loss %.4f", latest.round, verdict.judged_loss)
     return FederationResult(federation.history, federation.best, latest, time.perf_counter() - started)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nvflare.client as flare
+import torch
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.client.tracking import SummaryWriter
 
@@ -74,6 +75,9 @@ from .protocol import (
 LOCAL_MODEL_FILE = "local_model.pt"
 FORWARDED_TO_VALIDATION = (META_ROUND, META_MODEL_KEY, META_COMPARE_TO)  # of a blind validate task's meta
 PUBLISHED_MODEL_FILE = "published_global_model.pt"  # the global model the server published at the end
+# the site's validations a later task compares with (per image: they never leave the site), kept on disk because a
+# site's process may be restarted between tasks (``nvflare simulator`` with fewer threads than sites)
+ROUND_MEMORY_FILE = "round_memory.pt"
 # metric sent to the server -> the curve it is tracked as, per round
 ROUND_CURVES = {
     "val_loss": "global_model/val_loss",
@@ -135,8 +139,21 @@ class ClientSession:
         self.trained: TrainedRound | None = None
         self.candidates: dict[str, Evaluation] = {}  # the round's candidates it validated, with per-image figures
         self.candidates_round: object = None
+        self.memory_file = app_dir / ROUND_MEMORY_FILE
+        if self.memory_file.is_file():  # this job's own file, written by this site's earlier process
+            memory = torch.load(self.memory_file, weights_only=False)
+            self.trained, self.candidates, self.candidates_round = (
+                memory["trained"],
+                memory["candidates"],
+                memory["candidates_round"],
+            )
         # blind mode (flare.blind_site): only with the consortium's secret; such a site takes part in blind jobs only
         self.blind = BlindSite.from_file(config.blind_secret, site, app_dir, log) if config.blind_secret else None
+
+    def remember(self) -> None:
+        """Keep the validations later tasks compare with (:attr:`trained`, :attr:`candidates`) on disk."""
+        memory = {"trained": self.trained, "candidates": self.candidates, "candidates_round": self.candidates_round}
+        torch.save(memory, self.memory_file)
 
     def __enter__(self) -> ClientSession:
         return self
@@ -328,6 +345,7 @@ class ClientSession:
                                                             global_evaluation), meta=meta)  # fmt: skip
         local_evaluation = trainer.validate()
         self.trained = TrainedRound(round_number, global_evaluation, local_evaluation)
+        self.remember()
         trainer.save(self.local_model_path)
         state = trainer.state_dict()
         metrics = evaluation_metrics(global_evaluation, "val") | compared
@@ -415,6 +433,7 @@ class ClientSession:
         if model_round != self.candidates_round:
             self.candidates, self.candidates_round = {}, model_round
         self.candidates[key] = evaluation
+        self.remember()
         earlier = self.candidates.get(reference) if isinstance(reference, str) else None
         return {} if earlier is None else paired_figures(evaluation, earlier, "reference")
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nvflare.app_common.abstract.fl_model import FLModel
@@ -177,6 +177,8 @@ class FederationLoop(SiteTasks):
             federation.latest = latest
             if chosen is not None:
                 self._adopt(latest)
+            elif latest.round == INITIAL_ROUND:  # no good model yet: the initial one goes on disk, marked untrained
+                self._adopt(replace(latest, round=round_number))
             self._checkpoint()
             if federation.rounds_without_improvement >= self.patience:
                 self.info(f"early stop: {self.patience} validated rounds without improvement beyond {self.min_delta}")
