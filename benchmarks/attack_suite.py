@@ -292,6 +292,46 @@ def table(results: dict[str, dict]) -> list[str]:
     return lines
 
 
+def plot(results: dict[str, dict], path: Path) -> Path:
+    """One cell per attack and setting: the largest loss of an honest site's best or final test AUROC against the
+    clean run (red below -TOLERANCE), and beside it the backdoors' success above the clean model's; each cell names
+    the verdict against the clean run (H holds, C fails closed, X breaks through)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    attacked = [result for result in results.values() if result["attack"] not in (CLEAN, ALONE)]
+    attacks = sorted({result["attack"] for result in attacked})
+    settings = sorted({(result["sites"], result["attackers"]) for result in attacked})
+    margins = np.full((len(attacks), len(settings)), np.nan)
+    letters = [["" for _ in settings] for _ in attacks]
+    short = {"holds": "H", "fails closed": "C", "breaks through": "X", "fails open": "X!", "no reference run": "?"}
+    for result in attacked:
+        row, column = attacks.index(result["attack"]), settings.index((result["sites"], result["attackers"]))
+        clean = clean_of(results, result)
+        said = verdict(result, clean)
+        letters[row][column] = short.get(said, "?")
+        if clean is not None and result["exit_code"] == 0:
+            margins[row, column] = lowest_margin(result, clean)
+    figure, axis = plt.subplots(figsize=(1.6 + 1.1 * len(settings), 0.9 + 0.42 * len(attacks)))
+    image = axis.imshow(margins, cmap="RdYlGn", vmin=-3 * TOLERANCE, vmax=3 * TOLERANCE, aspect="auto")
+    for row in range(len(attacks)):
+        for column in range(len(settings)):
+            value = margins[row, column]
+            text = letters[row][column] + ("" if math.isnan(value) else f" {value:+.2f}")
+            axis.text(column, row, text, ha="center", va="center", fontsize=8)
+    axis.set_xticks(range(len(settings)), [f"{sites} sites, {count} hostile" for sites, count in settings], fontsize=8)
+    axis.set_yticks(range(len(attacks)), attacks, fontsize=8)
+    axis.set_title(f"honest sites' largest test-AUROC loss\nagainst the clean run (tolerance {TOLERANCE})", fontsize=8)
+    axis.set_xlabel("H holds, C fails closed, X breaks through", fontsize=7)
+    figure.colorbar(image, ax=axis, shrink=0.8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def cases(seeds: list[int], attacks: list[str], settings: list[tuple[int, int]]) -> list[Case]:
     """The clean run of every size and seed, then each attack in each setting with each seed."""
     sizes = sorted({sites for sites, _ in settings})
@@ -350,6 +390,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             store.write_text(json.dumps(results, indent=2) + "\n")
     lines = table(results)
     print("\n".join(lines))
+    if results:
+        print(f"plot: {plot(results, args.out / 'margins.png')}")
     if args.write_doc:
         start, end = f"<!-- {MARKER} -->", f"<!-- /{MARKER} -->"
         text = args.write_doc.read_text()

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 from hostile_site import run_simulator
+from scipy.stats import beta
 
 from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.experiments.grids import assign_label_sets
@@ -177,10 +178,22 @@ def table(results: dict[str, dict]) -> list[str]:
         )
     stops = sum(1 for result in results.values() if result["exit_code"] != 0)
     excluded = sum(1 for result in results.values() if any(result["excluded"].values()))
+    total = len(results)
     lines.append(
-        f"| **{len(results)} federations** | | | | | **{stops} stopped** | | **{excluded} with an exclusion** |"
+        f"| **{total} federations** | | | | | **{stops} stopped** (at most {upper_bound(stops, total):.0%}) | "
+        f"| **{excluded} with an exclusion** (at most {upper_bound(excluded, total):.0%}) |"
     )
     return lines
+
+
+def upper_bound(events: int, trials: int, confidence: float = 0.95) -> float:
+    """The exact (Clopper-Pearson) one-sided upper confidence bound of a rate seen ``events`` times in ``trials``:
+    what the sweep says the false-alarm rate is at most."""
+    if trials == 0:
+        return 1.0
+    if events >= trials:
+        return 1.0
+    return float(beta.ppf(confidence, events + 1, trials - events))
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:

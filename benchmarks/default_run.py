@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from surgical_aggregation.evaluation.inference import evaluate_models, write_evaluation
+from surgical_aggregation.evaluation.inference import evaluate_models, model_specificity, write_evaluation
 from surgical_aggregation.evaluation.probe import linear_probe
 from surgical_aggregation.evaluation.run_summary import INITIAL_ROUND
 from surgical_aggregation.experiments.summary import rewrite_marked_block
@@ -80,7 +80,13 @@ def run(workspace: Path) -> dict[str, Any]:
     }
     for site, values in recipe.site_configs.items():
         config = site_config_from_dict(values, site)
-        test = split_table(resolve_table(config), config)["test"]
+        splits = split_table(resolve_table(config), config)
+        test = splits["test"]
+        specific = model_specificity(result.best_global_model, splits["val"], cache_dir=config.cache_dir)
+        summary.setdefault("specificity", {})[site] = {
+            "logit_correlation": specific.logit_correlation,
+            "shared_score_auroc_loss": specific.shared_score_auroc_loss,
+        }
         report = evaluate_models([result.best_global_model], test, cache_dir=config.cache_dir)
         write_evaluation(report, DOCS / f"test-{site}", f"{site}'s test split")
         probe = linear_probe(config)
@@ -123,6 +129,16 @@ def validation_table(summary: dict[str, Any]) -> str:
     ]
     lines = [f"| global model | {header} |", "| --- |" + " --- |" * len(sites)]
     lines += [f"| {label} | " + " | ".join(f"{model['sites'][s]:.3f}" for s in sites) + " |" for label, model in rows]
+    specificity = summary["specificity"]  # is the best model finding-specific, or one generic score?
+    lines.append(
+        "| best: mean correlation of its logits on the validation images / AUROC lost ranking every class by one "
+        "shared score | "
+        + " | ".join(
+            f"{specificity[s]['logit_correlation']:.2f} / {specificity[s]['shared_score_auroc_loss']:+.3f}"
+            for s in sites
+        )
+        + " |"
+    )
     return "\n".join(lines)
 
 

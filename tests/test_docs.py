@@ -58,22 +58,53 @@ def test_the_recipe_snippet_runs_the_main_job_in_simenv_and_mlflow_reads_it_back
         assert client.get_metric_history(run.info.run_id, "train/epoch_loss")  # per epoch, warm-up included
 
 
+def _marked_block(page: Path, marker: str) -> str:
+    return page.read_text().split(f"<!-- {marker} -->\n", 1)[1].split(f"\n<!-- /{marker} -->", 1)[0]
+
+
+def _readme() -> str:
+    return " ".join((REPOSITORY / "README.md").read_text().split())
+
+
 def test_the_attack_suite_table_is_the_one_its_results_give():
     """docs/server-checks.md's attack table, as ``benchmarks/attack_suite.py --table-only --write-doc`` writes it from
-    docs/attack-suite/results.json."""
+    docs/attack-suite/results.json, and the README's counts of its verdicts: against the clean federation of the same
+    size and seed, and against its honest sites training alone."""
     suite = load_benchmark("attack_suite")
     results = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
-    page = (REPOSITORY / "docs" / "server-checks.md").read_text()
-    block = page.split(f"<!-- {suite.MARKER} -->\n", 1)[1].split(f"\n<!-- /{suite.MARKER} -->", 1)[0]
+    block = _marked_block(REPOSITORY / "docs" / "server-checks.md", suite.MARKER)
     assert block == "\n".join(suite.table(results))
-    verdicts = [line.rsplit("|", 2)[1].strip() for line in block.splitlines()[2:]]
-    assert verdicts.count("false alarm") == 0 and verdicts.count("clean") == 9
-    # the README's hostile-site paragraph counts the same verdicts
-    attacks = len(verdicts) - verdicts.count("clean")
-    readme = " ".join((REPOSITORY / "README.md").read_text().split())
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()[2:]]
+    references = [row for row in rows if row[0] in (suite.CLEAN, suite.ALONE)]
+    attacks = [row for row in rows if row[0] not in (suite.CLEAN, suite.ALONE)]
+    assert references and all(row[-2] == "runs" for row in references)  # no reference run raised an alarm
+    assert all(row[-2] != "no reference run" for row in attacks)
+    against_clean = [row[-2] for row in attacks]
+    against_alone = [row[-1] for row in attacks]
+    settings = sorted({row[1] for row in attacks})
     assert (
-        f"{attacks} attacks by sites that know these rules, {verdicts.count('holds')} hold, "
-        f"{verdicts.count('fails closed')} stop the job, and none breaks through" in readme
+        f"Of the attack suite's {len(attacks)} attack runs ({len({row[0] for row in attacks})} attacks; sites "
+        f"(attackers) {', '.join(settings)}) by sites that know these rules, against the clean federation of the same "
+        f"size {against_clean.count('holds')} hold, {against_clean.count('fails closed')} stop the job and "
+        f"{against_clean.count('breaks through')} break through; against the honest sites training alone "
+        f"{against_alone.count('holds')} hold and {against_alone.count('breaks through')} break through; its "
+        f"{len(references)} reference runs raised no alarm" in _readme()
     )
-    assert verdicts.count("breaks through") == 0 and verdicts.count("fails open") == 0
-    assert f"its {verdicts.count('clean')} clean runs raised no alarm" in readme
+    assert (REPOSITORY / "docs" / "attack-suite" / "margins.png").is_file()
+
+
+def test_the_clean_sweep_table_is_the_one_its_results_give():
+    """docs/server-checks.md's clean-sweep table, as ``benchmarks/clean_sweep.py --table-only --write-doc`` writes it
+    from docs/clean-sweep/results.json, and the README's count of its false alarms with their exact bound."""
+    sweep = load_benchmark("clean_sweep")
+    results = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
+    assert _marked_block(REPOSITORY / "docs" / "server-checks.md", sweep.MARKER) == "\n".join(sweep.table(results))
+    stops = sum(result["exit_code"] != 0 for result in results.values())
+    excluded = sum(any(result["excluded"].values()) for result in results.values())
+    assert sweep.CONSORTIUM in results  # the README's consortium command among them
+    assert (
+        f"of {len(results)} honest federations drawn at random (the consortium job among them), "
+        f"{stops} stopped and {excluded} left a site out (at most "
+        f"{sweep.upper_bound(stops, len(results)):.0%} and {sweep.upper_bound(excluded, len(results)):.0%}, "
+        f"95 % exact bounds)" in _readme()
+    )

@@ -184,6 +184,7 @@ def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_the_head_only_grid_runs_both_controls_over_seeds_and_tabulates_them(tmp_path, monkeypatch):
     """The benchmark's head-only variant through the runner: seeds that redraw the label sets, the absent control,
     the oracles, the seed table and the side-by-side plot."""

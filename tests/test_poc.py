@@ -243,13 +243,26 @@ SCENARIOS = {
     "server crash": _server_crash,
     "site down": _site_down,
 }
+# the failure scenarios' tests (the system tier: minutes each); the end to end scenario runs whenever the POC does
+FAILURE_TESTS = {
+    "job process killed": "test_a_site_whose_job_process_is_killed_is_dropped_and_the_others_finish",
+    "server crash": "test_a_server_crash_costs_at_most_the_round_in_progress",
+    "site down": "test_a_site_that_goes_down_is_dropped_and_the_others_finish",
+}
 
 
 @pytest.fixture(scope="module")
-def byoc_poc(tmp_path_factory):
+def byoc_poc(tmp_path_factory, request):
     """One byoc POC (a short heartbeat timeout and grace period keep the site-down scenario to a couple of minutes;
-    the defaults are SERVER_HEARTBEAT_TIMEOUT, 120 s, and FLARE's 60 s grace) runs the scenarios in turn; each records
-    what its test checks, or the error that ended it."""
+    the defaults are SERVER_HEARTBEAT_TIMEOUT, 120 s, and FLARE's 60 s grace) runs the scenarios in turn, the failure
+    scenarios only when their tests were selected (``-m system`` or all); each records what its test checks, or the
+    error that ended it."""
+    selected = {item.name for item in request.session.items}
+    scenarios = {
+        name: scenario
+        for name, scenario in SCENARIOS.items()
+        if name not in FAILURE_TESTS or FAILURE_TESTS[name] in selected
+    }
 
     def build(root: Path) -> dict:
         saved = {
@@ -263,7 +276,7 @@ def byoc_poc(tmp_path_factory):
             assert poc.prepare(_job(root, "byoc"), "byoc", heartbeat_timeout=30) == SITES
             record = poc.start()
             try:
-                for name, scenario in SCENARIOS.items():
+                for name, scenario in scenarios.items():
                     try:
                         outcomes[name] = scenario(poc, root)
                     except Exception as error:  # the scenario's test fails with it; the others still run
@@ -286,7 +299,7 @@ def byoc_poc(tmp_path_factory):
                     os.environ[name] = value
         return outcomes
 
-    return built_once(tmp_path_factory, "poc-byoc", build)
+    return built_once(tmp_path_factory, "poc-byoc-" + "-".join(sorted(scenarios)).replace(" ", "_"), build)
 
 
 def _outcome(byoc_poc: dict, name: str) -> dict:
@@ -312,6 +325,7 @@ def test_byoc_poc_end_to_end(byoc_poc):
     assert f"nih data at {outcome['data']}" in outcome["site_log"]
 
 
+@pytest.mark.system
 def test_a_site_whose_job_process_is_killed_is_dropped_and_the_others_finish(byoc_poc):
     outcome = _outcome(byoc_poc, "job process killed")
     assert outcome["job_processes"], "site-chexpert runs no job process"
@@ -322,6 +336,7 @@ def test_a_site_whose_job_process_is_killed_is_dropped_and_the_others_finish(byo
     _assert_finished_without_site_chexpert(outcome["workspace"])
 
 
+@pytest.mark.system
 def test_a_server_crash_costs_at_most_the_round_in_progress(byoc_poc):
     outcome = _outcome(byoc_poc, "server crash")
     assert outcome["came_back"], "the server did not come back"
@@ -336,6 +351,7 @@ def test_a_server_crash_costs_at_most_the_round_in_progress(byoc_poc):
     assert (result / "best_FL_global_model.pt").is_file()
 
 
+@pytest.mark.system
 def test_a_site_that_goes_down_is_dropped_and_the_others_finish(byoc_poc):
     outcome = _outcome(byoc_poc, "site down")
     assert outcome["state"] == COMPLETED

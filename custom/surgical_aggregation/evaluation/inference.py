@@ -28,9 +28,11 @@ from ..training.loops import make_loader, place_model, predict
 from ..training.site_data import resolve_table, split_table
 from .metrics import (
     ConfidenceInterval,
+    Specificity,
     align_by_name,
     mean_auroc_ci,
     per_class_auroc,
+    score_specificity,
     threshold_metrics,
     youden_threshold,
 )
@@ -159,6 +161,24 @@ def evaluate_models(
     report = per_class_report(probabilities, predicted, kept, bootstrap)
     report.noun = modality_for_architecture(checkpoints[0].architecture).sample_noun
     return report
+
+
+def model_specificity(
+    checkpoint_path: str | Path,
+    table: LabelTable,
+    cache_dir: str | Path | None = None,
+    batch_size: int = 32,
+    device: str = "auto",
+) -> Specificity:
+    """How finding-specific one model's scores are on ``table``'s labelled classes (``metrics.score_specificity``:
+    the mean pairwise correlation of its logits, and the AUROC lost by ranking every class by one shared score)."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    predicted = predicted_classes([checkpoint], table)
+    dataset, kept = scoring_dataset([checkpoint], table, None, cache_dir, "skip", device)
+    probabilities = predict_checkpoint(checkpoint, dataset, batch_size, device)
+    labels, mask = kept.label_matrix()
+    aligned = align_by_name(probabilities, list(predicted), labels, kept.classes, mask)
+    return score_specificity(aligned.y_true, aligned.y_score, aligned.mask)
 
 
 def scoring_dataset(

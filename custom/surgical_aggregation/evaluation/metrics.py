@@ -99,6 +99,34 @@ def align_by_name(
     )
 
 
+@dataclass(frozen=True)
+class Specificity:
+    """How finding-specific a model's scores are (issue: a full network can learn one generic "abnormal" score)."""
+
+    logit_correlation: float  # the mean Pearson correlation of two classes' logits over the images (1: one score)
+    shared_score_auroc_loss: float  # mean AUROC of its own scores minus that of every class ranked by one score
+
+
+def score_specificity(
+    y_true: np.ndarray, probabilities: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-7
+) -> Specificity:
+    """:class:`Specificity` of ``probabilities`` (images, classes): the mean pairwise correlation of the classes'
+    logits, and what ranking every class by one shared score (the mean logit of the image) loses in mean AUROC
+    (over the classes whose AUROC is defined)."""
+    y_true = np.asarray(y_true, dtype=np.float64)
+    clipped = np.clip(np.asarray(probabilities, dtype=np.float64), eps, 1 - eps)
+    logits = np.log(clipped) - np.log1p(-clipped)
+    columns = logits.shape[1]
+    varying = [column for column in range(columns) if np.std(logits[:, column]) > 0]
+    correlations = np.corrcoef(logits[:, varying], rowvar=False) if len(varying) > 1 else np.ones((1, 1))
+    upper = correlations[np.triu_indices(len(varying), k=1)] if len(varying) > 1 else np.array([1.0])
+    names = [str(column) for column in range(columns)]
+    own = mean_defined(per_class_auroc(y_true, logits, names, mask))
+    shared = np.repeat(logits.mean(axis=1, keepdims=True), columns, axis=1)
+    common = mean_defined(per_class_auroc(y_true, shared, names, mask))
+    return Specificity(float(np.mean(upper)), own - common)
+
+
 def bce_loss(y_true: np.ndarray, y_prob: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-7) -> float:
     """Mean binary cross-entropy over the labelled entries, from probabilities."""
     y_true = np.asarray(y_true, dtype=np.float64)
