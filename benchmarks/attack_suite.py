@@ -293,9 +293,10 @@ def table(results: dict[str, dict]) -> list[str]:
 
 
 def plot(results: dict[str, dict], path: Path) -> Path:
-    """One cell per attack and setting: the largest loss of an honest site's best or final test AUROC against the
-    clean run (red below -TOLERANCE), and beside it the backdoors' success above the clean model's; each cell names
-    the verdict against the clean run (H holds, C fails closed, X breaks through)."""
+    """Two cells per attack and setting: the largest loss of an honest site's best or final test AUROC against the
+    clean run, and against the honest sites training alone (what a defence that leaves the attackers out gives; red
+    below -TOLERANCE); each cell names its verdict (H holds, C fails closed, X breaks through) and, for a backdoor,
+    its success above the reference's."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -304,27 +305,34 @@ def plot(results: dict[str, dict], path: Path) -> Path:
     attacked = [result for result in results.values() if result["attack"] not in (CLEAN, ALONE)]
     attacks = sorted({result["attack"] for result in attacked})
     settings = sorted({(result["sites"], result["attackers"]) for result in attacked})
-    margins = np.full((len(attacks), len(settings)), np.nan)
-    letters = [["" for _ in settings] for _ in attacks]
+    references = (("clean run", clean_of), ("honest alone", alone_of))
+    columns = [(setting, label, find) for setting in settings for label, find in references]
+    margins = np.full((len(attacks), len(columns)), np.nan)
+    texts = [["" for _ in columns] for _ in attacks]
     short = {"holds": "H", "fails closed": "C", "breaks through": "X", "fails open": "X!", "no reference run": "?"}
     for result in attacked:
-        row, column = attacks.index(result["attack"]), settings.index((result["sites"], result["attackers"]))
-        clean = clean_of(results, result)
-        said = verdict(result, clean)
-        letters[row][column] = short.get(said, "?")
-        if clean is not None and result["exit_code"] == 0:
-            margins[row, column] = lowest_margin(result, clean)
-    figure, axis = plt.subplots(figsize=(1.6 + 1.1 * len(settings), 0.9 + 0.42 * len(attacks)))
+        row = attacks.index(result["attack"])
+        for column, (setting, _, find) in enumerate(columns):
+            if setting != (result["sites"], result["attackers"]):
+                continue
+            reference = find(results, result)
+            text = short.get(verdict(result, reference), "?")
+            if reference is not None and result["exit_code"] == 0:
+                margins[row, column] = lowest_margin(result, reference)
+                text += f" {margins[row, column]:+.2f}"
+                if result["attack"].startswith("backdoor"):
+                    text += f"\nbd {result['best_backdoor_success'] - reference['best_backdoor_success']:+.2f}"
+            texts[row][column] = text
+    figure, axis = plt.subplots(figsize=(1.8 + 1.2 * len(columns), 1.0 + 0.42 * len(attacks)))
     image = axis.imshow(margins, cmap="RdYlGn", vmin=-3 * TOLERANCE, vmax=3 * TOLERANCE, aspect="auto")
     for row in range(len(attacks)):
-        for column in range(len(settings)):
-            value = margins[row, column]
-            text = letters[row][column] + ("" if math.isnan(value) else f" {value:+.2f}")
-            axis.text(column, row, text, ha="center", va="center", fontsize=8)
-    axis.set_xticks(range(len(settings)), [f"{sites} sites, {count} hostile" for sites, count in settings], fontsize=8)
+        for column in range(len(columns)):
+            axis.text(column, row, texts[row][column], ha="center", va="center", fontsize=7)
+    labels = [f"{sites} sites, {count} hostile\nvs {label}" for (sites, count), label, _ in columns]
+    axis.set_xticks(range(len(columns)), labels, fontsize=7)
     axis.set_yticks(range(len(attacks)), attacks, fontsize=8)
-    axis.set_title(f"honest sites' largest test-AUROC loss\nagainst the clean run (tolerance {TOLERANCE})", fontsize=8)
-    axis.set_xlabel("H holds, C fails closed, X breaks through", fontsize=7)
+    axis.set_title(f"honest sites' largest test-AUROC loss (tolerance {TOLERANCE})", fontsize=8)
+    axis.set_xlabel("H holds, C fails closed, X breaks through\nbd: backdoor success above the reference's", fontsize=7)
     figure.colorbar(image, ax=axis, shrink=0.8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

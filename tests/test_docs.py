@@ -85,9 +85,9 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
     assert (
         f"Of the attack suite's {len(attacks)} attack runs ({len({row[0] for row in attacks})} attacks; sites "
         f"(attackers) {', '.join(settings)}) by sites that know these rules, against the clean federation of the same "
-        f"size {against_clean.count('holds')} hold, {against_clean.count('fails closed')} stop the job and "
-        f"{against_clean.count('breaks through')} break through; against the honest sites training alone "
-        f"{against_alone.count('holds')} hold and {against_alone.count('breaks through')} break through; its "
+        f"size: holds {against_clean.count('holds')}, fails closed {against_clean.count('fails closed')}, breaks "
+        f"through {against_clean.count('breaks through')}; against the honest sites training alone: holds "
+        f"{against_alone.count('holds')}, breaks through {against_alone.count('breaks through')}; its "
         f"{len(references)} reference runs raised no alarm" in _readme()
     )
     assert (REPOSITORY / "docs" / "attack-suite" / "margins.png").is_file()

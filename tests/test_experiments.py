@@ -118,6 +118,7 @@ def test_the_per_round_table_shows_each_models_validation_auroc_and_the_loss_tha
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("SURGICAL_AGGREGATION_CACHE", str(cache))

@@ -2,7 +2,8 @@
 the job's site names, ``nvflare job submit`` through the admin API, ``job wait``, ``job download``,
 then every started process stopped by its id.
 
-One byoc POC runs scenarios 1, 3, 4 and 5 in turn (each recorded for its test), the preinstalled one its own.
+One byoc POC runs scenarios 1, 3, 4 and 5 in turn (each recorded for its test), the preinstalled one its own. The
+byoc POC's tests are the system tier (``pytest -m system``: minutes each, not in CI); the preinstalled one runs in CI.
 
 1. byoc (the default): the tiny main job completes and the downloaded result holds the 20-class
    union model; users without the ``submit_job`` right are refused. ``site-nih`` joins as the hospital IT
@@ -243,7 +244,7 @@ SCENARIOS = {
     "server crash": _server_crash,
     "site down": _site_down,
 }
-# the failure scenarios' tests (the system tier: minutes each); the end to end scenario runs whenever the POC does
+# the failure scenarios' tests (each picks its scenario; the end to end scenario runs whenever the POC does)
 FAILURE_TESTS = {
     "job process killed": "test_a_site_whose_job_process_is_killed_is_dropped_and_the_others_finish",
     "server crash": "test_a_server_crash_costs_at_most_the_round_in_progress",
@@ -308,6 +309,7 @@ def _outcome(byoc_poc: dict, name: str) -> dict:
     return outcome
 
 
+@pytest.mark.system
 def test_byoc_poc_end_to_end(byoc_poc):
     outcome = _outcome(byoc_poc, "end to end")
     for role in ("org_admin", "member"):
@@ -359,6 +361,7 @@ def test_a_site_that_goes_down_is_dropped_and_the_others_finish(byoc_poc):
     _assert_finished_without_site_chexpert(outcome["workspace"])
 
 
+@pytest.mark.system
 def test_every_process_the_poc_started_is_stopped_and_the_workspace_cleaned(byoc_poc):
     stopped = byoc_poc["stopped"]
     assert len(stopped["pids"]) == 6  # server and two sites: parent and daemon each

@@ -27,7 +27,9 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import nvflare.client as flare
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel
@@ -106,6 +108,26 @@ class TrainedRound:
     own: Evaluation
 
 
+_PER_IMAGE = ("image_losses", "scores", "labels", "mask")
+
+
+def _evaluation_payload(evaluation: Evaluation) -> dict[str, Any]:
+    """An evaluation as plain values and tensors (``torch.load(..., weights_only=True)`` reads it back)."""
+    payload = {
+        name: getattr(evaluation, name) for name in ("loss", "per_class_auroc", "mean_auroc", "samples", "loss_se")
+    }
+    for name in _PER_IMAGE:
+        value = getattr(evaluation, name)
+        payload[name] = None if value is None else torch.from_numpy(np.asarray(value))
+    return payload
+
+
+def _evaluation_from(payload: dict[str, Any]) -> Evaluation:
+    values = {name: (None if payload[name] is None else payload[name].numpy()) for name in _PER_IMAGE}
+    plain = {name: value for name, value in payload.items() if name not in _PER_IMAGE}
+    return Evaluation(**plain, **values)
+
+
 def paired_figures(evaluation: Evaluation, reference: Evaluation, name: str, auroc: bool = True) -> dict[str, float]:
     """``val_loss_minus_<name>`` (and ``val_auroc_minus_<name>``), with standard errors: ``evaluation`` against
     ``reference``, paired over the site's validation images; what cannot be compared is left out."""
@@ -141,18 +163,30 @@ class ClientSession:
         self.candidates_round: object = None
         self.memory_file = app_dir / ROUND_MEMORY_FILE
         if self.memory_file.is_file():  # this job's own file, written by this site's earlier process
-            memory = torch.load(self.memory_file, weights_only=False)
-            self.trained, self.candidates, self.candidates_round = (
-                memory["trained"],
-                memory["candidates"],
-                memory["candidates_round"],
-            )
+            memory = torch.load(self.memory_file, weights_only=True)
+            trained = memory["trained"]
+            self.trained = None if trained is None else TrainedRound(
+                trained["round"], _evaluation_from(trained["start"]), _evaluation_from(trained["own"])
+            )  # fmt: skip
+            self.candidates = {key: _evaluation_from(value) for key, value in memory["candidates"].items()}
+            self.candidates_round = memory["candidates_round"]
         # blind mode (flare.blind_site): only with the consortium's secret; such a site takes part in blind jobs only
         self.blind = BlindSite.from_file(config.blind_secret, site, app_dir, log) if config.blind_secret else None
 
     def remember(self) -> None:
         """Keep the validations later tasks compare with (:attr:`trained`, :attr:`candidates`) on disk."""
-        memory = {"trained": self.trained, "candidates": self.candidates, "candidates_round": self.candidates_round}
+        trained = self.trained
+        memory = {
+            "trained": None
+            if trained is None
+            else {
+                "round": trained.round,
+                "start": _evaluation_payload(trained.start),
+                "own": _evaluation_payload(trained.own),
+            },
+            "candidates": {key: _evaluation_payload(value) for key, value in self.candidates.items()},
+            "candidates_round": self.candidates_round,
+        }
         torch.save(memory, self.memory_file)
 
     def __enter__(self) -> ClientSession:
