@@ -83,7 +83,8 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
     against_alone = [row[-1] for row in attacks]
     settings = sorted({row[1] for row in attacks})
     assert (
-        f"Of the attack suite's {len(attacks)} attack runs ({len({row[0] for row in attacks})} attacks; sites "
+        f"Of [the attack suite's](docs/server-checks.md#attackers-who-know-the-rules) {len(attacks)} attack runs "
+        f"({len({row[0] for row in attacks})} attacks; sites "
         f"(attackers) {', '.join(settings)}) by sites that know these rules, against the clean federation of the same "
         f"size: holds {against_clean.count('holds')}, fails closed {against_clean.count('fails closed')}, breaks "
         f"through {against_clean.count('breaks through')}; against the honest sites training alone: holds "
