@@ -323,6 +323,7 @@ def test_a_new_hospital_with_its_own_finding_joins_a_federation_that_continues_f
     assert 0 < scores["Tuberculosis"].iloc[0] < 1
 
 
+@pytest.mark.system
 def test_the_consortium_of_seven_datasets_learns_the_union_of_their_label_files(tmp_path, monkeypatch):
     """``jobs/cxr_consortium`` as ``nvflare simulator`` runs it (one process per site), tiny: its global model's
     classes are the union of the seven real label files, computed without the bundle's loaders."""

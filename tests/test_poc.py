@@ -2,8 +2,8 @@
 the job's site names, ``nvflare job submit`` through the admin API, ``job wait``, ``job download``,
 then every started process stopped by its id.
 
-One byoc POC runs scenarios 1, 3, 4 and 5 in turn (each recorded for its test), the preinstalled one its own. The
-byoc POC's tests are the system tier (``pytest -m system``: minutes each, not in CI); the preinstalled one runs in CI.
+One byoc POC runs scenarios 1, 3, 4 and 5 in turn (each recorded for its test), the preinstalled one its own. Both
+are the system tier (``pytest -m system``: minutes each, not in CI).
 
 1. byoc (the default): the tiny main job completes and the downloaded result holds the 20-class
    union model; users without the ``submit_job`` right are refused. ``site-nih`` joins as the hospital IT
@@ -91,6 +91,7 @@ def _follow_the_hospital_it_guide(poc: PocWorkspace, job: Path, data: Path) -> P
     return local / "surgical_aggregation.json"
 
 
+@pytest.mark.system
 def test_preinstalled_poc_refuses_byoc_and_runs_the_allow_listed_job(tmp_path, monkeypatch):
     poc, record = _started(tmp_path, "preinstalled", monkeypatch)
     try:

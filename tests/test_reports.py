@@ -280,6 +280,7 @@ def fixture_reports(count: int) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_one_round_report_job_through_the_simulator(tmp_path):
     archive = write_archive(tmp_path / "reports.tgz", fixture_reports(64))
     bundle = report_labeling_recipe()
