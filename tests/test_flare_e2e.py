@@ -274,6 +274,7 @@ def _csv_site_with_tuberculosis(root: Path, patients: int = 30, size: int = 32) 
     return root / "labels.csv"
 
 
+@pytest.mark.system
 def test_a_new_hospital_with_its_own_finding_joins_a_federation_that_continues_from_its_best_model(
     tmp_path, monkeypatch
 ):
@@ -371,6 +372,7 @@ def test_a_job_that_never_made_progress_fails_and_says_why(tmp_path):
     assert "surgical_aggregation/flare/client.py" not in site_log  # not FLARE's tracebacks of the script
 
 
+@pytest.mark.system
 def test_a_site_training_on_two_processes_takes_part_like_any_other(tmp_path):
     recipe = tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=1)
     sites = dict(recipe.site_configs)
