@@ -40,6 +40,7 @@ from ..core.errors import SiteConfigError, UserError
 from ..core.head import numpy_state
 from ..core.labels import read_alias_file
 from ..core.methods import method_from_meta
+from ..data.storage import write_atomically
 from ..training.checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_checkpoint
 from ..training.config import JOB_DEFAULT_ORIGIN, SITE_CONFIGS_DIR, SiteConfig, find_site_config, load_site_config
 from ..training.loops import Evaluation
@@ -187,7 +188,7 @@ class ClientSession:
             "candidates": {key: _evaluation_payload(value) for key, value in self.candidates.items()},
             "candidates_round": self.candidates_round,
         }
-        torch.save(memory, self.memory_file)
+        write_atomically(self.memory_file, lambda handle: torch.save(memory, handle), "round memory")
 
     def __enter__(self) -> ClientSession:
         return self
