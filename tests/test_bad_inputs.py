@@ -38,8 +38,9 @@ class Case:
 def _csv_site(root: Path, rows: str, header: str = "path,patient_id,Mass") -> Path:
     images = root / "img"
     images.mkdir(parents=True, exist_ok=True)
-    for index in range(4):
-        Image.fromarray(np.full((32, 32), 40 * index, dtype=np.uint8)).save(images / f"{index}.png")
+    for index in range(4):  # textured: a near-constant image is refused as no radiograph
+        pixels = np.random.default_rng(index).integers(0, 256, (32, 32), dtype=np.uint8)
+        Image.fromarray(pixels).save(images / f"{index}.png")
     csv = root / "labels.csv"
     csv.write_text(f"{header}\n{rows}")
     return csv
@@ -134,9 +135,11 @@ def _predict_into_a_folder(root: Path) -> list[str]:
     return ["predict", "--model", str(root / "m.pt"), "--input", str(root), "--out", str(root / "out")]
 
 
-def _csv_config(root: Path, **options) -> list[str]:
-    """check-site on a csv site whose data.options are ``options``."""
-    csv = _csv_site(root, "img/0.png,p0,1\nimg/1.png,p1,0\nimg/2.png,p2,1\nimg/3.png,p3,0\n")
+def _csv_config(root: Path, header: str = "path,patient_id,Mass", **options) -> list[str]:
+    """check-site on a csv site with this ``header`` (its label columns 1, 0, 1, 0 each) and ``options``."""
+    labels = header.count(",") - 1
+    rows = "".join(f"img/{index}.png,p{index}" + f",{1 - index % 2}" * labels + "\n" for index in range(4))
+    csv = _csv_site(root, rows, header)
     config = {"data": {"kind": "csv", "location": str(csv), "options": options}, "image_size": 64}
     (root / "site.json").write_text(json.dumps(config))
     return ["check-site", "--job", str(MAIN_JOB), "--config", str(root / "site.json"), "--site", "site-nih"]
@@ -191,6 +194,33 @@ CASES = {
         lambda root: _prepare(_image(root, 1, 1), root, "--on-error", "error"),
         2,
         "1 x 1 pixels, a side below the minimum of 16",
+    ),
+    "a bookkeeping 0/1 column": Case(
+        lambda root: _prepare(_csv_site(root, "img/0.png,p0,1,0\n", "path,patient_id,Mass,Reviewed"), root),
+        2,
+        "labels.csv: column 'Reviewed' is not a finding this bundle knows; a column that is not a label: list the "
+        "label columns (data.options.label_columns); a finding of your own: declare it (data.options.new_classes)",
+    ),
+    "a repeated header": Case(
+        lambda root: _prepare(_csv_site(root, "img/0.png,p0,1,0\n", "path,patient_id,Atelectasis,Atelectasis"), root),
+        2,
+        "labels.csv: the header repeats the column 'Atelectasis' (columns 3 and 4)",
+    ),
+    "a Latin plural of a finding": Case(
+        lambda root: _prepare(_csv_site(root, "img/0.png,p0,1\n", "path,patient_id,pneumothoraces"), root),
+        2,
+        "column 'pneumothoraces' is not a finding this bundle knows (likely 'Pneumothorax': rename the column or map "
+        "it in an alias file)",
+    ),
+    "a semicolon-separated CSV": Case(
+        lambda root: _prepare(_csv_site(root, "img/0.png;p0;1\n", "path;patient_id;Mass"), root),
+        2,
+        "its header is one column 'path;patient_id;Mass': the file looks separated by semicolons, not commas",
+    ),
+    "a bookkeeping column at check-site": Case(
+        lambda root: _csv_config(root, header="path,patient_id,Mass,Reviewed"),
+        2,
+        "column 'Reviewed' is not a finding this bundle knows",
     ),
     "a DICOM file named .png": Case(_dicom_named_png, 0, "not scored", _scores_list_every_input),
     "predict --out a folder": Case(_predict_into_a_folder, 2, "is a folder; give the file to write"),
@@ -350,7 +380,13 @@ def test_check_site_names_a_new_class_and_unreadable_images(tmp_path, capsys):
     csv = _csv_site(tmp_path, "img/0.png,p0,1\nimg/1.png,p1,0\nimg/2.png,p2,1\nimg/3.png,p3,0\n", "path,patient_id,TB")
     (tmp_path / "img" / "3.png").write_bytes(b"broken")
     config = json.loads(TEMPLATE.read_text())
-    config["data"] = {**config["data"], "kind": "csv", "location": str(csv), "split_fractions": [0.5, 0.25, 0.25]}
+    config["data"] = {
+        **config["data"],
+        "kind": "csv",
+        "location": str(csv),
+        "split_fractions": [0.5, 0.25, 0.25],
+        "options": {"new_classes": ["TB"]},  # a finding of its own, declared
+    }
     config["on_unreadable"] = "error"
     path = tmp_path / "site.json"
     path.write_text(json.dumps(config))

@@ -210,6 +210,10 @@ class Vocabulary:
                 found[target].append(alias)
         return {name: sorted(set(aliases)) for name, aliases in found.items()}
 
+    def findings(self) -> list[str]:
+        """Every class this vocabulary reads a spelling as (the built-in findings and the aliases' targets), sorted."""
+        return sorted(set(self._lookup.values()))
+
     def knows(self, name: str) -> bool:
         """Whether ``name`` is a finding or a spelling of one in this vocabulary (else it is a class of its own)."""
         return isinstance(name, str) and normal_form(name) in self._lookup

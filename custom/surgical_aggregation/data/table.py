@@ -12,6 +12,7 @@ import pandas as pd
 from torch.utils.data import Dataset
 
 from ..core.errors import DataNotFoundError, DatasetFormatError
+from .columns import header_problem
 from .names import UNCERTAINTY_POLICIES
 
 UncertaintyPolicy = Literal["zeros", "ones", "ignore"]
@@ -149,6 +150,9 @@ def read_label_csv(path: Path, required: Sequence[str], blank_only: bool = False
         frame = pd.read_csv(path, dtype=str, keep_default_na=not blank_only, na_values=[""] if blank_only else None)
     except (pd.errors.ParserError, UnicodeDecodeError, EOFError, OSError) as error:
         raise DatasetFormatError(f"{path}: cannot read as CSV ({error})") from None
+    problem = header_problem(path, list(frame.columns))
+    if problem:
+        raise DatasetFormatError(problem)
     frame.columns = [str(column).strip() for column in frame.columns]  # e.g. SIIM's " EncodedPixels"
     missing = [column for column in required if column not in frame.columns]
     if missing:

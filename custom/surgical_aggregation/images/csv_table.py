@@ -15,6 +15,7 @@ import pandas as pd
 
 from ..core.errors import DatasetFormatError
 from ..core.labels import BUILTIN_VOCABULARY, NO_FINDING, Vocabulary
+from ..data.columns import undeclared_columns
 from ..data.table import (
     PATH_COLUMN,
     PATIENT_COLUMN,
@@ -33,11 +34,13 @@ def load_csv_table(
     image_root: str | Path | None = None,
     uncertainty: UncertaintyPolicy = "zeros",
     source: str = "csv",
+    new_classes: Sequence[str] | None = None,
     vocabulary: Vocabulary = BUILTIN_VOCABULARY,
 ) -> LabelTable:
     """Read a generic label CSV.
 
-    ``label_columns`` defaults to every column except the image and patient columns. Without a
+    ``label_columns`` defaults to every column except the image and patient columns; a column so taken must name a
+    finding the vocabulary knows or one of ``new_classes`` (:func:`..data.columns.undeclared_columns`). Without a
     patient column each image counts as its own patient (splits can then not keep a patient's
     images together, so prefer providing one).
     """
@@ -46,6 +49,7 @@ def load_csv_table(
     raw = read_label_csv(csv_path, required + list(label_columns or []), blank_only=True)
     if label_columns is None:
         label_columns = [column for column in raw.columns if column not in required]
+        undeclared_columns(label_columns, vocabulary, new_classes, str(csv_path))
     if not label_columns:
         raise DatasetFormatError(f"{csv_path}: no label columns besides {required}")
     names: dict[str, str] = {}

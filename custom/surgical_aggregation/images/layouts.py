@@ -39,6 +39,7 @@ OPTION_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "projections": (_names, "a list of projection names, e.g. ['PA', 'AP']"),
     "csv_files": (_names, "a list of CSV file names"),
     "label_columns": (lambda value: value is None or _names(value), "a list of column names, or null"),
+    "new_classes": (lambda value: value is None or _names(value), "a list of the site's own finding names, or null"),
 }
 TEXT_OPTION = (lambda value: value is None or isinstance(value, (str, PathLike)), "a text (a file, folder or column)")
 

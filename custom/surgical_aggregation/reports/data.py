@@ -22,6 +22,7 @@ import pandas as pd
 
 from ..core.errors import DataNotFoundError, DatasetFormatError, SiteConfigError
 from ..core.labels import BUILTIN_VOCABULARY, Vocabulary
+from ..data.columns import header_problem, undeclared_columns
 from ..data.reference import reference_file
 from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable
 from .names import IU_REPORTS, REPORT_CSV, REPORT_KINDS
@@ -166,6 +167,9 @@ def _read_report_frame(path: Path, text_column: str) -> pd.DataFrame:
         frame = pd.read_csv(path, **CSV_OPTIONS)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as error:
         raise DatasetFormatError(f"{path}: cannot read as CSV ({error})") from None
+    problem = header_problem(path, list(frame.columns))
+    if problem:
+        raise DatasetFormatError(problem)
     if text_column not in frame.columns:
         raise DatasetFormatError(f"{path}: no text column {text_column!r}; columns are {list(frame.columns)}")
     if frame.empty:
@@ -185,11 +189,13 @@ def load_report_csv(
     path: str | Path,
     text_column: str = DEFAULT_TEXT_COLUMN,
     label_columns: Sequence[str] | None = None,
+    new_classes: Sequence[str] | None = None,
     vocabulary: Vocabulary = BUILTIN_VOCABULARY,
 ) -> tuple[LabelTable, ReportLoadSummary]:
     """A hospital's reports: one row per report, a text column and 0/1 label columns named by finding.
 
-    ``label_columns`` default: every column but the text and an optional ``report_id``. Column
+    ``label_columns`` default: every column but the text and an optional ``report_id``, each a finding the vocabulary
+    knows or one of ``new_classes`` (:func:`..data.columns.undeclared_columns`). Column
     names are read through ``vocabulary`` (the built-in one and the aliases); values must be 0 or 1.
     """
     path = Path(path)
@@ -201,6 +207,8 @@ def load_report_csv(
     )
     if not columns:
         raise DatasetFormatError(f"{path}: no label columns")
+    if label_columns is None:
+        undeclared_columns(columns, vocabulary, new_classes, str(path))
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise DatasetFormatError(f"{path}: label column(s) {missing} not found")
@@ -231,17 +239,19 @@ def load_reports(
     kind: str, location: str | Path | None, vocabulary: Vocabulary = BUILTIN_VOCABULARY, /, **options: Any
 ) -> tuple[LabelTable, ReportLoadSummary]:
     """A site's reports: ``iu_reports`` (``location``: the archive, default torchxrayvision's) or
-    ``report_csv`` (``location``: the CSV; options ``text_column``, ``label_columns``), named as ``vocabulary``
+    ``report_csv`` (``location``: the CSV; options ``text_column``, ``label_columns``, ``new_classes``), named as
+    ``vocabulary``
     says."""
     if kind == IU_REPORTS:
         if options:
             raise SiteConfigError(f"report kind {IU_REPORTS!r} takes no data.options, got {sorted(options)}")
         return load_iu_reports(location, vocabulary)
     if kind == REPORT_CSV:
-        unknown = sorted(set(options) - {"text_column", "label_columns"})
+        unknown = sorted(set(options) - {"text_column", "label_columns", "new_classes"})
         if unknown:
             raise SiteConfigError(
-                f"report kind {REPORT_CSV!r} takes no data.options {unknown}; it takes text_column, label_columns"
+                f"report kind {REPORT_CSV!r} takes no data.options {unknown}; it takes text_column, label_columns, "
+                "new_classes"
             )
         if location is None:
             raise DataNotFoundError(f"report kind {REPORT_CSV!r} needs data.location: the CSV file")
