@@ -113,7 +113,7 @@ def _dicom_named_png(root: Path) -> list[str]:
 
     images = root / "img"
     images.mkdir()
-    Image.fromarray(np.zeros((32, 32), dtype=np.uint8)).save(images / "fine.png")
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32), dtype=np.uint8)).save(images / "fine.png")
     (images / "scan.png").write_bytes(b"\x00" * 128 + b"DICM" + b"\x00" * 64)  # a DICOM file's preamble
     model = NamedDenseNet121(["Mass"])
     preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}

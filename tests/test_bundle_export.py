@@ -199,6 +199,54 @@ def test_monai_bundle_run_writes_predicts_csv(exported, images, predicted, tmp_p
     assert (written[calls].to_numpy() == predicted[calls].to_numpy()).all()
 
 
+def test_every_file_of_the_input_folder_is_scored_or_listed_with_its_reason_in_one_line(exported, model_file, tmp_path):
+    """The bundle and ``predict`` on a hospital's folder: a chest film without a suffix is scored (read by content),
+    a CT, an MR, a text file and a truncated PNG are each a row with why not, and a line of stderr, never a
+    traceback; the counts add up, and ``accept_non_chest`` scores the CT."""
+    folder = tmp_path / "export"
+    folder.mkdir()
+    film = pydicom.dcmread(get_testdata_file("RG1_UNCR.dcm"))
+    pixels = film.pixel_array[::16, ::16].copy()
+    film.Rows, film.Columns, film.PixelData = *pixels.shape, pixels.tobytes()
+    film.save_as(folder / "1.2.840.10008.1")  # a PACS export: no suffix
+    (folder / "ct.dcm").write_bytes(Path(get_testdata_file("CT_small.dcm")).read_bytes())
+    (folder / "mr.dcm").write_bytes(Path(get_testdata_file("MR_small.dcm")).read_bytes())
+    (folder / "notes.txt").write_text("reviewed by Dr. X\n")
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 40), dtype=np.uint8)).save(folder / "ok.png")
+    (folder / "cut.png").write_bytes((folder / "ok.png").read_bytes()[:60])
+    command = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "configs/inference.json"]
+    result = subprocess.run(
+        [*command, "--dataset_dir", str(folder), "--output_file", str(tmp_path / "bundle.csv")],
+        cwd=exported.root,
+        env={**os.environ, "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    written = pd.read_csv(tmp_path / "bundle.csv").set_index("path")
+    names = ["1.2.840.10008.1", "ct.dcm", "cut.png", "mr.dcm", "notes.txt", "ok.png"]
+    assert written.index.tolist() == [str(folder / name) for name in names]
+    status = {Path(path).name: text for path, text in written["status"].items()}
+    assert status["1.2.840.10008.1"] == "ok" and status["ok.png"] == "ok"
+    assert status["ct.dcm"] == "its Modality is CT, not radiography (CR or DX): not a chest radiograph; refused " \
+        "(accept_non_chest overrides)"  # fmt: skip
+    assert status["mr.dcm"].startswith("its Modality is MR, not radiography")
+    assert status["notes.txt"] == "cannot decode image: not PNG, JPEG, TIFF, BMP or DICOM"
+    assert status["cut.png"].startswith("cannot decode image (OSError: ")
+    assert written.loc[written["status"] != "ok", CLASSES].isna().all().all()
+    refused = [line for line in result.stderr.splitlines() if ": not scored: " in line]
+    assert sorted(Path(line.split(": not scored: ")[0]).name for line in refused) == sorted(
+        ["ct.dcm", "cut.png", "mr.dcm", "notes.txt"]
+    )
+    assert f"scoring 2 of the 6 file(s) under {folder}" in result.stderr
+    assert "Traceback" not in result.stderr
+    predicted, failures = score(model_file, folder, cache_dir=tmp_path / "cache")
+    assert predicted["path"].tolist() == written.index.tolist()
+    assert predicted["status"].tolist() == written["status"].tolist() and len(failures) == 4
+    opened, _ = score(model_file, folder, cache_dir=tmp_path / "cache", preprocessing={"accept_non_chest": True})
+    assert opened.set_index("path").loc[str(folder / "ct.dcm"), "status"] == "ok"
+
+
 def test_the_command_line_exports_without_onnx_and_refuses_a_used_folder(model_file, tmp_path, capsys):
     out = tmp_path / "exported"
     aliases = tmp_path / "label_aliases.json"

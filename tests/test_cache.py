@@ -40,12 +40,14 @@ def test_build_then_reuse(image_folder, tmp_path):
 def test_changed_source_file_is_decoded_again(image_folder, tmp_path):
     paths = load_table("nih", image_folder).paths
     build_cache(paths, tmp_path / "c", 24, progress=False)
-    Image.fromarray(np.full((40, 40), 200, np.uint8)).save(paths[0])
+    gradient = np.tile(np.arange(0, 240, 6, dtype=np.uint8), (40, 1))  # a new image: a left-to-right ramp
+    Image.fromarray(gradient).save(paths[0])
     stat = os.stat(paths[0])
     os.utime(paths[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     cache, report = build_cache(paths, tmp_path / "c", 24, progress=False)
     assert (report.decoded, report.reused) == (1, len(paths) - 1)
-    assert (cache.read(paths[0]) == 200).all()
+    assert np.array_equal(cache.read(paths[0]), read_grayscale(paths[0], 24))
+    assert (np.diff(cache.read(paths[0]).astype(int), axis=1) > 0).all()
 
 
 def test_corrupt_image_error_names_the_file_and_keeps_the_rest(image_folder, tmp_path):

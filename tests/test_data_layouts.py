@@ -179,13 +179,23 @@ def test_generic_csv_with_aliases_and_relative_paths(tmp_path):
 
 
 def test_generic_csv_errors(tmp_path):
-    # a finding outside the built-in vocabulary is a class of its own; a column that holds no labels is named
+    # a finding outside the built-in vocabulary is a class of its own once declared, refused until then; a declared
+    # column that holds no labels is named
     pd.DataFrame({"path": ["a.png"], "patient_id": ["1"], "pneumonitis": [1]}).to_csv(tmp_path / "l.csv", index=False)
-    assert load_table("csv", tmp_path / "l.csv").classes == ["Pneumonitis"]
-    pd.DataFrame({"path": ["a.png"], "patient_id": ["1"], "Mass": [1], "Sex": ["F"]}).to_csv(tmp_path / "s.csv")
-    with pytest.raises(DatasetFormatError, match=r"s.csv column 'Sex'"):
+    with pytest.raises(DatasetFormatError, match=r"l.csv: column 'pneumonitis' is not a finding this bundle knows"):
+        load_table("csv", tmp_path / "l.csv")
+    assert load_table("csv", tmp_path / "l.csv", new_classes=["Pneumonitis"]).classes == ["Pneumonitis"]
+    pd.DataFrame({"path": ["a.png"], "patient_id": ["1"], "Mass": [1], "Sex": ["F"]}).to_csv(
+        tmp_path / "s.csv", index=False
+    )
+    with pytest.raises(DatasetFormatError, match=r"s.csv: column 'Sex' is not a finding this bundle knows"):
         load_table("csv", tmp_path / "s.csv")
-    both = {"path": ["a.png"], "patient_id": ["1"], "Effusion": [1], "Tuberculosis": [0], "Pleural Effusion": [1]}
+    with pytest.raises(DatasetFormatError, match=r"s.csv column 'Sex'"):
+        load_table("csv", tmp_path / "s.csv", label_columns=["Mass", "Sex"])
+    pd.DataFrame({"path": ["a.png"], "patient_id": ["1"], "Mass": [1]}).to_csv(tmp_path / "i.csv")  # with its index
+    with pytest.raises(DatasetFormatError, match=r"i.csv: column 'Unnamed: 0' is a header cell left empty \(a table's"):
+        load_table("csv", tmp_path / "i.csv")
+    both = {"path": ["a.png"], "patient_id": ["1"], "Effusion": [1], "Mass": [0], "Pleural Effusion": [1]}
     pd.DataFrame(both).to_csv(tmp_path / "e.csv", index=False)
     with pytest.raises(DatasetFormatError) as caught:
         load_table("csv", tmp_path / "e.csv")

@@ -4,6 +4,7 @@ what cannot be one radiograph is refused by name; folders, public releases, pred
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +105,29 @@ def test_what_is_not_one_radiograph_is_refused_with_the_file_and_the_reason(tmp_
         read_grayscale(tmp_path / "fake.dcm")
 
 
+@pytest.mark.parametrize(
+    ("name", "refusal"),
+    [
+        ("CT_small.dcm", "its Modality is CT, not radiography (CR or DX): not a chest radiograph"),
+        ("MR_small.dcm", "its Modality is MR, not radiography (CR or DX): not a chest radiograph"),
+        ("US1_UNCR.dcm", "its Modality is US, not radiography (CR or DX): not a chest radiograph"),
+        ("RG3_UNCR.dcm", "its BodyPartExamined is EXTREMITY, not the chest: not a chest radiograph"),
+    ],
+)
+def test_a_study_that_says_it_is_no_chest_radiograph_is_refused_by_name_unless_accepted(name, refusal):
+    path = get_testdata_file(name)
+    with pytest.raises(ImageLoadError, match=rf"{name}: {re.escape(refusal)}; refused \(accept_non_chest overrides\)"):
+        read_grayscale(path, 32)
+    assert read_grayscale(path, 32, accept_non_chest=True).shape == (32, 32)
+
+
+def test_a_stale_window_that_renders_the_film_black_is_refused_and_a_chest_film_is_read(tmp_path):
+    assert read_grayscale(_film(tmp_path, every=8), 64).std() > 20  # CR, CHEST, as shipped: read
+    stale = _film(tmp_path, "stale.dcm", every=8, WindowCenter=60000, WindowWidth=100)  # all values far below it
+    with pytest.raises(ImageLoadError, match=r"stale.dcm: a near-constant render \(90 % of its pixels between gray "):
+        read_grayscale(stale, 64)
+
+
 def test_a_folder_lists_dicom_beside_png_and_a_file_without_suffix_is_read_by_its_magic(tmp_path):
     from PIL import Image
 
@@ -112,7 +136,7 @@ def test_a_folder_lists_dicom_beside_png_and_a_file_without_suffix_is_read_by_it
     (tmp_path / "in" / "export").write_bytes(film.read_bytes())  # a PACS export without a suffix
     Image.fromarray(np.zeros((32, 32), np.uint8)).save(tmp_path / "in" / "a.png")
     listed = [Path(path).name for path in list_images(tmp_path / "in")]
-    assert listed == ["a.png", "film.dcm"]  # by suffix; the suffix-less export is read when named (a CSV)
+    assert listed == ["a.png", "export", "film.dcm"]  # every file: the decoder decides by content
     assert np.array_equal(read_grayscale(tmp_path / "in" / "export", 64), read_grayscale(film, 64))
 
 

@@ -55,3 +55,31 @@ def test_a_documented_command_parses_as_written(page, arguments, capsys):
     except SystemExit as refused:
         if refused.code:
             pytest.fail(f"{page}: surgical-aggregation {' '.join(arguments)}: {capsys.readouterr().err}")
+
+
+FLARE_SIMULATOR = re.compile(r"nvflare simulator\s+(\S+)[^`\n]*?\s-w\s+([^\s`]+)")
+WORKSPACE_OR_OUTPUT = re.compile(r"(?:--workspace|--out|-w)[ =]([^\s`]+)")
+
+
+def _inside(path: str, folder: str) -> bool:
+    return Path(path) == Path(folder) or Path(folder) in Path(path).parents
+
+
+def test_a_flare_simulator_workspace_the_docs_give_holds_nothing_another_command_writes():
+    """FLARE's simulator empties the workspace it is given (``SimulatorRunner._cleanup_workspace``): a reader who
+    follows the README and the docs top to bottom on one machine would lose an earlier command's results if any
+    other command (or FLARE's simulator on another job) wrote into, or above, a workspace it is given."""
+    flare: dict[str, set[str]] = {}  # workspace -> the jobs the docs run in it
+    others: list[tuple[str, str]] = []  # (page, a folder another command writes)
+    for page in PAGES:
+        for line in page.read_text().splitlines():
+            runs = FLARE_SIMULATOR.findall(line)
+            for job, workspace in runs:
+                flare.setdefault(workspace, set()).add(job)
+            if not runs:
+                others += [(page.name, folder) for folder in WORKSPACE_OR_OUTPUT.findall(line)]
+    assert flare, "the docs show no nvflare simulator command"
+    for workspace, jobs in flare.items():
+        assert len(jobs) == 1, f"nvflare simulator runs {sorted(jobs)} in one workspace {workspace}"
+        for page, folder in others:
+            assert not _inside(folder, workspace) and not _inside(workspace, folder), (page, folder, workspace)

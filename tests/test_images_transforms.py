@@ -28,11 +28,12 @@ def test_sixteen_bit_png_is_stretched_to_eight_bits(tmp_path):
 
 def test_rgb_and_non_square_images_become_square_gray(tmp_path):
     rgb = np.zeros((30, 20, 3), np.uint8)
-    rgb[..., 0] = 255
-    Image.fromarray(rgb).save(tmp_path / "red.jpg", quality=100)
-    array = read_grayscale(tmp_path / "red.jpg", 16)
+    rgb[:, :10, 0] = 255  # left half pure red, right half pure green
+    rgb[:, 10:, 1] = 255
+    Image.fromarray(rgb).save(tmp_path / "red_green.png")
+    array = read_grayscale(tmp_path / "red_green.png", 16)
     assert array.shape == (16, 16)
-    assert abs(int(array.mean()) - 76) <= 2  # ITU-R 601 luma of pure red
+    assert (array[:, 0] == 76).all() and (array[:, -1] == 150).all()  # ITU-R 601 luma of pure red, of pure green
 
 
 def test_eval_step_scales_to_unit_range_and_normalises():

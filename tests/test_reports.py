@@ -140,7 +140,9 @@ def test_report_csv_matches_columns_by_name_and_skips_empty_text(tmp_path):
     with pytest.raises(DatasetFormatError, match="name the same finding twice"):
         load_report_csv(path)
     path.write_text("report,Heart Things\nA,1\n")
-    assert load_report_csv(path)[0].classes == ["Heart thing"]  # outside the built-in vocabulary: its own class
+    with pytest.raises(DatasetFormatError, match="column 'Heart Things' is not a finding this bundle knows"):
+        load_report_csv(path)  # outside the built-in vocabulary and not declared
+    assert load_report_csv(path, new_classes=["heart things"])[0].classes == ["Heart thing"]  # declared: its own
     with pytest.raises(DatasetFormatError, match="no text column 'text'"):
         load_report_csv(path, text_column="text")
 

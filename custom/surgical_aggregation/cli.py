@@ -34,6 +34,7 @@ from .data.storage import default_cache_root, write_atomically
 from .flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES, NIH_CHEXPERT, RESUME_CHOICES, TIMED_TASKS
 from .flare.stopping import CommandInterrupted, stopped_cleanly
 from .images.names import GENERATED_KINDS, ON_ERROR_POLICIES
+from .images.settings import ACCEPT_NON_CHEST
 from .modalities import DATA_KINDS
 
 POC_STEPS = ("prepare", "start", "submit", "stop", "run")
@@ -188,6 +189,11 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         "--cache-dir", type=_user_path, default=None, help=f"cache root (default {default_cache_root()})"
     )
     parser.add_argument("--on-error", choices=ON_ERROR_POLICIES, default="skip", help="unreadable images")
+    parser.add_argument(
+        "--accept-non-chest",
+        action="store_true",
+        help="read DICOMs whose Modality or BodyPartExamined says they are no chest radiograph (refused by default)",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
 
 
@@ -543,9 +549,10 @@ def _output_file(path: Path, option: str) -> Path:
     return path
 
 
-def _given_preprocessing(args: argparse.Namespace) -> dict[str, int]:
-    """What ``--image-size`` gives a model file that does not record its image size."""
-    return {} if args.image_size is None else {"image_size": args.image_size}
+def _given_preprocessing(args: argparse.Namespace) -> dict[str, int | bool]:
+    """What ``--image-size`` gives a model file that does not record its image size, and ``--accept-non-chest``."""
+    given: dict[str, int | bool] = {} if args.image_size is None else {"image_size": args.image_size}
+    return given | ({ACCEPT_NON_CHEST: True} if args.accept_non_chest else {})
 
 
 def _predict(args: argparse.Namespace) -> int:
@@ -565,10 +572,8 @@ def _predict(args: argparse.Namespace) -> int:
     scores.to_csv(out, index=False)
     classes = [column for column in scores.columns[2:] if not column.endswith(")")]
     print(f"scored {len(scores) - len(failures)} of {len(scores)} input(s) for {len(classes)} classes -> {out}")
-    for path, reason in failures[:20]:
+    for path, reason in failures:
         print(f"  not scored {path}: {reason} ({STATUS_COLUMN} column of the output)")
-    if len(failures) > 20:
-        print(f"  ... and {len(failures) - 20} more")
     return 0
 
 
@@ -770,11 +775,12 @@ def _printer(name: str) -> logging.Logger:
 def _add_check_site(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "check-site",
-        help="check a site config against the job it will run: fields, preprocessing, labels, a sample of the data",
+        help="check a site config against the job it will run: fields, preprocessing, labels, every input",
         description="Both sides of a job's handshake, before a federation runs: the site config read as the site "
         "reads it (the job's label aliases under its own), its data loaded and split, its labels read as the server "
         "reads them (new classes listed, closed vocabularies and limits applied), the federation's preprocessing "
-        "compared, and a sample of every split read as training reads it. Exit code 0 when the site would pass the "
+        "compared, and every input of every split read as training reads it (--sample N: the first N of each). Exit "
+        "code 0 when the site would pass the "
         "handshake, 2 with each problem on its own line otherwise.",
     )
     parser.add_argument(
@@ -786,6 +792,9 @@ def _add_check_site(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--site", default=None, help="the site's name in the job (default: the kit's, else 'this site')"
     )
+    parser.add_argument(
+        "--sample", type=_positive, default=None, help="read only the first N inputs of each split (default: all)"
+    )
 
 
 def _check_site(args: argparse.Namespace) -> int:
@@ -794,7 +803,7 @@ def _check_site(args: argparse.Namespace) -> int:
     site = args.site
     if site is None and args.config.resolve().parent.name == "local":  # <kit>/local/<config>: the kit's name
         site = args.config.resolve().parent.parent.name
-    result = check_site(args.job, args.config, site)
+    result = check_site(args.job, args.config, site, args.sample)
     print("\n".join(result.lines))
     return 0 if result.passed else 2
 

@@ -15,6 +15,7 @@ import csv
 import difflib
 import gzip
 import io
+import re
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -96,6 +97,11 @@ def undeclared_columns(
     for column in columns:
         if vocabulary.knows(column) or normal_form(column) in declared:
             continue
+        if re.fullmatch(r"Unnamed: \d+", column):  # pandas' name for an empty header cell
+            raise DatasetFormatError(
+                f"{where}: column {column!r} is a header cell left empty (a table's index written with it?): name "
+                "it, remove it, or list the label columns (data.options.label_columns)"
+            )
         likely = likely_names(column, vocabulary)
         hint = f" (likely {' or '.join(repr(name) for name in likely)}: rename the column or map it in an alias file)"
         raise DatasetFormatError(

@@ -24,15 +24,6 @@ def channel_names(channel_def: Mapping[str, str]) -> list[str]:
     return [channel_def[str(index)] for index in range(len(channel_def))]
 
 
-def image_datalist(folder: str, suffixes: Sequence[str]) -> list[dict[str, str]]:
-    """Every image under ``folder`` (recursively, by suffix), as absolute paths in sorted order."""
-    root = Path(folder).resolve()
-    paths = sorted(str(path) for path in root.rglob("*") if path.suffix.lower() in tuple(suffixes))
-    if not paths:
-        raise FileNotFoundError(f"no images ({', '.join(suffixes)}) under {root}")
-    return [{"image": path} for path in paths]
-
-
 def probabilities(
     network: torch.nn.Module,
     batches: Iterable[Mapping[str, Any]],

@@ -3,9 +3,9 @@
 Both sides of the handshake, without FLARE: the site's config is read as the site would read it (the job's label
 aliases under its own), its data is loaded and split, its reply is built as the site builds it, and the server's
 handshake checks read that reply with the job's settings (vocabulary, accepted classes, limits, the federation's
-preprocessing). Then a sample of every split is read (images decoded at the job's size) and whatever cannot be read
-is listed. Everything the check finds is a line; a problem is a line that names the field or file and the value to
-write.
+preprocessing). Then every input of every split is read (images decoded at the job's size; ``--sample N`` reads the
+first N of each split) and whatever cannot be read is listed, one line each. Everything the check finds is a line;
+a problem is a line that names the field or file and the value to write.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ from .handshake import (
 )
 from .job_folder import controller_settings, job_label_aliases, job_sites
 
-SAMPLE_PER_SPLIT = 20  # inputs of each split that are actually read
-
 
 @dataclass
 class SiteCheck:
@@ -55,9 +53,10 @@ class SiteCheck:
 
 
 def check_site(
-    job: str | Path, config_path: str | Path, site: str | None = None, sample: int = SAMPLE_PER_SPLIT
+    job: str | Path, config_path: str | Path, site: str | None = None, sample: int | None = None
 ) -> SiteCheck:
-    """Check the site config at ``config_path`` against the job folder ``job`` (``site``: the site's name in it)."""
+    """Check the site config at ``config_path`` against the job folder ``job`` (``site``: the site's name in it),
+    reading every input of its splits, or the first ``sample`` of each."""
     job, config_path = Path(job), Path(config_path)
     result = SiteCheck()
     settings = controller_settings(job)
@@ -142,20 +141,21 @@ def _check_handshake(result: SiteCheck, site: str, meta: dict, settings: dict) -
         result.problem(f"the server would refuse the site: {problem}")
 
 
-def _check_sample(result: SiteCheck, config, splits: dict, sample: int) -> None:
-    """Read the first ``sample`` inputs of every split as training will (images decoded at the job's size)."""
+def _check_sample(result: SiteCheck, config, splits: dict, sample: int | None) -> None:
+    """Read every input of every split as training will (images decoded at the job's size), or the first
+    ``sample`` of each; each one that cannot be read is a line."""
     read, failures = [], []
     for split, table in splits.items():
         found = config.modality.read_sample(table, config, sample)
-        read.append(f"{split} {min(sample, len(table)) - len(found)} of {min(sample, len(table))}")
+        count = len(table) if sample is None else min(sample, len(table))
+        read.append(f"{split} {count - len(found)} of {count}")
         failures += found
-    result.lines.append(f"a sample read as training reads it: {', '.join(read)}")
+    how = "every input read" if sample is None else f"the first {sample} inputs of each split read (--sample)"
+    result.lines.append(f"{how} as training reads it: {', '.join(read)}")
     stops, consequence = config.modality.unreadable_policy(config)  # else they are left out, and the site says so
-    for row, reason in failures[:10]:
+    for row, reason in failures:
         text = f"unreadable: {row}: {reason} ({consequence})"
         if stops:
             result.problem(text)
         else:
             result.lines.append(text)
-    if len(failures) > 10:
-        result.lines.append(f"... and {len(failures) - 10} more unreadable inputs in the sample")

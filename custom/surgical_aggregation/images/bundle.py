@@ -15,7 +15,6 @@ from typing import Any
 
 from ..data.bundle_parts import BundleParts
 from . import bundle_reader, dicom, grayscale
-from .dataset import IMAGE_SUFFIXES
 from .transforms import image_batch_transform
 
 BATCH_SIZE = 32
@@ -31,7 +30,11 @@ def image_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> Bu
             "_target_": "LoadImaged",
             "keys": "image",
             "image_only": True,
-            "reader": {"_target_": "scripts.bundle_reader.RadiographReader", "size": "@image_size"},
+            "reader": {
+                "_target_": "scripts.bundle_reader.RadiographReader",
+                "size": "@image_size",
+                "accept_non_chest": "@accept_non_chest",
+            },
         },
         {"_target_": "EnsureChannelFirstd", "keys": "image", "channel_dim": "no_channel"},
         {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": 0, "a_max": 255, "b_min": 0.0, "b_max": 1.0},
@@ -52,9 +55,11 @@ def image_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> Bu
     config = {
         "dataset_dir": "images",
         "image_size": size,
-        "image_suffixes": list(IMAGE_SUFFIXES),
-        "datalist": "$scripts.predictions.image_datalist(@dataset_dir, @image_suffixes)",
-        "rows": "$[item['image'] for item in @datalist]",
+        "accept_non_chest": False,  # True scores DICOMs of another modality or body part (a model for chest films)
+        "inputs": "$scripts.bundle_reader.screened_inputs(@dataset_dir, @image_size, @accept_non_chest, "
+        "@csv_columns['readable'])",
+        "datalist": "$@inputs['datalist']",
+        "rows": "$@inputs['rows']",
         "preprocessing": {"_target_": "Compose", "transforms": transforms},
         "dataset": {"_target_": "Dataset", "data": "@datalist", "transform": "@preprocessing"},
         "dataloader": {
@@ -74,7 +79,7 @@ def image_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> Bu
         "weights": "$torch.load(@bundle_root + '/models/model.pt', map_location=@device, weights_only=True)",
         "batches": "@dataloader",
         "postprocessing": {"_target_": "Activations", "sigmoid": True},
-        "statuses": None,  # an image that cannot be read stops the run (MONAI's loader)
+        "statuses": "$@inputs['statuses']",  # a file that cannot be scored is a row with its reason
         "initialize": ["$@network.load_state_dict(@weights)", "$@network.eval()"],
     }
     return BundleParts(

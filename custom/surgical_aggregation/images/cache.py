@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 OnError = Literal["error", "skip"]
 INDEX_FILE = "index.json"
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: images screened (near-constant renders, DICOMs of another modality or body part)
 
 
 class UnreadableImagesError(ImageLoadError):
@@ -123,15 +123,15 @@ def _read_index(directory: Path) -> dict | None:
     return index
 
 
-def _decode(task: tuple[str, int]) -> tuple[str, np.ndarray | None, str]:
-    path, size = task
+def _decode(task: tuple[str, int, bool]) -> tuple[str, np.ndarray | None, str]:
+    path, size, accept_non_chest = task
     try:
-        return path, read_grayscale(path, size), ""
+        return path, read_grayscale(path, size, accept_non_chest), ""
     except ImageLoadError as error:
         return path, None, error.reason
 
 
-def _decoded(tasks: list[tuple[str, int]], workers: int) -> Iterator[tuple[str, np.ndarray | None, str]]:
+def _decoded(tasks: list[tuple[str, int, bool]], workers: int) -> Iterator[tuple[str, np.ndarray | None, str]]:
     if workers <= 1:
         yield from map(_decode, tasks)
         return
@@ -148,10 +148,12 @@ def build_cache(
     on_error: OnError = "error",
     workers: int = 0,
     progress: bool = True,
+    accept_non_chest: bool = False,
 ) -> tuple[ImageCache, CacheReport]:
     """Make sure every image in ``paths`` is in the cache at ``directory`` (decoding what is not).
 
-    Unreadable images (missing, truncated, not an image) never stop the build halfway: all
+    Unreadable images (missing, truncated, not an image, refused as no chest radiograph: :func:`.decode.read_grayscale`
+    with ``accept_non_chest``) never stop the build halfway: all
     readable ones are cached first, then ``on_error="error"`` raises
     :class:`UnreadableImagesError` naming the files, while ``"skip"`` reports them in the
     returned :class:`CacheReport` (and they are absent from the cache).
@@ -167,7 +169,7 @@ def build_cache(
     report = CacheReport(directory=directory, size=size, requested=len(wanted))
     with exclusive(directory):
         index = _read_index(directory)
-        if index is not None and index["size"] != size:
+        if index is not None and (index["size"], index.get("accept_non_chest")) != (size, accept_non_chest):
             index = None
         entries: dict[str, list[int]] = {} if index is None else index["entries"]
         todo: list[tuple[str, os.stat_result]] = []
@@ -183,7 +185,7 @@ def build_cache(
             else:
                 todo.append((path, stat))
         if todo:
-            _extend(directory, index, todo, size, workers, progress, report)
+            _extend(directory, index, todo, size, workers, progress, report, accept_non_chest)
     report.seconds = time.perf_counter() - started
     position = {path: index for index, path in enumerate(wanted)}
     report.failures.sort(key=lambda failure: position[failure[0]])  # in the dataset's order
@@ -200,6 +202,7 @@ def _extend(
     workers: int,
     progress: bool,
     report: CacheReport,
+    accept_non_chest: bool,
 ) -> None:
     """Write a new images file = still-valid old rows + newly decoded ones, then swap the index."""
     stale = {path for path, _ in todo}
@@ -217,7 +220,7 @@ def _extend(
         del old
     stats = dict(todo)
     row = len(carried)
-    tasks = [(path, size) for path, _ in todo]
+    tasks = [(path, size, accept_non_chest) for path, _ in todo]
     bar = tqdm(total=len(tasks), desc=f"caching {size}px images", unit="img", disable=not progress, mininterval=2)
     started = last_log = time.monotonic()
     with bar:
@@ -235,7 +238,13 @@ def _extend(
             row += 1
     target.flush()
     del target
-    new_index = {"format": CACHE_FORMAT, "size": size, "images_file": images_file, "entries": entries}
+    new_index = {
+        "format": CACHE_FORMAT,
+        "size": size,
+        "accept_non_chest": accept_non_chest,
+        "images_file": images_file,
+        "entries": entries,
+    }
     temporary = directory / f"{INDEX_FILE}.tmp"
     temporary.write_text(json.dumps(new_index))
     temporary.replace(directory / INDEX_FILE)

@@ -15,6 +15,7 @@ from ..core.errors import DataNotFoundError, DatasetFormatError
 from ..data.table import PATH_COLUMN, LabelTable, MissingClassPolicy
 from .cache import CacheReport, ImageCache, OnError, build_cache, cache_directory
 from .dicom import DICOM_SUFFIXES, is_dicom
+from .grayscale import folder_files
 from .transforms import ImageBatchTransform
 
 
@@ -75,6 +76,7 @@ def cache_table(
     on_error: OnError = "error",
     workers: int = 0,
     progress: bool = True,
+    accept_non_chest: bool = False,
 ) -> tuple[LabelTable, ImageCache, CacheReport]:
     """Build/reuse the table's image cache; returns the table without unreadable images.
 
@@ -82,7 +84,7 @@ def cache_table(
     report), so no epoch ever meets one.
     """
     directory = cache_directory(cache_root, table.source, table.root, size)
-    cache, report = build_cache(table.paths, directory, size, on_error, workers, progress)
+    cache, report = build_cache(table.paths, directory, size, on_error, workers, progress, accept_non_chest)
     readable = np.fromiter((path in cache for path in table.paths), dtype=bool, count=len(table))
     return table.subset(readable), cache, report
 
@@ -91,15 +93,16 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", *DICOM_SUFFI
 
 
 def list_images(source: str | Path, image_column: str = PATH_COLUMN) -> list[str]:
-    """Absolute image paths from a folder (recursively, by suffix), one image file, or a CSV's ``image_column``
-    (relative paths from the CSV's folder)."""
+    """Absolute image paths from a folder (every file under it, recursively: the decoder decides by content what is
+    an image, and a file that is none is listed with its reason where it is scored), one image file, or a CSV's
+    ``image_column`` (relative paths from the CSV's folder)."""
     source = Path(source).expanduser().resolve()
     if source.is_file() and (source.suffix.lower() in IMAGE_SUFFIXES or is_dicom(source)):
         return [str(source)]
     if source.is_dir():
-        paths = sorted(str(p) for p in source.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        paths = folder_files(source)
         if not paths:
-            raise DataNotFoundError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {source}")
+            raise DataNotFoundError(f"no files under {source}")
         return paths
     if not source.is_file():
         raise DataNotFoundError(f"not a folder or CSV file: {source}")

@@ -6,26 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from PIL import UnidentifiedImageError
 
 from ..core.errors import ImageLoadError
-from .dicom import UnreadableDicom
-from .grayscale import UnusableImage, radiograph_pixels
+from .grayscale import radiograph_pixels, unreadable_reason
 
 
-def read_grayscale(path: str | Path, size: int | None = None) -> np.ndarray:
+def read_grayscale(path: str | Path, size: int | None = None, accept_non_chest: bool = False) -> np.ndarray:
     """The image at ``path`` as uint8 (H, W), resized to (size, size) when ``size`` is given.
 
-    Raises :class:`ImageLoadError` naming the file when it is missing, truncated, not an image, or too large or
-    small to use.
+    Raises :class:`ImageLoadError` naming the file when it is missing, truncated, not an image, too large or small to
+    use, near-constant, or a DICOM that says it is not a chest radiograph (unless ``accept_non_chest``).
     """
     try:
-        return radiograph_pixels(str(path), size)
-    except FileNotFoundError:
-        raise ImageLoadError(path, "file not found") from None
-    except (UnusableImage, UnreadableDicom) as error:
-        raise ImageLoadError(path, str(error)) from None
-    except UnidentifiedImageError:
-        raise ImageLoadError(path, "cannot decode image: not PNG, JPEG, TIFF, BMP or DICOM") from None
-    except (OSError, ValueError, SyntaxError) as error:
-        raise ImageLoadError(path, f"cannot decode image ({type(error).__name__}: {error})") from None
+        return radiograph_pixels(str(path), size, accept_non_chest)
+    except Exception as error:
+        reason = unreadable_reason(error)
+        if reason is None:
+            raise
+        raise ImageLoadError(path, reason) from None

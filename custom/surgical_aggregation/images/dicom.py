@@ -6,10 +6,17 @@ window's linear function; without either, the image's own range is stretched), t
 bone is bright as in MONOCHROME2 and the PNG releases. Compressed transfer syntaxes decode through pydicom's plugins
 (pylibjpeg with its openjpeg and libjpeg decoders, RLE natively). A multi-frame object is refused: a radiograph is
 one frame per file.
+
+What the file says it is decides before its pixels do (:func:`not_a_chest_radiograph`): a Modality other than
+radiography (CT, MR, ultrasound, mammography, ...) and a BodyPartExamined that DICOM's defined terms name outside the
+chest are refused by name; ``accept_non_chest`` overrides both. Modality codes are a closed list (PS3.3 C.7.3.1.1.1),
+so they are read as an allow-list; body parts are written freely by each vendor and country (PadChest's "TORAX"),
+so only parts known not to be a chest are refused.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +26,91 @@ DICOM_SUFFIXES = (".dcm", ".dicom")
 PREAMBLE_BYTES = 128  # a DICOM file is a 128-byte preamble, then "DICM", then the file meta group
 
 
+# radiography (CR, DX; DR retired; RG; "XR" some vendors write), other and secondary capture (the image decides),
+# and none given
+RADIOGRAPHY_MODALITIES = frozenset({"CR", "DX", "DR", "RG", "XR", "OT", "SC", ""})
+# DICOM's defined terms for Body Part Examined (PS3.16 Annex L) that are not the chest
+NON_CHEST_PARTS = frozenset(
+    {
+        "ABDOMEN",
+        "ABDOMENPELVIS",
+        "ANKLE",
+        "ARM",
+        "BRAIN",
+        "BREAST",
+        "CALCANEUS",
+        "CSPINE",
+        "CLAVICLE",
+        "COCCYX",
+        "ELBOW",
+        "EXTREMITY",
+        "FACE",
+        "FINGER",
+        "FOOT",
+        "FOREARM",
+        "HAND",
+        "HEAD",
+        "HEADNECK",
+        "HIP",
+        "HUMERUS",
+        "JAW",
+        "KIDNEY",
+        "KNEE",
+        "LEG",
+        "LSPINE",
+        "LUMBAR",
+        "MANDIBLE",
+        "NECK",
+        "ORBIT",
+        "PANCREAS",
+        "PATELLA",
+        "PELVIS",
+        "SACRUM",
+        "SCAPULA",
+        "SELLA",
+        "SHOULDER",
+        "SINUS",
+        "SKULL",
+        "SPINE",
+        "TIBIA",
+        "TMJ",
+        "TOE",
+        "TSPINE",
+        "WHOLEBODY",
+        "WRIST",
+    }
+)
+
+
 class UnreadableDicom(ValueError):
     """A DICOM file this pipeline cannot turn into one grayscale image; the message says why."""
+
+
+class _WithoutDecoderTracebacks(logging.Filter):
+    """pydicom logs each failed pixel decoder's traceback before it raises; the file is then refused in one line
+    naming it, so the traceback is dropped (its message stays, at debug level)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and "decoders" in record.pathname:
+            record.exc_info, record.exc_text, record.levelno, record.levelname = None, None, logging.DEBUG, "DEBUG"
+            return logging.getLogger("pydicom").isEnabledFor(logging.DEBUG)
+        return True
+
+
+if not any(isinstance(known, _WithoutDecoderTracebacks) for known in logging.getLogger("pydicom").filters):
+    logging.getLogger("pydicom").addFilter(_WithoutDecoderTracebacks())
+
+
+def not_a_chest_radiograph(dataset) -> str | None:
+    """Why the DICOM ``dataset`` is not a chest radiograph by its own Modality and BodyPartExamined (None when it
+    may be one)."""
+    modality = str(dataset.get("Modality", "") or "").strip().upper()
+    if modality not in RADIOGRAPHY_MODALITIES:
+        return f"its Modality is {modality}, not radiography (CR or DX): not a chest radiograph"
+    part = str(dataset.get("BodyPartExamined", "") or "").strip()
+    if part.upper().replace(" ", "").replace("_", "") in NON_CHEST_PARTS:
+        return f"its BodyPartExamined is {part}, not the chest: not a chest radiograph"
+    return None
 
 
 def is_dicom(path: str | Path) -> bool:
@@ -53,8 +143,9 @@ def _first(value) -> float:
     return float(value[0]) if isinstance(value, (list, tuple)) or type(value).__name__ == "MultiValue" else float(value)
 
 
-def dicom_grayscale(path: str | Path) -> Image.Image:
-    """The radiograph in the DICOM file at ``path`` as an 8-bit grayscale ("L") image, as a viewer displays it."""
+def dicom_grayscale(path: str | Path, accept_non_chest: bool = False) -> Image.Image:
+    """The radiograph in the DICOM file at ``path`` as an 8-bit grayscale ("L") image, as a viewer displays it;
+    refused when it says it is not a chest radiograph, unless ``accept_non_chest``."""
     import pydicom
     from pydicom.pixels import apply_modality_lut, apply_voi_lut
 
@@ -64,13 +155,16 @@ def dicom_grayscale(path: str | Path) -> Image.Image:
         raise UnreadableDicom(f"not a DICOM file ({error})") from None
     if "PixelData" not in dataset:
         raise UnreadableDicom(f"a DICOM {dataset.get('Modality', 'object')} with no pixel data (not an image)")
+    problem = None if accept_non_chest else not_a_chest_radiograph(dataset)
+    if problem:
+        raise UnreadableDicom(f"{problem}; refused (accept_non_chest overrides)")
     frames = int(dataset.get("NumberOfFrames", 1) or 1)
     if frames > 1:
         raise UnreadableDicom(f"a multi-frame DICOM ({frames} frames); export each radiograph as one file")
     syntax = dataset.file_meta.get("TransferSyntaxUID")
     try:
         stored = dataset.pixel_array
-    except (NotImplementedError, RuntimeError) as error:
+    except (NotImplementedError, RuntimeError, AttributeError) as error:  # AttributeError: no transfer syntax
         name = getattr(syntax, "name", syntax)
         raise UnreadableDicom(
             f"cannot decode its transfer syntax {name} ({error}); the JPEG and JPEG 2000 syntaxes need pylibjpeg, "

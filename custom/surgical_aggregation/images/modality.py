@@ -22,7 +22,7 @@ from .dataset import ChestXrayDataset, cache_table, list_images
 from .decode import read_grayscale
 from .layouts import check_options, load_table
 from .names import ARCHITECTURE, KINDS
-from .settings import ImageSettings
+from .settings import ACCEPT_NON_CHEST, ImageSettings
 from .synthetic import GENERATED, ensure_generated
 from .transforms import image_batch_transform
 
@@ -90,7 +90,13 @@ class ImageModality:
     ) -> MaterialisedTable:
         settings: ImageSettings = config.settings
         kept, cache, report = cache_table(
-            table, config.cache_root, settings.image_size, settings.on_unreadable, settings.cache_threads, progress
+            table,
+            config.cache_root,
+            settings.image_size,
+            settings.on_unreadable,
+            settings.cache_threads,
+            progress,
+            settings.accept_non_chest,
         )
         if report.failures:
             log.warning("left out %d unreadable image(s), e.g. %s", len(report.failures), report.failures[:3])
@@ -134,6 +140,7 @@ class ImageModality:
             on_error,
             workers=4,
             progress=sys.stderr.isatty(),  # a bar at a terminal, else a log line every PROGRESS_SECONDS
+            accept_non_chest=bool(preprocessing.get(ACCEPT_NON_CHEST, False)),
         )
         transform = image_batch_transform(
             int(size),
@@ -143,11 +150,11 @@ class ImageModality:
         )
         return ChestXrayDataset(kept, cache, transform), kept, report.failures
 
-    def read_sample(self, table: LabelTable, config: SiteConfig, limit: int) -> list[tuple[str, str]]:
+    def read_sample(self, table: LabelTable, config: SiteConfig, limit: int | None) -> list[tuple[str, str]]:
         failures = []
         for path in table.paths[:limit]:
             try:
-                read_grayscale(path, config.settings.image_size)
+                read_grayscale(path, config.settings.image_size, config.settings.accept_non_chest)
             except ImageLoadError as error:
                 failures.append((path, error.reason))
         return failures

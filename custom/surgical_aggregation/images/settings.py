@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ..core.errors import SiteConfigError
 from .names import ON_ERROR_POLICIES
 
+ACCEPT_NON_CHEST = "accept_non_chest"  # the setting (and predict's given preprocessing) that reads any DICOM
 MIN_IMAGE_SIZE = 16  # DenseNet121 halves an image five times
 CHANNEL_COUNTS = (1, 3)  # grayscale, or grayscale replicated to RGB (ImageNet weights)
 
@@ -35,6 +36,7 @@ class ImageSettings:
     augment: bool = True
     cache_threads: int = 4  # threads decoding images into the preprocessing cache
     on_unreadable: str = "error"  # unreadable images: error (list them and stop) | skip (leave out, count)
+    accept_non_chest: bool = False  # train on DICOMs whose Modality or BodyPartExamined is not a chest radiograph
 
     def check(self, where: str) -> None:
         """Refuse a value training could not use; the error names ``where`` (the file) and the field."""

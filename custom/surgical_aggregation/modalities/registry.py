@@ -76,9 +76,9 @@ class Modality(Protocol):
         """``table``'s rows as a trained model's inputs, preprocessed as ``preprocessing`` (a checkpoint's) says:
         (the dataset, the rows it holds, (row, reason) for each row left out)."""
 
-    def read_sample(self, table: LabelTable, config: SiteConfig, limit: int) -> list[tuple[str, str]]:
-        """Read the first ``limit`` rows of ``table`` as training will (images decoded at the config's size); (row,
-        reason) for each that cannot be read (``check-site``)."""
+    def read_sample(self, table: LabelTable, config: SiteConfig, limit: int | None) -> list[tuple[str, str]]:
+        """Read the first ``limit`` rows of ``table`` (every row when None) as training will (images decoded at the
+        config's size); (row, reason) for each that cannot be read (``check-site``)."""
 
     def unreadable_policy(self, config: SiteConfig) -> tuple[bool, str]:
         """Whether an input :meth:`read_sample` finds unreadable stops the site (else it is left out), and what

@@ -101,7 +101,7 @@ class ReportModality:
         vectors, _ = embed_table(kept, cache_dir or default_cache_root(), model, embed_on, sys.stderr.isatty())
         return ReportDataset(kept, vectors, kept.classes), kept, left_out
 
-    def read_sample(self, table: LabelTable, config: SiteConfig, limit: int) -> list[tuple[str, str]]:
+    def read_sample(self, table: LabelTable, config: SiteConfig, limit: int | None) -> list[tuple[str, str]]:
         texts = table.frame[TEXT_COLUMN].iloc[:limit]
         return [(row, NO_TEXT) for row, text in zip(table.paths[:limit], texts, strict=True) if not text]
 
