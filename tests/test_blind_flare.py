@@ -71,6 +71,7 @@ def test_the_threat_model_page_shows_the_refused_settings_and_the_measured_cost(
     assert max(row["largest_difference"] for row in rows) < 1e-6
 
 
+@pytest.mark.slow
 def test_the_blind_secret_command_writes_a_secret_only_its_owner_reads_and_never_replaces_one(tmp_path, capsys):
     from surgical_aggregation.cli import main
     from surgical_aggregation.core.blind import BlindSecret

@@ -4,6 +4,7 @@ what cannot be one radiograph is refused by name; folders, public releases, pred
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -126,6 +127,22 @@ def test_a_stale_window_that_renders_the_film_black_is_refused_and_a_chest_film_
     stale = _film(tmp_path, "stale.dcm", every=8, WindowCenter=60000, WindowWidth=100)  # all values far below it
     with pytest.raises(ImageLoadError, match=r"stale.dcm: a near-constant render \(90 % of its pixels between gray "):
         read_grayscale(stale, 64)
+
+
+def test_pixel_data_no_decoder_reads_is_refused_in_one_line_without_pydicoms_tracebacks(tmp_path, caplog):
+    from pydicom.encaps import encapsulate
+
+    film = pydicom.dcmread(get_testdata_file("JPEG2000.dcm"))
+    film.Modality, film.BodyPartExamined = "CR", "CHEST"
+    film.PixelData = encapsulate([np.random.default_rng(0).bytes(2000)])  # not a JPEG 2000 codestream
+    film.save_as(tmp_path / "garbled.dcm")
+    with caplog.at_level(logging.WARNING), pytest.raises(ImageLoadError) as caught:
+        read_grayscale(tmp_path / "garbled.dcm", 32)
+    assert str(caught.value).startswith(
+        f"{tmp_path / 'garbled.dcm'}: cannot decode its transfer syntax JPEG 2000 Image Compression (Unable to decode "
+    )
+    assert "\n" not in str(caught.value)
+    assert not [record for record in caplog.records if record.exc_info] and "Traceback" not in caplog.text
 
 
 def test_a_folder_lists_dicom_beside_png_and_a_file_without_suffix_is_read_by_its_magic(tmp_path):

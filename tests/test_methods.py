@@ -265,6 +265,7 @@ def test_at_psi_zero_the_site_trains_identically_under_the_three_methods(site):
             torch.testing.assert_close(states[method][key], value, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_personal_recipes_keep_the_head_and_fedbn_keeps_batchnorm(site):
     config, data = site
     classes = ["Mass", "Atelectasis"]

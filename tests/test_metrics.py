@@ -152,6 +152,7 @@ def test_image_losses_and_their_paired_difference_by_hand():
     assert np.isnan(image_losses(np.array([[np.nan]]), np.array([[0.5]]))[0])  # an image with no label
 
 
+@pytest.mark.slow
 def test_the_paired_auroc_difference_is_the_difference_of_mean_aurocs_with_a_bootstrap_error():
     generator = np.random.default_rng(3)
     labels = (generator.random((200, 3)) < 0.3).astype(float)

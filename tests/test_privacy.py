@@ -162,6 +162,7 @@ def test_the_dp_optimizer_adds_noise_no_seed_replays():
     assert float(difference.std()) == pytest.approx(math.sqrt(2) * 1.5 / 4, rel=0.1)
 
 
+@pytest.mark.slow
 def test_two_runs_of_one_dp_site_send_different_updates_where_two_runs_without_dp_send_the_same(nih_data, tmp_path):
     """The replay test: the same site, config and seed, trained twice. Without DP-SGD the two updates are equal
     (so the runs are the same run); with it every trained tensor differs."""
@@ -180,6 +181,7 @@ def test_two_runs_of_one_dp_site_send_different_updates_where_two_runs_without_d
             assert equal == [] and len(states[0]) > 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("privacy", [{"epsilon": 50.0, "noise_multiplier": 1.0}, None], ids=["dp", "no-dp"])
 def test_a_dp_site_starts_its_output_biases_at_the_public_prior_in_its_first_round_only(nih_data, tmp_path, privacy):
     """Under DP-SGD the site's first round trains from output biases at logit(prior_prevalence), whatever it
@@ -242,6 +244,7 @@ def test_privacy_settings_are_checked_with_the_field_named(nih_data, tmp_path, p
         _config(nih_data, tmp_path, privacy)
 
 
+@pytest.mark.slow
 def test_delta_is_at_most_one_over_ten_times_the_protected_units_and_the_noise_search_is_bounded(
     nih_data, tmp_path, monkeypatch
 ):
@@ -272,6 +275,7 @@ def test_delta_is_at_most_one_over_ten_times_the_protected_units_and_the_noise_s
     assert 0.1 < report["noise_multiplier"] < 1 and len(calls) <= 2 + privacy_module.NOISE_SEARCH_STEPS + 4
 
 
+@pytest.mark.slow
 def test_the_epsilon_a_site_reports_is_opacus_accountant_for_the_steps_it_took(nih_data, tmp_path):
     privacy = {"epsilon": 50.0, "noise_multiplier": 1.2, "delta": 1e-4}
     trainer = _trainer(nih_data, tmp_path, privacy)
@@ -294,6 +298,7 @@ def test_the_epsilon_a_site_reports_is_opacus_accountant_for_the_steps_it_took(n
     assert second.privacy["epsilon"] == reference.get_epsilon(1e-4) and second.privacy["steps"] == steps + 2
 
 
+@pytest.mark.slow
 def test_per_image_clipping_bounds_what_an_update_carries(nih_data, tmp_path):
     """SGD at learning rate 0.1: without DP-SGD the weights move by far more than 1e-3; with per-image gradients
     clipped to 1e-7 (and noise of that size) no weight moves by more than steps * 0.1 * 1e-7 * (1 + noise)."""
@@ -323,6 +328,7 @@ def test_a_site_whose_budget_would_be_exceeded_stops_training_and_says_so(nih_da
     assert all(torch.equal(value, before[key]) for key, value in trainer.model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_the_budget_chooses_the_noise_for_the_planned_rounds(nih_data, tmp_path):
     trainer = _trainer(nih_data, tmp_path, {"epsilon": 4.0, "planned_rounds": 3})
     rates = 8 / trainer.data.train.table.n_patients  # patients, not images, are sampled and protected
@@ -412,6 +418,7 @@ def test_the_utility_page_is_what_its_command_writes_from_its_results(tmp_path):
             assert result["epsilon"] * 0.95 <= spent <= result["epsilon"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("privacy", [{"epsilon": 50.0, "noise_multiplier": 1.2}, None], ids=["dp", "no-dp"])
 def test_no_training_statistic_leaves_a_dp_site_in_any_message_or_tracked_curve(nih_data, tmp_path, privacy):
     """Every message a site sends (handshake, two training rounds, a validation) and every value it hands to

@@ -86,19 +86,22 @@ class UnreadableDicom(ValueError):
     """A DICOM file this pipeline cannot turn into one grayscale image; the message says why."""
 
 
+DECODER_LOGGER = "pydicom.pixels.decoders.base"  # where pydicom logs each failed pixel decoder, with its traceback
+
+
 class _WithoutDecoderTracebacks(logging.Filter):
     """pydicom logs each failed pixel decoder's traceback before it raises; the file is then refused in one line
-    naming it, so the traceback is dropped (its message stays, at debug level)."""
+    naming it, so the record goes down to debug level, without its traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and "decoders" in record.pathname:
+        if record.exc_info:
             record.exc_info, record.exc_text, record.levelno, record.levelname = None, None, logging.DEBUG, "DEBUG"
-            return logging.getLogger("pydicom").isEnabledFor(logging.DEBUG)
+            return logging.getLogger(DECODER_LOGGER).isEnabledFor(logging.DEBUG)
         return True
 
 
-if not any(isinstance(known, _WithoutDecoderTracebacks) for known in logging.getLogger("pydicom").filters):
-    logging.getLogger("pydicom").addFilter(_WithoutDecoderTracebacks())
+if not any(isinstance(known, _WithoutDecoderTracebacks) for known in logging.getLogger(DECODER_LOGGER).filters):
+    logging.getLogger(DECODER_LOGGER).addFilter(_WithoutDecoderTracebacks())
 
 
 def not_a_chest_radiograph(dataset) -> str | None:
@@ -166,8 +169,9 @@ def dicom_grayscale(path: str | Path, accept_non_chest: bool = False) -> Image.I
         stored = dataset.pixel_array
     except (NotImplementedError, RuntimeError, AttributeError) as error:  # AttributeError: no transfer syntax
         name = getattr(syntax, "name", syntax)
+        said = " ".join(str(error).split())  # pydicom lists each decoder's failure on a line of its own
         raise UnreadableDicom(
-            f"cannot decode its transfer syntax {name} ({error}); the JPEG and JPEG 2000 syntaxes need pylibjpeg, "
+            f"cannot decode its transfer syntax {name} ({said}); the JPEG and JPEG 2000 syntaxes need pylibjpeg, "
             "pylibjpeg-libjpeg and pylibjpeg-openjpeg (in requirements.txt)"
         ) from None
     photometric = str(dataset.get("PhotometricInterpretation", "MONOCHROME2"))
