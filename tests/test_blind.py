@@ -3,7 +3,6 @@ aggregation gives it, the server's context cannot decrypt, and what the server r
 
 from __future__ import annotations
 
-import base64
 import json
 
 import numpy as np
@@ -18,6 +17,7 @@ from surgical_aggregation.core.blind import (
     BlindSecret,
     blind_weight,
     new_sites_key,
+    split_job_key,
 )
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.strategies import strategy
@@ -156,29 +156,50 @@ def test_a_weight_that_would_overflow_the_sum_is_refused():
 def test_the_sites_secret_survives_its_text():
     secret = BlindSecret.new(CONSORTIUM)
     again = BlindSecret.from_json(secret.to_json(), "blind_secret.json")
-    assert (again.key, again.classes) == (secret.key, tuple(CONSORTIUM))
-    # a loaded context serializes its public part anew each time: the sites send the bytes stored with the secret
-    assert again.public == secret.public and again.fingerprint == secret.fingerprint
-    assert not BlindCipher.from_bytes(again.public).holds_secret_key
+    assert (again.key, again.classes, again.wrapping_key) == (secret.key, tuple(CONSORTIUM), secret.wrapping_key)
+    assert again.fingerprint == secret.fingerprint != BlindSecret.new(CONSORTIUM).fingerprint
     slots = [secret.layout_for(_state(["Mass"], 0), []).slot(name) for name in CONSORTIUM]
     assert [again.layout_for(_state(["Mass"], 0), []).slot(name) for name in CONSORTIUM] == slots
-    decrypted = again.cipher.decrypt(dict(enumerate(secret.cipher.encrypt(np.arange(5.0)))))
+    job_key = secret.new_job_key("job-1")  # one site's offer; another site opens it with its copy of the secret
+    opened = again.open_job_key(split_job_key(job_key.as_params())[0], "job-1", "the server's task")
+    assert not BlindCipher.from_bytes(opened.public).holds_secret_key and opened.cipher.holds_secret_key
+    decrypted = opened.cipher.decrypt(dict(enumerate(job_key.cipher.encrypt(np.arange(5.0)))))
     assert np.allclose(decrypted[0], np.arange(5.0), atol=1e-6)
+
+
+def test_every_job_has_its_own_key_and_a_key_is_opened_only_for_its_job_its_context_and_its_consortium():
+    """Two jobs (or two sites' offers) never share a CKKS key; a wrapped key replayed into another job, paired with
+    another public context, or wrapped under another consortium's secret is refused, naming why."""
+    secret = BlindSecret.new(CONSORTIUM)
+    first, second = secret.new_job_key("job-1"), secret.new_job_key("job-2")
+    assert first.public != second.public and first.fingerprint != second.fingerprint
+    assert first.cipher.to_bytes() != second.cipher.to_bytes()
+    ciphertext = first.cipher.encrypt(np.arange(5.0))
+    other = second.cipher.decrypt(dict(enumerate(ciphertext)))[0][:5]
+    assert not np.allclose(other, np.arange(5.0), atol=1.0)  # the second job's key reads nothing of the first's
+    entries = split_job_key(first.as_params())[0]
+    refusals = [
+        (secret, entries, "job-2"),  # replayed into another job
+        (secret, {**entries, "job_key/public": second.public}, "job-1"),  # another public context
+        (BlindSecret.new(CONSORTIUM), entries, "job-1"),  # another consortium
+        (secret, {**entries, "job_key/context": entries["job_key/context"][:-1] + b"x"}, "job-1"),  # changed
+    ]
+    for holder, given, job in refusals:
+        with pytest.raises(BlindAggregationError, match="the job's key was not made by a site of this consortium"):
+            holder.open_job_key(given, job, "the server's task")
 
 
 def test_text_that_is_not_the_sites_secret_is_refused_naming_its_file():
     good = json.loads(BlindSecret.new(CONSORTIUM).to_json())
-    public = BlindSecret.new(CONSORTIUM).cipher.public_bytes()
     cases = [
         ("not json", "not JSON"),
         ([], "format None"),
-        ({**good, "format": 1}, "format 1; this bundle reads blind secrets of format 2"),
+        ({**good, "format": 2}, "format 2; this bundle reads blind secrets of format 3"),
         ({**good, "key": "zz"}, "not a blind secret"),
         ({**good, "key": "00" * 8}, "at least 32 bytes"),
         ({**good, "classes": ["Mass", "Mass"]}, "each class once"),
-        ({**good, "context": base64.b64encode(b"junk").decode()}, "its context cannot be read"),
-        ({**good, "context": base64.b64encode(public).decode()}, "no secret key"),
-        ({**good, "public_context": good["context"]}, "its public context holds the secret key"),
+        ({**good, "wrapping_key": "00" * 8}, "its wrapping key has 8 bytes, not 32"),
+        ({key: value for key, value in good.items() if key != "wrapping_key"}, "not a blind secret"),
     ]
     for content, message in cases:
         text = content if isinstance(content, str) else json.dumps(content)

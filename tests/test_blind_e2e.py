@@ -200,12 +200,14 @@ def test_the_blind_server_receives_no_class_name_no_plaintext_row_and_no_secret_
     server = _server(workspace)
     seen = json.loads((server / SEEN_FILE).read_text())
     secret = BlindSecret.from_json((workspace.parent / "local" / "blind_secret.json").read_text(), "secret")
-    public = secret.fingerprint
     tasks = {entry["task"] for entry in seen["received"]}
     assert {"describe", "train", "validate", "publish"} <= tasks
+    offers = {}
     for entry in seen["received"]:
-        if entry["task"] == "describe":  # the public context only: the secret one would have another digest
-            assert entry["params"] == {"public_context": {"bytes": len(secret.public), "sha256": public}}
+        if entry["task"] == "describe":  # a public context and a wrapped key (three byte arrays), no secret context
+            assert set(entry["params"]) == {"public_context", "uint8[1-d]"} and entry["params"]["uint8[1-d]"] == 3
+            assert entry["meta"]["blind"]["consortium"] == secret.fingerprint
+            offers[entry["site"]] = entry["params"]["public_context"]["sha256"]
         elif entry["task"] == "train":  # ciphertexts only: bytes, never a float row
             assert entry["param_names"] == ["ciphertext"] and list(entry["params"]) == ["uint8[1-d]"], entry
         else:
@@ -220,9 +222,20 @@ def test_the_blind_server_receives_no_class_name_no_plaintext_row_and_no_secret_
     for path, text in texts.items():
         for name in _class_names():
             assert not re.search(rf"\b{re.escape(name)}\b", text), (path.name, name)
-        assert secret.key.hex() not in text
+        assert secret.key.hex() not in text and secret.wrapping_key.hex() not in text
+    # each site offered a key of its own; the job runs under the first site's (by name)
+    assert len(set(offers.values())) == len(SITES) and seen["handshake"]["job_key_made_by"] == min(SITES)
+    assert seen["handshake"]["public_context_sha256"] == offers[min(SITES)]
     # the sums the server kept are ciphertexts it cannot read; the sites' secret decrypts them to the best model
     assert (server / BLIND_BEST_MODEL_FILE).is_file()
+
+
+def test_two_blind_jobs_of_one_consortium_run_under_different_keys(runs, poisoned):
+    keys = [
+        json.loads((_server(workspace) / SEEN_FILE).read_text())["handshake"]["public_context_sha256"]
+        for workspace in (runs["blind"][2], poisoned[2])
+    ]
+    assert len(set(keys)) == 2
 
 
 def test_the_sites_validation_leaves_out_a_harmful_blind_contribution_and_a_silent_site_breaks_nothing(poisoned):

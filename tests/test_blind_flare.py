@@ -112,7 +112,7 @@ def test_a_site_sends_nothing_of_its_classes_to_a_server_of_the_other_mode(tmp_p
     with the secret in a blind job the answer holds positions and the public context, never a class name."""
     from nvflare.app_common.abstract.fl_model import FLModel
 
-    from surgical_aggregation.core.blind import PUBLIC_CONTEXT, BlindSecret
+    from surgical_aggregation.core.blind import JOB_KEY_PARAMS, PUBLIC_CONTEXT, BlindSecret
     from surgical_aggregation.flare.protocol import META_BLIND, META_CLASS_NAMES, TASK_DESCRIBE, TASK_SUBMIT_MODEL
 
     blind_task = FLModel(params={}, meta={META_BLIND: {"weighting": "uniform"}})
@@ -138,8 +138,11 @@ def test_a_site_sends_nothing_of_its_classes_to_a_server_of_the_other_mode(tmp_p
     answer = blind_site.handle(TASK_SUBMIT_MODEL, FLModel(params={}, meta={META_BLIND: {"weighting": "uniform"}}))
     assert (answer.params, answer.meta) == ({}, {})
     answer = blind_site.handle(TASK_DESCRIBE, blind_task)
-    assert META_CLASS_NAMES not in answer.meta and set(answer.params) == {PUBLIC_CONTEXT}
-    assert bytes(answer.params[PUBLIC_CONTEXT]) == secret.public
+    assert META_CLASS_NAMES not in answer.meta and set(answer.params) == {PUBLIC_CONTEXT, *JOB_KEY_PARAMS}
+    assert bytes(answer.params[PUBLIC_CONTEXT]) == bytes(answer.params["job_key/public"])  # a fresh key of its own
+    assert answer.meta[META_BLIND]["consortium"] == secret.fingerprint
+    again = blind_site.handle(TASK_DESCRIBE, blind_task)  # every handshake (every job) offers a new key
+    assert bytes(again.params[PUBLIC_CONTEXT]) != bytes(answer.params[PUBLIC_CONTEXT])
     sent = json.dumps(answer.meta)
     assert not any(name in sent for name in secret.classes)
     assert len(answer.meta[META_BLIND]["wanted"]) == answer.meta[META_BLIND]["parts"] - 2  # not its two slots
@@ -148,39 +151,46 @@ def test_a_site_sends_nothing_of_its_classes_to_a_server_of_the_other_mode(tmp_p
 def test_what_a_blind_server_still_checks_of_answers_it_cannot_read():
     """The handshake: an answer without the blind fields, with class names, or with a context holding the secret key
     is refused; a round's result: the wrong number of ciphertexts or bytes that are no ciphertext is refused."""
-    from surgical_aggregation.core.blind import PUBLIC_CONTEXT, BlindCipher, BlindSecret
+    from surgical_aggregation.core.blind import PUBLIC_CONTEXT, BlindCipher, BlindSecret, split_job_key
     from surgical_aggregation.flare.blind import BlindSurgicalAggregator
     from surgical_aggregation.flare.protocol import META_BLIND, META_CLASS_NAMES
 
     server = BlindSurgicalAggregator()
     secret = BlindSecret.new(["Mass", "Nodule"])
-    public = {PUBLIC_CONTEXT: np.frombuffer(secret.public, np.uint8)}
-    blind = {META_BLIND: {"parts": 5, "wanted": [0, 3]}}
-    assert server._handshake_problem(blind, public) == (None, {**blind[META_BLIND], "context": secret.public})
+    job_key = secret.new_job_key("job")
+    offer = {PUBLIC_CONTEXT: np.frombuffer(job_key.public, np.uint8), **job_key.as_params()}
+    blind = {META_BLIND: {"parts": 5, "wanted": [0, 3], "consortium": secret.fingerprint}}
+    entries, _ = split_job_key(offer)
+    assert server._handshake_problem(blind, offer) == (
+        None, {**blind[META_BLIND], "context": job_key.public, "job_key": entries}
+    )  # fmt: skip
+    with_secret = {**offer, PUBLIC_CONTEXT: np.frombuffer(job_key.cipher.to_bytes(), np.uint8)}
     refusals = [
         ({}, {}, "it did not answer in blind mode"),
-        ({**blind, META_CLASS_NAMES: ["Mass"]}, public, "it sent class names"),
-        ({META_BLIND: {"parts": 5, "wanted": [0, 7]}}, public, "not part numbers below 5"),
-        (blind, {PUBLIC_CONTEXT: np.frombuffer(secret.cipher.to_bytes(), np.uint8)}, "context with the secret key"),
-        (blind, {PUBLIC_CONTEXT: np.frombuffer(b"junk", np.uint8)}, "its public context cannot be read"),
+        ({**blind, META_CLASS_NAMES: ["Mass"]}, offer, "it sent class names"),
+        ({META_BLIND: {**blind[META_BLIND], "wanted": [0, 7]}}, offer, "not part numbers below 5"),
+        ({META_BLIND: {**blind[META_BLIND], "consortium": "Mass"}}, offer, "consortium fingerprint is not"),
+        (blind, {PUBLIC_CONTEXT: offer[PUBLIC_CONTEXT]}, "it did not answer in blind mode"),  # no key offer
+        (blind, with_secret, "context with the secret key"),
+        (blind, {**offer, PUBLIC_CONTEXT: np.frombuffer(b"junk", np.uint8)}, "its public context cannot be read"),
     ]
     for meta, params, reason in refusals:
         problem, _ = server._handshake_problem(meta, params)
         assert reason in problem and "Mass" not in problem.replace("it sent class names", "")
 
-    server._cipher, server._parts = BlindCipher.from_bytes(secret.public), 2
-    good = secret.cipher.encrypt(np.arange(4096.0))[0]
+    server._cipher, server._parts = BlindCipher.from_bytes(job_key.public), 2
+    good = job_key.cipher.encrypt(np.arange(4096.0))[0]
     assert server._parts_problem({0: good, 1: good}) is None
     assert server._parts_problem({0: good}) == "it sent 1 ciphertexts, not the 2 of every update"
     assert server._parts_problem({0: good, 1: b"junk"}).startswith("ciphertext 1: not a ciphertext")
     # either would make the server's addition raise (TenSEAL adds vectors of one size and one scale only)
-    short = secret.cipher.encrypt(np.arange(3.0))[0]
+    short = job_key.cipher.encrypt(np.arange(3.0))[0]
     assert (
         server._parts_problem({0: good, 1: short})
         == "ciphertext 1: it holds 3 values, every ciphertext of an update 4096"
     )
     import tenseal
 
-    context = tenseal.context_from(secret.cipher.to_bytes())
+    context = tenseal.context_from(job_key.cipher.to_bytes())
     rescaled = tenseal.ckks_vector(context, list(np.arange(4096.0)), scale=2.0**30).serialize()
     assert server._parts_problem({0: good, 1: rescaled}) == "ciphertext 1: its scale is 2^30, the consortium's 2^40"

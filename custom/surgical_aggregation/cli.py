@@ -980,7 +980,7 @@ def _blind_secret(args: argparse.Namespace) -> int:
     print(
         f"wrote the blind secret of {len(classes)} classes to {args.out} (readable by its owner only). Copy it to "
         "every site's local/ folder over a channel the server does not run, and set blind_secret in each site "
-        f"config. Each site can compare the public context's fingerprint: {secret.fingerprint}"
+        f"config. Each site can compare the consortium's fingerprint: {secret.fingerprint}"
     )
     return 0
 

@@ -10,8 +10,9 @@ update into one vector of whole ciphertexts (:class:`BlindLayout`):
   order of an HMAC of their names under the key: the row (weight and bias) times ``w``, then ``w``. The slots of
   classes the site does not label hold zeros, so every site's vector has the same length whatever its classes.
 
-The sites encrypt it under their shared CKKS secret key (:class:`BlindCipher`); the server holds the public part
-only and adds ciphertexts. A site is sent the summed backbone part and the summed ciphertexts of the slots it names
+The sites encrypt it under the job's CKKS secret key (:class:`BlindCipher`; a fresh key pair every job, made by one
+site and wrapped for the others under the consortium's wrapping key: :class:`JobKey`); the server holds the public
+part only and adds ciphertexts. A site is sent the summed backbone part and the summed ciphertexts of the slots it names
 by position (its own: the server cannot map a position to a name). An honest site asks for its own slots only, and
 learns no more of the others' classes than surgical aggregation tells it; the server cannot tell which slots are a
 site's, so a curious site that asks for every position reads every class's sum (docs/blind.md: limits). A site
@@ -29,7 +30,6 @@ outside it is refused when packed (the consortium extends its list for a new fin
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import json
@@ -349,35 +349,104 @@ def blind_weight(num_samples: int, weighting: str) -> float:
     return 1.0 if weighting == "uniform" else num_samples / WEIGHT_UNIT
 
 
-SECRET_FORMAT = 2  # 2: the public context is stored with the secret (every site sends the same bytes)
+SECRET_FORMAT = 3  # 3: a wrapping key in place of one CKKS context for every job (a fresh one per job)
+JOB_KEY_PARAMS = ("job_key/context", "job_key/nonce", "job_key/public")  # the wrapped job key in a task's params
+CONSORTIUM_LABEL = b"surgical-aggregation blind consortium"  # what the wrapping key's public fingerprint is a MAC of
+NONCE_BYTES = 12  # AES-GCM's
+
+
+@dataclass(frozen=True)
+class JobKey:
+    """One job's CKKS context: made by one site at the job's handshake (:meth:`BlindSecret.new_job_key`), its secret
+    context encrypted under the consortium's wrapping key (AES-GCM, bound to the job and to the public context it
+    goes with), relayed by the server to every site with each task, opened by each site
+    (:meth:`BlindSecret.open_job_key`). Every job has its own key pair: the ciphertexts and decryptions of one job
+    say nothing of another's key (Li and Micciancio's key recovery needs both under one key)."""
+
+    cipher: BlindCipher  # with the secret key
+    public: bytes  # the public context, as the server adds under it
+    wrapped: bytes  # the secret context, encrypted under the wrapping key
+    nonce: bytes
+
+    def as_params(self) -> dict[str, np.ndarray]:
+        """The wrapped key as a task's params (bytes as uint8 arrays: FLARE streams arrays)."""
+        values = (self.wrapped, self.nonce, self.public)
+        return {name: np.frombuffer(value, dtype=np.uint8) for name, value in zip(JOB_KEY_PARAMS, values, strict=True)}
+
+    @property
+    def fingerprint(self) -> str:
+        """The public context's SHA-256 (the server's records name the job's key by it)."""
+        return hashlib.sha256(self.public).hexdigest()
+
+
+def split_job_key(params: Mapping[str, Any]) -> tuple[dict[str, bytes] | None, dict[str, Any]]:
+    """(the job key's entries of a task's ``params`` as bytes, or None without them; the other params)."""
+    rest = {name: value for name, value in params.items() if name not in JOB_KEY_PARAMS}
+    if not all(name in params for name in JOB_KEY_PARAMS):
+        return None, rest
+    return {name: np.asarray(params[name], dtype=np.uint8).tobytes() for name in JOB_KEY_PARAMS}, rest
+
+
+def _job_binding(job: str, public: bytes) -> bytes:
+    """What a wrapped job key is bound to (AES-GCM's associated data): the job, and the public context it goes with."""
+    return b"job:" + job.encode("utf-8") + b"\npublic:" + hashlib.sha256(public).digest()
 
 
 @dataclass(frozen=True)
 class BlindSecret:
     """What every site of a blind federation holds and the server must not: the slots' key, the consortium's class
-    list and the CKKS context with its secret key; and the public part of that context, serialized once when the
-    secret is made (a context serializes its public part differently each time it is loaded, so the sites send these
-    stored bytes: the server checks that every site sent the same). One site makes it (:meth:`new`) and hands the file
-    to the others over a channel the coordinator does not run; each keeps it in its workspace's ``local/``, never in
-    a job (a job folder travels through the server). As JSON text here (:meth:`to_json`, :meth:`from_json`): the core
-    does no I/O."""
+    list and the wrapping key under which each job's fresh CKKS key travels (:class:`JobKey`). One site makes it
+    (:meth:`new`) and hands the file to the others over a channel the coordinator does not run; each keeps it in its
+    workspace's ``local/``, never in a job (a job folder travels through the server). As JSON text here
+    (:meth:`to_json`, :meth:`from_json`): the core does no I/O."""
 
     key: bytes
     classes: tuple[str, ...]
-    cipher: BlindCipher
-    public: bytes  # the public context (no secret key), as every site sends it
+    wrapping_key: bytes
 
     @classmethod
     def new(cls, classes: Sequence[str]) -> BlindSecret:
         key = new_sites_key()
         check_secret(key, classes)
-        cipher = BlindCipher.for_sites()
-        return cls(key, tuple(classes), cipher, cipher.public_bytes())
+        return cls(key, tuple(classes), new_sites_key())
 
     @property
     def fingerprint(self) -> str:
-        """The public context's SHA-256: the same at every site of the consortium (compare it out of band)."""
-        return hashlib.sha256(self.public).hexdigest()
+        """A MAC of a fixed text under the wrapping key: the same at every site of the consortium, another for any
+        other secret (the server compares the sites' to refuse one of another consortium; it reveals no key)."""
+        return hmac.new(self.wrapping_key, CONSORTIUM_LABEL, hashlib.sha256).hexdigest()
+
+    def _aead(self):
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        return AESGCM(hmac.new(self.wrapping_key, b"job key wrapping", hashlib.sha256).digest())
+
+    def new_job_key(self, job: str) -> JobKey:
+        """A fresh CKKS key pair for ``job``, its secret context wrapped for the other sites."""
+        cipher = BlindCipher.for_sites()
+        public = cipher.public_bytes()
+        nonce = os.urandom(NONCE_BYTES)
+        wrapped = self._aead().encrypt(nonce, cipher.to_bytes(), _job_binding(job, public))
+        return JobKey(cipher, public, wrapped, nonce)
+
+    def open_job_key(self, entries: Mapping[str, bytes], job: str, where: str) -> JobKey:
+        """The job key a task carries (:func:`split_job_key`'s entries), opened with the wrapping key; refused when it
+        was not wrapped by a site of this consortium for this job and this public context (``where`` names the
+        sender)."""
+        from cryptography.exceptions import InvalidTag
+
+        wrapped, nonce, public = (entries[name] for name in JOB_KEY_PARAMS)
+        try:
+            context = self._aead().decrypt(nonce, wrapped, _job_binding(job, public))
+        except (InvalidTag, ValueError):
+            raise BlindAggregationError(
+                f"{where}: the job's key was not made by a site of this consortium for job {job!r} (another "
+                "consortium's secret, another job's key, or a key the sender changed): refused"
+            ) from None
+        cipher = BlindCipher.from_bytes(context)
+        if not cipher.holds_secret_key:
+            raise BlindAggregationError(f"{where}: the job's key holds no secret key")
+        return JobKey(cipher, public, wrapped, nonce)
 
     def layout_for(self, state: StateDict, averaged_keys: Sequence[str]) -> BlindLayout:
         return BlindLayout.of(state, averaged_keys, self.key, self.classes)
@@ -388,8 +457,7 @@ class BlindSecret:
             "format": SECRET_FORMAT,
             "key": self.key.hex(),
             "classes": list(self.classes),
-            "context": base64.b64encode(self.cipher.to_bytes()).decode("ascii"),
-            "public_context": base64.b64encode(self.public).decode("ascii"),
+            "wrapping_key": self.wrapping_key.hex(),
         }
         return json.dumps(values)
 
@@ -408,8 +476,7 @@ class BlindSecret:
             )
         try:
             key = bytes.fromhex(values["key"])
-            context = base64.b64decode(values["context"], validate=True)
-            public = base64.b64decode(values["public_context"], validate=True)
+            wrapping_key = bytes.fromhex(values["wrapping_key"])
             classes = tuple(values["classes"])
         except (ValueError, KeyError, TypeError) as error:
             raise BlindAggregationError(f"{where}: not a blind secret ({type(error).__name__}: {error})") from None
@@ -417,13 +484,6 @@ class BlindSecret:
             check_secret(key, classes)
         except BlindAggregationError as error:
             raise BlindAggregationError(f"{where}: {error}") from None
-        try:
-            cipher = BlindCipher.from_bytes(context)
-            public_cipher = BlindCipher.from_bytes(public)
-        except ValueError as error:
-            raise BlindAggregationError(f"{where}: its context cannot be read ({error})") from None
-        if not cipher.holds_secret_key:
-            raise BlindAggregationError(f"{where}: its context has no secret key (a server's public context?)")
-        if public_cipher.holds_secret_key:
-            raise BlindAggregationError(f"{where}: its public context holds the secret key: it must not")
-        return cls(key, classes, cipher, public)
+        if len(wrapping_key) < KEY_BYTES:
+            raise BlindAggregationError(f"{where}: its wrapping key has {len(wrapping_key)} bytes, not {KEY_BYTES}")
+        return cls(key, classes, wrapping_key)

@@ -3,8 +3,10 @@ server adds ciphertexts and never holds a secret key, a plaintext head row, a si
 
 1. handshake: each site sends how many ciphertexts its update has, which of them it is sent back (the backbone part
    and its own class slots, by position: the positions are an HMAC of the class names under the sites' key, which the
-   server does not hold), the consortium's public CKKS context and its preprocessing. No class name and no count of
-   images. Every site must send the same public context (one consortium) and the same number of ciphertexts;
+   server does not hold), the consortium's fingerprint, a fresh CKKS key pair for this job (the public context, and
+   the secret context wrapped under the consortium's key) and its preprocessing. No class name and no count of
+   images. Every site must send the same fingerprint (one consortium) and the same number of ciphertexts; the first
+   site's key (by name) becomes the job's, relayed wrapped to every site with each task (``core.blind.JobKey``);
 2. round 0 sends the initial model in the clear (random weights of a public seed, no head row: each site makes its
    own rows, seeded by name as the plain job does); later rounds send each site the summed ciphertexts it asked
    for. Each result is checked for what can be checked of ciphertexts: their names, number and that each parses
@@ -33,7 +35,14 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.fuel.utils.log_utils import center_message
 
-from ..core.blind import PUBLIC_CONTEXT, BlindAggregationError, BlindCipher, params_as_parts, parts_as_params
+from ..core.blind import (
+    PUBLIC_CONTEXT,
+    BlindAggregationError,
+    BlindCipher,
+    params_as_parts,
+    parts_as_params,
+    split_job_key,
+)
 from ..core.checks import METRIC_KEYS, check_metrics, preprocessing_problem
 from ..core.head import numpy_state
 from ..core.methods import SiteMethod, method_meta
@@ -140,7 +149,8 @@ class BlindSurgicalAggregator(FederationLoop):
         )
         self.validation_guard, self.judging_sites = validation_guard, judging_sites
         self.publish_global_model, self.preprocessing, self.head_seed = publish_global_model, preprocessing, head_seed
-        self._cipher: BlindCipher | None = None  # the consortium's public context: adds, cannot decrypt
+        self._cipher: BlindCipher | None = None  # the job's public context: adds, cannot decrypt
+        self._job_key: dict[str, np.ndarray] = {}  # the job's key, wrapped: relayed to every site with each task
         self._parts = 0  # ciphertexts in every site's update
         self._wanted: dict[str, list[int]] = {}  # site -> the parts it is sent back
         self._federation: FederationState | None = None
@@ -278,7 +288,7 @@ class BlindSurgicalAggregator(FederationLoop):
         results = self.send_model_and_wait(
             task_name=TASK_DESCRIBE, data=FLModel(params={}, meta=asked), timeout=self.handshake_timeout
         )
-        admitted, refused, contexts = {}, {}, {}
+        admitted, refused, consortia = {}, {}, {}
         for result in results:
             meta = result.meta or {}
             site = meta.get("client_name", "?")
@@ -288,11 +298,11 @@ class BlindSurgicalAggregator(FederationLoop):
                 refused[site] = problem
                 continue
             admitted[site] = blind
-            contexts[site] = hashlib.sha256(blind["context"]).hexdigest()
-        if len(set(contexts.values())) > 1:  # one consortium: the sites that agree with the most others stay
-            common = max(set(contexts.values()), key=list(contexts.values()).count)
-            for site in [site for site, digest in contexts.items() if digest != common]:
-                refused[site] = "its public context is not the consortium's (a site of another consortium's secret?)"
+            consortia[site] = blind["consortium"]
+        if len(set(consortia.values())) > 1:  # one consortium: the sites that agree with the most others stay
+            common = max(set(consortia.values()), key=list(consortia.values()).count)
+            for site in [site for site, fingerprint in consortia.items() if fingerprint != common]:
+                refused[site] = "its secret is not the consortium's (a site of another consortium's secret?)"
                 admitted.pop(site)
         counts = {site: int(blind["parts"]) for site, blind in admitted.items()}
         if len(set(counts.values())) > 1:
@@ -315,14 +325,18 @@ class BlindSurgicalAggregator(FederationLoop):
                 f"only {len(admitted)} site(s) passed the blind handshake ({sorted(admitted)}); {self.min_clients} "
                 "needed. See the sites' logs for their errors."
             )
-        first = next(iter(admitted.values()))
+        maker = min(admitted)  # whose fresh key the job uses: any site's would do, this one by name
+        first = admitted[maker]
         self._cipher = BlindCipher.from_bytes(first["context"])
+        self._job_key = {name: np.frombuffer(value, dtype=np.uint8) for name, value in first["job_key"].items()}
         self._parts = int(first["parts"])
         self._wanted = {site: [int(part) for part in blind["wanted"]] for site, blind in admitted.items()}
         for site, wanted in self._wanted.items():
             self.info(f"{site}: an update of {self._parts} ciphertexts, {len(wanted)} of them sent back to it")
+        self.info(f"this job's key: {maker}'s, public context {hashlib.sha256(first['context']).hexdigest()[:16]}")
         self._seen["handshake"] = {
-            "public_context_sha256": contexts[next(iter(admitted))],
+            "public_context_sha256": hashlib.sha256(first["context"]).hexdigest(),
+            "job_key_made_by": maker,
             "ciphertexts_per_update": self._parts,
             "parts_sent_back": {site: len(wanted) for site, wanted in self._wanted.items()},
         }
@@ -332,10 +346,18 @@ class BlindSurgicalAggregator(FederationLoop):
         if META_CLASS_NAMES in meta:
             return "it sent class names: in blind mode a site sends none (is its blind_secret set?)", {}
         context = np.asarray(params.get(PUBLIC_CONTEXT, []))
-        if not isinstance(blind, dict) or not {"parts", "wanted"} <= set(blind) or context.dtype != np.uint8:
+        job_key, _ = split_job_key(params)
+        if (
+            not isinstance(blind, dict)
+            or not {"parts", "wanted", "consortium"} <= set(blind)
+            or context.dtype != np.uint8
+            or job_key is None
+        ):
             return "it did not answer in blind mode (its site config needs blind_secret)", {}
-        blind = {**blind, "context": context.tobytes()}
+        blind = {**blind, "context": context.tobytes(), "job_key": job_key}
         parts, wanted = blind["parts"], blind["wanted"]
+        if not isinstance(blind["consortium"], str) or len(blind["consortium"]) != 64:
+            return "its consortium fingerprint is not a SHA-256 MAC in hex", {}
         if not isinstance(parts, int) or parts < 1:
             return f"its ciphertext count {parts!r} is not a whole number of at least 1", {}
         if not isinstance(wanted, list) or not all(isinstance(part, int) and 0 <= part < parts for part in wanted):
@@ -361,9 +383,10 @@ class BlindSurgicalAggregator(FederationLoop):
         settings = {"weighting": self.weighting, "head_seed": self.head_seed, "initial": initial_state is not None}
         meta = {META_BLIND: settings, META_METHOD: self._method(), META_ROUND: version.round, **meta}
         if initial_state is not None:
-            return FLModel(params=initial_state, meta=meta)
+            return FLModel(params={**initial_state, **self._job_key}, meta=meta)
         sums = version.state
-        return FLModel(params=parts_as_params({part: sums[part] for part in self._wanted[site]}), meta=meta)
+        parts = parts_as_params({part: sums[part] for part in self._wanted[site]})
+        return FLModel(params={**parts, **self._job_key}, meta=meta)
 
     def _parts_problem(self, parts: dict[int, bytes]) -> str | None:
         """What the server can check of an update it cannot read."""

@@ -147,7 +147,13 @@ class ClientSession:
     """One site's state across the tasks of a job."""
 
     def __init__(
-        self, site: str, config: SiteConfig, app_dir: Path, log: logging.Logger, tracker: Tracker | None = None
+        self,
+        site: str,
+        config: SiteConfig,
+        app_dir: Path,
+        log: logging.Logger,
+        tracker: Tracker | None = None,
+        job: str = "",
     ) -> None:
         self.site = site
         self.config = config
@@ -172,7 +178,7 @@ class ClientSession:
             self.candidates = {key: _evaluation_from(value) for key, value in memory["candidates"].items()}
             self.candidates_round = memory["candidates_round"]
         # blind mode (flare.blind_site): only with the consortium's secret; such a site takes part in blind jobs only
-        self.blind = BlindSite.from_file(config.blind_secret, site, app_dir, log) if config.blind_secret else None
+        self.blind = BlindSite.from_file(config.blind_secret, site, app_dir, log, job) if config.blind_secret else None
 
     def remember(self) -> None:
         """Keep the validations later tasks compare with (:attr:`trained`, :attr:`candidates`) on disk."""
@@ -524,7 +530,12 @@ def main() -> None:
         log.info("%s: site config %s (%s)", site, path, origin)
         writer = SummaryWriter()
         session = ClientSession(
-            site, config, app_dir, log, tracker=lambda tag, value, step: writer.add_scalar(tag, value, step)
+            site,
+            config,
+            app_dir,
+            log,
+            tracker=lambda tag, value, step: writer.add_scalar(tag, value, step),
+            job=flare.get_job_id(),
         )
     except UserError as error:
         # A site's own mistake (its config, its data) is this one line. FLARE prints an exception from the
