@@ -11,14 +11,12 @@ bookkeeping ``Reviewed``, a misspelt or Latin-plural ``pneumothoraces``). A site
 
 from __future__ import annotations
 
-import csv
 import difflib
-import gzip
-import io
 import re
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+
+import pandas as pd
 
 from ..core.errors import DatasetFormatError
 from ..core.labels import Vocabulary, normal_form
@@ -29,44 +27,33 @@ CLOSE_MATCH = 0.8  # difflib's ratio above which an unknown column is named as a
 LATIN_PLURALS = (("aces", "ax"), ("ices", "ix"), ("ices", "ex"), ("ae", "a"), ("i", "us"), ("ata", "a"))
 
 
-def _first_line(path: Path) -> str:
-    """The header line of a CSV, gzipped CSV or zipped CSV ("" when it cannot be read: the reader says why)."""
+def _header_cells(path: Path) -> list[str]:
+    """The first row of the CSV at ``path`` as written, repeats kept (pandas reads gzipped and zipped files alike;
+    [] when it cannot be read: the reader says why)."""
     try:
-        if path.suffix.lower() == ".gz":
-            with gzip.open(path, "rt", encoding="utf-8-sig", errors="replace") as handle:
-                return handle.readline()
-        if path.suffix.lower() == ".zip":
-            with zipfile.ZipFile(path) as archive:
-                names = [name for name in archive.namelist() if not name.endswith("/")]
-                if len(names) != 1:
-                    return ""
-                with archive.open(names[0]) as raw:
-                    return io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace").readline()
-        with open(path, encoding="utf-8-sig", errors="replace") as handle:
-            return handle.readline()
-    except (OSError, EOFError, zipfile.BadZipFile, gzip.BadGzipFile):
-        return ""
+        row = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, EOFError, OSError, ValueError):
+        return []
+    return [str(cell).strip() for cell in row.iloc[0]] if len(row) else []
 
 
 def header_problem(path: Path, columns: Sequence[str]) -> str | None:
     """What is wrong with the header of the CSV at ``path`` that pandas read as ``columns`` (None when nothing)."""
-    line = _first_line(path)
-    if len(columns) == 1 and line:
+    if len(columns) == 1:
         for separator, name in SEPARATORS.items():
-            if separator in line:
+            if separator in str(columns[0]):
                 return (
                     f"{path}: its header is one column {str(columns[0])[:60]!r}: the file looks separated by {name}, "
                     "not commas; save it as a comma-separated CSV"
                 )
-    fields = [field.strip() for field in next(csv.reader([line]), [])] if line else []
     seen: dict[str, int] = {}
-    for position, field in enumerate(fields, start=1):
-        if field in seen:
+    for position, cell in enumerate(_header_cells(path), start=1):
+        if cell in seen:
             return (
-                f"{path}: the header repeats the column {field!r} (columns {seen[field]} and {position}): each "
+                f"{path}: the header repeats the column {cell!r} (columns {seen[cell]} and {position}): each "
                 "finding needs one column; merge or rename them"
             )
-        seen[field] = position
+        seen[cell] = position
     return None
 
 

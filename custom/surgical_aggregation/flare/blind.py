@@ -333,9 +333,10 @@ class BlindSurgicalAggregator(FederationLoop):
         self._wanted = {site: [int(part) for part in blind["wanted"]] for site, blind in admitted.items()}
         for site, wanted in self._wanted.items():
             self.info(f"{site}: an update of {self._parts} ciphertexts, {len(wanted)} of them sent back to it")
-        self.info(f"this job's key: {maker}'s, public context {hashlib.sha256(first['context']).hexdigest()[:16]}")
+        public_digest = hashlib.sha256(first["context"]).hexdigest()
+        self.info(f"this job's key: {maker}'s, public context {public_digest[:16]}")
         self._seen["handshake"] = {
-            "public_context_sha256": hashlib.sha256(first["context"]).hexdigest(),
+            "public_context_sha256": public_digest,
             "job_key_made_by": maker,
             "ciphertexts_per_update": self._parts,
             "parts_sent_back": {site: len(wanted) for site, wanted in self._wanted.items()},

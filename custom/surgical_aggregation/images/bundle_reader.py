@@ -35,7 +35,9 @@ class RadiographReader(ImageReader):
 
 
 def screened_inputs(folder: str, size: int, accept_non_chest: bool, readable: str) -> dict[str, list]:
-    """Every file under ``folder``, decoded once to see whether it can be scored: ``rows`` (every file, sorted),
+    """Every file under ``folder``, decoded to see whether it can be scored (MONAI's loader decodes the scored ones
+    again: this costs one more decode per input, and keeps a bad file out of the loader, whose error would end the run
+    in a chain of tracebacks): ``rows`` (every file, sorted),
     ``statuses`` (``readable``, or why not) and ``datalist`` (the files to score, MONAI's list of dicts). Each file
     not scored is one line on stderr, then a count; a file's error is its line, never a traceback."""
     rows = folder_files(folder)
