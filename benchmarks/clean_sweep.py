@@ -13,6 +13,8 @@ For each: the exit code, why it stopped, the sites excluded in any round, and ev
 of every global model (``round_history.json``), from which the tables of ``docs/server-checks.md`` are drawn.
 
     python benchmarks/clean_sweep.py --out results/clean_sweep --seeds $(seq 0 29) --consortium
+    python benchmarks/clean_sweep.py --out $OUT/sweep --work /tmp/sweep --seeds $(seq 100 129) --workers 10 \
+        --stop-starting-after 420     # many federations at once on a lent GPU machine (16 cores)
     python benchmarks/clean_sweep.py --out results/clean_sweep --table-only --write-doc docs/server-checks.md
 """
 
@@ -26,7 +28,9 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -56,6 +60,7 @@ MOST_PATIENTS = 2000  # a federation's patients in all, so that one runs in minu
 ROUNDS = (3, 5)
 IMAGE_SIZE = 64
 CONSORTIUM = "cxr_consortium"
+PACKAGE = "surgical_aggregation"
 MARKER = "clean-sweep"
 
 
@@ -131,7 +136,9 @@ def write_federation_job(federation: Federation, folder: Path, cache: Path, sett
 def run_consortium(workspace: Path) -> tuple[int, str, Path]:
     """The README's command, as written (its workspace a fresh folder); (exit code, output, its server app)."""
     shutil.rmtree(workspace, ignore_errors=True)
-    command = [str(Path(sys.executable).parent / "surgical-aggregation"), "simulate", "--name", CONSORTIUM]
+    script = Path(sys.executable).parent / "surgical-aggregation"
+    command = [str(script) if script.is_file() else sys.executable, *([] if script.is_file() else ["-m", PACKAGE])]
+    command += ["simulate", "--name", CONSORTIUM]
     result = subprocess.run(
         [*command, "--workspace", str(workspace)], capture_output=True, text=True, timeout=5400, env=dict(os.environ)
     )
@@ -161,10 +168,20 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
     }
 
 
+# seeds whose federations set a rule (in-sample for it): the loss margins (100-119), the leave-one-out margins
+# (200-204), the untrained first round and the majority for an exclusion (0-9, the consortium job's first run)
+CALIBRATION_SEEDS = frozenset([*range(0, 10), *range(100, 120), *range(200, 205)])
+
+
+def out_of_sample(name: str, result: dict) -> bool:
+    """Whether no rule was set on this federation's seed (the consortium job: its run of this sweep, not the first)."""
+    return name == CONSORTIUM or result["federation"]["seed"] not in CALIBRATION_SEEDS
+
+
 def table(results: dict[str, dict]) -> list[str]:
     lines = [
-        "| federation | sites | scheme | patients a site | rounds | exit code | stopped | excluded |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| federation | sites | scheme | patients a site | rounds | ran on | exit code | stopped | excluded |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, result in sorted(results.items()):
         sizes = [drawn["patients"] for drawn in result["federation"]["sites"].values()]
@@ -172,18 +189,35 @@ def table(results: dict[str, dict]) -> list[str]:
         if result["federation"].get("psi"):
             scheme = f"psi {result['federation']['psi']}"
         excluded = sorted({site for sites in result["excluded"].values() for site in sites})
+        label = name if out_of_sample(name, result) else f"{name} (calibration)"
         lines.append(
-            f"| {name} | {len(sizes)} | {scheme} | {min(sizes)}-{max(sizes)} | {result['federation']['rounds']} "
-            f"| {result['exit_code']} | {(result['stopped'] or '—')[:60]} | {', '.join(excluded) or '—'} |"
+            f"| {label} | {len(sizes)} | {scheme} | {min(sizes)}-{max(sizes)} | {result['federation']['rounds']} "
+            f"| {result.get('machine', '?')} | {result['exit_code']} | {(result['stopped'] or '—')[:60]} "
+            f"| {', '.join(excluded) or '—'} |"
         )
-    stops = sum(1 for result in results.values() if result["exit_code"] != 0)
-    excluded = sum(1 for result in results.values() if any(result["excluded"].values()))
-    total = len(results)
-    lines.append(
-        f"| **{total} federations** | | | | | **{stops} stopped** (at most {upper_bound(stops, total):.0%}) | "
-        f"| **{excluded} with an exclusion** (at most {upper_bound(excluded, total):.0%}) |"
-    )
+    for title, chosen in (
+        ("federations", results),
+        ("never used to set a rule", {name: r for name, r in results.items() if out_of_sample(name, r)}),
+    ):
+        stops = sum(1 for result in chosen.values() if result["exit_code"] != 0)
+        excluded = sum(1 for result in chosen.values() if any(result["excluded"].values()))
+        total = len(chosen)
+        lines.append(
+            f"| **{total} {title}** | | | | | | **{stops} stopped** (at most {upper_bound(stops, total):.0%}) | "
+            f"| **{excluded} with an exclusion** (at most {upper_bound(excluded, total):.0%}) |"
+        )
     return lines
+
+
+def machine() -> str:
+    """Where a federation ran: the GPU's name, or the CPU's model and cores."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} ({os.cpu_count()} cores)"
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "CPU")
+    return f"{model} ({os.cpu_count()} cores)"
 
 
 def upper_bound(events: int, trials: int, confidence: float = 0.95) -> float:
@@ -204,36 +238,48 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--controller", type=json.loads, default={}, help="controller settings over the defaults")
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("--write-doc", type=Path)
+    parser.add_argument("--work", type=Path, help="jobs, workspaces and caches (default: --out)")
+    parser.add_argument("--workers", type=int, default=1, help="federations run at once")
+    parser.add_argument(
+        "--stop-starting-after", type=float, default=math.inf, help="seconds after which no federation is started"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    work = args.work or args.out
     store = args.out / "results.json"
     results = json.loads(store.read_text()) if store.is_file() else {}
     if not args.table_only:
         plans = [draw(seed) for seed in args.seeds]
         if args.consortium:
             plans.append(Federation(CONSORTIUM, -1, "the consortium job", 3, {}))
-        for federation in plans:
-            if federation.name in results:
-                continue
+        began, lock = time.perf_counter(), threading.Lock()
+
+        def run(federation: Federation) -> None:
+            if time.perf_counter() - began > args.stop_starting_after:
+                return
             started = time.perf_counter()
             if federation.name == CONSORTIUM:
-                code, log, app = run_consortium(args.out / "workspaces" / CONSORTIUM)
+                code, log, app = run_consortium(work / "workspaces" / CONSORTIUM)
                 federation.sites = {site: {"kind": kind, "patients": CONSORTIUM_PATIENTS.get(kind, 100), "labels": None}
                                     for site, kind in CONSORTIUM_SITES.items()}  # fmt: skip
             else:
-                folder = args.out / "jobs" / federation.name
-                job = write_federation_job(federation, folder, args.out / "cache", args.controller)
-                workspace = args.out / "workspaces" / federation.name
+                folder = work / "jobs" / federation.name
+                cache = work / "cache" / federation.name  # its own: federations run at once write no shared index
+                job = write_federation_job(federation, folder, cache, args.controller)
+                workspace = work / "workspaces" / federation.name
                 code, log = run_simulator(job, workspace, timeout=5400)
                 app = workspace / "server" / "simulate_job" / "app_server"
             (args.out / f"{federation.name}.log").write_text(log)
-            results[federation.name] = {
-                "federation": asdict(federation),
-                **outcome(app, code, log),
-                "seconds": round(time.perf_counter() - started, 1),
-            }
-            print(f"{federation.name}: exit {code}, {results[federation.name]['seconds']} s", flush=True)
-            store.write_text(json.dumps(results, indent=2) + "\n")
+            result = {"federation": asdict(federation), **outcome(app, code, log)}
+            with lock:
+                seconds = round(time.perf_counter() - started, 1)
+                results[federation.name] = {**result, "seconds": seconds, "machine": machine()}
+                print(f"{federation.name}: exit {code}, {results[federation.name]['seconds']} s", flush=True)
+                store.write_text(json.dumps(results, indent=2) + "\n")
+
+        with ThreadPoolExecutor(max_workers=max(args.workers, 1)) as pool:
+            for done in [pool.submit(run, plan) for plan in plans if plan.name not in results]:
+                done.result()
     lines = table(results)
     print("\n".join(lines))
     if args.write_doc:

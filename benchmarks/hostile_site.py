@@ -12,7 +12,8 @@ training results are altered before they are sent:
   honest                the site as it is (the job as the README runs it)
 
 More alterations serve ``tests/test_defences_e2e.py`` and ``tests/test_blind_e2e.py`` (each defence of
-docs/server-checks.md through the simulator), not this benchmark: ``flip_x2`` (the update negated and doubled),
+docs/server-checks.md through the simulator), not this benchmark: ``flip_x2`` (the update negated and doubled;
+``flip_x2_quiet``: the same, reporting no metric at all),
 ``x3_claiming_1e9`` (the update plus itself shifted by one entry, tripled, and 10^9 training samples claimed at the
 handshake and with every result), ``poisoned_rows`` (an honest backbone and honest head weights, every head row's bias
 raised by 90 % of what the rows' cap allows: inside every bound, every output pushed towards "present") and
@@ -48,7 +49,8 @@ from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.training.checkpoint import load_checkpoint
 
 ATTACKS = ("withheld", "x5", "flip_x5", "negative_running_var", "honest")
-TEST_ATTACKS = ("flip_x2", "x3_claiming_1e9", "poisoned_rows", "poisoned_rows_quiet")  # the e2e tests' doubles
+# the e2e tests' doubles
+TEST_ATTACKS = ("flip_x2", "flip_x2_quiet", "x3_claiming_1e9", "poisoned_rows", "poisoned_rows_quiet")
 HOSTILE_SITE = "site-chexpert"
 
 # The hostile site's custom/client.py: the bundle's site script with ClientSession.train wrapped.
@@ -62,7 +64,8 @@ from surgical_aggregation.flare import client
 from surgical_aggregation.flare.protocol import META_NUM_SAMPLES
 
 ATTACK = {attack!r}
-FACTORS = {{"x5": 5.0, "flip_x5": -5.0, "flip_x2": -2.0, "x3_claiming_1e9": 3.0}}
+FACTORS = {{"x5": 5.0, "flip_x5": -5.0, "flip_x2": -2.0, "flip_x2_quiet": -2.0, "x3_claiming_1e9": 3.0}}
+QUIET = ATTACK.endswith("_quiet")  # it reports no metric at all
 TEST_DOUBLES = {test_attacks!r}  # their BatchNorm statistics are honest
 CLAIMED = 10**9
 
@@ -101,14 +104,14 @@ def train(self, received):
     answer.params = altered(received.params, answer.params)
     if ATTACK == "x3_claiming_1e9":
         answer.meta[META_NUM_SAMPLES] = CLAIMED
-    if ATTACK == "poisoned_rows_quiet":
+    if QUIET:
         answer.metrics = {{}}
     return answer
 
 
 def validate(self, received):
     answer = _validate(self, received)
-    if ATTACK == "poisoned_rows_quiet":  # FLARE sends no FLModel that has neither params nor metrics
+    if QUIET:  # FLARE sends no FLModel that has neither params nor metrics
         answer.params, answer.metrics = {{}}, {{}}
     return answer
 
@@ -152,12 +155,14 @@ def run_simulator(
     """``nvflare simulator <job> -w <workspace>`` with the sites in parallel threads: (exit code, output).
     ``cache``: the preprocessing cache's root (``CACHE_ENV``) when not the default."""
     nvflare = Path(sys.executable).parent / "nvflare"
+    # FLARE's own script, or its module where FLARE was installed without scripts (``pip install --target``)
+    command = [str(nvflare)] if nvflare.is_file() else [sys.executable, "-m", "nvflare.cli"]
     threads = str(len([app for app in job.iterdir() if app.name.startswith("app_site")]))
     env = {**os.environ, "PATH": f"{nvflare.parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
     if cache is not None:
         env[CACHE_ENV] = str(cache)
     result = subprocess.run(
-        [str(nvflare), "simulator", str(job), "-w", str(workspace), "-t", threads, *extra],
+        [*command, "simulator", str(job), "-w", str(workspace), "-t", threads, *extra],
         env=env,
         capture_output=True,
         text=True,

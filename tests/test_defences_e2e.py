@@ -2,17 +2,11 @@
 what they send (``benchmarks/hostile_site.py``'s test doubles), held to what the numbers do: the global model of a
 round is recomputed here from what every site recorded that it received and sent (``record_exchanges: full``).
 
-Three jobs answer the tests, each built once:
-
-* four NIH-layout sites (the same images at each) with the product's defences: ``site-3`` triples its update, skewed,
-  and claims 10^9 training samples (clipped to the round's median; a robust rule counts each site once), ``site-4``
-  negates and doubles its update (against the round's consensus: rejected), and the model is the robust rule's
-  aggregate of the others' clipped updates;
-* three NIH-layout sites averaged by the plain mean (an operator's choice), ``site-3`` raising every head row's bias
-  inside the rows' cap: the other two sites' validation finds the model harmful, both are better off without
-  ``site-3``'s result, and the round is made without it;
-* the default job's two sites, ``site-chexpert`` raising its rows' biases: the honest site's validation finds the
-  model harmful and, with two sites, the job stops.
+One job answers the tests, built once: four NIH-layout sites (the same images at each) with the product's
+defences: ``site-3`` triples its update, skewed, and claims 10^9 training samples (clipped to the round's median; a
+robust rule counts each site once), ``site-4`` negates and doubles its update (against the round's consensus:
+rejected), and the model is the robust rule's aggregate of the others' clipped updates. The sites' validation of
+each round's model (leaving a contribution out, stopping a two-site job) is ``test_exclusion_e2e``'s.
 
 Removing any one defence makes its test fail (the closing note of issue 48 shows each).
 """
@@ -27,13 +21,12 @@ import pytest
 
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.robust import RobustRule
-from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
-from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe, nih_chexpert_recipe
+from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe
 from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.training.checkpoint import load_checkpoint
 
-from helpers import audit_exchange, built_once, load_benchmark, tiny_recipe, tiny_sites
+from helpers import audit_exchange, built_once, load_benchmark, tiny_sites
 
 pytestmark = pytest.mark.slow
 
@@ -84,32 +77,6 @@ def four_sites(tmp_path_factory):
         return _hostile_job(root, _nih_sites(SITES, root / "cache"), controller, attacks)
 
     return built_once(tmp_path_factory, "defences-four-sites", build)
-
-
-@pytest.fixture(scope="module")
-def three_sites(tmp_path_factory):
-    """Three such sites averaged by the plain mean (no robust rule), ``site-3`` raising its rows' biases."""
-
-    def build(root: Path) -> tuple[int, str, Path]:
-        controller = {"num_rounds": ROUNDS, "min_clients": 1, "robust_aggregation": "mean"}
-        attacks = {POISONING: "poisoned_rows"}
-        return _hostile_job(root, _nih_sites(SITES[:3], root / "cache"), controller, attacks)
-
-    return built_once(tmp_path_factory, "defences-three-sites", build)
-
-
-@pytest.fixture(scope="module")
-def two_sites(tmp_path_factory):
-    def build(root: Path) -> tuple[int, str, Path]:
-        cache = root / "cache"
-        recipe = tiny_recipe(nih_chexpert_recipe, cache, rounds=ROUNDS, controller={"min_clients": 1})
-        job = load_benchmark("hostile_site").write_job_with_hostile_sites(
-            recipe, root / "job", {"site-chexpert": "poisoned_rows"}
-        )
-        code, output = _simulate(job, root / "ws", cache)
-        return code, output, root / "ws"
-
-    return built_once(tmp_path_factory, "defences-two-sites", build)
 
 
 def _exchange(workspace: Path, site: str, round_number: int, direction: str) -> dict[str, np.ndarray]:
@@ -205,40 +172,3 @@ def test_the_model_is_the_robust_rules_aggregate_of_the_clipped_updates(four_sit
         updates[INFLATING] = updates[INFLATING] * factor
         assert aggregation["robust"]["backbone weights"] == 3
         _assert_round_is(workspace, round_number, 2, rule(np.stack([updates[site] for site in accepted])), keys)
-
-
-def test_a_contribution_both_other_sites_are_better_off_without_is_left_out(three_sites):
-    """``site-3`` raises every head row's bias inside the rows' cap; with the plain mean the round's model pushes
-    every output towards "present". The other sites' validation finds the model made without ``site-3``'s result
-    materially better: the round is made of theirs alone (to 1e-4), and so is every later round (an excluded site
-    stays out), ``site-3`` is named in the history, the log and its own outcome, and the job goes on to publish."""
-    code, output, workspace = three_sites
-    assert code == 0, output[-4000:]
-    history = _history(workspace)
-    excluded = [entry for entry in history if POISONING in entry.get("aggregation", {}).get("excluded", {})]
-    assert excluded, "site-3 was never left out"
-    first = excluded[0]
-    assert first["screening"]["action"] == "exclude"
-    assert set(first["screening"]["left_out"][f"without {POISONING}"]) == {"site-1", "site-2"}
-    assert [entry["round"] for entry in excluded] == list(range(first["round"], ROUNDS))  # out for the rest of the job
-    for entry in excluded:
-        round_number = entry["round"]
-        assert entry["screening"]["excluded"] == [POISONING]
-        keys = [*_weight_keys(_exchange(workspace, "site-1", round_number, "sent")), *NAMED_HEAD.keys]
-        updates = _updates(workspace, round_number, ["site-1", "site-2"], keys)
-        _assert_round_is(workspace, round_number, ROUNDS, (updates["site-1"] + updates["site-2"]) / 2, keys)
-    assert f"{POISONING} excluded: left out of the round" in output
-    assert list(_app(workspace, "site-1").glob(PUBLISHED_MODEL_FILE))
-
-
-def test_with_two_sites_a_model_harmful_to_one_of_them_stops_the_job(two_sites):
-    """``site-chexpert`` raises its rows' biases: the mean of two results is harmful to site-nih's data. With two
-    sites the server cannot tell which result harms, or whose figures are false: the job stops non-zero naming the
-    case, no model became the best, and nothing is published."""
-    code, output, workspace = two_sites
-    assert code != 0, output[-4000:]
-    assert "the global model after round 0 harms a site: " in output
-    assert "for site-nih, its validation loss is" in output
-    assert "Two sites made the model: the server cannot tell which result harms the other site's data" in output
-    assert not list(workspace.glob(f"site-*/simulate_job/app_site-*/{PUBLISHED_MODEL_FILE}"))
-    assert not any(entry.get("validation", {}).get("best") for entry in _history(workspace))

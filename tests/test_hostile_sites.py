@@ -795,30 +795,21 @@ def test_one_site_whose_figures_say_every_model_harms_it_is_outvoted_not_obeyed(
     assert [task for task, _, _ in sites[0].tasks][-1] == TASK_PUBLISH
 
 
-def test_a_lying_judge_leaves_out_at_three_sites_what_no_other_site_needs_and_at_seven_no_one(tmp_path):
-    """A site claims every model made without another's contribution is far better for it. With three sites its
-    verdict is a third of the others': an honest contribution the third site does not materially need is left out
-    (the documented price; named in every record), never one the third site needs. With seven it is one of six,
-    fewer than a third: no one is left out."""
+def test_a_lying_judge_leaves_no_one_out_at_three_sites_or_at_seven(tmp_path):
+    """A site claims every model made without another's contribution is far better for it. Its verdict is one of the
+    others': at three sites one of two, at seven one of six, never more than half: no one is left out, and the
+    contribution the liar names stays in every round."""
     lie = {"val_loss_minus_reference": -0.5, "val_loss_minus_reference_se": 0.005}
     sites = _screened_sites("abl", attacker=None)
     sites[2].validation_override = lie
     harness = Harness(sites, tmp_path, num_rounds=2, robust_aggregation="mean")
     harness.run()
-    # the honest sites' models are equal: neither needs the other's; site-a, left out in round 0, stays out
-    assert harness.history[1]["screening"]["left_out"]["without site-a"]["site-b"]["verdict"] == judging.NEITHER
-    assert [entry["screening"]["excluded"] for entry in harness.history[1:]] == [["site-a"], ["site-a"]]
-    assert harness.history[2]["aggregation"]["excluded"]["site-a"].startswith("left out since round 0")
+    # the liar's verdict is recorded and outvoted: the honest site-b is neither better nor worse off without site-a
+    assert harness.history[2]["screening"]["left_out"]["without site-a"]["site-l"]["verdict"] == judging.BETTER
+    assert harness.history[2]["screening"]["left_out"]["without site-a"]["site-b"]["verdict"] == judging.NEITHER
+    assert [entry["screening"]["excluded"] for entry in harness.history[1:]] == [[], []]
+    assert all("excluded" not in entry["aggregation"] for entry in harness.history[1:])
     assert [task for task, _, _ in sites[0].tasks][-1] == TASK_PUBLISH
-
-    needed = _screened_sites("abl", attacker=None)
-    needed[2].validation_override = lie
-    needed[1].validation_override = {"val_loss_minus_reference": 0.5, "val_loss_minus_reference_se": 0.005}
-    kept = Harness(needed, tmp_path / "needed", num_rounds=2, robust_aggregation="mean")
-    kept.run()  # site-b is materially worse off without site-a's contribution: one better, one worse, it stays
-    assert kept.history[1]["screening"]["left_out"]["without site-a"]["site-b"]["verdict"] == judging.WORSE
-    # left out instead: site-b, which no other site vouches for (and no more: three sites tolerate one)
-    assert [entry["screening"]["excluded"] for entry in kept.history[1:]] == [["site-b"], ["site-b"]]
 
     seven = _screened_sites("abcdefl", attacker=None)
     seven[-1].validation_override = lie
@@ -853,11 +844,11 @@ def test_a_standard_error_below_what_the_validation_size_allows_decides_nothing(
 
 
 def test_a_colluding_group_no_single_exclusion_explains_stops_the_job(tmp_path):
-    """Three sites of one party send the same flipped update among five: the mean is theirs, both honest sites find it
-    harmful. Both are materially better off without ``site-x`` (a third of the judges and more), so it is left out,
-    but the model made without it still harms both: one exclusion does not explain the harm, and the server cannot
-    tell which group to trust: the job stops, naming the case."""
-    sites = _screened_sites("ab", attacker=None) + [
+    """Three sites of one party send the same flipped update among seven: the mean is pulled their way, and the four
+    honest sites find it harmful. All four are materially better off without ``site-x`` (four of its six judges: a
+    majority), so it is left out, but the model made without it still harms them: one exclusion does not explain the
+    harm, and the server cannot tell which group to trust: the job stops, naming the case."""
+    sites = _screened_sites("abcd", attacker=None) + [
         FakeSite(f"site-{name}", ["Mass"], [0.6, 0.5, 0.5], _flipped(1.0)) for name in "xyz"
     ]
     harness = Harness(sites, tmp_path, num_rounds=3, robust_aggregation="mean", reject_opposed_updates=False)
@@ -871,10 +862,25 @@ def test_a_colluding_group_no_single_exclusion_explains_stops_the_job(tmp_path):
     assert (screening["action"], screening["excluded"], sorted(screening["flags"])) == (
         "stop",
         ["site-x"],
+        ["site-a", "site-b", "site-c", "site-d"],
+    )
+    assert sorted(screening["left_out"]) == [f"without site-{name}" for name in "abcdxyz"]
+    assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in sites)
+
+    # with two honest sites of five they are two of site-x's four judges, not a majority: nothing is left out, and
+    # the two flags that no exclusion explains stop the job
+    few = _screened_sites("ab", attacker=None) + [
+        FakeSite(f"site-{name}", ["Mass"], [0.6, 0.5, 0.5], _flipped(1.0)) for name in "xyz"
+    ]
+    harness = Harness(few, tmp_path / "few", num_rounds=3, robust_aggregation="mean", reject_opposed_updates=False)
+    with pytest.raises(RuntimeError, match=r"^the global model after round 0 harms a site: for site-a,"):
+        harness.run()
+    screening = harness.history[1]["screening"]
+    assert (screening["action"], screening["excluded"], sorted(screening["flags"])) == (
+        "stop",
+        [],
         ["site-a", "site-b"],
     )
-    assert sorted(screening["left_out"]) == [f"without site-{name}" for name in "abxyz"]
-    assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in sites)
 
 
 def test_honest_sites_whose_results_are_rejected_still_object_two_of_them_stop_the_job(tmp_path):

@@ -91,34 +91,35 @@ def test_no_flag_accepts_and_two_sites_cannot_decide():
     assert (stop.action, stop.why, list(stop.flags)) == ("stop", TWO_SITES, ["a"])
 
 
-def test_a_contribution_a_third_of_the_other_sites_are_better_without_is_left_out():
+def test_a_contribution_more_than_half_of_the_other_sites_are_better_without_is_left_out():
     table = {
-        "x": {"a": B, "b": N, "c": N},  # one of three: a third, none worse off
+        "x": {"a": B, "b": B, "c": N},  # two of three: more than half
         "c": {"a": N, "b": N, "x": N},
-        "a": {"b": N, "c": N, "x": B},
+        "a": {"b": N, "c": N, "x": N},
         "b": {"a": N, "c": N, "x": N},
     }
     decision = decide(SITES, {"a": _harm()}, verdicts(table), None)
-    # x and a are each a third; x's net share is the same, so the name decides: a. Give a a site that needs it:
-    assert decision.excluded == ["a"]
-    table["a"]["c"] = W
-    decision = decide(SITES, {"a": _harm()}, verdicts(table), None)
     assert (decision.action, decision.excluded, list(decision.flags)) == ("exclude", ["x"], ["a"])
-    # at three sites one of the two other judges is enough: the rows only two sites hold show harm at one judge
+    table["x"]["b"] = N  # one of three: a third is not enough
+    decision = decide(SITES, {"a": _harm()}, verdicts(table), None)
+    assert (decision.action, decision.excluded, decision.why) == ("accept", [], NOT_MOST)
+    # at three sites both other judges must be better off: one judge's data conflict, or one liar, removes no one
     three = {"x": {"a": B, "b": N}, "a": {"b": N, "x": N}, "b": {"a": N, "x": N}}
+    assert decide(["a", "b", "x"], {}, verdicts(three), None).action == "accept"
+    three["x"]["b"] = B
     assert decide(["a", "b", "x"], {}, verdicts(three), None).excluded == ["x"]
 
 
-def test_a_contribution_another_site_needs_as_much_stays():
+def test_a_contribution_another_site_needs_stays():
     three = {"x": {"a": B, "b": W}, "a": {"b": N, "x": N}, "b": {"a": N, "x": N}}
     assert decide(["a", "b", "x"], {}, verdicts(three), None).action == "accept"
-    # at seven sites one site's say (fewer than a third of the six others) removes no one
+    # at seven sites three of the six others (half) remove no one; four do
     seven = [*"abcdefx"]
     table = {site: {other: N for other in seven if other != site} for site in seven}
-    table["x"]["a"] = B
+    table["x"].update(a=B, b=B, c=B)
     decision = decide(seven, {"a": _harm()}, verdicts(table), None)
     assert (decision.action, decision.excluded, decision.why) == ("accept", [], NOT_MOST)
-    table["x"]["b"] = B  # two of six: a third
+    table["x"]["d"] = B
     assert decide(seven, {"a": _harm()}, verdicts(table), None).excluded == ["x"]
 
 
@@ -170,3 +171,33 @@ def test_a_ranking_harm_is_a_harm_too():
     assert list(flagged({"a": figures, "b": {"val_loss": 0.3}}, {}, 0.01)) == ["a"]
     floored = auroc_harm_of({**figures, "val_auroc_minus_own_se": 0.0}, validation_size=100)
     assert floored.error == pytest.approx(judging.AUROC_SE_FLOOR_SD / 10)
+
+
+def test_a_ranking_harm_allows_what_the_sites_own_training_gained_as_the_loss_does():
+    # own model 0.80, start 0.55 (gain 0.25), candidate 0.52: 0.28 below its own, 0.03 below the start
+    figures = {
+        "val_auroc_minus_own": -0.28,
+        "val_auroc_minus_own_se": 0.02,
+        "val_auroc_minus_start": -0.03,
+        "val_auroc_minus_start_se": 0.01,
+    }
+    harm = auroc_harm_of(figures)
+    assert harm.gain == pytest.approx(0.25)
+    assert harm.margin == pytest.approx(0.25 + judging.AUROC_HARM)
+    assert harm.z == pytest.approx((0.03 - judging.AUROC_HARM) / 0.01)  # the start's difference, its error
+    worse_than_start = auroc_harm_of({**figures, "val_auroc_minus_own": -0.40, "val_auroc_minus_start": -0.15})
+    assert worse_than_start.z == pytest.approx((0.15 - judging.AUROC_HARM) / 0.01) and worse_than_start.p < 1e-10
+    # own training that lost ranking (gain -0.05) is no licence: the margin is AUROC_HARM alone, on its own model
+    lost = auroc_harm_of({**figures, "val_auroc_minus_own": -0.2, "val_auroc_minus_start": -0.25})
+    assert (lost.gain, lost.margin) == (pytest.approx(-0.05), judging.AUROC_HARM)
+    assert lost.z == pytest.approx((0.2 - judging.AUROC_HARM) / 0.02)
+
+
+def test_a_round_from_untrained_heads_is_made_again_only_when_a_site_flags_it():
+    everyone_better = {"x": {other: B for other in SITES if other != "x"}}  # the three others
+    assert decide(SITES, {}, verdicts(everyone_better), None, untrained_start=True).action == "accept"
+    assert decide(SITES, {}, verdicts(everyone_better), None).action == "exclude"
+    flagged_start = decide(SITES, {"b": _harm()}, verdicts(everyone_better), None, untrained_start=True)
+    assert flagged_start.action == "exclude"
+    two = decide(["a", "b"], {"a": _harm()}, verdicts({}), None, untrained_start=True)
+    assert (two.action, two.why) == ("stop", TWO_SITES)

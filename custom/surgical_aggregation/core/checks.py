@@ -842,6 +842,8 @@ PAIRED_LOSS_KEYS = (
 PAIRED_AUROC_KEYS = (
     "val_auroc_minus_own",
     "val_auroc_minus_own_se",
+    "val_auroc_minus_start",
+    "val_auroc_minus_start_se",
     "val_auroc_minus_reference",
     "val_auroc_minus_reference_se",
 )
@@ -858,8 +860,8 @@ METRIC_KEYS = (
     # paired over the site's validation images (evaluation.metrics.paired_loss_difference): this model's loss minus
     # the site's loss of the model it trained itself in the round that made this one, minus its loss of the model that
     # round started from, and minus its loss of the round's candidate the server names (a leave-one-out candidate
-    # against the round's first), each with its standard error; the same of its mean AUROC against its own model and
-    # the named candidate (the standard error by the bootstrap over its images)
+    # against the round's first), each with its standard error; the same of its mean AUROC (the standard error by
+    # the bootstrap over its images)
     *PAIRED_LOSS_KEYS,
     *PAIRED_AUROC_KEYS,
 )

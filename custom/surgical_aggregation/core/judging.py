@@ -13,34 +13,49 @@ margin, one-sided on the z-score of the paired difference minus the margin:
   m = 1, the round may cost the site all its own gain and c of its own loss more, i.e. for G > 0 the test is on
   ``D - c * own loss`` with the standard error of D (``(1 - m) SE(H) + m SE(D)`` in general, the bound that holds for
   any correlation of the two paired figures);
-* ranking: H0: the candidate's mean AUROC is at most :data:`AUROC_HARM` below its own model's.
+* ranking: H0: ``-A <= max(G_A, 0) + AUROC_HARM``, with ``A`` the candidate's mean AUROC minus its own model's
+  (``val_auroc_minus_own``) and ``G_A`` what its own training gained in mean AUROC (``val_auroc_minus_start`` minus
+  ``A``): as the loss, the round may cost the site all its own gain and :data:`AUROC_HARM` more, i.e. the candidate
+  may not rank materially worse than the model the round started from.
 
 Error rate. A job tests every site whose result made the candidate, every round: the sites of a round are tested by
 Holm's step-down procedure, each of the two tests at half the round's rate, and the rounds share the job's
 :data:`FALSE_ALARM_RATE` equally (Bonferroni over the planned ``num_rounds``; a job that stops early spends less). So
 the probability that a job flags a site whose harm is within the margins is at most :data:`FALSE_ALARM_RATE` (for the
 figures' normal approximation), whatever the number of sites and rounds. The margins and the floors under a
-reported standard error (:data:`SE_FLOOR_SD`, :data:`AUROC_SE_FLOOR_SD`) were set on a randomised sweep of clean
-federations (``benchmarks/clean_sweep.py``, other seeds than those the docs report); ``docs/server-checks.md`` gives
-both sweeps.
+reported standard error (:data:`SE_FLOOR_SD`, :data:`AUROC_SE_FLOOR_SD`) were set on randomised sweeps of clean
+federations (``benchmarks/clean_sweep.py``: seeds 100-119 and 200-204), the first round's rule and the majority for an
+exclusion on the first sweep of seeds 0-9 (``docs/clean-sweep/first-sweep.json``); ``docs/server-checks.md`` reports
+the sweep of the current rules and marks the federations that set a rule.
 
 What a flag does depends on how many sites made the candidate (:func:`decide`):
 
 * two (or fewer): the server cannot tell which result harms the other site, or whose figures are false; the job
   stops non-zero and publishes nothing;
 * three or more, every round (no flag needed: harm spread thin over the other sites counts as much as harm
-  concentrated on one): the round is made again without each contribution in turn (leave-one-out candidates, each
-  validated by the other sites, paired against the round's candidate); a contribution is left out when at least a
-  third of the other sites are materially better off without it and more are better off than worse off (each site's
-  one-sided tests that its loss falls by more than :data:`IMPROVEMENT_SHARE` of it or its mean AUROC rises by more
-  than :data:`AUROC_IMPROVEMENT`, at the round's rate split over every candidate, site and test: a false exclusion
-  needs at least one false rejection, so it is controlled by the same rate, as long as the margins cover what clean
-  heterogeneity gives, which the calibration sweep measures). With three or four sites one site's verdict is a
-  third: a site that lies can have a contribution left out that no other site materially needs (never the round
-  itself: it is then the other sites'). A flag of one site that no exclusion explains is kept on record (its data
-  disagree with the federation's, or it lies: it removes no one on its own say); flags of two or more stop the job;
+  concentrated on one; but see below for a round that starts from untrained heads): the round is made again without
+  each contribution in turn (leave-one-out candidates, each validated by the other sites, paired against the round's
+  candidate); a contribution is left out when more than half of the other sites are materially better off without
+  it (each site's one-sided tests that its loss falls by more than :data:`IMPROVEMENT_SHARE` of it or its mean AUROC
+  rises by more than :data:`AUROC_IMPROVEMENT`, at the round's rate split over every candidate, site and test: a
+  false exclusion needs at least two false rejections, so it is controlled by the same rate, as long as the margins
+  cover what clean heterogeneity gives, which the sweeps measure). One site's verdict never removes anyone, true or
+  false: a liar, or a site whose labels conflict with one other's, is outvoted; the price is that harm only one other
+  site sees (a row only two sites hold) is not acted on. A flag of one site that no exclusion explains is kept on
+  record (its data disagree with the federation's, or it lies: it removes no one on its own say); flags of two or
+  more stop the job;
 * sites whose results were rejected (they do not judge) stop the job when two or more of them flag it: a colluding
   majority that got them rejected, which the server cannot tell from sites whose data conflict.
+
+The job's first round, when it starts from a model no site has trained (random or ImageNet backbone, no trained head
+row: every site warms up a head of its own on it), is judged by the loss alone and against where it started. Models
+trained apart from one random start are then least alike, the first average fits no site's head, and the candidate, the
+start and each leave-one-out candidate all rank near chance, each differently: on the calibration sweep (11 clean
+federations, ``docs/clean-sweep/first-sweep.json``) every significant AUROC difference between a site's own model and
+the candidate (up to 0.41), every leave-one-out candidate materially better for a judge, and round-0 candidates up to
+0.24 AUROC below the untrained start (unpaired) came in that round, none later. So in that round the ranking tests are
+not run, the loss test allows all of the site's own gain as in every round (it tests the candidate against the start),
+and the round is made again without a contribution only when a site flags the candidate, judged by the loss.
 """
 
 from __future__ import annotations
@@ -62,7 +77,7 @@ AUROC_HARM = 0.05  # ranking: the candidate's mean AUROC may be this much below 
 SE_FLOOR_SD = 0.02
 AUROC_SE_FLOOR_SD = 0.05
 OWN, START = "val_loss_minus_own", "val_loss_minus_start"
-AUROC_OWN = "val_auroc_minus_own"
+AUROC_OWN, AUROC_START = "val_auroc_minus_own", "val_auroc_minus_start"
 TESTS = ("loss", "AUROC")  # each harm and each improvement is tested on both, each at half the rate
 
 
@@ -95,24 +110,32 @@ def standard_error_floor(validation_size: int | None, spread: float = SE_FLOOR_S
 
 @server_check(
     "screening",
-    f"a site whose mean validation AUROC of the candidate is more than {AUROC_HARM:g} below that of the model it "
-    "trained itself that round (`val_auroc_minus_own`, paired, its standard error by the bootstrap over its images) "
-    "flags it, tested as the loss; a reported standard error is floored at what the validation size the site "
-    f"declared at the handshake allows ({SE_FLOOR_SD:g} for the loss, {AUROC_SE_FLOOR_SD:g} for the AUROC, over the "
-    "square root of that size)",
-    "its validation mean AUROC is 0.1200 below its own model's, more than the 0.0500 averaging may cost it (z = 3.5, "
+    f"a site whose mean validation AUROC of the candidate is below that of the model it trained itself that round by "
+    f"more than what its own training gained that round plus {AUROC_HARM:g} (`val_auroc_minus_own` and "
+    "`val_auroc_minus_start`, paired, their standard errors by the bootstrap over its images; without the start's "
+    f"figure, more than {AUROC_HARM:g} below its own model's) flags it, tested as the loss; a reported standard error "
+    "is floored at what the validation size the site declared at the handshake allows "
+    f"({SE_FLOOR_SD:g} for the loss, {AUROC_SE_FLOOR_SD:g} for the AUROC, over the square root of that size)",
+    "its validation mean AUROC is 0.3200 below its own model's, more than the 0.2500 averaging may cost it (z = 3.5, "
     "p = 0.0002)",
 )
 def auroc_harm_of(metrics: Mapping[str, float], validation_size: int | None = None) -> Harm | None:
-    """The site's ranking harm test: the candidate's mean AUROC more than :data:`AUROC_HARM` below its own model's
-    (``val_auroc_minus_own``, paired; None without it)."""
+    """The site's ranking harm test (None without ``val_auroc_minus_own``): the candidate's mean AUROC below its own
+    model's by more than what its own training gained in mean AUROC that round plus :data:`AUROC_HARM`
+    (``val_auroc_minus_start`` gives that gain; without it, the margin is :data:`AUROC_HARM` alone)."""
     difference, error = metrics.get(AUROC_OWN), metrics.get(f"{AUROC_OWN}_se")
     if difference is None or error is None:
         return None
-    harm = -float(difference)
-    error = max(float(error), standard_error_floor(validation_size, AUROC_SE_FLOOR_SD), 1e-12)
-    z = (harm - AUROC_HARM) / error
-    return Harm(harm, 0.0, AUROC_HARM, error, z, float(norm.sf(z)), "AUROC")
+    floor = standard_error_floor(validation_size, AUROC_SE_FLOOR_SD)
+    harm, own_error = -float(difference), max(float(error), floor)
+    start, start_error = metrics.get(AUROC_START), metrics.get(f"{AUROC_START}_se")
+    gain = 0.0 if start is None or start_error is None else float(start) - float(difference)
+    share = 1.0 if gain > 0 else 0.0
+    start_error = max(float(start_error), floor) if share else 0.0
+    error = max((1 - share) * own_error + share * start_error, 1e-12)
+    margin = share * gain + AUROC_HARM
+    z = (harm - margin) / error
+    return Harm(harm, gain, margin, error, z, float(norm.sf(z)), "AUROC")
 
 
 @server_check(
@@ -164,11 +187,13 @@ def flagged(
     figures: Mapping[str, Mapping[str, float]],
     validation_sizes: Mapping[str, int | None],
     level: float,
+    ranking: bool = True,
 ) -> dict[str, Harm]:
     """site -> its harm, for each site (of ``figures``: its checked metrics of one candidate) whose loss harm test
-    or ranking harm test Holm's procedure rejects across the sites, each family at half ``level``."""
+    or ranking harm test Holm's procedure rejects across the sites, each family at half ``level``; the ranking test
+    only when ``ranking`` (not in a round from untrained heads)."""
     found: dict[str, Harm] = {}
-    for test in (harm_of, auroc_harm_of):
+    for test in (harm_of, auroc_harm_of) if ranking else (harm_of,):
         tests = {site: test(metrics, validation_sizes.get(site)) for site, metrics in figures.items()}
         tests = {site: result for site, result in tests.items() if result is not None}
         for site in holm({site: result.p for site, result in tests.items()}, level / len(TESTS)):
@@ -196,7 +221,8 @@ REFERENCE, AUROC_REFERENCE = "val_loss_minus_reference", "val_auroc_minus_refere
 
 @server_check(
     "screening",
-    "with three or more contributions, every round, the round is made again without each contribution in turn, and "
+    "with three or more contributions, every round (in the job's first round from untrained heads, only when a site "
+    "flags the candidate, and by the loss alone), the round is made again without each contribution in turn, and "
     "the other sites validate each such candidate against the round's: a site is materially better off without a "
     f"contribution when its loss falls by more than {IMPROVEMENT_SHARE:.0%} of it or its mean AUROC rises by more than "
     f"{AUROC_IMPROVEMENT:g} (`val_..._minus_reference`, one-sided, at the round's rate split over every candidate, "
@@ -229,12 +255,13 @@ def improvement_of(metrics: Mapping[str, float], validation_size: int | None = N
 BETTER, WORSE, NEITHER = "better", "worse", "neither"  # a judge without a contribution: materially so, or neither
 
 
-def verdict_of(metrics: Mapping[str, float], validation_size: int | None, level: float) -> str:
+def verdict_of(metrics: Mapping[str, float], validation_size: int | None, level: float, ranking: bool = True) -> str:
     """One judge's verdict on a leave-one-out candidate: :data:`BETTER` when a test of :func:`improvement_of`
     rejects at ``level`` (split over its tests), :data:`WORSE` when one of the reverse tests does, else
-    :data:`NEITHER`."""
+    :data:`NEITHER`; the AUROC tests only when ``ranking`` (not in a round from untrained heads)."""
     for sign, verdict in ((1, BETTER), (-1, WORSE)):
-        if any(test.p <= level / len(TESTS) for test in improvement_of(metrics, validation_size, sign)):
+        tests = [test for test in improvement_of(metrics, validation_size, sign) if ranking or test.kind == "loss"]
+        if any(test.p <= level / len(TESTS) for test in tests):
             return verdict
     return NEITHER
 
@@ -243,10 +270,7 @@ TWO_SITES = (
     "two sites made the model: the server cannot tell which result harms the other site's data, or whose figures are "
     "false"
 )
-NOT_MOST = (
-    "leaving no single contribution out makes the model materially better for a third of the other sites and more of "
-    "them better than worse"
-)
+NOT_MOST = "leaving no single contribution out makes the model materially better for more than half of the other sites"
 SEVERAL = (
     "several sites are harmed and no single contribution explains it: several hostile contributions, a colluding "
     "group, or sites whose data conflict; the server cannot decide which"
@@ -256,17 +280,19 @@ MAJORITY = (
     "conflict; the server cannot decide which group to trust"
 )
 MIN_OBJECTORS = 2  # rejected sites whose flags stop a job (one rejected site cannot: it may have got itself rejected)
-# the share of the other judges that must be materially better off without a contribution to leave it out: as
-# Byzantine agreement's n >= 3f + 1, fewer than a third of them cannot remove anyone on their say
-EXCLUSION_SHARE = 1 / 3
+# the share of the other judges that must be materially better off without a contribution to leave it out (more than
+# this): a majority. One judge's data conflict with one contribution (RSNA's opacity against CheXpert's, a 67-patient
+# site whose round one large site ranks worse with) or one liar removes no one: with a third, a single judge of three
+# or four sites did, and the clean sweep found honest sites so left out (``docs/server-checks.md``)
+EXCLUSION_SHARE = 1 / 2
 Verdicts = Callable[[str], Mapping[str, str] | None]  # a contribution -> each other judge's verdict without it
 
 
 @server_check(
     "screening",
     "a contribution is left out of the round (the round's model is made again without it; the site is named in the "
-    "log, the history, its outcome and the summary) when at least a third of the other sites are materially better "
-    "off without it and more of them are better off than worse off, and stays out for the rest of the job (at most "
+    "log, the history, its outcome and the summary) when more than half of the other sites are materially better "
+    "off without it, and stays out for the rest of the job (at most "
     "as many sites as the robust rule tolerates, (n - 1) // 2 of n); a flag no exclusion explains is kept on "
     f"record when one site raises it, and stops the job when {MIN_OBJECTORS} or more do, when two sites made the "
     f"model (the server cannot tell which result harms), or when {MIN_OBJECTORS} or more sites whose results were "
@@ -279,6 +305,7 @@ def decide(
     flags: Mapping[str, Harm],
     verdicts_without: Verdicts,
     objections: Mapping[str, Harm] | None = None,
+    untrained_start: bool = False,
 ) -> Decision:
     """What to do with a candidate the ``contributors`` made (they are its judges), which ``flags`` (site -> its harm
     test) say harms some of them:
@@ -287,17 +314,20 @@ def decide(
       :data:`MIN_OBJECTORS` or more sites stop the job: a colluding majority may have got them rejected;
     * two contributors or fewer: a flag stops the job (the server cannot tell which result harms the other's site);
     * three or more, every round: ``verdicts_without(site)`` gives each other judge's :func:`verdict_of` the
-      candidate made without ``site``'s contribution. A contribution is left out when at least
-      :data:`EXCLUSION_SHARE` of the other judges are :data:`BETTER` off without it and more are better than
-      :data:`WORSE` off (the one with the largest net share; among equals, by name). No flag is needed: harm to the
+      candidate made without ``site``'s contribution. A contribution is left out when more than
+      :data:`EXCLUSION_SHARE` of the other judges are :data:`BETTER` off without it (the one with the largest net
+      share of better over :data:`WORSE`; among equals, by name). No flag is needed: harm to the
       rows only two sites hold shows at one judge only, and harm spread thin over the other sites counts as much as
       harm concentrated on one. None is: one flagged site is kept on record (its data or its figures disagree with
       the federation's: a flag removes no one), :data:`MIN_OBJECTORS` or more stop the job (several contributions
-      harm, or a colluding group)."""
+      harm, or a colluding group). In a round that starts from untrained heads (``untrained_start``) the round is made
+      again only when a site flags the candidate (the caller runs the loss tests alone in that round)."""
     if objections and len(objections) >= MIN_OBJECTORS:
         return Decision("stop", flags=_reasons(objections), why=MAJORITY)
     if len(contributors) <= 2:
         return Decision("stop", flags=_reasons(flags), why=TWO_SITES) if flags else Decision("accept")
+    if untrained_start and not flags:
+        return Decision("accept")
     options = []
     for site in contributors:
         verdicts = verdicts_without(site)
@@ -305,7 +335,7 @@ def decide(
             continue
         better = sum(verdict == BETTER for verdict in verdicts.values())
         worse = sum(verdict == WORSE for verdict in verdicts.values())
-        if better >= EXCLUSION_SHARE * len(verdicts) and better > worse:
+        if better > EXCLUSION_SHARE * len(verdicts):
             options.append(((worse - better) / len(verdicts), site))
     if options:
         _, site = min(options)

@@ -446,13 +446,13 @@ class ClientSession:
     def compared(self, evaluation: Evaluation, model_round: object) -> dict[str, float]:
         """Paired over this site's validation images, when ``evaluation`` is of the global model that the round this
         site last trained in made (``model_round``): its loss and mean AUROC minus those of the model the site trained
-        itself in that round (``..._minus_own``), and its loss minus that of the model the round started from
-        (``val_loss_minus_start``), each with its standard error. Nothing for another model."""
+        itself in that round (``..._minus_own``), and minus those of the model the round started from
+        (``..._minus_start``), each with its standard error. Nothing for another model."""
         trained = self.trained
         if trained is None or model_round != trained.round:
             return {}
         own = paired_figures(evaluation, trained.own, "own")
-        return own | paired_figures(evaluation, trained.start, "start", auroc=False)
+        return own | paired_figures(evaluation, trained.start, "start")
 
     def validated_before(self, meta: dict) -> Evaluation | None:
         """This site's validation of the model a task carries, when it validated that very candidate of that round

@@ -275,6 +275,7 @@ class SurgicalAggregatorShareable(ServerModels):
                 "backbone_strategy": self.backbone_strategy,
             }
         self._federation = federation
+        self._started_trained = bool(classes)
         self._reference = UpdateReference(list(federation.typical_updates))
         handshake_classes = {name for info in self._sites.values() for name in info.classes}
         new = grow_union(federation, handshake_classes, self.head, self.head_seed)

@@ -38,8 +38,8 @@ from .state import FederationState, SavedVersion, history_entry, judge
 from .tasks import SiteTasks
 
 EXCLUDED = (
-    "left out of the round: at least a third of the other sites' validation found the model made without its result "
-    "materially better, and more of them better than worse"
+    "left out of the round: more than half of the other sites' validation found the model made without its result "
+    "materially better"
 )
 FIRST = "the round's candidate"  # the key of a round's first candidate (leave-one-out ones: "without <site>")
 
@@ -76,6 +76,8 @@ class FederationLoop(SiteTasks):
     def __init__(self, persistor_id: str) -> None:
         super().__init__(persistor_id)
         self._keys: dict[int, str] = {}  # round -> the key its chosen candidate was validated under
+        # the job started from a model with trained head rows (an earlier global model): its round 0 is judged as any
+        self._started_trained = False
 
     # --- what a workflow supplies --------------------------------------------------------------------------
 
@@ -296,7 +298,9 @@ class FederationLoop(SiteTasks):
             # one Holm family for the round's candidate: its judges and the sites whose results were rejected
             objectors = [site for site in results.trained if site not in contributors and site not in earlier]
             tested = {site: validation[site] for site in [*contributors, *objectors] if site in validation}
-            everyone = flagged(tested, sizes, level)
+            # a round from untrained heads is judged by the loss alone: near-chance models rank at random
+            untrained = round_number == 0 and not self._started_trained
+            everyone = flagged(tested, sizes, level, ranking=not untrained)
             # a false exclusion needs one false rejection among every site's test of every leave-one-out candidate
             each = level / max(len(contributors) * (len(contributors) - 1), 1)
 
@@ -310,7 +314,7 @@ class FederationLoop(SiteTasks):
                 made[key] = (version, figures)
                 verdicts = {}
                 for judge in judges:
-                    verdicts[judge] = verdict_of(figures.get(judge, {}), sizes.get(judge), each)
+                    verdicts[judge] = verdict_of(figures.get(judge, {}), sizes.get(judge), each, not untrained)
                     recorded = tests.setdefault(key, {}).setdefault(judge, {"verdict": verdicts[judge]})
                     for test in improvement_of(figures.get(judge, {}), sizes.get(judge)):
                         recorded[test.kind] = {"better_by": round(test.difference, 5), "p": test.p}
@@ -321,11 +325,13 @@ class FederationLoop(SiteTasks):
                 {site: harm for site, harm in everyone.items() if site in contributors},
                 verdicts_without if room > 0 else lambda site: None,
                 {site: harm for site, harm in everyone.items() if site in objectors},
+                untrained_start=untrained,
             )
             if decision.action == "exclude":  # the flags that count are those of the model the round keeps
                 kept = made[f"without {decision.excluded[0]}"][1]
                 remaining = [site for site in contributors if site not in decision.excluded and site in kept]
-                decision = after_exclusion(decision, flagged({site: kept[site] for site in remaining}, sizes, level))
+                kept_figures = {site: kept[site] for site in remaining}
+                decision = after_exclusion(decision, flagged(kept_figures, sizes, level, ranking=not untrained))
         key = f"without {decision.excluded[0]}" if decision.excluded else FIRST
         decision.excluded[:0] = standing
         entry = history_entry(self._federation.history, round_number)

@@ -1,0 +1,107 @@
+"""The sites' validation of each round's model through FLARE's simulator, against hostile sites whose client scripts
+alter what they send (``benchmarks/hostile_site.py``'s test doubles), held to what the numbers do:
+
+* three NIH-layout sites averaged by the plain mean (an operator's choice), ``site-3`` negating and doubling its
+  update: from round 1 both other sites are materially better off without ``site-3``'s result, and the round is made
+  without it (to 1e-4 of the honest sites' mean update), for the rest of the job;
+* the default job's two sites, ``site-chexpert`` raising its rows' biases: the honest site's validation finds the
+  model harmful and, with two sites, the job stops.
+
+Its own module, so that its two jobs are made beside ``test_defences_e2e``'s. Removing the defence makes its test fail
+(the closing note of issue 48 shows each).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from surgical_aggregation.core.head import NAMED_HEAD
+from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
+from surgical_aggregation.flare.recipe import nih_chexpert_recipe
+from test_defences_e2e import (
+    POISONING,
+    ROUNDS,
+    SITES,
+    _app,
+    _assert_round_is,
+    _exchange,
+    _history,
+    _hostile_job,
+    _nih_sites,
+    _simulate,
+    _updates,
+    _weight_keys,
+)
+
+from helpers import built_once, load_benchmark, tiny_recipe
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def three_sites(tmp_path_factory):
+    """Three such sites averaged by the plain mean (no robust rule, no clipping, no direction check), ``site-3``
+    sending its update negated and doubled."""
+
+    def build(root: Path) -> tuple[int, str, Path]:
+        controller = {"num_rounds": ROUNDS, "min_clients": 1, "robust_aggregation": "mean"}
+        controller |= {"clip_updates": False, "reject_opposed_updates": False}
+        attacks = {POISONING: "flip_x2"}
+        return _hostile_job(root, _nih_sites(SITES[:3], root / "cache"), controller, attacks)
+
+    return built_once(tmp_path_factory, "defences-three-sites", build)
+
+
+@pytest.fixture(scope="module")
+def two_sites(tmp_path_factory):
+    def build(root: Path) -> tuple[int, str, Path]:
+        cache = root / "cache"
+        recipe = tiny_recipe(nih_chexpert_recipe, cache, rounds=ROUNDS, controller={"min_clients": 1})
+        job = load_benchmark("hostile_site").write_job_with_hostile_sites(
+            recipe, root / "job", {"site-chexpert": "poisoned_rows"}
+        )
+        code, output = _simulate(job, root / "ws", cache)
+        return code, output, root / "ws"
+
+    return built_once(tmp_path_factory, "defences-two-sites", build)
+
+
+def test_a_contribution_both_other_sites_are_better_off_without_is_left_out(three_sites):
+    """``site-3`` sends its update negated and doubled; with the plain mean the round's model undoes the honest
+    sites' training. Round 0, from untrained heads, is judged by the loss against where it started (it is not worse
+    than that: it is the start, about). From round 1 on, the other sites' validation finds the model made without
+    ``site-3``'s result materially better: the round is made of theirs alone (to 1e-4), and so is every later round
+    (an excluded site stays out), ``site-3`` is named in the history, the log and its own outcome, and the job goes
+    on to publish."""
+    code, output, workspace = three_sites
+    assert code == 0, output[-4000:]
+    history = _history(workspace)
+    excluded = [entry for entry in history if POISONING in entry.get("aggregation", {}).get("excluded", {})]
+    assert excluded, "site-3 was never left out"
+    first = excluded[0]
+    assert first["round"] == 1 and first["screening"]["action"] == "exclude"
+    assert set(first["screening"]["left_out"][f"without {POISONING}"]) == {"site-1", "site-2"}
+    assert [entry["round"] for entry in excluded] == list(range(first["round"], ROUNDS))  # out for the rest of the job
+    for entry in excluded:
+        round_number = entry["round"]
+        assert entry["screening"]["excluded"] == [POISONING]
+        keys = [*_weight_keys(_exchange(workspace, "site-1", round_number, "sent")), *NAMED_HEAD.keys]
+        updates = _updates(workspace, round_number, ["site-1", "site-2"], keys)
+        _assert_round_is(workspace, round_number, ROUNDS, (updates["site-1"] + updates["site-2"]) / 2, keys)
+    assert f"{POISONING} excluded: left out of the round" in output
+    assert list(_app(workspace, "site-1").glob(PUBLISHED_MODEL_FILE))
+
+
+def test_with_two_sites_a_model_harmful_to_one_of_them_stops_the_job(two_sites):
+    """``site-chexpert`` raises its rows' biases: the mean of two results is harmful to site-nih's data. With two
+    sites the server cannot tell which result harms, or whose figures are false: the job stops non-zero naming the
+    case, no model became the best, and nothing is published."""
+    code, output, workspace = two_sites
+    assert code != 0, output[-4000:]
+    assert "the global model after round 0 harms a site: " in output
+    assert "for site-nih, its validation loss is" in output
+    assert "Two sites made the model: the server cannot tell which result harms the other site's data" in output
+    assert not list(workspace.glob(f"site-*/simulate_job/app_site-*/{PUBLISHED_MODEL_FILE}"))
+    assert not any(entry.get("validation", {}).get("best") for entry in _history(workspace))
