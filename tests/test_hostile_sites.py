@@ -795,6 +795,23 @@ def test_one_site_whose_figures_say_every_model_harms_it_is_outvoted_not_obeyed(
     assert [task for task, _, _ in sites[0].tasks][-1] == TASK_PUBLISH
 
 
+def test_the_round_judged_from_untrained_heads_is_the_first_that_makes_a_model(tmp_path):
+    """Every result of round 0 is refused, so round 0 makes no model and round 1 trains from the untrained start: round
+    1 is the round judged by the loss alone and made again only on a flag; round 2, from round 1's model, is screened
+    in full (each contribution left out in turn)."""
+    sites = _screened_sites("abc", attacker=None)
+    for site in sites:
+        site.behaviour = lambda round_number, params, honest=site.behaviour: (
+            withheld(round_number, params) if round_number == 0 else honest(round_number, params)
+        )
+    harness = Harness(sites, tmp_path, num_rounds=3, robust_aggregation="mean")
+    harness.run()
+    screening = {entry["round"]: entry.get("screening") for entry in harness.history}
+    assert screening.get(0) is None  # no model to screen
+    assert (screening[1]["action"], screening[1]["left_out"]) == ("accept", {})
+    assert sorted(screening[2]["left_out"]) == ["without site-a", "without site-b", "without site-c"]
+
+
 def test_a_lying_judge_leaves_no_one_out_at_three_sites_or_at_seven(tmp_path):
     """A site claims every model made without another's contribution is far better for it. Its verdict is one of the
     others': at three sites one of two, at seven one of six, never more than half: no one is left out, and the
@@ -867,20 +884,30 @@ def test_a_colluding_group_no_single_exclusion_explains_stops_the_job(tmp_path):
     assert sorted(screening["left_out"]) == [f"without site-{name}" for name in "abcdxyz"]
     assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in sites)
 
-    # with two honest sites of five they are two of site-x's four judges, not a majority: nothing is left out, and
-    # the two flags that no exclusion explains stop the job
+    # with two honest sites of five they are two of site-x's four judges, not a majority; but both flag the model
+    # and both are better off without site-x: it explains their flags and is left out, and the model made without it
+    # still harms both: the job stops the same way
     few = _screened_sites("ab", attacker=None) + [
         FakeSite(f"site-{name}", ["Mass"], [0.6, 0.5, 0.5], _flipped(1.0)) for name in "xyz"
     ]
     harness = Harness(few, tmp_path / "few", num_rounds=3, robust_aggregation="mean", reject_opposed_updates=False)
-    with pytest.raises(RuntimeError, match=r"^the global model after round 0 harms a site: for site-a,"):
+    with pytest.raises(
+        RuntimeError, match=r"^the global model after round 0 harms a site \(after leaving out \['site-x'\]\)"
+    ):
         harness.run()
     screening = harness.history[1]["screening"]
     assert (screening["action"], screening["excluded"], sorted(screening["flags"])) == (
         "stop",
-        [],
+        ["site-x"],
         ["site-a", "site-b"],
     )
+    without_x = screening["left_out"]["without site-x"]
+    assert {judge: figures["verdict"] for judge, figures in without_x.items()} == {
+        "site-a": judging.BETTER,
+        "site-b": judging.BETTER,
+        "site-y": judging.NEITHER,
+        "site-z": judging.NEITHER,
+    }
 
 
 def test_honest_sites_whose_results_are_rejected_still_object_two_of_them_stop_the_job(tmp_path):

@@ -201,3 +201,35 @@ def test_a_round_from_untrained_heads_is_made_again_only_when_a_site_flags_it():
     assert flagged_start.action == "exclude"
     two = decide(["a", "b"], {"a": _harm()}, verdicts({}), None, untrained_start=True)
     assert (two.action, two.why) == ("stop", TWO_SITES)
+
+
+def test_several_flagged_sites_each_better_off_without_one_contribution_have_it_left_out():
+    # seven sites: x poisons rows only a and b hold; they flag the model and are better off without x, the other
+    # four judges neither: not a majority, but x explains both flags
+    seven = [*"abcdefx"]
+    table = {site: {other: N for other in seven if other != site} for site in seven}
+    table["x"].update(a=B, b=B)
+    decision = decide(seven, {"a": _harm(), "b": _harm()}, verdicts(table), None)
+    assert (decision.action, decision.excluded) == ("exclude", ["x"])
+    # one flag is no such evidence: kept on record
+    assert decide(seven, {"a": _harm()}, verdicts(table), None).excluded == []
+    # a flagged site that is not better off without x: x does not explain it, the job stops
+    table["x"]["b"] = N
+    assert decide(seven, {"a": _harm(), "b": _harm()}, verdicts(table), None).why == SEVERAL
+    # nor when as many judges are worse off without x as better
+    table["x"].update(b=B, c=W, d=W)
+    assert decide(seven, {"a": _harm(), "b": _harm()}, verdicts(table), None).why == SEVERAL
+
+
+def test_a_round_from_untrained_heads_is_judged_by_the_loss_alone():
+    ranked_worse = {
+        "val_auroc_minus_own": -0.4,
+        "val_auroc_minus_own_se": 0.01,
+        "val_auroc_minus_start": -0.3,
+        "val_auroc_minus_start_se": 0.01,
+    }
+    assert list(flagged({"a": ranked_worse}, {}, 0.01)) == ["a"]
+    assert flagged({"a": ranked_worse}, {}, 0.01, ranking=False) == {}
+    better_ranked = {"val_loss": 0.4, "val_auroc_minus_reference": 0.3, "val_auroc_minus_reference_se": 0.01}
+    assert judging.verdict_of(better_ranked, None, 0.01) == B
+    assert judging.verdict_of(better_ranked, None, 0.01, ranking=False) == N

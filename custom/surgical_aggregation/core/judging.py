@@ -39,11 +39,13 @@ What a flag does depends on how many sites made the candidate (:func:`decide`):
   it (each site's one-sided tests that its loss falls by more than :data:`IMPROVEMENT_SHARE` of it or its mean AUROC
   rises by more than :data:`AUROC_IMPROVEMENT`, at the round's rate split over every candidate, site and test: a
   false exclusion needs at least two false rejections, so it is controlled by the same rate, as long as the margins
-  cover what clean heterogeneity gives, which the sweeps measure). One site's verdict never removes anyone, true or
-  false: a liar, or a site whose labels conflict with one other's, is outvoted; the price is that harm only one other
-  site sees (a row only two sites hold) is not acted on. A flag of one site that no exclusion explains is kept on
-  record (its data disagree with the federation's, or it lies: it removes no one on its own say); flags of two or
-  more stop the job;
+  cover what clean heterogeneity gives, which the sweeps measure). Failing a majority, two or more flagged sites that
+  are each materially better off without one contribution have it left out (it explains their harm: rows only they
+  hold). One site's verdict never removes anyone on its own: a liar, or a site whose labels conflict with one
+  other's, is outvoted (a liar together with one such honest site is a majority at three or four sites); the price
+  is that harm only one other site sees (a row only two sites hold) is not acted on. A flag of one site that no
+  exclusion explains is kept on record (its data disagree with the federation's, or it lies: it removes no one on
+  its own say); flags of two or more that no exclusion explains stop the job;
 * sites whose results were rejected (they do not judge) stop the job when two or more of them flag it: a colluding
   majority that got them rejected, which the server cannot tell from sites whose data conflict.
 
@@ -55,7 +57,10 @@ federations, ``docs/clean-sweep/first-sweep.json``) every significant AUROC diff
 the candidate (up to 0.41), every leave-one-out candidate materially better for a judge, and round-0 candidates up to
 0.24 AUROC below the untrained start (unpaired) came in that round, none later. So in that round the ranking tests are
 not run, the loss test allows all of the site's own gain as in every round (it tests the candidate against the start),
-and the round is made again without a contribution only when a site flags the candidate, judged by the loss.
+and the round is made again without a contribution only when a site flags the candidate, judged by the loss. That
+round is the one that makes the job's first model (round 0 unless every result of round 0 was refused); a job that
+continues an earlier global model with trained rows is judged in full from its first round, a newcomer's fresh rows
+included.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ from .checks import server_check
 FALSE_ALARM_RATE = 0.01  # per job: the chance that a flag is raised while every site's harm is within the margin
 HARM_GAIN_SHARE = 1.0  # m: the share of its own round's gain a site may lose to averaging
 HARM_LOSS_SHARE = 0.3  # c: and this share of its own model's loss
-AUROC_HARM = 0.05  # ranking: the candidate's mean AUROC may be this much below its own model's
+AUROC_HARM = 0.05  # ranking: the candidate's mean AUROC may be this much below its own model's, beyond its own gain
 # the least per-image spread of a paired difference a site may claim (loss, AUROC): its reported standard error is
 # floored at this over the square root of the validation size it declared at the handshake
 SE_FLOOR_SD = 0.02
@@ -292,7 +297,8 @@ Verdicts = Callable[[str], Mapping[str, str] | None]  # a contribution -> each o
     "screening",
     "a contribution is left out of the round (the round's model is made again without it; the site is named in the "
     "log, the history, its outcome and the summary) when more than half of the other sites are materially better "
-    "off without it, and stays out for the rest of the job (at most "
+    f"off without it, or when {MIN_OBJECTORS} or more flagged sites each are (and more of the others better than worse "
+    "off), and stays out for the rest of the job (at most "
     "as many sites as the robust rule tolerates, (n - 1) // 2 of n); a flag no exclusion explains is kept on "
     f"record when one site raises it, and stops the job when {MIN_OBJECTORS} or more do, when two sites made the "
     f"model (the server cannot tell which result harms), or when {MIN_OBJECTORS} or more sites whose results were "
@@ -316,29 +322,36 @@ def decide(
     * three or more, every round: ``verdicts_without(site)`` gives each other judge's :func:`verdict_of` the
       candidate made without ``site``'s contribution. A contribution is left out when more than
       :data:`EXCLUSION_SHARE` of the other judges are :data:`BETTER` off without it (the one with the largest net
-      share of better over :data:`WORSE`; among equals, by name). No flag is needed: harm to the
-      rows only two sites hold shows at one judge only, and harm spread thin over the other sites counts as much as
-      harm concentrated on one. None is: one flagged site is kept on record (its data or its figures disagree with
-      the federation's: a flag removes no one), :data:`MIN_OBJECTORS` or more stop the job (several contributions
-      harm, or a colluding group). In a round that starts from untrained heads (``untrained_start``) the round is made
-      again only when a site flags the candidate (the caller runs the loss tests alone in that round)."""
+      share of better over :data:`WORSE`; among equals, by name). No flag is needed: harm spread thin over the other
+      sites counts as much as harm concentrated on one. Failing a majority, :data:`MIN_OBJECTORS` or more flagged
+      sites that are each :data:`BETTER` off without one contribution (and more judges better than worse off) have
+      it left out: it explains their harm (rows that only they hold). None is: one flagged site is kept on record
+      (its data or its figures disagree with the federation's: a flag removes no one), :data:`MIN_OBJECTORS` or more
+      stop the job (several contributions harm, or a colluding group). In a round that starts from untrained heads
+      (``untrained_start``) the round is made again only when a site flags the candidate (the caller runs the loss
+      tests alone in that round)."""
     if objections and len(objections) >= MIN_OBJECTORS:
         return Decision("stop", flags=_reasons(objections), why=MAJORITY)
     if len(contributors) <= 2:
         return Decision("stop", flags=_reasons(flags), why=TWO_SITES) if flags else Decision("accept")
     if untrained_start and not flags:
         return Decision("accept")
-    options = []
+    options, explaining = [], []
     for site in contributors:
         verdicts = verdicts_without(site)
         if not verdicts:
             continue
         better = sum(verdict == BETTER for verdict in verdicts.values())
         worse = sum(verdict == WORSE for verdict in verdicts.values())
+        net = (worse - better) / len(verdicts)
         if better > EXCLUSION_SHARE * len(verdicts):
-            options.append(((worse - better) / len(verdicts), site))
-    if options:
-        _, site = min(options)
+            options.append((net, site))
+        # several harmed sites that are each materially better off without this one contribution: it explains them
+        harmed = [judge for judge in flags if judge != site]
+        if len(harmed) >= MIN_OBJECTORS and all(verdicts.get(judge) == BETTER for judge in harmed) and better > worse:
+            explaining.append((net, site))
+    if options or explaining:
+        _, site = min(options or explaining)
         return Decision("exclude", excluded=[site], flags=_reasons(flags))
     if len(flags) >= MIN_OBJECTORS:
         return Decision("stop", flags=_reasons(flags), why=SEVERAL)

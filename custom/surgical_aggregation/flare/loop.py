@@ -298,10 +298,11 @@ class FederationLoop(SiteTasks):
             # one Holm family for the round's candidate: its judges and the sites whose results were rejected
             objectors = [site for site in results.trained if site not in contributors and site not in earlier]
             tested = {site: validation[site] for site in [*contributors, *objectors] if site in validation}
-            # a round from untrained heads is judged by the loss alone: near-chance models rank at random
-            untrained = round_number == 0 and not self._started_trained
+            # a round from untrained heads (no round has made a model yet) is judged by the loss alone: near-chance
+            # models rank at random
+            untrained = self._federation.latest.round == INITIAL_ROUND and not self._started_trained
             everyone = flagged(tested, sizes, level, ranking=not untrained)
-            # a false exclusion needs one false rejection among every site's test of every leave-one-out candidate
+            # a false exclusion needs false rejections among every site's tests of every leave-one-out candidate
             each = level / max(len(contributors) * (len(contributors) - 1), 1)
 
             def verdicts_without(site: str) -> dict[str, str] | None:
