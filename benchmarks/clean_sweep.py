@@ -13,8 +13,8 @@ For each: the exit code, why it stopped, the sites excluded in any round, and ev
 of every global model (``round_history.json``), from which the tables of ``docs/server-checks.md`` are drawn.
 
     python benchmarks/clean_sweep.py --out results/clean_sweep --seeds $(seq 0 29) --consortium
-    python benchmarks/clean_sweep.py --out $OUT/sweep --work /tmp/sweep --seeds $(seq 100 129) --workers 10 \
-        --stop-starting-after 420     # many federations at once on a lent GPU machine (16 cores)
+    python benchmarks/clean_sweep.py --out $OUT/sweep --work /tmp/sweep --seeds $(seq 100 139) --consortium \
+        --workers 12 --stop-starting-after 330     # many federations at once on a lent GPU machine (16 cores)
     python benchmarks/clean_sweep.py --out results/clean_sweep --table-only --write-doc docs/server-checks.md
 """
 
@@ -137,7 +137,7 @@ def run_consortium(workspace: Path) -> tuple[int, str, Path]:
     """The README's command, as written (its workspace a fresh folder); (exit code, output, its server app)."""
     shutil.rmtree(workspace, ignore_errors=True)
     script = Path(sys.executable).parent / "surgical-aggregation"
-    command = [str(script) if script.is_file() else sys.executable, *([] if script.is_file() else ["-m", PACKAGE])]
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", PACKAGE]
     command += ["simulate", "--name", CONSORTIUM]
     result = subprocess.run(
         [*command, "--workspace", str(workspace)], capture_output=True, text=True, timeout=5400, env=dict(os.environ)
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         plans = [draw(seed) for seed in args.seeds]
         if args.consortium:
             plans.append(Federation(CONSORTIUM, -1, "the consortium job", 3, {}))
-        began, lock = time.perf_counter(), threading.Lock()
+        began, lock, ran_on = time.perf_counter(), threading.Lock(), machine()
 
         def run(federation: Federation) -> None:
             if time.perf_counter() - began > args.stop_starting_after:
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             result = {"federation": asdict(federation), **outcome(app, code, log)}
             with lock:
                 seconds = round(time.perf_counter() - started, 1)
-                results[federation.name] = {**result, "seconds": seconds, "machine": machine()}
+                results[federation.name] = {**result, "seconds": seconds, "machine": ran_on}
                 print(f"{federation.name}: exit {code}, {results[federation.name]['seconds']} s", flush=True)
                 store.write_text(json.dumps(results, indent=2) + "\n")
 
