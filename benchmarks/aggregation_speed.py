@@ -26,7 +26,7 @@ from surgical_aggregation.core.head import slice_for_client
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.data.reference import reference_file
 from surgical_aggregation.data.table import PATH_COLUMN, PATIENT_COLUMN
-from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.images.public import KEY_COLUMN, PUBLIC_DATASETS, read_public_labels
 
 
@@ -47,8 +47,8 @@ def consortium_classes() -> dict[str, list[str]]:
 def one_round(site_classes: dict[str, list[str]], repeats: int) -> dict[str, float]:
     union = sorted({name for names in site_classes.values() for name in names})
     torch.manual_seed(0)
-    global_state = NamedDenseNet121(union).state_dict()
-    local = {site: NamedDenseNet121(names).state_dict() for site, names in site_classes.items()}
+    global_state = NamedDenseNet(union).state_dict()
+    local = {site: NamedDenseNet(names).state_dict() for site, names in site_classes.items()}
     seconds = []
     for _ in range(repeats):
         started = time.perf_counter()

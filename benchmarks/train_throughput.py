@@ -29,7 +29,7 @@ import torch
 
 from surgical_aggregation.core.devices import autocast_dtype, resolve_device
 from surgical_aggregation.core.labels import NIH_LABELS
-from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.loops import masked_bce_with_logits, place_model
 from surgical_aggregation.training.profiles import DEMO
@@ -51,7 +51,7 @@ def _synchronize(device: torch.device) -> None:
 def ceiling(config, device: torch.device, steps: int, repeats: int) -> dict[str, float]:
     """(a): the training step alone, on tensors that are already on the device."""
     classes = list(NIH_LABELS)
-    model = place_model(NamedDenseNet121(classes), device)
+    model = place_model(NamedDenseNet(classes), device)
     if device.type == "cuda":  # graph capture needs the optimizer's step count on the device
         optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, fused=True, capturable=True)
     else:

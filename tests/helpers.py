@@ -19,6 +19,7 @@ from filelock import FileLock
 from surgical_aggregation.core.head import HeadSpec
 from surgical_aggregation.data.reference import reference_file
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe
+from surgical_aggregation.images.names import SMOKE_DENSENET
 
 T = TypeVar("T")
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -102,13 +103,15 @@ def require_reference(name: str) -> Path:
     return path
 
 
-def tiny_sites(sites: dict[str, dict], cache: Path) -> dict[str, dict]:
-    """Site configs shrunk for tests: 30 patients of 32 px per site, 2 batches of 8 per epoch."""
+def tiny_sites(sites: dict[str, dict], cache: Path, network: str = SMOKE_DENSENET) -> dict[str, dict]:
+    """Site configs shrunk for tests: 30 patients of 32 px per site, 2 batches of 8 per epoch, the smoke network
+    (``network``: DenseNet121 where a test needs the papers' network)."""
     return {
         site: {
             **config,
             "embedded": {**config.get("embedded", {}), "patients": 30, "image_size": 32},
             "image_size": 32,
+            "network": network,
             "batch_size": 8,
             "max_batches_per_epoch": 2,
             "cache_dir": str(cache),
@@ -117,8 +120,10 @@ def tiny_sites(sites: dict[str, dict], cache: Path) -> dict[str, dict]:
     }
 
 
-def tiny_recipe(make_recipe, cache: Path, rounds: int, **options) -> SurgicalAggregationRecipe:
-    """One of the bundle's recipes shrunk for tests (tiny sites, ``rounds`` rounds, short timeouts);
+def tiny_recipe(
+    make_recipe, cache: Path, rounds: int, network: str = SMOKE_DENSENET, **options
+) -> SurgicalAggregationRecipe:
+    """One of the bundle's recipes shrunk for tests (tiny sites on ``network``, ``rounds`` rounds, short timeouts);
     ``options`` go to :class:`SurgicalAggregationRecipe` (``controller`` entries are added to the job's)."""
     bundle = make_recipe()
     controller = {
@@ -129,7 +134,7 @@ def tiny_recipe(make_recipe, cache: Path, rounds: int, **options) -> SurgicalAgg
         "validate_timeout": 300,
         **options.pop("controller", {}),
     }
-    sites = tiny_sites(bundle.site_configs, cache)
+    sites = tiny_sites(bundle.site_configs, cache, network)
     return SurgicalAggregationRecipe(bundle.name, sites, controller=controller, **options)
 
 

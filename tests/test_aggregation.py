@@ -9,7 +9,7 @@ import torch
 from surgical_aggregation.core.aggregation import Contribution, ContributionRejected, SurgicalAggregator
 from surgical_aggregation.core.head import batchnorm_keys, slice_for_client
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY, Vocabulary
-from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.images.model import NamedDenseNet
 
 from helpers import TOY_HEAD, fedavg_reference, rows_by_name, toy_state
 
@@ -54,7 +54,7 @@ def three_clients():
 
 def test_identical_class_sets_reduce_to_fedavg_on_every_key():
     classes = ["Atelectasis", "Cardiomegaly", "Pleural Effusion"]
-    base = NamedDenseNet121(classes).state_dict()
+    base = NamedDenseNet(classes).state_dict()
     states = []
     for seed in range(3):
         generator = torch.Generator().manual_seed(seed)
@@ -172,8 +172,8 @@ def test_fedbn_plus_leaves_batchnorm_exactly_as_it_was(three_clients):
 
 def test_fedbn_plus_on_densenet_keeps_every_batchnorm_entry():
     classes = ["Atelectasis", "Edema"]
-    global_state = NamedDenseNet121(classes).state_dict()
-    client = NamedDenseNet121(classes).state_dict()  # different random init everywhere
+    global_state = NamedDenseNet(classes).state_dict()
+    client = NamedDenseNet(classes).state_dict()  # different random init everywhere
     for key, value in client.items():
         if key.endswith("running_mean"):
             value += 1.0

@@ -108,14 +108,14 @@ def _relative_location(root: Path) -> list[str]:
 
 
 def _dicom_named_png(root: Path) -> list[str]:
-    from surgical_aggregation.images.model import NamedDenseNet121
+    from surgical_aggregation.images.model import NamedDenseNet
     from surgical_aggregation.training.checkpoint import save_checkpoint
 
     images = root / "img"
     images.mkdir()
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32), dtype=np.uint8)).save(images / "fine.png")
     (images / "scan.png").write_bytes(b"\x00" * 128 + b"DICM" + b"\x00" * 64)  # a DICOM file's preamble
-    model = NamedDenseNet121(["Mass"])
+    model = NamedDenseNet(["Mass"])
     preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
     save_checkpoint(root / "model.pt", model.state_dict(), model.class_names, preprocessing=preprocessing)
     cache = ["--cache-dir", str(root / "cache")]
@@ -146,10 +146,10 @@ def _csv_config(root: Path, header: str = "path,patient_id,Mass", **options) -> 
 
 
 def _model(root: Path) -> Path:
-    from surgical_aggregation.images.model import NamedDenseNet121
+    from surgical_aggregation.images.model import NamedDenseNet
     from surgical_aggregation.training.checkpoint import save_checkpoint
 
-    model = NamedDenseNet121(["Mass"])
+    model = NamedDenseNet(["Mass"])
     preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
     return save_checkpoint(root / "model.pt", model.state_dict(), model.class_names, preprocessing=preprocessing)
 

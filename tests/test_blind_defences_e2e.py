@@ -38,7 +38,8 @@ def poisoned(tmp_path_factory):
         site = DEMO.site_config({"kind": "nih"}, embedded={"patients": 60}, record_exchanges="off")
         configs = tiny_sites({f"site-{index}": dict(site) for index in (1, 2, 3)}, cache)
         for config in configs.values():
-            config.update(embedded={**config["embedded"], "patients": 60}, max_batches_per_epoch=8)
+            # learning_rate: the smoke network's honest rounds, large enough to be told from noise
+            config.update(embedded={**config["embedded"], "patients": 60}, max_batches_per_epoch=8, learning_rate=3e-3)
         controller = {"num_rounds": 3, "min_clients": 1, "handshake_timeout": 300, "train_timeout": 600}
         recipe = SurgicalAggregationRecipe(
             "blind-poisoned", _with_secret(configs, root, NIH_LABELS), controller=controller, blind=True

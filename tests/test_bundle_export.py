@@ -31,7 +31,7 @@ from surgical_aggregation.deployment import bundle as bundle_module
 from surgical_aggregation.deployment.bundle import EXTRA_KEY, TOLERANCE, export_bundle
 from surgical_aggregation.evaluation.inference import THRESHOLDS_KEY, score
 from surgical_aggregation.images import grayscale
-from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.training.checkpoint import PREPROCESSING_KEY, load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.slow  # exports, saves and reloads a DenseNet121 (a MONAI Bundle, TorchScript, ONNX)
@@ -45,7 +45,7 @@ PREPROCESSING = {"image_size": 32, "in_channels": 3, "imagenet_normalize": True}
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory) -> Path:
     torch.manual_seed(0)
-    model = NamedDenseNet121(CLASSES, in_channels=3)
+    model = NamedDenseNet(CLASSES, in_channels=3)
     with torch.no_grad():
         model.class_layers.out.weight.mul_(20)  # probabilities spread over (0, 1), not all near 0.5
     folder = tmp_path_factory.mktemp("model")
@@ -288,7 +288,7 @@ def test_an_exported_file_that_computes_other_probabilities_is_refused():
 
 
 def test_a_class_name_monais_config_parser_would_run_is_refused(tmp_path):
-    model = NamedDenseNet121(["$__import__('os').system('id')", "Mass"])
+    model = NamedDenseNet(["$__import__('os').system('id')", "Mass"])
     path = save_checkpoint(tmp_path / "model.pt", model.state_dict(), model.class_names, **{PREPROCESSING_KEY: {}})
     with pytest.raises(ExportError, match="MONAI's config parser reads as code"):
         export_bundle(path, tmp_path / "bundle", onnx=False)

@@ -49,7 +49,10 @@ def three_sites(tmp_path_factory):
         controller = {"num_rounds": ROUNDS, "min_clients": 1, "robust_aggregation": "mean"}
         controller |= {"clip_updates": False, "reject_opposed_updates": False}
         attacks = {POISONING: "flip_x2"}
-        return _hostile_job(root, _nih_sites(SITES[:3], root / "cache"), controller, attacks)
+        configs = _nih_sites(SITES[:3], root / "cache")
+        for config in configs.values():  # the smoke network's honest rounds, large enough to be told from noise
+            config["learning_rate"] = 3e-3
+        return _hostile_job(root, configs, controller, attacks)
 
     return built_once(tmp_path_factory, "defences-three-sites", build)
 

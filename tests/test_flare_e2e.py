@@ -1,8 +1,7 @@
 """End to end through NVIDIA FLARE's simulator, checked from the saved artefacts.
 
-1. The main job's shape (NIH-style + CheXpert-style site, 20-class union), tiny images, 2 rounds,
-   run exactly like a user runs it (``nvflare simulator <job> -w <ws>``: one client thread, so
-   FLARE restarts the sites' processes between tasks), with cross-site evaluation.
+1. The main job's shape (NIH-style + CheXpert-style site, 20-class union), tiny images on the smoke network, 2
+   rounds, run as the README runs it (``nvflare simulator <job> -w <ws> -t 2``), with cross-site evaluation.
 2. Two sites with the same class set, one round: the global model equals FLARE's own FedAvg
    aggregation (``WeightedAggregationHelper``) of the same client updates.
 3. A new hospital, with a finding of its own (a CSV's "Tuberculosis" column), joins a federation that continues
@@ -44,6 +43,8 @@ from surgical_aggregation.flare.recipe import (
     write_job,
 )
 from surgical_aggregation.flare.simulation import simulate
+from surgical_aggregation.images.model import NamedDenseNet
+from surgical_aggregation.images.names import DENSENET121, SMOKE_DENSENET
 from surgical_aggregation.images.synthetic import GENERATED, generate_nih, render_image
 from surgical_aggregation.training.checkpoint import (
     initial_global_state,
@@ -58,6 +59,7 @@ from helpers import built_once, tiny_recipe, tiny_sites, union_of_the_seven_labe
 pytestmark = pytest.mark.slow
 TOL = 1e-6
 W, B = NAMED_HEAD.keys
+SMOKE_FEATURES = NamedDenseNet(["x"], network=SMOKE_DENSENET).class_layers.out.in_features
 SITES = {"site-nih": list(NIH_LABELS), "site-chexpert": list(CHEXPERT_LABELS)}
 
 
@@ -111,7 +113,7 @@ def _surgical_mean(records: dict[str, dict]) -> dict[str, np.ndarray]:
 def main_run(tmp_path_factory):
     def build(root: Path) -> tuple[Path, Path]:
         write_job(tiny_recipe(nih_chexpert_recipe, root / "cache", rounds=2), root / "job")
-        return root / "ws", _simulate(root / "job", root / "ws", root / "cache")
+        return root / "ws", _simulate(root / "job", root / "ws", root / "cache", "-t", "2")
 
     return built_once(tmp_path_factory, "e2e-main-run", build)
 
@@ -122,9 +124,14 @@ def test_global_model_has_the_20_class_union(main_run):
     best = load_checkpoint(server / "app_server" / "best_FL_global_model.pt")
     assert len(latest.class_names) == 20 and set(latest.class_names) == set(NIH_LABELS) | set(CHEXPERT_LABELS)
     assert len(set(NIH_LABELS) & set(CHEXPERT_LABELS)) == 7
-    assert latest.state[W].shape == (20, 1024)
+    assert latest.state[W].shape == (20, SMOKE_FEATURES)
     assert latest.meta["round"] == 1
-    assert latest.meta["preprocessing"] == {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
+    assert latest.meta["preprocessing"] == {
+        "image_size": 32,
+        "in_channels": 1,
+        "imagenet_normalize": True,
+        "network": SMOKE_DENSENET,
+    }
     assert best.class_names == latest.class_names
 
 
@@ -134,7 +141,7 @@ def test_each_site_received_exactly_its_classes_in_its_order(main_run):
         for round_number in (0, 1):
             received = _exchange(workspace, site, round_number, "received")
             assert received["class_names"] == classes
-            assert received["state"][W].shape == (len(classes), 1024)
+            assert received["state"][W].shape == (len(classes), SMOKE_FEATURES)
             assert _exchange(workspace, site, round_number, "sent")["class_names"] == classes
 
 
@@ -225,7 +232,9 @@ def test_before_publication_no_site_receives_or_keeps_another_sites_class_names(
 
 
 def test_same_class_sets_give_flares_own_fedavg(tmp_path):
-    nih = tiny_sites(nih_chexpert_recipe().site_configs, tmp_path / "cache")["site-nih"]
+    """On DenseNet121 (the other simulator tests run the smoke network): its 28 MB updates go through FLARE's
+    streaming, the smoke network's through plain messages."""
+    nih = tiny_sites(nih_chexpert_recipe().site_configs, tmp_path / "cache", DENSENET121)["site-nih"]
     sites = {
         "site-a": {**nih, "record_exchanges": "full"},
         "site-b": {**nih, "record_exchanges": "full", "seed": 7, "embedded": {**nih["embedded"], "seed": 1}},
@@ -294,7 +303,8 @@ def test_a_new_hospital_with_its_own_finding_joins_a_federation_that_continues_f
     best = first / "app_server" / "best_FL_global_model.pt"
     # the newcomer: a CSV whose "Tuberculosis" column no vocabulary and no other site has
     csv = _csv_site_with_tuberculosis(tmp_path / "hospital")
-    newcomer = {**base["site-nih"], "data": {**base["site-nih"]["data"], "kind": "csv", "location": str(csv)}}
+    newcomer_data = {"kind": "csv", "location": str(csv), "options": {"new_classes": ["Tuberculosis"]}}  # declared
+    newcomer = {**base["site-nih"], "data": {**base["site-nih"]["data"], **newcomer_data}}
     joined = {**first_sites, "site-c": newcomer}
     recipe = SurgicalAggregationRecipe("second", joined, {"num_rounds": 1}, initial_model=str(best))
     write_job(recipe, tmp_path / "job2")

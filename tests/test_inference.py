@@ -13,7 +13,7 @@ from sklearn.metrics import roc_auc_score
 from surgical_aggregation.cli import main
 from surgical_aggregation.evaluation.inference import labelled_set
 from surgical_aggregation.images.layouts import load_table
-from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.training.checkpoint import save_checkpoint
 from surgical_aggregation.training.config import load_site_config
 from surgical_aggregation.training.site_data import resolve_table, split_table
@@ -24,7 +24,7 @@ MODEL_CLASSES = ["Mass", "Fracture", "Pleural Effusion"]
 @pytest.fixture
 def model_file(tmp_path):
     torch.manual_seed(0)
-    model = NamedDenseNet121(MODEL_CLASSES)
+    model = NamedDenseNet(MODEL_CLASSES)
     preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
     return save_checkpoint(tmp_path / "model.pt", model.state_dict(), model.class_names, preprocessing=preprocessing)
 
@@ -101,7 +101,7 @@ def test_evaluate_a_sites_test_split_from_its_config(model_file, nih_data, tmp_p
 
 
 def test_model_without_stored_image_size_needs_one(nih_data, tmp_path, capsys):
-    model = NamedDenseNet121(MODEL_CLASSES)
+    model = NamedDenseNet(MODEL_CLASSES)
     bare = save_checkpoint(tmp_path / "bare.pt", model.state_dict(), model.class_names)
     arguments = [
         "predict",

@@ -5,7 +5,7 @@ import torch
 
 from surgical_aggregation.images.dataset import ChestXrayDataset, cache_table
 from surgical_aggregation.images.layouts import load_table
-from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.images.transforms import image_batch_transform
 from surgical_aggregation.training.loops import evaluate, make_loader, masked_bce_with_logits, train_epoch
 
@@ -26,7 +26,7 @@ def test_densenet_trained_a_few_steps_on_generated_data_lowers_its_loss(nih_data
     dataset = ChestXrayDataset(table, cache, image_batch_transform(32, train=False))
     loader = make_loader(dataset, batch_size=16, train=True, seed=0)
     fixed = make_loader(dataset, batch_size=64, train=False)
-    model = NamedDenseNet121(table.classes)
+    model = NamedDenseNet(table.classes)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     device = torch.device("cpu")
     before = evaluate(model, fixed, device, table.classes)

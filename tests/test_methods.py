@@ -26,7 +26,7 @@ from surgical_aggregation.flare.protocol import (
     TASK_DESCRIBE,
 )
 from surgical_aggregation.flare.results import PERSONAL_MODELS_DIR
-from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.loops import masked_bce_with_logits
@@ -220,7 +220,7 @@ def site(nih_data):
 
 def _global(classes: list[str], seed: int = 1) -> dict[str, torch.Tensor]:
     torch.manual_seed(seed)
-    return NamedDenseNet121(classes).state_dict()
+    return NamedDenseNet(classes).state_dict()
 
 
 def _first_batch(trainer: SiteTrainer) -> dict[str, torch.Tensor]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from surgical_aggregation.core.head import split_backbone_head
-from surgical_aggregation.images.model import NamedDenseNet121, imagenet_to_monai_keys, load_pretrained_backbone
+from surgical_aggregation.images.model import NamedDenseNet, imagenet_to_monai_keys, load_pretrained_backbone
 from surgical_aggregation.training.checkpoint import load_checkpoint, save_checkpoint
 from surgical_aggregation.training.loops import freeze_batchnorm, set_backbone_trainable, train_mode
 
@@ -14,7 +14,7 @@ CLASSES = ["Atelectasis", "Effusion", "Hernia"]
 
 
 def test_head_rows_carry_the_class_names_given_which_must_be_distinct():
-    model = NamedDenseNet121(CLASSES)  # named by its caller's vocabulary: a model renames nothing
+    model = NamedDenseNet(CLASSES)  # named by its caller's vocabulary: a model renames nothing
     assert model.class_names == ["Atelectasis", "Effusion", "Hernia"]
     backbone, head = split_backbone_head(model.state_dict())
     assert head["class_layers.out.weight"].shape == (3, 1024)
@@ -22,13 +22,13 @@ def test_head_rows_carry_the_class_names_given_which_must_be_distinct():
     assert len(backbone) == 725
     assert model(torch.zeros(2, 1, 32, 32)).shape == (2, 3)
     with pytest.raises(ValueError, match=r"class names must be distinct, \['Hernia'\] appear more than once"):
-        NamedDenseNet121(["Hernia", "Mass", "Hernia"])
+        NamedDenseNet(["Hernia", "Mass", "Hernia"])
     with pytest.raises(ValueError, match="a model needs at least one class name"):
-        NamedDenseNet121([])
+        NamedDenseNet([])
 
 
 def test_checkpoint_round_trip_keeps_names_and_weights(tmp_path):
-    model = NamedDenseNet121(CLASSES, in_channels=3)
+    model = NamedDenseNet(CLASSES, in_channels=3)
     preprocessing = {"in_channels": 3}  # the channels once, in the preprocessing the modality builds from
     path = save_checkpoint(
         tmp_path / "m.pt", model.state_dict(), model.class_names, preprocessing=preprocessing, round=4
@@ -45,7 +45,7 @@ def test_checkpoint_round_trip_keeps_names_and_weights(tmp_path):
 
 
 def test_a_model_file_of_the_first_versions_keeps_its_channels(tmp_path):
-    model = NamedDenseNet121(CLASSES, in_channels=3)  # its file held "in_channels" at the top level, no preprocessing
+    model = NamedDenseNet(CLASSES, in_channels=3)  # its file held "in_channels" at the top level, no preprocessing
     legacy = {"model": model.state_dict(), "class_names": CLASSES, "in_channels": 3, "meta": {"round": 2}}
     torch.save(legacy, tmp_path / "old.pt")
     loaded = load_checkpoint(tmp_path / "old.pt")
@@ -53,7 +53,7 @@ def test_a_model_file_of_the_first_versions_keeps_its_channels(tmp_path):
 
 
 def test_checkpoint_with_mismatched_names_is_refused(tmp_path):
-    model = NamedDenseNet121(CLASSES)
+    model = NamedDenseNet(CLASSES)
     torch.save({"model": model.state_dict(), "class_names": ["Mass"]}, tmp_path / "bad.pt")
     with pytest.raises(ValueError, match=r"bad.pt: head has 3 rows but 1 class names"):
         load_checkpoint(tmp_path / "bad.pt")
@@ -67,7 +67,7 @@ def _bn_snapshot(model):
 
 def test_frozen_batchnorm_does_not_move_during_training():
     torch.manual_seed(0)
-    model = NamedDenseNet121(CLASSES)
+    model = NamedDenseNet(CLASSES)
     freeze_batchnorm(model)
     train_mode(model, frozen_batchnorm=True)
     assert all(not m.training for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
@@ -82,7 +82,7 @@ def test_frozen_batchnorm_does_not_move_during_training():
 
 
 def test_backbone_freeze_for_head_warm_up():
-    model = NamedDenseNet121(CLASSES)
+    model = NamedDenseNet(CLASSES)
     set_backbone_trainable(model, False)
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     assert trainable == {"class_layers.out.weight", "class_layers.out.bias"}
@@ -109,7 +109,7 @@ def _torchvision_style(state: dict) -> dict:
 
 
 def test_imagenet_weights_map_onto_monai_keys_and_one_channel_sums_rgb(tmp_path):
-    rgb = NamedDenseNet121(CLASSES, in_channels=3).state_dict()
+    rgb = NamedDenseNet(CLASSES, in_channels=3).state_dict()
     checkpoint = _torchvision_style(rgb)
     assert "features.denseblock1.denselayer1.norm.1.weight" in checkpoint
     torch.save(checkpoint, tmp_path / "densenet121-a639ec97.pth")
@@ -117,7 +117,7 @@ def test_imagenet_weights_map_onto_monai_keys_and_one_channel_sums_rgb(tmp_path)
         k for k in rgb if not k.startswith("class_layers") and not k.endswith("num_batches_tracked")
     }
 
-    gray = NamedDenseNet121(CLASSES, in_channels=1)
+    gray = NamedDenseNet(CLASSES, in_channels=1)
     head_before = gray.class_layers.out.weight.clone()
     loaded = load_pretrained_backbone(gray, tmp_path / "densenet121-a639ec97.pth")
     state = gray.state_dict()
@@ -127,15 +127,50 @@ def test_imagenet_weights_map_onto_monai_keys_and_one_channel_sums_rgb(tmp_path)
     assert torch.equal(state[key], rgb[key])
     assert torch.equal(gray.class_layers.out.weight, head_before)
 
-    color = NamedDenseNet121(CLASSES, in_channels=3)
+    color = NamedDenseNet(CLASSES, in_channels=3)
     load_pretrained_backbone(color, tmp_path / "densenet121-a639ec97.pth")
     assert torch.equal(color.state_dict()["features.conv0.weight"], rgb["features.conv0.weight"])
 
 
 def test_pretrained_file_errors_name_the_file(tmp_path):
-    model = NamedDenseNet121(CLASSES)
+    model = NamedDenseNet(CLASSES)
     with pytest.raises(FileNotFoundError, match="pretrained weights file not found"):
         load_pretrained_backbone(model, tmp_path / "nope.pth")
     torch.save({"features.conv0.weight": torch.zeros(64, 3, 7, 7)}, tmp_path / "partial.pth")
     with pytest.raises(ValueError, match=r"partial.pth: \d+ backbone keys missing"):
         load_pretrained_backbone(model, tmp_path / "partial.pth")
+
+
+def test_the_smoke_network_is_a_small_densenet_its_model_files_rebuild_and_nothing_else_takes(tmp_path):
+    """A site config's ``network``: DenseNet121 unless it names the smoke network, which its preprocessing then
+    records (so a model file, the server and every site build the same one); ImageNet weights fit DenseNet121 only,
+    and a name the bundle does not know is refused naming the field."""
+    from surgical_aggregation.core.errors import ModelFileError, SiteConfigError
+    from surgical_aggregation.images.names import SMOKE_DENSENET
+    from surgical_aggregation.training.config import site_config_from_dict
+
+    def config(**fields):
+        return site_config_from_dict({"data": {"kind": "nih"}, **fields}, "site.json")
+
+    papers, smoke = config(), config(network=SMOKE_DENSENET)
+    assert papers.modality.preprocessing(papers) == {"image_size": 224, "in_channels": 1, "imagenet_normalize": True}
+    preprocessing = smoke.modality.preprocessing(smoke)
+    assert preprocessing == {
+        "image_size": 224,
+        "in_channels": 1,
+        "imagenet_normalize": True,
+        "network": "densenet-smoke",
+    }
+    model = smoke.modality.build_model(CLASSES, preprocessing)
+    _, head = split_backbone_head(model.state_dict())
+    assert head["class_layers.out.weight"].shape == (3, 32)
+    assert sum(value.numel() for key, value in model.named_parameters() if not key.startswith("class_layers")) == 26992
+    assert model(torch.zeros(2, 1, 32, 32)).shape == (2, 3)
+    rebuilt = load_checkpoint(
+        save_checkpoint(tmp_path / "m.pt", model.state_dict(), CLASSES, preprocessing=preprocessing)
+    ).build_model()
+    assert rebuilt.network == SMOKE_DENSENET and rebuilt.state_dict().keys() == model.state_dict().keys()
+    with pytest.raises(ModelFileError, match=r"m.pt: ImageNet weights fit DenseNet121, not the densenet-smoke network"):
+        load_pretrained_backbone(model, tmp_path / "m.pt")
+    with pytest.raises(SiteConfigError, match=r"site.json: network must be one of \['densenet121', 'densenet-smoke'\]"):
+        config(network="resnet50").modality.check(config(network="resnet50"), "site.json")

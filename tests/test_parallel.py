@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from surgical_aggregation.core.methods import SiteMethod
-from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.parallel import RankGroup, RowShard
 from surgical_aggregation.training.site_data import prepare_site_data
@@ -54,7 +54,7 @@ def _trainer(nih_data, cache, gpus: int) -> SiteTrainer:
 
 def test_two_processes_train_the_model_one_process_trains_on_the_same_batches(nih_data, tmp_path):
     torch.manual_seed(5)
-    start = NamedDenseNet121(["Mass", "Pleural Effusion", "Atelectasis", "Hernia"]).state_dict()
+    start = NamedDenseNet(["Mass", "Pleural Effusion", "Atelectasis", "Hernia"]).state_dict()
     trained = {}
     for gpus in (1, 2):
         trainer = _trainer(nih_data, tmp_path / "cache", gpus)

@@ -24,6 +24,7 @@ from surgical_aggregation.flare.protocol import (
     TASK_TRAIN,
     TASK_VALIDATE,
 )
+from surgical_aggregation.images.names import SMOKE_DENSENET
 from surgical_aggregation.training import privacy as privacy_module
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.privacy import (
@@ -52,6 +53,7 @@ def _config(nih_data, cache, privacy: dict | None, **fields):
         "warmup_learning_rate": 0.1,
         "cache_dir": str(cache),
         "cpu_threads": 2,
+        "network": SMOKE_DENSENET,  # DP-SGD keeps a gradient per image: on DenseNet121, minutes
         **fields,
     }
     if privacy is not None:
@@ -178,7 +180,7 @@ def test_two_runs_of_one_dp_site_send_different_updates_where_two_runs_without_d
         if privacy is None:
             assert equal == list(states[0])
         else:
-            assert equal == [] and len(states[0]) > 100
+            assert equal == [] and len(states[0]) > 20  # the smoke network's 22 trained tensors
 
 
 @pytest.mark.slow
@@ -356,13 +358,13 @@ def test_the_budget_chooses_the_noise_for_the_planned_rounds(nih_data, tmp_path)
     ],
 )
 def test_dp_sgd_refuses_what_it_cannot_bound_per_image(method, gpus, compile_mode, message):
-    from surgical_aggregation.images.model import NamedDenseNet121
+    from surgical_aggregation.images.model import NamedDenseNet
     from surgical_aggregation.reports.model import ReportMLP
     from surgical_aggregation.training.privacy import refuse_what_dp_sgd_cannot_bound
 
     with pytest.raises(SiteConfigError, match=message):
-        refuse_what_dp_sgd_cannot_bound(NamedDenseNet121(["Mass"]), method, gpus, compile_mode, "site x")
-    refuse_what_dp_sgd_cannot_bound(NamedDenseNet121(["Mass"]), FEDBN_PLUS, 1, "off", "site x")  # allowed
+        refuse_what_dp_sgd_cannot_bound(NamedDenseNet(["Mass"]), method, gpus, compile_mode, "site x")
+    refuse_what_dp_sgd_cannot_bound(NamedDenseNet(["Mass"]), FEDBN_PLUS, 1, "off", "site x")  # allowed
     refuse_what_dp_sgd_cannot_bound(ReportMLP(["Mass"]), SiteMethod(), 1, "off", "site x")  # no BatchNorm at all
 
 

@@ -18,6 +18,7 @@ from surgical_aggregation.core.head import numpy_state
 from surgical_aggregation.core.methods import SiteMethod, method_meta
 from surgical_aggregation.flare.client import ClientSession
 from surgical_aggregation.flare.protocol import META_CLASS_NAMES, META_METHOD, META_PRIVACY, META_WARMUP, TASK_TRAIN
+from surgical_aggregation.images.names import SMOKE_DENSENET
 from surgical_aggregation.training import privacy as privacy_module
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.privacy import LEDGER_FILE, SPENT_FILE, DifferentialPrivacy, LedgerFile
@@ -44,6 +45,7 @@ def _session(
             "learning_rate": 0.1,
             "cache_dir": str(workspace.parent / "cache"),
             "cpu_threads": 2,
+            "network": SMOKE_DENSENET,
             "differential_privacy": budget or BUDGET,
         },
         "site config",

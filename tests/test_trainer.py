@@ -9,7 +9,7 @@ import torch
 from surgical_aggregation.core.head import NAMED_HEAD, slice_for_client
 from surgical_aggregation.core.methods import SiteMethod
 from surgical_aggregation.flare.audit import EXCHANGES_DIR, SiteAudit, exchange_file_name, read_audit
-from surgical_aggregation.images.model import NamedDenseNet121
+from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.site_data import prepare_site_data
 from surgical_aggregation.training.trainer import SiteTrainer, evaluation_metrics
@@ -41,7 +41,7 @@ def trainer(nih_data, tmp_path_factory):
 def _union_model(seed: int) -> tuple[dict, list[str]]:
     torch.manual_seed(seed)
     classes = ["Fracture", "Pleural Effusion", "Hernia", "Edema", "Atelectasis", "Mass"]
-    return NamedDenseNet121(classes).state_dict(), classes
+    return NamedDenseNet(classes).state_dict(), classes
 
 
 def test_global_rows_are_loaded_by_name(trainer):

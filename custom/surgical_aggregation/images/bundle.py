@@ -4,7 +4,8 @@ Each image (PNG, JPEG, TIFF, BMP or DICOM) is decoded by the bundle's copies of 
 (through :class:`.bundle_reader.RadiographReader`, a MONAI image reader), so its 8-bit pixels are training's to
 the bit; MONAI's transforms then scale them to [0, 1], replicate the gray channel where the model reads three, and
 normalise with the float32 statistics training used. ``model.pt`` is the state dict
-of MONAI's own ``DenseNet121`` (the named head adds names, no weights).
+of MONAI's own ``DenseNet121`` (the named head adds names, no weights), or of its ``DenseNet`` with the smoke network's
+arguments.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from ..data.bundle_parts import BundleParts
 from . import bundle_reader, dicom, grayscale
+from .names import DENSENET121, NETWORK_ARGUMENTS, NETWORK_KEY
 from .transforms import image_batch_transform
 
 BATCH_SIZE = 32
@@ -25,6 +27,13 @@ def image_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> Bu
     channels = int(preprocessing.get("in_channels", 1))
     normalize = bool(preprocessing.get("imagenet_normalize", True))
     batch = image_batch_transform(size, train=False, in_channels=channels, imagenet_normalize=normalize)
+    network = str(preprocessing.get(NETWORK_KEY, DENSENET121))
+    network_definition: dict[str, Any] = {"_target_": "DenseNet121", "spatial_dims": 2}
+    if network != DENSENET121:
+        arguments = NETWORK_ARGUMENTS[network]
+        network_definition = {"_target_": "DenseNet", "spatial_dims": 2, **arguments}
+        network_definition["block_config"] = list(arguments["block_config"])
+    network_definition |= {"in_channels": channels, "out_channels": class_count}
     transforms: list[dict[str, Any]] = [
         {
             "_target_": "LoadImaged",
@@ -69,12 +78,7 @@ def image_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> Bu
             "shuffle": False,
             "num_workers": 0,
         },
-        "network_def": {
-            "_target_": "DenseNet121",
-            "spatial_dims": 2,
-            "in_channels": channels,
-            "out_channels": class_count,
-        },
+        "network_def": network_definition,
         "network": "$@network_def.to(@device)",
         "weights": "$torch.load(@bundle_root + '/models/model.pt', map_location=@device, weights_only=True)",
         "batches": "@dataloader",

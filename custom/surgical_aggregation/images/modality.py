@@ -21,7 +21,7 @@ from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable, MaterialisedTa
 from .dataset import ChestXrayDataset, cache_table, list_images
 from .decode import read_grayscale
 from .layouts import check_options, load_table
-from .names import ARCHITECTURE, KINDS
+from .names import ARCHITECTURE, DENSENET121, KINDS, NETWORK_KEY
 from .settings import ACCEPT_NON_CHEST, ImageSettings
 from .synthetic import GENERATED, ensure_generated
 from .transforms import image_batch_transform
@@ -79,11 +79,14 @@ class ImageModality:
 
     def preprocessing(self, config: SiteConfig) -> dict[str, Any]:
         settings: ImageSettings = config.settings
-        return {
+        described = {
             "image_size": settings.image_size,
             "in_channels": settings.in_channels,
             "imagenet_normalize": settings.imagenet_normalize,
         }
+        if settings.network != DENSENET121:  # absent: DenseNet121, as in every model file written before networks
+            described[NETWORK_KEY] = settings.network
+        return described
 
     def materialise(
         self, config: SiteConfig, table: LabelTable, log: logging.Logger, progress: bool
@@ -113,9 +116,13 @@ class ImageModality:
         return MaterialisedTable(kept, dataset, report.summary(), report.failures)
 
     def build_model(self, class_names: Sequence[str], preprocessing: Mapping[str, Any]) -> nn.Module:
-        from .model import NamedDenseNet121  # MONAI: imported where a model is built
+        from .model import NamedDenseNet  # MONAI: imported where a model is built
 
-        return NamedDenseNet121(class_names, in_channels=int(preprocessing.get("in_channels", 1)))
+        return NamedDenseNet(
+            class_names,
+            in_channels=int(preprocessing.get("in_channels", 1)),
+            network=str(preprocessing.get(NETWORK_KEY, DENSENET121)),
+        )
 
     def load_pretrained(self, model: nn.Module, weights_path: str) -> None:
         from .model import load_pretrained_backbone

@@ -1,6 +1,7 @@
-"""MONAI DenseNet121 with a named classification head, and optional local ImageNet weights.
+"""MONAI's DenseNet121 (or the smoke-test DenseNet, ``names.NETWORKS``) with a named classification head, and
+optional local ImageNet weights.
 
-The head (``class_layers.out``, Linear 1024 -> n) has one row per class; ``class_names`` says
+The head (``class_layers.out``, Linear 1024 -> n on DenseNet121) has one row per class; ``class_names`` says
 which. Nothing is downloaded: ImageNet weights come from a local file placed by site IT.
 """
 
@@ -17,6 +18,7 @@ import torch
 from ..core.errors import ModelFileError
 from ..core.head import NAMED_HEAD, distinct_class_names
 from ..data.storage import read_tensor_file
+from .names import DENSENET121, NETWORK_ARGUMENTS
 
 FEATURE_DIM = 1024
 # Packages MONAI's import pulls in for networks and handlers this bundle does not use: ``import monai``
@@ -39,11 +41,12 @@ def _imports_left_out(names: Sequence[str]):
 
 
 with _imports_left_out(MONAI_UNUSED_IMPORTS):
-    from monai.networks.nets.densenet import DenseNet121
+    from monai.networks.nets.densenet import DenseNet
 
 
-class NamedDenseNet121(DenseNet121):
-    """2-D DenseNet121 whose output rows are the named classes ``class_names``.
+class NamedDenseNet(DenseNet):
+    """2-D DenseNet (``network``: DenseNet121 unless named otherwise) whose output rows are the named classes
+    ``class_names``.
 
     Keeps its constructor arguments as attributes (FLARE's Job API rebuilds a model from them).
     """
@@ -53,14 +56,24 @@ class NamedDenseNet121(DenseNet121):
         class_names: Sequence[str],
         in_channels: int = 1,
         dropout_prob: float = 0.0,
+        network: str = DENSENET121,
     ) -> None:
         names = distinct_class_names(class_names)
         if in_channels not in (1, 3):
             raise ValueError(f"in_channels must be 1 (grayscale) or 3 (RGB-replicated), got {in_channels}")
-        super().__init__(spatial_dims=2, in_channels=in_channels, out_channels=len(names), dropout_prob=dropout_prob)
+        if network not in NETWORK_ARGUMENTS:
+            raise ValueError(f"network must be one of {list(NETWORK_ARGUMENTS)}, got {network!r}")
+        super().__init__(
+            spatial_dims=2,
+            in_channels=in_channels,
+            out_channels=len(names),
+            dropout_prob=dropout_prob,
+            **NETWORK_ARGUMENTS[network],
+        )
         self.class_names = names
         self.in_channels = in_channels
         self.dropout_prob = dropout_prob
+        self.network = network
 
 
 # --- optional local ImageNet weights ----------------------------------------------------------
@@ -85,7 +98,7 @@ def imagenet_to_monai_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch
     return renamed
 
 
-def load_pretrained_backbone(model: NamedDenseNet121, weights_path: str | Path) -> list[str]:
+def load_pretrained_backbone(model: NamedDenseNet, weights_path: str | Path) -> list[str]:
     """Load a local ImageNet DenseNet121 checkpoint (e.g. torchvision's densenet121-a639ec97.pth).
 
     For one input channel the first convolution is summed over RGB, which keeps the response to
@@ -93,6 +106,8 @@ def load_pretrained_backbone(model: NamedDenseNet121, weights_path: str | Path) 
     that were loaded. Nothing is downloaded.
     """
     weights_path = Path(weights_path)
+    if model.network != DENSENET121:
+        raise ModelFileError(f"{weights_path}: ImageNet weights fit DenseNet121, not the {model.network} network")
     raw = read_tensor_file(weights_path, "pretrained weights file")
     if isinstance(raw, dict) and "state_dict" in raw:
         raw = raw["state_dict"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.errors import SiteConfigError
-from .names import ON_ERROR_POLICIES
+from .names import DENSENET121, NETWORKS, ON_ERROR_POLICIES
 
 ACCEPT_NON_CHEST = "accept_non_chest"  # the setting (and predict's given preprocessing) that reads any DICOM
 MIN_IMAGE_SIZE = 16  # DenseNet121 halves an image five times
@@ -37,6 +37,7 @@ class ImageSettings:
     cache_threads: int = 4  # threads decoding images into the preprocessing cache
     on_unreadable: str = "error"  # unreadable images: error (list them and stop) | skip (leave out, count)
     accept_non_chest: bool = False  # train on DICOMs whose Modality or BodyPartExamined is not a chest radiograph
+    network: str = DENSENET121  # the model every site of a job trains (names.NETWORKS: the smoke one is for tests)
 
     def check(self, where: str) -> None:
         """Refuse a value training could not use; the error names ``where`` (the file) and the field."""
@@ -60,5 +61,7 @@ class ImageSettings:
             )
         if self.in_channels not in CHANNEL_COUNTS:
             raise fail("in_channels", f"must be 1 or 3, got {self.in_channels}")
+        if self.network not in NETWORKS:
+            raise fail("network", f"must be one of {list(NETWORKS)}, got {self.network!r}")
         if self.on_unreadable not in ON_ERROR_POLICIES:
             raise fail("on_unreadable", f"must be one of {list(ON_ERROR_POLICIES)}, got {self.on_unreadable!r}")
