@@ -32,26 +32,31 @@ from surgical_aggregation.deployment.bundle import EXTRA_KEY, TOLERANCE, export_
 from surgical_aggregation.evaluation.inference import THRESHOLDS_KEY, score
 from surgical_aggregation.images import grayscale
 from surgical_aggregation.images.model import NamedDenseNet
+from surgical_aggregation.images.names import DENSENET121, NETWORK_ARGUMENTS, NETWORK_KEY, SMOKE_DENSENET
 from surgical_aggregation.training.checkpoint import PREPROCESSING_KEY, load_checkpoint, save_checkpoint
 
-pytestmark = pytest.mark.slow  # exports, saves and reloads a DenseNet121 (a MONAI Bundle, TorchScript, ONNX)
+pytestmark = pytest.mark.slow  # exports, saves and reloads DenseNets (a MONAI Bundle, TorchScript, ONNX)
 
 CLASSES = ["Pleural Effusion", "Mass", "Tuberculosis"]  # a finding with an alias, one without, one of a site's own
 THRESHOLDS = {"Pleural Effusion": 0.5, "Mass": None, "Tuberculosis": 0.45}  # Mass: no threshold chosen
 SCHEMA = Path(__file__).parent / "data" / "monai_bundle_metadata.schema.json"
-PREPROCESSING = {"image_size": 32, "in_channels": 3, "imagenet_normalize": True}  # 3 channels: RepeatChannel too
+# 3 channels: RepeatChannel too; the smoke network (DenseNet121's export: the command line's test)
+PREPROCESSING = {"image_size": 32, "in_channels": 3, "imagenet_normalize": True, NETWORK_KEY: SMOKE_DENSENET}
+
+
+def _model_file(folder: Path, preprocessing: dict) -> Path:
+    torch.manual_seed(0)
+    model = NamedDenseNet(CLASSES, in_channels=3, network=preprocessing.get(NETWORK_KEY, DENSENET121))
+    with torch.no_grad():
+        model.class_layers.out.weight.mul_(20 if model.network == DENSENET121 else 200)  # spread over (0, 1)
+    meta = {PREPROCESSING_KEY: preprocessing, "round": 3, "method": "surgical"}
+    meta[THRESHOLDS_KEY] = {"values": THRESHOLDS, "chosen_on": "val", "rule": "Youden's J"}
+    return save_checkpoint(folder / "model.pt", model.state_dict(), CLASSES, **meta)
 
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    model = NamedDenseNet(CLASSES, in_channels=3)
-    with torch.no_grad():
-        model.class_layers.out.weight.mul_(20)  # probabilities spread over (0, 1), not all near 0.5
-    folder = tmp_path_factory.mktemp("model")
-    meta = {PREPROCESSING_KEY: PREPROCESSING, "round": 3, "method": "surgical"}
-    meta[THRESHOLDS_KEY] = {"values": THRESHOLDS, "chosen_on": "val", "rule": "Youden's J"}
-    return save_checkpoint(folder / "model.pt", model.state_dict(), CLASSES, **meta)
+    return _model_file(tmp_path_factory.mktemp("model"), PREPROCESSING)
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +129,12 @@ def test_the_bundle_has_monais_layout_and_its_metadata_passes_monais_checks(expo
         net_id="network_def", meta_file=meta_file, config_file=str(root / "configs" / "inference.json"), device="cpu"
     )
     weights = torch.load(root / "models" / "model.pt", weights_only=True)
-    from monai.networks.nets import DenseNet121
+    from monai.networks.nets import DenseNet
 
-    DenseNet121(spatial_dims=2, in_channels=3, out_channels=3).load_state_dict(weights)  # MONAI's own network
+    network = json.loads((root / "configs" / "inference.json").read_text())["network_def"]
+    arguments = {**NETWORK_ARGUMENTS[SMOKE_DENSENET], "block_config": [2, 2, 2, 2]}
+    assert network == {"_target_": "DenseNet", "spatial_dims": 2, **arguments, "in_channels": 3, "out_channels": 3}
+    DenseNet(spatial_dims=2, in_channels=3, out_channels=3, **arguments).load_state_dict(weights)  # MONAI's own
 
 
 def test_the_metadata_names_the_classes_in_head_order_with_aliases_thresholds_and_inputs(exported):
@@ -247,7 +255,9 @@ def test_every_file_of_the_input_folder_is_scored_or_listed_with_its_reason_in_o
     assert opened.set_index("path").loc[str(folder / "ct.dcm"), "status"] == "ok"
 
 
-def test_the_command_line_exports_without_onnx_and_refuses_a_used_folder(model_file, tmp_path, capsys):
+def test_the_command_line_exports_without_onnx_and_refuses_a_used_folder(tmp_path, capsys):
+    """On DenseNet121 (the other tests export the smoke network): MONAI's own ``DenseNet121`` in the bundle."""
+    model_file = _model_file(tmp_path, {key: value for key, value in PREPROCESSING.items() if key != NETWORK_KEY})
     out = tmp_path / "exported"
     aliases = tmp_path / "label_aliases.json"
     aliases.write_text(json.dumps({"Fluid": "Pleural Effusion", "TB": "Tuberculosis"}))  # the job's own
@@ -263,6 +273,8 @@ def test_the_command_line_exports_without_onnx_and_refuses_a_used_folder(model_f
         "Tuberculosis": ["TB"],
     }
     assert not (out / "models" / "model.onnx").exists()
+    network = json.loads((out / "configs" / "inference.json").read_text())["network_def"]
+    assert network == {"_target_": "DenseNet121", "spatial_dims": 2, "in_channels": 3, "out_channels": 3}
     assert main(["export-bundle", str(model_file), "--out", str(out), "--no-onnx"]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
     assert main(["export-bundle", str(model_file), "--out", str(out), "--no-onnx", "--overwrite"]) == 0

@@ -14,6 +14,7 @@ from surgical_aggregation.cli import main
 from surgical_aggregation.evaluation.inference import labelled_set
 from surgical_aggregation.images.layouts import load_table
 from surgical_aggregation.images.model import NamedDenseNet
+from surgical_aggregation.images.names import NETWORK_KEY, SMOKE_DENSENET
 from surgical_aggregation.training.checkpoint import save_checkpoint
 from surgical_aggregation.training.config import load_site_config
 from surgical_aggregation.training.site_data import resolve_table, split_table
@@ -24,8 +25,8 @@ MODEL_CLASSES = ["Mass", "Fracture", "Pleural Effusion"]
 @pytest.fixture
 def model_file(tmp_path):
     torch.manual_seed(0)
-    model = NamedDenseNet(MODEL_CLASSES)
-    preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
+    model = NamedDenseNet(MODEL_CLASSES, network=SMOKE_DENSENET)
+    preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True, NETWORK_KEY: SMOKE_DENSENET}
     return save_checkpoint(tmp_path / "model.pt", model.state_dict(), model.class_names, preprocessing=preprocessing)
 
 

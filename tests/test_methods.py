@@ -27,6 +27,7 @@ from surgical_aggregation.flare.protocol import (
 )
 from surgical_aggregation.flare.results import PERSONAL_MODELS_DIR
 from surgical_aggregation.images.model import NamedDenseNet
+from surgical_aggregation.images.names import SMOKE_DENSENET
 from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.loops import masked_bce_with_logits
@@ -213,6 +214,7 @@ def site(nih_data):
             "max_batches_per_epoch": 1,
             "warmup_epochs": 0,
             "augment": False,
+            "network": SMOKE_DENSENET,
         }
     )
     return config, prepare_site_data(config)
@@ -220,7 +222,7 @@ def site(nih_data):
 
 def _global(classes: list[str], seed: int = 1) -> dict[str, torch.Tensor]:
     torch.manual_seed(seed)
-    return NamedDenseNet(classes).state_dict()
+    return NamedDenseNet(classes, network=SMOKE_DENSENET).state_dict()
 
 
 def _first_batch(trainer: SiteTrainer) -> dict[str, torch.Tensor]:
@@ -327,6 +329,7 @@ def test_fedbn_plus_is_refused_on_a_model_whose_batchnorm_holds_its_defaults(nih
             "batch_size": 8,
             "max_batches_per_epoch": 1,
             "cache_dir": str(tmp_path),
+            "network": SMOKE_DENSENET,
         }
     )
     trainer = SiteTrainer(config, prepare_site_data(config), "site-test")

@@ -10,6 +10,7 @@ from surgical_aggregation.core.head import NAMED_HEAD, slice_for_client
 from surgical_aggregation.core.methods import SiteMethod
 from surgical_aggregation.flare.audit import EXCHANGES_DIR, SiteAudit, exchange_file_name, read_audit
 from surgical_aggregation.images.model import NamedDenseNet
+from surgical_aggregation.images.names import SMOKE_DENSENET
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.site_data import prepare_site_data
 from surgical_aggregation.training.trainer import SiteTrainer, evaluation_metrics
@@ -33,6 +34,7 @@ def trainer(nih_data, tmp_path_factory):
             "learning_rate": 1e-3,
             "cache_dir": str(tmp_path_factory.mktemp("cache")),
             "cpu_threads": 2,
+            "network": SMOKE_DENSENET,
         }
     )
     return SiteTrainer(config, prepare_site_data(config), "site-test")
@@ -41,7 +43,7 @@ def trainer(nih_data, tmp_path_factory):
 def _union_model(seed: int) -> tuple[dict, list[str]]:
     torch.manual_seed(seed)
     classes = ["Fracture", "Pleural Effusion", "Hernia", "Edema", "Atelectasis", "Mass"]
-    return NamedDenseNet(classes).state_dict(), classes
+    return NamedDenseNet(classes, network=SMOKE_DENSENET).state_dict(), classes
 
 
 def test_global_rows_are_loaded_by_name(trainer):
@@ -97,7 +99,7 @@ def test_fedbn_plus_keeps_batchnorm_fixed_during_local_training(trainer):
     trainer.fit(2, warmup=False)
     after = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     bn = [k for k in after if ".norm" in k]
-    assert len(bn) == 121 * 5
+    assert len(bn) == 21 * 5  # the smoke network's 21 BatchNorm layers, 5 entries each
     assert all(torch.equal(before[k], after[k]) for k in bn)
     assert not torch.equal(before["features.conv0.weight"], after["features.conv0.weight"])
     trainer.set_method(SiteMethod())
@@ -128,7 +130,7 @@ def test_metrics_and_exchange_records(trainer, tmp_path):
     assert torch.equal(saved["state"][W], trainer.state_dict()[W])
     [entry] = read_audit(tmp_path)
     assert (entry["task"], entry["round"], entry["direction"]) == ("train", 4, "sent")
-    assert entry["class_names"] == trainer.class_names and entry["head_shapes"][W] == [4, 1024]
+    assert entry["class_names"] == trainer.class_names and entry["head_shapes"][W] == [4, 32]
     assert entry["metrics"] == sorted(metrics) and entry["entries"] == len(trainer.state_dict())
     SiteAudit(tmp_path / "off", "off").record("train", 0, "sent", trainer.class_names, trainer.state_dict())
     assert not (tmp_path / "off" / EXCHANGES_DIR).exists() and len(read_audit(tmp_path / "off")) == 1
