@@ -562,6 +562,16 @@ def test_one_preprocessing_per_federation(tmp_path):
     assert harness.saved[-1].meta[META_PREPROCESSING]["image_size"] == 64
     assert [task for task, _, _ in small.tasks] == [TASK_REFUSED]
     assert small.outcomes[0]["reason"].endswith('set "image_size": 64 in its site config')
+    # a site on the smoke network, in a federation of DenseNet121 (whose preprocessing names no network)
+    smoke = FakeSite("site-c", ["Edema"], [0.5, 0.4])
+    smoke.preprocessing = {**smoke.preprocessing, "image_size": 32, "network": "densenet-smoke"}
+    mixed = Harness([FakeSite("site-a", ["Mass"], [0.5, 0.4]), smoke], tmp_path / "mixed", num_rounds=1, min_clients=1)
+    mixed.run()
+    assert smoke.outcomes[0]["reason"].endswith(
+        "image_size 32 (the federation's: 64), network 'densenet-smoke' (the federation's: None); one preprocessing "
+        'per federation, so the model can be used on every site\'s data: set "image_size": 64 and leave out "network" '
+        "in its site config"
+    )
     # a job may set the federation's preprocessing: then a site that differs from it is refused, by name
     decided = Harness(
         [FakeSite("site-a", ["Mass"], [0.5, 0.4]), FakeSite("site-b", ["Edema"], [0.5, 0.4])],

@@ -217,10 +217,12 @@ def preprocessing_problem(
     details = ", ".join(
         f"{key} {_shown(site_preprocessing.get(key))} ({whose}: {federation.get(key)!r})" for key in different
     )
-    fix = ", ".join(f"{json.dumps(key)}: {json.dumps(federation.get(key))}" for key in different if key in federation)
+    settings = ", ".join(f"{json.dumps(key)}: {json.dumps(federation[key])}" for key in different if key in federation)
+    left_out = ", ".join(json.dumps(key) for key in different if key not in federation)  # the federation's default
+    fix = " and ".join(part for part in (settings and f"set {settings}", left_out and f"leave out {left_out}") if part)
     return (
         f"it preprocesses its data otherwise: {details}; one preprocessing per federation, so the model can be used on "
-        f"every site's data: set {fix} in its site config"
+        f"every site's data: {fix} in its site config"
     )
 
 
