@@ -28,11 +28,9 @@ def image_bundle_parts(preprocessing: Mapping[str, Any], class_count: int) -> Bu
     normalize = bool(preprocessing.get("imagenet_normalize", True))
     batch = image_batch_transform(size, train=False, in_channels=channels, imagenet_normalize=normalize)
     network = str(preprocessing.get(NETWORK_KEY, DENSENET121))
-    network_definition: dict[str, Any] = {"_target_": "DenseNet121", "spatial_dims": 2}
+    network_definition: dict[str, Any] = {"_target_": "DenseNet121", "spatial_dims": 2}  # MONAI's own class
     if network != DENSENET121:
-        arguments = NETWORK_ARGUMENTS[network]
-        network_definition = {"_target_": "DenseNet", "spatial_dims": 2, **arguments}
-        network_definition["block_config"] = list(arguments["block_config"])
+        network_definition = {"_target_": "DenseNet", "spatial_dims": 2, **NETWORK_ARGUMENTS[network]}
     network_definition |= {"in_channels": channels, "out_channels": class_count}
     transforms: list[dict[str, Any]] = [
         {

@@ -15,11 +15,11 @@ ARCHITECTURE = "densenet121"  # the modality's model family, as a model file rec
 # the first): the papers' DenseNet121, and a DenseNet of the same layout small enough to run the bundle's wiring in
 # tests and smoke runs in seconds (what it learns says nothing about the method).
 DENSENET121, SMOKE_DENSENET = "densenet121", "densenet-smoke"
-NETWORKS: tuple[str, ...] = (DENSENET121, SMOKE_DENSENET)
 # MONAI ``DenseNet`` arguments of each: DenseNet121's own (MONAI's ``DenseNet121`` defaults), and the smoke network's
 # (26,992 parameters and 32 features before the head, against DenseNet121's 6.95 M and 1,024)
 NETWORK_ARGUMENTS: dict[str, dict] = {
     DENSENET121: {"init_features": 64, "growth_rate": 32, "block_config": (6, 12, 24, 16), "bn_size": 4},
     SMOKE_DENSENET: {"init_features": 16, "growth_rate": 8, "block_config": (2, 2, 2, 2), "bn_size": 4},
 }
+NETWORKS: tuple[str, ...] = tuple(NETWORK_ARGUMENTS)
 NETWORK_KEY = "network"  # the setting, and the preprocessing entry of a model file
