@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -16,13 +17,18 @@ import pytest
 import torch
 from filelock import FileLock
 
+import surgical_aggregation.flare.recipe as recipes
 from surgical_aggregation.core.head import HeadSpec
 from surgical_aggregation.data.reference import reference_file
-from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe
+from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
 from surgical_aggregation.images.names import SMOKE_DENSENET
 
 T = TypeVar("T")
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+REPOSITORY = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPOSITORY / "benchmarks"
+TESTED = "<!-- tested by tests/test_docs.py"
+MAIN_RUN = "e2e-main-run"  # built once, read by the FLARE and the blind tests
+SNIPPET_RUN = "docs-recipe-snippet-run"  # built once, read by the docs and the determinism tests
 TOY_HEAD = HeadSpec("head.weight", "head.bias")
 TOY_FEATURES = 4
 
@@ -183,6 +189,40 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
         value = build(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared)))
         result.write_bytes(pickle.dumps(value))
         return value
+
+
+def build_main_run(root: Path) -> tuple[int, str, Path]:
+    """The main job shrunk (:func:`tiny_recipe`, 2 rounds) through ``nvflare simulator -t 2`` as the README runs it:
+    (exit code, output, workspace). Each site records every exchange in full (``record_exchanges``), so that the blind
+    pair compares its models with this run's; the job is otherwise the one the blind pair runs in plain mode."""
+    cache = root / "cache"
+    recipe = tiny_recipe(nih_chexpert_recipe, cache, rounds=2)
+    configs = {site: {**config, "record_exchanges": "full"} for site, config in recipe.site_configs.items()}
+    job = write_job(SurgicalAggregationRecipe(recipe.name, configs, controller=recipe.controller_args), root / "job")
+    code, output = load_benchmark("hostile_site").run_simulator(job, root / "ws", cache=cache, timeout=900)
+    (root / "simulator.log").write_text(output)
+    return code, output, root / "ws"
+
+
+def snippet_under_test(page: Path) -> str:
+    """The python block that follows the page's "tested by tests/test_docs.py" marker."""
+    text = page.read_text()
+    after = text[text.index(TESTED) :]
+    return re.search(r"```python\n(.*?)```", after, re.S).group(1)
+
+
+def build_snippet_run(root: Path) -> Path:
+    """``docs/library.md``'s recipe snippet run as written (the main job in FLARE's SimEnv, tracked with MLflow), with
+    tiny sites and 2 rounds in place of the bundle's: its workspace."""
+    snippet = snippet_under_test(REPOSITORY / "docs" / "library.md")
+    assert "/tmp/sa-recipe" in snippet and "nih_chexpert_recipe(" in snippet
+    bundle_recipe = recipes.nih_chexpert_recipe
+    recipes.nih_chexpert_recipe = lambda **options: tiny_recipe(bundle_recipe, root / "cache", rounds=2, **options)
+    try:
+        exec(compile(snippet.replace("/tmp/sa-recipe", str(root / "ws")), "docs/library.md", "exec"), {})
+    finally:
+        recipes.nih_chexpert_recipe = bundle_recipe
+    return root / "ws"
 
 
 def load_benchmark(name: str):

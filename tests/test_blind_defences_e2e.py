@@ -1,6 +1,6 @@
 """Blind mode's defences through FLARE's simulator: the sites' validation of what they decrypt leaves out a harmful
 contribution the server cannot read, a site that sends no figure breaks nothing, and each blind job runs under its own
-key. Its own module, so that its run is made beside ``test_blind_e2e``'s pair of runs, not after them."""
+key. Its own module, so that its run is made beside ``test_blind_e2e``'s runs, not after them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.flare.blind import SEEN_FILE
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe
-from test_blind_e2e import PAIR, _app, _server, _with_secret, build_pair
+from test_blind_e2e import BLIND_RUN, _app, _server, _with_secret, build_blind_run
 
 from helpers import built_once, load_benchmark, tiny_sites
 
@@ -21,9 +21,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """``test_blind_e2e``'s pair of runs (the same build, made once)."""
-    return built_once(tmp_path_factory, PAIR, build_pair)
+def blind_run(tmp_path_factory):
+    """``test_blind_e2e``'s blind run (the same build, made once)."""
+    return built_once(tmp_path_factory, BLIND_RUN, build_blind_run)
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +51,10 @@ def poisoned(tmp_path_factory):
     return built_once(tmp_path_factory, "blind-e2e-poisoned", build)
 
 
-def test_two_blind_jobs_of_one_consortium_run_under_different_keys(runs, poisoned):
+def test_two_blind_jobs_of_one_consortium_run_under_different_keys(blind_run, poisoned):
     keys = [
         json.loads((_server(workspace) / SEEN_FILE).read_text())["handshake"]["public_context_sha256"]
-        for workspace in (runs["blind"][2], poisoned[2])
+        for workspace in (blind_run[2], poisoned[2])
     ]
     assert len(set(keys)) == 2
 

@@ -24,7 +24,7 @@ from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.site_data import resolve_table
 
-from helpers import audit_exchange, built_once, load_benchmark, tiny_recipe
+from helpers import MAIN_RUN, audit_exchange, build_main_run, built_once, load_benchmark, tiny_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -37,15 +37,15 @@ def _classes(recipe) -> dict[str, list[str]]:
     return {site: list(site_config_from_dict(config).data.labels) for site, config in recipe.site_configs.items()}
 
 
-def _run(root: Path, blind: bool) -> tuple[int, str, Path]:
+def build_blind_run(root: Path) -> tuple[int, str, Path]:
+    """The main run's job (:func:`helpers.build_main_run`) in blind mode: (exit code, output, workspace)."""
     cache = root / "cache"
     bundle = tiny_recipe(nih_chexpert_recipe, cache, rounds=ROUNDS)
     configs = {site: {**config, "record_exchanges": "full"} for site, config in bundle.site_configs.items()}
-    if blind:
-        configs = _with_secret(configs, root)
+    configs = _with_secret(configs, root)
     written_by_the_recipe = ("preprocessing", "publish_global_model")
     controller = {key: value for key, value in bundle.controller_args.items() if key not in written_by_the_recipe}
-    recipe = SurgicalAggregationRecipe(bundle.name, configs, controller=controller, blind=blind)
+    recipe = SurgicalAggregationRecipe(bundle.name, configs, controller=controller, blind=True)
     job = write_job(recipe, root / "job", force=True)
     code, output = load_benchmark("hostile_site").run_simulator(job, root / "ws", cache=cache, timeout=900)
     return code, output, root / "ws"
@@ -61,17 +61,16 @@ def _with_secret(configs: dict[str, dict], root: Path, union: list[str] | None =
     return {site: {**config, "blind_secret": str(secret)} for site, config in configs.items()}
 
 
-def build_pair(root: Path) -> dict[str, tuple[int, str, Path]]:
-    """The pair of runs, plain and blind (``test_blind_defences_e2e`` reads the blind one's key too)."""
-    return {"plain": _run(root / "plain", blind=False), "blind": _run(root / "blind", blind=True)}
-
-
-PAIR = "blind-e2e"  # built once for every module and worker that asks
+BLIND_RUN = "blind-e2e-blind"  # built once for every module and worker that asks (``test_blind_defences_e2e`` too)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return built_once(tmp_path_factory, PAIR, build_pair)
+    """The pair of runs of one job, plain (the main run, shared with ``test_flare_e2e``) and blind."""
+    return {
+        "plain": built_once(tmp_path_factory, MAIN_RUN, build_main_run),
+        "blind": built_once(tmp_path_factory, BLIND_RUN, build_blind_run),
+    }
 
 
 def _app(workspace: Path, site: str) -> Path:

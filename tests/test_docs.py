@@ -5,41 +5,25 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest
 
-import surgical_aggregation.flare.recipe as recipes
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.training.checkpoint import load_checkpoint
 
-from helpers import load_benchmark, tiny_recipe
+from helpers import REPOSITORY, SNIPPET_RUN, build_snippet_run, built_once, load_benchmark
 
 pytestmark = pytest.mark.slow
-REPOSITORY = Path(__file__).resolve().parents[1]
-TESTED = "<!-- tested by tests/test_docs.py"
 
 
-def snippet_under_test(page: Path) -> str:
-    """The python block that follows the page's "tested by tests/test_docs.py" marker."""
-    text = page.read_text()
-    after = text[text.index(TESTED) :]
-    return re.search(r"```python\n(.*?)```", after, re.S).group(1)
+@pytest.fixture(scope="module")
+def snippet_run(tmp_path_factory) -> Path:
+    return built_once(tmp_path_factory, SNIPPET_RUN, build_snippet_run)
 
 
-def test_the_recipe_snippet_runs_the_main_job_in_simenv_and_mlflow_reads_it_back(tmp_path, monkeypatch):
-    snippet = snippet_under_test(REPOSITORY / "docs" / "library.md")
-    assert "/tmp/sa-recipe" in snippet and "nih_chexpert_recipe(" in snippet
-    bundle_recipe = recipes.nih_chexpert_recipe
-    monkeypatch.setattr(
-        recipes,
-        "nih_chexpert_recipe",
-        lambda **options: tiny_recipe(bundle_recipe, tmp_path / "cache", rounds=2, **options),
-    )
-    exec(compile(snippet.replace("/tmp/sa-recipe", str(tmp_path / "ws")), "docs/library.md", "exec"), {})
-
-    app = tmp_path / "ws" / "nih_chexpert" / "server" / "simulate_job" / "app_server"
+def test_the_recipe_snippet_runs_the_main_job_in_simenv_and_mlflow_reads_it_back(snippet_run):
+    app = snippet_run / "nih_chexpert" / "server" / "simulate_job" / "app_server"
     model = load_checkpoint(app / "FL_global_model.pt")
     assert set(model.class_names) == set(NIH_LABELS) | set(CHEXPERT_LABELS)
 

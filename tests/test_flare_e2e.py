@@ -42,7 +42,6 @@ from surgical_aggregation.flare.recipe import (
     nih_chexpert_recipe,
     write_job,
 )
-from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.images.names import DENSENET121, SMOKE_DENSENET
 from surgical_aggregation.images.synthetic import GENERATED, generate_nih, render_image
@@ -54,7 +53,17 @@ from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.site_data import prepare_site_data
 from surgical_aggregation.training.trainer import SiteTrainer
 
-from helpers import built_once, tiny_recipe, tiny_sites, union_of_the_seven_label_files, write_dicom
+from helpers import (
+    MAIN_RUN,
+    SNIPPET_RUN,
+    build_main_run,
+    build_snippet_run,
+    built_once,
+    tiny_recipe,
+    tiny_sites,
+    union_of_the_seven_label_files,
+    write_dicom,
+)
 
 pytestmark = pytest.mark.slow
 TOL = 1e-6
@@ -110,12 +119,16 @@ def _surgical_mean(records: dict[str, dict]) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def main_run(tmp_path_factory):
-    def build(root: Path) -> tuple[Path, Path]:
-        write_job(tiny_recipe(nih_chexpert_recipe, root / "cache", rounds=2), root / "job")
-        return root / "ws", _simulate(root / "job", root / "ws", root / "cache", "-t", "2")
+def snippet_run(tmp_path_factory) -> Path:
+    """``docs/library.md``'s recipe snippet's run (``test_docs`` reads it too)."""
+    return built_once(tmp_path_factory, SNIPPET_RUN, build_snippet_run)
 
-    return built_once(tmp_path_factory, "e2e-main-run", build)
+
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory):
+    code, output, workspace = built_once(tmp_path_factory, MAIN_RUN, build_main_run)
+    assert code == 0, output[-5000:]
+    return workspace, workspace / "server" / "simulate_job"
 
 
 def test_global_model_has_the_20_class_union(main_run):
@@ -420,17 +433,17 @@ def _without_timings(value):
     return value
 
 
-def test_the_same_seed_gives_the_same_round_history_on_a_cpu(main_run, tmp_path):
-    """Two runs of one tiny job, the main run's (``nvflare simulator``, one client thread: each site's process
-    restarted between tasks) and one through the recipe API (a process per site, in parallel, results arriving in
-    any order): every validation, aggregation and model choice is the same; only the seconds differ. The in-process
+def test_the_same_seed_gives_the_same_round_history_on_a_cpu(main_run, snippet_run, tmp_path):
+    """Two runs of one tiny job, the main run's (``nvflare simulator -t 2``, every exchange recorded in full) and the
+    docs' recipe snippet's (FLARE's SimEnv through the recipe API, tracked with MLflow; results arriving in any
+    order): every validation, aggregation and model choice is the same; only the seconds differ. The in-process
     federation of the benchmark grids (``experiments.federation``) on the same site configs gives the same global
     models and validations, to float round-off (one process instead of one per site)."""
     histories, models = [], []
     recipe = tiny_recipe(nih_chexpert_recipe, tmp_path / "cache", rounds=2)
     for server in (
         main_run[1] / "app_server",
-        simulate(recipe, tmp_path / "ws", log_file=tmp_path / "sim.log").server_app,
+        snippet_run / "nih_chexpert" / "server" / "simulate_job" / "app_server",
     ):
         histories.append(_without_timings(json.loads((server / "round_history.json").read_text())))
         models.append(load_checkpoint(server / "FL_global_model.pt").state)
