@@ -4,7 +4,7 @@ each clause below fails when what it guards is broken (the closing note of the b
 Four simulated NIH sites (K = 4), psi = 12/14 (2 classes every site labels, 12 labelled by one site each), heads on
 frozen features (the findings' glyph detectors of ``images.glyph_features``, as the head-only grid reads the images)
 trained by the in-process federation (``experiments.federation``, the controller's loop) over 3 seeds that redraw the
-label subsets, the patient split and the partition:
+label subsets, the patient split and the partition (the README's test command judges the first, the system tier all):
 
 (a) missing findings (the real situation: a site's images show the findings it does not label): vanilla FL, which
     trains them as negatives, is below surgical aggregation by a clear margin on every seed;
@@ -60,6 +60,13 @@ ABSENT_SHARE = 0.3  # (b): under the absent control, at most this share of (a)'s
 LABELS_SHARE = 0.05  # ... and the missing labels' share of it is at least this
 WRONG_MARGIN = 0.03  # (d): rows matched by position: the AUROC deficit, mean over seeds
 BCE_MARGIN = 0.05  # (d): zero rows averaged in: how much higher the test BCE is, mean over seeds
+# CI judges the first seed (every clause holds on each seed alone, with room: (a) 0.094-0.113, (b) at most 0.23 of (a),
+# (d) 0.195-0.209 and 0.318-0.363); the system tier each other seed alone and all three, as the clauses are written
+SEED_SETS = [
+    pytest.param(SEEDS[:1], id=f"seed-{SEEDS[0]}"),
+    *(pytest.param((seed,), id=f"seed-{seed}", marks=pytest.mark.system) for seed in SEEDS[1:]),
+    pytest.param(SEEDS, id="every-seed", marks=pytest.mark.system),
+]
 
 
 class Images:
@@ -169,22 +176,26 @@ class ByPosition(SurgicalAggregator):
         super().add(Contribution(contribution.client, contribution.state, renamed, contribution.num_samples))
 
 
-@pytest.fixture(scope="module")
-def heterogeneous(images: Images, tmp_path_factory) -> dict[str, list[tuple[float, float]]]:
-    return built_once(tmp_path_factory, "falsification-heterogeneous", lambda _: _heterogeneous(images))
+@pytest.fixture(scope="module", params=SEED_SETS)
+def heterogeneous(images: Images, tmp_path_factory, request) -> dict[str, list[tuple[float, float]]]:
+    per_seed = [
+        built_once(tmp_path_factory, f"falsification-seed-{seed}", lambda _, seed=seed: _heterogeneous(images, seed))
+        for seed in request.param
+    ]
+    return {name: [scores[name] for scores in per_seed] for name in per_seed[0]}
 
 
-def _heterogeneous(images: Images) -> dict[str, list[tuple[float, float]]]:
-    """(test mean AUROC, test BCE) per seed at psi = 12/14: each method, missing and absent, the wrong aggregators."""
+def _heterogeneous(images: Images, seed: int) -> dict[str, tuple[float, float]]:
+    """(test mean AUROC, test BCE) of ``seed`` at psi = 12/14: each method, missing and absent, wrong aggregators."""
     runs = {
-        "surgical": lambda seed: run(images, seed, "surgical"),
-        "vanilla": lambda seed: run(images, seed, "vanilla"),
-        "surgical absent": lambda seed: run(images, seed, "surgical", absent=True),
-        "vanilla absent": lambda seed: run(images, seed, "vanilla", absent=True),
-        "zero-filled": lambda seed: run(images, seed, "surgical", aggregator=ZeroFilledMean),
-        "by position": lambda seed: run(images, seed, "surgical", aggregator=ByPosition),
+        "surgical": lambda: run(images, seed, "surgical"),
+        "vanilla": lambda: run(images, seed, "vanilla"),
+        "surgical absent": lambda: run(images, seed, "surgical", absent=True),
+        "vanilla absent": lambda: run(images, seed, "vanilla", absent=True),
+        "zero-filled": lambda: run(images, seed, "surgical", aggregator=ZeroFilledMean),
+        "by position": lambda: run(images, seed, "surgical", aggregator=ByPosition),
     }
-    return {name: [each(seed)[:2] for seed in SEEDS] for name, each in runs.items()}
+    return {name: each()[:2] for name, each in runs.items()}
 
 
 def _deficit(scores: dict[str, list[tuple[float, float]]], ours: str, theirs: str) -> np.ndarray:
