@@ -68,6 +68,22 @@ def _trainer(nih_data, tmp_path, privacy, method=FEDBN_PLUS, **fields) -> SiteTr
     return trainer
 
 
+def test_the_ledgers_epsilon_is_opacus_rdp_accountants_to_the_last_bit():
+    """Each noise multiplier and sample rate's one-step RDP is computed once and kept: the epsilon of any history is
+    still exactly what Opacus's accountant gives (random histories and deltas, asked twice)."""
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        history = [
+            (float(rng.uniform(0.5, 4.0)), float(rng.uniform(0.001, 0.5)), int(rng.integers(1, 400)))
+            for _ in range(int(rng.integers(1, 4)))
+        ]
+        delta = float(10 ** rng.uniform(-7, -3))
+        reference = RDPAccountant()
+        reference.history = list(history)
+        for _ in range(2):
+            assert PrivacyLedger("rdp", history).epsilon(delta) == reference.get_epsilon(delta), (history, delta)
+
+
 def test_the_ledger_is_opacus_accountant_step_by_step():
     ledger = PrivacyLedger("rdp")
     reference = RDPAccountant()
@@ -264,8 +280,8 @@ def test_delta_is_at_most_one_over_ten_times_the_protected_units_and_the_noise_s
         _trainer(nih_data, tmp_path, {"epsilon": 3.0, "noise_multiplier": 1.0, "delta": bound / 2}).delta == bound / 2
     )
     calls = []
-    count_calls = privacy_module._accountant
-    monkeypatch.setattr(privacy_module, "_accountant", lambda *args: calls.append(1) or count_calls(*args))
+    count_calls = privacy_module._rdp_epsilon  # each epsilon asked of the RDP accountant
+    monkeypatch.setattr(privacy_module, "_rdp_epsilon", lambda *args: calls.append(1) or count_calls(*args))
     trainer = _trainer(nih_data, tmp_path, {"epsilon": 0.2, "planned_rounds": 1_000_000})
     with pytest.raises(SiteConfigError, match=r"differential_privacy.epsilon 0.2 cannot cover \d+ steps"):
         trainer.fit(0, warmup=False)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -235,6 +236,28 @@ def _accountant(kind: str, history: Sequence[tuple[float, float, int]]):
     return accountant
 
 
+@functools.lru_cache(maxsize=4096)
+def _rdp_of_one_step(noise_multiplier: float, sample_rate: float) -> np.ndarray:
+    """Opacus's RDP of one sampled Gaussian step at its accountant's default orders (a pure function of its
+    arguments, and the slow part of every epsilon: a site's noise search and each round's report ask again)."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp
+
+    orders = RDPAccountant.DEFAULT_ALPHAS
+    return rdp.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=orders)
+
+
+def _rdp_epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> float:
+    """``RDPAccountant.get_epsilon`` of ``history``, the same operations in the same order (each entry's RDP is
+    its one step's times its steps, as Opacus's ``compute_rdp`` returns it), the one-step RDP computed once."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp
+
+    total = sum([_rdp_of_one_step(noise, rate) * steps for noise, rate, steps in history])
+    epsilon, _ = rdp.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=total, delta=delta)
+    return float(epsilon)
+
+
 Steps = tuple[float, float, int]  # (noise multiplier, sample rate, steps), as Opacus's accountants keep them
 
 
@@ -258,6 +281,8 @@ class PrivacyLedger:
         history = [*self.inherited, *self.history, *planned]
         if not history:
             return 0.0
+        if self.accountant == "rdp":
+            return _rdp_epsilon(history, delta)
         return float(_accountant(self.accountant, history).get_epsilon(delta))
 
     def record(self, noise_multiplier: float, sample_rate: float, steps: int) -> None:
