@@ -67,8 +67,13 @@ def _positives_by_name(
     """Images x classes (1.0 / 0.0) from each image's list of raw label names, classes in name order."""
     canonical = vocabulary.renaming(sorted({name for names in tokens for name in names}), where)
     classes = sorted({name for name in canonical.values() if name != NO_FINDING})
-    present = tokens.map(lambda names: {canonical[name] for name in names})
-    columns = {name: present.map(lambda found, name=name: name in found).to_numpy(np.float32) for name in classes}
+    column_of = {name: column for column, name in enumerate(classes)}
+    positives = np.zeros((len(tokens), len(classes)), np.float32)  # one pass over the names, not one per class
+    for row, names in enumerate(tokens):
+        for name in names:
+            if canonical[name] != NO_FINDING:
+                positives[row, column_of[canonical[name]]] = 1.0
+    columns = {name: positives[:, column] for name, column in column_of.items()}
     return pd.DataFrame({KEY_COLUMN: keys.to_numpy(), PATIENT_COLUMN: patients.astype(str).to_numpy(), **columns})
 
 
