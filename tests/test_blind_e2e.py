@@ -66,11 +66,10 @@ BLIND_RUN = "blind-e2e-blind"  # built once for every module and worker that ask
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The pair of runs of one job, plain (the main run, shared with ``test_flare_e2e``) and blind."""
-    return {
-        "plain": built_once(tmp_path_factory, MAIN_RUN, build_main_run),
-        "blind": built_once(tmp_path_factory, BLIND_RUN, build_blind_run),
-    }
+    """The pair of runs of one job, plain (the main run, shared with ``test_flare_e2e``) and blind; the blind one
+    asked first, so that a worker here builds it while another builds the main run, not waits for it."""
+    blind = built_once(tmp_path_factory, BLIND_RUN, build_blind_run)
+    return {"plain": built_once(tmp_path_factory, MAIN_RUN, build_main_run), "blind": blind}
 
 
 def _app(workspace: Path, site: str) -> Path:
