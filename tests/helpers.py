@@ -183,10 +183,17 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
     if "PYTEST_XDIST_WORKER" in os.environ:
         shared = shared.parent  # pytest-of-<user>/pytest-<n>/, above each worker's popen-gw<k>/
     result = shared / f"{name}.pickle"
+    failed = shared / f"{name}.failed"
     with FileLock(str(shared / f"{name}.lock")):
         if result.is_file():
             return pickle.loads(result.read_bytes())
-        value = build(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared)))
+        if failed.is_file():  # one failed build is enough: its traceback is in the test that made it
+            raise RuntimeError(f"the shared run {name!r} failed in another test: {failed.read_text()}")
+        try:
+            value = build(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared)))
+        except BaseException as error:
+            failed.write_text(f"{type(error).__name__}: {error}"[:2000])
+            raise
         result.write_bytes(pickle.dumps(value))
         return value
 
@@ -218,10 +225,16 @@ def build_snippet_run(root: Path) -> Path:
     assert "/tmp/sa-recipe" in snippet and "nih_chexpert_recipe(" in snippet
     bundle_recipe = recipes.nih_chexpert_recipe
     recipes.nih_chexpert_recipe = lambda **options: tiny_recipe(bundle_recipe, root / "cache", rounds=2, **options)
+    threads = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # as the main run's sites: the determinism test compares the two exactly
     try:
         exec(compile(snippet.replace("/tmp/sa-recipe", str(root / "ws")), "docs/library.md", "exec"), {})
     finally:
         recipes.nih_chexpert_recipe = bundle_recipe
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS")
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads
     return root / "ws"
 
 

@@ -75,7 +75,7 @@ from .checks import server_check
 def normal_upper_tail(z: float) -> float:
     """P(Z > z) for a standard normal Z, from the complementary error function: accurate far into the tail, and the
     server's import needs no scipy.stats (seconds on every start)."""
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
+    return 0.5 * math.erfc(float(z) / math.sqrt(2.0))
 
 
 FALSE_ALARM_RATE = 0.01  # per job: the chance that a flag is raised while every site's harm is within the margin

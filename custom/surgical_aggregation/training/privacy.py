@@ -244,7 +244,9 @@ def _rdp_of_one_step(noise_multiplier: float, sample_rate: float) -> np.ndarray:
     from opacus.accountants.analysis import rdp
 
     orders = RDPAccountant.DEFAULT_ALPHAS
-    return rdp.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=orders)
+    one_step = rdp.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=orders)
+    one_step.setflags(write=False)  # shared by every later call: never changed in place
+    return one_step
 
 
 def _rdp_epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> float:
@@ -253,7 +255,8 @@ def _rdp_epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> f
     from opacus.accountants import RDPAccountant
     from opacus.accountants.analysis import rdp
 
-    total = sum([_rdp_of_one_step(noise, rate) * steps for noise, rate, steps in history])
+    # float(): equal keys of another type (a float32 rate) would share a cache entry computed at another precision
+    total = sum([_rdp_of_one_step(float(noise), float(rate)) * steps for noise, rate, steps in history])
     epsilon, _ = rdp.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=total, delta=delta)
     return float(epsilon)
 
