@@ -127,6 +127,16 @@ def test_grids_follow_the_papers_with_a_psi_0_control():
     assert len(set().union(*map(set, twenty.label_sets.values()))) == 20 and len(twenty.shared_classes) == 7
 
 
+def test_the_paper_profiles_sites_train_the_papers_recipe():
+    """Adam at 5e-5 after a 15-epoch head warm-up at 5e-3 (the papers'; their public code's 1e-3 is the site
+    config's default), 1 local epoch, batch 64, 224 px, 70/10/20 by patient."""
+    config = site_config_from_dict(PROFILES["paper"].site_config({"kind": "nih"}))
+    assert (config.learning_rate, config.warmup_epochs, config.warmup_learning_rate) == (5e-5, 15, 5e-3)
+    assert (config.local_epochs, config.batch_size, config.settings.image_size) == (1, 64, 224)
+    assert list(config.data.split_fractions) == [0.7, 0.1, 0.2]
+    assert site_config_from_dict({}).warmup_learning_rate == 1e-3
+
+
 def test_each_seed_draws_the_label_sets_split_and_partition_anew():
     base = grid_settings("small", DataSources(), PROFILES["demo"])[1]  # psi = 12/14
     seeds = [base.for_seed(seed) for seed in range(4)]

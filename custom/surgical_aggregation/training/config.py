@@ -57,7 +57,8 @@ class DataConfig:
 
 @dataclass
 class SiteConfig:
-    """Every field defaults to the papers' settings (batch 64, 15 warm-up epochs, Adam at 5e-5, ...).
+    """Every field defaults to the papers' settings (batch 64, 15 warm-up epochs, Adam at 5e-5, ...), but the head
+    warm-up's learning rate: 1e-3, their public code's (the papers' 5e-3 is the ``paper`` profile's).
 
     ``settings`` holds the fields of the data's modality (for images their size and normalisation, for reports the
     sentence encoder) as the modality's own dataclass (``Modality.settings_type``); they sit flat in the JSON next to
