@@ -64,3 +64,41 @@ def test_the_readmes_evidence_figures_are_the_grids_psi_12_of_14_differences():
         f"(5 seeds, psi = 12/14): {head_missing} with frozen features and missing findings, {head_absent} under "
         f"absent; training the whole network (on a GPU) {full_missing}, which does not separate them" in readme
     )
+
+
+def test_the_pages_multiplicity_figures_are_holms_on_the_grids_p_values():
+    """The benchmark page's count of comparisons and of those Holm's procedure keeps (family-wise 5 %, per
+    comparison and over all), from the head-only grids' seeds.csv, and vanilla FL's sign in every missing cell."""
+    from surgical_aggregation.core.judging import holm
+
+    grids = [pd.read_csv(BENCHMARK / f"head-{grid}" / "seeds.csv").assign(grid=grid) for grid in ("psi", "K", "N")]
+    seeds = pd.concat(grids)  # each grid's psi = 0 control is a cell of its own
+    seeds = seeds[(seeds.model == "selected") & (seeds.test_set == "nih")]
+    tested = seeds[seeds.p_value.notna()]
+    cell = tested.grid + ":" + tested.factor + ":" + tested.value.round(6).astype(str) + ":" + tested.control
+    keys = cell + ":" + tested.method
+    p_values = dict(zip(keys, tested.p_value, strict=True))
+    cells = tested.groupby("method").size().to_dict()
+    family = {method: {k: p for k, p in p_values.items() if k.endswith(f":{method}")} for method in cells}
+    kept = {method: len(holm(family[method], 0.05)) for method in cells}
+    overall = holm(p_values, 0.05)
+    missing = seeds[(seeds.method == "vanilla") & (seeds.control == "missing") & (seeds.value > 0)]
+    page = " ".join((BENCHMARK / "README.md").read_text().split())
+    assert cells == {"vanilla": 38, "partial_loss": 38, "centralized": 44, "individual": 44, "centralized_full": 22}
+    assert f"The three grids hold {len(p_values)} paired comparisons with a p-value" in page
+    assert (kept["vanilla"], kept["partial_loss"], kept["centralized"]) == (14, 0, 7)
+    vanilla = {
+        (key.split(":")[0], round(float(key.split(":")[2]), 4), key.split(":")[3])
+        for key in holm(family["vanilla"], 0.05)
+    }
+    psi = [round(value / 14, 4) for value in (10, 12, 13, 14)]  # "from 10/14 on"
+    assert vanilla == {("psi", round(2 / 14, 4), "missing"), *(("psi", value, "missing") for value in psi)} | {
+        *(("K", k, "missing") for k in (5.0, 6.0, 8.0, 10.0)), ("N", 0.5, "missing"),
+        *(("psi", value, "absent") for value in psi),
+    }  # fmt: skip
+    assert "vanilla FL's deficit stays significant in 14 of its 38 cells" in page
+    assert "partial loss's difference in none, centralized training's in 7 of 44" in page
+    assert len(overall) == 29 and sum(key.endswith(":vanilla") for key in overall) == 4
+    assert f"over all {len(p_values)} at once, 29 remain, 4 of them vanilla FL's" in page
+    assert len(missing) == 19 and (missing.difference < 0).all()
+    assert "its sign in every one of the 19 cells with missing findings beyond psi = 0" in page
