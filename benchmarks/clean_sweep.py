@@ -161,6 +161,7 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
         "stopped": stopped.group(1) if stopped else None,
         "excluded": {str(entry_round): entry.get("excluded", {}) for entry_round, entry in enumerate(rounds)},
         "rejected": sorted({site for entry in rounds for site in entry.get("rejected", {})}),
+        "rejections": {str(entry_round): entry.get("rejected", {}) for entry_round, entry in enumerate(rounds)},
         "validations": validations,
         "directions": directions,
         "screening": [entry.get("screening") for entry in history if entry.get("screening")],
@@ -180,8 +181,9 @@ def out_of_sample(name: str, result: dict) -> bool:
 
 def table(results: dict[str, dict]) -> list[str]:
     lines = [
-        "| federation | sites | scheme | patients a site | rounds | ran on | exit code | stopped | excluded |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| federation | sites | scheme | patients a site | rounds | ran on | exit code | stopped | excluded "
+        "| rejected |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, result in sorted(results.items()):
         sizes = [drawn["patients"] for drawn in result["federation"]["sites"].values()]
@@ -193,7 +195,7 @@ def table(results: dict[str, dict]) -> list[str]:
         lines.append(
             f"| {label} | {len(sizes)} | {scheme} | {min(sizes)}-{max(sizes)} | {result['federation']['rounds']} "
             f"| {result.get('machine', '?')} | {result['exit_code']} | {(result['stopped'] or '—')[:60]} "
-            f"| {', '.join(excluded) or '—'} |"
+            f"| {', '.join(excluded) or '—'} | {rejected_rounds(result) or '—'} |"
         )
     for title, chosen in (
         ("federations", results),
@@ -201,12 +203,25 @@ def table(results: dict[str, dict]) -> list[str]:
     ):
         stops = sum(1 for result in chosen.values() if result["exit_code"] != 0)
         excluded = sum(1 for result in chosen.values() if any(result["excluded"].values()))
+        rejected = sum(1 for result in chosen.values() if result["rejected"])
         total = len(chosen)
         lines.append(
             f"| **{total} {title}** | | | | | | **{stops} stopped** (at most {upper_bound(stops, total):.0%}) | "
-            f"| **{excluded} with an exclusion** (at most {upper_bound(excluded, total):.0%}) |"
+            f"| **{excluded} with an exclusion** (at most {upper_bound(excluded, total):.0%}) "
+            f"| **{rejected} with a result rejected** (at most {upper_bound(rejected, total):.0%}) |"
         )
     return lines
+
+
+def rejected_rounds(result: dict) -> str:
+    """The honest sites whose results the server's checks refused, with the rounds: every one a false alarm."""
+    rounds: dict[str, list[str]] = {}
+    for round_number, sites in sorted(result.get("rejections", {}).items(), key=lambda item: int(item[0])):
+        for site in sites:
+            rounds.setdefault(site, []).append(round_number)
+    if not rounds and result["rejected"]:  # a result written before the rounds were kept
+        return ", ".join(result["rejected"])
+    return "; ".join(f"{site} (rounds {', '.join(numbers)})" for site, numbers in rounds.items())
 
 
 def machine() -> str:

@@ -90,10 +90,11 @@ def test_the_clean_sweep_table_is_the_one_its_results_give():
     fresh = {name: result for name, result in results.items() if sweep.out_of_sample(name, result)}
     fresh_stops = sum(result["exit_code"] != 0 for result in fresh.values())
     fresh_excluded = sum(any(result["excluded"].values()) for result in fresh.values())
+    fresh_rejected = sum(bool(result["rejected"]) for result in fresh.values())
     assert (
-        f"of {len(results)} honest federations drawn at random (the consortium job among them), "
+        f"of {len(results)} honest ones drawn at random (the consortium job among them), "
         f"{stops} stopped and {excluded} left a site out; of the {len(fresh)} on which no rule was set, "
         f"{fresh_stops} stopped and {fresh_excluded} left a site out (at most "
         f"{sweep.upper_bound(fresh_stops, len(fresh)):.0%} and {sweep.upper_bound(fresh_excluded, len(fresh)):.0%}, "
-        f"95 % exact bounds)" in _readme()
+        f"95 % exact bounds), but in {fresh_rejected} the update bound refused a large site's results" in _readme()
     )
