@@ -366,6 +366,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--table-only", action="store_true", help="only redraw the table of results.json")
     parser.add_argument("--write-doc", type=Path, help=f"rewrite the table between <!-- {MARKER} --> markers")
     args = parser.parse_args(argv)
+    # absolute: the jobs' site configs and attackers' scripts name paths under it, and a relative one would be read
+    # from each site's own folder (the attackers then wait for honest updates written elsewhere)
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "results.json"
     results = json.loads(store.read_text()) if store.is_file() else {}
