@@ -198,17 +198,28 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
         return value
 
 
-def build_main_run(root: Path) -> tuple[int, str, Path]:
-    """The main job shrunk (:func:`tiny_recipe`, 2 rounds) through ``nvflare simulator -t 2`` as the README runs it:
-    (exit code, output, workspace). Each site records every exchange in full (``record_exchanges``), so that the blind
-    pair compares its models with this run's; the job is otherwise the one the blind pair runs in plain mode."""
+def run_main_job(
+    root: Path, blind: bool = False, configure: Callable[[dict[str, dict]], dict[str, dict]] | None = None
+) -> tuple[int, str, Path]:
+    """The main job shrunk (:func:`tiny_recipe`, 2 rounds) through ``nvflare simulator -t 2`` as the README runs it,
+    plain or ``blind`` (``configure`` adds to the site configs, e.g. the consortium's secret): (exit code, output,
+    workspace). Each site records every exchange in full (``record_exchanges``), so that the blind run's models are
+    compared with the plain run's."""
     cache = root / "cache"
-    recipe = tiny_recipe(nih_chexpert_recipe, cache, rounds=2)
-    configs = {site: {**config, "record_exchanges": "full"} for site, config in recipe.site_configs.items()}
-    job = write_job(SurgicalAggregationRecipe(recipe.name, configs, controller=recipe.controller_args), root / "job")
+    bundle = tiny_recipe(nih_chexpert_recipe, cache, rounds=2)
+    configs = {site: {**config, "record_exchanges": "full"} for site, config in bundle.site_configs.items()}
+    written_by_the_recipe = ("preprocessing", "publish_global_model")
+    controller = {key: value for key, value in bundle.controller_args.items() if key not in written_by_the_recipe}
+    recipe = SurgicalAggregationRecipe(bundle.name, (configure or dict)(configs), controller=controller, blind=blind)
+    job = write_job(recipe, root / "job")
     code, output = load_benchmark("hostile_site").run_simulator(job, root / "ws", cache=cache, timeout=900)
     (root / "simulator.log").write_text(output)
     return code, output, root / "ws"
+
+
+def build_main_run(root: Path) -> tuple[int, str, Path]:
+    """The plain main run (:func:`run_main_job`)."""
+    return run_main_job(root)
 
 
 def snippet_under_test(page: Path) -> str:

@@ -19,16 +19,15 @@ from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
 from surgical_aggregation.flare.blind import BLIND_BEST_MODEL_FILE, SEEN_FILE
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
-from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
+from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.site_data import resolve_table
 
-from helpers import MAIN_RUN, audit_exchange, build_main_run, built_once, load_benchmark, tiny_recipe
+from helpers import MAIN_RUN, audit_exchange, build_main_run, built_once, run_main_job
 
 pytestmark = pytest.mark.slow
 
-ROUNDS = 2
 SITES = ("site-nih", "site-chexpert")
 
 
@@ -38,17 +37,8 @@ def _classes(recipe) -> dict[str, list[str]]:
 
 
 def build_blind_run(root: Path) -> tuple[int, str, Path]:
-    """The main run's job (:func:`helpers.build_main_run`) in blind mode: (exit code, output, workspace)."""
-    cache = root / "cache"
-    bundle = tiny_recipe(nih_chexpert_recipe, cache, rounds=ROUNDS)
-    configs = {site: {**config, "record_exchanges": "full"} for site, config in bundle.site_configs.items()}
-    configs = _with_secret(configs, root)
-    written_by_the_recipe = ("preprocessing", "publish_global_model")
-    controller = {key: value for key, value in bundle.controller_args.items() if key not in written_by_the_recipe}
-    recipe = SurgicalAggregationRecipe(bundle.name, configs, controller=controller, blind=True)
-    job = write_job(recipe, root / "job", force=True)
-    code, output = load_benchmark("hostile_site").run_simulator(job, root / "ws", cache=cache, timeout=900)
-    return code, output, root / "ws"
+    """The main run's job (:func:`helpers.run_main_job`) in blind mode: (exit code, output, workspace)."""
+    return run_main_job(root, blind=True, configure=lambda configs: _with_secret(configs, root))
 
 
 def _with_secret(configs: dict[str, dict], root: Path, union: list[str] | None = None) -> dict[str, dict]:
