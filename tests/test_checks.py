@@ -10,7 +10,9 @@ import pytest
 
 from surgical_aggregation.core.checks import (
     CHECKS,
+    MAX_SIZE_SCALE,
     ROWS,
+    SAMPLES,
     STAGES,
     STATISTICS,
     WEIGHTS,
@@ -27,6 +29,7 @@ from surgical_aggregation.core.checks import (
     judged_loss,
     model_problems,
     opposed_updates,
+    size_scale,
     update_problems,
     update_sizes,
 )
@@ -92,6 +95,36 @@ def test_the_typical_update_is_the_median_of_round_medians_over_the_last_ten_rou
     warmup_rows = UpdateReference()
     warmup_rows.record([UpdateSizes({}, {"Mass": 0.4})], [True])  # a warm-up's rows do not make the typical
     assert warmup_rows.rounds == []
+
+
+def test_a_site_with_more_samples_than_the_typical_one_may_move_further_in_proportion_up_to_a_limit():
+    # seed 139 of the clean sweep: 842 training samples beside 71 and 37 moved a shared row 0.359 against a typical
+    # 0.03; the plain bound (10 x) refused it, the bound for its sample count (10 x 0.03 x 842 / 71) does not
+    reference = UpdateReference()
+    reference.record(
+        [UpdateSizes({WEIGHTS: 0.01}, {"Pneumonia": 0.03}, samples=s) for s in (71.0, 37.0, 842.0)], [False] * 3
+    )
+    assert reference.typical(SAMPLES) == 71.0
+    assert update_problems(UpdateSizes({}, {"Pneumonia": 0.359}, samples=842.0), reference, 10.0, False) == ([], [])
+    refused, details = update_problems(UpdateSizes({}, {"Pneumonia": 0.359}, samples=71.0), reference, 10.0, False)
+    assert refused == [
+        "its update of the head row of 'Pneumonia' (weights and bias) is 0.359 times their size, more than "
+        "update_bound (10) times the typical accepted update of earlier rounds"
+    ]
+    # the bound grows with the count, not without it: 842 / 71 = 11.9 times, and 12.5 times that is refused
+    beyond = 0.03 * 10 * (842 / 71) * 1.05
+    told, details = update_problems(UpdateSizes({}, {"Pneumonia": beyond}, samples=842.0), reference, 10.0, False)
+    assert told == [
+        f"its update of the head row of 'Pneumonia' (weights and bias) is {beyond:.3g} times their size, more than "
+        "update_bound (10) times the typical accepted update of earlier rounds for its sample count"
+    ]
+    assert details == [f"the head row of 'Pneumonia' (weights and bias): {beyond:.4g} > 10 x 0.03 x 11.9 (842 samples "
+                       "against 71)"]  # fmt: skip
+    # a smaller site keeps the plain bound; a declared size buys at most MAX_SIZE_SCALE
+    assert size_scale(10.0, 71.0) == 1.0 and size_scale(None, 71.0) == 1.0 and size_scale(842.0, None) == 1.0
+    assert size_scale(1e9, 71.0) == MAX_SIZE_SCALE
+    huge = UpdateSizes({WEIGHTS: 0.01 * 10 * MAX_SIZE_SCALE * 1.01}, samples=1e9)
+    assert update_problems(huge, reference, 10.0, False)[0]
 
 
 def test_the_bound_has_a_cap_and_a_history_and_names_only_the_sites_own_figures():

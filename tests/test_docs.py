@@ -96,5 +96,5 @@ def test_the_clean_sweep_table_is_the_one_its_results_give():
         f"{stops} stopped and {excluded} left a site out; of the {len(fresh)} on which no rule was set, "
         f"{fresh_stops} stopped and {fresh_excluded} left a site out (at most "
         f"{sweep.upper_bound(fresh_stops, len(fresh)):.0%} and {sweep.upper_bound(fresh_excluded, len(fresh)):.0%}, "
-        f"95 % exact bounds), but in {fresh_rejected} the update bound refused a large site's results" in _readme()
+        f"95 % exact bounds), and in {fresh_rejected} the update checks refused an honest site's results" in _readme()
     )

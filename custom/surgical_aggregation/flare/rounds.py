@@ -193,6 +193,7 @@ class Round:
                 rules.head,
                 rules.normalize,
             )
+            sizes[site].samples = float(contribution.num_samples)
             self.update_sizes[site] = sizes[site].summary()
             told, details = update_problems(sizes[site], reference, rules.update_bound, arrival.warmup)
             if told:

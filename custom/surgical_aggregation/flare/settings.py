@@ -31,7 +31,8 @@ resume: how a job treats an unfinished federation of its name saved by an earlie
     round earlier (when the latest is damaged), "never" starts afresh.
 update_bound: reject a result whose update of a part of the model (backbone weights, BatchNorm
     statistics, a head row) is more than this many times the typical accepted update of earlier
-    rounds; caps relative to the global model apply too. None turns every update bound off (research).
+    rounds (times the site's sample count over the typical accepted site's, where larger, at most 32
+    times); caps relative to the global model apply too. None turns every update bound off (research).
 clip_updates: with three or more sites moving a part of the model (backbone weights, BatchNorm statistics,
     a head row) in a round, scale each site's update of it down to the round's median size, so that no site
     moves it further than a typical site did. Off: the papers' plain means (the experiment grids turn it off).
