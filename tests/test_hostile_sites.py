@@ -944,12 +944,40 @@ def test_harm_no_site_flags_still_leaves_out_a_contribution_the_others_are_bette
 
 def test_the_products_robust_rule_keeps_a_flipped_update_among_three_inside_the_honest_ones(tmp_path):
     """The default rule (the geometric median of each part's updates) with the direction check off: one update
-    negated at the honest size among three moves the model the honest way, by the honest sites' step (their two
-    equal updates are the geometric median of the three); the plain mean would move it a third of that."""
+    negated at the honest size among three moves the model the honest way, by the honest sites' step (the smaller of
+    their two, 0.2 % apart, is the geometric median of the three); the plain mean would move it a third of that."""
     sites = _screened_sites("abx", attacker="x")
+    sites[1].behaviour = lambda round_number, params: shifted(params, 0.01002 * (1 + round_number))  # not a copy
     harness = Harness(
         sites, tmp_path, num_rounds=1, robust_aggregation="geometric_median", reject_opposed_updates=False
     )
     harness.run()
     assert harness.history[1]["aggregation"]["robust"]["backbone weights"] == 3
     np.testing.assert_allclose(_round_zero_change(harness, sites[0], "backbone.conv.weight"), 0.01, atol=1e-5)
+
+
+@pytest.mark.parametrize("counted_once", [True, False])
+def test_a_copy_of_an_honest_sites_update_counts_once(tmp_path, monkeypatch, counted_once):
+    """The mimic attack (Karimireddy, He, Jaggi, 2022) among three sites, the clipping off to isolate the rule:
+    site-x sends site-a's update. Counted once, the geometric median of the two distinct updates is their mean, what
+    the honest sites alone give (+0.02); counted twice, as before the rule, it is site-a's (+0.01) and site-b's is
+    lost. The round history and the log name the pair."""
+    if not counted_once:  # the defence removed: this case shows what it changes
+        monkeypatch.setattr("surgical_aggregation.core.robust.distinct_rows", lambda rows: rows)
+    sites = [
+        FakeSite("site-a", ["Mass"], [0.9, 0.5]),
+        FakeSite("site-b", ["Mass"], [0.9, 0.5], lambda round_number, params: shifted(params, 0.03)),
+        FakeSite("site-x", ["Mass"], [0.9, 0.5]),  # the same update as site-a's
+    ]
+    harness = Harness(sites, tmp_path, num_rounds=1, robust_aggregation="geometric_median", clip_updates=False)
+    harness.run()
+    aggregation = harness.history[1]["aggregation"]
+    assert aggregation["accepted"] == ["site-a", "site-b", "site-x"]
+    assert aggregation["duplicates"] == [["site-a", "site-x"]]
+    assert aggregation["closest_updates"] == 0.0
+    assert "round 0: ['site-a', 'site-x'] sent the same backbone update: a robust rule counts it once" in messages(
+        harness, "warning"
+    )
+    change = 0.02 if counted_once else 0.01
+    for part in ("backbone.conv.weight", "Mass"):
+        np.testing.assert_allclose(_round_zero_change(harness, sites[0], part), change, atol=1e-6, err_msg=part)

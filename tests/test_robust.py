@@ -7,8 +7,12 @@ import pytest
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.robust import (
     AGGREGATORS,
+    DUPLICATE_DISTANCE,
     RobustRule,
     SiteResult,
+    closest_distance,
+    distinct_rows,
+    duplicate_groups,
     geometric_median,
     mda,
     meamed,
@@ -108,3 +112,33 @@ def test_applied_part_by_part_each_head_row_over_the_sites_that_hold_it():
     assert state[NAMED_HEAD.weight_key][1] == pytest.approx([0.0, 0.0])  # B: two sites, the mean's (unchanged here)
     assert parts == {"backbone weights": 4, "head row A": 4}
     assert robust_state(mean_state, global_state, ["A", "B"], results[:2], keys, RobustRule.parse("median"))[1] == {}
+
+
+def test_an_update_sent_twice_counts_once():
+    a, b = np.array([3.0, 4.0]), np.array([-1.0, 2.0])
+    copy = a * (1 + 1e-5)  # what a float32 copy of a's update differs by
+    rows = np.stack([a, b, copy, b + np.array([0.0, 0.004])])  # the last 0.2 % from b: honest sites apart, not a copy
+    assert duplicate_groups(rows) == [[0, 2]]
+    np.testing.assert_allclose(distinct_rows(rows), [(a + copy) / 2, b, b + np.array([0.0, 0.004])])
+    # 5e-5 / (5 (1 + 1e-5)), to the rounding of distances taken from the Gram matrix
+    assert closest_distance(rows) == pytest.approx(1e-5 / (1 + 1e-5), rel=1e-4)
+    assert closest_distance(rows[:1]) is None
+    assert duplicate_groups(np.zeros((2, 3))) == [[0, 1]]  # two sites that sent nothing sent the same
+    assert DUPLICATE_DISTANCE == 1e-3
+
+
+def test_a_copy_of_an_honest_sites_update_does_not_decide_a_median_of_three():
+    """The mimic attack (Karimireddy, He, Jaggi, 2022): site 3 sends site 1's update. Counted twice, it is the
+    geometric median of the three, backbone and shared row alike, and site 2's update is lost; counted once, the two
+    distinct updates take their mean, what the honest sites alone give."""
+    global_state = _state(0.0, 1.0, {"A": 0.0})
+    honest = [SiteResult(_state(1.0, 2.0, {"A": 1.0}), ["A"]), SiteResult(_state(3.0, 2.0, {"A": -1.0}), ["A"])]
+    mimic = SiteResult({key: value.copy() for key, value in honest[0].state.items()}, ["A"])
+    keys = [key for key in global_state if key not in NAMED_HEAD.keys]
+    rule = RobustRule.parse("geometric_median")
+    state, parts = robust_state(dict(global_state), global_state, ["A"], [*honest, mimic], keys, rule)
+    assert state["features.conv.weight"] == pytest.approx(np.full((2, 2), 2.0))  # (1 + 3) / 2, not 1
+    assert state[NAMED_HEAD.weight_key][0] == pytest.approx([0.0, 0.0])  # (1 - 1) / 2
+    assert state[NAMED_HEAD.bias_key][0] == pytest.approx(0.0)
+    assert parts == {"backbone weights": 3, "head row A": 3}
+    assert rule(np.stack([np.full(4, 1.0), np.full(4, 3.0), np.full(4, 1.0)])) == pytest.approx(np.full(4, 1.0))

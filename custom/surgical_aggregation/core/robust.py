@@ -152,6 +152,60 @@ def nearest_neighbour_mixing(rows: np.ndarray, f: int) -> np.ndarray:
     return np.stack([rows[indices].mean(axis=0) for indices in nearest])
 
 
+# Two updates closer than this (relative to the larger's norm) are one update sent twice. A site that copies another's
+# (the mimic attack: Karimireddy, He, Jaggi, ICLR 2022) makes it count twice, and a median of three rows two of which
+# are equal is that row, so the third site's update is lost. A float32 copy differs from its original by about 1e-5;
+# honest sites train on different data (each round records its closest pair: `closest_updates`).
+DUPLICATE_DISTANCE = 1e-3
+
+
+def _relative_distances(rows: np.ndarray) -> np.ndarray:
+    """Pairwise distances over the larger norm of each pair (0 for two zero rows)."""
+    distances = np.sqrt(np.maximum(_squared_distances(rows), 0.0))
+    norms = np.linalg.norm(rows, axis=1)
+    larger = np.maximum(norms[:, None], norms[None, :])
+    return np.divide(distances, larger, out=np.zeros_like(distances), where=larger > 0)
+
+
+def duplicate_groups(rows: np.ndarray) -> list[list[int]]:
+    """The indices of rows sent more than once: groups of two or more, each row in the group of the first earlier row
+    within :data:`DUPLICATE_DISTANCE` of it."""
+    rows = np.asarray(rows, dtype=np.float64)
+    relative = _relative_distances(rows)
+    first: list[int] = []  # each row's group leader
+    for index in range(rows.shape[0]):
+        leader = next((other for other in range(index) if first[other] == other and
+                       relative[index, other] <= DUPLICATE_DISTANCE), index)  # fmt: skip
+        first.append(leader)
+    groups: dict[int, list[int]] = {}
+    for index, leader in enumerate(first):
+        groups.setdefault(leader, []).append(index)
+    return [group for group in groups.values() if len(group) > 1]
+
+
+def distinct_rows(rows: np.ndarray) -> np.ndarray:
+    """``rows`` with each group of duplicates (:func:`duplicate_groups`) counted once, as its mean, where its first
+    row was."""
+    rows = np.asarray(rows, dtype=np.float64)
+    groups = {group[0]: group for group in duplicate_groups(rows)}
+    repeated = {index for group in groups.values() for index in group[1:]}
+    if not groups:
+        return rows
+    return np.stack(
+        [rows[groups[index]].mean(axis=0) if index in groups else rows[index]
+         for index in range(rows.shape[0]) if index not in repeated]
+    )  # fmt: skip
+
+
+def closest_distance(rows: np.ndarray) -> float | None:
+    """The smallest relative distance between two rows (None for fewer than two)."""
+    rows = np.asarray(rows, dtype=np.float64)
+    if rows.shape[0] < 2:
+        return None
+    relative = _relative_distances(rows)
+    return float(relative[np.triu_indices(rows.shape[0], 1)].min())
+
+
 AGGREGATORS: dict[str, Aggregator] = {
     "mean": mean,
     "median": median,
@@ -235,7 +289,9 @@ class SiteResult:
     "with `robust_aggregation` (default `geometric_median`), each part of the model (the backbone's learned weights, "
     f"each head row over the sites that hold it) that {MIN_ROWS} or more accepted results moved takes the rule's "
     "aggregate of their (clipped) updates instead of their mean, tolerating `byzantine_sites` hostile ones (default: "
-    "the most it can, (n - 1) // 2 of n); a part fewer sites moved, and the BatchNorm statistics (running averages the "
+    "the most it can, (n - 1) // 2 of n); two updates of a part within 0.1 % of each other (relative to the larger) "
+    "count once (a copy of another site's update, the mimic attack), and a part left with fewer than 3 distinct "
+    "updates takes their plain mean; a part fewer sites moved, and the BatchNorm statistics (running averages the "
     "sites measure, held by their own checks), keep their (weighted) mean",
     "(recorded in the round's `robust`: how many sites each part's rule aggregated)",
 )
@@ -278,7 +334,7 @@ def robust_state(
                 for result in results
             ]
         )
-        moved = base + rule(rows)
+        moved = base + rule(distinct_rows(rows))
         offset = 0
         for key in keys:
             size = to_numpy(global_state[key]).size
@@ -301,7 +357,7 @@ def robust_state(
             continue
         index = positions[canonical]
         old = np.append(old_weight[index], old_bias[index])
-        moved = old + rule(np.stack(rows) - old)
+        moved = old + rule(distinct_rows(np.stack(rows) - old))
         new_weight[index], new_bias[index] = moved[:-1], moved[-1]
         replaced[row_part(canonical)] = len(rows)
     state[head.weight_key] = cast_like(global_state[head.weight_key], new_weight)

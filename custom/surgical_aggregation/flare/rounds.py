@@ -47,7 +47,7 @@ from ..core.checks import (
     weight_change,
 )
 from ..core.head import HeadSpec
-from ..core.robust import RobustRule, SiteResult, robust_state
+from ..core.robust import RobustRule, SiteResult, closest_distance, duplicate_groups, robust_state
 from ..training.privacy import UNITS as PRIVACY_UNITS
 from .handshake import SiteInfo
 from .protocol import META_CLASS_NAMES, META_WARMUP, TASK_TRAIN
@@ -110,6 +110,8 @@ class Round:
     robust_parts: dict[str, int] = field(default_factory=dict)  # part -> sites its robust rule aggregated
     contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
+    duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
+    closest_updates: float | None = None  # the smallest relative distance between two sites' backbone updates
     privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # DP-SGD sites: their checked privacy report
     budget_spent: dict[str, str] = field(default_factory=dict)  # site -> why it did not train (its budget)
 
@@ -207,7 +209,10 @@ class Round:
                 )
                 for site in candidates
             }
-            consensus = rules.consensus(np.stack([changes[site] for site in candidates]))
+            stacked = np.stack([changes[site] for site in candidates])
+            self.duplicates = [[candidates[index] for index in group] for group in duplicate_groups(stacked)]
+            self.closest_updates = closest_distance(stacked)
+            consensus = rules.consensus(stacked)
             self.directions = consensus_cosines(changes, consensus)
             if rules.reject_opposed_updates:
                 self.rejected.update(opposed_updates(changes, consensus))
@@ -313,6 +318,10 @@ class Round:
             lines.append(
                 ("error", f"round {self.number}: the candidate global model failed the model check ({failed}); {then}")
             )
+        for group in self.duplicates:
+            lines.append(
+                ("warning", f"round {self.number}: {group} sent the same backbone update: a robust rule counts it once")
+            )
         if self.free_riders:
             riders = f"free-rider(s) {self.free_riders}: their updates barely moved the model; left out of the mean"
             lines.append(("warning", f"round {self.number}: {riders}"))
@@ -378,6 +387,10 @@ class Round:
             entry["model_check"] = list(self.model_check)
         if self.directions:  # each backbone update's cosine with the round's consensus (its robust aggregate)
             entry["directions"] = {site: round(value, 4) for site, value in self.directions.items()}
+        if self.closest_updates is not None:  # how near two sites' backbone updates came (duplicates: within 1e-3)
+            entry["closest_updates"] = float(f"{self.closest_updates:.4g}")
+        if self.duplicates:
+            entry["duplicates"] = [list(group) for group in self.duplicates]
         if self.robust_parts:  # the parts a robust rule aggregated: how many sites each
             entry["robust"] = dict(self.robust_parts)
         return entry
