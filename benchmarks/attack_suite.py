@@ -14,10 +14,12 @@ both layouts): each honest site on its own classes. The backdoor's success: the 
 for its target finding, with the trigger stamped, that the model scores above its own 95th percentile of that
 finding's scores on the untriggered test images.
 
-Each attack runs against the clean run of the same seed and size. An attack **holds** when every honest site's best
-and final AUROC is within :data:`TOLERANCE` of the clean run's (and, for the backdoor, its success within
-:data:`BACKDOOR_TOLERANCE` of the clean model's); it **fails closed** when the job stopped non-zero, published
-nothing and named why; otherwise it **breaks through**.
+Each attack runs against the clean run of the same seed and size, beside a placebo: the same federation with the
+attacking sites honest but for their training seed, whose loss against the clean run is how far two runs of one
+federation fall apart by chance (the suite's noise floor; an attack's loss inside it says nothing either way). An
+attack **holds** when every honest site's best and final AUROC is within :data:`TOLERANCE` of the clean run's (and,
+for the backdoor, its success within :data:`BACKDOOR_TOLERANCE` of the clean model's); it **fails closed** when the
+job stopped non-zero, published nothing and named why; otherwise it **breaks through**.
 
     python benchmarks/attack_suite.py --out results/attack_suite          # about 3 hours on 2 CPU cores
     python benchmarks/attack_suite.py --out results/attack_suite --table-only --write-doc docs/server-checks.md
@@ -57,6 +59,11 @@ TOLERANCE = 0.05  # the AUROC an honest site may lose to an attack, against the 
 BACKDOOR_TOLERANCE = 0.05  # the backdoor's success above the clean model's, as a share of the target's negatives
 CLEAN = "clean"
 ALONE = "honest_alone"  # the same federation without its attacking sites: what a defence that leaves them out gives
+# the same federation with its "attacking" sites honest but for their training seed (+ PLACEBO_SEED): an attack that
+# does nothing. Its loss against the clean run is the suite's noise floor, what any attack's loss is measured against
+PLACEBO = "placebo"
+PLACEBO_SEED = 1000
+REFERENCES = (CLEAN, ALONE)
 # (sites, attackers) of every federation an attack runs in
 SETTINGS = ((2, 1), (3, 1), (4, 1), (7, 1), (7, 2))
 MARKER = "attack-suite"
@@ -120,6 +127,9 @@ def write_case_job(case: Case, folder: Path, cache: Path, exchange: Path, contro
     }
     settings = {"num_rounds": ROUNDS, "patience": ROUNDS, "min_clients": 1, **controller}
     attackers = attackers_of(case, configs)
+    if case.attack == PLACEBO:
+        configs = {site: {**config, "seed": config["seed"] + PLACEBO_SEED} if site in attackers else config
+                   for site, config in configs.items()}  # fmt: skip
     recipe = SurgicalAggregationRecipe(
         f"attack-{case.sites}",
         configs,
@@ -128,7 +138,7 @@ def write_case_job(case: Case, folder: Path, cache: Path, exchange: Path, contro
         left_out=attackers if case.attack == ALONE else (),
     )
     job = write_job(recipe, folder, force=True)
-    if case.attack not in (CLEAN, ALONE):
+    if case.attack not in (CLEAN, ALONE, PLACEBO):
         rule = settings.get("robust_aggregation", DEFAULT_RULE)  # what the omniscient attacks optimise against
         for site in configs:
             role = case.attack if site in attackers else "honest"
@@ -268,12 +278,12 @@ def table(results: dict[str, dict]) -> list[str]:
         "| verdict (clean run) | verdict (honest alone) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    order = {CLEAN: 0, ALONE: 1}
+    order = {CLEAN: 0, ALONE: 1, PLACEBO: 2}
     for result in sorted(
         results.values(), key=lambda r: (order.get(r["attack"], 2), r["attack"], r["sites"], r["attackers"])
     ):
         clean, alone = clean_of(results, result), alone_of(results, result)
-        reference_run = result["attack"] in (CLEAN, ALONE)
+        reference_run = result["attack"] in REFERENCES
         if reference_run:
             said = ("runs" if result["exit_code"] == 0 else "false alarm", "")
         else:
@@ -302,7 +312,7 @@ def plot(results: dict[str, dict], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    attacked = [result for result in results.values() if result["attack"] not in (CLEAN, ALONE)]
+    attacked = [result for result in results.values() if result["attack"] not in REFERENCES]
     attacks = sorted({result["attack"] for result in attacked})
     settings = sorted({(result["sites"], result["attackers"]) for result in attacked})
     references = (("clean run", clean_of), ("honest alone", alone_of))
@@ -344,7 +354,9 @@ def cases(seeds: list[int], attacks: list[str], settings: list[tuple[int, int]])
     """The clean run of every size and seed, then each attack in each setting with each seed."""
     sizes = sorted({sites for sites, _ in settings})
     planned = [Case(CLEAN, sites, 0, seed) for seed in seeds for sites in sizes]
-    planned += [Case(ALONE, sites, count, seed) for seed in seeds for sites, count in settings]
+    planned += [
+        Case(kind, sites, count, seed) for seed in seeds for kind in (ALONE, PLACEBO) for sites, count in settings
+    ]
     planned += [Case(attack, sites, count, seed) for seed in seeds for attack in attacks for sites, count in settings]
     return planned
 

@@ -21,6 +21,9 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
                  sign as in the reference code of Karimireddy, He, Jaggi)
   ``opt_alie``   ``mean + tau * std``, tau by the same line search (ByzFL's Optimal_ALittleIsEnough)
   ``mimic``      a copy of the first honest site's update (Karimireddy, He, Jaggi, ICLR 2022; ByzFL's default)
+  ``mimic_noised`` ``mimic`` plus Gaussian noise, scaled so that each part lies twice the server's duplicate distance
+                 (``core.robust.DUPLICATE_DISTANCE``) from the copied update: an attacker who read that a copy counts
+                 once
   ``inf``        every learned weight +inf (ByzFL's Inf)
   ``gaussian``   every learned weight's update drawn from N(0, 1) (ByzFL's Gaussian)
 
@@ -49,7 +52,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "inf", "gaussian")
+MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "mimic_noised", "inf", "gaussian")
 DATA_POISONING = ("label_flip", "label_flip_quiet", "backdoor", "backdoor_boosted", "bn_inflate")
 ATTACKS = MODEL_POISONING + DATA_POISONING
 IPM_EPSILON = 0.1
@@ -135,6 +138,12 @@ def attack_rows(attack: str, honest: np.ndarray, sites: int, attackers: int, rul
         return make(tau), tau
     if attack == "mimic":
         return honest[0].copy(), None
+    if attack == "mimic_noised":
+        from surgical_aggregation.core.robust import DUPLICATE_DISTANCE
+
+        noise = np.random.default_rng(honest.shape[1]).normal(size=honest.shape[1])
+        scale = 2 * DUPLICATE_DISTANCE * np.linalg.norm(honest[0]) / max(np.linalg.norm(noise), 1e-30)
+        return honest[0] + scale * noise, None
     raise ValueError(attack)
 
 
@@ -221,7 +230,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
         honest = honest_updates(round_number, self.site)
         own = exchange_update(received_params, sent, classes)
         keys = [key for key, value in sent.items() if learned(key, value)]
-        if role == "mimic":
+        if role in ("mimic", "mimic_noised"):
             honest = honest[:1]
         rows = _flatten(honest or [own], keys)
         vector, tau = attack_rows(role, rows, sites, attackers, rule)
