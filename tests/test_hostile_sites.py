@@ -981,3 +981,27 @@ def test_a_copy_of_an_honest_sites_update_counts_once(tmp_path, monkeypatch, cou
     change = 0.02 if counted_once else 0.01
     for part in ("backbone.conv.weight", "Mass"):
         np.testing.assert_allclose(_round_zero_change(harness, sites[0], part), change, atol=1e-6, err_msg=part)
+
+
+@pytest.mark.parametrize("samples", [120, 10])
+def test_a_site_with_more_samples_may_move_further_in_proportion(tmp_path, samples):
+    """site-c moves every part twelve times as far as the others each round. With twelve times their training
+    samples (120 against 10) its bound is twelve times theirs and it is accepted every round; with their sample
+    count it is refused from round 1, once the typical update is known."""
+    sites = [
+        FakeSite("site-a", ["Mass"], [0.9, 0.5, 0.5]),
+        FakeSite("site-b", ["Mass"], [0.9, 0.5, 0.5]),
+        FakeSite("site-c", ["Mass"], [0.9, 0.5, 0.5], scaled_update(12.0, trained(1.0))),
+    ]
+    sites[0].behaviour = sites[1].behaviour = trained(1.0)
+    for site in sites[:2]:
+        site.samples = 10
+    sites[2].samples = samples
+    harness = Harness(sites, tmp_path, num_rounds=3, min_clients=2)
+    harness.run()
+    rejected = [entry["aggregation"].get("rejected", {}) for entry in harness.history[1:]]
+    if samples == 120:
+        assert rejected == [{}, {}, {}]
+    else:
+        assert rejected[0] == {}
+        assert all("more than update_bound (10) times the typical" in later["site-c"] for later in rejected[1:])
