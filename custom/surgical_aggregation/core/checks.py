@@ -586,17 +586,52 @@ def update_sizes(
     for name, (changes, olds) in ((WEIGHTS, weights), (STATISTICS, statistics)):
         if olds:
             sizes.groups[name] = _norm(changes) / max(_norm(olds), 1e-12)
+    for name, (old, new) in head_rows(sent, sent_classes, received, received_classes, head, normalize).items():
+        sizes.rows[name] = _norm([new - old]) / max(_norm([old]), ROW_NORM_FLOOR)
+    return sizes
+
+
+def head_rows(
+    sent: StateDict,
+    sent_classes: Sequence[str],
+    received: StateDict,
+    received_classes: Sequence[str],
+    head: HeadSpec = NAMED_HEAD,
+    normalize: NameNormalizer | None = None,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each head row the site was sent and sent back, matched by name: its spelling -> (received, sent), each the
+    row's weights with its bias appended, float64."""
+    normalize = normalize or (lambda name: name)
     received_rows = {normalize(name): row for row, name in enumerate(received_classes)}
     old_weight, old_bias = (to_numpy(received[key]).astype(np.float64) for key in head.keys)
     new_weight, new_bias = (to_numpy(sent[key]).astype(np.float64) for key in head.keys)
+    rows = {}
     for row, name in enumerate(sent_classes):
         old_row = received_rows.get(normalize(name))
-        if old_row is None:
+        if old_row is not None:
+            rows[name] = (np.append(old_weight[old_row], old_bias[old_row]), np.append(new_weight[row], new_bias[row]))
+    return rows
+
+
+def opposed_row_shares(
+    changes: Mapping[str, Mapping[str, np.ndarray]], consensus: Callable[[np.ndarray], np.ndarray]
+) -> dict[str, float]:
+    """For each site, the share of its head-row updates that point against their row's consensus (a cosine of 0 or
+    below with ``consensus`` of the row's updates), over the rows three or more sites moved. ``changes``: site ->
+    canonical class -> the row's update. A record for the round's history: no rule acts on it yet."""
+    holders: dict[str, list[str]] = {}
+    for site, rows in changes.items():
+        for name, change in rows.items():
+            if np.any(change):
+                holders.setdefault(name, []).append(site)
+    opposed: dict[str, list[bool]] = {}
+    for name, sites in holders.items():
+        if len(sites) < 3:
             continue
-        old = np.append(old_weight[old_row], old_bias[old_row])
-        new = np.append(new_weight[row], new_bias[row])
-        sizes.rows[name] = _norm([new - old]) / max(_norm([old]), ROW_NORM_FLOOR)
-    return sizes
+        centre = consensus(np.stack([changes[site][name] for site in sites]))
+        for site, cosine in consensus_cosines({site: changes[site][name] for site in sites}, centre).items():
+            opposed.setdefault(site, []).append(cosine <= 0)
+    return {site: float(np.mean(flags)) for site, flags in sorted(opposed.items())}
 
 
 @dataclass

@@ -40,7 +40,9 @@ from ..core.checks import (
     clipped_state,
     consensus_cosines,
     free_riders,
+    head_rows,
     model_problems,
+    opposed_row_shares,
     opposed_updates,
     update_problems,
     update_sizes,
@@ -112,6 +114,7 @@ class Round:
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
     duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
     closest_updates: float | None = None  # the smallest relative distance between two sites' backbone updates
+    opposed_rows: dict[str, float] = field(default_factory=dict)  # site -> share of its shared rows against theirs
     privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # DP-SGD sites: their checked privacy report
     budget_spent: dict[str, str] = field(default_factory=dict)  # site -> why it did not train (its budget)
 
@@ -166,6 +169,14 @@ class Round:
         self.arrivals[site] = Arrival(contribution, checked, params, meta[META_CLASS_NAMES], bool(meta[META_WARMUP]))
         return None
 
+    @staticmethod
+    def _row_changes(arrival: Arrival, rules: RoundRules) -> dict[str, np.ndarray]:
+        """canonical class -> the site's update of that head row."""
+        contribution = arrival.contribution
+        rows = head_rows(contribution.state, contribution.class_names, arrival.received, arrival.received_classes,
+                         rules.head, rules.normalize)  # fmt: skip
+        return {rules.normalize(name): new - old for name, (old, new) in rows.items()}
+
     def aggregate(
         self,
         state: Mapping[str, Any],
@@ -214,6 +225,9 @@ class Round:
             self.closest_updates = closest_distance(stacked)
             consensus = rules.consensus(stacked)
             self.directions = consensus_cosines(changes, consensus)
+            self.opposed_rows = opposed_row_shares(
+                {site: self._row_changes(self.arrivals[site], rules) for site in candidates}, rules.consensus
+            )
             if rules.reject_opposed_updates:
                 self.rejected.update(opposed_updates(changes, consensus))
                 candidates = [site for site in candidates if site not in self.rejected]
@@ -389,6 +403,8 @@ class Round:
             entry["directions"] = {site: round(value, 4) for site, value in self.directions.items()}
         if self.closest_updates is not None:  # how near two sites' backbone updates came (duplicates: within 1e-3)
             entry["closest_updates"] = float(f"{self.closest_updates:.4g}")
+        if self.opposed_rows:  # each site's share of rows (held by three or more) against their consensus: a record
+            entry["opposed_rows"] = {site: round(share, 4) for site, share in self.opposed_rows.items()}
         if self.duplicates:
             entry["duplicates"] = [list(group) for group in self.duplicates]
         if self.robust_parts:  # the parts a robust rule aggregated: how many sites each
