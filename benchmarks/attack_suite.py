@@ -280,7 +280,7 @@ def table(results: dict[str, dict]) -> list[str]:
     ]
     order = {CLEAN: 0, ALONE: 1, PLACEBO: 2}
     for result in sorted(
-        results.values(), key=lambda r: (order.get(r["attack"], 2), r["attack"], r["sites"], r["attackers"])
+        results.values(), key=lambda r: (order.get(r["attack"], 3), r["attack"], r["sites"], r["attackers"])
     ):
         clean, alone = clean_of(results, result), alone_of(results, result)
         reference_run = result["attack"] in REFERENCES

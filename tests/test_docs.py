@@ -74,8 +74,8 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
         f"size: holds {against_clean.count('holds')}, fails closed {against_clean.count('fails closed')}, breaks "
         f"through {against_clean.count('breaks through')}; against the honest sites training alone: holds "
         f"{against_alone.count('holds')}, breaks through {against_alone.count('breaks through')}; its "
-        f"{len(references)} reference runs raised no alarm; a placebo (the attacking site honest but for its "
-        f"training seed) moved the honest sites by {', '.join(row[3] for row in placebos)} (the noise floor)"
+        f"{len(references)} reference runs raised no alarm; a placebo (an honest site with another seed) moved the "
+        f"honest sites by {', '.join(row[3] for row in placebos)} (the noise floor)"
         in _readme()
     )
     assert (REPOSITORY / "docs" / "attack-suite" / "margins.png").is_file()
