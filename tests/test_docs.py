@@ -75,8 +75,7 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
         f"through {against_clean.count('breaks through')}; against the honest sites training alone: holds "
         f"{against_alone.count('holds')}, breaks through {against_alone.count('breaks through')}; its "
         f"{len(references)} reference runs raised no alarm; a placebo (an honest site with another seed) moved the "
-        f"honest sites by {', '.join(row[3] for row in placebos)} (the noise floor)"
-        in _readme()
+        f"honest sites by {', '.join(row[3] for row in placebos)} (the noise floor)" in _readme()
     )
     assert (REPOSITORY / "docs" / "attack-suite" / "margins.png").is_file()
 
