@@ -1,6 +1,8 @@
 """The robust aggregation rules (core.robust), each on a worked example computed by hand, and applied part by part to
 a model's state (the backbone weights, the BatchNorm statistics, each head row by name)."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -142,3 +144,28 @@ def test_a_copy_of_an_honest_sites_update_does_not_decide_a_median_of_three():
     assert state[NAMED_HEAD.bias_key][0] == pytest.approx(0.0)
     assert parts == {"backbone weights": 3, "head row A": 3}
     assert rule(np.stack([np.full(4, 1.0), np.full(4, 3.0), np.full(4, 1.0)])) == pytest.approx(np.full(4, 1.0))
+
+
+def _pull_toward_b(distance: float) -> tuple[float, float]:
+    """Unit updates a and b at cosine 0.4 (honest sites' backbone updates lay 1.08-1.27 apart in the clean sweep and the
+    suite) and a third at ``distance`` from a, orthogonal to both: how far the geometric median and the mean of the
+    three go from a towards b, as a share of a -> b (the honest pair's mean is 0.5)."""
+    dimensions = 64
+    a, b, c = np.zeros(dimensions), np.zeros(dimensions), np.zeros(dimensions)
+    a[0], b[0], b[1], c[2] = 1.0, 0.4, math.sqrt(1 - 0.16), distance
+    rows = np.stack([a, b, a + c])
+
+    def share(point: np.ndarray) -> float:
+        return float((point - a) @ (b - a) / ((b - a) @ (b - a)))
+
+    return share(geometric_median(rows)), share(rows.mean(axis=0))
+
+
+def test_at_three_sites_the_geometric_median_gives_the_update_unlike_the_other_two_less_than_a_third():
+    """Why a near-copy (mimic_noised) still decides a median of three, at any distance a duplicate rule could allow:
+    the geometric median's pull towards b is 0.01 with the copy 0.2 % away and only 0.2 at an honest site's distance,
+    where the mean's is a third."""
+    near, near_mean = _pull_toward_b(0.002)
+    far, far_mean = _pull_toward_b(1.1)
+    assert near < 0.01 and 0.15 < far < 0.25
+    assert near_mean == pytest.approx(1 / 3) and far_mean == pytest.approx(1 / 3)

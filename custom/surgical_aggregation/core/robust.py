@@ -14,9 +14,10 @@ Aggregators (rows ``x_1..x_n``, ``f`` the number of hostile rows tolerated, ``2f
   removed (Yin et al., ICML 2018).
 * ``meamed``: per coordinate, the mean of the ``n - f`` values closest to the coordinate's median (Xie, Koyejo,
   Gupta, *Generalized Byzantine-tolerant SGD*, 2018).
-* ``geometric_median``: the point minimising the sum of Euclidean distances, by Weiszfeld's iterations smoothed as
-  in RFA (Pillutla, Kakade, Harchaoui, *Robust Aggregation for Federated Learning*, IEEE TSP 2022), started at the
-  coordinate-wise median and run until it moves less than 1e-6 of its norm (ByzFL runs 3 iterations from zero).
+* ``geometric_median``: the point minimising the sum of Euclidean distances, by Weiszfeld's iterations (as in RFA:
+  Pillutla, Kakade, Harchaoui, *Robust Aggregation for Federated Learning*, IEEE TSP 2022) with Vardi and Zhang's
+  step off a row the iterate lands on (PNAS 2000), started at the coordinate-wise median and run until it moves less
+  than 1e-6 of its norm (ByzFL runs 3 iterations from zero).
 * ``multi_krum``: the mean of the ``n - f`` rows with the smallest Krum scores, a row's score being the sum of its
   squared distances to its ``n - f - 1`` nearest other rows (Blanchard, El Mhamdi, Guerraoui, Stainer, NeurIPS 2017,
   count ``n - f - 2``, which is 0 at three sites; ByzFL's ``n - f - 1``).
@@ -97,8 +98,12 @@ GEOMETRIC_MEDIAN_SMOOTHING = 1e-8  # RFA's nu, as a share of the rows' largest n
 
 
 def geometric_median(rows: np.ndarray, f: int = 0) -> np.ndarray:
-    """The geometric median by smoothed Weiszfeld iterations: ``z <- sum(x_i / d_i) / sum(1 / d_i)``, ``d_i =
-    max(|x_i - z|, nu)``, from the coordinate-wise median until ``z`` moves less than 1e-6 of its norm."""
+    """The geometric median by Weiszfeld's iterations, ``z <- sum(x_i / d_i) / sum(1 / d_i)`` over the rows away
+    from ``z``, from the coordinate-wise median until ``z`` moves less than 1e-6 of its norm. Where ``z`` lies on
+    rows (within ``nu``), Vardi and Zhang's step (PNAS 2000): ``z`` moves towards that average by ``1 - min(1, m /
+    r)``, ``m`` the rows on ``z`` and ``r`` the norm of the summed unit vectors from ``z`` to the others, so that
+    ``z`` leaves a row that is not the median (RFA's smoothing alone stays on it, and the coordinate-wise median of
+    three rows can be one)."""
     rows = _checked(rows, f)
     nu = GEOMETRIC_MEDIAN_SMOOTHING * max(float(np.max(np.linalg.norm(rows, axis=1))), 1e-30)
     estimate = np.median(rows, axis=0)
@@ -106,8 +111,17 @@ def geometric_median(rows: np.ndarray, f: int = 0) -> np.ndarray:
     for _ in range(GEOMETRIC_MEDIAN_ITERATIONS):
         np.subtract(rows, estimate, out=difference)
         distances = np.sqrt(np.einsum("ij,ij->i", difference, difference))
-        weights = 1.0 / np.maximum(distances, nu)
+        away = distances > nu
+        if not away.any():
+            break
+        weights = np.where(away, 1.0 / np.maximum(distances, nu), 0.0)
         moved = weights @ rows / weights.sum()
+        on_rows = int(np.count_nonzero(~away))
+        if on_rows:
+            pull = float(np.linalg.norm(weights @ difference))  # the unit vectors from z to the other rows, summed
+            if pull <= on_rows:  # they cannot outweigh the rows on z: z is the median
+                break
+            moved = (1 - on_rows / pull) * moved + (on_rows / pull) * estimate
         step = float(np.linalg.norm(moved - estimate))
         estimate = moved
         if step <= GEOMETRIC_MEDIAN_TOLERANCE * max(float(np.linalg.norm(estimate)), nu):
