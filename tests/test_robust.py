@@ -147,7 +147,7 @@ def test_a_copy_of_an_honest_sites_update_does_not_decide_a_median_of_three():
 
 
 def _pull_toward_b(distance: float) -> tuple[float, float]:
-    """Unit updates a and b at cosine 0.4 (honest sites' backbone updates lay 1.08-1.27 apart in the clean sweep and the
+    """Unit updates a and b at cosine 0.4 (honest sites' backbone updates lay 1.02-1.27 apart in the clean sweep and the
     suite) and a third at ``distance`` from a, orthogonal to both: how far the geometric median and the mean of the
     three go from a towards b, as a share of a -> b (the honest pair's mean is 0.5)."""
     dimensions = 64
