@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from surgical_aggregation.core.head import NAMED_HEAD
-from surgical_aggregation.core.robust import RobustRule
+from surgical_aggregation.core.robust import RobustRule, distinct_rows
 from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
 from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe
 from surgical_aggregation.flare.results import HISTORY_FILE
@@ -154,8 +154,9 @@ def test_an_update_against_the_rounds_consensus_is_rejected_every_round(four_sit
 
 def test_the_model_is_the_robust_rules_aggregate_of_the_clipped_updates(four_sites):
     """The round's backbone weights are the job's robust rule (``robust_aggregation``, the product's default) over
-    the three accepted updates, ``site-3``'s scaled down to the median size first: computed here from the sites'
-    records to 1e-4 of the step. A tripled update and a claim of 10^9 samples weigh as one site."""
+    the three accepted updates (site-1's and site-2's one update, counted once), ``site-3``'s scaled down to the median
+    size first: computed here from the sites' records to 1e-4 of the step. A tripled update and a claim of 10^9
+    samples weigh as one site."""
     code, output, workspace = four_sites
     assert code == 0, output[-4000:]
     rule = RobustRule.parse(SurgicalAggregatorShareable().robust_aggregation)
@@ -171,4 +172,7 @@ def test_the_model_is_the_robust_rules_aggregate_of_the_clipped_updates(four_sit
         assert aggregation["clipped"][INFLATING]["backbone weights"] == pytest.approx(factor, rel=1e-3)
         updates[INFLATING] = updates[INFLATING] * factor
         assert aggregation["robust"]["backbone weights"] == 3
-        _assert_round_is(workspace, round_number, 2, rule(np.stack([updates[site] for site in accepted])), keys)
+        # site-1 and site-2 train the same data with the same seed: one update sent twice, which the rule counts once
+        assert aggregation["duplicates"] == [["site-1", "site-2"]]
+        distinct = distinct_rows(np.stack([updates[site] for site in accepted]))
+        _assert_round_is(workspace, round_number, 2, rule(distinct), keys)
