@@ -118,7 +118,7 @@ def test_applied_part_by_part_each_head_row_over_the_sites_that_hold_it():
 
 def test_an_update_sent_twice_counts_once():
     a, b = np.array([3.0, 4.0]), np.array([-1.0, 2.0])
-    copy = a * (1 + 1e-5)  # what a float32 copy of a's update differs by
+    copy = a * (1 + 1e-5)  # a copy rounded on the way (the suite's arrived exact)
     rows = np.stack([a, b, copy, b + np.array([0.0, 0.004])])  # the last 0.2 % from b: honest sites apart, not a copy
     assert duplicate_groups(rows) == [[0, 2]]
     np.testing.assert_allclose(distinct_rows(rows), [(a + copy) / 2, b, b + np.array([0.0, 0.004])])
