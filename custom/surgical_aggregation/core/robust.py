@@ -184,10 +184,12 @@ def _relative_distances(rows: np.ndarray) -> np.ndarray:
 def duplicate_groups(rows: np.ndarray) -> list[list[int]]:
     """The indices of rows sent more than once: groups of two or more, each row in the group of the first earlier row
     within :data:`DUPLICATE_DISTANCE` of it."""
-    rows = np.asarray(rows, dtype=np.float64)
-    relative = _relative_distances(rows)
+    return _groups_within(_relative_distances(np.asarray(rows, dtype=np.float64)))
+
+
+def _groups_within(relative: np.ndarray) -> list[list[int]]:
     first: list[int] = []  # each row's group leader
-    for index in range(rows.shape[0]):
+    for index in range(relative.shape[0]):
         leader = next((other for other in range(index) if first[other] == other and
                        relative[index, other] <= DUPLICATE_DISTANCE), index)  # fmt: skip
         first.append(leader)
@@ -213,11 +215,16 @@ def distinct_rows(rows: np.ndarray) -> np.ndarray:
 
 def closest_distance(rows: np.ndarray) -> float | None:
     """The smallest relative distance between two rows (None for fewer than two)."""
+    return duplicates_and_closest(rows)[1]
+
+
+def duplicates_and_closest(rows: np.ndarray) -> tuple[list[list[int]], float | None]:
+    """:func:`duplicate_groups` and :func:`closest_distance` of ``rows`` from one pairwise-distance matrix (a round's
+    backbone updates are millions wide)."""
     rows = np.asarray(rows, dtype=np.float64)
-    if rows.shape[0] < 2:
-        return None
     relative = _relative_distances(rows)
-    return float(relative[np.triu_indices(rows.shape[0], 1)].min())
+    closest = float(relative[np.triu_indices(rows.shape[0], 1)].min()) if rows.shape[0] > 1 else None
+    return _groups_within(relative), closest
 
 
 AGGREGATORS: dict[str, Aggregator] = {

@@ -49,7 +49,7 @@ from ..core.checks import (
     weight_change,
 )
 from ..core.head import HeadSpec
-from ..core.robust import RobustRule, SiteResult, closest_distance, duplicate_groups, robust_state
+from ..core.robust import RobustRule, SiteResult, duplicates_and_closest, robust_state
 from ..training.privacy import UNITS as PRIVACY_UNITS
 from .handshake import SiteInfo
 from .protocol import META_CLASS_NAMES, META_WARMUP, TASK_TRAIN
@@ -221,8 +221,8 @@ class Round:
                 for site in candidates
             }
             stacked = np.stack([changes[site] for site in candidates])
-            self.duplicates = [[candidates[index] for index in group] for group in duplicate_groups(stacked)]
-            self.closest_updates = closest_distance(stacked)
+            groups, self.closest_updates = duplicates_and_closest(stacked)
+            self.duplicates = [[candidates[index] for index in group] for group in groups]
             consensus = rules.consensus(stacked)
             self.directions = consensus_cosines(changes, consensus)
             self.opposed_rows = opposed_row_shares(
