@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..core.errors import ImageLoadError, ModelFileError, SiteConfigError
+from ..data.site_view import SiteView
 from ..data.storage import default_cache_root, exclusive
 from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable, MaterialisedTable
 from .dataset import ChestXrayDataset, cache_table, list_images
@@ -28,7 +29,6 @@ from .transforms import image_batch_transform
 
 if TYPE_CHECKING:
     from ..data.bundle_parts import BundleParts
-    from ..training.config import SiteConfig  # the config sits above the modalities; they only read it
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class ImageModality:
     sample_noun: str = "images"
     threshold_metrics: bool = False
 
-    def check(self, config: SiteConfig, where: str) -> None:
+    def check(self, config: SiteView, where: str) -> None:
         config.settings.check(where)
         check_options(config.data.kind, config.data.options, where)
         if config.data.location is None and config.data.kind not in GENERATED:
@@ -50,7 +50,7 @@ class ImageModality:
                 f"(embedded data exists for {list(GENERATED)})"
             )
 
-    def load_table(self, config: SiteConfig, log: logging.Logger) -> LabelTable:
+    def load_table(self, config: SiteView, log: logging.Logger) -> LabelTable:
         data = config.data
         if data.location is not None:
             table = load_table(data.kind, data.location, config.vocabulary, **data.options)
@@ -73,11 +73,11 @@ class ImageModality:
         )
         return load_table(data.kind, dataset.root, config.vocabulary, **data.options)
 
-    def describe(self, config: SiteConfig, table: LabelTable) -> str:
+    def describe(self, config: SiteView, table: LabelTable) -> str:
         origin = "embedded generated data" if config.data.location is None else "local data"
         return f"{config.data.kind} layout, {origin}, {len(table)} images"
 
-    def preprocessing(self, config: SiteConfig) -> dict[str, Any]:
+    def preprocessing(self, config: SiteView) -> dict[str, Any]:
         settings: ImageSettings = config.settings
         described = {
             "image_size": settings.image_size,
@@ -89,7 +89,7 @@ class ImageModality:
         return described
 
     def materialise(
-        self, config: SiteConfig, table: LabelTable, log: logging.Logger, progress: bool
+        self, config: SiteView, table: LabelTable, log: logging.Logger, progress: bool
     ) -> MaterialisedTable:
         settings: ImageSettings = config.settings
         kept, cache, report = cache_table(
@@ -157,7 +157,7 @@ class ImageModality:
         )
         return ChestXrayDataset(kept, cache, transform), kept, report.failures
 
-    def read_sample(self, table: LabelTable, config: SiteConfig, limit: int | None) -> list[tuple[str, str]]:
+    def read_sample(self, table: LabelTable, config: SiteView, limit: int | None) -> list[tuple[str, str]]:
         failures = []
         for path in table.paths[:limit]:
             try:
@@ -166,7 +166,7 @@ class ImageModality:
                 failures.append((path, error.reason))
         return failures
 
-    def unreadable_policy(self, config: SiteConfig) -> tuple[bool, str]:
+    def unreadable_policy(self, config: SiteView) -> tuple[bool, str]:
         if config.settings.on_unreadable == "error":
             return True, 'on_unreadable: error stops the site; fix the file, or set "skip"'
         return False, "left out: on_unreadable is skip"

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import import_module
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -24,11 +24,9 @@ from torch.utils.data import Dataset
 
 from ..core.errors import SiteConfigError
 from ..data.bundle_parts import BundleParts
+from ..data.site_view import SiteView
 from ..data.table import LabelTable, MaterialisedTable
 from . import ARCHITECTURES, DATA_KINDS, MODALITY_PACKAGES
-
-if TYPE_CHECKING:  # the config sits above this seam; modalities only read it
-    from ..training.config import SiteConfig
 
 
 class Modality(Protocol):
@@ -42,21 +40,21 @@ class Modality(Protocol):
     row_column: str  # what identifies an input in predict's output ("path", "report_id")
     threshold_metrics: bool  # evaluation adds accuracy / sensitivity / specificity at a Youden threshold
 
-    def check(self, config: SiteConfig, where: str) -> None:
+    def check(self, config: SiteView, where: str) -> None:
         """Checks of a site config's data and of its settings (``config.settings``, a ``settings_type``); raises
         :class:`SiteConfigError` naming ``where`` and the field."""
 
-    def load_table(self, config: SiteConfig, log: logging.Logger) -> LabelTable:
+    def load_table(self, config: SiteView, log: logging.Logger) -> LabelTable:
         """The site's label table over all of its dataset's findings (real data or the embedded default)."""
 
-    def describe(self, config: SiteConfig, table: LabelTable) -> str:
+    def describe(self, config: SiteView, table: LabelTable) -> str:
         """One line for the handshake: the layout and size of the data, no paths and no per-class counts."""
 
-    def preprocessing(self, config: SiteConfig) -> dict[str, Any]:
+    def preprocessing(self, config: SiteView) -> dict[str, Any]:
         """What the model is fed (image size and normalisation, or the sentence encoder), stored with models."""
 
     def materialise(
-        self, config: SiteConfig, table: LabelTable, log: logging.Logger, progress: bool
+        self, config: SiteView, table: LabelTable, log: logging.Logger, progress: bool
     ) -> MaterialisedTable:
         """Decode or embed the table once (cached), dropping rows that cannot be used by the config's policy."""
 
@@ -76,11 +74,11 @@ class Modality(Protocol):
         """``table``'s rows as a trained model's inputs, preprocessed as ``preprocessing`` (a checkpoint's) says:
         (the dataset, the rows it holds, (row, reason) for each row left out)."""
 
-    def read_sample(self, table: LabelTable, config: SiteConfig, limit: int | None) -> list[tuple[str, str]]:
+    def read_sample(self, table: LabelTable, config: SiteView, limit: int | None) -> list[tuple[str, str]]:
         """Read the first ``limit`` rows of ``table`` (every row when None) as training will (images decoded at the
         config's size); (row, reason) for each that cannot be read (``check-site``)."""
 
-    def unreadable_policy(self, config: SiteConfig) -> tuple[bool, str]:
+    def unreadable_policy(self, config: SiteView) -> tuple[bool, str]:
         """Whether an input :meth:`read_sample` finds unreadable stops the site (else it is left out), and what
         ``check-site`` says of it."""
 

@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 
 from ..core.devices import resolve_device
 from ..core.errors import DatasetFormatError, ModelFileError, SiteConfigError
+from ..data.site_view import SiteView
 from ..data.storage import default_cache_root
 from ..data.table import PATH_COLUMN, LabelTable, MaterialisedTable
 from .data import DEFAULT_TEXT_COLUMN, TEXT_COLUMN, load_reports, read_report_texts
@@ -25,7 +26,6 @@ from .texts import NO_TEXT
 
 if TYPE_CHECKING:
     from ..data.bundle_parts import BundleParts
-    from ..training.config import SiteConfig  # the config sits above the modalities; they only read it
 
 
 @dataclass(frozen=True)
@@ -38,26 +38,26 @@ class ReportModality:
     sample_noun: str = "reports"
     threshold_metrics: bool = True  # the report-labelling paper reports accuracy, sensitivity, specificity
 
-    def check(self, config: SiteConfig, where: str) -> None:
+    def check(self, config: SiteView, where: str) -> None:
         config.settings.check(where)
         # without a location, iu_reports reads the IU reports shipped in torchxrayvision's data folder
         if config.data.location is None and config.data.kind != IU_REPORTS:
             raise SiteConfigError(f"{where}: data.location is required for kind {config.data.kind!r}: the CSV file")
 
-    def load_table(self, config: SiteConfig, log: logging.Logger) -> LabelTable:
+    def load_table(self, config: SiteView, log: logging.Logger) -> LabelTable:
         table, summary = load_reports(config.data.kind, config.data.location, config.vocabulary, **config.data.options)
         log.info(summary.describe())
         return table
 
-    def describe(self, config: SiteConfig, table: LabelTable) -> str:
+    def describe(self, config: SiteView, table: LabelTable) -> str:
         return f"{config.data.kind}, {len(table)} reports"
 
-    def preprocessing(self, config: SiteConfig) -> dict[str, Any]:
+    def preprocessing(self, config: SiteView) -> dict[str, Any]:
         model = config.settings.embedding_model
         return {"embedding_model": model, "in_features": embedding_dimension(model)}
 
     def materialise(
-        self, config: SiteConfig, table: LabelTable, log: logging.Logger, progress: bool
+        self, config: SiteView, table: LabelTable, log: logging.Logger, progress: bool
     ) -> MaterialisedTable:
         from .dataset import ReportDataset, embed_table  # loads the sentence encoder only when needed
 
@@ -101,11 +101,11 @@ class ReportModality:
         vectors, _ = embed_table(kept, cache_dir or default_cache_root(), model, embed_on, sys.stderr.isatty())
         return ReportDataset(kept, vectors, kept.classes), kept, left_out
 
-    def read_sample(self, table: LabelTable, config: SiteConfig, limit: int | None) -> list[tuple[str, str]]:
+    def read_sample(self, table: LabelTable, config: SiteView, limit: int | None) -> list[tuple[str, str]]:
         texts = table.frame[TEXT_COLUMN].iloc[:limit]
         return [(row, NO_TEXT) for row, text in zip(table.paths[:limit], texts, strict=True) if not text]
 
-    def unreadable_policy(self, config: SiteConfig) -> tuple[bool, str]:
+    def unreadable_policy(self, config: SiteView) -> tuple[bool, str]:
         return False, "left out: a report without text is skipped"
 
     def probe_input(self, preprocessing: Mapping[str, Any]) -> torch.Tensor:

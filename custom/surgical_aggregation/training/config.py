@@ -24,6 +24,7 @@ from ..core.devices import AUTO
 from ..core.errors import AliasFileError, DuplicateLabelError, SiteConfigError, UnknownLabelError
 from ..core.labels import Vocabulary, read_alias_file
 from ..data.names import RECORD_MODES
+from ..data.site_view import DataConfig
 from ..data.storage import default_cache_root
 from ..modalities.registry import Modality, modality_for_kind, modality_kinds, registered_modalities
 from .privacy import DifferentialPrivacy
@@ -34,25 +35,6 @@ CUDA_GRAPH_MODES = ("auto", "off")
 DEVICES = (AUTO, "cpu", "cuda")
 JOB_SUPPLIED = "job_supplied"  # metadata of the fields a job gives a loaded config, absent from the site's file
 MODALITY_FIELDS = "modality_fields"  # metadata of the field holding the modality's own (flat in the file)
-
-
-@dataclass
-class DataConfig:
-    kind: str = "nih"  # what the data is: one of the modalities' kinds (nih, chexpert, ... images; reports)
-    location: str | None = None  # data folder (CSV file for csv); null = the generated data of the kind
-    options: dict[str, Any] = field(default_factory=dict)  # passed to the loader, e.g. {"uncertainty": "ignore"}
-    labels: list[str] | None = None  # the findings this site trains on, in its order (default: all of the dataset's)
-    # this site's synonyms for its label names, {"alias": "class name"}: inline, or a JSON/YAML alias file
-    # (a path relative to this config file), read when the config is loaded
-    label_aliases: dict[str, str] | str | None = None
-    split_fractions: list[float] = field(default_factory=lambda: [0.7, 0.1, 0.2])  # train / validation / test
-    split_seed: int = 0
-    # Simulated federations from one dataset: the train and validation patients are dealt IID
-    # (stratified) into ``partition_count`` parts and this site takes part ``partition_index``;
-    # the test split stays whole (the federation's common held-out set).
-    partition_count: int = 1
-    partition_index: int = 0
-    train_subsample: float = 1.0  # keep this share of the site's training patients (dataset size N)
 
 
 @dataclass
