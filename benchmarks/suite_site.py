@@ -177,7 +177,7 @@ def exchange_update(received: dict, sent: dict, classes: list[str]) -> dict[str,
 
 def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> None:
     """Run the bundle's site script as ``role`` (``honest`` or an attack of :data:`ATTACKS`)."""
-    from surgical_aggregation.core.checks import DEFAULT_UPDATE_BOUND, STATISTICS, UPDATE_CAPS, update_group
+    from surgical_aggregation.core.checks.update import DEFAULT_UPDATE_BOUND, STATISTICS, UPDATE_CAPS, update_group
     from surgical_aggregation.core.head import NAMED_HEAD
     from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
     from surgical_aggregation.flare import client
@@ -281,7 +281,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
 
     def boosted(received, answer, round_number: int) -> dict[str, np.ndarray]:
         """Its update scaled by the number of sites, each part at most 90 % of the server's bound for it."""
-        from surgical_aggregation.core.checks import ROWS, WEIGHTS, clipped_state, row_part, update_sizes
+        from surgical_aggregation.core.checks.update import ROWS, WEIGHTS, clipped_state, row_part, update_sizes
 
         sent = {key: np.asarray(value) for key, value in answer.params.items()}
         old = {key: np.asarray(value) for key, value in received.params.items()}

@@ -360,3 +360,30 @@ def test_initial_head_rows_depend_only_on_the_class_name():
     assert torch.equal(extended["head.weight"][:2], state["head.weight"])  # existing rows untouched
     np.testing.assert_array_equal(extended["head.weight"][2].numpy(), initial_head_rows(["Edema"], 4)[0][0])
     assert extended["head.bias"].shape == (3,)
+
+
+def test_a_value_check_registered_in_a_module_of_its_own_rejects_results(monkeypatch, tmp_path):
+    """docs/library.md's recipe for a new check of a result's values: a module with the decorated function and its
+    line in ``CHECK_MODULES``; nothing imports it, yet ``check_result`` runs it."""
+    from surgical_aggregation.core import checks
+
+    (tmp_path / "no_huge_bias.py").write_text(
+        "from surgical_aggregation.core.checks import server_check\n\n"
+        "@server_check('result', 'no head bias above 100', 'head.bias above 100', on_values=True)\n"
+        "def huge_bias_problems(state, layout):\n"
+        "    return ['head.bias above 100'] if float(state['head.bias'].abs().max()) > 100 else []\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(checks, "CHECKS", list(checks.CHECKS))
+    monkeypatch.setattr(checks, "VALUE_CHECKS", list(checks.VALUE_CHECKS))
+    monkeypatch.setattr(checks, "CHECK_MODULES", (*checks.CHECK_MODULES, "no_huge_bias"))
+    monkeypatch.delitem(__import__("sys").modules, "no_huge_bias", raising=False)
+    state = toy_state(1, 2)
+    state["head.bias"][0] = 1000.0
+    aggregator = SurgicalAggregator(toy_state(0, 1), [], head=TOY_HEAD)
+    with pytest.raises(ContributionRejected) as caught:
+        aggregator.add(Contribution("site-a", state, ["Mass"]))
+    assert caught.value.reason == "head.bias above 100"
+    aggregator.add(Contribution("site-b", toy_state(1, 2), ["Mass"]))
+    assert aggregator.finalize().accepted == ["site-b"]
+    assert [check.name for check in checks.registered_checks()].count("huge_bias_problems") == 1

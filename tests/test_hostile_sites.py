@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from surgical_aggregation.core import judging
-from surgical_aggregation.core.checks import WEIGHTS, UpdateReference
+from surgical_aggregation.core.checks.update import WEIGHTS, UpdateReference
 from surgical_aggregation.core.errors import StorageError
 from surgical_aggregation.core.judging import MAJORITY, NOT_MOST, SEVERAL
 from surgical_aggregation.data import storage

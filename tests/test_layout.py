@@ -31,13 +31,14 @@ def _is_type_checking(node: ast.If) -> bool:
     return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
 
 
-def _runtime_imports(path: Path, module: str) -> set[str]:
-    """Absolute names (inside the package, without its prefix) of what ``module`` imports when it runs."""
+def _runtime_imports(path: Path, module: str, for_type_checkers: bool = False) -> set[str]:
+    """Absolute names (inside the package, without its prefix) of what ``module`` imports when it runs (and, with
+    ``for_type_checkers``, in its ``if TYPE_CHECKING:`` blocks too)."""
     found: set[str] = set()
     package_parts = module.split(".")[:-1] if path.name != "__init__.py" else module.split(".")
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not for_type_checkers:
             return
         if isinstance(node, ast.ImportFrom):
             if node.level:
@@ -114,3 +115,50 @@ def test_the_site_config_names_no_field_of_a_modality():
     for modality in registered_modalities():
         for field in fields(modality.settings_type):
             assert not re.search(rf"\b{field.name}\b", text), f"config.py names {modality.name}'s {field.name}"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it names in an import, a type checker's included."""
+    graph = {}
+    for module, path in MODULES.items():
+        named = set()
+        for name in _runtime_imports(path, module, for_type_checkers=True):
+            found = next((found for found in (name, f"{name}.__init__") if found in MODULES), None)
+            if found and found != module:
+                named.add(found)
+        graph[module] = named
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each circle of imports a depth-first walk meets, as the modules around it."""
+    done: set[str] = set()
+    circles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in done:
+            return
+        if module in path:
+            circles.append([*path[path.index(module) :], module])
+            return
+        for imported in sorted(graph[module]):
+            visit(imported, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    return circles
+
+
+def test_no_modules_import_each_other_even_through_others_or_for_type_checkers():
+    assert _circles(_import_graph()) == []
+
+
+def test_the_circle_walk_sees_an_import_made_for_type_checkers(tmp_path):
+    probe = tmp_path / "registry.py"
+    lines = ["from typing import TYPE_CHECKING", "if TYPE_CHECKING:", "    from ..training.config import SiteConfig"]
+    probe.write_text("\n".join(lines) + "\n")
+    assert "training.config" in _runtime_imports(probe, "modalities.registry", for_type_checkers=True)
+    assert "training.config" not in _runtime_imports(probe, "modalities.registry")
+    graph = {"modalities.registry": {"training.config"}, "training.config": {"modalities.registry"}}
+    assert _circles(graph) == [["modalities.registry", "training.config", "modalities.registry"]]

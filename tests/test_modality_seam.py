@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from surgical_aggregation.core.aggregation import Contribution, SurgicalAggregator
-from surgical_aggregation.core.checks import model_problems
+from surgical_aggregation.core.checks.model import model_problems
 from surgical_aggregation.core.errors import SiteConfigError
 from surgical_aggregation.core.head import NAMED_HEAD, extend_head, numpy_state, slice_for_client
 from surgical_aggregation.evaluation.inference import evaluate_on_table, score

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .checks import CheckedResult, ModelLayout, ResultRejected, check_result
+from .checks.result import CheckedResult, ModelLayout, ResultRejected, check_result
 from .head import NAMED_HEAD, HeadSpec, StateDict, cast_like, same_name, to_numpy
 from .strategies import strategy
 
@@ -187,7 +187,7 @@ class SurgicalAggregator:
         self.accepted.append(contribution.client)
 
     def check(self, contribution: Contribution, others: Sequence[str] = ()) -> CheckedResult:
-        """Every result check of the server (:func:`surgical_aggregation.core.checks.check_result`), without
+        """Every result check of the server (:func:`surgical_aggregation.core.checks.result.check_result`), without
         accumulating; raises :class:`ContributionRejected` (and records the rejection). ``others``: clients whose
         results this round already holds elsewhere (a second result of theirs is refused)."""
         try:

@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from .checks import WEIGHTS, row_part, server_check, update_group
+from .checks import server_check
+from .checks.update import WEIGHTS, row_part, update_group
 from .head import NAMED_HEAD, HeadSpec, cast_like, to_numpy
 
 Aggregator = Callable[[np.ndarray, int], np.ndarray]  # (rows, f) -> the aggregate

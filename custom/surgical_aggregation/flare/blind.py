@@ -43,7 +43,8 @@ from ..core.blind import (
     parts_as_params,
     split_job_key,
 )
-from ..core.checks import METRIC_KEYS, check_metrics, preprocessing_problem
+from ..core.checks.handshake import preprocessing_problem
+from ..core.checks.metrics import METRIC_KEYS, check_metrics
 from ..core.head import numpy_state
 from ..core.methods import SiteMethod, method_meta
 from ..data.storage import write_atomically

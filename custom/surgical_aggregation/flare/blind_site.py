@@ -29,7 +29,7 @@ from ..core.blind import (
     parts_as_params,
     split_job_key,
 )
-from ..core.checks import METRIC_KEYS
+from ..core.checks.metrics import METRIC_KEYS
 from ..core.errors import SiteConfigError
 from ..core.head import NAMED_HEAD, extend_head, numpy_state
 from ..core.strategies import strategy

@@ -42,15 +42,10 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.fuel.utils.log_utils import center_message
 
 from ..core.aggregation import AggregationResult, Contribution
-from ..core.checks import (
-    DEFAULT_MAX_CLASS_NAME_LENGTH,
-    DEFAULT_MAX_CLASSES_PER_SITE,
-    DEFAULT_UPDATE_BOUND,
-    ModelOutputs,
-    UpdateReference,
-    check_metrics,
-    model_problems,
-)
+from ..core.checks.handshake import DEFAULT_MAX_CLASS_NAME_LENGTH, DEFAULT_MAX_CLASSES_PER_SITE
+from ..core.checks.metrics import check_metrics
+from ..core.checks.model import ModelOutputs, model_problems
+from ..core.checks.update import DEFAULT_UPDATE_BOUND, UpdateReference
 from ..core.head import NAMED_HEAD, to_numpy
 from ..core.labels import job_vocabulary
 from ..core.methods import (

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.checks import (
+from ..core.checks.handshake import (
     class_count_problem,
     class_name_problem,
     confusable_problems,

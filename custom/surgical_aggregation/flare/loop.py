@@ -29,7 +29,7 @@ from typing import Any
 from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.fuel.utils.log_utils import center_message
 
-from ..core.checks import check_metrics
+from ..core.checks.metrics import check_metrics
 from ..core.errors import UserError
 from ..core.judging import Decision, after_exclusion, decide, flagged, improvement_of, round_level, verdict_of
 from ..evaluation.run_summary import INITIAL_ROUND, model_label
@@ -272,7 +272,7 @@ class FederationLoop(SiteTasks):
         """Every answer as it arrives, before it is read (the blind workflow records what it saw)."""
 
     def _check_validation(self, site: str, metrics: Mapping[str, Any]) -> tuple[dict[str, float], list[str]]:
-        """A site's validation metrics, checked (``core.checks.check_metrics``)."""
+        """A site's validation metrics, checked (``core.checks.metrics.check_metrics``)."""
         return check_metrics(metrics)
 
     def _screened(self, round_number: int, results: RoundResults) -> tuple[Decision, SavedVersion | None]:

@@ -47,7 +47,7 @@ from nvflare.job_config.api import FedJob
 from nvflare.job_config.defs import FilterType
 from nvflare.recipe.spec import Recipe
 
-from ..core.checks import preprocessing_problem
+from ..core.checks.handshake import preprocessing_problem
 from ..core.errors import SiteConfigError
 from ..core.labels import job_vocabulary
 from ..core.labels import label_aliases as load_label_aliases
@@ -295,7 +295,7 @@ class SurgicalAggregationRecipe(Recipe):
 
 def _one_preprocessing(job: str, configs: Mapping[str, SiteConfig]) -> dict[str, Any]:
     """The preprocessing every site of the job uses (the first site's); a site that differs is named, with the rule
-    the server applies at the handshake (``core.checks.preprocessing_problem``)."""
+    the server applies at the handshake (``core.checks.handshake.preprocessing_problem``)."""
     described = {site: config.modality.preprocessing(config) for site, config in configs.items()}
     first_site, first = next(iter(described.items()))
     for site, preprocessing in described.items():

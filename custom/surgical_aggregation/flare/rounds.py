@@ -8,8 +8,8 @@ rounds. No FLARE here: the controller sends the tasks and hands each answer's pa
 
 The order of the checks, each from :mod:`surgical_aggregation.core.checks`:
 
-1. on arrival: the result's structure and values (:func:`~surgical_aggregation.core.checks.check_result`) and
-   its metrics (:func:`~surgical_aggregation.core.checks.check_metrics`);
+1. on arrival: the result's structure and values (:func:`~surgical_aggregation.core.checks.result.check_result`) and
+   its metrics (:func:`~surgical_aggregation.core.checks.metrics.check_metrics`);
 2. at the end of the round: the size of each result's update, per part of the model, against caps relative to
    the global model and the typical accepted update of earlier rounds (``update_problems``); free-riders are
    recorded;
@@ -28,20 +28,18 @@ from typing import Any
 import numpy as np
 
 from ..core.aggregation import AggregationResult, Contribution, ContributionRejected, SurgicalAggregator
-from ..core.checks import (
+from ..core.checks.metrics import check_metrics
+from ..core.checks.model import ModelOutputs, blame_for_failing_model, model_problems
+from ..core.checks.result import CheckedResult
+from ..core.checks.update import (
     MIN_SITES_FOR_DIRECTION,
-    CheckedResult,
-    ModelOutputs,
     UpdateReference,
-    blame_for_failing_model,
     capped_weights,
-    check_metrics,
     clip_factors,
     clipped_state,
     consensus_cosines,
     free_riders,
     head_rows,
-    model_problems,
     opposed_row_shares,
     opposed_updates,
     update_problems,

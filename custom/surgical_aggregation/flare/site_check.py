@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.checks import DEFAULT_MAX_CLASS_NAME_LENGTH, DEFAULT_MAX_CLASSES_PER_SITE
+from ..core.checks.handshake import DEFAULT_MAX_CLASS_NAME_LENGTH, DEFAULT_MAX_CLASSES_PER_SITE
 from ..core.devices import resolve_device
 from ..core.errors import SiteConfigError, UserError
 from ..core.labels import BUILTIN_VOCABULARY, job_vocabulary

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.checks import judged_loss
+from ..core.checks.model import judged_loss
 from ..core.errors import ModelFileError, StateFileError
 from ..core.head import HeadSpec, extend_head, slice_for_client, to_numpy
 from ..core.methods import head_classes_for_site
@@ -69,7 +69,7 @@ class FederationState:
     history: list[dict[str, Any]]
     finished: bool = False
     job_id: str = ""  # the job that wrote it last
-    typical_updates: list[dict[str, float]] = field(default_factory=list)  # core.checks.UpdateReference.rounds
+    typical_updates: list[dict[str, float]] = field(default_factory=list)  # core.checks.update.UpdateReference.rounds
     aggregated_rounds: int = 0  # rounds that aggregated min_clients valid contributions
 
 

@@ -117,7 +117,7 @@ def probe_outputs(
     architecture: str, preprocessing: Mapping[str, Any]
 ) -> Callable[[Mapping[str, Any], Sequence[str]], Any]:
     """The outputs of a model state (any head size) on the modality's fixed probe input, in eval mode: the server's
-    model check (:func:`surgical_aggregation.core.checks.model_problems`)."""
+    model check (:func:`surgical_aggregation.core.checks.model.model_problems`)."""
     modality = modality_for_architecture(architecture)
     inputs = modality.probe_input(preprocessing)
     models: dict[int, nn.Module] = {}

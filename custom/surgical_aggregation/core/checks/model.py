@@ -1,0 +1,91 @@
+"""The checks of a candidate global model, the blame for one that fails, and the statistic that selects models."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..head import StateDict
+from . import Reasons, server_check
+from .result import batchnorm_problems, finite_problems
+
+ModelOutputs = Callable[[StateDict, Sequence[str]], np.ndarray]
+
+
+@server_check(
+    "model",
+    "every entry finite, BatchNorm statistics valid, and the model's outputs on a fixed probe input (two inputs "
+    "preprocessed as the federation's data) finite; a candidate that fails is discarded, the last good model stays, "
+    "and the results responsible are found by leaving each out",
+    "the model's outputs on the probe input have 40 non-finite value(s)",
+)
+def model_problems(state: StateDict, class_names: Sequence[str], outputs: ModelOutputs | None) -> Reasons:
+    problems = finite_problems(state) + batchnorm_problems(state)
+    if problems or outputs is None:
+        return problems
+    values = np.asarray(outputs(state, class_names))
+    bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+    return [f"the model's outputs on the probe input have {bad} non-finite value(s)"] if bad else []
+
+
+def _culprits_among(
+    sites: Sequence[str], problems_of: Callable[[Sequence[str]], Reasons]
+) -> tuple[dict[str, str], Reasons]:
+    """Leave each site out: those without whom the aggregate passes are responsible; failing that, those whose
+    result fails alone. Returns (site -> reason, the full aggregate's problems)."""
+    everyone = problems_of(sites)
+    if not everyone:
+        return {}, []
+    summary = "; ".join(everyone[:2])
+    culprits = {}
+    if len(sites) > 1:
+        for site in sites:
+            if not problems_of([other for other in sites if other != site]):
+                culprits[site] = (
+                    f"the global model aggregated with its result failed the model check ({summary}); without it "
+                    "the check passes"
+                )
+    if not culprits:
+        for site in sites:
+            alone = problems_of([site])
+            if alone:
+                culprits[site] = f"the global model aggregated from its result alone fails the model check ({alone[0]})"
+    return culprits, everyone
+
+
+def blame_for_failing_model(
+    sites: Sequence[str], problems_of: Callable[[Sequence[str]], Reasons]
+) -> tuple[list[str], dict[str, str], Reasons]:
+    """The sites whose aggregate passes the model check, and why the others are rejected.
+
+    ``problems_of(sites)``: the model check's problems of the global model aggregated from those sites' results.
+    Returns (the sites to keep, rejected site -> reason, the problems of the aggregate of all). When no site can
+    be singled out, nobody is kept: the round's aggregation is discarded.
+    """
+    culprits, everyone = _culprits_among(list(sites), problems_of)
+    if not everyone:
+        return list(sites), {}, []
+    kept = [site for site in sites if site not in culprits]
+    if culprits and kept and not problems_of(kept):
+        return kept, culprits, everyone
+    reason = (
+        f"the round's global model failed the model check ({'; '.join(everyone[:2])}) and no single result could "
+        "be blamed: the round's aggregation was discarded"
+    )
+    return [], dict.fromkeys(sites, reason), everyone
+
+
+# --- selection of the best model --------------------------------------------------------------------------------
+
+
+def judged_loss(losses: Mapping[str, float]) -> tuple[float, str]:
+    """The statistic of the sites' validation losses that selects models and stops early: the median with three
+    or more sites (one site cannot move it beyond the honest sites' values), else the mean."""
+    values = [value for value in losses.values() if value is not None and not math.isnan(value)]
+    if not values:
+        return math.nan, "none"
+    if len(values) >= 3:
+        return float(np.median(values)), "median"
+    return float(np.mean(values)), "mean"
