@@ -78,7 +78,7 @@ def test_imports_run_one_way(module):
 
 def test_the_root_holds_only_the_packages_and_the_entry_points():
     loose = sorted(path.stem for path in PACKAGE.glob("*.py"))
-    assert loose == ["__init__", "__main__", "cli", "layout"]
+    assert loose == ["__init__", "__main__", "layout"]
     assert {part.split(".")[0] for layer in LAYERS for part in layer.parts} >= {
         path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()
     }

@@ -1,0 +1,77 @@
+"""Evaluate a saved model on labelled data (images, or reports for a report model): per-class AUROC by class name, mean
+AUROC with a bootstrap 95% CI; writes per_class_auroc.csv/.png and summary.txt. With --thresholds-out, each class's
+threshold is chosen on the validation split (Youden's J), the test split is evaluated at it (accuracy, sensitivity,
+specificity), and a copy of the model carrying the thresholds is written for 'predict --calls'."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..data.names import UNCERTAINTY_POLICIES
+from ..modalities import DATA_KINDS
+from .options import add_model_options, given_preprocessing, output_file, positive, user_path
+
+NAME = "evaluate"
+HELP = "per-class AUROC of a model on a labelled set (only the classes the set has)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, type=user_path)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--site-config", type=user_path, help="use a site's data exactly as its config defines it")
+    source.add_argument("--kind", choices=DATA_KINDS, help="what the labelled set is, and its layout (with --data)")
+    parser.add_argument("--data", type=user_path, help="dataset folder (or CSV file for --kind csv)")
+    parser.add_argument("--uncertainty", choices=UNCERTAINTY_POLICIES, default=None)
+    parser.add_argument(
+        "--split",
+        choices=("all", "train", "val", "test"),
+        default="test",
+        help="which patient-level split to evaluate on (default test; 'all' for an external set)",
+    )
+    parser.add_argument("--out", required=True, type=user_path, help="folder for the table, plot and summary")
+    parser.add_argument("--bootstrap", type=positive, default=1000, help="bootstrap resamples for the CI")
+    parser.add_argument(
+        "--thresholds-out",
+        type=user_path,
+        default=None,
+        metavar="MODEL_FILE",
+        help="choose per-class thresholds on the validation split, evaluate the test split at them, and write a copy "
+        "of the model carrying them here",
+    )
+    add_model_options(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..evaluation.inference import (
+        evaluate_and_choose_thresholds,
+        evaluate_on_table,
+        labelled_splits,
+        save_thresholds,
+        write_evaluation,
+    )
+
+    splits, title = labelled_splits(args.site_config, args.kind, args.data, args.uncertainty)
+    options = {
+        "preprocessing": given_preprocessing(args),
+        "cache_dir": args.cache_dir,
+        "on_error": args.on_error,
+        "device": args.device,
+        "bootstrap": args.bootstrap,
+    }
+    if args.thresholds_out is not None:
+        target = output_file(args.thresholds_out, "--thresholds-out")
+        report = evaluate_and_choose_thresholds(args.model, splits, **options)
+        title = title.format(split="test, thresholds from val")
+    else:
+        report = evaluate_on_table(args.model, splits[args.split], **options)
+        title = title.format(split=args.split)
+    print(f"{title}: {report.n_images} {report.noun}")
+    print(report.text())
+    for path in write_evaluation(report, args.out, title):
+        print(f"wrote {path}")
+    if args.thresholds_out is not None:
+        saved = save_thresholds(
+            args.model, report, title.replace("test, thresholds from val", "validation split"), target
+        )
+        print(f"wrote {saved}: the model with its thresholds (predict --calls)")
+    return 0

@@ -1,0 +1,110 @@
+"""What several commands share: path and number option types, the model and site-config options, and how a
+command prints as it goes."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..core.errors import SiteConfigError
+from ..data.storage import default_cache_root
+from ..images.names import ON_ERROR_POLICIES
+from ..images.settings import ACCEPT_NON_CHEST
+
+
+def user_path(text: str) -> Path:
+    """A path option; ``~`` is the user's home even where the shell does not expand it (``--out=~/x``, a quoted
+    value, a launcher that passes arguments as given)."""
+    return Path(text).expanduser()
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+POC_DEFAULT_JOB = Path("jobs/nih_chexpert")
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--image-size", type=positive, default=None, help="override the size stored with the model")
+    parser.add_argument(
+        "--cache-dir", type=user_path, default=None, help=f"cache root (default {default_cache_root()})"
+    )
+    parser.add_argument("--on-error", choices=ON_ERROR_POLICIES, default="skip", help="unreadable images")
+    parser.add_argument(
+        "--accept-non-chest",
+        action="store_true",
+        help="read DICOMs whose Modality or BodyPartExamined says they are no chest radiograph (refused by default)",
+    )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+
+
+def given_preprocessing(args: argparse.Namespace) -> dict[str, int | bool]:
+    """What ``--image-size`` gives a model file that does not record its image size, and ``--accept-non-chest``."""
+    given: dict[str, int | bool] = {} if args.image_size is None else {"image_size": args.image_size}
+    return given | ({ACCEPT_NON_CHEST: True} if args.accept_non_chest else {})
+
+
+def output_file(path: Path, option: str) -> Path:
+    """A file to write: refused when it is a folder (one line naming it), its folder made when missing."""
+    if path.is_dir():
+        raise SiteConfigError(f"{option} {path.resolve()} is a folder; give the file to write")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def add_site_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--site-config",
+        action="append",
+        default=[],
+        metavar="SITE=FILE",
+        help="use this site config file (e.g. real data) instead of the job's default for SITE; repeatable",
+    )
+
+
+def site_configs(entries: Sequence[str], job_aliases: Mapping[str, str] | None = None) -> dict[str, dict]:
+    """``--site-config SITE=FILE`` entries: site -> its config (loaded and checked for a job with ``job_aliases``)."""
+    from ..training.config import load_site_config
+
+    sites = {}
+    for entry in entries:
+        site, separator, file = entry.partition("=")
+        if not separator or not site or not file:
+            raise SiteConfigError(f"--site-config takes SITE=FILE, got {entry!r}")
+        sites[site] = load_site_config(file, job_aliases).to_dict()
+    return sites
+
+
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stdout`` is when a line is logged (it may be replaced, e.g. by a test)."""
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def printer(name: str) -> logging.Logger:
+    """A logger that prints its messages as plain lines on stdout (what a command reports as it goes)."""
+    printer = logging.getLogger(f"surgical_aggregation.cli.{name}")
+    if not printer.handlers:
+        handler = _StdoutHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        printer.addHandler(handler)
+        printer.setLevel(logging.INFO)
+        printer.propagate = False
+    return printer

@@ -1,0 +1,45 @@
+"""Train a DenseNet121 backbone centrally on generated pattern images (4x4 patterns in the sites' clutter, no finding
+of any site) with a profile's image size and recipe, and write it where --pretrained reads it (cached by its
+settings). FedBN+ freezes BatchNorm at the initial model's statistics: this gives it statistics to freeze when no
+ImageNet weights are at hand. 'experiment' does this by itself when needed."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..data.storage import default_cache_root
+from .options import positive
+
+NAME = "pretrain"
+HELP = "train the offline stand-in for ImageNet weights: DenseNet121 on generated pattern images"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..training.profiles import PROFILES
+
+    parser.add_argument(
+        "--profile", choices=sorted(PROFILES), default="demo", help="image size and recipe (default demo)"
+    )
+    parser.add_argument(
+        "--images", type=positive, default=None, help="generated pattern images (default: the profile's)"
+    )
+    parser.add_argument("--epochs", type=positive, default=None, help="training epochs (default: the profile's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-dir", default=None, help=f"cache root (default {default_cache_root()})")
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from ..experiments.pretraining import Pretraining, pretrained_backbone
+    from ..training.profiles import PROFILES
+
+    profile = PROFILES[args.profile]
+    pretraining = Pretraining.for_profile(profile)
+    changes = {"images": args.images, "epochs": args.epochs, "seed": args.seed}
+    pretraining = dataclasses.replace(
+        pretraining, **{key: value for key, value in changes.items() if value is not None}
+    )
+    path = pretrained_backbone(profile, pretraining, args.cache_dir)
+    print(f"{pretraining.describe()}: {path} (use it with --pretrained)")
+    return 0
