@@ -42,13 +42,9 @@ from surgical_aggregation.experiments.head_only import (
     initial_heads,
 )
 from surgical_aggregation.images.glyph_features import glyph_features
-from surgical_aggregation.images.synthetic import (
-    GENERATED,
-    finding_donors,
-    nih_label_rows,
-    render_image,
-    shown_findings,
-)
+from surgical_aggregation.images.synthetic import GENERATED
+from surgical_aggregation.images.synthetic_labels import finding_donors, nih_label_rows, shown_findings
+from surgical_aggregation.images.synthetic_pixels import render_image
 
 from helpers import built_once
 

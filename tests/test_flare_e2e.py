@@ -44,7 +44,8 @@ from surgical_aggregation.flare.recipe import (
 )
 from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.images.names import DENSENET121, SMOKE_DENSENET
-from surgical_aggregation.images.synthetic import GENERATED, generate_nih, render_image
+from surgical_aggregation.images.synthetic import GENERATED, generate_nih
+from surgical_aggregation.images.synthetic_pixels import render_image
 from surgical_aggregation.training.checkpoint import (
     initial_global_state,
     load_checkpoint,

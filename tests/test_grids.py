@@ -21,7 +21,7 @@ from surgical_aggregation.experiments.grids import (
     shared_labels,
 )
 from surgical_aggregation.experiments.planning import site_label_counts
-from surgical_aggregation.images.synthetic import MAIN_UNION
+from surgical_aggregation.images.synthetic_labels import MAIN_UNION
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.profiles import PROFILES
 from surgical_aggregation.training.site_data import resolve_table, split_table

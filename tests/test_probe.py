@@ -7,7 +7,7 @@ import pytest
 
 from surgical_aggregation.evaluation.probe import RANDOM_PROBE_CEILING, linear_probe
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
-from surgical_aggregation.images import synthetic
+from surgical_aggregation.images import synthetic, synthetic_pixels
 from surgical_aggregation.training.config import site_config_from_dict
 
 pytestmark = pytest.mark.slow
@@ -24,8 +24,8 @@ def test_a_random_backbone_does_not_solve_the_main_jobs_sites(site):
 def test_without_the_clutter_the_same_probe_solves_much_of_it(tmp_path, monkeypatch):
     """The probe is not broken: on images without the clutter and with the former glyph strength (the embedded data
     before this benchmark), the same random backbone's features give it far more."""
-    monkeypatch.setattr(synthetic, "CLUTTER_SHAPES", 0)
-    monkeypatch.setattr(synthetic, "FINDING_AMPLITUDE", (0.3, 0.6))
+    monkeypatch.setattr(synthetic_pixels, "CLUTTER_SHAPES", 0)
+    monkeypatch.setattr(synthetic_pixels, "FINDING_AMPLITUDE", (0.3, 0.6))
     dataset = synthetic.generate_nih(tmp_path / "plain", n_patients=150, image_size=64)
     values = {**nih_chexpert_recipe().site_configs["site-nih"], "cache_dir": str(tmp_path / "cache")}
     values["data"] = {**values["data"], "location": str(dataset.root)}

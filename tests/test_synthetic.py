@@ -18,18 +18,14 @@ from surgical_aggregation.images.decode import read_grayscale
 from surgical_aggregation.images.glyph_features import raw_glyph_features
 from surgical_aggregation.images.layouts import load_table
 from surgical_aggregation.images.synthetic import (
-    MAIN_UNION,
     MARKER_FILE,
-    PATTERN_CELLS,
-    DonorRows,
     ensure_generated,
-    finding_glyph,
-    finding_glyphs,
     generate_chexpert,
     generate_nih,
-    pattern_glyphs,
     read_shown,
 )
+from surgical_aggregation.images.synthetic_labels import MAIN_UNION, DonorRows
+from surgical_aggregation.images.synthetic_pixels import PATTERN_CELLS, finding_glyph, finding_glyphs, pattern_glyphs
 
 from helpers import require_reference
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..data.storage import default_cache_root
-from .options import positive, user_path
+from .options import add_cache_dir, positive, user_path
 
 NAME = "experiment"
 HELP = "run a grid of the papers' comparisons (FLARE simulator + baselines), then tables and plots"
@@ -98,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="each site's data loader processes (default: the site config's, auto; 0 with many --jobs on a GPU)",
     )
     parser.add_argument("--cpu-threads", type=positive, default=None, help="torch CPU threads of each run's sites")
-    parser.add_argument("--cache-dir", default=None, help=f"cache root (default {default_cache_root()})")
+    add_cache_dir(parser)
     parser.add_argument("--keep-workspaces", action="store_true", help="keep the FLARE simulator workspaces")
     parser.add_argument(
         "--tracking",
@@ -142,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         bootstrap=args.bootstrap,
         keep_workspaces=args.keep_workspaces,
         tracking=args.tracking,
-        cache_dir=args.cache_dir,
+        cache_dir=None if args.cache_dir is None else str(args.cache_dir),
         variant=args.variant,
         engine=args.engine,
         head_features=args.head_features,

@@ -8,10 +8,9 @@ import os
 
 from ..core.errors import DatasetFormatError, SiteConfigError
 from ..data.names import UNCERTAINTY_POLICIES
-from ..data.storage import default_cache_root
 from ..images.names import GENERATED_KINDS, ON_ERROR_POLICIES
 from ..modalities import DATA_KINDS
-from .options import positive, printer, user_path
+from .options import add_cache_dir, positive, printer, user_path
 
 NAME = "prepare"
 HELP = "build the preprocessing cache of a dataset (decode + resize every image, or embed every report, once)"
@@ -27,9 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "torchxrayvision's archive",
     )
     parser.add_argument("--size", type=positive, default=224, help="side of the cached square images (default 224)")
-    parser.add_argument(
-        "--cache-dir", type=user_path, default=None, help=f"cache root (default {default_cache_root()})"
-    )
+    add_cache_dir(parser)
     parser.add_argument("--workers", type=positive, default=os.cpu_count() or 1, help="decoding threads")
     parser.add_argument(
         "--on-error",

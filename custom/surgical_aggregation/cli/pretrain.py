@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..data.storage import default_cache_root
-from .options import positive
+from .options import add_cache_dir, positive
 
 NAME = "pretrain"
 HELP = "train the offline stand-in for ImageNet weights: DenseNet121 on generated pattern images"
@@ -25,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--epochs", type=positive, default=None, help="training epochs (default: the profile's)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache-dir", default=None, help=f"cache root (default {default_cache_root()})")
+    add_cache_dir(parser)
 
 
 def run(args: argparse.Namespace) -> int:

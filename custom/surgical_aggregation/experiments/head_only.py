@@ -24,7 +24,7 @@ from ..core.methods import SiteMethod
 from ..evaluation.inference import ensemble_probabilities
 from ..evaluation.metrics import auroc
 from ..images.glyph_features import glyph_features
-from ..images.synthetic import finding_glyphs
+from ..images.synthetic_pixels import finding_glyphs
 from ..training.loops import Evaluation, masked_bce_with_logits
 from ..training.trainer import FitReport
 

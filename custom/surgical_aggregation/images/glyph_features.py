@@ -20,7 +20,9 @@ import torch
 from torch.nn import functional
 
 from ..core.labels import NIH_LABELS
-from .synthetic import GENERATED, finding_donors, finding_glyph, finding_glyphs, render_image, shown_findings
+from .synthetic import GENERATED
+from .synthetic_labels import finding_donors, shown_findings
+from .synthetic_pixels import finding_glyph, finding_glyphs, render_image
 
 DETECTION_LEVEL = 0.6
 REFERENCE_IMAGES = 512  # the reference draw the standardisation is measured on
