@@ -31,6 +31,7 @@ import torch
 from ..core.head import NAMED_HEAD, extend_head
 from ..data.storage import default_cache_root, exclusive, write_atomically
 from ..images.synthetic import GENERATOR_VERSION, generate_patterns
+from ..images.synthetic_pixels import pattern_glyphs
 from ..training.checkpoint import initial_global_state
 from ..training.config import site_config_from_dict
 from ..training.profiles import Profile
@@ -82,7 +83,8 @@ def pretrained_backbone(
         images = folder / f"{pretraining.name}-images"
         csv_path = generate_patterns(images, pretraining.images, pretraining.image_size, pretraining.seed)
         values = profile.site_config(
-            {"kind": "csv", "location": str(csv_path)},
+            # the patterns are no finding: declared as the pretraining's own classes (they never leave this machine)
+            {"kind": "csv", "location": str(csv_path), "options": {"new_classes": list(pattern_glyphs())}},
             image_size=pretraining.image_size,
             seed=pretraining.seed,
             record_exchanges="off",
