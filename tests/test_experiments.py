@@ -13,8 +13,9 @@ import pytest
 from scipy import stats
 
 from surgical_aggregation.experiments.choices import ABSENT, HEAD_ONLY, MISSING
+from surgical_aggregation.experiments.grid_run import run_settings
 from surgical_aggregation.experiments.grids import DataSources, grid_settings, simulated_nih
-from surgical_aggregation.experiments.runner import METHOD_FIELDS, RunOptions, run_settings
+from surgical_aggregation.experiments.runner import METHOD_FIELDS, RunOptions
 from surgical_aggregation.experiments.summary import (
     RESULT_FILE,
     _curves_markdown,

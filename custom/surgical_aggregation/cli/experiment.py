@@ -119,9 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from ..experiments.grid_run import run_grid, write_plan
     from ..experiments.grids import DataSources, grid_settings
     from ..experiments.planning import plan_grid
-    from ..experiments.runner import RunOptions, run_grid, write_plan
+    from ..experiments.runner import RunOptions
     from ..experiments.summary import summarize
     from ..training.profiles import PROFILES
 

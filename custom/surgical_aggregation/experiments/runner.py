@@ -1,4 +1,5 @@
-"""The experiment runner: a grid of settings x comparators x seeds, run, evaluated and summarised.
+"""The experiment runner: one run of a grid (a setting, a comparator, a seed) trained and evaluated; the grid's
+runs in parallel and the summary are :mod:`.grid_run`'s, the head-only variant :mod:`.head_only_run`'s.
 
 Federated comparators run as :class:`~surgical_aggregation.flare.recipe.SurgicalAggregationRecipe` jobs in
 FLARE's simulator (``SimEnv``, through ``flare.simulation``), or with ``engine="inprocess"`` as the same loop in this
@@ -30,13 +31,9 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
-import os
 import shutil
-import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +42,13 @@ import pandas as pd
 from ..core.devices import resolve_device
 from ..core.errors import SiteConfigError
 from ..core.head import backbone_digest
-from ..core.methods import COMPARATORS, POOLED_COMPARATORS, SiteMethod, controller_arguments
+from ..core.methods import POOLED_COMPARATORS, SiteMethod, controller_arguments
 from ..core.strategies import strategy
-from ..data.storage import CACHE_ENV, default_cache_root
 from ..evaluation.inference import (
     EvaluationReport,
-    ensemble_probabilities,
     evaluate_models,
     evaluate_with_thresholds,
-    per_class_report,
 )
-from ..evaluation.probe import backbone_model, without_augmentation
 from ..training.checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, initial_global_state, save_checkpoint
 from ..training.config import SiteConfig, site_config_from_dict
 from ..training.profiles import Profile
@@ -63,7 +56,6 @@ from ..training.site_data import prepare_site_data, resolve_table, split_table
 from ..training.trainer import EVALUATION_BATCHES_ON_GPU, SiteTrainer
 from .baselines import BaselineResult, pooled_config, train_pooled
 from .choices import (
-    ABSENT,
     ENGINES,
     FLARE_ENGINE,
     FULL,
@@ -71,13 +63,10 @@ from .choices import (
     HEAD_FEATURES,
     HEAD_ONLY,
     INPROCESS,
-    MISSING,
     VARIANTS,
 )
-from .grids import DataSources, Setting, dataset_identity, grid_settings
-from .head_only import FeatureBank, Features, HeadLearner, HeadModel, HeadRecipe, initial_heads
+from .grids import Setting, dataset_identity
 from .pretraining import InitialModel, Pretraining, pretrained_backbone
-from .summary import PER_CLASS_FILE, RESULT_FILE, summarize
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +124,7 @@ class Run:
         return f"{self.setting.name} / {self.method} / seed {self.seed}"
 
 
-def _sites_for_run(run: Run, options: RunOptions) -> dict[str, dict[str, Any]]:
+def sites_for_run(run: Run, options: RunOptions) -> dict[str, dict[str, Any]]:
     """The run's site configs; the torch threads of each: the machine's cores shared among the simulator's site
     processes, or (one process) the configured ``cpu_threads``."""
     threads = options.cpu_threads
@@ -144,12 +133,12 @@ def _sites_for_run(run: Run, options: RunOptions) -> dict[str, dict[str, Any]]:
 
         threads = cores_per_process(len(run.setting.sites))
     return {
-        name: _for_run(config, run, options) | ({"cpu_threads": threads} if threads else {})
+        name: for_run(config, run, options) | ({"cpu_threads": threads} if threads else {})
         for name, config in run.setting.sites.items()
     }
 
 
-def _for_run(config: dict[str, Any], run: Run, options: RunOptions) -> dict[str, Any]:
+def for_run(config: dict[str, Any], run: Run, options: RunOptions) -> dict[str, Any]:
     """A site's or test set's config for this run (the setting is the seed's: :meth:`Setting.for_seed`): its seed
     and the cache; no exchange records (a grid runs dozens of federations; the audit matters at hospitals)."""
     values = {**config, "seed": run.seed, "record_exchanges": "off"}
@@ -204,7 +193,7 @@ POOLED_METHOD_FIELDS: dict[str, dict[str, Any]] = {
 }
 
 
-def _method_fields(run: Run, options: RunOptions) -> dict[str, Any]:
+def method_fields(run: Run, options: RunOptions) -> dict[str, Any]:
     if run.method in POOLED_COMPARATORS:
         return {"method": run.method, "federated": False, "data": "pooled", **POOLED_METHOD_FIELDS[run.method]}
     arguments = controller_arguments(run.method, options.backbone_strategy, options.weighting)
@@ -311,7 +300,7 @@ TRAINED_FIELDS = (
 )
 
 
-def _history_curve(history: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
+def history_curve(history: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
     """The per-round validation of a federation's global models (round -1: before training)."""
     curve = []
     for entry in history:
@@ -340,7 +329,7 @@ def _federation_start(recipe: Any) -> str:
     return backbone_digest(state)
 
 
-def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions) -> tuple[dict, dict]:
+def run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions) -> tuple[dict, dict]:
     """Build the run's recipe and simulate it (or, ``engine="inprocess"``, run its loop here); returns
     ({selected|last: the models to evaluate, by dataset identity}, the run's record: training settings, per-round
     validation, the two models' rounds)."""
@@ -349,7 +338,7 @@ def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions
     from ..flare.recipe import SurgicalAggregationRecipe  # FLARE only where a federation runs
     from ..flare.simulation import simulate
 
-    sites = _sites_for_run(run, options)
+    sites = sites_for_run(run, options)
     controller = {
         "num_rounds": profile.rounds,
         "patience": profile.patience,
@@ -394,7 +383,7 @@ def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions
     history = json.loads(result.history.read_text()) if result.history.is_file() else []
     best = [entry["round"] for entry in history if entry.get("validation", {}).get("best")]
     trained = [entry["round"] for entry in history if entry.get("aggregation")]
-    method = _method_fields(run, options)
+    method = method_fields(run, options)
     record = {
         "training": training_record(
             site_config_from_dict(next(iter(sites.values()))),
@@ -405,7 +394,7 @@ def _run_federated(run: Run, folder: Path, profile: Profile, options: RunOptions
             _federation_start(recipe),
             method,
         ),
-        "curve": _history_curve(history),
+        "curve": history_curve(history),
         "rounds": {SELECTED: best[-1] if best else None, LAST: trained[-1] if trained else None},
     }
     if not options.keep_workspaces:
@@ -418,7 +407,7 @@ def _run_inprocess(run: Run, folder: Path, profile: Profile, options: RunOptions
     :class:`~surgical_aggregation.training.trainer.SiteTrainer`; the selected and last models saved as model files."""
     from .federation import federate
 
-    sites = _sites_for_run(run, options)
+    sites = sites_for_run(run, options)
     configs = {site: site_config_from_dict(values, f"{run.title} {site}") for site, values in sites.items()}
     trainers = {site: SiteTrainer(config, prepare_site_data(config), site) for site, config in configs.items()}
     union = sorted({name for trainer in trainers.values() for name in trainer.class_names})
@@ -441,19 +430,19 @@ def _run_inprocess(run: Run, folder: Path, profile: Profile, options: RunOptions
             options,
             strategy(controller["backbone_strategy"]).batchnorm,
             backbone_digest(initial),
-            _method_fields(run, options),
+            method_fields(run, options),
         ),
-        "curve": _history_curve(result.history),
+        "curve": history_curve(result.history),
         "rounds": {SELECTED: result.selected.round, LAST: result.last.round},
     }
     return chosen, record
 
 
-def _run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -> tuple[dict, dict]:
+def run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -> tuple[dict, dict]:
     """Centralized (all sites pooled), centralized_full (pooled, every class labelled) or individual (one model per
     site, on its own data and labels), trained without FLARE like the federations of the grid (initial model,
     BatchNorm handling, budget, selection)."""
-    sites = _sites_for_run(run, options)
+    sites = sites_for_run(run, options)
     models = folder / "models"
     site_method = SiteMethod(backbone_strategy=options.backbone_strategy)
     initial = _initial(options)
@@ -506,7 +495,7 @@ def _run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -
             options,
             results[0].batchnorm,
             results[0].initial_backbone,
-            _method_fields(run, options),
+            method_fields(run, options),
         ),
         "curve": curve,
         "rounds": {SELECTED: results[0].best_epoch, LAST: last},
@@ -514,108 +503,7 @@ def _run_pooled(run: Run, folder: Path, profile: Profile, options: RunOptions) -
     return chosen, record
 
 
-# --- the head-only variant ---------------------------------------------------------------------------------------
-
-_BANKS: dict[str, FeatureBank] = {}  # the frozen backbone's features, per backbone: a grid's runs share them
-
-
-def _feature_bank(options: RunOptions, config: SiteConfig) -> FeatureBank:
-    """The head-only variant's frozen features, computed once per image: the embedded images' glyph detectors, or the
-    initial model's backbone (the grid's pretrained weights, or seed 0's)."""
-    key = GLYPHS if options.head_features == GLYPHS else options.pretrained_weights or "seed 0"
-    if key not in _BANKS:
-        if options.head_features == GLYPHS:
-            _BANKS[key] = FeatureBank.of_glyphs()
-        else:
-            architecture, preprocessing = config.modality.architecture, config.modality.preprocessing(config)
-            state = initial_global_state(architecture, preprocessing, 0, options.pretrained_weights)
-            model = backbone_model(config, ["placeholder"], state, 0)
-            description = f"the initial model's backbone, frozen ({options.initial_model})"
-            _BANKS[key] = FeatureBank.of_backbone(model, resolve_device(config.device), description)
-    return _BANKS[key]
-
-
-def _site_features(config: SiteConfig, bank: FeatureBank) -> tuple[Features, Features]:
-    data = prepare_site_data(without_augmentation(config))
-    return bank.of(data.train), bank.of(data.val)
-
-
-def _run_head_only(run: Run, profile: Profile, options: RunOptions) -> tuple[dict, dict]:
-    """Heads trained on the frozen initial backbone's features: the federated methods in process
-    (:func:`.federation.federate`), the baselines as one-site federations on pooled (or their own) features."""
-    from .federation import federate
-
-    sites = _sites_for_run(run, options)
-    configs = {site: site_config_from_dict(values, f"{run.title} {site}") for site, values in sites.items()}
-    bank = _feature_bank(options, next(iter(configs.values())))
-    features = {site: _site_features(config, bank) for site, config in configs.items()}
-    union = sorted({name for train, _ in features.values() for name in train.class_names})
-    recipe = HeadRecipe(**profile.head_only)
-    initial = initial_heads(union, bank.feature_dim)
-    federations: dict[str, dict[str, HeadLearner]] = {}  # dataset identity ("*": the one global model) -> learners
-    if run.method == "individual":  # each site alone: the floor
-        for site, (train, val) in features.items():
-            federations[site] = {site: HeadLearner(train, val, recipe, run.seed, site)}
-        controller = {"method": "surgical"}
-    elif run.method in POOLED_COMPARATORS:
-        if run.method == "centralized_full":  # every site's data labelled with the whole union
-            widened = {site: {**config, "data": {**config["data"], "labels": union}} for site, config in sites.items()}
-            full = {site: site_config_from_dict(values, f"{run.title} {site}") for site, values in widened.items()}
-            trains = [_site_features(config, bank)[0] for config in full.values()]
-        else:  # the papers' centralized baseline: a class a site does not label is negative there
-            trains = [train.relabelled(union, "negative") for train, _ in features.values()]
-        val = Features.pooled([val.relabelled(union, "unlabelled") for _, val in features.values()])
-        federations["*"] = {run.method: HeadLearner(Features.pooled(trains), val, recipe, run.seed, run.method)}
-        controller = {"method": "surgical"}
-    else:
-        federations["*"] = {site: HeadLearner(*parts, recipe, run.seed, site) for site, parts in features.items()}
-        controller = controller_arguments(run.method, options.backbone_strategy, options.weighting)
-    chosen: dict[str, dict[str, list[HeadModel]]] = {SELECTED: {}, LAST: {}}
-    results = {}
-    for key, learners in federations.items():
-        result = federate(learners, initial, union, controller, profile.rounds, profile.patience, profile.min_delta)
-        results[key] = result
-        identity = "*" if key == "*" else dataset_identity(sites[key])
-        for kind, version in ((SELECTED, result.selected), (LAST, result.last)):
-            chosen[kind].setdefault(identity, []).append(HeadModel(version.state, version.class_names))
-    first = next(iter(results.values()))
-    record = {
-        "training": {
-            "variant": f"head only: heads trained on frozen features, {bank.description}",
-            "head_recipe": asdict(recipe),
-            "rounds": profile.rounds,
-            "selection": f"the lowest validation loss; patience {profile.patience}, min delta {profile.min_delta:g}",
-            "initial_model": options.initial_model,
-            "seed": run.seed,
-            **_method_fields(run, options),
-        },
-        "curve": _history_curve(first.history),
-        "rounds": {SELECTED: first.selected.round, LAST: first.last.round},
-    }
-    return chosen, record
-
-
-def _evaluate_heads(run: Run, models: dict[str, list[HeadModel]], options: RunOptions) -> tuple[pd.DataFrame, dict]:
-    """:func:`evaluate_run` for heads: each test set's features through the frozen backbone, then the same report."""
-    rows, summary = [], {}
-    for test in run.setting.test_sets:
-        config = without_augmentation(site_config_from_dict(_for_run(test.config, run, options), f"test {test.name}"))
-        bank = _feature_bank(options, config)
-        table = resolve_table(config)
-        part = table if test.split == "all" else split_table(table, config)[test.split]
-        materialised = config.modality.materialise(config, part, logger, False)
-        features = bank.of(materialised.dataset(materialised.table, False))
-        heads = _models_for(dataset_identity(test.config), models)
-        predicted = list(dict.fromkeys(name for head in heads for name in head.class_names))
-        values = features.values
-        probabilities = ensemble_probabilities(heads, predicted, lambda head, values=values: head.probabilities(values))
-        report = per_class_report(probabilities, predicted, materialised.table, options.bootstrap)
-        rows.append(report.per_class.assign(test_set=test.name))
-        summary[test.name] = _test_summary(report, rows[-1])
-    return pd.concat(rows, ignore_index=True), summary
-
-
-def _models_for(test_identity: str, models: dict[str, list[Any]]) -> list[Any]:
+def models_for(test_identity: str, models: dict[str, list[Any]]) -> list[Any]:
     """A test set drawn from a dataset is scored by that dataset's own models when there are some
     (PFL's personal models, the individual models); otherwise by all of them, averaged per class."""
     if "*" in models:
@@ -629,8 +517,8 @@ def evaluate_run(run: Run, models: dict[str, list[Path]], options: RunOptions) -
     """Per-class AUROC on every test set of the setting, and the mean AUROC with its bootstrap CI."""
     rows, summary = [], {}
     for test in run.setting.test_sets:
-        config = site_config_from_dict(_for_run(test.config, run, options), f"test set {test.name}")
-        paths = _models_for(dataset_identity(test.config), models)
+        config = site_config_from_dict(for_run(test.config, run, options), f"test set {test.name}")
+        paths = models_for(dataset_identity(test.config), models)
         if config.modality.threshold_metrics:  # Youden thresholds from the validation split the sites used
             data = prepare_site_data(config)
             report = evaluate_with_thresholds(paths, data.val, data.test, options.bootstrap, config.device)
@@ -648,11 +536,11 @@ def evaluate_run(run: Run, models: dict[str, list[Path]], options: RunOptions) -
                 workers=config.workers,  # the sites' (a grid of many runs on a GPU asks for none)
             )
         rows.append(report.per_class.assign(test_set=test.name))
-        summary[test.name] = _test_summary(report, rows[-1])
+        summary[test.name] = test_summary(report, rows[-1])
     return pd.concat(rows, ignore_index=True), summary
 
 
-def _test_summary(report: EvaluationReport, frame: pd.DataFrame) -> dict[str, Any]:
+def test_summary(report: EvaluationReport, frame: pd.DataFrame) -> dict[str, Any]:
     """A test set's line of ``result.json``: the mean AUROC with its bootstrap CI, classes and images (and the mean
     threshold metrics of a report labeller)."""
     summary = {
@@ -666,182 +554,3 @@ def _test_summary(report: EvaluationReport, frame: pd.DataFrame) -> dict[str, An
         if column in frame:
             summary[f"mean_{column}"] = float(frame[column].mean())
     return summary
-
-
-def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
-    """Train (unless finished before) and evaluate one run's selected and last models; returns its result."""
-    folder = run.folder(out)
-    result_path = folder / RESULT_FILE
-    if result_path.is_file():
-        return json.loads(result_path.read_text())
-    folder.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    if options.variant == HEAD_ONLY:
-        models, record = _run_head_only(run, profile, options)
-        evaluate = _evaluate_heads
-    else:
-        train = _run_pooled if run.method in POOLED_COMPARATORS else _run_federated
-        models, record = train(run, folder, profile, options)
-        evaluate = evaluate_run
-    trained = time.perf_counter() - started
-    validation = {entry["round"]: entry for entry in record["curve"]}
-    evaluated, frames = {}, []
-    for kind in (SELECTED, LAST):
-        per_class, summary = evaluate(run, models[kind], options)
-        frames.append(per_class.assign(model=kind))
-        round_number = record["rounds"][kind]
-        evaluated[kind] = {"round": round_number, "validation": validation.get(round_number), "test_sets": summary}
-    pd.concat(frames, ignore_index=True).to_csv(folder / PER_CLASS_FILE, index=False)
-    result = {
-        "setting": run.setting.name,
-        "factor": run.setting.factor,
-        "value": run.setting.value,
-        "control": run.setting.control,
-        "variant": options.variant,
-        "method": run.method,
-        "seed": run.seed,
-        "label_sets": run.setting.label_sets,
-        "shared_classes": run.setting.shared_classes,
-        "train_seconds": round(trained, 1),
-        "seconds": round(time.perf_counter() - started, 1),
-        "test_sets": evaluated[SELECTED]["test_sets"],  # the selected model's, as the papers report
-        "models": evaluated,
-        "curve": record["curve"],
-        "training": record["training"],
-    }
-    result_path.write_text(json.dumps(result, indent=2) + "\n")  # last: its presence marks the run finished
-    return result
-
-
-def plan(settings: Sequence[Setting], methods: Sequence[str], seeds: Sequence[int]) -> list[Run]:
-    unknown = [method for method in methods if method not in COMPARATORS]
-    if unknown:
-        raise SiteConfigError(f"unknown method(s) {unknown}; choose from {list(COMPARATORS)}")
-    return [
-        Run(setting.for_seed(seed), method, seed)
-        for setting in settings
-        for seed in seeds
-        for method in methods
-        if not (setting.control == ABSENT and method == "centralized_full")  # the findings it would label are gone
-    ]
-
-
-def run_grid(
-    grid: str,
-    methods: Sequence[str],
-    seeds: Sequence[int],
-    sources: DataSources,
-    profile: Profile,
-    out: str | Path,
-    options: RunOptions,
-    only: Sequence[str] = (),
-    controls: Sequence[str] = (MISSING,),
-    jobs: int = 1,
-) -> Path:
-    """Run (or resume) a named grid and write its summary; returns the summary's path.
-
-    ``only`` restricts the grid to the settings whose name contains one of the given strings; ``controls``: the
-    simulated settings' controls (missing, absent).
-    """
-    settings = grid_settings(grid, sources, profile, controls)
-    if only:
-        settings = [s for s in settings if any(part in s.name for part in only)]
-        if not settings:
-            raise SiteConfigError(f"no setting of grid {grid!r} matches {list(only)}")
-    description = {"grid": grid, "data": asdict(sources)}
-    return run_settings(settings, methods, seeds, profile, out, options, description, jobs)
-
-
-PLAN_FILE = "plan.json"
-
-
-def write_plan(
-    out: Path,
-    settings: Sequence[Setting],
-    methods: Sequence[str],
-    seeds: Sequence[int],
-    profile: Profile,
-    options: RunOptions,
-    description: dict[str, Any] | None = None,
-) -> Path:
-    """``plan.json``: the grid's settings (sites, label sets, test sets), methods, seeds, profile and options."""
-    out.mkdir(parents=True, exist_ok=True)
-    plan_data = {
-        **(description or {}),
-        "profile": asdict(profile),
-        "methods": list(methods),
-        "seeds": list(seeds),
-        "options": asdict(options),
-        "settings": [
-            {
-                "name": s.name,
-                "factor": s.factor,
-                "value": s.value,
-                "label_sets": s.label_sets,
-                "shared_classes": s.shared_classes,
-                "sites": s.sites,
-                "test_sets": [asdict(t) for t in s.test_sets],
-            }
-            for s in settings
-        ],
-    }
-    path = out / PLAN_FILE
-    path.write_text(json.dumps(plan_data, indent=2) + "\n")
-    return path
-
-
-def run_settings(
-    settings: Sequence[Setting],
-    methods: Sequence[str],
-    seeds: Sequence[int],
-    profile: Profile,
-    out: str | Path,
-    options: RunOptions,
-    description: dict[str, Any] | None = None,
-    jobs: int = 1,
-) -> Path:
-    """Run every (setting, seed, method) not finished yet, with progress logs, then summarise. ``jobs`` > 1 runs
-    that many at once, each in a process of its own (a GPU's launch-bound small models leave it room for several)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    runs = plan(settings, methods, seeds)
-    os.environ.setdefault(CACHE_ENV, str(options.cache_dir or default_cache_root()))
-    options = with_initial_model(settings, methods, profile, options)
-    logger.info("initial model of every method: %s", options.initial_model)
-    write_plan(out, settings, methods, seeds, profile, options, description)
-    started = time.perf_counter()
-    todo = [run for run in runs if not (run.folder(out) / RESULT_FILE).is_file()]
-    finished_before = len(runs) - len(todo)
-    logger.info("%d runs, %d finished before; %d to run, %d at a time", len(runs), finished_before, len(todo), jobs)
-    if jobs > 1:
-        context = multiprocessing.get_context("spawn")  # CUDA in the workers: never fork a process that holds it
-        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_logging) as pool:
-            futures = [pool.submit(execute, run, out, profile, options) for run in todo]
-            finished = (future.result() for future in as_completed(futures))
-            for index, result in enumerate(finished, start=1):
-                _log_result(index, len(todo), result, started)
-    else:
-        for index, run in enumerate(todo, start=1):
-            logger.info("[%d/%d] %s", index, len(todo), run.title)
-            _log_result(index, len(todo), execute(run, out, profile, options), started)
-    return summarize(out)
-
-
-def _worker_logging() -> None:
-    """A worker says what goes wrong, and how each federation's rounds go (its round lines)."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("surgical_aggregation.experiments.federation").setLevel(logging.INFO)
-
-
-def _log_result(index: int, total: int, result: dict[str, Any], started: float) -> None:
-    means = ", ".join(f"{name} {values['mean_auroc']:.3f}" for name, values in result["test_sets"].items())
-    title = f"{result['setting']} / {result['method']} / seed {result['seed']}"
-    logger.info(
-        "[%d/%d] %s: mean AUROC %s (%.0f s; %.0f s elapsed)",
-        index,
-        total,
-        title,
-        means,
-        result["seconds"],
-        time.perf_counter() - started,
-    )

@@ -1,0 +1,212 @@
+"""A grid's runs: each run trained (unless it finished before) and evaluated, in parallel worker processes, then
+the summary; ``plan.json`` says what the grid is."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..core.errors import SiteConfigError
+from ..core.methods import COMPARATORS, POOLED_COMPARATORS
+from ..data.storage import CACHE_ENV, default_cache_root
+from ..training.profiles import Profile
+from .choices import (
+    ABSENT,
+    HEAD_ONLY,
+    MISSING,
+)
+from .grids import DataSources, Setting, grid_settings
+from .head_only_run import evaluate_heads, run_head_only
+from .runner import LAST, SELECTED, Run, RunOptions, evaluate_run, run_federated, run_pooled, with_initial_model
+from .summary import PER_CLASS_FILE, RESULT_FILE, summarize
+
+logger = logging.getLogger(__name__)
+
+
+def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
+    """Train (unless finished before) and evaluate one run's selected and last models; returns its result."""
+    folder = run.folder(out)
+    result_path = folder / RESULT_FILE
+    if result_path.is_file():
+        return json.loads(result_path.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    if options.variant == HEAD_ONLY:
+        models, record = run_head_only(run, profile, options)
+        evaluate = evaluate_heads
+    else:
+        train = run_pooled if run.method in POOLED_COMPARATORS else run_federated
+        models, record = train(run, folder, profile, options)
+        evaluate = evaluate_run
+    trained = time.perf_counter() - started
+    validation = {entry["round"]: entry for entry in record["curve"]}
+    evaluated, frames = {}, []
+    for kind in (SELECTED, LAST):
+        per_class, summary = evaluate(run, models[kind], options)
+        frames.append(per_class.assign(model=kind))
+        round_number = record["rounds"][kind]
+        evaluated[kind] = {"round": round_number, "validation": validation.get(round_number), "test_sets": summary}
+    pd.concat(frames, ignore_index=True).to_csv(folder / PER_CLASS_FILE, index=False)
+    result = {
+        "setting": run.setting.name,
+        "factor": run.setting.factor,
+        "value": run.setting.value,
+        "control": run.setting.control,
+        "variant": options.variant,
+        "method": run.method,
+        "seed": run.seed,
+        "label_sets": run.setting.label_sets,
+        "shared_classes": run.setting.shared_classes,
+        "train_seconds": round(trained, 1),
+        "seconds": round(time.perf_counter() - started, 1),
+        "test_sets": evaluated[SELECTED]["test_sets"],  # the selected model's, as the papers report
+        "models": evaluated,
+        "curve": record["curve"],
+        "training": record["training"],
+    }
+    result_path.write_text(json.dumps(result, indent=2) + "\n")  # last: its presence marks the run finished
+    return result
+
+
+def plan(settings: Sequence[Setting], methods: Sequence[str], seeds: Sequence[int]) -> list[Run]:
+    unknown = [method for method in methods if method not in COMPARATORS]
+    if unknown:
+        raise SiteConfigError(f"unknown method(s) {unknown}; choose from {list(COMPARATORS)}")
+    return [
+        Run(setting.for_seed(seed), method, seed)
+        for setting in settings
+        for seed in seeds
+        for method in methods
+        if not (setting.control == ABSENT and method == "centralized_full")  # the findings it would label are gone
+    ]
+
+
+def run_grid(
+    grid: str,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    sources: DataSources,
+    profile: Profile,
+    out: str | Path,
+    options: RunOptions,
+    only: Sequence[str] = (),
+    controls: Sequence[str] = (MISSING,),
+    jobs: int = 1,
+) -> Path:
+    """Run (or resume) a named grid and write its summary; returns the summary's path.
+
+    ``only`` restricts the grid to the settings whose name contains one of the given strings; ``controls``: the
+    simulated settings' controls (missing, absent).
+    """
+    settings = grid_settings(grid, sources, profile, controls)
+    if only:
+        settings = [s for s in settings if any(part in s.name for part in only)]
+        if not settings:
+            raise SiteConfigError(f"no setting of grid {grid!r} matches {list(only)}")
+    description = {"grid": grid, "data": asdict(sources)}
+    return run_settings(settings, methods, seeds, profile, out, options, description, jobs)
+
+
+PLAN_FILE = "plan.json"
+
+
+def write_plan(
+    out: Path,
+    settings: Sequence[Setting],
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    profile: Profile,
+    options: RunOptions,
+    description: dict[str, Any] | None = None,
+) -> Path:
+    """``plan.json``: the grid's settings (sites, label sets, test sets), methods, seeds, profile and options."""
+    out.mkdir(parents=True, exist_ok=True)
+    plan_data = {
+        **(description or {}),
+        "profile": asdict(profile),
+        "methods": list(methods),
+        "seeds": list(seeds),
+        "options": asdict(options),
+        "settings": [
+            {
+                "name": s.name,
+                "factor": s.factor,
+                "value": s.value,
+                "label_sets": s.label_sets,
+                "shared_classes": s.shared_classes,
+                "sites": s.sites,
+                "test_sets": [asdict(t) for t in s.test_sets],
+            }
+            for s in settings
+        ],
+    }
+    path = out / PLAN_FILE
+    path.write_text(json.dumps(plan_data, indent=2) + "\n")
+    return path
+
+
+def run_settings(
+    settings: Sequence[Setting],
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    profile: Profile,
+    out: str | Path,
+    options: RunOptions,
+    description: dict[str, Any] | None = None,
+    jobs: int = 1,
+) -> Path:
+    """Run every (setting, seed, method) not finished yet, with progress logs, then summarise. ``jobs`` > 1 runs
+    that many at once, each in a process of its own (a GPU's launch-bound small models leave it room for several)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = plan(settings, methods, seeds)
+    os.environ.setdefault(CACHE_ENV, str(options.cache_dir or default_cache_root()))
+    options = with_initial_model(settings, methods, profile, options)
+    logger.info("initial model of every method: %s", options.initial_model)
+    write_plan(out, settings, methods, seeds, profile, options, description)
+    started = time.perf_counter()
+    todo = [run for run in runs if not (run.folder(out) / RESULT_FILE).is_file()]
+    finished_before = len(runs) - len(todo)
+    logger.info("%d runs, %d finished before; %d to run, %d at a time", len(runs), finished_before, len(todo), jobs)
+    if jobs > 1:
+        context = multiprocessing.get_context("spawn")  # CUDA in the workers: never fork a process that holds it
+        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_worker_logging) as pool:
+            futures = [pool.submit(execute, run, out, profile, options) for run in todo]
+            finished = (future.result() for future in as_completed(futures))
+            for index, result in enumerate(finished, start=1):
+                _log_result(index, len(todo), result, started)
+    else:
+        for index, run in enumerate(todo, start=1):
+            logger.info("[%d/%d] %s", index, len(todo), run.title)
+            _log_result(index, len(todo), execute(run, out, profile, options), started)
+    return summarize(out)
+
+
+def _worker_logging() -> None:
+    """A worker says what goes wrong, and how each federation's rounds go (its round lines)."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("surgical_aggregation.experiments.federation").setLevel(logging.INFO)
+
+
+def _log_result(index: int, total: int, result: dict[str, Any], started: float) -> None:
+    means = ", ".join(f"{name} {values['mean_auroc']:.3f}" for name, values in result["test_sets"].items())
+    title = f"{result['setting']} / {result['method']} / seed {result['seed']}"
+    logger.info(
+        "[%d/%d] %s: mean AUROC %s (%.0f s; %.0f s elapsed)",
+        index,
+        total,
+        title,
+        means,
+        result["seconds"],
+        time.perf_counter() - started,
+    )
