@@ -25,15 +25,16 @@ from surgical_aggregation.flare.protocol import (
     TASK_VALIDATE,
 )
 from surgical_aggregation.images.names import SMOKE_DENSENET
-from surgical_aggregation.training import privacy as privacy_module
+from surgical_aggregation.training import privacy_accounting
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.privacy import (
+    NOISE_SEARCH_STEPS,
     PoissonBatches,
-    PrivacyLedger,
     SecureRandom,
     sampling_groups,
     secure_dp_optimizer,
 )
+from surgical_aggregation.training.privacy_accounting import PrivacyLedger
 from surgical_aggregation.training.site_data import prepare_site_data
 from surgical_aggregation.training.trainer import SiteTrainer
 
@@ -280,8 +281,8 @@ def test_delta_is_at_most_one_over_ten_times_the_protected_units_and_the_noise_s
         _trainer(nih_data, tmp_path, {"epsilon": 3.0, "noise_multiplier": 1.0, "delta": bound / 2}).delta == bound / 2
     )
     calls = []
-    count_calls = privacy_module._rdp_epsilon  # each epsilon asked of the RDP accountant
-    monkeypatch.setattr(privacy_module, "_rdp_epsilon", lambda *args: calls.append(1) or count_calls(*args))
+    count_calls = privacy_accounting._rdp_epsilon  # each epsilon asked of the RDP accountant
+    monkeypatch.setattr(privacy_accounting, "_rdp_epsilon", lambda *args: calls.append(1) or count_calls(*args))
     trainer = _trainer(nih_data, tmp_path, {"epsilon": 0.2, "planned_rounds": 1_000_000})
     with pytest.raises(SiteConfigError, match=r"differential_privacy.epsilon 0.2 cannot cover \d+ steps"):
         trainer.fit(0, warmup=False)
@@ -290,7 +291,7 @@ def test_delta_is_at_most_one_over_ten_times_the_protected_units_and_the_noise_s
     trainer = _trainer(nih_data, tmp_path, {"epsilon": 100.0, "planned_rounds": 1})
     report = trainer.fit(0, warmup=True).privacy  # the budget at its upper bound: a small noise, found in bounded time
     assert report["epsilon"] <= 100.0 and report["epsilon"] == pytest.approx(100.0, rel=0.01)
-    assert 0.1 < report["noise_multiplier"] < 1 and len(calls) <= 2 + privacy_module.NOISE_SEARCH_STEPS + 4
+    assert 0.1 < report["noise_multiplier"] < 1 and len(calls) <= 2 + NOISE_SEARCH_STEPS + 4
 
 
 @pytest.mark.slow

@@ -19,9 +19,10 @@ from surgical_aggregation.core.methods import SiteMethod, method_meta
 from surgical_aggregation.flare.client import ClientSession
 from surgical_aggregation.flare.protocol import META_CLASS_NAMES, META_METHOD, META_PRIVACY, META_WARMUP, TASK_TRAIN
 from surgical_aggregation.images.names import SMOKE_DENSENET
-from surgical_aggregation.training import privacy as privacy_module
+from surgical_aggregation.training import privacy_ledger
 from surgical_aggregation.training.config import site_config_from_dict
-from surgical_aggregation.training.privacy import LEDGER_FILE, SPENT_FILE, DifferentialPrivacy, LedgerFile
+from surgical_aggregation.training.privacy import DifferentialPrivacy
+from surgical_aggregation.training.privacy_ledger import LEDGER_FILE, SPENT_FILE, LedgerFile
 
 SITE = "site-dp"
 FEDBN_PLUS = SiteMethod(backbone_strategy="fedbn_plus", identity_batchnorm=True)
@@ -210,7 +211,7 @@ def test_the_ledger_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
         handle.write(json.dumps(values)[:20])
         raise OSError("disk full")
 
-    monkeypatch.setattr(privacy_module.json, "dump", fail_midway)
+    monkeypatch.setattr(privacy_ledger.json, "dump", fail_midway)
     with pytest.raises(OSError, match="disk full"), ledger_file.transaction() as ledger:
         ledger.record(1.0, 0.5, 10)
     monkeypatch.undo()

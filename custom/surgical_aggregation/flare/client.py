@@ -45,7 +45,8 @@ from ..training.checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, save_chec
 from ..training.config import JOB_DEFAULT_ORIGIN, SITE_CONFIGS_DIR, SiteConfig, find_site_config, load_site_config
 from ..training.loops import Evaluation
 from ..training.parallel import check_gpus
-from ..training.privacy import LEDGER_FILE, SPENT_FILE, released_validation
+from ..training.privacy import released_validation
+from ..training.privacy_ledger import LEDGER_FILE, SPENT_FILE
 from ..training.site_data import SiteData, prepare_site_data, resolve_table, split_table
 from ..training.trainer import SiteTrainer, Tracker, evaluation_metrics
 from .audit import SiteAudit

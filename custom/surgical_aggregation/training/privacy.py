@@ -14,11 +14,11 @@ The noise and the sampling draw from :class:`SecureRandom` (ChaCha20 keyed from 
 never from the config's ``seed``: knowing the code and the config does not replay them. The noise is Opacus's
 ``secure_mode`` construction (the sum of four Gaussians halved, against floating-point attacks).
 
-The :class:`LedgerFile` keeps every step at the site (``<site workspace>/local/privacy_ledger.json``), across jobs,
-resumed runs and continued federations, keyed by the site and a fingerprint of its training patients; the steps of a
-round are written there (atomically) before the round trains, so before its update leaves. A round that would take
-the site over its budget is not trained and nothing is sent. An unreadable ledger, or one behind the steps an
-earlier job of this site recorded, is refused, never reset.
+The :class:`~.privacy_ledger.LedgerFile` keeps every step at the site (``<site
+workspace>/local/privacy_ledger.json``), across jobs, resumed runs and continued federations, keyed by the site and
+a fingerprint of its training patients; the steps of a round are written there (atomically) before the round trains,
+so before its update leaves. A round that would take the site over its budget is not trained and nothing is sent. An
+unreadable ledger, or one behind the steps an earlier job of this site recorded, is refused, never reset.
 
 What the guarantee covers: the model updates the site sends (backbone and head rows), as functions of its training
 split, at (epsilon, delta) per patient (or per image), for the steps counted. Nothing else computed on the training
@@ -30,16 +30,10 @@ allowed).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import functools
-import hashlib
-import json
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,8 +41,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Sampler
 
-from ..core.errors import PrivacyLedgerError, SiteConfigError
+from ..core.errors import SiteConfigError
 from ..core.methods import SiteMethod
+from .privacy_accounting import PrivacyLedger
 
 ACCOUNTANTS = ("rdp", "prv")  # Opacus's Renyi-DP accountant, and its privacy-random-variable one (tighter)
 UNITS = ("patient", "image")  # what one neighbouring dataset adds or removes: a patient's images, or one image
@@ -65,12 +60,6 @@ VALIDATION_LOSS_CLIP = 2.0
 VALIDATION_DECIMALS = 3
 DELTA_UNITS_FACTOR = 10  # delta at most 1 / (10 N) for N protected units (patients or images)
 NOISE_SEARCH_STEPS = 40  # bisections of the noise for a budget: ~1e-12 of the range, then it stops
-LEDGER_FILE = "privacy_ledger.json"  # in the site workspace's local/ folder, beside the site's config
-SPENT_FILE = "privacy_spent.json"  # in each job's app folder: the steps it recorded, checked against the ledger
-LEDGER_FORMAT = "surgical-aggregation privacy ledger 2"
-LEDGER_ENTRY_FIELDS = ("site", "fingerprint", "unit", "accountant", "delta", "history", "patients", "images")
-# what a job's record holds a digest of: every field that decides the epsilon an entry's steps spend
-DIGESTED_FIELDS = ("site", "fingerprint", "unit", "accountant", "delta")
 
 
 @dataclass
@@ -226,91 +215,6 @@ def refuse_what_dp_sgd_cannot_bound(
         raise SiteConfigError(f"{where} trains on one process: set gpus to 1")
     if compile_mode == "on":
         raise SiteConfigError(f"{where} needs the model uncompiled: set compile to off")
-
-
-def _accountant(kind: str, history: Sequence[tuple[float, float, int]]):
-    from opacus.accountants import PRVAccountant, RDPAccountant
-
-    accountant = RDPAccountant() if kind == "rdp" else PRVAccountant()
-    accountant.history = [tuple(entry) for entry in history]
-    return accountant
-
-
-@functools.lru_cache(maxsize=4096)
-def _rdp_of_one_step(noise_multiplier: float, sample_rate: float) -> np.ndarray:
-    """Opacus's RDP of one sampled Gaussian step at its accountant's default orders (a pure function of its
-    arguments, and the slow part of every epsilon: a site's noise search and each round's report ask again)."""
-    from opacus.accountants import RDPAccountant
-    from opacus.accountants.analysis import rdp
-
-    orders = RDPAccountant.DEFAULT_ALPHAS
-    one_step = rdp.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=orders)
-    one_step.setflags(write=False)  # shared by every later call: never changed in place
-    return one_step
-
-
-def _rdp_epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> float:
-    """``RDPAccountant.get_epsilon`` of ``history``, the same operations in the same order (each entry's RDP is
-    its one step's times its steps, as Opacus's ``compute_rdp`` returns it), the one-step RDP computed once."""
-    from opacus.accountants import RDPAccountant
-    from opacus.accountants.analysis import rdp
-
-    # float(): equal keys of another type (a float32 rate) would share a cache entry computed at another precision
-    total = sum([_rdp_of_one_step(float(noise), float(rate)) * steps for noise, rate, steps in history])
-    epsilon, _ = rdp.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=total, delta=delta)
-    return float(epsilon)
-
-
-Steps = tuple[float, float, int]  # (noise multiplier, sample rate, steps), as Opacus's accountants keep them
-
-
-@dataclass
-class PrivacyLedger:
-    """Every DP-SGD step taken on this site's training data: its own ``history``, and the ``inherited`` steps of
-    earlier training data that shares patients with it (counted, never written back); the epsilon they spend at
-    ``delta``."""
-
-    accountant: str = "rdp"
-    history: list[Steps] = field(default_factory=list)
-    noise_multiplier: float | None = None  # chosen once (from the budget), kept for every later round
-    inherited: list[Steps] = field(default_factory=list)
-
-    @property
-    def steps(self) -> int:
-        return sum(steps for _, _, steps in self.history)
-
-    def epsilon(self, delta: float, planned: Sequence[Steps] = ()) -> float:
-        """The epsilon spent at ``delta`` (0 before any step), with ``planned`` steps added when given."""
-        history = [*self.inherited, *self.history, *planned]
-        if not history:
-            return 0.0
-        if self.accountant == "rdp":
-            return _rdp_epsilon(history, delta)
-        return float(_accountant(self.accountant, history).get_epsilon(delta))
-
-    def record(self, noise_multiplier: float, sample_rate: float, steps: int) -> None:
-        """Append the steps: the history only grows (each job's record holds a digest of what it saw of it)."""
-        if steps > 0:
-            self.history.append((noise_multiplier, sample_rate, steps))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "accountant": self.accountant,
-            "history": [list(entry) for entry in self.history],
-            "noise_multiplier": self.noise_multiplier,
-        }
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any] | None, accountant: str) -> PrivacyLedger:
-        if not values:
-            return cls(accountant)
-        if values.get("accountant", accountant) != accountant:
-            raise SiteConfigError(
-                f"differential_privacy.accountant is {accountant!r}, but this site's steps so far were accounted with "
-                f"{values['accountant']!r}: keep the accountant for the whole federation"
-            )
-        history = [(float(noise), float(rate), int(steps)) for noise, rate, steps in values.get("history", [])]
-        return cls(accountant, history, values.get("noise_multiplier"))
 
 
 def noise_for_budget(settings: DifferentialPrivacy, sample_rate: float, steps: int, delta: float) -> float:
@@ -479,184 +383,3 @@ def steps_per_epoch(units: int, batch_size: int, cap: int | None) -> tuple[float
     rate = min(1.0, batch_size / max(units, 1))
     steps = max(1, math.ceil(units / batch_size))
     return rate, steps if cap is None else min(steps, cap)
-
-
-def data_fingerprint(patients: Sequence[str]) -> str:
-    """A training split's fingerprint: its set of patient ids, hashed (the ledger's key, with the site)."""
-    digest = hashlib.sha256("\n".join(sorted({str(patient) for patient in patients})).encode())
-    return digest.hexdigest()[:32]
-
-
-def _write_atomically(path: Path, values: Mapping[str, Any]) -> None:
-    """The whole file or the old one, never half: a temporary file beside it, synced, then renamed over it."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "w") as handle:
-        json.dump(values, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-def entry_digest(entry: Mapping[str, Any] | None, items: int) -> str:
-    """SHA-256 of a ledger entry's first ``items`` history items and the fields that decide what they spend
-    (:data:`DIGESTED_FIELDS`): a job records it, and a later job refuses a ledger whose entry no longer gives it."""
-    if entry is None or items > len(entry.get("history", [])):
-        return ""
-    canonical = {name: entry[name] for name in DIGESTED_FIELDS}
-    canonical["history"] = [[float(noise), float(rate), int(steps)] for noise, rate, steps in entry["history"][:items]]
-    return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
-
-
-class LedgerFile:
-    """A site's privacy ledger on disk (``<site workspace>/local/privacy_ledger.json``), shared by every job of the
-    site: entries keyed by (site, fingerprint of the training patients, unit), each with its steps and the salted
-    hashes of its patients, so that training data sharing patients with an earlier entry inherits that entry's steps
-    (a re-split does not start a new budget). A job records the steps it reserved in its own app folder
-    (``privacy_spent.json``); ``earlier_spent`` are those records of this site's earlier jobs: a ledger missing
-    steps one of them recorded is refused.
-    """
-
-    def __init__(
-        self,
-        path: Path,
-        site: str,
-        patients: Sequence[str],
-        settings: DifferentialPrivacy,
-        spent_file: Path | None = None,
-        earlier_spent: Sequence[Path] = (),
-        delta: float | None = None,
-        contents: Sequence[str] = (),
-    ) -> None:
-        """``delta``: the budget's (the trainer's resolved one); ``contents``: a digest of each training item's decoded
-        pixels (or embedding), so that the same images exported under new patient ids share the ledger's steps."""
-        self.path, self.site, self.settings = Path(path), site, settings
-        self.patients = sorted({str(patient) for patient in patients})
-        self.contents = sorted(set(contents))
-        self.fingerprint = data_fingerprint(self.patients)
-        self.spent_file, self.earlier_spent = spent_file, list(earlier_spent)
-        self.delta = delta
-
-    def _refuse(self, problem: str) -> PrivacyLedgerError:
-        return PrivacyLedgerError(
-            f"privacy ledger {self.path}: {problem}; refusing to train rather than reset the site's privacy budget "
-            "(restore the ledger from a backup)"
-        )
-
-    def _read(self) -> dict[str, Any]:
-        if not self.path.exists():
-            return {"format": LEDGER_FORMAT, "salt": os.urandom(16).hex(), "entries": []}
-        try:
-            values = json.loads(self.path.read_text())
-            if values.get("format") != LEDGER_FORMAT:
-                raise ValueError(f"format is {values.get('format')!r}, not {LEDGER_FORMAT!r}")
-            for entry in values["entries"]:
-                missing = [name for name in LEDGER_ENTRY_FIELDS if name not in entry]
-                if missing:
-                    raise KeyError(f"an entry lacks {missing}")
-                PrivacyLedger.from_dict(entry, entry["accountant"])
-            bytes.fromhex(values["salt"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            raise self._refuse(f"cannot be read ({type(error).__name__}: {error})") from None
-        return values
-
-    def _digests(self, salt: str, values: Sequence[str] | None = None) -> list[str]:
-        """This data's patients (or ``values``) as the ledger keeps them: salted hashes, not ids."""
-        return [hashlib.sha256(f"{salt}{value}".encode()).hexdigest()[:16] for value in values or self.patients]
-
-    def _key(self, entry: Mapping[str, Any]) -> tuple[str, str, str]:
-        return entry["site"], entry["fingerprint"], entry["unit"]
-
-    def _ledger(self, values: Mapping[str, Any]) -> PrivacyLedger:
-        """This data's ledger: its own entry's steps, and those of this site's entries sharing a patient (by id or by
-        an image's content) with it."""
-        mine = set(self._digests(values["salt"]))
-        images = set(self._digests(values["salt"], self.contents)) if self.contents else set()
-        key = (self.site, self.fingerprint, self.settings.unit)
-        ledger = PrivacyLedger(self.settings.accountant)
-        for entry in values["entries"]:
-            if self._key(entry) == key:
-                ledger = PrivacyLedger.from_dict(entry, self.settings.accountant)
-                if self.delta is not None and not math.isclose(entry["delta"], self.delta, rel_tol=1e-9):
-                    raise SiteConfigError(
-                        f"differential_privacy.delta resolves to {self.delta:.3g} for this data, but its budget was "
-                        f"set at delta {entry['delta']:.3g} (ledger {self.path}): a budget keeps its delta (a larger "
-                        "one would make the same steps look cheaper); set delta to that value"
-                    )
-        for entry in values["entries"]:  # the file is one site workspace's: any entry, whatever name it was kept under
-            shares_patients = not mine.isdisjoint(entry["patients"]) or not images.isdisjoint(entry["images"])
-            if self._key(entry) == key or not shares_patients:
-                continue
-            if entry["unit"] != self.settings.unit:
-                raise SiteConfigError(
-                    f"differential_privacy.unit is {self.settings.unit!r}, but patients of this training split spent "
-                    f"budget per {entry['unit']} (ledger {self.path}): keep unit {entry['unit']!r} for this data"
-                )
-            ledger.inherited.extend(PrivacyLedger.from_dict(entry, entry["accountant"]).history)
-        self._check_job_records(values)
-        return ledger
-
-    def _check_job_records(self, values: Mapping[str, Any]) -> None:
-        """Every step a job of this workspace recorded (this job's too) is in the ledger as it recorded it: an entry
-        with the record's fingerprint and unit whose history begins with the items the job saw, unchanged (their
-        digest: noise multipliers, sample rates, steps, and the entry's delta, unit and accountant). A ledger missing,
-        rolled back, with an entry removed, or with any recorded number edited is refused, whatever data this job
-        trains on."""
-        entries = {(entry["fingerprint"], entry["unit"]): entry for entry in values["entries"]}
-        records = [*self.earlier_spent, *([self.spent_file] if self.spent_file else [])]
-        for spent in records:
-            if not spent.is_file():
-                continue
-            try:
-                record = json.loads(spent.read_text())
-                key, steps = (record["fingerprint"], record["unit"]), int(record["steps"])
-                items, digest = int(record["items"]), str(record["digest"])
-            except (OSError, ValueError, KeyError, TypeError) as error:
-                raise self._refuse(f"the job record {spent} cannot be read ({error})") from None
-            entry = entries.get(key)
-            held = PrivacyLedger.from_dict(entry, entry["accountant"]).steps if entry else 0
-            if steps > held:
-                state = "is missing" if not self.path.exists() else f"holds {held} DP-SGD steps for that data"
-                raise self._refuse(f"{state}, but job record {spent} says {steps} were taken")
-            if entry_digest(entry, items) != digest:
-                raise self._refuse(
-                    f"its entry for that data is not what job record {spent} recorded: a noise multiplier, sample "
-                    "rate, step count, delta, unit or accountant of the steps it saw was changed"
-                )
-
-    def read(self) -> PrivacyLedger:
-        """This data's ledger as the file has it now."""
-        return self._ledger(self._read())
-
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[PrivacyLedger]:
-        """This data's ledger, read under the file's lock (jobs of one site may run at once); what the caller
-        records in it is written atomically (ledger, then this job's record) when the block ends without error."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(f".{self.path.name}.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            values = self._read()
-            ledger = self._ledger(values)
-            yield ledger
-            key = (self.site, self.fingerprint, self.settings.unit)
-            earlier = next((old for old in values["entries"] if self._key(old) == key), None)
-            entry = {
-                "site": self.site,
-                "fingerprint": self.fingerprint,
-                "unit": self.settings.unit,
-                "delta": earlier["delta"] if earlier else self.delta,
-                **ledger.to_dict(),
-                "patients": sorted(self._digests(values["salt"])),
-                "images": sorted(self._digests(values["salt"], self.contents)) if self.contents else [],
-            }
-            values["entries"] = [old for old in values["entries"] if self._key(old) != key] + [entry]
-            _write_atomically(self.path, values)
-            if self.spent_file is not None:
-                record = {"site": self.site, "fingerprint": self.fingerprint, "unit": self.settings.unit}
-                items = len(entry["history"])
-                record |= {"steps": ledger.steps, "items": items, "digest": entry_digest(entry, items)}
-                _write_atomically(self.spent_file, {**record, "ledger": str(self.path)})

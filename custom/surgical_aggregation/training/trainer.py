@@ -36,9 +36,7 @@ from .loops import (
 )
 from .parallel import FitRequest, RankGroup, check_gpus
 from .privacy import (
-    LedgerFile,
     PoissonBatches,
-    PrivacyLedger,
     SecureRandom,
     collate_allowing_empty,
     noise_for_budget,
@@ -49,6 +47,8 @@ from .privacy import (
     secure_dp_optimizer,
     steps_per_epoch,
 )
+from .privacy_accounting import PrivacyLedger
+from .privacy_ledger import LedgerFile
 from .site_data import SiteData
 
 logger = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class SiteTrainer:
         return len(self._sampling_groups)
 
     def keep_ledger_in(self, path: Path, spent_file: Path | None = None, earlier_spent: Sequence[Path] = ()) -> None:
-        """Keep the DP-SGD ledger in the site's ledger file (training.privacy.LedgerFile), shared by its jobs."""
+        """Keep the DP-SGD ledger in the site's ledger file (training.privacy_ledger.LedgerFile), shared by its jobs."""
         patients = self._training_patients()
         if patients is None:
             patients = [f"item {index}" for index in range(len(self.data.train))]
