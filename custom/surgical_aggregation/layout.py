@@ -67,8 +67,14 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "a site's trainer, and scoring models",
-        ("training.trainer", "training.rank_helper", "evaluation.inference", "evaluation.probe"),
-        "one site's local training (FLARE's client script and the baselines drive it) and its helper ranks; "
+        (
+            "training.trainer",
+            "training.trainer_privacy",
+            "training.rank_helper",
+            "evaluation.inference",
+            "evaluation.probe",
+        ),
+        "one site's local training (FLARE's client script and the baselines drive it), its DP-SGD, its helper ranks; "
         "`predict` and `evaluate` on model files; the linear probe of a frozen backbone",
     ),
     Layer(
