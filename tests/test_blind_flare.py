@@ -194,3 +194,23 @@ def test_what_a_blind_server_still_checks_of_answers_it_cannot_read():
     context = tenseal.context_from(job_key.cipher.to_bytes())
     rescaled = tenseal.ckks_vector(context, list(np.arange(4096.0)), scale=2.0**30).serialize()
     assert server._parts_problem({0: good, 1: rescaled}) == "ciphertext 1: its scale is 2^30, the consortium's 2^40"
+
+
+@pytest.mark.parametrize(
+    ("setting", "reason"),
+    [
+        ({"judging_sites": []}, "judging_sites must list at least one site name"),
+        ({"judging_sites": "site-1"}, "judging_sites must list at least one site name"),
+        ({"validation_guard": "yes"}, "validation_guard must be true or false"),
+        ({"min_clients": 0}, "min_clients must be a positive integer"),
+        ({"num_rounds": True}, "num_rounds must be a positive integer"),
+    ],
+)
+def test_both_workflows_refuse_a_bad_setting_by_the_same_rule(setting, reason):
+    """flare/settings.py's rules hold in the blind workflow as in the plain one: one rule, written once."""
+    from surgical_aggregation.flare.blind import BlindSurgicalAggregator
+    from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
+
+    for workflow in (SurgicalAggregatorShareable, BlindSurgicalAggregator):
+        with pytest.raises(ValueError, match=reason):
+            workflow(**setting)

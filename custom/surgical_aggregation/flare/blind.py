@@ -65,6 +65,7 @@ from .protocol import (
     TASK_TRAIN,
 )
 from .results import write_history
+from .settings import checked_arguments
 from .state import FederationState, SavedVersion
 
 BLIND_MODEL_FILE = "blind_global_model.npz"  # the latest round's summed ciphertexts (the server cannot read them)
@@ -130,26 +131,15 @@ class BlindSurgicalAggregator(FederationLoop):
         head_seed: int = 0,
         persistor_id: str = AppConstants.DEFAULT_PERSISTOR_ID,
     ) -> None:
-        """The job config's ``args``; as the plain workflow's of the same names (:mod:`.settings`)."""
+        """The job config's ``args``; as the plain workflow's of the same names, checked by the same rules
+        (:mod:`.settings`)."""
+        arguments = {name: value for name, value in locals().items() if name not in ("self", "persistor_id")}
         super().__init__(persistor_id)
         if backbone_strategy not in BLIND_BACKBONES:
             raise ValueError(f"blind mode averages the backbone by {BLIND_BACKBONES}, not {backbone_strategy!r}")
         if weighting not in BLIND_WEIGHTINGS:
             raise ValueError(f"weighting must be one of {BLIND_WEIGHTINGS}, got {weighting!r}")
-        if not (isinstance(num_rounds, int) and num_rounds >= 1 and isinstance(min_clients, int) and min_clients >= 1):
-            raise ValueError(
-                f"num_rounds and min_clients must be whole numbers of at least 1: {num_rounds}, {min_clients}"
-            )
-        self.num_rounds, self.min_clients = num_rounds, min_clients
-        self.backbone_strategy, self.weighting = backbone_strategy, weighting
-        self.patience, self.min_delta = patience, min_delta
-        self.handshake_timeout, self.train_timeout, self.validate_timeout = (
-            handshake_timeout,
-            train_timeout,
-            validate_timeout,
-        )
-        self.validation_guard, self.judging_sites = validation_guard, judging_sites
-        self.publish_global_model, self.preprocessing, self.head_seed = publish_global_model, preprocessing, head_seed
+        vars(self).update(checked_arguments(arguments))
         self._cipher: BlindCipher | None = None  # the job's public context: adds, cannot decrypt
         self._job_key: dict[str, np.ndarray] = {}  # the job's key, wrapped: relayed to every site with each task
         self._parts = 0  # ciphertexts in every site's update

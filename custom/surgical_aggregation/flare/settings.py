@@ -108,33 +108,40 @@ POSITIVE_WHOLE_NUMBERS = (
 
 def checked_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     """``arguments`` checked, with ``resume`` as one of :data:`RESUME_CHOICES` (``True``/``False`` are read as
-    ``latest``/``never``), ``proximal_mu`` a float and ``judging_sites`` a list."""
+    ``latest``/``never``), ``proximal_mu`` a float and ``judging_sites`` a list. Each rule applies to the arguments
+    given: the blind workflow, which takes a part of them, is checked by the same rules."""
     values = dict(arguments)
-    strategy(values["backbone_strategy"])  # a known one (ValueError naming them)
-    if values["weighting"] not in WEIGHTINGS:
+    if "backbone_strategy" in values:
+        strategy(values["backbone_strategy"])  # a known one (ValueError naming them)
+    if "weighting" in values and values["weighting"] not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {values['weighting']!r}")
-    check_method(values["method"], values["backbone_strategy"])
-    if not values["proximal_mu"] >= 0:
-        raise ValueError(f"proximal_mu must not be negative, got {values['proximal_mu']!r}")
-    values["proximal_mu"] = float(values["proximal_mu"])
+    if "method" in values:
+        check_method(values["method"], values["backbone_strategy"])
+    if "proximal_mu" in values:
+        if not values["proximal_mu"] >= 0:
+            raise ValueError(f"proximal_mu must not be negative, got {values['proximal_mu']!r}")
+        values["proximal_mu"] = float(values["proximal_mu"])
     for name in POSITIVE_WHOLE_NUMBERS:
-        value = values[name]
+        value = values.get(name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    resume = values["resume"]
-    if isinstance(resume, bool):
-        values["resume"] = resume = RESUME_LATEST if resume else RESUME_NEVER
-    if resume not in RESUME_CHOICES:
-        raise ValueError(f"resume must be one of {RESUME_CHOICES}, got {resume!r}")
-    bound = values["update_bound"]
+    if "resume" in values:
+        resume = values["resume"]
+        if isinstance(resume, bool):
+            values["resume"] = resume = RESUME_LATEST if resume else RESUME_NEVER
+        if resume not in RESUME_CHOICES:
+            raise ValueError(f"resume must be one of {RESUME_CHOICES}, got {resume!r}")
+    bound = values.get("update_bound")
     if bound is not None and not bound > 1:
         raise ValueError(f"update_bound must be above 1 (or None for no bound), got {bound!r}")
     for name in ("clip_updates", "reject_opposed_updates", "validation_guard"):
-        if not isinstance(values[name], bool):
+        if not isinstance(values.get(name, True), bool):
             raise ValueError(f"{name} must be true or false, got {values[name]!r}")
-    RobustRule.parse(values["robust_aggregation"], values["byzantine_sites"])  # a ValueError names the problem
-    judges = values["judging_sites"]
+    if "robust_aggregation" in values:
+        RobustRule.parse(values["robust_aggregation"], values["byzantine_sites"])  # a ValueError names the problem
+    judges = values.get("judging_sites")
     if judges is not None and (isinstance(judges, str) or not judges):
         raise ValueError(f"judging_sites must list at least one site name (or be None), got {judges!r}")
-    values["judging_sites"] = list(judges) if judges is not None else None
+    if "judging_sites" in values:
+        values["judging_sites"] = list(judges) if judges is not None else None
     return values
