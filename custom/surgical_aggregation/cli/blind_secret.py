@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     classes.add_argument(
         "--job", choices=BUNDLE_JOBS, help="the union of the classes of one of the bundle's jobs' default sites"
     )
-    parser.add_argument("--label-aliases", type=user_path, default=None, metavar="FILE", help="the job's aliases")
+    parser.add_argument("--label-aliases", type=user_path, metavar="FILE", help="the job's aliases")
     parser.add_argument("--force", action="store_true", help="replace --out when it exists")
 
 

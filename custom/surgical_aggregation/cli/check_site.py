@@ -21,12 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", required=True, type=user_path, help="the site config, e.g. <kit>/local/surgical_aggregation.json"
     )
-    parser.add_argument(
-        "--site", default=None, help="the site's name in the job (default: the kit's, else 'this site')"
-    )
-    parser.add_argument(
-        "--sample", type=positive, default=None, help="read only the first N inputs of each split (default: all)"
-    )
+    parser.add_argument("--site", help="the site's name in the job (default: the kit's, else 'this site')")
+    parser.add_argument("--sample", type=positive, help="read only the first N inputs of each split (default: all)")
 
 
 def run(args: argparse.Namespace) -> int:

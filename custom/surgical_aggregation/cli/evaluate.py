@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--site-config", type=user_path, help="use a site's data exactly as its config defines it")
     source.add_argument("--kind", choices=DATA_KINDS, help="what the labelled set is, and its layout (with --data)")
     parser.add_argument("--data", type=user_path, help="dataset folder (or CSV file for --kind csv)")
-    parser.add_argument("--uncertainty", choices=UNCERTAINTY_POLICIES, default=None)
+    parser.add_argument("--uncertainty", choices=UNCERTAINTY_POLICIES)
     parser.add_argument(
         "--split",
         choices=("all", "train", "val", "test"),
@@ -33,7 +33,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--thresholds-out",
         type=user_path,
-        default=None,
         metavar="MODEL_FILE",
         help="choose per-class thresholds on the validation split, evaluate the test split at them, and write a copy "
         "of the model carrying them here",

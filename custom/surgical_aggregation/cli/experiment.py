@@ -30,15 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="training seeds (default: 0)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="demo", help="training recipe (default demo)")
-    parser.add_argument("--rounds", type=positive, default=None, help="override the profile's number of rounds")
+    parser.add_argument("--rounds", type=positive, help="override the profile's number of rounds")
     parser.add_argument("--out", required=True, type=user_path, help="results folder (resumes when it exists)")
-    parser.add_argument("--nih", default=None, help="NIH ChestX-ray14 folder (default: embedded data)")
-    parser.add_argument("--chexpert", default=None, help="CheXpert folder (default: embedded data)")
-    parser.add_argument("--mimic", default=None, help="MIMIC-CXR-JPG folder, the external test set (default: embedded)")
+    parser.add_argument("--nih", help="NIH ChestX-ray14 folder (default: embedded data)")
+    parser.add_argument("--chexpert", help="CheXpert folder (default: embedded data)")
+    parser.add_argument("--mimic", help="MIMIC-CXR-JPG folder, the external test set (default: embedded)")
     parser.add_argument(
         "--embedded-patients",
         type=positive,
-        default=None,
         help="patients per embedded dataset (default: the profile's)",
     )
     parser.add_argument(
@@ -77,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="backbone strategy of every federated method that does not fix its own (default fedbn_plus, the papers')",
     )
     parser.add_argument("--weighting", choices=("uniform", "samples"), default="uniform", help="aggregation weights")
-    parser.add_argument("--pretrained", default=None, help="local ImageNet DenseNet121 weights for every model")
+    parser.add_argument("--pretrained", help="local ImageNet DenseNet121 weights for every model")
     parser.add_argument(
         "--pretrain",
         choices=("auto", "always", "never"),
@@ -93,10 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--loader-workers",
         type=int,
-        default=None,
         help="each site's data loader processes (default: the site config's, auto; 0 with many --jobs on a GPU)",
     )
-    parser.add_argument("--cpu-threads", type=positive, default=None, help="torch CPU threads of each run's sites")
+    parser.add_argument("--cpu-threads", type=positive, help="torch CPU threads of each run's sites")
     add_cache_dir(parser)
     parser.add_argument("--keep-workspaces", action="store_true", help="keep the FLARE simulator workspaces")
     parser.add_argument(

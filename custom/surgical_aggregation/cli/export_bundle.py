@@ -21,15 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--union-table",
         type=user_path,
-        default=None,
         help="the server's union_classes.csv (default: next to the model)",
     )
     parser.add_argument(
-        "--history", type=user_path, default=None, help="the server's round_history.json (default: next to the model)"
+        "--history", type=user_path, help="the server's round_history.json (default: next to the model)"
     )
-    parser.add_argument(
-        "--label-aliases", type=user_path, default=None, help="the job's alias file, reported with the class names"
-    )
+    parser.add_argument("--label-aliases", type=user_path, help="the job's alias file, reported with the class names")
     onnx = parser.add_mutually_exclusive_group()
     onnx.add_argument("--onnx", dest="onnx", action="store_true", default=None, help="require model.onnx")
     onnx.add_argument("--no-onnx", dest="onnx", action="store_false", help="leave model.onnx out")
@@ -40,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="leave out the classes fewer than this many sites label (needs the union table; default 1: none)",
     )
     parser.add_argument("--version", default="1.0.0", help="the bundle's version (default 1.0.0)")
-    parser.add_argument("--authors", default=None, help="metadata's authors (default: the federation's sites)")
-    parser.add_argument("--copyright", default=None, help="metadata's copyright holder (default: the sites)")
+    parser.add_argument("--authors", help="metadata's authors (default: the federation's sites)")
+    parser.add_argument("--copyright", help="metadata's copyright holder (default: the sites)")
     parser.add_argument("--overwrite", action="store_true", help="replace the folder when it exists")
 
 

@@ -37,13 +37,11 @@ POC_DEFAULT_JOB = Path("jobs/nih_chexpert")
 
 def add_cache_dir(parser: argparse.ArgumentParser) -> None:
     """``--cache-dir``: where decoded images, embeddings, generated data and the stand-in backbone are kept."""
-    parser.add_argument(
-        "--cache-dir", type=user_path, default=None, help=f"cache root (default {default_cache_root()})"
-    )
+    parser.add_argument("--cache-dir", type=user_path, help=f"cache root (default {default_cache_root()})")
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--image-size", type=positive, default=None, help="override the size stored with the model")
+    parser.add_argument("--image-size", type=positive, help="override the size stored with the model")
     add_cache_dir(parser)
     parser.add_argument("--on-error", choices=ON_ERROR_POLICIES, default="skip", help="unreadable images")
     parser.add_argument(

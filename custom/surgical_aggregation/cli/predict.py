@@ -26,7 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--column",
         "--image-column",
         dest="column",
-        default=None,
         help="the CSV's image path column (default: path) or report text column (default: report)",
     )
     parser.add_argument("--out", required=True, type=user_path, help="CSV file to write")

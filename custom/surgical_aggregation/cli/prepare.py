@@ -21,7 +21,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
         type=user_path,
-        default=None,
         help="dataset folder (the CSV file for the CSV kinds); needed for image kinds; the IU reports default to "
         "torchxrayvision's archive",
     )
@@ -34,9 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="error",
         help="unreadable images: 'error' stops with their names, 'skip' leaves them out and counts them",
     )
-    parser.add_argument(
-        "--uncertainty", choices=UNCERTAINTY_POLICIES, default=None, help="CheXpert/MIMIC/CSV -1 labels"
-    )
+    parser.add_argument("--uncertainty", choices=UNCERTAINTY_POLICIES, help="CheXpert/MIMIC/CSV -1 labels")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -19,10 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile", choices=sorted(PROFILES), default="demo", help="image size and recipe (default demo)"
     )
-    parser.add_argument(
-        "--images", type=positive, default=None, help="generated pattern images (default: the profile's)"
-    )
-    parser.add_argument("--epochs", type=positive, default=None, help="training epochs (default: the profile's)")
+    parser.add_argument("--images", type=positive, help="generated pattern images (default: the profile's)")
+    parser.add_argument("--epochs", type=positive, help="training epochs (default: the profile's)")
     parser.add_argument("--seed", type=int, default=0)
     add_cache_dir(parser)
 

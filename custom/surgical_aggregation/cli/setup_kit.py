@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=POC_DEFAULT_JOB,
         help=f"the job the site's config template follows ({POC_DEFAULT_JOB})",
     )
-    parser.add_argument("--data-kind", choices=DATA_KINDS, default=None, help="a site's data kind (its template's)")
+    parser.add_argument("--data-kind", choices=DATA_KINDS, help="a site's data kind (its template's)")
 
 
 def run(args: argparse.Namespace) -> int:

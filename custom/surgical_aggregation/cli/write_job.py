@@ -55,7 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--initial-model",
-        default=None,
         help="continue a federation: start from this checkpoint of the bundle (e.g. the last job's best model, "
         "as the server sees the path); its classes keep their learned rows, new classes get new ones",
     )
@@ -73,7 +72,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--privacy-filter",
         type=user_path,
-        default=None,
         metavar="FILE",
         help="one of FLARE's privacy filters on every site's training results, as its update: a JSON file {\"path\": "
         '"exclude_vars" | "percentile" | "svt", "args": {...}} (see provisioning/README.md)',
@@ -81,7 +79,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--label-aliases",
         type=user_path,
-        default=None,
         metavar="FILE",
         help='the consortium\'s synonyms for class names: a JSON/YAML mapping {"alias": "class name"}; they win '
         "over the built-in ones, and the server and every site apply them",
@@ -89,7 +86,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--accepted-class",
         action="append",
-        default=None,
         metavar="NAME",
         help="a closed vocabulary: a class the job accepts (repeat for each); a site bringing any other is refused "
         "at the handshake. Default: any class joins",
@@ -103,7 +99,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resume",
         choices=RESUME_CHOICES,
-        default=None,
         help="an unfinished federation of this job's name on the server (after a crash): latest (default) continues "
         "from its last saved round, backup from the state saved one round earlier, never starts afresh",
     )
@@ -118,7 +113,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--min-clients",
         type=int,
-        default=None,
         metavar="N",
         help="sites needed at the handshake, and valid results needed for a round to make a model (default: every "
         "site of the job)",
@@ -126,7 +120,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--judging-site",
         action="append",
-        default=None,
         metavar="SITE",
         help="a site whose validation losses select the best model and stop early (repeat for each; default: every "
         "accepted site, their median with three or more)",
@@ -135,7 +128,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             f"--{task}-timeout",
             type=int,
-            default=None,
             metavar="SECONDS",
             help=f"seconds a site may take for a {task} task (default: the job's, sized for the embedded data)",
         )
