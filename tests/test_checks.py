@@ -1,4 +1,4 @@
-"""The server's checks as plain functions (``core/checks.py``), with hand-computed expectations."""
+"""The server's checks as plain functions (``core/checks/``), with hand-computed expectations."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A site's privacy ledger (training.privacy.LedgerFile): one budget across the site's jobs, resumed runs and
+"""A site's privacy ledger (training.privacy_ledger.LedgerFile): one budget across the site's jobs, resumed runs and
 continued federations, in its workspace's local/ folder; refused, never reset, when it cannot be trusted."""
 
 from __future__ import annotations

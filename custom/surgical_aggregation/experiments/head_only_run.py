@@ -120,7 +120,8 @@ def run_head_only(run: Run, profile: Profile, options: RunOptions) -> tuple[dict
 
 
 def evaluate_heads(run: Run, models: dict[str, list[HeadModel]], options: RunOptions) -> tuple[pd.DataFrame, dict]:
-    """:func:`evaluate_run` for heads: each test set's features through the frozen backbone, then the same report."""
+    """:func:`.runner.evaluate_run` for heads: each test set's features through the frozen backbone, then the same
+    report."""
     rows, summary = [], {}
     for test in run.setting.test_sets:
         config = without_augmentation(site_config_from_dict(for_run(test.config, run, options), f"test {test.name}"))

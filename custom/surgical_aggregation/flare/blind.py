@@ -24,6 +24,7 @@ server adds ciphertexts and never holds a secret key, a plaintext head row, a si
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 from collections.abc import Mapping
@@ -133,7 +134,7 @@ class BlindSurgicalAggregator(FederationLoop):
     ) -> None:
         """The job config's ``args``; as the plain workflow's of the same names, checked by the same rules
         (:mod:`.settings`)."""
-        arguments = {name: value for name, value in locals().items() if name not in ("self", "persistor_id")}
+        arguments = {name: value for name, value in locals().items() if name in _ARGUMENTS}
         super().__init__(persistor_id)
         if backbone_strategy not in BLIND_BACKBONES:
             raise ValueError(f"blind mode averages the backbone by {BLIND_BACKBONES}, not {backbone_strategy!r}")
@@ -485,3 +486,6 @@ def _summary(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool, type(None))):
         return value
     return repr(value)
+
+
+_ARGUMENTS = frozenset(inspect.signature(BlindSurgicalAggregator.__init__).parameters) - {"self", "persistor_id"}

@@ -16,14 +16,14 @@ generated ones. They are built so that a wrong method can lose on them:
   the task need training: a linear read-out of a randomly initialised DenseNet121's features stays near chance
   (:mod:`surgical_aggregation.evaluation.probe` measures it), while a trained network learns the glyphs.
 * **Missing, not absent.** What an image *shows* is drawn over the union of the main job's findings
-  (:data:`MAIN_UNION`: NIH's 14 and CheXpert's 13, 20 names); what a dataset *labels* is its layout's columns. So
-  an NIH-layout image shows CheXpert-only findings (Support Devices, Lung Opacity, ...) its label file does not
-  name, and a CheXpert-layout image shows NIH-only ones (Mass, Nodule, ...): the false negatives that vanilla FL
-  and centralized training make of missing labels are there to be made. The findings a layout labels come from
-  its real label row; the others are copied from a real row of the dataset that labels them with the same
-  shared findings (:class:`DonorRows`; the 7 findings NIH and CheXpert share link the two files). Assumed, since
-  no file labels both vocabularies: given the shared findings, NIH-only and CheXpert-only findings are
-  independent. ``shown_findings.csv`` beside the label file records every glyph each image carries.
+  (:data:`MAIN_UNION`: NIH's 14 and CheXpert's 13, 20 names); what a dataset *labels* is its layout's columns. So an
+  NIH-layout image shows CheXpert-only findings (Support Devices, Lung Opacity, ...) its label file does not name,
+  and a CheXpert-layout image shows NIH-only ones (Mass, Nodule, ...): the false negatives that vanilla FL and
+  centralized training make of missing labels are there to be made. The findings a layout labels come from its real
+  label row; the others are copied from a real row of the dataset that labels them with the same shared findings
+  (:class:`.synthetic_labels.DonorRows`; the 7 findings NIH and CheXpert share link the two files). Assumed, since
+  no file labels both vocabularies: given the shared findings, NIH-only and CheXpert-only findings are independent.
+  ``shown_findings.csv`` beside the label file records every glyph each image carries.
 * **Absent, the control.** ``absent`` leaves the named findings out of the pixels (and out of the label file, so
   the folder stays consistent); every other draw is the same. With the findings a site does not label absent, its
   negatives are true ones.

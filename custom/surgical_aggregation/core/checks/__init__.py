@@ -63,8 +63,8 @@ VALUE_CHECKS: list[Callable[[Mapping[str, Any], Any], list[str]]] = []
 
 def server_check(stage: str, rule: str, reason: str, on_values: bool = False) -> Callable[[Callable], Callable]:
     """Register a check function with the rule it enforces and an example of its reason text. ``on_values``: a check
-    of a training result's values, ``(state, layout) -> reasons``, that :func:`check_result` runs with the others
-    (a new one needs only its module)."""
+    of a training result's values, ``(state, layout) -> reasons``, that :func:`.result.check_result` runs with the
+    others (a new one needs its module and its line in :data:`CHECK_MODULES`)."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; one of {list(STAGES)}")
     if on_values and stage != "result":
