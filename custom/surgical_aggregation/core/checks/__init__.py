@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from importlib import import_module
 from typing import Any
 
@@ -109,17 +110,23 @@ CHECK_MODULES: tuple[str, ...] = (
 )
 
 
+@cache
+def _load(modules: tuple[str, ...]) -> None:
+    """Import each module once (check_result asks on every result; the registry it fills is kept)."""
+    for module in modules:
+        import_module(module)
+
+
 def registered_checks() -> list[ServerCheck]:
     """Every rule of the server, each module of :data:`CHECK_MODULES` loaded."""
-    for module in CHECK_MODULES:
-        import_module(module)
+    _load(CHECK_MODULES)
     return list(CHECKS)
 
 
 def value_checks() -> list[Callable[[Mapping[str, Any], Any], list[str]]]:
     """Every check of a training result's values, in order, each module of :data:`CHECK_MODULES` loaded."""
-    registered_checks()
-    return list(VALUE_CHECKS)
+    _load(CHECK_MODULES)
+    return VALUE_CHECKS
 
 
 # --- the documentation -----------------------------------------------------------------------------------------

@@ -3,8 +3,7 @@
 import sys
 from pathlib import Path
 
-from surgical_aggregation.core.checks import document_checks, registered_checks
+from surgical_aggregation.core.checks import document_checks
 
-registered_checks()
 document = Path(sys.argv[1])
 document.write_text(document_checks(document.read_text()))
