@@ -20,24 +20,8 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 
+from surgical_aggregation.flare import protocol
 from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
-from surgical_aggregation.flare.protocol import (
-    META_CLASS_NAMES,
-    META_COMPARE_TO,
-    META_MODEL_KEY,
-    META_NUM_SAMPLES,
-    META_OUTCOME,
-    META_PREPROCESSING,
-    META_PRIVACY,
-    META_ROUND,
-    META_VALIDATION_SIZE,
-    META_WARMUP,
-    TASK_DESCRIBE,
-    TASK_PUBLISH,
-    TASK_REFUSED,
-    TASK_TRAIN,
-    TASK_VALIDATE,
-)
 
 from helpers import TOY_HEAD, toy_outputs, toy_state
 
@@ -68,47 +52,59 @@ class FakeSite:
         self._candidates_round = None
 
     def answer(self, task: str, data: FLModel) -> FLModel | None:
-        meta = {"client_name": self.name, META_CLASS_NAMES: self.classes, META_NUM_SAMPLES: self.samples}
-        if task == TASK_DESCRIBE:
-            described = {**meta, META_PREPROCESSING: self.preprocessing, META_VALIDATION_SIZE: self.validation_size}
+        meta = {
+            "client_name": self.name,
+            protocol.META_CLASS_NAMES: self.classes,
+            protocol.META_NUM_SAMPLES: self.samples,
+        }
+        if task == protocol.TASK_DESCRIBE:
+            described = {
+                **meta,
+                protocol.META_PREPROCESSING: self.preprocessing,
+                protocol.META_VALIDATION_SIZE: self.validation_size,
+            }
             return FLModel(params={}, metrics={"num_train": self.samples}, meta=described)
-        self.tasks.append((task, list(data.meta.get(META_CLASS_NAMES) or []), data.params))
-        if META_OUTCOME in data.meta:
-            self.outcomes.append(data.meta[META_OUTCOME])
-        if task in (TASK_PUBLISH, TASK_REFUSED):
+        self.tasks.append((task, list(data.meta.get(protocol.META_CLASS_NAMES) or []), data.params))
+        if protocol.META_OUTCOME in data.meta:
+            self.outcomes.append(data.meta[protocol.META_OUTCOME])
+        if task in (protocol.TASK_PUBLISH, protocol.TASK_REFUSED):
             return FLModel(params={}, meta={"client_name": self.name})
         # losses[r]: its validation loss of the model it trains from in round r, the model round r - 1 made, which
         # it validates (TASK_VALIDATE) at the end of round r - 1
-        round_number = data.current_round if task != TASK_VALIDATE else data.meta.get(META_ROUND, -1) + 1
+        round_number = (
+            data.current_round if task != protocol.TASK_VALIDATE else data.meta.get(protocol.META_ROUND, -1) + 1
+        )
         metrics = {"val_loss": self.losses[min(round_number, len(self.losses) - 1)], "val_mean_auroc": 0.7}
-        if self.metrics_override is not None and task == TASK_TRAIN:
+        if self.metrics_override is not None and task == protocol.TASK_TRAIN:
             metrics = {**metrics, **self.metrics_override}
-        if task == TASK_VALIDATE:
+        if task == protocol.TASK_VALIDATE:
             metrics.update(self.harm_figures(data.params))
             metrics.update(self.against_reference(data.meta, metrics))
             return FLModel(metrics={**metrics, **(self.validation_override or {})}, meta=meta)
-        self.received.append((list(data.meta[META_CLASS_NAMES]), data.params))
+        self.received.append((list(data.meta[protocol.META_CLASS_NAMES]), data.params))
         self.training_rounds.append(data.current_round)
-        self.warmups.append(bool(data.meta[META_WARMUP]))
+        self.warmups.append(bool(data.meta[protocol.META_WARMUP]))
         if self.privacy is not None:
-            meta[META_PRIVACY] = self.privacy(round_number)
-            if meta[META_PRIVACY].get("stopped") is True:  # its budget is spent: no update
+            meta[protocol.META_PRIVACY] = self.privacy(round_number)
+            if meta[protocol.META_PRIVACY].get("stopped") is True:  # its budget is spent: no update
                 return FLModel(params={}, metrics=metrics, meta=meta)
         params = self.behaviour(round_number, data.params)
         if params is None or params == FAILS:
             return params
         if self.trains_received_rows:
-            meta[META_CLASS_NAMES] = list(data.meta[META_CLASS_NAMES])
+            meta[protocol.META_CLASS_NAMES] = list(data.meta[protocol.META_CLASS_NAMES])
         self.sent = params
         return FLModel(params=params, metrics=metrics, meta=meta)
 
     def against_reference(self, meta: dict, metrics: dict) -> dict:
         """A round's candidates by their key: a candidate that names another (``META_COMPARE_TO``) is compared with
         it (its loss minus the other's, standard error 0.005), as the bundle's client does."""
-        if meta.get(META_ROUND) != self._candidates_round:
-            self._candidates, self._candidates_round = {}, meta.get(META_ROUND)
-        self._candidates[meta.get(META_MODEL_KEY)] = metrics["val_loss"]
-        reference = self._candidates.get(meta.get(META_COMPARE_TO)) if META_COMPARE_TO in meta else None
+        if meta.get(protocol.META_ROUND) != self._candidates_round:
+            self._candidates, self._candidates_round = {}, meta.get(protocol.META_ROUND)
+        self._candidates[meta.get(protocol.META_MODEL_KEY)] = metrics["val_loss"]
+        reference = (
+            self._candidates.get(meta.get(protocol.META_COMPARE_TO)) if protocol.META_COMPARE_TO in meta else None
+        )
         if reference is None:
             return {}
         return {"val_loss_minus_reference": metrics["val_loss"] - reference, "val_loss_minus_reference_se": 0.005}
@@ -187,7 +183,7 @@ class Harness(SurgicalAggregatorShareable):
 
     # persistence, events, logs
     def load_model(self) -> FLModel:
-        return FLModel(params=self.initial[0], meta={META_CLASS_NAMES: self.initial[1]})
+        return FLModel(params=self.initial[0], meta={protocol.META_CLASS_NAMES: self.initial[1]})
 
     def _probe(self):  # the model check's forward pass on the toy model
         return toy_outputs

@@ -188,6 +188,11 @@ def _number(value: float) -> str:
     return "—" if value is None or math.isnan(value) else f"{value:.3f}"
 
 
+def _section(title: str, columns: Sequence[str]) -> list[str]:
+    """A markdown section's title, a blank line, and its table's header and separator rows."""
+    return [title, "", "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+
+
 def _round(value) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else str(int(value))
 
@@ -195,15 +200,13 @@ def _round(value) -> str:
 def _markdown(table: pd.DataFrame, reference: str | None) -> str:
     lines = []
     thresholded = "mean_accuracy" in table and table["mean_accuracy"].notna().any()  # report labellers
-    extra_header = " accuracy / sensitivity / specificity (Youden) |" if thresholded else ""
     for (setting, test_set), group in table.groupby(["setting", "test_set"], sort=False):
-        lines += [
-            f"### {setting} — {test_set} test set",
-            "",
-            f"| method | seed | model (round) | validation mean AUROC | mean AUROC (95% CI) |{extra_header} classes "
-            f"| p vs {reference or '-'} | Shapiro-Wilk p |",
-            "| --- | --- | --- | --- | --- |" + (" --- |" if thresholded else "") + " --- | --- | --- |",
-        ]
+        columns = ["method", "seed", "model (round)", "validation mean AUROC", "mean AUROC (95% CI)"]
+        if thresholded:
+            columns.append("accuracy / sensitivity / specificity (Youden)")
+        lines += _section(
+            f"### {setting} — {test_set} test set", [*columns, "classes", f"p vs {reference or '-'}", "Shapiro-Wilk p"]
+        )
         for row in group.itertuples(index=False):
             p = "—" if math.isnan(row.p_value) else f"{row.p_value:.3g}"
             shapiro = "—" if math.isnan(row.shapiro_p) else f"{row.shapiro_p:.3g}"
@@ -237,12 +240,7 @@ def _curves_markdown(curves: pd.DataFrame, results: pd.DataFrame) -> str:
     ]
     for (setting, seed), group in curves.groupby(["setting", "seed"], sort=False):
         rounds = sorted(group["round"].unique())
-        lines += [
-            f"**{setting}, seed {seed}**",
-            "",
-            "| method | " + " | ".join("before" if r < 0 else str(r) for r in rounds) + " |",
-            "| --- |" + " --- |" * len(rounds),
-        ]
+        lines += _section(f"**{setting}, seed {seed}**", ["method", *("before" if r < 0 else str(r) for r in rounds)])
         for method, points in group.groupby("method", sort=False):
             aurocs = dict(zip(points["round"], points["val_mean_auroc"], strict=True))
             losses = dict(zip(points["round"], points["val_loss"], strict=True))
@@ -342,13 +340,9 @@ def seeds_markdown(table: pd.DataFrame, reference: str | None) -> str:
     lines = []
     selected = table[table.model == "selected"]
     for (factor, test_set), group in selected.groupby(["factor", "test_set"], sort=False):
-        lines += [
-            f"### {factor} — {test_set} test set (selected models; mean over seeds)",
-            "",
-            f"| {factor} | control | method | seeds | mean AUROC | 95% CI across seeds | ± across images "
-            f"| minus {reference or '-'} (95% CI across seeds) | p | selected at round 0 | stopped early |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
+        columns = [factor, "control", "method", "seeds", "mean AUROC", "95% CI across seeds", "± across images"]
+        columns += [f"minus {reference or '-'} (95% CI across seeds)", "p", "selected at round 0", "stopped early"]
+        lines += _section(f"### {factor} — {test_set} test set (selected models; mean over seeds)", columns)
         for row in group.sort_values(["value", "control"], kind="stable").itertuples(index=False):
             difference = (
                 "—"
@@ -389,11 +383,8 @@ def summarize(out: str | Path) -> Path:
     text += _curves_markdown(curves, results)
     split = shared_vs_unique(per_class)
     split.to_csv(out / "shared_vs_unique.csv", index=False)
-    text += (
-        "\n### Classes every site holds vs the others (mean AUROC)\n\n"
-        "| setting | test set | method | seed | model | shared | others |\n"
-        "| --- | --- | --- | --- | --- | --- | --- |\n"
-    )
+    columns = ["setting", "test set", "method", "seed", "model", "shared", "others"]
+    text += "\n" + "\n".join(_section("### Classes every site holds vs the others (mean AUROC)", columns)) + "\n"
     for row in split.itertuples(index=False):
         text += (
             f"| {row.setting} | {row.test_set} | {COMPARATOR_LABELS.get(row.method, row.method)} | {row.seed} "

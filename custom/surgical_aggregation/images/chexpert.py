@@ -13,14 +13,7 @@ import pandas as pd
 
 from ..core.errors import DataNotFoundError, DatasetFormatError
 from ..core.labels import BUILTIN_VOCABULARY, CHEXPERT_LABELS, Vocabulary
-from ..data.table import (
-    PATH_COLUMN,
-    PATIENT_COLUMN,
-    LabelTable,
-    UncertaintyPolicy,
-    apply_uncertainty,
-    read_label_csv,
-)
+from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable, UncertaintyPolicy, apply_uncertainty, read_label_csv
 
 SPLIT_FOLDERS = ("train", "valid", "test")
 VIEW_COLUMN = "Frontal/Lateral"
