@@ -22,7 +22,9 @@ from surgical_aggregation.core.robust import (
     multi_krum,
     nearest_neighbour_mixing,
     robust_state,
+    shared_row_agreement,
     trimmed_mean,
+    trusted_holder,
 )
 
 FIVE = np.array([[1.0], [2.0], [6.0], [7.0], [100.0]])
@@ -106,14 +108,65 @@ def test_applied_part_by_part_each_head_row_over_the_sites_that_hold_it():
     ]
     keys = [key for key in global_state if key not in NAMED_HEAD.keys]
     mean_state = dict(global_state)  # what the surgical mean left in place: each replaced part differs from it
-    state, parts = robust_state(mean_state, global_state, ["A", "B"], results, keys, RobustRule.parse("median"))
+    outcome = robust_state(mean_state, global_state, ["A", "B"], results, keys, RobustRule.parse("median"))
+    state, parts = outcome.state, outcome.parts
     assert state["features.conv.weight"] == pytest.approx(np.full((2, 2), 2.5))  # median of 1, 2, 3, 100
     assert state["features.norm.running_var"] == pytest.approx(np.full(2, 1.0))  # statistics keep the mean's value
     assert state["features.norm.num_batches_tracked"] == 3  # an integer counter keeps the mean's value
     assert state[NAMED_HEAD.weight_key][0] == pytest.approx([2.5, 2.5])  # A: four sites
     assert state[NAMED_HEAD.weight_key][1] == pytest.approx([0.0, 0.0])  # B: two sites, the mean's (unchanged here)
     assert parts == {"backbone weights": 4, "head row A": 4}
-    assert robust_state(mean_state, global_state, ["A", "B"], results[:2], keys, RobustRule.parse("median"))[1] == {}
+    assert outcome.trusted_rows == {}  # both holders of B agree where four sites judge A
+    assert robust_state(mean_state, global_state, ["A", "B"], results[:2], keys, RobustRule.parse("median")).parts == {}
+
+
+def test_shared_row_agreement_is_the_cosine_of_the_rows_three_or_more_hold_taken_together():
+    consensus = {"A": np.array([1.0, 0.0]), "B": np.array([0.0, 2.0])}
+    updates = {
+        "along": {"A": np.array([2.0, 0.0]), "B": np.array([0.0, 1.0]), "own": np.array([9.0, 9.0])},
+        "against": {"A": np.array([-1.0, 0.0]), "B": np.array([0.0, -1.0])},
+        "half": {"A": np.array([1.0, 1.0])},  # B not held: only A counts, (1, 1) against (1, 0)
+        "still": {"A": np.zeros(2)},  # held, never moved: nothing vouches for it
+        "elsewhere": {"own": np.array([1.0, 0.0])},
+    }
+    agreement = shared_row_agreement(updates, consensus)
+    # along: (2, 0, 0, 1) . (1, 0, 0, 2) = 4 over sqrt(5) sqrt(5); against: -3 over sqrt(2) sqrt(5)
+    assert agreement == pytest.approx({"along": 0.8, "against": -3 / math.sqrt(10), "half": 1 / math.sqrt(2)})
+
+
+def test_a_row_two_sites_hold_takes_the_holder_that_agrees_where_a_majority_judges():
+    assert trusted_holder(["h", "x"], {"h": 0.4, "x": -0.2}) == "h"
+    assert trusted_holder(["x", "h"], {"h": 0.4, "x": 0.0}) == "h"  # a cosine of 0 vouches for nothing
+    assert trusted_holder(["h", "x"], {"h": 0.4}) == "h"  # x moved no row a majority judges
+    assert trusted_holder(["h", "x"], {"h": 0.4, "x": 0.1}) is None  # both agree: their mean
+    assert trusted_holder(["h", "x"], {"h": -0.4, "x": -0.1}) is None  # neither: their mean
+    assert trusted_holder(["h", "x"], {}) is None
+    assert trusted_holder(["h"], {"h": 0.4}) is None  # a row one site holds is its own
+
+
+def test_a_label_flipper_does_not_cancel_the_row_it_shares_with_one_honest_site():
+    """Three sites hold row A, two hold B: honest h1 and a site trained on inverted labels, whose every update points
+    the other way. Averaged, B would not move ((1 - 1) / 2); the flipper's update of A opposes A's median, so B takes
+    h1's update alone. A flipper honest on A, hostile on B only, keeps the mean: the limit the docs state."""
+    global_state = _state(0.0, 1.0, {"A": 0.0, "B": 0.0})
+    mean_state = dict(global_state)
+    h1 = SiteResult(_state(1.0, 1.0, {"A": 1.0, "B": 1.0}), ["A", "B"], "h1")
+    h2 = SiteResult(_state(1.0, 1.0, {"A": 2.0}), ["A"], "h2")
+    flipper = SiteResult(_state(1.0, 1.0, {"A": -1.0, "B": -1.0}), ["A", "B"], "flipper")
+    keys = [key for key in global_state if key not in NAMED_HEAD.keys]
+    rule = RobustRule.parse("geometric_median")
+    outcome = robust_state(mean_state, global_state, ["A", "B"], [h1, h2, flipper], keys, rule)
+    assert outcome.agreement == pytest.approx({"h1": 1.0, "h2": 1.0, "flipper": -1.0})
+    assert outcome.trusted_rows == {"head row B": "h1"}
+    assert outcome.state[NAMED_HEAD.weight_key][1] == pytest.approx([1.0, 1.0])  # h1's row, not the mean's 0
+    assert outcome.state[NAMED_HEAD.bias_key][1] == pytest.approx(1.0)
+    assert outcome.parts == {"backbone weights": 3, "head row A": 3}
+    quiet = SiteResult(_state(1.0, 1.0, {"A": 1.5, "B": -1.0}), ["A", "B"], "flipper")  # hostile on B alone
+    outcome = robust_state(mean_state, global_state, ["A", "B"], [h1, h2, quiet], keys, rule)
+    assert outcome.trusted_rows == {}
+    assert outcome.state[NAMED_HEAD.weight_key][1] == pytest.approx([0.0, 0.0])  # the mean's, unchanged
+    plain = robust_state(mean_state, global_state, ["A", "B"], [h1, h2, flipper], keys, RobustRule.parse("mean"))
+    assert plain.trusted_rows == {}  # robust_aggregation: mean turns it off
 
 
 def test_an_update_sent_twice_counts_once():
@@ -138,7 +191,8 @@ def test_a_copy_of_an_honest_sites_update_does_not_decide_a_median_of_three():
     mimic = SiteResult({key: value.copy() for key, value in honest[0].state.items()}, ["A"])
     keys = [key for key in global_state if key not in NAMED_HEAD.keys]
     rule = RobustRule.parse("geometric_median")
-    state, parts = robust_state(dict(global_state), global_state, ["A"], [*honest, mimic], keys, rule)
+    outcome = robust_state(dict(global_state), global_state, ["A"], [*honest, mimic], keys, rule)
+    state, parts = outcome.state, outcome.parts
     assert state["features.conv.weight"] == pytest.approx(np.full((2, 2), 2.0))  # (1 + 3) / 2, not 1
     assert state[NAMED_HEAD.weight_key][0] == pytest.approx([0.0, 0.0])  # (1 - 1) / 2
     assert state[NAMED_HEAD.bias_key][0] == pytest.approx(0.0)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -304,6 +304,17 @@ class SiteResult:
 
     state: Mapping[str, Any]
     class_names: Sequence[str]  # its head rows' names, in its own spelling
+    site: str = ""  # its name, for the round's record (empty: its position among the results)
+
+
+@dataclass
+class RobustOutcome:
+    """A round's model after the robust rules, and what they did."""
+
+    state: dict[str, Any]
+    parts: dict[str, int] = field(default_factory=dict)  # part -> how many sites' updates its rule aggregated
+    agreement: dict[str, float] = field(default_factory=dict)  # site -> :func:`shared_row_agreement`
+    trusted_rows: dict[str, str] = field(default_factory=dict)  # part -> the one holder whose update it took
 
 
 @server_check(
@@ -313,8 +324,8 @@ class SiteResult:
     "aggregate of their (clipped) updates instead of their mean, tolerating `byzantine_sites` hostile ones (default: "
     "the most it can, (n - 1) // 2 of n); two updates of a part within 0.1 % of each other (relative to the larger) "
     "count once (a copy of another site's update, the mimic attack), and a part left with fewer than 3 distinct "
-    "updates takes their plain mean; a part fewer sites moved, and the BatchNorm statistics (running averages the "
-    "sites measure, held by their own checks), keep their (weighted) mean",
+    "updates takes their plain mean; a part fewer sites moved (but see `trusted_holder` for a row two hold), and the "
+    "BatchNorm statistics (running averages the sites measure, held by their own checks), keep their (weighted) mean",
     "(recorded in the round's `robust`: how many sites each part's rule aggregated)",
 )
 def robust_state(
@@ -326,19 +337,19 @@ def robust_state(
     rule: RobustRule,
     head: HeadSpec = NAMED_HEAD,
     normalize: Callable[[str], str] | None = None,
-) -> tuple[dict[str, Any], dict[str, int]]:
+) -> RobustOutcome:
     """``mean_state`` (the round's surgical mean of ``results``) with each part that :data:`MIN_ROWS` or more sites
     moved replaced by ``global + rule(updates)``: the backbone's learned weights as one vector (:data:`ROBUST_GROUPS`;
     the BatchNorm statistics keep their mean), and each head row (weights and bias, matched by name) over the sites
     that sent it. An update is what a site sent
-    minus the global model's value. Returns the state and part -> the number of sites its rule aggregated (only the
-    parts it replaced). A part fewer sites moved keeps its mean: nothing tells one hostile row from one honest row
-    among two."""
+    minus the global model's value. A part fewer sites moved keeps its mean, but a row two sites sent takes one
+    holder's update alone when :func:`trusted_holder` names it (from :func:`shared_row_agreement` with the rows three
+    or more sites sent)."""
     normalize = normalize or (lambda name: name)
-    state = dict(mean_state)
-    replaced: dict[str, int] = {}
+    outcome = RobustOutcome(dict(mean_state))
+    state, replaced = outcome.state, outcome.parts
     if rule.is_mean or len(results) < MIN_ROWS:
-        return state, replaced
+        return outcome
     for group in ROBUST_GROUPS:
         keys = [
             key
@@ -366,22 +377,74 @@ def robust_state(
         replaced[group] = len(results)
     positions = {normalize(name): index for index, name in enumerate(global_classes)}
     old_weight, old_bias = (to_numpy(global_state[key]).astype(np.float64) for key in head.keys)
-    sent: dict[str, list[np.ndarray]] = {}
-    for result in results:
+    updates: dict[str, dict[str, np.ndarray]] = {}  # site -> canonical class -> its update of the row
+    for number, result in enumerate(results):
         weight, bias = (to_numpy(result.state[key]).astype(np.float64) for key in head.keys)
+        rows = updates.setdefault(result.site or str(number), {})
         for row, name in enumerate(result.class_names):
             canonical = normalize(name)
             if canonical in positions:
-                sent.setdefault(canonical, []).append(np.append(weight[row], bias[row]))
+                index = positions[canonical]
+                rows[canonical] = np.append(weight[row], bias[row]) - np.append(old_weight[index], old_bias[index])
+    holders: dict[str, list[str]] = {}
+    for site, rows in updates.items():
+        for canonical in rows:
+            holders.setdefault(canonical, []).append(site)
     new_weight, new_bias = (to_numpy(state[key]).astype(np.float64) for key in head.keys)
-    for canonical, rows in sent.items():
-        if len(rows) < MIN_ROWS:
+    consensus: dict[str, np.ndarray] = {}
+    for canonical, sites in holders.items():
+        if len(sites) < MIN_ROWS:
             continue
         index = positions[canonical]
-        old = np.append(old_weight[index], old_bias[index])
-        moved = old + rule(distinct_rows(np.stack(rows) - old))
+        consensus[canonical] = rule(distinct_rows(np.stack([updates[site][canonical] for site in sites])))
+        moved = np.append(old_weight[index], old_bias[index]) + consensus[canonical]
         new_weight[index], new_bias[index] = moved[:-1], moved[-1]
-        replaced[row_part(canonical)] = len(rows)
+        replaced[row_part(canonical)] = len(sites)
+    outcome.agreement = shared_row_agreement(updates, consensus)
+    for canonical, sites in holders.items():
+        trusted = trusted_holder(sites, outcome.agreement) if len(sites) == 2 else None
+        if trusted is not None:
+            index = positions[canonical]
+            moved = np.append(old_weight[index], old_bias[index]) + updates[trusted][canonical]
+            new_weight[index], new_bias[index] = moved[:-1], moved[-1]
+            outcome.trusted_rows[row_part(canonical)] = trusted
     state[head.weight_key] = cast_like(global_state[head.weight_key], new_weight)
     state[head.bias_key] = cast_like(global_state[head.bias_key], new_bias)
-    return state, replaced
+    return outcome
+
+
+def shared_row_agreement(
+    updates: Mapping[str, Mapping[str, np.ndarray]], consensus: Mapping[str, np.ndarray]
+) -> dict[str, float]:
+    """site -> the cosine between its updates of the head rows in ``consensus`` (those three or more sites moved),
+    concatenated, and those rows' consensus updates, concatenated alike. ``updates``: site -> canonical class ->
+    its (clipped) update of that row. A site that moved none of those rows has no entry: nothing vouches for it."""
+    agreement = {}
+    for site, rows in updates.items():
+        names = [name for name in rows if name in consensus and np.any(rows[name])]
+        if not names:
+            continue
+        own = np.concatenate([rows[name] for name in names])
+        shared = np.concatenate([consensus[name] for name in names])
+        norms = float(np.linalg.norm(own)) * float(np.linalg.norm(shared))
+        agreement[site] = float(np.dot(own, shared)) / norms if norms > 0 else 0.0
+    return agreement
+
+
+@server_check(
+    "aggregation",
+    f"with `robust_aggregation` other than `mean` and {MIN_ROWS} or more results, a head row exactly two of them "
+    "sent takes the update of one holder alone when that holder's updates of the rows three or more sites hold "
+    "agree with those rows' robust aggregate (a cosine above 0, all such rows it moved taken together) and the "
+    "other holder's do not (a cosine of 0 or below, or it moved none of them); otherwise the two updates' mean. "
+    "Two holders' validation cannot tell which of them spoils the row (each may say the other does), so the evidence "
+    "is what each did where a majority can judge: a site training on inverted labels points against the consensus "
+    "there. It does not protect a row from a site that is honest on every row it shares with two or more others and "
+    "hostile only on a row it shares with one: nothing the server sees tells that site from an honest one",
+    "(recorded in the round's `row_agreement`, each site's cosine, and `trusted_rows`, the row and the holder taken)",
+)
+def trusted_holder(holders: Sequence[str], agreement: Mapping[str, float]) -> str | None:
+    """Of the two ``holders`` of a row, the one to take alone: the only one with ``agreement`` above 0 (a holder
+    without an entry counts as 0 or below); None when both or neither agree (the row takes their mean)."""
+    agreeing = [site for site in holders if agreement.get(site, 0.0) > 0]
+    return agreeing[0] if len(holders) == 2 and len(agreeing) == 1 else None

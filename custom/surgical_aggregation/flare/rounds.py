@@ -47,7 +47,7 @@ from ..core.checks.update import (
     weight_change,
 )
 from ..core.head import HeadSpec
-from ..core.robust import RobustRule, SiteResult, duplicates_and_closest, robust_state
+from ..core.robust import RobustOutcome, RobustRule, SiteResult, duplicates_and_closest, robust_state
 from ..training.privacy import UNITS as PRIVACY_UNITS
 from .handshake import SiteInfo
 from .protocol import META_CLASS_NAMES, META_WARMUP, TASK_TRAIN
@@ -108,6 +108,8 @@ class Round:
     weights: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> claimed and used weight, when capped
     model_check: list[str] = field(default_factory=list)  # why the first candidate failed (empty: it passed)
     robust_parts: dict[str, int] = field(default_factory=dict)  # part -> sites its robust rule aggregated
+    row_agreement: dict[str, float] = field(default_factory=dict)  # site -> its shared rows' cosine with theirs
+    trusted_rows: dict[str, str] = field(default_factory=dict)  # a row two sites hold -> the holder it took alone
     contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
     duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
@@ -235,7 +237,7 @@ class Round:
                 {site: sizes[site] for site in candidates if site not in riders}, rules.normalize
             )
         aggregates: dict[tuple[str, ...], AggregationResult] = {}
-        robust_parts: dict[tuple[str, ...], dict[str, int]] = {}
+        robust_parts: dict[tuple[str, ...], RobustOutcome] = {}
 
         def contribution_of(site: str) -> Contribution:
             arrival, factors = self.arrivals[site], self.clipped.get(site)
@@ -264,13 +266,13 @@ class Round:
                     combined.add_checked(contribution_of(site), checked)
                 result = combined.finalize()
                 if not rules.robust.is_mean:
-                    sent = [SiteResult(contribution_of(site).state, self.arrivals[site].contribution.class_names)
+                    sent = [SiteResult(contribution_of(site).state, self.arrivals[site].contribution.class_names, site)
                             for site in sites]  # fmt: skip
-                    robust, parts = robust_state(
+                    robust = robust_state(
                         result.state, state, classes, sent, averaged, rules.robust, rules.head, rules.normalize
                     )
-                    result = replace(result, state=robust)
-                    robust_parts[key] = parts
+                    result = replace(result, state=robust.state)
+                    robust_parts[key] = robust
                 aggregates[key] = result
             return aggregates[key]
 
@@ -290,7 +292,10 @@ class Round:
         # recorded, and left out of the mean, unless nothing else is left
         contributors = typical or kept
         result = replace(aggregate_of(contributors), accepted=list(kept))
-        self.robust_parts = robust_parts.get(tuple(contributors), {})
+        robust = robust_parts.get(tuple(contributors))
+        if robust is not None:
+            self.robust_parts, self.row_agreement = robust.parts, robust.agreement
+            self.trusted_rows = robust.trusted_rows
         self.contributors = list(contributors)
         result.rejected = dict(self.rejected)
         claimed = {site: self.arrivals[site].checked.weight for site in contributors}
@@ -407,4 +412,8 @@ class Round:
             entry["duplicates"] = [list(group) for group in self.duplicates]
         if self.robust_parts:  # the parts a robust rule aggregated: how many sites each
             entry["robust"] = dict(self.robust_parts)
+        if self.row_agreement:
+            entry["row_agreement"] = {site: round(value, 4) for site, value in sorted(self.row_agreement.items())}
+        if self.trusted_rows:  # rows two sites hold that took one holder's update alone
+            entry["trusted_rows"] = dict(sorted(self.trusted_rows.items()))
         return entry
