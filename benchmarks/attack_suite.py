@@ -220,6 +220,8 @@ def outcome(workspace: Path, code: int, log: str, test: dict, attackers: list[st
         "published": any(workspace.glob("site-*/*/app_site-*/published_global_model.pt")),
         "stopped": (re.search(r"the job cannot go on: ([^\n]*)", log) or [None, None])[1],
         "rounds": len(rounds),
+        # rows two sites hold that took one holder's update alone (core.robust.trusted_holder), by round
+        "trusted_rows": {str(index): entry.get("trusted_rows", {}) for index, entry in enumerate(rounds)},
     }
     for label, file in (("best", "best_FL_global_model.pt"), ("final", "FL_global_model.pt")):
         found = scores(server / file, test)

@@ -168,6 +168,10 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
         # shared head rows against their consensus, each round
         "closest_updates": {str(index): entry.get("closest_updates") for index, entry in enumerate(rounds)},
         "opposed_rows": {str(index): entry.get("opposed_rows", {}) for index, entry in enumerate(rounds)},
+        # each site's cosine with the consensus over those rows, and the rows two sites hold that took one holder's
+        # update alone (core.robust.trusted_holder): on a clean federation, how often an honest site's is passed over
+        "row_agreement": {str(index): entry.get("row_agreement", {}) for index, entry in enumerate(rounds)},
+        "trusted_rows": {str(index): entry.get("trusted_rows", {}) for index, entry in enumerate(rounds)},
         "screening": [entry.get("screening") for entry in history if entry.get("screening")],
         "published": (app / "best_FL_global_model.pt").is_file(),
     }
