@@ -304,6 +304,45 @@ def table(results: dict[str, dict]) -> list[str]:
     return lines
 
 
+PAIRED_MARKER = "paired-seeds"
+
+
+def paired_table(with_rule: dict[str, dict], without_rule: dict[str, dict], attack: str) -> list[str]:
+    """Per setting and seed, ``attack`` run under two versions of the rules (each dict holds the runs of one version;
+    ``with_rule`` also the clean runs both are measured against): the largest loss of an honest site's best test
+    AUROC against the clean run under each, and how many head rows the newer one took from one holder."""
+    lines = [
+        f"| {attack}: sites (attackers), seed | clean run (lowest honest) | with the rule: largest loss "
+        "| without it | rows taken from one holder (all rounds) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    losses: dict[str, list[float]] = {"with": [], "without": []}
+    for result in sorted(
+        (result for result in with_rule.values() if result["attack"] == attack),
+        key=lambda r: (r["sites"], r["attackers"], r["seed"]),
+    ):
+        clean = clean_of(with_rule, result)
+        earlier = next(
+            (other for other in without_rule.values()
+             if (other["attack"], other["sites"], other["attackers"], other["seed"])
+             == (attack, result["sites"], result["attackers"], result["seed"])),
+            None,
+        )  # fmt: skip
+        if clean is None or earlier is None:
+            continue
+        losses["with"].append(lowest_margin(result, clean))
+        losses["without"].append(lowest_margin(earlier, clean))
+        taken = sum(len(rows) for rows in result.get("trusted_rows", {}).values())
+        lines.append(
+            f"| {result['sites']} ({result['attackers']}), {result['seed']} | {_lowest(clean, 'best'):.3f} "
+            f"| {losses['with'][-1]:+.3f} | {losses['without'][-1]:+.3f} | {taken} |"
+        )
+    if losses["with"]:
+        means = [f"{np.mean(values):+.3f}" for values in losses.values()]
+        lines.append(f"| mean of {len(losses['with'])} | | {means[0]} | {means[1]} | |")
+    return lines
+
+
 def plot(results: dict[str, dict], path: Path) -> Path:
     """Two cells per attack and setting: the largest loss of an honest site's best or final test AUROC against the
     clean run, and against the honest sites training alone (what a defence that leaves the attackers out gives; red
@@ -379,9 +418,23 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--controller", type=json.loads, default={}, help="controller settings over the defaults")
     parser.add_argument("--table-only", action="store_true", help="only redraw the table of results.json")
     parser.add_argument("--write-doc", type=Path, help=f"rewrite the table between <!-- {MARKER} --> markers")
+    parser.add_argument(
+        "--paired",
+        type=Path,
+        help="only draw the table of a JSON file of runs under two versions of the rules "
+        f'({{"attack": ..., "with_rule": {{...}}, "without_rule": {{...}}}}), between <!-- {PAIRED_MARKER} --> markers',
+    )
     args = parser.parse_args(argv)
     # absolute: the jobs' site configs and attackers' scripts name paths under it, and a relative one would be read
     # from each site's own folder (the attackers then wait for honest updates written elsewhere)
+    if args.paired:
+        paired = json.loads(args.paired.read_text())
+        lines = paired_table(paired["with_rule"], paired["without_rule"], paired["attack"])
+        print("\n".join(lines))
+        if args.write_doc:
+            start, end = f"<!-- {PAIRED_MARKER} -->", f"<!-- /{PAIRED_MARKER} -->"
+            args.write_doc.write_text(rewrite_marked_block(args.write_doc.read_text(), start, end, "\n".join(lines)))
+        return paired
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "results.json"
