@@ -50,6 +50,21 @@ def _readme() -> str:
     return " ".join((REPOSITORY / "README.md").read_text().split())
 
 
+def test_the_paired_seed_table_is_the_one_its_runs_give():
+    """docs/server-checks.md's label flip under two versions of the rules, seed by seed, as ``benchmarks/attack_suite.py
+    --paired docs/attack-suite/paired-seeds.json --write-doc`` writes it, and the sentence that reads it."""
+    suite = load_benchmark("attack_suite")
+    paired = json.loads((REPOSITORY / "docs" / "attack-suite" / "paired-seeds.json").read_text())
+    lines = suite.paired_table(paired["with_rule"], paired["without_rule"], paired["attack"])
+    assert _marked_block(REPOSITORY / "docs" / "server-checks.md", suite.PAIRED_MARKER) == "\n".join(lines)
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:-1]]
+    gains = sorted(float(row[2]) - float(row[3]) for row in rows)
+    assert len(rows) == 6 and sum(gain > 0 for gain in gains) == 5
+    assert f"{gains[1]:.3f} to {gains[-1]:.3f} less, one {-gains[0]:.3f} more" in " ".join(
+        (REPOSITORY / "docs" / "server-checks.md").read_text().split()
+    )
+
+
 def test_the_attack_suite_table_is_the_one_its_results_give():
     """docs/server-checks.md's attack table, as ``benchmarks/attack_suite.py --table-only --write-doc`` writes it from
     docs/attack-suite/results.json, and the README's counts of its verdicts: against the clean federation of the same
