@@ -436,7 +436,9 @@ def shared_row_agreement(
     f"with `robust_aggregation` other than `mean` and {MIN_ROWS} or more results, a head row exactly two of them "
     "sent takes the update of one holder alone when that holder's updates of the rows three or more sites hold "
     "agree with those rows' robust aggregate (a cosine above 0, all such rows it moved taken together) and the "
-    "other holder's do not (a cosine of 0 or below, or it moved none of them); otherwise the two updates' mean. "
+    "other holder's point against theirs (a cosine of 0 or below); otherwise, and when either moved none of those "
+    "rows (nothing vouches for or against it: a site that labels one finding, such as RSNA's pneumonia), the two "
+    "updates' mean. "
     "Two holders' validation cannot tell which of them spoils the row (each may say the other does), so the evidence "
     "is what each did where a majority can judge: a site training on inverted labels points against the consensus "
     "there. It does not protect a row from a site that is honest on every row it shares with two or more others and "
@@ -444,7 +446,11 @@ def shared_row_agreement(
     "(recorded in the round's `row_agreement`, each site's cosine, and `trusted_rows`, the row and the holder taken)",
 )
 def trusted_holder(holders: Sequence[str], agreement: Mapping[str, float]) -> str | None:
-    """Of the two ``holders`` of a row, the one to take alone: the only one with ``agreement`` above 0 (a holder
-    without an entry counts as 0 or below); None when both or neither agree (the row takes their mean)."""
-    agreeing = [site for site in holders if agreement.get(site, 0.0) > 0]
-    return agreeing[0] if len(holders) == 2 and len(agreeing) == 1 else None
+    """Of the two ``holders`` of a row, the one to take alone: the one with ``agreement`` above 0 when the other's is
+    0 or below; None when both or neither agree, or either has no entry (the row takes their mean). A holder without
+    an entry is not passed over: on the clean sweep's seed 161 a version that counted it as 0 or below took the rows
+    of RSNA's and another single-finding site's only findings from their one partner in every round."""
+    if len(holders) != 2 or any(site not in agreement for site in holders):
+        return None
+    agreeing = [site for site in holders if agreement[site] > 0]
+    return agreeing[0] if len(agreeing) == 1 else None
