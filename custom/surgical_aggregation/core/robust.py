@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from .checks import server_check
-from .checks.update import WEIGHTS, row_part, update_group
+from .checks.update import WEIGHTS, consensus_cosines, row_part, update_group
 from .head import NAMED_HEAD, HeadSpec, cast_like, to_numpy
 
 Aggregator = Callable[[np.ndarray, int], np.ndarray]  # (rows, f) -> the aggregate
@@ -402,7 +402,7 @@ def robust_state(
         replaced[row_part(canonical)] = len(sites)
     outcome.agreement = shared_row_agreement(updates, consensus)
     for canonical, sites in holders.items():
-        trusted = trusted_holder(sites, outcome.agreement) if len(sites) == 2 else None
+        trusted = trusted_holder(sites, outcome.agreement)
         if trusted is not None:
             index = positions[canonical]
             moved = np.append(old_weight[index], old_bias[index]) + updates[trusted][canonical]
@@ -418,16 +418,14 @@ def shared_row_agreement(
 ) -> dict[str, float]:
     """site -> the cosine between its updates of the head rows in ``consensus`` (those three or more sites moved),
     concatenated, and those rows' consensus updates, concatenated alike. ``updates``: site -> canonical class ->
-    its (clipped) update of that row. A site that moved none of those rows has no entry: nothing vouches for it."""
+    its (clipped) update of that row. A site that moved none of those rows (or whose rows' consensus is zero) has no
+    entry: nothing vouches for it or against it."""
     agreement = {}
     for site, rows in updates.items():
         names = [name for name in rows if name in consensus and np.any(rows[name])]
-        if not names:
-            continue
-        own = np.concatenate([rows[name] for name in names])
-        shared = np.concatenate([consensus[name] for name in names])
-        norms = float(np.linalg.norm(own)) * float(np.linalg.norm(shared))
-        agreement[site] = float(np.dot(own, shared)) / norms if norms > 0 else 0.0
+        if names:
+            own = np.concatenate([rows[name] for name in names])
+            agreement |= consensus_cosines({site: own}, np.concatenate([consensus[name] for name in names]))
     return agreement
 
 
