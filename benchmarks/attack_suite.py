@@ -220,8 +220,8 @@ def outcome(workspace: Path, code: int, log: str, test: dict, attackers: list[st
         "published": any(workspace.glob("site-*/*/app_site-*/published_global_model.pt")),
         "stopped": (re.search(r"the job cannot go on: ([^\n]*)", log) or [None, None])[1],
         "rounds": len(rounds),
-        # rows two sites hold that took one holder's update alone (core.robust.trusted_holder), by round
-        "trusted_rows": {str(index): entry.get("trusted_rows", {}) for index, entry in enumerate(rounds)},
+        # each site's shared head rows (three or more holders) against their consensus, by round: a record
+        "row_agreement": {str(index): entry.get("row_agreement", {}) for index, entry in enumerate(rounds)},
     }
     for label, file in (("best", "best_FL_global_model.pt"), ("final", "FL_global_model.pt")):
         found = scores(server / file, test)
@@ -332,6 +332,7 @@ def paired_table(with_rule: dict[str, dict], without_rule: dict[str, dict], atta
             continue
         losses["with"].append(lowest_margin(result, clean))
         losses["without"].append(lowest_margin(earlier, clean))
+        # runs of stops 61-62, under the rule for a row two sites hold (removed since): the rows it took from one holder
         taken = sum(len(rows) for rows in result.get("trusted_rows", {}).values())
         lines.append(
             f"| {result['sites']} ({result['attackers']}), {result['seed']} | {_lowest(clean, 'best'):.3f} "

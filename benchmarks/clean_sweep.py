@@ -164,14 +164,10 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
         "rejections": {str(entry_round): entry.get("rejected", {}) for entry_round, entry in enumerate(rounds)},
         "validations": validations,
         "directions": directions,
-        # how near two honest sites' backbone updates came (the duplicate distance is 1e-3), and each site's share of
-        # shared head rows against their consensus, each round
+        # how near two honest sites' backbone updates came (duplicates: core.robust.DUPLICATE_DISTANCE), and each
+        # site's shared head rows (three or more holders) against their consensus (a cosine), each round
         "closest_updates": {str(index): entry.get("closest_updates") for index, entry in enumerate(rounds)},
-        "opposed_rows": {str(index): entry.get("opposed_rows", {}) for index, entry in enumerate(rounds)},
-        # each site's cosine with the consensus over those rows, and the rows two sites hold that took one holder's
-        # update alone (core.robust.trusted_holder): on a clean federation, how often an honest site's is passed over
         "row_agreement": {str(index): entry.get("row_agreement", {}) for index, entry in enumerate(rounds)},
-        "trusted_rows": {str(index): entry.get("trusted_rows", {}) for index, entry in enumerate(rounds)},
         "screening": [entry.get("screening") for entry in history if entry.get("screening")],
         "published": (app / "best_FL_global_model.pt").is_file(),
     }

@@ -24,7 +24,6 @@ from surgical_aggregation.core.checks.update import (
     clip_factors,
     consensus_cosines,
     free_riders,
-    opposed_row_shares,
     opposed_updates,
     size_scale,
     update_problems,
@@ -254,16 +253,3 @@ def test_opposed_updates_reject_a_minority_against_the_rounds_consensus_and_nobo
     assert opposed_updates(orthogonal, mean) == {}
     assert opposed_updates({"a": honest, "x": -honest}, honest) == {}  # two sites: no consensus to oppose
     assert opposed_updates({"a": honest, "b": -honest, "c": -honest}, honest) == {}  # half or more: no one's
-
-
-def test_the_share_of_a_sites_shared_rows_against_their_consensus():
-    def median(rows: np.ndarray) -> np.ndarray:
-        return np.median(rows, axis=0)
-
-    changes = {
-        "a": {"Mass": np.array([1.0, 0.1]), "Edema": np.array([1.0, 1.0]), "Hernia": np.array([1.0, 0.0])},
-        "b": {"Mass": np.array([0.8, 0.2]), "Edema": np.array([0.5, 1.0]), "Hernia": np.array([-1.0, 0.0])},
-        "c": {"Mass": np.array([-1.0, -0.1]), "Edema": np.array([1.0, 0.2]), "Nodule": np.array([0.0, 0.0])},
-    }
-    # Mass and Edema: three holders each (c against Mass's median, with everyone on Edema); Hernia: two holders
-    assert opposed_row_shares(changes, median) == {"a": 0.0, "b": 0.0, "c": 0.5}

@@ -92,6 +92,12 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
         f"{len(references)} reference runs raised no alarm; a placebo (an honest site with another seed) moved the "
         f"honest sites by {', '.join(row[3] for row in placebos)} (the noise floor)" in _readme()
     )
+    breaking = [
+        f"{row[0]} {row[1]} {row[4]}{' (success ' + row[5] + ')' if row[0].startswith('backdoor') else ''}"
+        for row in attacks
+        if row[-1] == "breaks through"
+    ]
+    assert f"Breaking through against the honest sites alone (open): {', '.join(breaking)}." in _readme()
     assert (REPOSITORY / "docs" / "attack-suite" / "margins.png").is_file()
 
 

@@ -43,8 +43,8 @@ What a flag does depends on how many sites made the candidate (:func:`decide`):
   are each materially better off without one contribution have it left out (it explains their harm: rows only they
   hold). One site's verdict never removes anyone on its own: a liar, or a site whose labels conflict with one
   other's, is outvoted (a liar together with one such honest site is a majority at three or four sites); the price
-  is that harm only one other site sees (a row only two sites hold) is not acted on here (the aggregation weighs
-  such a row by what each holder did on the rows a majority judges: ``core.robust.trusted_holder``). A flag of one
+  is that harm only one other site sees (a row only two sites hold) is not acted on here, nor by the aggregation
+  (the two holders' mean: ``docs/server-checks.md`` says what was tried). A flag of one
   site that no exclusion explains is kept on record (its data disagree with the federation's, or it lies: it removes
   no one on its own say); flags of two or more that no exclusion explains stop the job;
 * sites whose results were rejected (they do not judge) stop the job when two or more of them flag it: a colluding

@@ -313,8 +313,7 @@ class RobustOutcome:
 
     state: dict[str, Any]
     parts: dict[str, int] = field(default_factory=dict)  # part -> how many sites' updates its rule aggregated
-    agreement: dict[str, float] = field(default_factory=dict)  # site -> :func:`shared_row_agreement`
-    trusted_rows: dict[str, str] = field(default_factory=dict)  # part -> the one holder whose update it took
+    agreement: dict[str, float] = field(default_factory=dict)  # site -> :func:`shared_row_agreement`: a record
 
 
 @server_check(
@@ -324,7 +323,7 @@ class RobustOutcome:
     "aggregate of their (clipped) updates instead of their mean, tolerating `byzantine_sites` hostile ones (default: "
     "the most it can, (n - 1) // 2 of n); two updates of a part within 0.1 % of each other (relative to the larger) "
     "count once (a copy of another site's update, the mimic attack), and a part left with fewer than 3 distinct "
-    "updates takes their plain mean; a part fewer sites moved (but see `trusted_holder` for a row two hold), and the "
+    "updates takes their plain mean; a part fewer sites moved, and the "
     "BatchNorm statistics (running averages the sites measure, held by their own checks), keep their (weighted) mean",
     "(recorded in the round's `robust`: how many sites each part's rule aggregated)",
 )
@@ -342,9 +341,8 @@ def robust_state(
     moved replaced by ``global + rule(updates)``: the backbone's learned weights as one vector (:data:`ROBUST_GROUPS`;
     the BatchNorm statistics keep their mean), and each head row (weights and bias, matched by name) over the sites
     that sent it. An update is what a site sent
-    minus the global model's value. A part fewer sites moved keeps its mean, but a row two sites sent takes one
-    holder's update alone when :func:`trusted_holder` names it (from :func:`shared_row_agreement` with the rows three
-    or more sites sent)."""
+    minus the global model's value. A part fewer sites moved keeps its mean. The outcome records each site's
+    :func:`shared_row_agreement`."""
     normalize = normalize or (lambda name: name)
     outcome = RobustOutcome(dict(mean_state))
     state, replaced = outcome.state, outcome.parts
@@ -401,13 +399,6 @@ def robust_state(
         new_weight[index], new_bias[index] = moved[:-1], moved[-1]
         replaced[row_part(canonical)] = len(sites)
     outcome.agreement = shared_row_agreement(updates, consensus)
-    for canonical, sites in holders.items():
-        trusted = trusted_holder(sites, outcome.agreement)
-        if trusted is not None:
-            index = positions[canonical]
-            moved = np.append(old_weight[index], old_bias[index]) + updates[trusted][canonical]
-            new_weight[index], new_bias[index] = moved[:-1], moved[-1]
-            outcome.trusted_rows[row_part(canonical)] = trusted
     state[head.weight_key] = cast_like(global_state[head.weight_key], new_weight)
     state[head.bias_key] = cast_like(global_state[head.bias_key], new_bias)
     return outcome
@@ -419,7 +410,8 @@ def shared_row_agreement(
     """site -> the cosine between its updates of the head rows in ``consensus`` (those three or more sites moved),
     concatenated, and those rows' consensus updates, concatenated alike. ``updates``: site -> canonical class ->
     its (clipped) update of that row. A site that moved none of those rows (or whose rows' consensus is zero) has no
-    entry: nothing vouches for it or against it."""
+    entry. A record, not a rule: a label flipper's is -0.68 to -1.00, but honest sites' reach -1.00 too (a site whose
+    one shared row its data push the other way), so no threshold on it alone spares them (``docs/server-checks.md``)."""
     agreement = {}
     for site, rows in updates.items():
         names = [name for name in rows if name in consensus and np.any(rows[name])]
@@ -427,28 +419,3 @@ def shared_row_agreement(
             own = np.concatenate([rows[name] for name in names])
             agreement |= consensus_cosines({site: own}, np.concatenate([consensus[name] for name in names]))
     return agreement
-
-
-@server_check(
-    "aggregation",
-    f"with `robust_aggregation` other than `mean` and {MIN_ROWS} or more results, a head row exactly two of them "
-    "sent takes the update of one holder alone when that holder's updates of the rows three or more sites hold "
-    "agree with those rows' robust aggregate (a cosine above 0, all such rows it moved taken together) and the "
-    "other holder's point against theirs (a cosine of 0 or below); otherwise, and when either moved none of those "
-    "rows (nothing vouches for or against it: a site that labels one finding, such as RSNA's pneumonia), the two "
-    "updates' mean. "
-    "Two holders' validation cannot tell which of them spoils the row (each may say the other does), so the evidence "
-    "is what each did where a majority can judge: a site training on inverted labels points against the consensus "
-    "there. It does not protect a row from a site that is honest on every row it shares with two or more others and "
-    "hostile only on a row it shares with one: nothing the server sees tells that site from an honest one",
-    "(recorded in the round's `row_agreement`, each site's cosine, and `trusted_rows`, the row and the holder taken)",
-)
-def trusted_holder(holders: Sequence[str], agreement: Mapping[str, float]) -> str | None:
-    """Of the two ``holders`` of a row, the one to take alone: the one with ``agreement`` above 0 when the other's is
-    0 or below; None when both or neither agree, or either has no entry (the row takes their mean). A holder without
-    an entry is not passed over: on the clean sweep's seed 161 a version that counted it as 0 or below took the rows
-    of RSNA's and another single-finding site's only findings from their one partner in every round."""
-    if len(holders) != 2 or any(site not in agreement for site in holders):
-        return None
-    agreeing = [site for site in holders if agreement[site] > 0]
-    return agreeing[0] if len(agreeing) == 1 else None

@@ -39,8 +39,6 @@ from ..core.checks.update import (
     clipped_state,
     consensus_cosines,
     free_riders,
-    head_rows,
-    opposed_row_shares,
     opposed_updates,
     update_problems,
     update_sizes,
@@ -109,12 +107,10 @@ class Round:
     model_check: list[str] = field(default_factory=list)  # why the first candidate failed (empty: it passed)
     robust_parts: dict[str, int] = field(default_factory=dict)  # part -> sites its robust rule aggregated
     row_agreement: dict[str, float] = field(default_factory=dict)  # site -> its shared rows' cosine with theirs
-    trusted_rows: dict[str, str] = field(default_factory=dict)  # a row two sites hold -> the holder it took alone
     contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
     duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
     closest_updates: float | None = None  # the smallest relative distance between two sites' backbone updates
-    opposed_rows: dict[str, float] = field(default_factory=dict)  # site -> share of its shared rows against theirs
     privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # DP-SGD sites: their checked privacy report
     budget_spent: dict[str, str] = field(default_factory=dict)  # site -> why it did not train (its budget)
 
@@ -169,14 +165,6 @@ class Round:
         self.arrivals[site] = Arrival(contribution, checked, params, meta[META_CLASS_NAMES], bool(meta[META_WARMUP]))
         return None
 
-    @staticmethod
-    def _row_changes(arrival: Arrival, rules: RoundRules) -> dict[str, np.ndarray]:
-        """canonical class -> the site's update of that head row."""
-        contribution = arrival.contribution
-        rows = head_rows(contribution.state, contribution.class_names, arrival.received, arrival.received_classes,
-                         rules.head, rules.normalize)  # fmt: skip
-        return {rules.normalize(name): new - old for name, (old, new) in rows.items()}
-
     def aggregate(
         self,
         state: Mapping[str, Any],
@@ -225,9 +213,6 @@ class Round:
             self.duplicates = [[candidates[index] for index in group] for group in groups]
             consensus = rules.consensus(stacked)
             self.directions = consensus_cosines(changes, consensus)
-            self.opposed_rows = opposed_row_shares(
-                {site: self._row_changes(self.arrivals[site], rules) for site in candidates}, rules.consensus
-            )
             if rules.reject_opposed_updates:
                 self.rejected.update(opposed_updates(changes, consensus))
                 candidates = [site for site in candidates if site not in self.rejected]
@@ -295,7 +280,6 @@ class Round:
         robust = robust_parts.get(tuple(contributors))
         if robust is not None:
             self.robust_parts, self.row_agreement = robust.parts, robust.agreement
-            self.trusted_rows = robust.trusted_rows
         self.contributors = list(contributors)
         result.rejected = dict(self.rejected)
         claimed = {site: self.arrivals[site].checked.weight for site in contributors}
@@ -406,14 +390,10 @@ class Round:
             entry["directions"] = {site: round(value, 4) for site, value in self.directions.items()}
         if self.closest_updates is not None:  # how near two sites' backbone updates came (duplicates: within 1e-3)
             entry["closest_updates"] = float(f"{self.closest_updates:.4g}")
-        if self.opposed_rows:  # each site's share of rows (held by three or more) against their consensus: a record
-            entry["opposed_rows"] = {site: round(share, 4) for site, share in self.opposed_rows.items()}
         if self.duplicates:
             entry["duplicates"] = [list(group) for group in self.duplicates]
         if self.robust_parts:  # the parts a robust rule aggregated: how many sites each
             entry["robust"] = dict(self.robust_parts)
-        if self.row_agreement:
+        if self.row_agreement:  # each site's shared head rows (three or more holders) against theirs: a record
             entry["row_agreement"] = {site: round(value, 4) for site, value in sorted(self.row_agreement.items())}
-        if self.trusted_rows:  # rows two sites hold that took one holder's update alone
-            entry["trusted_rows"] = dict(sorted(self.trusted_rows.items()))
         return entry

@@ -4,7 +4,7 @@ round's updates are clipped and weighted."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,27 +114,6 @@ def head_rows(
         if old_row is not None:
             rows[name] = (np.append(old_weight[old_row], old_bias[old_row]), np.append(new_weight[row], new_bias[row]))
     return rows
-
-
-def opposed_row_shares(
-    changes: Mapping[str, Mapping[str, np.ndarray]], consensus: Callable[[np.ndarray], np.ndarray]
-) -> dict[str, float]:
-    """For each site, the share of its head-row updates that point against their row's consensus (a cosine of 0 or
-    below with ``consensus`` of the row's updates), over the rows three or more sites moved. ``changes``: site ->
-    canonical class -> the row's update. A record for the round's history: no rule acts on it yet."""
-    holders: dict[str, list[str]] = {}
-    for site, rows in changes.items():
-        for name, change in rows.items():
-            if np.any(change):
-                holders.setdefault(name, []).append(site)
-    opposed: dict[str, list[bool]] = {}
-    for name, sites in holders.items():
-        if len(sites) < 3:
-            continue
-        centre = consensus(np.stack([changes[site][name] for site in sites]))
-        for site, cosine in consensus_cosines({site: changes[site][name] for site in sites}, centre).items():
-            opposed.setdefault(site, []).append(cosine <= 0)
-    return {site: float(np.mean(flags)) for site, flags in sorted(opposed.items())}
 
 
 @dataclass
