@@ -11,12 +11,17 @@ import torch
 
 from surgical_aggregation.core.aggregation import Contribution, SurgicalAggregator
 from surgical_aggregation.core.blind import (
+    FLOODING_SD,
+    MOST_SITES,
+    NOISE_UNITS,
+    SCALE_BITS,
     BlindAggregationError,
     BlindCipher,
     BlindLayout,
     BlindSecret,
     blind_weight,
     new_sites_key,
+    secure_gaussian,
     split_job_key,
 )
 from surgical_aggregation.core.head import NAMED_HEAD
@@ -91,6 +96,53 @@ def test_the_server_context_holds_no_secret_key_and_cannot_decrypt(cipher):
         server.decrypt(encrypted)
     summed = cipher.decrypt(dict(enumerate(server.add([encrypted, encrypted]))))
     assert np.allclose(summed[0][:10], 2 * np.arange(10.0), atol=1e-6)
+
+
+def test_cks_error_on_a_sum_of_the_most_sites_stays_well_inside_the_bound_the_flooding_is_set_for(cipher):
+    """E of the flooding bound: CKKS's error on a sum of MOST_SITES encryptions of zero (the error alone, in the
+    encoding's integer units) is below an eighth of NOISE_UNITS (measured: 2^16.3 of 2^20)."""
+    server = BlindCipher.from_bytes(cipher.public_bytes())
+    summed = server.add([cipher.encrypt(np.zeros(4096)) for _ in range(MOST_SITES)])
+    ((_, error),) = cipher._exact(dict(enumerate(summed)))
+    assert 0 < np.abs(error).max() * 2.0**SCALE_BITS < NOISE_UNITS / 8
+
+
+def test_every_decryption_is_flooded_at_the_bounds_scale_and_the_flooding_is_what_a_published_model_carries(cipher):
+    """Each decrypted value carries an independent Gaussian of FLOODING_SD (measured over 8,192 values: its standard
+    deviation within 5 %, two decryptions of one ciphertext differ), hiding CKKS's error, which is a million times
+    smaller; a model unpacked from a sum differs from the one the exact decryption gives by FLOODING_SD over the
+    summed weight. Without the flooding each of these differences is CKKS's error alone and the test fails."""
+    vector = np.linspace(-3.0, 3.0, 8192)
+    encrypted = dict(enumerate(cipher.encrypt(vector)))
+    exact = np.concatenate([values for _, values in cipher._exact(encrypted)])
+    assert np.abs(exact - vector).max() < FLOODING_SD / 1e3  # double rounding of values up to 3: 4e-16
+    first, second = (np.concatenate(list(cipher.decrypt(encrypted).values())) for _ in range(2))
+    assert np.std(first - exact) == pytest.approx(FLOODING_SD, rel=0.05)
+    assert abs(np.mean(first - exact)) < 4 * FLOODING_SD / np.sqrt(vector.size)
+    assert np.std(second - first) == pytest.approx(FLOODING_SD * np.sqrt(2), rel=0.05)
+
+    state = {key: value.double() for key, value in _state(["Mass"], 0).items()}
+    layout = BlindLayout.of(state, ["features.conv0.weight"], new_sites_key(), CONSORTIUM)
+    weight = 1e-3
+    sums = dict(enumerate(cipher.encrypt(layout.pack(state, ["Mass"], weight))))
+    parts = {part: sums[part] for part in layout.parts_for(["Mass"])}
+    published = layout.unpack(cipher.decrypt(parts), ["Mass"], state)
+    exactly = layout.unpack(dict(cipher._exact(parts)), ["Mass"], state)
+    keys = ("features.conv0.weight", NAMED_HEAD.weight_key)
+    differences = np.concatenate([(published[key] - exactly[key]).numpy().ravel() for key in keys])
+    means = np.concatenate([exactly[key].numpy().ravel() for key in keys])
+    # a mean is a flooded sum over a flooded weight: to first order x + (n_sum - x n_weight) / weight, so its
+    # difference has standard deviation FLOODING_SD / weight * sqrt(1 + x^2); standardised, 42 values of N(0, 1)
+    standardised = differences / (FLOODING_SD / weight * np.sqrt(1 + means**2))
+    assert 0.6 < np.std(standardised) < 1.4
+
+
+def test_the_flooding_noise_is_standard_normal_and_never_repeats():
+    draws = secure_gaussian(200_001)
+    assert draws.shape == (200_001,)
+    assert abs(draws.mean()) < 0.01 and draws.std() == pytest.approx(1.0, abs=0.01)
+    assert np.mean(np.abs(draws) > 1.959964) == pytest.approx(0.05, abs=0.003)  # a normal's two-sided 5 % tail
+    assert not np.array_equal(secure_gaussian(16), secure_gaussian(16))
 
 
 def test_what_the_server_receives_names_no_class_and_has_one_size_for_every_site(cipher):

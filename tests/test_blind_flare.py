@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from surgical_aggregation.core.blind import PART_PREFIX, BlindAggregationError, params_as_parts, parts_as_params
+from surgical_aggregation.core.blind import (
+    PART_PREFIX,
+    SCALE_BITS,
+    BlindAggregationError,
+    params_as_parts,
+    parts_as_params,
+)
 from surgical_aggregation.core.errors import SiteConfigError
 from surgical_aggregation.flare.blind import BLIND_REFUSED, classless_check, refused_table
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe, write_job
@@ -193,7 +199,9 @@ def test_what_a_blind_server_still_checks_of_answers_it_cannot_read():
 
     context = tenseal.context_from(job_key.cipher.to_bytes())
     rescaled = tenseal.ckks_vector(context, list(np.arange(4096.0)), scale=2.0**30).serialize()
-    assert server._parts_problem({0: good, 1: rescaled}) == "ciphertext 1: its scale is 2^30, the consortium's 2^40"
+    assert server._parts_problem({0: good, 1: rescaled}) == (
+        f"ciphertext 1: its scale is 2^30, the consortium's 2^{SCALE_BITS}"
+    )
 
 
 @pytest.mark.parametrize(

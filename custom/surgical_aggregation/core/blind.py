@@ -45,20 +45,32 @@ import numpy as np
 from .errors import UserError
 from .head import NAMED_HEAD, HeadSpec, StateDict, cast_like, to_numpy
 
-# CKKS for sums only (no multiplication, no rotation): one data prime of 60 bits at a scale of 2^40 keeps a sum of
-# seven N(0, 1) vectors within 2e-8 (a scale of 2^30 would give 2e-5), and encodes values up to about 2^18 (measured:
-# 2e5 encodes, 1e6 does not); N = 8192 gives 4096 values a ciphertext and 128-bit security (log q = 120 of the 218
-# bits N = 8192 allows).
+# CKKS for sums only (no multiplication, no rotation). N = 8192 gives 4096 values a ciphertext and 128-bit security
+# up to log q = 218 bits (the Homomorphic Encryption Standard's table; here 180). Two data primes of 60 bits hold
+# values times the scale 2^90 with room for sums up to 2^29, and make CKKS's own error so small (``NOISE_UNITS`` over
+# the scale) that flooding it (below) costs no accuracy a float32 model can show.
 POLY_MODULUS_DEGREE = 8192
-COEFFICIENT_MODULI = (60, 60)
-SCALE_BITS = 40
+COEFFICIENT_MODULI = (60, 60, 60)  # the last is SEAL's special prime: the ciphertexts live modulo the first two
+SCALE_BITS = 90
+# Noise flooding (Li, Micciancio, Schultz, Sorrell, CRYPTO 2022): every decrypted value gets a Gaussian of standard
+# deviation E * 2^(s/2) * sqrt(64 t) (their bound for t decryptions at s bits of statistical security; TenSEAL's SEAL
+# has no such mode, so it is added here), so that a published decryption no longer tells its error, from which
+# Li and Micciancio (EUROCRYPT 2021) recover the secret key. E bounds CKKS's error on a sum of up to ``MOST_SITES``
+# fresh ciphertexts: ``NOISE_UNITS`` in the encoding's integer units, 12 times the largest measured (2^16.3 on a sum
+# of 100 encryptions of zero, standard deviation 13,600; ``tests/test_blind.py`` holds it). Its cost: 1.8e-12 on a
+# summed value, over the summed weight on a mean (at most 1.8e-8, one image's weight): below a float32 weight's
+# rounding for any real site.
+NOISE_UNITS = 2**20
+STATISTICAL_SECURITY_BITS = 30
+DECRYPTIONS = 2**26  # t: one job's decryptions, all sites, all rounds (1,717 a round a site: 100 sites, 390 rounds)
+FLOODING_SD = NOISE_UNITS / 2.0**SCALE_BITS * 2.0 ** (STATISTICAL_SECURITY_BITS / 2) * math.sqrt(64 * DECRYPTIONS)
 VALUES_PER_CIPHERTEXT = POLY_MODULUS_DEGREE // 2
-LARGEST_VALUE = 2.0**17  # a sum beyond it would not decode: below the measured limit, with a margin
+LARGEST_VALUE = 2.0**17  # a sum beyond it would not decode: far below the measured limit (2^28 encodes, 2^29 not)
 MOST_SITES = 100  # the sum of this many sites' largest packed values stays below LARGEST_VALUE
 WEIGHT_UNIT = 10_000  # with weighting "samples", a site's weight is its images in units of this many
 KEY_BYTES = 32
 SMALLEST_WEIGHT = 1e-4  # one image: an aggregation weight below it is refused
-EMPTY_WEIGHT = 1e-6  # a summed weight below it is no site's: far above CKKS's error (2e-8), below SMALLEST_WEIGHT
+EMPTY_WEIGHT = 1e-6  # a summed weight below it is no site's: far above the flooding (2e-12), below SMALLEST_WEIGHT
 
 
 class BlindAggregationError(UserError, ValueError):
@@ -302,15 +314,32 @@ class BlindCipher:
         return None
 
     def decrypt(self, encrypted: Mapping[int, bytes]) -> dict[int, np.ndarray]:
-        """Each ciphertext (part -> serialized ciphertext) decrypted: part -> its values."""
+        """Each ciphertext (part -> serialized ciphertext) decrypted and flooded: part -> its values, each with an
+        independent Gaussian of :data:`FLOODING_SD` added from the operating system's entropy. No caller gets a
+        decryption without it."""
+        return {part: values + secure_gaussian(values.size) * FLOODING_SD for part, values in self._exact(encrypted)}
+
+    def _exact(self, encrypted: Mapping[int, bytes]) -> list[tuple[int, np.ndarray]]:
+        """The decryptions as CKKS gives them (their error tells the key: only tests measure it)."""
         import tenseal
 
         if not self.holds_secret_key:
             raise BlindAggregationError("this context has no secret key: only the sites decrypt")
-        return {
-            part: np.asarray(tenseal.ckks_vector_from(self._context, data).decrypt(), dtype=np.float64)
+        return [
+            (part, np.asarray(tenseal.ckks_vector_from(self._context, data).decrypt(), dtype=np.float64))
             for part, data in encrypted.items()
-        }
+        ]
+
+
+def secure_gaussian(count: int) -> np.ndarray:
+    """``count`` independent standard normal values from ``os.urandom`` (Box-Muller over 53-bit uniforms in (0, 1]):
+    flooding noise must not come from a generator whose state can be learnt from its outputs."""
+    pairs = (count + 1) // 2
+    words = np.frombuffer(os.urandom(16 * pairs), dtype=np.uint64).reshape(2, pairs)
+    uniform = ((words >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0**-53
+    radius = np.sqrt(-2.0 * np.log(uniform[0]))
+    angle = 2.0 * math.pi * uniform[1]
+    return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
 
 
 PUBLIC_CONTEXT = "public_context"  # the handshake's param: the consortium's CKKS context without its secret key
