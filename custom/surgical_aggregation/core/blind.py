@@ -47,30 +47,33 @@ from .head import NAMED_HEAD, HeadSpec, StateDict, cast_like, to_numpy
 
 # CKKS for sums only (no multiplication, no rotation). N = 8192 gives 4096 values a ciphertext and 128-bit security
 # up to log q = 218 bits (the Homomorphic Encryption Standard's table; here 180). Two data primes of 60 bits hold
-# values times the scale 2^90 with room for sums up to 2^29, and make CKKS's own error so small (``NOISE_UNITS`` over
-# the scale) that flooding it (below) costs no accuracy a float32 model can show.
+# values times the scale 2^96 (a constant vector of 2^22 encodes, of 2^23 not), and make CKKS's own error so small
+# (``NOISE_UNITS`` over the scale) that flooding it (below) costs no accuracy a model of real sites can show.
 POLY_MODULUS_DEGREE = 8192
 COEFFICIENT_MODULI = (60, 60, 60)  # the last is SEAL's special prime: the ciphertexts live modulo the first two
-SCALE_BITS = 90
+SCALE_BITS = 96
 # Noise flooding (Li, Micciancio, Schultz, Sorrell, CRYPTO 2022): every decrypted value gets a Gaussian of standard
 # deviation E * 2^(s/2) * sqrt(64 t) (their bound for t decryptions at s bits of statistical security; TenSEAL's SEAL
 # has no such mode, so it is added here), so that a published decryption no longer tells its error, from which
-# Li and Micciancio (EUROCRYPT 2021) recover the secret key. E bounds CKKS's error on a sum of up to ``MOST_SITES``
-# fresh ciphertexts: ``NOISE_UNITS`` in the encoding's integer units, 12 times the largest measured (2^16.3 on a sum
-# of 100 encryptions of zero, standard deviation 13,600; ``tests/test_blind.py`` holds it). Its cost: 1.8e-12 on a
-# summed value, over the summed weight on a mean (at most 1.8e-8, one image's weight): below a float32 weight's
-# rounding for any real site.
-NOISE_UNITS = 2**20
+# Li and Micciancio (EUROCRYPT 2021) recover the secret key. E bounds the Euclidean norm of CKKS's error over a
+# ciphertext's values on a sum of fresh ciphertexts: ``NOISE_UNITS`` in the encoding's integer units, 18 times the
+# measured 2^19.8 on a sum of 100 encryptions of zero (``tests/test_blind.py`` holds it under 2^21); the norm grows
+# as the square root of the sites, so the bound holds to 25,000 sites.
+NOISE_UNITS = 2**24
 STATISTICAL_SECURITY_BITS = 30
-DECRYPTIONS = 2**26  # t: one job's decryptions, all sites, all rounds (1,717 a round a site: 100 sites, 390 rounds)
+# t: the distinct ciphertexts one job's sites decrypt. A site's noise is a function of the ciphertext (below), so
+# decrypting one again (to validate, to train, to publish) tells nothing new; per round it decrypts the candidate's
+# sums and each leave-one-out candidate's, about 1,737 ciphertexts each (a DenseNet121 and 20 classes): 100 sites
+# over 1,900 rounds.
+DECRYPTIONS = 2**35
 FLOODING_SD = NOISE_UNITS / 2.0**SCALE_BITS * 2.0 ** (STATISTICAL_SECURITY_BITS / 2) * math.sqrt(64 * DECRYPTIONS)
 VALUES_PER_CIPHERTEXT = POLY_MODULUS_DEGREE // 2
-LARGEST_VALUE = 2.0**17  # a sum beyond it would not decode: far below the measured limit (2^28 encodes, 2^29 not)
+LARGEST_VALUE = 2.0**17  # a sum beyond it would not decode: 5 bits below the measured limit
 MOST_SITES = 100  # the sum of this many sites' largest packed values stays below LARGEST_VALUE
 WEIGHT_UNIT = 10_000  # with weighting "samples", a site's weight is its images in units of this many
 KEY_BYTES = 32
 SMALLEST_WEIGHT = 1e-4  # one image: an aggregation weight below it is refused
-EMPTY_WEIGHT = 1e-6  # a summed weight below it is no site's: far above the flooding (2e-12), below SMALLEST_WEIGHT
+EMPTY_WEIGHT = 1e-6  # a summed weight below it is no site's: far above the flooding (1e-11), below SMALLEST_WEIGHT
 
 
 class BlindAggregationError(UserError, ValueError):
@@ -238,6 +241,7 @@ class BlindCipher:
 
     def __init__(self, context: Any) -> None:
         self._context = context
+        self._flooding_key = os.urandom(KEY_BYTES)  # this site's, this process's: never leaves it
 
     @classmethod
     def for_sites(cls) -> BlindCipher:
@@ -314,10 +318,15 @@ class BlindCipher:
         return None
 
     def decrypt(self, encrypted: Mapping[int, bytes]) -> dict[int, np.ndarray]:
-        """Each ciphertext (part -> serialized ciphertext) decrypted and flooded: part -> its values, each with an
-        independent Gaussian of :data:`FLOODING_SD` added from the operating system's entropy. No caller gets a
-        decryption without it."""
-        return {part: values + secure_gaussian(values.size) * FLOODING_SD for part, values in self._exact(encrypted)}
+        """Each ciphertext (part -> serialized ciphertext) decrypted and flooded: part -> its values, each with a
+        Gaussian of :data:`FLOODING_SD` added. The noise is drawn from SHAKE-256 of this cipher's own random key and
+        the ciphertext, so the same ciphertext decrypted again gets the same noise (averaging repeated decryptions
+        gains nothing) and another site's or another ciphertext's is independent. No caller gets a decryption
+        without it."""
+        return {
+            part: values + keyed_gaussian(self._flooding_key, encrypted[part], values.size) * FLOODING_SD
+            for part, values in self._exact(encrypted)
+        }
 
     def _exact(self, encrypted: Mapping[int, bytes]) -> list[tuple[int, np.ndarray]]:
         """The decryptions as CKKS gives them (their error tells the key: only tests measure it)."""
@@ -331,15 +340,19 @@ class BlindCipher:
         ]
 
 
-def secure_gaussian(count: int) -> np.ndarray:
-    """``count`` independent standard normal values from ``os.urandom`` (Box-Muller over 53-bit uniforms in (0, 1]):
-    flooding noise must not come from a generator whose state can be learnt from its outputs."""
+def keyed_gaussian(key: bytes, message: bytes, count: int) -> np.ndarray:
+    """``count`` standard normal values, a deterministic function of ``key`` and ``message`` that cannot be told
+    from independent draws without the key: Box-Muller over 53-bit uniforms in (0, 1] read from SHAKE-256 of the key
+    and the message's BLAKE2b digest (a cryptographic generator: zero-padded slots show the noise itself, and a
+    generator whose state its outputs reveal would give the error back)."""
     pairs = (count + 1) // 2
-    words = np.frombuffer(os.urandom(16 * pairs), dtype=np.uint64).reshape(2, pairs)
+    digest = hashlib.blake2b(message, digest_size=32).digest()
+    stream = hashlib.shake_256(b"surgical-aggregation flooding" + key + digest).digest(16 * pairs)
+    words = np.frombuffer(stream, dtype=np.uint64).reshape(pairs, 2)
     uniform = ((words >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0**-53
-    radius = np.sqrt(-2.0 * np.log(uniform[0]))
-    angle = 2.0 * math.pi * uniform[1]
-    return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
+    radius = np.sqrt(-2.0 * np.log(uniform[:, 0]))
+    angle = 2.0 * math.pi * uniform[:, 1]
+    return np.column_stack([radius * np.cos(angle), radius * np.sin(angle)]).ravel()[:count]  # one stream: prefixes
 
 
 PUBLIC_CONTEXT = "public_context"  # the handshake's param: the consortium's CKKS context without its secret key
@@ -373,8 +386,8 @@ def new_sites_key() -> bytes:
 def blind_weight(num_samples: int, weighting: str) -> float:
     """A site's aggregation weight: 1, or its images in units of :data:`WEIGHT_UNIT` (``samples``; any common unit
     leaves the means as they are, and this one keeps the packed values of a site of up to about a million images
-    within the cipher's range, and CKKS's error on a mean, 2e-8 over the summed weight, small for sites of more than a
-    few hundred images)."""
+    within the cipher's range; the flooding of a decryption, 1e-11 over the summed weight, is far below a float32
+    weight's rounding for sites of a few hundred images or more)."""
     return 1.0 if weighting == "uniform" else num_samples / WEIGHT_UNIT
 
 
