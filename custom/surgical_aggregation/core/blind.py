@@ -325,19 +325,19 @@ class BlindCipher:
         without it."""
         return {
             part: values + keyed_gaussian(self._flooding_key, encrypted[part], values.size) * FLOODING_SD
-            for part, values in self._exact(encrypted)
+            for part, values in self._exact(encrypted).items()
         }
 
-    def _exact(self, encrypted: Mapping[int, bytes]) -> list[tuple[int, np.ndarray]]:
+    def _exact(self, encrypted: Mapping[int, bytes]) -> dict[int, np.ndarray]:
         """The decryptions as CKKS gives them (their error tells the key: only tests measure it)."""
         import tenseal
 
         if not self.holds_secret_key:
             raise BlindAggregationError("this context has no secret key: only the sites decrypt")
-        return [
-            (part, np.asarray(tenseal.ckks_vector_from(self._context, data).decrypt(), dtype=np.float64))
+        return {
+            part: np.asarray(tenseal.ckks_vector_from(self._context, data).decrypt(), dtype=np.float64)
             for part, data in encrypted.items()
-        ]
+        }
 
 
 def keyed_gaussian(key: bytes, message: bytes, count: int) -> np.ndarray:
