@@ -37,13 +37,18 @@ VALUE_DEFENCES_OFF = {
 }
 
 
-def _poisoned_federation(root: Path, blind: bool) -> tuple[int, str, Path]:
+PLAIN_POISONED_RUN = "plain-e2e-poisoned"  # also test_exclusion_e2e's three-site run
+
+
+def poisoned_federation(root: Path, blind: bool) -> tuple[int, str, Path]:
     """Three NIH-layout sites (tiny, the same 60 patients each), ``site-3`` sending its update negated and doubled
     and reporting no metric at all (it never judges, and the server must not need its figures), 3 rounds: blind, or
-    plain with the defences that read values off."""
+    plain with the defences that read values off. The plain sites record every exchange in full, so that
+    test_exclusion_e2e recomputes its rounds from them (a record changes no number: the two modes' losses agree)."""
     cache = root / "cache"
     defences = load_benchmark("hostile_site")
-    site = DEMO.site_config({"kind": "nih"}, embedded={"patients": 60}, record_exchanges="off")
+    recorded = "off" if blind else "full"
+    site = DEMO.site_config({"kind": "nih"}, embedded={"patients": 60}, record_exchanges=recorded)
     configs = tiny_sites({f"site-{index}": dict(site) for index in (1, 2, 3)}, cache)
     for config in configs.values():
         # learning_rate: the smoke network's honest rounds, large enough to be told from noise
@@ -63,13 +68,13 @@ def _poisoned_federation(root: Path, blind: bool) -> tuple[int, str, Path]:
 @pytest.fixture(scope="module")
 def poisoned(tmp_path_factory):
     """The poisoned federation in blind mode: the server cannot see ``site-3``'s update."""
-    return built_once(tmp_path_factory, "blind-e2e-poisoned", lambda root: _poisoned_federation(root, blind=True))
+    return built_once(tmp_path_factory, "blind-e2e-poisoned", lambda root: poisoned_federation(root, blind=True))
 
 
 @pytest.fixture(scope="module")
 def poisoned_plain(tmp_path_factory):
     """The same federation in plain mode, judged by the sites' validation alone."""
-    return built_once(tmp_path_factory, "plain-e2e-poisoned", lambda root: _poisoned_federation(root, blind=False))
+    return built_once(tmp_path_factory, PLAIN_POISONED_RUN, lambda root: poisoned_federation(root, blind=False))
 
 
 def test_two_blind_jobs_of_one_consortium_run_under_different_keys(blind_run, poisoned):

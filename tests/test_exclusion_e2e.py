@@ -2,8 +2,9 @@
 alter what they send (``benchmarks/hostile_site.py``'s test doubles), held to what the numbers do:
 
 * three NIH-layout sites averaged by the plain mean (an operator's choice), ``site-3`` negating and doubling its
-  update: from round 1 both other sites are materially better off without ``site-3``'s result, and the round is made
-  without it (to 1e-4 of the honest sites' mean update), for the rest of the job;
+  update and reporting no metric (``test_blind_defences_e2e``'s plain run, made once for both): from round 1 both
+  other sites are materially better off without ``site-3``'s result, and the round is made without it (to 1e-4 of
+  the honest sites' mean update), for the rest of the job;
 * the default job's two sites, ``site-chexpert`` raising its rows' biases: the honest site's validation finds the
   model harmful and, with two sites, the job stops.
 
@@ -20,16 +21,14 @@ import pytest
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
+from test_blind_defences_e2e import PLAIN_POISONED_RUN, poisoned_federation
 from test_defences_e2e import (
     POISONING,
     ROUNDS,
-    SITES,
     _app,
     _assert_round_is,
     _exchange,
     _history,
-    _hostile_job,
-    _nih_sites,
     _simulate,
     _updates,
     _weight_keys,
@@ -42,19 +41,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def three_sites(tmp_path_factory):
-    """Three such sites averaged by the plain mean (no robust rule, no clipping, no direction check), ``site-3``
-    sending its update negated and doubled."""
-
-    def build(root: Path) -> tuple[int, str, Path]:
-        controller = {"num_rounds": ROUNDS, "min_clients": 1, "robust_aggregation": "mean"}
-        controller |= {"clip_updates": False, "reject_opposed_updates": False}
-        attacks = {POISONING: "flip_x2"}
-        configs = _nih_sites(SITES[:3], root / "cache")
-        for config in configs.values():  # the smoke network's honest rounds, large enough to be told from noise
-            config["learning_rate"] = 3e-3
-        return _hostile_job(root, configs, controller, attacks)
-
-    return built_once(tmp_path_factory, "defences-three-sites", build)
+    """Three such sites averaged by the plain mean (no robust rule, no clipping, no direction check, no size bound),
+    ``site-3`` sending its update negated and doubled."""
+    return built_once(tmp_path_factory, PLAIN_POISONED_RUN, lambda root: poisoned_federation(root, blind=False))
 
 
 @pytest.fixture(scope="module")
