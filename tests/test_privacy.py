@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -29,8 +30,10 @@ from surgical_aggregation.training import privacy_accounting
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.privacy import (
     NOISE_SEARCH_STEPS,
+    DifferentialPrivacy,
     PoissonBatches,
     SecureRandom,
+    released_validation,
     sampling_groups,
     secure_dp_optimizer,
 )
@@ -463,11 +466,15 @@ def test_no_training_statistic_leaves_a_dp_site_in_any_message_or_tracked_curve(
     keys = {key for answer in sent for key in (answer.metrics or {})}
     training_keys = {key for key in keys if key.startswith("train")}
     training_tags = {tag for tag in tracked if tag.startswith("train")}
+    # the validation each training answer carries is released as a validation task's is (release_validation)
+    validation_keys = {key for answer in sent[1:] for key in answer.metrics or {} if "val" in key}
     if privacy is None:
         assert "train_loss" in training_keys and training_tags == {"train/loss", "train/epoch_loss"}
+        assert any(key.startswith("val_auroc/") for key in validation_keys), sorted(validation_keys)
     else:
         assert training_keys == set() and training_tags == set()
         assert all(key.startswith(("val_", "local_val_", "num_")) for key in keys), sorted(keys)
+        assert validation_keys == {"val_loss", "val_loss_se"}, sorted(validation_keys)
 
 
 def _positive_counts_that_fit(auroc: float, images: int) -> list[int]:
@@ -479,6 +486,19 @@ def _positive_counts_that_fit(auroc: float, images: int) -> list[int]:
         if abs(2 * auroc * positives * (images - positives) - round(2 * auroc * positives * (images - positives)))
         < 1e-6
     ]
+
+
+def test_the_released_validation_loss_is_each_images_loss_clipped_then_averaged_and_rounded():
+    """What a DP site's validation sends, worked by hand: a loss above the clip counts as the clip (2.0), a NaN is
+    dropped, and the mean and its standard error are rounded to 3 decimals."""
+    losses = np.array([0.1, 0.3, 16.0, 0.2123456, np.nan])
+    kept = np.array([0.1, 0.3, 2.0, 0.2123456])  # mean 0.6530864, standard error 0.4508329
+    released = released_validation(
+        SimpleNamespace(image_losses=losses), DifferentialPrivacy(epsilon=3.0, noise_multiplier=1.0)
+    )
+    assert released == {"val_loss": 0.653, "val_loss_se": round(float(kept.std(ddof=1) / 2), 3)}
+    assert released["val_loss_se"] == 0.451
+    assert released_validation(SimpleNamespace(image_losses=losses), DifferentialPrivacy()) is None  # no DP: all
 
 
 @pytest.mark.parametrize("release", ["loss", "full"])
