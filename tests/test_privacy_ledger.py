@@ -30,7 +30,13 @@ BUDGET = {"epsilon": 4.0, "planned_rounds": 2, "delta": 1e-5}  # two rounds of o
 
 
 def _session(
-    nih_data, workspace: Path, job: str, split_seed: int = 0, budget: dict | None = None, location: Path | None = None
+    nih_data,
+    workspace: Path,
+    job: str,
+    split_seed: int = 0,
+    budget: dict | None = None,
+    location: Path | None = None,
+    site: str = SITE,
 ) -> ClientSession:
     """The site as FLARE runs it: its workspace, a job folder ``<workspace>/<job>/app_<site>``."""
     labels = ["Mass", "Effusion", "Atelectasis"]
@@ -51,7 +57,7 @@ def _session(
         },
         "site config",
     )
-    return ClientSession(SITE, config, workspace / job / f"app_{SITE}", logging.getLogger("test"))
+    return ClientSession(site, config, workspace / job / f"app_{site}", logging.getLogger("test"))
 
 
 def _train(session: ClientSession, round_number: int) -> FLModel:
@@ -155,8 +161,8 @@ def test_the_same_images_exported_again_under_new_patient_ids_inherit_the_spend(
 
 @pytest.mark.slow
 def test_a_missing_or_rolled_back_ledger_is_refused_when_a_job_took_steps(nih_data, tmp_path):
-    """Rolled back, deleted, deleted for a job on a re-split of the data, or deleted in the middle of a job: each
-    is refused by the job records, never read as a fresh budget."""
+    """Rolled back, deleted, deleted for a job on a re-split of the data or under a new site name, or deleted in the
+    middle of a job: each is refused by the job records of the site's workspace, never read as a fresh budget."""
     workspace = tmp_path / SITE
     _train(_session(nih_data, workspace, "job-1"), 0)
     ledger = workspace / "local" / LEDGER_FILE
@@ -170,6 +176,8 @@ def test_a_missing_or_rolled_back_ledger_is_refused_when_a_job_took_steps(nih_da
         _session(nih_data, workspace, "job-2").trainer  # noqa: B018
     with pytest.raises(PrivacyLedgerError, match=r"is missing, but job record .*job-1.* says 4 were taken"):
         _session(nih_data, workspace, "job-2", split_seed=1).trainer  # noqa: B018 - other patients, same refusal
+    with pytest.raises(PrivacyLedgerError, match=r"is missing, but job record .*job-1.* says 4 were taken"):
+        _session(nih_data, workspace, "job-2", site="site-renamed").trainer  # noqa: B018 - the site renamed too
     (workspace / "job-1" / f"app_{SITE}" / SPENT_FILE).unlink()  # a workspace with no record: a fresh start
     running = _session(nih_data, workspace, "job-3")
     _train(running, 0)

@@ -226,7 +226,8 @@ class ClientSession:
         folder records the steps it took there, which the site's later jobs check the ledger against."""
         workspace = self.app_dir.parents[1]
         ledger = workspace / "local" / LEDGER_FILE
-        earlier = [path for path in workspace.glob(f"*/app_{self.site}/{SPENT_FILE}") if path.parent != self.app_dir]
+        # every app folder's record, not only this site name's: a site renamed after losing its ledger is still refused
+        earlier = [path for path in workspace.glob(f"*/app_*/{SPENT_FILE}") if path.parent != self.app_dir]
         trainer.keep_ledger_in(ledger, self.app_dir / SPENT_FILE, sorted(earlier))
         self.log.info("%s: DP-SGD ledger %s (%d steps on this data so far)", self.site, ledger, trainer.ledger.steps)
 
