@@ -207,6 +207,20 @@ def test_training_data_sharing_patients_with_earlier_data_inherits_its_steps(tmp
     assert renamed.inherited == [(1.0, 0.1, 100)]  # the workspace's budget, whatever the site is called now
 
 
+def test_a_re_split_cannot_count_inherited_steps_at_a_larger_delta(tmp_path):
+    """Steps a site's patients spent at delta 1e-5 count at 1e-5 or below on a re-split of them: dropping one patient
+    and asking 1e-3 (11.0 -> 8.2 for the same steps) is refused, a smaller delta is not."""
+    settings = DifferentialPrivacy(epsilon=20.0, noise_multiplier=1.0)
+    path = tmp_path / "local" / LEDGER_FILE
+    patients = [f"p{index}" for index in range(100)]
+    with LedgerFile(path, SITE, patients, settings, delta=1e-5).transaction() as ledger:
+        ledger.record(1.0, 0.1, 200)
+    with pytest.raises(SiteConfigError, match=r"spent budget set at delta 1e-05 .* set delta to at most that value"):
+        LedgerFile(path, SITE, patients[1:], settings, delta=1e-3).read()
+    stricter = LedgerFile(path, SITE, patients[1:], settings, delta=1e-6).read()
+    assert stricter.inherited == [(1.0, 0.1, 200)] and stricter.epsilon(1e-6) > stricter.epsilon(1e-5)
+
+
 def test_the_ledger_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     settings = DifferentialPrivacy(epsilon=8.0, noise_multiplier=1.0)
     path = tmp_path / "local" / LEDGER_FILE

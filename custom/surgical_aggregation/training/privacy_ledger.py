@@ -140,6 +140,12 @@ class LedgerFile:
                     f"differential_privacy.unit is {self.settings.unit!r}, but patients of this training split spent "
                     f"budget per {entry['unit']} (ledger {self.path}): keep unit {entry['unit']!r} for this data"
                 )
+            if self.delta is not None and self.delta > entry["delta"] * (1 + 1e-9):
+                raise SiteConfigError(
+                    f"differential_privacy.delta resolves to {self.delta:.3g} for this data, but patients of this "
+                    f"training split spent budget set at delta {entry['delta']:.3g} (ledger {self.path}): their steps "
+                    "would look cheaper at a larger delta; set delta to at most that value"
+                )
             ledger.inherited.extend(PrivacyLedger.from_dict(entry, entry["accountant"]).history)
         self._check_job_records(values)
         return ledger
