@@ -259,6 +259,10 @@ def test_a_dp_site_starts_its_output_biases_at_the_public_prior_in_its_first_rou
             r"epsilon is null, so DP-SGD is off, but the block sets \['noise_m",
         ),
         ({"noise_multiplier": 2.0, "delta": 1e-6}, r"the block sets \['delta', 'noise_multiplier'\]"),
+        # whatever the values: a field named at its default is still an intent to train with DP
+        ({"max_grad_norm": 1.0}, r"the block sets \['max_grad_norm'\]"),
+        ({"epsilon": None, "unit": "patient", "accountant": "rdp"}, r"the block sets \['accountant', 'unit'\]"),
+        ({"release_validation": "loss"}, r"the block sets \['release_validation'\]"),
     ],
 )
 def test_privacy_settings_are_checked_with_the_field_named(nih_data, tmp_path, privacy, message):

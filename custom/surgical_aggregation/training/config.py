@@ -285,6 +285,23 @@ def _check_and_resolve(config: SiteConfig, where: str, base_dir: Path | None) ->
         raise fail("record_exchanges", f"must be one of {list(RECORD_MODES)}, got {config.record_exchanges!r}")
 
 
+def _refuse_a_partial_dp_block_without_epsilon(block: Any, where: str) -> None:
+    """A ``differential_privacy`` block that names DP fields but leaves ``epsilon`` null would train without DP,
+    silently, whatever the values (``release_validation: "loss"`` alone would even send per-class figures). DP is off
+    by leaving the block out, ``{"epsilon": null}``, or the whole block as a written job carries it (every field,
+    epsilon null; a changed value there is refused by :meth:`DifferentialPrivacy.check`)."""
+    if not isinstance(block, Mapping) or block.get("epsilon") is not None:
+        return
+    named = sorted(set(block) - {"epsilon"})
+    every_field = {item.name for item in fields(DifferentialPrivacy)}
+    if named and set(block) != every_field:
+        raise SiteConfigError(
+            f"{where}: differential_privacy.epsilon is null, so DP-SGD is off, but the block sets {named}: give "
+            'epsilon (the budget) to train with DP-SGD, or remove the block (or leave only "epsilon": null) to '
+            "train without it"
+        )
+
+
 def site_config_from_dict(
     values: Mapping[str, Any],
     where: str = "site config",
@@ -294,6 +311,7 @@ def site_config_from_dict(
     """Build and validate a :class:`SiteConfig`; ``where`` names the source in errors, ``base_dir`` is where
     relative file names in it start (its file's folder), ``job_aliases`` the label aliases of the job it is loaded
     for (its vocabulary reads the site's labels with them)."""
+    _refuse_a_partial_dp_block_without_epsilon(values.get("differential_privacy"), where)
     config = _build_site_config(values, where)
     config.job_aliases = dict(job_aliases or {})
     _check_and_resolve(config, where, base_dir)
