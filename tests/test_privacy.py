@@ -14,7 +14,7 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from opacus.accountants import PRVAccountant, RDPAccountant
 
 from surgical_aggregation.core.errors import SiteConfigError
-from surgical_aggregation.core.head import numpy_state
+from surgical_aggregation.core.head import NAMED_HEAD, numpy_state
 from surgical_aggregation.core.methods import SiteMethod, method_meta
 from surgical_aggregation.flare.client import ClientSession
 from surgical_aggregation.flare.protocol import (
@@ -503,6 +503,33 @@ def test_the_released_validation_loss_is_each_images_loss_clipped_then_averaged_
     assert released == {"val_loss": 0.653, "val_loss_se": round(float(kept.std(ddof=1) / 2), 3)}
     assert released["val_loss_se"] == 0.451
     assert released_validation(SimpleNamespace(image_losses=losses), DifferentialPrivacy()) is None  # no DP: all
+
+
+def test_a_server_that_crafts_models_reads_each_classs_validation_prevalence_from_the_released_loss(nih_data, tmp_path):
+    """The limit provisioning/README.md states: the released loss withholds counts from a curious server, not from
+    one that crafts models. With the head's weights zeroed every image's logit is its class's bias; raising one
+    class's bias from -1 to +1 changes the mean loss by (1 - 2 x prevalence) / classes (log(1 + e) - log(1 + 1/e)
+    is exactly 1), so one validation task a class gives each class's validation prevalence to the rounding's."""
+    config = _config(nih_data, tmp_path / "cache", {"epsilon": 50.0, "noise_multiplier": 1.2})
+    session = ClientSession("site-dp", config, tmp_path / "site-dp" / "job" / "app_site-dp", logging.getLogger("t"))
+    session.handle(TASK_DESCRIBE, FLModel(params={}, meta={}))
+    classes = session.trainer.head_classes
+    meta = {META_CLASS_NAMES: classes, META_METHOD: method_meta(FEDBN_PLUS), META_WARMUP: False}
+    crafted = numpy_state(session.trainer.state_dict())
+    crafted[NAMED_HEAD.weight_key] = np.zeros_like(crafted[NAMED_HEAD.weight_key])
+
+    def released_loss(raised: int | None) -> float:
+        crafted[NAMED_HEAD.bias_key] = np.where(np.arange(len(classes)) == raised, 1.0, -1.0).astype(np.float32)
+        answer = session.handle(TASK_VALIDATE, FLModel(params=dict(crafted), meta=meta))
+        assert set(answer.metrics) == {"val_loss", "val_loss_se"}  # all the server gets
+        return answer.metrics["val_loss"]
+
+    baseline = released_loss(None)
+    dataset = session.trainer.val_loader.dataset
+    for column in range(len(classes)):
+        estimate = (1 - len(classes) * (released_loss(column) - baseline)) / 2
+        truth = float(dataset.labels[:, column].mean())
+        assert abs(estimate - truth) <= len(classes) * 1e-3, (classes[column], estimate, truth)
 
 
 @pytest.mark.parametrize("release", ["loss", "full"])
