@@ -89,14 +89,15 @@ def test_scores(recipe, model: Path) -> tuple[dict[str, float], dict[str, list[f
 
 
 def chance_verdict(cell: dict) -> str:
-    """ "below" when every seed's test interval (or, without them, the seeds' interval) lies under 0.5; "chance" when
-    the seeds' interval holds 0.5 or every seed's test interval does; "above" otherwise."""
+    """ "below" when every seed's test interval (or, without them, the seeds' interval) lies under 0.5; "above" when
+    the seeds' interval lies over 0.5 and not every seed's test interval holds it; "chance" otherwise (a seeds'
+    interval under 0.5 is not "below": the seeds share one test split, whose sampling it leaves out)."""
     tests = cell["test_intervals"]
     if all(high < 0.5 for _, high in tests) if tests else cell["high"] < 0.5:
         return "below"
-    if cell["low"] <= 0.5 <= cell["high"] or (tests and all(low <= 0.5 <= high for low, high in tests)):
-        return "chance"
-    return "above"
+    if cell["low"] > 0.5 and not (tests and all(low <= 0.5 <= high for low, high in tests)):
+        return "above"
+    return "chance"
 
 
 def _label(epsilon: float | None) -> str:
@@ -178,9 +179,10 @@ def write(results: list[dict], out: Path) -> None:
     if chance:
         lines += [
             "",
-            "**No better than chance**: " + ", ".join(chance) + " (the seeds' interval holds 0.5, or so does every "
-            "seed's 95% bootstrap interval over the test split's images: the seeds share one test split, so their "
-            "interval leaves out its sampling).",
+            "**No better than chance**: " + ", ".join(chance) + " (nothing puts it above 0.5: the seeds' 95% "
+            "interval holds 0.5 or lies under it, or every seed's 95% bootstrap interval over the test split's "
+            "images holds 0.5; the seeds share one test split, so their interval leaves out its sampling, and below "
+            "chance is said only where every seed's bootstrap interval lies under 0.5).",
         ]
     if below:
         lines += [

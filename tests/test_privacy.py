@@ -398,6 +398,29 @@ def test_dp_sgd_is_refused_where_batchnorm_would_learn_from_batch_statistics(nih
         trainer.fit(0, warmup=False)
 
 
+def test_the_utility_pages_chance_verdicts_claim_below_or_above_only_where_every_interval_does():
+    """A cell whose seeds' interval lies under 0.5 while a seed's test interval holds 0.5 (epsilon 1 at site-nih,
+    stop 63: 0.422-0.495, seeds 0.426-0.525, 0.410-0.505, 0.395-0.498) is no better than chance, not "above"."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "privacy_utility.py"
+    spec = importlib.util.spec_from_file_location("privacy_utility", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    seeds_under = [[0.426, 0.525], [0.410, 0.505], [0.395, 0.498]]
+    cells = {
+        "chance": {"low": 0.422, "high": 0.495, "test_intervals": seeds_under},
+        "below": {"low": 0.30, "high": 0.40, "test_intervals": [[0.25, 0.45], [0.30, 0.49]]},
+        "above": {"low": 0.55, "high": 0.60, "test_intervals": [[0.52, 0.62], [0.48, 0.60]]},
+    }
+    assert {verdict: benchmark.chance_verdict(cell) for verdict, cell in cells.items()} == {
+        verdict: verdict for verdict in cells
+    }
+    held = {"low": 0.55, "high": 0.60, "test_intervals": [[0.45, 0.62], [0.48, 0.60]]}
+    assert benchmark.chance_verdict(held) == "chance"  # every seed's test interval holds 0.5
+
+
 def test_the_utility_page_is_what_its_command_writes_from_its_results(tmp_path):
     """docs/privacy-utility/summary.md: its table is the benchmark's, from the results it saved."""
     import importlib.util
