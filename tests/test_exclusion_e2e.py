@@ -8,7 +8,7 @@ alter what they send (``benchmarks/hostile_site.py``'s test doubles), held to wh
 * the default job's two sites, ``site-chexpert`` raising its rows' biases: the honest site's validation finds the
   model harmful and, with two sites, the job stops.
 
-Its own module, so that its two jobs are made beside ``test_defences_e2e``'s. Removing the defence makes its test fail
+Its own module, so that its jobs are made beside ``test_defences_e2e``'s. Removing the defence makes its test fail
 (the closing note of issue 48 shows each).
 """
 

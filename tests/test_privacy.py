@@ -41,6 +41,8 @@ from surgical_aggregation.training.privacy_accounting import PrivacyLedger
 from surgical_aggregation.training.site_data import prepare_site_data
 from surgical_aggregation.training.trainer import SiteTrainer
 
+from helpers import load_benchmark
+
 LABELS = ["Mass", "Effusion", "Atelectasis"]
 FEDBN_PLUS = SiteMethod(backbone_strategy="fedbn_plus", identity_batchnorm=True)  # BatchNorm frozen, in eval mode
 
@@ -401,13 +403,7 @@ def test_dp_sgd_is_refused_where_batchnorm_would_learn_from_batch_statistics(nih
 def test_the_utility_pages_chance_verdicts_claim_below_or_above_only_where_every_interval_does():
     """A cell whose seeds' interval lies under 0.5 while a seed's test interval holds 0.5 (epsilon 1 at site-nih,
     stop 63: 0.422-0.495, seeds 0.426-0.525, 0.410-0.505, 0.395-0.498) is no better than chance, not "above"."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "privacy_utility.py"
-    spec = importlib.util.spec_from_file_location("privacy_utility", path)
-    benchmark = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(benchmark)
+    benchmark = load_benchmark("privacy_utility")
     seeds_under = [[0.426, 0.525], [0.410, 0.505], [0.395, 0.498]]
     cells = {
         "chance": {"low": 0.422, "high": 0.495, "test_intervals": seeds_under},

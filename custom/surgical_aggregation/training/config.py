@@ -27,7 +27,7 @@ from ..data.names import RECORD_MODES
 from ..data.site_view import DataConfig
 from ..data.storage import default_cache_root
 from ..modalities.registry import Modality, modality_for_kind, modality_kinds, registered_modalities
-from .privacy import DifferentialPrivacy
+from .privacy import DifferentialPrivacy, dp_off_but_set
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 COMPILE_MODES = ("off", "on")
@@ -295,11 +295,7 @@ def _refuse_a_partial_dp_block_without_epsilon(block: Any, where: str) -> None:
     named = sorted(set(block) - {"epsilon"})
     every_field = {item.name for item in fields(DifferentialPrivacy)}
     if named and set(block) != every_field:
-        raise SiteConfigError(
-            f"{where}: differential_privacy.epsilon is null, so DP-SGD is off, but the block sets {named}: give "
-            'epsilon (the budget) to train with DP-SGD, or remove the block (or leave only "epsilon": null) to '
-            "train without it"
-        )
+        raise dp_off_but_set(named, where)
 
 
 def site_config_from_dict(

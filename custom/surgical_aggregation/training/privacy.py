@@ -115,11 +115,7 @@ class DifferentialPrivacy:
                 name for name in vars(self) if name != "epsilon" and getattr(self, name) != getattr(defaults, name)
             ]
             if named:
-                raise fail(
-                    "epsilon",
-                    f"is null, so DP-SGD is off, but the block sets {named}: give epsilon (the budget) to train with "
-                    "DP-SGD, or remove those fields (or the whole block) to train without it",
-                )
+                raise dp_off_but_set(named, where)
             return
 
         low, high = EPSILON_RANGE
@@ -164,6 +160,17 @@ class DifferentialPrivacy:
                 f"{units} {self.unit}s) = {bound:.3g}, got {self.delta}; leave it out to use that bound"
             )
         return self.delta
+
+
+def dp_off_but_set(named: list[str], where: str) -> SiteConfigError:
+    """The refusal of a ``differential_privacy`` block that sets the fields ``named`` while its epsilon is null (it
+    would train without DP, silently): by their values (:meth:`DifferentialPrivacy.check`) or by their presence in a
+    partial block (``training.config``)."""
+    return SiteConfigError(
+        f"{where}: differential_privacy.epsilon is null, so DP-SGD is off, but the block sets {named}: give epsilon "
+        '(the budget) to train with DP-SGD, or remove those fields (or the whole block, or leave only "epsilon": '
+        "null) to train without it"
+    )
 
 
 def released_validation(evaluation: Any, settings: DifferentialPrivacy) -> dict[str, float] | None:
