@@ -19,7 +19,10 @@ from surgical_aggregation.experiments.runner import METHOD_FIELDS, RunOptions
 from surgical_aggregation.experiments.summary import (
     RESULT_FILE,
     _curves_markdown,
+    _markdown,
     flags,
+    seed_table,
+    seeds_markdown,
     shared_vs_unique,
     summary_table,
 )
@@ -65,6 +68,21 @@ def differences_but_the_methods(records: dict[str, dict]) -> dict[str, dict]:
     found = {m: fields for m, fields in found.items() if fields}
     missing = {m: set(first) - set(fields) for m, fields in shared.items() if set(first) - set(fields)}
     return {**found, **{m: {"missing": sorted(keys)} for m, keys in missing.items()}}
+
+
+def test_the_tables_show_each_models_finding_specificity_where_it_was_measured():
+    results, per_class = _fixed_frames()
+    results = results.assign(model="selected", round=3, val_mean_auroc=0.8)
+    assert "logit correlation" not in _markdown(summary_table(results, per_class), "surgical")  # a head-only grid
+    measured = results.assign(logit_correlation=[0.75, 0.93], shared_score_auroc_loss=[0.104, 0.047])
+    lines = _markdown(summary_table(measured, per_class), "surgical").splitlines()
+    header = "| logit correlation / AUROC lost to one score (validation) | classes | p vs surgical | Shapiro-Wilk p |"
+    assert lines[2].endswith(header)
+    assert "| 0.75 / 0.104 | 6 |" in lines[4] and "| 0.93 / 0.047 | 6 |" in lines[5]
+    seeds = seed_table(pd.concat([measured, measured.assign(seed=1, logit_correlation=[0.65, 0.91])]))
+    rows = seeds_markdown(seeds, "surgical").splitlines()
+    assert rows[2].endswith("| stopped early | logit correlation / AUROC lost to one score (validation) |")
+    assert rows[4].endswith("| 0.70 / 0.104 |") and rows[5].endswith("| 0.92 / 0.047 |")  # means over the seeds
 
 
 def test_summary_statistics_match_scipy():
@@ -169,6 +187,12 @@ def test_tiny_grid_end_to_end_through_the_simulator(tmp_path, monkeypatch):
         assert result["test_sets"] == result["models"]["selected"]["test_sets"]
         assert [point["round"] for point in result["curve"]][-2:] == [0, 1]
     assert set(per_class["model"]) == {"selected", "last"}
+    # how finding-specific each model is: on its test dataset's validation images (an external set has none)
+    for method, result in results.items():
+        specificity = result["test_sets"]["nih"]["finding_specificity"]
+        assert set(specificity) == {"logit_correlation", "shared_score_auroc_loss"}, method
+        assert -1 <= specificity["logit_correlation"] <= 1 and "finding_specificity" not in result["test_sets"]["mimic"]
+    assert "| logit correlation / AUROC lost to one score (validation) |" in summary.read_text()
     text = summary.read_text()
     assert text.startswith("Initial model of every method: pretrained here: DenseNet121 trained centrally for 1 epochs")
     assert "Per-round validation" in text and "| FL + surgical aggregation | 0 | last (1) |" in text

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..core.devices import resolve_device
@@ -44,10 +45,12 @@ from ..core.errors import SiteConfigError
 from ..core.head import backbone_digest
 from ..core.methods import POOLED_COMPARATORS, SiteMethod, controller_arguments
 from ..core.strategies import strategy
+from ..data.table import LabelTable
 from ..evaluation.inference import (
     EvaluationReport,
     evaluate_models,
     evaluate_with_thresholds,
+    model_specificity,
 )
 from ..training.checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, initial_global_state, save_checkpoint
 from ..training.config import SiteConfig, site_config_from_dict
@@ -523,8 +526,10 @@ def evaluate_run(run: Run, models: dict[str, list[Path]], options: RunOptions) -
             data = prepare_site_data(config)
             report = evaluate_with_thresholds(paths, data.val, data.test, options.bootstrap, config.device)
         else:
-            table = resolve_table(config)
-            table = table if test.split == "all" else split_table(table, config)[test.split]
+            table, specificity = resolve_table(config), None
+            if test.split != "all":
+                splits = split_table(table, config)
+                table, specificity = splits[test.split], run_specificity(paths, splits["val"], config.cache_dir)
             on_gpu = resolve_device(config.device).type == "cuda"
             batch = config.batch_size * (EVALUATION_BATCHES_ON_GPU if on_gpu else 1)
             report = evaluate_models(
@@ -537,7 +542,22 @@ def evaluate_run(run: Run, models: dict[str, list[Path]], options: RunOptions) -
             )
         rows.append(report.per_class.assign(test_set=test.name))
         summary[test.name] = test_summary(report, rows[-1])
+        if specificity is not None:
+            summary[test.name][FINDING_SPECIFICITY] = specificity
     return pd.concat(rows, ignore_index=True), summary
+
+
+FINDING_SPECIFICITY = "finding_specificity"  # a test set's entry in result.json: one score per finding, or one for all
+
+
+def run_specificity(paths: Sequence[Path], validation: LabelTable, cache_dir: str | None) -> dict[str, float]:
+    """How finding-specific the run's model(s) are on a test set's dataset's validation images
+    (:func:`~surgical_aggregation.evaluation.inference.model_specificity`; a run of several models, their mean)."""
+    measured = [model_specificity(path, validation, cache_dir=cache_dir) for path in paths]
+    return {
+        "logit_correlation": float(np.mean([one.logit_correlation for one in measured])),
+        "shared_score_auroc_loss": float(np.mean([one.shared_score_auroc_loss for one in measured])),
+    }
 
 
 def test_summary(report: EvaluationReport, frame: pd.DataFrame) -> dict[str, Any]:

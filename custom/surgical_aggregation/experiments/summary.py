@@ -33,12 +33,16 @@ from ..evaluation.plots import (
     plot_validation_curves,
 )
 from .choices import ABSENT, CONTROLS, MISSING
+from .runner import FINDING_SPECIFICITY
 
 logger = logging.getLogger(__name__)
 REFERENCE_METHOD = "surgical"
 RESULT_FILE = "result.json"
 PER_CLASS_FILE = "per_class_auroc.csv"
 MODELS = ("selected", "last")  # the models of every run, as result.json names them
+# how finding-specific a full-network model is (runner.run_specificity): one generic score cannot show the method's harm
+SPECIFICITY_COLUMNS = ("logit_correlation", "shared_score_auroc_loss")
+SPECIFICITY_HEADER = "logit correlation / AUROC lost to one score (validation)"
 FLAG_DROP = 0.05  # a selected model whose validation mean AUROC is this far below the last round's is flagged
 SELECTION_RULE = (
     "the global model (a baseline: the round) with the lowest validation loss, the sites' binary cross-entropy of "
@@ -67,6 +71,7 @@ def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         for kind, model in models.items():
             validation = model.get("validation") or {}
             for test_set, values in model["test_sets"].items():
+                specificity = values.get(FINDING_SPECIFICITY) or {}  # on the set's validation images
                 results.append(
                     keys
                     | {
@@ -75,7 +80,8 @@ def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
                         "stopped_early": stopped_early,
                         "val_mean_auroc": validation.get("val_mean_auroc", math.nan),
                         "test_set": test_set,
-                        **values,
+                        **{key: value for key, value in values.items() if key != FINDING_SPECIFICITY},
+                        **{key: specificity.get(key, math.nan) for key in SPECIFICITY_COLUMNS},
                     }
                 )
         curves += [keys | point for point in result.get("curve", [])]
@@ -204,6 +210,9 @@ def _markdown(table: pd.DataFrame, reference: str | None) -> str:
         columns = ["method", "seed", "model (round)", "validation mean AUROC", "mean AUROC (95% CI)"]
         if thresholded:
             columns.append("accuracy / sensitivity / specificity (Youden)")
+        specific = _has_specificity(group)
+        if specific:
+            columns.append(SPECIFICITY_HEADER)
         lines += _section(
             f"### {setting} — {test_set} test set", [*columns, "classes", f"p vs {reference or '-'}", "Shapiro-Wilk p"]
         )
@@ -215,6 +224,8 @@ def _markdown(table: pd.DataFrame, reference: str | None) -> str:
                 if thresholded
                 else ""
             )
+            if specific:
+                extra += f" {_specificity(row.logit_correlation, row.shared_score_auroc_loss)} |"
             lines.append(
                 f"| {row.label} | {row.seed} | {row.model} ({_round(row.round)}) | {_number(row.val_mean_auroc)} "
                 f"| {row.mean_auroc:.3f} ({row.ci_low:.3f}–{row.ci_high:.3f}) |{extra} {row.classes} | {p} "
@@ -289,6 +300,7 @@ def seed_table(results: pd.DataFrame) -> pd.DataFrame:
                 "image_ci_half_width": float(((frame["ci_high"] - frame["ci_low"]) / 2).mean()),
                 "first_round_selected": float((frame["round"] == 0).mean()),
                 "stopped_early": float(frame["stopped_early"].mean()) if "stopped_early" in frame else math.nan,
+                **{key: float(frame[key].mean()) if key in frame else math.nan for key in SPECIFICITY_COLUMNS},
                 "difference": math.nan,
                 "difference_low": math.nan,
                 "difference_high": math.nan,
@@ -331,6 +343,15 @@ def _share(value: float) -> str:
     return "—" if math.isnan(value) else f"{value:.0%}"
 
 
+def _has_specificity(frame: pd.DataFrame) -> bool:
+    """Whether any of ``frame``'s models was measured for finding specificity (full-network runs are)."""
+    return set(SPECIFICITY_COLUMNS) <= set(frame) and bool(frame[list(SPECIFICITY_COLUMNS)].notna().to_numpy().any())
+
+
+def _specificity(correlation: float, lost: float) -> str:
+    return "—" if math.isnan(correlation) else f"{correlation:.2f} / {lost:.3f}"
+
+
 def _interval(low: float, high: float) -> str:
     return "—" if math.isnan(low) else f"{low:.3f}–{high:.3f}"
 
@@ -342,6 +363,9 @@ def seeds_markdown(table: pd.DataFrame, reference: str | None) -> str:
     for (factor, test_set), group in selected.groupby(["factor", "test_set"], sort=False):
         columns = [factor, "control", "method", "seeds", "mean AUROC", "95% CI across seeds", "± across images"]
         columns += [f"minus {reference or '-'} (95% CI across seeds)", "p", "selected at round 0", "stopped early"]
+        specific = _has_specificity(group)
+        if specific:
+            columns.append(SPECIFICITY_HEADER)
         lines += _section(f"### {factor} — {test_set} test set (selected models; mean over seeds)", columns)
         for row in group.sort_values(["value", "control"], kind="stable").itertuples(index=False):
             difference = (
@@ -355,6 +379,7 @@ def seeds_markdown(table: pd.DataFrame, reference: str | None) -> str:
                 f"| {row.mean_auroc:.3f} | {_interval(row.seed_ci_low, row.seed_ci_high)} "
                 f"| {row.image_ci_half_width:.3f} | {difference} | {p} | {row.first_round_selected:.0%} "
                 f"| {_share(row.stopped_early)} |"
+                + (f" {_specificity(row.logit_correlation, row.shared_score_auroc_loss)} |" if specific else "")
             )
         lines.append("")
     return "\n".join(lines)
