@@ -12,11 +12,12 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from surgical_aggregation.core.labels import CANONICAL_FINDINGS, CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.core.labels import BUILTIN_VOCABULARY, CANONICAL_FINDINGS, CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.data.reference import CHEXPERT_LABEL_FILE, NIH_LABEL_FILE
 from surgical_aggregation.images.decode import read_grayscale
 from surgical_aggregation.images.glyph_features import raw_glyph_features
 from surgical_aggregation.images.layouts import load_table
+from surgical_aggregation.images.public import PUBLIC_DATASETS, read_public_labels
 from surgical_aggregation.images.synthetic import (
     MARKER_FILE,
     ensure_generated,
@@ -25,7 +26,7 @@ from surgical_aggregation.images.synthetic import (
     read_shown,
 )
 from surgical_aggregation.images.synthetic_labels import MAIN_UNION, DonorRows
-from surgical_aggregation.images.synthetic_pixels import PATTERN_CELLS, finding_glyph, finding_glyphs, pattern_glyphs
+from surgical_aggregation.images.synthetic_pixels import PATTERN_COUNT, finding_glyph, finding_glyphs, pattern_glyphs
 
 from helpers import require_reference
 
@@ -190,9 +191,25 @@ def test_the_absent_control_leaves_out_exactly_the_named_findings(tmp_path):
 
 
 def test_the_stand_ins_patterns_are_no_findings_drawing():
+    """The stand-in's vocabulary: glyph-like 5x5 shapes (so that its features transfer), 8 cells or more from every
+    built-in finding's glyph (as findings of the table lie from each other) and its mirror image; the public
+    datasets' own findings (glyphs derived from their names) are none of them either."""
     patterns = list(pattern_glyphs().values())
-    assert all(p.shape == (PATTERN_CELLS, PATTERN_CELLS) for p in patterns)  # findings' glyphs are 5x5
-    assert all(glyph.shape == (5, 5) for glyph in finding_glyphs().values())
+    assert len(patterns) == PATTERN_COUNT == 32
+    assert all(p.shape == (5, 5) and 9 <= p.sum() <= 16 for p in patterns)
     for i, first in enumerate(patterns):
         for second in patterns[i + 1 :]:
-            assert np.abs(first - second).sum() >= 5 and np.abs(first - second[:, ::-1]).sum() >= 5
+            assert np.abs(first - second).sum() >= 6 and np.abs(first - second[:, ::-1]).sum() >= 6
+
+    def nearest(glyph: np.ndarray) -> float:
+        return min(min(np.abs(p - glyph).sum(), np.abs(p[:, ::-1] - glyph).sum()) for p in patterns)
+
+    builtin = set(CANONICAL_FINDINGS) | set(BUILTIN_VOCABULARY.findings())
+    assert {"Mass", "Lung Lesion", "Support Devices", "Hernia"} <= builtin
+    assert min(nearest(finding_glyph(name)) for name in builtin) >= 8
+    public = set()
+    for kind, dataset in PUBLIC_DATASETS.items():
+        _, parsed = read_public_labels(kind, require_reference(dataset.reference))
+        public |= set(parsed.columns) - {"key", "patient_id", "path"}
+    assert len(public - builtin) > 150  # PadChest's findings
+    assert min(nearest(finding_glyph(name)) for name in public) >= 2

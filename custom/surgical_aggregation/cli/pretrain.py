@@ -1,7 +1,7 @@
-"""Train a DenseNet121 backbone centrally on generated pattern images (4x4 patterns in the sites' clutter, no finding
-of any site) with a profile's image size and recipe, and write it where --pretrained reads it (cached by its
-settings). FedBN+ freezes BatchNorm at the initial model's statistics: this gives it statistics to freeze when no
-ImageNet weights are at hand. 'experiment' does this by itself when needed."""
+"""Train a DenseNet121 backbone centrally on generated pattern images (32 glyph-like 5x5 shapes in the sites'
+clutter, no finding of any site) at a profile's image size with the pretraining's own recipe, and write it where
+--pretrained reads it (cached by its settings). FedBN+ freezes BatchNorm at the initial model's statistics: this gives
+it statistics to freeze when no ImageNet weights are at hand. 'experiment' does this by itself when needed."""
 
 from __future__ import annotations
 

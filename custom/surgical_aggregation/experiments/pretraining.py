@@ -4,13 +4,16 @@ finding with any site.
 The papers start every model from ImageNet weights, and FedBN+ freezes BatchNorm at those weights' statistics.
 Nothing can be downloaded here, and a DenseNet121 built from scratch holds BatchNorm's default statistics (mean 0,
 variance 1): frozen, every BatchNorm is the identity and the network is unnormalised. This module trains the
-backbone on generated pattern images (:func:`~surgical_aggregation.images.synthetic.generate_patterns`: 4x4
-patterns, a family no finding's 5x5 glyph belongs to, in the same clutter as the sites' images, no finding at all)
-with the profile's image size and recipe, BatchNorm training normally, and saves it in the format ``--pretrained``
+backbone on generated pattern images (:func:`~surgical_aggregation.images.synthetic.generate_patterns`: 32
+glyph-like 5x5 shapes, none of them a finding's drawing, in the same clutter as the sites' images, no finding at all)
+at the profile's image size with its own recipe (Adam at 1e-3, batch 64, as a network is trained from scratch),
+BatchNorm training normally, and saves it in the format ``--pretrained``
 reads: ``{"state_dict": <backbone>, "pretraining": <what it was trained on>}``.
 
-Like ImageNet for real X-rays, it has learnt to see small patterns in clutter, not the sites' findings: a model
-built on it scores the findings at chance until the federation trains its head (the benchmark's pages show the
+Like ImageNet for real X-rays, it has learnt to tell many small shapes apart in clutter, not the sites' findings:
+its features can represent shapes it never saw, so fine-tuning can learn each finding (the 24 4x4 patterns it
+learnt before gave features from which the full network learnt one generic score), and a model built on it scores
+the findings at chance until the federation trains its head (the benchmark's pages show the
 initial model's AUROC), and every method of a grid starts from it. The file is cached under ``<cache>/pretrained/``
 by its settings.
 """
@@ -31,7 +34,7 @@ import torch
 from ..core.head import NAMED_HEAD, extend_head
 from ..data.storage import default_cache_root, exclusive, write_atomically
 from ..images.synthetic import GENERATOR_VERSION, generate_patterns
-from ..images.synthetic_pixels import pattern_glyphs
+from ..images.synthetic_pixels import PATTERN_COUNT, PATTERN_VOCABULARY, pattern_glyphs
 from ..training.checkpoint import initial_global_state
 from ..training.config import site_config_from_dict
 from ..training.profiles import Profile
@@ -41,6 +44,7 @@ from ..training.trainer import SiteTrainer
 logger = logging.getLogger(__name__)
 
 PRETRAINING_KEY = "pretraining"  # what a pretrained weights file says it was trained on
+PRETRAINING_SPLIT = (0.9, 0.1, 0.0)  # train / validation / test: the patterns have no test use
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,10 @@ class Pretraining:
     images: int = 2000
     epochs: int = 5
     seed: int = 0
+    # from scratch, as ImageNet models are trained: a rate far above the papers' fine-tuning one; the recipe is the
+    # pretraining's own (with the image size, all the cached file's name holds), whichever profile asks for it
+    learning_rate: float = 1e-3
+    batch_size: int = 64
 
     @classmethod
     def for_profile(cls, profile: Profile) -> Pretraining:
@@ -60,12 +68,16 @@ class Pretraining:
 
     @property
     def name(self) -> str:
-        return f"patterns-v{GENERATOR_VERSION}-{self.image_size}px-{self.images}i-{self.epochs}e-s{self.seed}"
+        return (
+            f"patterns-v{GENERATOR_VERSION}.{PATTERN_VOCABULARY}-{self.image_size}px-{self.images}i-{self.epochs}e"
+            f"-lr{self.learning_rate:g}-b{self.batch_size}-s{self.seed}"
+        )
 
     def describe(self) -> str:
         return (
-            f"pretrained here: DenseNet121 trained centrally for {self.epochs} epochs on {self.images} generated "
-            f"pattern images ({self.image_size} px; no finding of any site)"
+            f"pretrained here: DenseNet121 trained centrally for {self.epochs} epochs (Adam at {self.learning_rate:g}) "
+            f"on {self.images} generated images of {PATTERN_COUNT} glyph-like shapes ({self.image_size} px; no "
+            "finding of any site)"
         )
 
 
@@ -86,11 +98,15 @@ def pretrained_backbone(
             # the patterns are no finding: declared as the pretraining's own classes (they never leave this machine)
             {"kind": "csv", "location": str(csv_path), "options": {"new_classes": list(pattern_glyphs())}},
             image_size=pretraining.image_size,
+            learning_rate=pretraining.learning_rate,
+            warmup_learning_rate=pretraining.learning_rate,
+            batch_size=pretraining.batch_size,
             seed=pretraining.seed,
             record_exchanges="off",
         )
         if cache_root is not None:
             values["cache_dir"] = str(cache_root)
+        values["data"]["split_fractions"] = list(PRETRAINING_SPLIT)
         config = site_config_from_dict(values, "pretraining")
         data = prepare_site_data(config, log)
         log.info("pretraining on %s", data.summary())

@@ -39,8 +39,8 @@ generated ones. They are built so that a wrong method can lose on them:
   external set covers all 20 findings of the main job.
 * **The five public datasets** (``images.public``): real label rows of torchxrayvision's copy of each one's
   label file, read by the same rules as the real release.
-* **Patterns** (:func:`generate_patterns`): the stand-in pretraining's data, 4x4 patterns (a family no finding's
-  5x5 glyph belongs to) in the same clutter, no finding of any site.
+* **Patterns** (:func:`generate_patterns`): the stand-in pretraining's data, 32 glyph-like 5x5 shapes (none of them
+  a finding's drawing), twice a finding's brightness, in the same clutter, no finding of any site.
 """
 
 from __future__ import annotations
@@ -404,7 +404,7 @@ def generate_patterns(root: str | Path, n_images: int = 2000, image_size: int = 
     labels = np.random.default_rng([seed, PATTERN_CODE]).random((n_images, len(names))) < PATTERN_PREVALENCE
     rows = []
     for index in _logging_progress(range(n_images), "generating pattern images"):
-        present = {name: 1.0 for name, on in zip(names, labels[index], strict=True) if on}
+        present = {name: PATTERN_STRENGTH for name, on in zip(names, labels[index], strict=True) if on}
         image = render_image(present, image_size, PATTERN_STYLE, np.random.default_rng([seed, PATTERN_CODE, index]),
                              glyphs=patterns.__getitem__)  # fmt: skip
         relative = f"images/{index:05d}.png"
@@ -440,7 +440,8 @@ GENERATED: dict[str, GeneratedKind] = {
 }
 PATTERN_CODE = STREAM_CODES["patterns"]
 PATTERN_STYLE = SourceStyle(0.60, 0.24, 0.64, 0.05, ".png", 1.05)  # a source of its own
-PATTERN_PREVALENCE = 0.1
+PATTERN_PREVALENCE = 0.09  # about 3 of the 32 shapes an image: more would overlap at 64 px
+PATTERN_STRENGTH = 2.0  # twice a finding's brightness: salient, as ImageNet's objects are and chest findings are not
 
 
 def ensure_generated(kind: str, root: str | Path, **options) -> tuple[GeneratedDataset, bool]:

@@ -15,10 +15,14 @@ from PIL import Image
 from ..core.labels import CANONICAL_FINDINGS
 
 GLYPH_CELLS = 5
-PATTERN_CELLS = 4  # the stand-in pretraining's patterns: a family no finding's glyph belongs to
 _GLYPH_SEED = 20230301  # fixed: a finding's glyph must not depend on any dataset's seed
-_PATTERN_SEED = 20240517
-PATTERN_COUNT = 24
+# The stand-in pretraining's vocabulary: many glyph-like 5x5 shapes, none of them a finding's drawing, so that its
+# features can represent shapes it never saw (as ImageNet's do for chest X-rays) without having learnt any finding.
+_PATTERN_SEED = 20261128
+PATTERN_COUNT = 32  # with ~3 an image, as many positives each as a CPU's pretraining needs to learn them
+PATTERN_VOCABULARY = 2  # 1: 24 4x4 patterns (features that did not transfer: one generic score after fine-tuning)
+PATTERN_DISTANCE = 6  # cells between any two patterns (or one and the other's mirror image)
+FINDING_DISTANCE = GLYPH_CELLS + 3  # cells between a pattern and any finding's glyph: as far as findings lie apart
 
 # How hard the images are (evaluation.probe and the benchmark's pages report what they give).
 FINDING_AMPLITUDE = (0.2, 0.45)  # a glyph's added brightness (times its strength: 1, or 0.5 when uncertain)
@@ -83,18 +87,35 @@ class SourceStyle:
 
 @functools.cache
 def pattern_glyphs() -> dict[str, np.ndarray]:
-    """The stand-in pretraining's :data:`PATTERN_COUNT` 4x4 patterns (``"Pattern 01"`` ...): 6-10 cells each, none its
-    own mirror image, any two (or one and the other's mirror image) at least 5 cells apart. No finding's glyph is a
-    4x4 pattern, so a backbone pretrained on them has learnt no finding."""
+    """The stand-in pretraining's :data:`PATTERN_COUNT` 5x5 shapes (``"Pattern 01"`` ...), drawn as findings' glyphs are
+    (9-16 cells, none its own mirror image), any two (or one and the other's mirror image) at least
+    :data:`PATTERN_DISTANCE` cells apart, and each at least :data:`FINDING_DISTANCE` cells from the glyph of every
+    finding the built-in vocabulary knows (the main job's and the benchmark's among them) and its mirror image: a
+    backbone pretrained on them has learnt no finding. A finding outside that vocabulary (most of PadChest's) has a
+    glyph derived from its name, which lies as near a pattern as such glyphs lie to each other (never the same)."""
+    findings = [finding_glyph(name) for name in _vocabulary_findings()]
     rng = np.random.default_rng(_PATTERN_SEED)
     chosen: list[np.ndarray] = []
     while len(chosen) < PATTERN_COUNT:
-        pattern = (rng.random((PATTERN_CELLS, PATTERN_CELLS)) < 0.5).astype(np.float32)
-        if not 6 <= pattern.sum() <= 10 or np.abs(pattern - pattern[:, ::-1]).sum() < 4:
+        pattern = (rng.random((GLYPH_CELLS, GLYPH_CELLS)) < 0.5).astype(np.float32)
+        if not 9 <= pattern.sum() <= 16 or np.abs(pattern - pattern[:, ::-1]).sum() < 4:
             continue
-        if all(np.abs(pattern - o).sum() >= 5 and np.abs(pattern - o[:, ::-1]).sum() >= 5 for o in chosen):
+        if _apart(pattern, findings, FINDING_DISTANCE) and _apart(pattern, chosen, PATTERN_DISTANCE):
             chosen.append(pattern)
     return {f"Pattern {index:02d}": pattern for index, pattern in enumerate(chosen, start=1)}
+
+
+def _vocabulary_findings() -> list[str]:
+    """Every finding of the built-in vocabulary (the fixed table's and the aliases' other targets), sorted."""
+    from ..core.labels import BUILTIN_VOCABULARY
+
+    return sorted(set(CANONICAL_FINDINGS) | set(BUILTIN_VOCABULARY.findings()))
+
+
+def _apart(shape: np.ndarray, others: Sequence[np.ndarray], cells: int) -> bool:
+    """``shape`` differs from each of ``others`` and from its mirror image in at least ``cells`` cells."""
+    mirror = shape[:, ::-1]
+    return all(np.abs(shape - other).sum() >= cells and np.abs(mirror - other).sum() >= cells for other in others)
 
 
 def _add_clutter(image: np.ndarray, body: np.ndarray, rng: np.random.Generator) -> None:
