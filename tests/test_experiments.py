@@ -24,6 +24,7 @@ from surgical_aggregation.experiments.summary import (
     seed_table,
     seeds_markdown,
     shared_vs_unique,
+    specificity_gate,
     summary_table,
 )
 from surgical_aggregation.training.profiles import Profile
@@ -83,6 +84,19 @@ def test_the_tables_show_each_models_finding_specificity_where_it_was_measured()
     rows = seeds_markdown(seeds, "surgical").splitlines()
     assert rows[2].endswith("| stopped early | logit correlation / AUROC lost to one score (validation) |")
     assert rows[4].endswith("| 0.70 / 0.104 |") and rows[5].endswith("| 0.92 / 0.047 |")  # means over the seeds
+
+
+def test_a_full_network_comparison_counts_only_where_the_ceiling_is_finding_specific():
+    results, _ = _fixed_frames()
+    assert specificity_gate(results) == []  # nothing measured: no verdict
+    ceiling = results.iloc[[0, 0]].assign(method="centralized_full", model="selected", seed=[0, 1])
+    generic = pd.concat([results, ceiling.assign(logit_correlation=[0.75, 0.35], shared_score_auroc_loss=0.1)])
+    assert specificity_gate(generic) == [
+        "s, nih: centralized (all labels) has a mean logit correlation of 0.55 over 2 seed(s), above 0.3: the "
+        "comparison does not count (its models may rank every finding by one generic score)"
+    ]
+    specific = pd.concat([results, ceiling.assign(logit_correlation=[0.2, 0.3], shared_score_auroc_loss=0.1)])
+    assert specificity_gate(specific)[0].endswith("0.25 over 2 seed(s), at most 0.3: the comparison counts")
 
 
 def test_summary_statistics_match_scipy():

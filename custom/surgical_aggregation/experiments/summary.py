@@ -43,6 +43,9 @@ MODELS = ("selected", "last")  # the models of every run, as result.json names t
 # how finding-specific a full-network model is (runner.run_specificity): one generic score cannot show the method's harm
 SPECIFICITY_COLUMNS = ("logit_correlation", "shared_score_auroc_loss")
 SPECIFICITY_HEADER = "logit correlation / AUROC lost to one score (validation)"
+# A full-network comparison counts only where the ceiling (centralized_full) scores each finding on its own: a model
+# whose logits move together ranks by one generic score, which cannot show vanilla FL's false negatives (issue 49).
+SPECIFIC_LOGIT_CORRELATION = 0.3
 FLAG_DROP = 0.05  # a selected model whose validation mean AUROC is this far below the last round's is flagged
 SELECTION_RULE = (
     "the global model (a baseline: the round) with the lowest validation loss, the sites' binary cross-entropy of "
@@ -165,6 +168,27 @@ def shared_vs_unique(per_class: pd.DataFrame) -> pd.DataFrame:
         if column not in grouped:
             grouped[column] = math.nan
     return grouped[[*keys, "shared_classes", "other_classes"]]
+
+
+def specificity_gate(results: pd.DataFrame) -> list[str]:
+    """Per setting and test set where ``centralized_full``'s selected models were measured: whether their mean logit
+    correlation is at most :data:`SPECIFIC_LOGIT_CORRELATION`, so that the setting's full-network comparison counts."""
+    if not _has_specificity(results):
+        return []
+    ceiling = _with_model(results)
+    ceiling = ceiling[(ceiling.method == "centralized_full") & (ceiling.model == "selected")]
+    lines = []
+    for (setting, test_set), group in ceiling.groupby(["setting", "test_set"], sort=False):
+        correlation = group["logit_correlation"].mean()
+        if math.isnan(correlation):
+            continue
+        counts = correlation <= SPECIFIC_LOGIT_CORRELATION
+        lines.append(
+            f"{setting}, {test_set}: centralized (all labels) has a mean logit correlation of {correlation:.2f} over "
+            f"{len(group)} seed(s), {'at most' if counts else 'above'} {SPECIFIC_LOGIT_CORRELATION}: the comparison "
+            + ("counts" if counts else "does not count (its models may rank every finding by one generic score)")
+        )
+    return lines
 
 
 def flags(results: pd.DataFrame) -> list[str]:
@@ -401,6 +425,9 @@ def summarize(out: str | Path) -> Path:
         f"Selected model: {SELECTION_RULE}; patience {planned.get('profile', {}).get('patience', '?')}. "
         "Last model: the last round's.\n\n"
     )
+    gate = specificity_gate(results)
+    if gate:
+        text += "**Finding-specificity gate**\n\n" + "".join(f"- {line}\n" for line in gate) + "\n"
     flagged = flags(results)
     if flagged:
         text += "**Flagged selected models**\n\n" + "".join(f"- {line}\n" for line in flagged) + "\n"
