@@ -18,6 +18,11 @@ from typing import Any
 STAND_IN_PRETRAINING: Mapping[str, int] = {"images": 10000, "epochs": 8}
 
 
+# The papers' fine-tuning rates from ImageNet weights: Adam at 5e-5 after the head warm-up at 5e-3 (their public code
+# and the site config's default warm up at 1e-3)
+PAPERS_RATES: Mapping[str, float] = {"learning_rate": 5e-5, "warmup_learning_rate": 5e-3}
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -55,7 +60,7 @@ PAPER = Profile(
     "at 5e-5 after a 15-epoch head warm-up at 5e-3 (the papers'; their public code and the site config's default use "
     "1e-3), 1 local epoch per round, up to 150 rounds with patience 25, 70/10/20 split. Cache threads sized for a GPU "
     "machine (the loader's workers are the default, auto).",
-    training={"cache_threads": 8, "warmup_learning_rate": 5e-3},
+    training={"cache_threads": 8, **PAPERS_RATES},
 )
 DEMO = Profile(
     "demo",
@@ -82,7 +87,7 @@ BENCHMARK = Profile(
     "at 5e-3), on 1,600 embedded patients split 40/10/50 (a test split of about 1,600 images), up to 30 rounds with "
     "patience 6; the head-only variant's heads by Adam at 3e-2, 2 local epochs a round (early stopping then ends most "
     "federations within the 30 rounds).",
-    training={**DEMO.training, "batch_size": 64, "learning_rate": 5e-5, "warmup_learning_rate": 5e-3},
+    training={**DEMO.training, "batch_size": 64, **PAPERS_RATES},
     rounds=30,
     patience=6,
     split_fractions=(0.4, 0.1, 0.5),
