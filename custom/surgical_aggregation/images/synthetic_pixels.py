@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from ..core.labels import CANONICAL_FINDINGS
+from ..core.labels import BUILTIN_VOCABULARY, CANONICAL_FINDINGS
 
 GLYPH_CELLS = 5
 _GLYPH_SEED = 20230301  # fixed: a finding's glyph must not depend on any dataset's seed
@@ -93,7 +93,7 @@ def pattern_glyphs() -> dict[str, np.ndarray]:
     finding the built-in vocabulary knows (the main job's and the benchmark's among them) and its mirror image: a
     backbone pretrained on them has learnt no finding. A finding outside that vocabulary (most of PadChest's) has a
     glyph derived from its name, which lies as near a pattern as such glyphs lie to each other (never the same)."""
-    findings = [finding_glyph(name) for name in _vocabulary_findings()]
+    findings = [finding_glyph(name) for name in BUILTIN_VOCABULARY.findings()]  # the fixed table's among them
     rng = np.random.default_rng(_PATTERN_SEED)
     chosen: list[np.ndarray] = []
     while len(chosen) < PATTERN_COUNT:
@@ -103,13 +103,6 @@ def pattern_glyphs() -> dict[str, np.ndarray]:
         if _apart(pattern, findings, FINDING_DISTANCE) and _apart(pattern, chosen, PATTERN_DISTANCE):
             chosen.append(pattern)
     return {f"Pattern {index:02d}": pattern for index, pattern in enumerate(chosen, start=1)}
-
-
-def _vocabulary_findings() -> list[str]:
-    """Every finding of the built-in vocabulary (the fixed table's and the aliases' other targets), sorted."""
-    from ..core.labels import BUILTIN_VOCABULARY
-
-    return sorted(set(CANONICAL_FINDINGS) | set(BUILTIN_VOCABULARY.findings()))
 
 
 def _apart(shape: np.ndarray, others: Sequence[np.ndarray], cells: int) -> bool:
