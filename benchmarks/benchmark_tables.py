@@ -1,8 +1,8 @@
 """The grids' results on docs/benchmark: their tables and plots copied there, and the page's tables written from them.
 
 For each grid folder ``docs/benchmark/<variant>-<grid>/`` (what ``surgical-aggregation experiment --grid <grid> ...
---out`` wrote; variant ``head`` for ``--variant head_only``, ``full`` for the full network), the page gets, between its
-``<!-- benchmark:<variant>-<grid> -->`` markers, the selected models' mean AUROC on the NIH test split over the seeds
+--out`` wrote; variant ``head`` for ``--variant head_only``, ``full`` for the full network; a suffix names a grid run
+with ``--co-occurrence``: ``head-psi-padchest``), the page gets, between its ``<!-- benchmark:<folder> -->`` markers, the selected models' mean AUROC on the NIH test split over the seeds
 with its 95% CI across seeds, per factor value, control and method, and vanilla FL's and partial loss's paired
 difference to surgical aggregation. ``tests/test_experiment_docs.py`` holds the page to them.
 
@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "benchmark" / "README.md"
 GRIDS = ("psi", "K", "N")
 VARIANTS = ("head", "full")  # --variant head_only, the full network
+# grids also run with --co-occurrence padchest (unlabelled findings drawn from PadChest's rows): their folders' suffix
+CO_OCCURRENCE_GRIDS = {"head-psi": ("padchest",)}
 TEST_SET = "nih"
 METHODS = ("surgical", "vanilla", "partial_loss", "centralized", "centralized_full", "individual")
 HEADERS = ("surgical", "vanilla FL", "partial loss", "centralized", "centralized (all labels)", "individual")
@@ -37,7 +39,8 @@ COPIED_PLOTS = {"head": ("mean_auroc_vs_*.png",), "full": ("mean_auroc_vs_*.png"
 
 
 def folder_names() -> list[str]:
-    return [f"{variant}-{grid}" for variant in VARIANTS for grid in GRIDS]
+    plain = [f"{variant}-{grid}" for variant in VARIANTS for grid in GRIDS]
+    return plain + [f"{name}-{rule}" for name in plain for rule in CO_OCCURRENCE_GRIDS.get(name, ())]
 
 
 def grid_folder(name: str) -> Path:
@@ -85,7 +88,7 @@ def tables() -> dict[str, str]:
     for name in folder_names():
         path = grid_folder(name) / "seeds.csv"
         if path.is_file():
-            found[name] = grid_table(pd.read_csv(path), name.split("-", 1)[1])
+            found[name] = grid_table(pd.read_csv(path), name.split("-")[1])
     return found
 
 

@@ -80,6 +80,10 @@ def test_a_sites_label_aliases_come_inline_or_from_a_file_next_to_its_config(tmp
         ({"device": "tpu"}, r"site.json: device must be auto, cpu, cuda or cuda:N"),
         ({"image_size": 8}, r"site.json: image_size must be at least 16 pixels"),
         ({"in_channels": 2}, r"site.json: in_channels must be 1 or 3, got 2"),
+        (
+            {"embedded": {"co_occurrence": "pairs"}},
+            r"site.json: embedded.co_occurrence must be one of \[.shared., .padchest.\], got .pairs.",
+        ),
         ({"embedding_model": "bert"}, r"site.json: embedding_model is read by reports sites only; .* \(kind 'nih'\)"),
         (
             {"data": {"kind": "iu_reports"}, "image_size": 64},

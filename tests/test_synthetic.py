@@ -12,11 +12,18 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from surgical_aggregation.core.labels import BUILTIN_VOCABULARY, CANONICAL_FINDINGS, CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.core.labels import (
+    BUILTIN_VOCABULARY,
+    CANONICAL_FINDINGS,
+    CHEXPERT_LABELS,
+    NIH_LABELS,
+    NIH_RAW_LABELS,
+)
 from surgical_aggregation.data.reference import CHEXPERT_LABEL_FILE, NIH_LABEL_FILE
 from surgical_aggregation.images.decode import read_grayscale
 from surgical_aggregation.images.glyph_features import raw_glyph_features
 from surgical_aggregation.images.layouts import load_table
+from surgical_aggregation.images.names import PADCHEST_ROWS, SHARED_ROWS
 from surgical_aggregation.images.public import PUBLIC_DATASETS, read_public_labels
 from surgical_aggregation.images.synthetic import (
     MARKER_FILE,
@@ -25,7 +32,15 @@ from surgical_aggregation.images.synthetic import (
     generate_nih,
     read_shown,
 )
-from surgical_aggregation.images.synthetic_labels import MAIN_UNION, DonorRows
+from surgical_aggregation.images.synthetic_labels import (
+    MAIN_UNION,
+    STREAM_CODES,
+    DonorRows,
+    finding_donors,
+    nih_label_rows,
+    padchest_rows,
+    shown_findings,
+)
 from surgical_aggregation.images.synthetic_pixels import PATTERN_COUNT, finding_glyph, finding_glyphs, pattern_glyphs
 
 from helpers import require_reference
@@ -167,6 +182,102 @@ def test_a_donor_row_agrees_with_the_shared_findings_it_is_given():
     # no row has Edema and Pneumothorax: the rarer positive is let go, and a row with Edema is copied
     assert donors.draw({"Edema": 1.0, "Pneumothorax": 1.0}, ["Mass"], rng) == {"Mass": 1.0}
     assert set(shared) <= set(NIH_LABELS)
+
+
+def test_a_donor_row_can_condition_on_findings_other_than_the_shared_ones():
+    """PadChest's rows condition on every finding they label: a row must agree with the image on Mass too."""
+    rng = np.random.default_rng(0)
+    labels = ["Mass", "Nodule", "Lung Lesion"]
+    values = np.array([[1, 0, 1], [0, 1, 1], [0, 0, 0]], np.float32)
+    donors = DonorRows(labels, values, conditioning=labels)
+    for _ in range(20):
+        assert donors.draw({"Mass": 1.0, "Nodule": 0.0}, ["Lung Lesion"], rng) == {"Lung Lesion": 1.0}
+        assert donors.draw({"Mass": 0.0, "Nodule": 0.0}, ["Lung Lesion"], rng) == {"Lung Lesion": 0.0}
+    # no row has Mass and Nodule: the rarer positive (Mass and Nodule tie: the first in order) is let go
+    assert donors.draw({"Mass": 1.0, "Nodule": 1.0}, ["Lung Lesion"], rng) == {"Lung Lesion": 1.0}
+
+
+def test_padchest_rows_draw_findings_that_co_occur_across_the_two_vocabularies():
+    """With co_occurrence "padchest" a NIH-layout image with Mass always shows Lung Lesion (every PadChest name with
+    "mass" is a lung lesion by the CheXpert labeler's phrases), a CheXpert-layout image without Lung Lesion never
+    shows Mass, and one with Lung Opacity shows Infiltration far more often than one without; drawn given the shared
+    findings only (the default), the two vocabularies are independent. Enlarged Cardiomediastinum, which no PadChest
+    name says, stays with CheXpert's rows."""
+    require_reference(NIH_LABEL_FILE)
+    require_reference(PUBLIC_DATASETS["padchest"].reference)
+    joint, shared = finding_donors(True, PADCHEST_ROWS), finding_donors(True, SHARED_ROWS)
+    assert set(MAIN_UNION) - {name for name, donor in joint.items() if donor is padchest_rows()} == {
+        "Enlarged Cardiomediastinum"
+    }
+    rng = np.random.default_rng(0)
+    nih_mass = {name: float(name == "Mass") for name in NIH_LABELS}
+    lesion = [shown_findings(nih_mass, NIH_LABELS, joint, rng).get("Lung Lesion", 0) for _ in range(200)]
+    assert all(value == 1 for value in lesion)
+    lesion = [shown_findings(nih_mass, NIH_LABELS, shared, rng).get("Lung Lesion", 0) for _ in range(200)]
+    assert np.mean(lesion) < 0.2
+    quiet = {name: 0.0 for name in CHEXPERT_LABELS}
+    opacity = {**quiet, "Lung Opacity": 1.0}
+    assert all("Mass" not in shown_findings(quiet, CHEXPERT_LABELS, joint, rng) for _ in range(200))
+    with_opacity = np.mean(
+        [shown_findings(opacity, CHEXPERT_LABELS, joint, rng).get("Infiltration", 0) for _ in range(200)]
+    )
+    without = np.mean([shown_findings(quiet, CHEXPERT_LABELS, joint, rng).get("Infiltration", 0) for _ in range(200)])
+    assert with_opacity > 0.5 > 0.05 > without
+
+
+def _benchmark_nih_draws(co_occurrence: str) -> pd.DataFrame:
+    """What each image of the benchmark's NIH-layout dataset (1,600 patients, seed 0) shows, 0/1, drawn as
+    ``generate_nih`` draws it (its label rows, its donor stream) without rendering the images."""
+    rows, _ = nih_label_rows(1600, 0)
+    donors, rng = finding_donors(True, co_occurrence), np.random.default_rng([0, STREAM_CODES["nih"], 2])
+    raw_to_name = dict(zip(NIH_RAW_LABELS, NIH_LABELS, strict=True))
+    shown = []
+    for findings in rows["Finding Labels"]:
+        labelled = {name: float(raw in findings.split("|")) for raw, name in raw_to_name.items()}
+        drawn = shown_findings(labelled, NIH_LABELS, donors, rng)
+        shown.append({name: float(drawn.get(name, 0) > 0) for name in MAIN_UNION})
+    return pd.DataFrame(shown)
+
+
+def test_the_data_pages_co_occurrence_figures_are_the_benchmark_datasets_draws():
+    """docs/data.md's figures for the two ways of drawing unlabelled findings, recomputed here."""
+    require_reference(NIH_LABEL_FILE)
+    require_reference(PUBLIC_DATASETS["padchest"].reference)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    page = " ".join(page.split())
+    figures = {}
+    for rule in (PADCHEST_ROWS, SHARED_ROWS):
+        shown = _benchmark_nih_draws(rule)
+        figures[rule] = {
+            "lesion": shown.loc[shown["Mass"] == 1, "Lung Lesion"].mean(),
+            "opacity": shown.loc[shown["Infiltration"] == 1, "Lung Opacity"].mean(),
+            "devices": shown["Support Devices"].mean(),
+            "any opacity": shown["Lung Opacity"].mean(),
+        }
+    joint, shared = figures[PADCHEST_ROWS], figures[SHARED_ROWS]
+    table, rows = padchest_rows(), nih_label_rows(1600, 0)[0]
+    bits = {raw: 1 << table.conditioning.index(name) for raw, name in zip(NIH_RAW_LABELS, NIH_LABELS, strict=True)}
+    nih_mask = sum(bits.values())
+    keys = [sum(bits[raw] for raw in found.split("|") if raw in bits) for found in rows["Finding Labels"]]
+    agreeing = set((table.codes & nih_mask).tolist())
+    unmatched = sum(key not in agreeing for key in keys) / len(keys)
+    expected = (
+        f"with Mass shows Lung Lesion {joint['lesion']:.0%} of the time ({shared['lesion']:.0%} given the shared "
+        f"findings) and one with Infiltration Lung Opacity {joint['opacity']:.0%} ({shared['opacity']:.0%})",
+        f"(Support Devices {joint['devices']:.0%} instead of CheXpert's {shared['devices']:.0%}, Lung Opacity "
+        f"{joint['any opacity']:.0%} instead of {shared['any opacity']:.0%}). {unmatched:.1%} of those images have no "
+        "PadChest row agreeing on all 14 findings",
+    )
+    for sentence in expected:
+        assert sentence.replace("%", " %") in page, sentence
+
+
+def test_a_generated_dataset_says_how_its_unlabelled_findings_were_drawn(tmp_path):
+    require_reference(PUBLIC_DATASETS["padchest"].reference)
+    dataset = generate_nih(tmp_path / "nih", n_patients=20, image_size=16, seed=1, co_occurrence=PADCHEST_ROWS)
+    assert "unlabelled findings drawn from PadChest's rows" in dataset.describe()
+    with pytest.raises(ValueError, match="unknown co_occurrence 'pairs'"):
+        generate_nih(tmp_path / "bad", n_patients=20, image_size=16, seed=1, co_occurrence="pairs")
 
 
 def test_the_absent_control_leaves_out_exactly_the_named_findings(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .options import add_cache_dir, positive, user_path
+from .options import add_cache_dir, add_co_occurrence, positive, user_path
 
 NAME = "experiment"
 HELP = "run a grid of the papers' comparisons (FLARE simulator + baselines), then tables and plots"
@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulated grids: each setting with a site's unlabelled findings in its images (missing, the default, "
         "as in real data) and/or drawn as decoys (absent: the control, embedded data only)",
     )
+    add_co_occurrence(parser)
     parser.add_argument(
         "--variant",
         choices=VARIANTS,
@@ -131,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds is not None:
         profile = dataclasses.replace(profile, rounds=args.rounds)
     patients = args.embedded_patients or profile.embedded_patients
-    sources = DataSources(args.nih, args.chexpert, args.mimic, embedded_patients=patients)
+    sources = DataSources(
+        args.nih, args.chexpert, args.mimic, embedded_patients=patients, co_occurrence=args.co_occurrence
+    )
     options = RunOptions(
         backbone_strategy=args.backbone,
         weighting=args.weighting,

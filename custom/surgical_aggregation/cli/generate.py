@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..images.names import GENERATED_KINDS
-from .options import positive, user_path
+from ..images.names import GENERATED_KINDS, SHARED_ROWS
+from .options import add_co_occurrence, positive, user_path
 
 NAME = "generate"
 HELP = "write the embedded demo datasets (generated images in the real layouts)"
@@ -26,11 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="label rows: real ones from torchxrayvision's files (reference), built-in frequencies, or auto",
     )
+    add_co_occurrence(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..images.synthetic import ensure_generated
 
+    # the default is not written into the dataset's record, so folders generated before it existed are reused
+    joint = {} if args.co_occurrence == SHARED_ROWS else {"co_occurrence": args.co_occurrence}
     for kind in GENERATED_KINDS if args.kind == "all" else [args.kind]:
         dataset, created = ensure_generated(
             kind,
@@ -39,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
             image_size=args.size,
             seed=args.seed,
             label_source=args.labels,
+            **joint,
         )
         print(("generated " if created else "already present: ") + dataset.describe())
     return 0

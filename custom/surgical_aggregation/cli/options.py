@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..core.errors import SiteConfigError
 from ..data.storage import default_cache_root
-from ..images.names import ON_ERROR_POLICIES
+from ..images.names import CO_OCCURRENCES, ON_ERROR_POLICIES, SHARED_ROWS
 from ..images.settings import ACCEPT_NON_CHEST
 
 
@@ -38,6 +38,17 @@ POC_DEFAULT_JOB = Path("jobs/nih_chexpert")
 def add_cache_dir(parser: argparse.ArgumentParser) -> None:
     """``--cache-dir``: where decoded images, embeddings, generated data and the stand-in backbone are kept."""
     parser.add_argument("--cache-dir", type=user_path, help=f"cache root (default {default_cache_root()})")
+
+
+def add_co_occurrence(parser: argparse.ArgumentParser) -> None:
+    """``--co-occurrence``: how generated images draw the findings their layout does not label."""
+    parser.add_argument(
+        "--co-occurrence",
+        choices=CO_OCCURRENCES,
+        default=SHARED_ROWS,
+        help="embedded data: draw each image's findings its layout does not label given the 7 findings NIH and "
+        "CheXpert share (shared, the default), or from PadChest's rows, which label both vocabularies (padchest)",
+    )
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..core.errors import SiteConfigError
 from ..core.labels import CHEXPERT_LABELS, NIH_LABELS
+from ..images.names import SHARED_ROWS
 from ..training.profiles import Profile
 from .choices import ABSENT, CONTROLS, MISSING
 
@@ -89,12 +90,16 @@ class DataSources:
     embedded_patients: int = 400
     embedded_image_size: int = 64
     external_patients: int = 400  # the embedded external (MIMIC-layout) test set
+    co_occurrence: str = SHARED_ROWS  # how embedded images draw the findings their layout does not label
 
     def data(self, kind: str) -> dict[str, Any]:
         return {"kind": kind, "location": getattr(self, kind)}
 
     def embedded(self, patients: int | None = None) -> dict[str, Any]:
-        return {"patients": patients or self.embedded_patients, "image_size": self.embedded_image_size, "seed": 0}
+        settings = {"patients": patients or self.embedded_patients, "image_size": self.embedded_image_size, "seed": 0}
+        if self.co_occurrence != SHARED_ROWS:  # written only when chosen: the default's configs stay as they were
+            settings["co_occurrence"] = self.co_occurrence
+        return settings
 
 
 @dataclass

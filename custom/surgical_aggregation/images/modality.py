@@ -22,7 +22,7 @@ from ..data.table import PATH_COLUMN, PATIENT_COLUMN, LabelTable, MaterialisedTa
 from .dataset import ChestXrayDataset, cache_table, list_images
 from .decode import read_grayscale
 from .layouts import check_options, load_table
-from .names import ARCHITECTURE, DENSENET121, KINDS, NETWORK_KEY
+from .names import ARCHITECTURE, DENSENET121, KINDS, NETWORK_KEY, SHARED_ROWS
 from .settings import ACCEPT_NON_CHEST, ImageSettings
 from .synthetic import GENERATED, ensure_generated
 from .transforms import image_batch_transform
@@ -63,6 +63,9 @@ class ImageModality:
             absent = config.vocabulary.canonical_list(embedded.absent, "embedded.absent")
             options["absent"] = sorted(absent)
             name += "-absent-" + hashlib.sha256("|".join(options["absent"]).encode()).hexdigest()[:10]
+        if embedded.co_occurrence != SHARED_ROWS:  # the default is left out: folders generated before keep their name
+            options["co_occurrence"] = embedded.co_occurrence
+            name += f"-{embedded.co_occurrence}"
         folder = config.cache_root / "embedded" / name
         with exclusive(folder):
             dataset, created = ensure_generated(data.kind, folder, **options)

@@ -9,6 +9,11 @@ PUBLIC_KINDS: tuple[str, ...] = ("padchest", "vindr", "google-nih", "rsna", "sii
 LAYOUT_KINDS: tuple[str, ...] = (NIH, CHEXPERT, MIMIC, CSV, *PUBLIC_KINDS)  # the folder layouts the bundle reads
 GENERATED_KINDS: tuple[str, ...] = (NIH, CHEXPERT, MIMIC, *PUBLIC_KINDS)  # the embedded datasets it can generate
 KINDS = LAYOUT_KINDS  # the data kinds of this modality (modalities)
+# How a generated image's findings its layout does not label are drawn (``embedded.co_occurrence``): from a row of the
+# file that labels them agreeing on the 7 findings NIH and CheXpert share (the default), or from one PadChest row
+# agreeing on every finding the image's layout labels (real co-occurrence across both vocabularies)
+SHARED_ROWS, PADCHEST_ROWS = "shared", "padchest"
+CO_OCCURRENCES: tuple[str, ...] = (SHARED_ROWS, PADCHEST_ROWS)
 ON_ERROR_POLICIES: tuple[str, ...] = ("error", "skip")  # an unreadable image: stop, or leave it out and say so
 ARCHITECTURE = "densenet121"  # the modality's model family, as a model file records it
 # The networks a job may train (a site config's ``network``; a model file's preprocessing records one that is not

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.errors import SiteConfigError
-from .names import DENSENET121, NETWORKS, ON_ERROR_POLICIES
+from .names import CO_OCCURRENCES, DENSENET121, NETWORKS, ON_ERROR_POLICIES, SHARED_ROWS
 
 ACCEPT_NON_CHEST = "accept_non_chest"  # the setting (and predict's given preprocessing) that reads any DICOM
 MIN_IMAGE_SIZE = 16  # DenseNet121 halves an image five times
@@ -25,6 +25,9 @@ class EmbeddedDataSettings:
     seed: int = 0
     # findings left out of the images (the benchmark's absent control: a site's unlabelled findings, not drawn)
     absent: list[str] = field(default_factory=list)
+    # how the findings its layout does not label are drawn (names.CO_OCCURRENCES): given the 7 shared findings, or
+    # from PadChest's rows, which label both vocabularies (the benchmark's co-occurrence check)
+    co_occurrence: str = SHARED_ROWS
 
 
 @dataclass
@@ -63,5 +66,10 @@ class ImageSettings:
             raise fail("in_channels", f"must be 1 or 3, got {self.in_channels}")
         if self.network not in NETWORKS:
             raise fail("network", f"must be one of {list(NETWORKS)}, got {self.network!r}")
+        if self.embedded.co_occurrence not in CO_OCCURRENCES:
+            raise fail(
+                "embedded.co_occurrence",
+                f"must be one of {list(CO_OCCURRENCES)}, got {self.embedded.co_occurrence!r}",
+            )
         if self.on_unreadable not in ON_ERROR_POLICIES:
             raise fail("on_unreadable", f"must be one of {list(ON_ERROR_POLICIES)}, got {self.on_unreadable!r}")

@@ -21,8 +21,11 @@ generated ones. They are built so that a wrong method can lose on them:
   and a CheXpert-layout image shows NIH-only ones (Mass, Nodule, ...): the false negatives that vanilla FL and
   centralized training make of missing labels are there to be made. The findings a layout labels come from its real
   label row; the others are copied from a real row of the dataset that labels them with the same shared findings
-  (:class:`.synthetic_labels.DonorRows`; the 7 findings NIH and CheXpert share link the two files). Assumed, since
-  no file labels both vocabularies: given the shared findings, NIH-only and CheXpert-only findings are independent.
+  (:class:`.synthetic_labels.DonorRows`; the 7 findings NIH and CheXpert share link the two files): given the shared
+  findings, NIH-only and CheXpert-only findings are then independent. With ``co_occurrence="padchest"`` they come
+  instead from one real PadChest row that agrees with every finding the image's layout labels (PadChest's names
+  say 19 of the 20: :data:`.synthetic_labels.PADCHEST_PHRASES`), so they co-occur as real ones do (Mass with Lung
+  Lesion, Infiltration with Lung Opacity).
   ``shown_findings.csv`` beside the label file records every glyph each image carries.
 * **Absent, the control.** ``absent`` leaves the named findings out of the pixels (and out of the label file, so
   the folder stays consistent); every other draw is the same. With the findings a site does not label absent, its
@@ -64,7 +67,7 @@ from ..data.reference import CHEXPERT_LABEL_FILE, NIH_LABEL_FILE, reference_file
 from ..data.table import PATH_COLUMN, PATIENT_COLUMN
 from .chexpert import resolve_chexpert_path
 from .mimic import mimic_image_path
-from .names import CHEXPERT, MIMIC, NIH
+from .names import CHEXPERT, MIMIC, NIH, PADCHEST_ROWS, SHARED_ROWS
 from .public import KEY_COLUMN, PUBLIC_DATASETS, read_public_labels
 from .synthetic_labels import (
     MAIN_UNION,
@@ -141,12 +144,14 @@ class GeneratedDataset:
     seed: int
     label_origin: str
     absent: tuple[str, ...] = ()  # findings left out of the images (the absent control)
+    co_occurrence: str = SHARED_ROWS  # how the findings its layout does not label were drawn
 
     def describe(self) -> str:
         absent = f"; left out of the images: {', '.join(self.absent)}" if self.absent else ""
+        joint = "; unlabelled findings drawn from PadChest's rows" if self.co_occurrence == PADCHEST_ROWS else ""
         return (
             f"embedded {self.kind} dataset at {self.root}: {self.n_images} generated images of "
-            f"{self.n_patients} patients at {self.image_size}px (labels: {self.label_origin}{absent})"
+            f"{self.n_patients} patients at {self.image_size}px (labels: {self.label_origin}{absent}{joint})"
         )
 
 
@@ -174,6 +179,7 @@ def _write_chexpert_style_images(
     seed: int,
     absent: Sequence[str],
     reference: bool,
+    co_occurrence: str = SHARED_ROWS,
 ) -> list[dict[str, float]]:
     """Render CheXpert-layout rows (each study's images show the same findings; ``reference``: the findings it does
     not label come from the real files); returns what each image shows."""
@@ -181,7 +187,7 @@ def _write_chexpert_style_images(
     labels = rows[list(CHEXPERT_LABELS)].to_numpy(dtype=np.float64)
     lateral = (rows["Frontal/Lateral"] == "Lateral").to_numpy()
     studies = rows["Path"].str.extract(r"(patient\d+/study\d+)", expand=False).tolist()
-    donors, rng = finding_donors(reference), _donor_rng(seed, kind)
+    donors, rng = finding_donors(reference, co_occurrence), _donor_rng(seed, kind)
     by_study: dict[str, dict[str, float]] = {}
     shown = []
     for index, path in enumerate(_logging_progress(paths, f"generating {kind} images")):
@@ -216,6 +222,7 @@ def generate_nih(
     min_positive_fraction: float = 0.06,
     max_images_per_patient: int = 3,
     absent: Sequence[str] = (),
+    co_occurrence: str = SHARED_ROWS,
 ) -> GeneratedDataset:
     """Write ``root/Data_Entry_2017.csv``, ``root/images/*.png`` (NIH ChestX-ray14 layout) and ``shown_findings.csv``.
 
@@ -226,7 +233,7 @@ def generate_nih(
     rows, origin = nih_label_rows(n_patients, seed, max_images_per_patient, min_positive_fraction, label_source)
     style = GENERATED[NIH].style
     raw_to_name = dict(zip(NIH_RAW_LABELS, NIH_LABELS, strict=True))
-    donors = finding_donors(resolve_label_source(label_source, NIH_LABEL_FILE) is not None)
+    donors = finding_donors(resolve_label_source(label_source, NIH_LABEL_FILE) is not None, co_occurrence)
     rng = _donor_rng(seed, NIH)
     listed = list(zip(rows["Image Index"], rows["Finding Labels"], strict=True))
     shown = []
@@ -243,7 +250,7 @@ def generate_nih(
     rows.to_csv(root / "Data_Entry_2017.csv", index=False)
     _write_shown(root, [f"images/{name}" for name in rows["Image Index"]], shown)
     patients = int(rows["Patient ID"].nunique())
-    return GeneratedDataset(NIH, root, len(rows), patients, image_size, seed, origin, absent)
+    return GeneratedDataset(NIH, root, len(rows), patients, image_size, seed, origin, absent, co_occurrence)
 
 
 def generate_chexpert(
@@ -255,6 +262,7 @@ def generate_chexpert(
     min_positive_fraction: float = 0.06,
     valid_fraction: float = 0.1,
     absent: Sequence[str] = (),
+    co_occurrence: str = SHARED_ROWS,
 ) -> GeneratedDataset:
     """Write ``root/CheXpert-v1.0-small/{train,valid}.csv``, their JPEGs (CheXpert-small layout) and
     ``shown_findings.csv``.
@@ -278,10 +286,14 @@ def generate_chexpert(
     valid_rows[list(CHEXPERT_LABELS)] = valid_rows[list(CHEXPERT_LABELS)].replace(-1.0, 0.0).fillna(0.0)
     all_rows = pd.concat([train_rows, valid_rows], ignore_index=True)
     paths = [resolve_chexpert_path(dataset_root, listed) for listed in all_rows["Path"]]
-    _write_chexpert_style_images(all_rows, paths, dataset_root, CHEXPERT, image_size, seed, absent, reference)
+    _write_chexpert_style_images(
+        all_rows, paths, dataset_root, CHEXPERT, image_size, seed, absent, reference, co_occurrence
+    )
     _without_absent_chexpert(train_rows, absent).to_csv(dataset_root / "train.csv", index=False)
     _without_absent_chexpert(valid_rows, absent).to_csv(dataset_root / "valid.csv", index=False)
-    return GeneratedDataset(CHEXPERT, dataset_root, len(all_rows), len(patients), image_size, seed, origin, absent)
+    return GeneratedDataset(
+        CHEXPERT, dataset_root, len(all_rows), len(patients), image_size, seed, origin, absent, co_occurrence
+    )
 
 
 def generate_mimic(
@@ -292,6 +304,7 @@ def generate_mimic(
     label_source: LabelSource = "auto",
     min_positive_fraction: float = 0.06,
     absent: Sequence[str] = (),
+    co_occurrence: str = SHARED_ROWS,
 ) -> GeneratedDataset:
     """Write MIMIC-CXR-JPG's two label CSVs (gzipped), ``files/pXX/pSUBJECT/sSTUDY/<dicom>.jpg`` and
     ``shown_findings.csv``. The label file carries, after the CheXpert labeler's 14 columns, one column per NIH-only
@@ -321,7 +334,7 @@ def generate_mimic(
         )
     ]
     reference = resolve_label_source(label_source, CHEXPERT_LABEL_FILE) is not None
-    shown = _write_chexpert_style_images(rows, paths, root, MIMIC, image_size, seed, absent, reference)
+    shown = _write_chexpert_style_images(rows, paths, root, MIMIC, image_size, seed, absent, reference, co_occurrence)
     nih_only = [name for name in MAIN_UNION if name not in CHEXPERT_LABELS]
     extra = pd.DataFrame(
         [[1.0 if row.get(name) == 1 else np.nan for name in nih_only] for row in shown], columns=nih_only
@@ -334,7 +347,7 @@ def generate_mimic(
     labels.to_csv(root / "mimic-cxr-2.0.0-chexpert.csv.gz", index=False)
     metadata.to_csv(root / "mimic-cxr-2.0.0-metadata.csv.gz", index=False)
     origin += " (CheXpert rows in MIMIC layout, with the NIH-only findings each study shows)"
-    return GeneratedDataset(MIMIC, root, len(rows), len(subject_ids), image_size, seed, origin, absent)
+    return GeneratedDataset(MIMIC, root, len(rows), len(subject_ids), image_size, seed, origin, absent, co_occurrence)
 
 
 def generate_public(
@@ -346,6 +359,7 @@ def generate_public(
     max_images_per_patient: int = 2,
     label_source: LabelSource = "reference",
     absent: Sequence[str] = (),
+    co_occurrence: str = SHARED_ROWS,
 ) -> GeneratedDataset:
     """A public dataset of :mod:`.public` in its release layout: real label rows from torchxrayvision's copy
     of its label file (required), the images generated. Patients are picked rarest finding first, as many per
@@ -378,7 +392,7 @@ def generate_public(
     image_root = root / "images" if kind == "google-nih" else root  # NIH's folder for Google's labels
     style = GENERATED[kind].style
     labels = images[classes].to_numpy()
-    donors, donor_rng = finding_donors(True), _donor_rng(seed, kind)
+    donors, donor_rng = finding_donors(True, co_occurrence), _donor_rng(seed, kind)
     relative_paths = images[PATH_COLUMN].tolist()
     shown = []
     for index, relative in enumerate(_logging_progress(relative_paths, f"generating {kind} images")):
@@ -391,7 +405,7 @@ def generate_public(
     rows.to_csv(root / dataset.label_files[0], index=False)
     _write_shown(root, [str((image_root / relative).relative_to(root)) for relative in relative_paths], shown)
     origin = f"real {dataset.title} label rows from {reference}"
-    return GeneratedDataset(kind, root, len(images), len(chosen), image_size, seed, origin, absent)
+    return GeneratedDataset(kind, root, len(images), len(chosen), image_size, seed, origin, absent, co_occurrence)
 
 
 def generate_patterns(root: str | Path, n_images: int = 2000, image_size: int = 64, seed: int = 0) -> Path:

@@ -3,6 +3,7 @@ frequencies) and what each image shows besides what its layout labels."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import math
 from collections.abc import Collection, Mapping, Sequence
@@ -15,7 +16,7 @@ import pandas as pd
 from ..core.errors import DataNotFoundError
 from ..core.labels import CHEXPERT_LABELS, NIH_LABELS, NIH_RAW_LABELS, NO_FINDING, union_labels
 from ..data.reference import CHEXPERT_LABEL_FILE, NIH_LABEL_FILE, reference_file
-from .names import CHEXPERT, MIMIC, NIH
+from .names import CHEXPERT, CO_OCCURRENCES, MIMIC, NIH, PADCHEST_ROWS, SHARED_ROWS
 
 LabelSource = Literal["auto", "reference", "builtin"]
 # seeds each kind's random streams (its label draws, what its images show, their pixels): fixed, another code would
@@ -228,26 +229,30 @@ def chexpert_label_rows(
 
 
 class DonorRows:
-    """The rows of one real label file over the findings it labels, as glyph strengths (1 positive, 0.5 uncertain,
-    0 otherwise): an image that shows findings its own layout does not label copies them from one of these rows."""
+    """Rows of a real label file over the findings it labels, as glyph strengths (1 positive, 0.5 uncertain, 0
+    otherwise): an image that shows findings its own layout does not label copies them from one of these rows, a row
+    that agrees with the image on the ``conditioning`` findings (default: the 7 NIH and CheXpert share)."""
 
-    def __init__(self, labels: Sequence[str], strengths: np.ndarray) -> None:
+    def __init__(
+        self, labels: Sequence[str], strengths: np.ndarray, conditioning: Sequence[str] = SHARED_FINDINGS
+    ) -> None:
         self.labels = tuple(labels)
         self.strengths = strengths.astype(np.float32)
-        shared = [self.labels.index(name) for name in SHARED_FINDINGS]
-        positive = self.strengths[:, shared] == 1
-        self.codes = (positive * (1 << np.arange(len(shared)))).sum(axis=1)
-        self._rarest_first = [SHARED_FINDINGS[i] for i in np.argsort(positive.mean(axis=0), kind="stable")]
+        self.conditioning = tuple(conditioning)
+        positive = self.strengths[:, [self.labels.index(name) for name in self.conditioning]] == 1
+        self.codes = (positive.astype(np.int64) << np.arange(len(self.conditioning), dtype=np.int64)).sum(axis=1)
+        order = np.argsort(positive.mean(axis=0), kind="stable")
+        self._rarest_first = [self.conditioning[i] for i in order]
         self._candidates: dict[tuple[int, int], np.ndarray] = {}
 
     def _rows_agreeing(self, known: Mapping[str, float]) -> np.ndarray:
-        """Rows positive for exactly the shared findings ``known`` has positive, among those it labels; when no row
-        is, the rarest positive shared finding is let go, one at a time."""
-        matched = [name for name in SHARED_FINDINGS if name in known]
+        """Rows positive for exactly the conditioning findings ``known`` has positive, among those it labels; when no
+        row is, the rarest positive conditioning finding is let go, one at a time."""
+        matched = [name for name in self.conditioning if name in known]
         positives = [name for name in matched if known[name] == 1]
         while True:
-            mask = sum(1 << SHARED_FINDINGS.index(name) for name in matched)
-            key = sum(1 << SHARED_FINDINGS.index(name) for name in positives)
+            mask = sum(1 << self.conditioning.index(name) for name in matched)
+            key = sum(1 << self.conditioning.index(name) for name in positives)
             if (mask, key) not in self._candidates:
                 self._candidates[mask, key] = np.flatnonzero((self.codes & mask) == key)
             rows = self._candidates[mask, key]
@@ -261,6 +266,69 @@ class DonorRows:
         """Strengths of ``wanted`` (findings this file labels), all from one row that agrees with ``known``."""
         row = self.strengths[rng.choice(self._rows_agreeing(known))]
         return {name: float(row[self.labels.index(name)]) for name in wanted}
+
+
+# Each main-union finding as PadChest's label names say it (a name holding one of the phrases). NIH's 14 as
+# torchxrayvision's PadChest dataset reads them (the finding's own name and its synonyms; "effusion" for Pleural
+# Effusion), CheXpert's six others by the CheXpert labeler's mention phrases (phrases/mention/*.txt) that PadChest's
+# names hold. Enlarged Cardiomediastinum has none (the labeler's phrases name the mediastinum's contour and
+# silhouette; PadChest's "mediastinal enlargement" is not one of them): it stays drawn from CheXpert's rows.
+PADCHEST_PHRASES: dict[str, tuple[str, ...]] = {
+    "Atelectasis": ("atelectasis",),
+    "Cardiomegaly": ("cardiomegaly",),
+    "Consolidation": ("consolidation", "air bronchogram"),
+    "Edema": ("edema",),
+    "Pleural Effusion": ("effusion",),
+    "Emphysema": ("emphysema",),
+    "Fibrosis": ("fibrosis",),
+    "Hernia": ("hernia",),
+    "Infiltration": (
+        "infiltration", "infiltrates", "interstitial pattern", "ground glass pattern", "reticular interstitial pattern",
+        "reticulonodular interstitial pattern", "alveolar pattern", "consolidation", "air bronchogram",
+    ),
+    "Mass": ("mass",),
+    "Nodule": ("nodule",),
+    "Pleural Thickening": ("pleural thickening",),
+    "Pneumonia": ("pneumonia",),
+    "Pneumothorax": ("pneumothorax",),
+    "Fracture": ("fracture",),
+    "Lung Lesion": (
+        "mass", "nodular density", "nodular densities", "nodular opacity", "nodular opacities", "nodule", "lump",
+        "cavitary lesion", "carcinoma", "neoplasm", "tumor",
+    ),
+    "Lung Opacity": (
+        "opaci", "decreased translucency", "increased density", "airspace disease", "infiltrate",
+        "interstitial marking", "interstitial pattern", "interstitial lung", "reticular pattern", "reticular marking",
+        "reticulation", "parenchymal scarring", "peribronchial thickening",
+    ),
+    "Pleural Other": (
+        "pleural thickening", "fibrosis", "fibrothorax", "pleural scar", "pleural parenchymal scar",
+        "pleuro-parenchymal scar", "pleuro-pericardial scar",
+    ),
+    "Support Devices": (
+        "pacer", "picc", "tube", "valve", "catheter", "pacemaker", "hardware", "arthroplast", "marker", "icd", "defib",
+        "device", "drain", "plate", "screw", "cannula", "apparatus", "coil", "support", "equipment", "mediport",
+    ),
+}  # fmt: skip
+
+
+@functools.cache
+def padchest_rows() -> DonorRows | None:
+    """PadChest's images (its loader's default rules: frontal, labelled, not excluded) over the main-union findings of
+    :data:`PADCHEST_PHRASES`, each row conditioning on all of them; None without torchxrayvision's copy of the file."""
+    from .public import PUBLIC_DATASETS, read_public_labels  # public reads the files this module's rows come from
+
+    path = reference_file(PUBLIC_DATASETS["padchest"].reference)
+    if path is None:
+        return None
+    raw, parsed = read_public_labels("padchest", path)
+    kept = raw.drop_duplicates("ImageID").set_index("ImageID").loc[parsed["key"], "Labels"]
+    names = [[str(n).strip().lower() for n in ast.literal_eval(text) if isinstance(n, str)] for text in kept]
+    labels = tuple(PADCHEST_PHRASES)
+    strengths = np.array(
+        [[any(p in name for p in PADCHEST_PHRASES[f] for name in found) for f in labels] for found in names], np.float32
+    )
+    return DonorRows(labels, strengths, conditioning=labels)
 
 
 class IndependentDraws:
@@ -283,9 +351,12 @@ Donor = DonorRows | IndependentDraws
 
 
 @functools.cache
-def finding_donors(use_reference: bool) -> dict[str, Donor]:
+def finding_donors(use_reference: bool, co_occurrence: str = SHARED_ROWS) -> dict[str, Donor]:
     """Who lends each main-union finding: the file that labels it (NIH's, else CheXpert's frontal rows), or built-in
-    frequencies (``use_reference`` False, or the files not installed)."""
+    frequencies (``use_reference`` False, or the files not installed); with ``co_occurrence`` ``padchest``, PadChest's
+    rows lend every finding they label (:data:`PADCHEST_PHRASES`) and those files the rest."""
+    if co_occurrence not in CO_OCCURRENCES:
+        raise ValueError(f"unknown co_occurrence {co_occurrence!r}; choose one of {list(CO_OCCURRENCES)}")
     nih_file, chexpert_file = reference_file(NIH_LABEL_FILE), reference_file(CHEXPERT_LABEL_FILE)
     if use_reference and nih_file is not None and chexpert_file is not None:
         tokens = pd.read_csv(nih_file, usecols=["Finding Labels"])["Finding Labels"].str.split("|")
@@ -294,10 +365,24 @@ def finding_donors(use_reference: bool) -> dict[str, Donor]:
         values = chexpert.loc[chexpert["Frontal/Lateral"] == "Frontal", list(CHEXPERT_LABELS)].to_numpy()
         nih_rows = DonorRows(NIH_LABELS, nih.astype(np.float32))
         chexpert_rows = DonorRows(CHEXPERT_LABELS, np.select([values == 1, values == -1], [1.0, 0.5], 0.0))
+    elif co_occurrence == PADCHEST_ROWS:
+        raise DataNotFoundError(
+            "co_occurrence 'padchest' draws from the real NIH, CheXpert and PadChest label files: install "
+            "torchxrayvision's data files with 'pip install --no-deps torchxrayvision==1.5.7'"
+        )
     else:
         nih_rows = IndependentDraws({name: (rate, 0.0) for name, rate in NIH_PREVALENCE.items()})
         chexpert_rows = IndependentDraws({name: rates[:2] for name, rates in CHEXPERT_RATES.items()})
-    return {name: nih_rows if name in nih_rows.labels else chexpert_rows for name in MAIN_UNION}
+    donors: dict[str, Donor] = {name: nih_rows if name in nih_rows.labels else chexpert_rows for name in MAIN_UNION}
+    if co_occurrence == PADCHEST_ROWS:
+        joint = padchest_rows()
+        if joint is None:
+            raise DataNotFoundError(
+                "co_occurrence 'padchest' needs PadChest's label file from torchxrayvision's data files "
+                "('pip install --no-deps torchxrayvision==1.5.7')"
+            )
+        donors.update(dict.fromkeys(joint.labels, joint))
+    return donors
 
 
 def shown_findings(
