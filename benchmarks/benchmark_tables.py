@@ -2,9 +2,10 @@
 
 For each grid folder ``docs/benchmark/<variant>-<grid>/`` (what ``surgical-aggregation experiment --grid <grid> ...
 --out`` wrote; variant ``head`` for ``--variant head_only``, ``full`` for the full network; a suffix names a grid run
-with ``--co-occurrence``: ``head-psi-padchest``), the page gets, between its ``<!-- benchmark:<folder> -->`` markers, the selected models' mean AUROC on the NIH test split over the seeds
-with its 95% CI across seeds, per factor value, control and method, and vanilla FL's and partial loss's paired
-difference to surgical aggregation. ``tests/test_experiment_docs.py`` holds the page to them.
+with ``--co-occurrence``: ``head-psi-padchest``), the page gets, between its ``<!-- benchmark:<folder> -->`` markers,
+the selected models' mean AUROC on the NIH test split over the seeds with its 95% CI across seeds, per factor value,
+control and method, and vanilla FL's and partial loss's paired difference to surgical aggregation.
+``tests/test_experiment_docs.py`` holds the page to them.
 
     python benchmarks/benchmark_tables.py --grids results    # results/head-psi, ..., full-psi, full-K: copy, then write
     python benchmarks/benchmark_tables.py                     # the tables only, from what docs/benchmark holds
