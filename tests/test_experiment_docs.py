@@ -102,3 +102,38 @@ def test_the_pages_multiplicity_figures_are_holms_on_the_grids_p_values():
     assert f"over all {len(p_values)} at once, 29 remain, 4 of them vanilla FL's" in page
     assert len(missing) == 19 and (missing.difference < 0).all()
     assert "its sign in every one of the 19 cells with missing findings beyond psi = 0" in page
+
+
+def test_the_co_occurrence_reading_is_the_two_psi_grids_differences():
+    """The benchmark page's reading of the psi grid drawn from PadChest's rows: vanilla FL's differences at psi =
+    2/14, 6/14, 12/14 and 1, missing and absent, beside the shared-findings grid's, and the share of the deficit the
+    absent control leaves, from both grids' seeds.csv; and Holm's count over the new grid's cells."""
+    from surgical_aggregation.core.judging import holm
+
+    def vanilla(grid: str) -> pd.DataFrame:
+        seeds = pd.read_csv(BENCHMARK / grid / "seeds.csv")
+        seeds = seeds[(seeds.test_set == "nih") & (seeds.model == "selected") & (seeds.method == "vanilla")]
+        return seeds.assign(value=seeds.value.round(6)).set_index(["value", "control"])
+
+    joint, shared = vanilla("head-psi-padchest"), vanilla("head-psi")
+    page = " ".join((BENCHMARK / "README.md").read_text().split())
+
+    def figure(table: pd.DataFrame, psi: float, control: str) -> str:
+        return f"{table.loc[(round(psi, 6), control), 'difference']:+.3f}"
+
+    def left(table: pd.DataFrame, psi: float) -> str:  # the share of the missing deficit left under absent
+        differences = table.loc[round(psi, 6), "difference"]
+        return f"{differences['absent'] / differences['missing']:.0%}".replace("%", " %")
+
+    psis = {"2/14": 2 / 14, "6/14": 6 / 14, "12/14": 12 / 14, "1": 1.0}
+    missing = ", ".join(f"{figure(joint, v, 'missing')} at {k}" for k, v in psis.items())
+    before = ", ".join(f"{figure(shared, v, 'missing')}" for v in psis.values())
+    assert f"with missing findings {missing} (with the shared-findings draws {before})" in page
+    absent = ", ".join(f"{figure(joint, v, 'absent')} at {k}" for k, v in psis.items())
+    before = ", ".join(f"{figure(shared, v, 'absent')}" for v in psis.values())
+    assert f"under absent {absent} ({before})" in page
+    shares = ", ".join(f"{left(joint, v)} at {k} ({left(shared, v)})" for k, v in psis.items())
+    assert f"the absent control leaves {shares} of the deficit" in page
+    tested = joint[joint.p_value.notna()]
+    kept = holm({f"{value}:{control}": p for (value, control), p in tested.p_value.items()}, 0.05)
+    assert f"vanilla FL's deficit stays significant in {len(kept)} of its {len(tested)} cells" in page
