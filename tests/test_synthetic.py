@@ -278,6 +278,8 @@ def test_a_generated_dataset_says_how_its_unlabelled_findings_were_drawn(tmp_pat
     assert "unlabelled findings drawn from PadChest's rows" in dataset.describe()
     with pytest.raises(ValueError, match="unknown co_occurrence 'pairs'"):
         generate_nih(tmp_path / "bad", n_patients=20, image_size=16, seed=1, co_occurrence="pairs")
+    with pytest.raises(ValueError, match="'padchest' draws from real label rows, not with label_source 'builtin'"):
+        generate_nih(tmp_path / "builtin", 20, 16, 1, label_source="builtin", co_occurrence=PADCHEST_ROWS)
 
 
 def test_the_absent_control_leaves_out_exactly_the_named_findings(tmp_path):

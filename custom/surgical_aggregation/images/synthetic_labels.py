@@ -316,13 +316,13 @@ PADCHEST_PHRASES: dict[str, tuple[str, ...]] = {
 def padchest_rows() -> DonorRows | None:
     """PadChest's images (its loader's default rules: frontal, labelled, not excluded) over the main-union findings of
     :data:`PADCHEST_PHRASES`, each row conditioning on all of them; None without torchxrayvision's copy of the file."""
-    from .public import PUBLIC_DATASETS, read_public_labels  # public reads the files this module's rows come from
+    from .public import KEY_COLUMN, PUBLIC_DATASETS, read_public_labels  # the loader's own rules, read lazily
 
     path = reference_file(PUBLIC_DATASETS["padchest"].reference)
     if path is None:
         return None
     raw, parsed = read_public_labels("padchest", path)
-    kept = raw.drop_duplicates("ImageID").set_index("ImageID").loc[parsed["key"], "Labels"]
+    kept = raw.drop_duplicates("ImageID").set_index("ImageID").loc[parsed[KEY_COLUMN], "Labels"]
     names = [[str(n).strip().lower() for n in ast.literal_eval(text) if isinstance(n, str)] for text in kept]
     labels = tuple(PADCHEST_PHRASES)
     strengths = np.array(
@@ -365,6 +365,8 @@ def finding_donors(use_reference: bool, co_occurrence: str = SHARED_ROWS) -> dic
         values = chexpert.loc[chexpert["Frontal/Lateral"] == "Frontal", list(CHEXPERT_LABELS)].to_numpy()
         nih_rows = DonorRows(NIH_LABELS, nih.astype(np.float32))
         chexpert_rows = DonorRows(CHEXPERT_LABELS, np.select([values == 1, values == -1], [1.0, 0.5], 0.0))
+    elif co_occurrence == PADCHEST_ROWS and not use_reference:
+        raise ValueError("co_occurrence 'padchest' draws from real label rows, not with label_source 'builtin'")
     elif co_occurrence == PADCHEST_ROWS:
         raise DataNotFoundError(
             "co_occurrence 'padchest' draws from the real NIH, CheXpert and PadChest label files: install "
