@@ -30,9 +30,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workspace", type=Path, required=True)
     parser.add_argument("--cache", type=Path, default=None, help="cache root (embedded data, the stand-in weights)")
+    parser.add_argument(
+        "--patients", type=int, default=DEMO.embedded_patients, help="embedded patients a site (default: the job's)"
+    )
     args = parser.parse_args()
     weights = pretrained_backbone(DEMO, Pretraining.for_profile(DEMO), args.cache)
-    embedded = {"patients": DEMO.embedded_patients}
+    embedded = {"patients": args.patients}
     sites = {
         site: DEMO.site_config({"kind": kind}, embedded=embedded, **PAPERS_RATES)
         for site, kind in (("site-nih", "nih"), ("site-chexpert", "chexpert"))
@@ -42,7 +45,11 @@ def main() -> None:
     )
     started = time.perf_counter()
     result = simulate(recipe, args.workspace, args.workspace / "simulator.log")
-    summary: dict = {"stand_in": weights.stem, "seconds": round(time.perf_counter() - started)}
+    summary: dict = {
+        "stand_in": weights.stem,
+        "patients": args.patients,
+        "seconds": round(time.perf_counter() - started),
+    }
     for site, values in recipe.site_configs.items():
         config = site_config_from_dict(values, site)
         splits = split_table(resolve_table(config), config)
