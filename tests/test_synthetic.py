@@ -206,6 +206,7 @@ def test_padchest_rows_draw_findings_that_co_occur_across_the_two_vocabularies()
     require_reference(NIH_LABEL_FILE)
     require_reference(PUBLIC_DATASETS["padchest"].reference)
     joint, shared = finding_donors(True, PADCHEST_ROWS), finding_donors(True, SHARED_ROWS)
+    assert len(padchest_rows().strengths) == 109_581  # docs/data.md: PadChest's frontal images its loader keeps
     assert set(MAIN_UNION) - {name for name, donor in joint.items() if donor is padchest_rows()} == {
         "Enlarged Cardiomediastinum"
     }
