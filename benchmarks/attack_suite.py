@@ -51,6 +51,7 @@ from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe, n
 from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.profiles import SCRATCH
 from surgical_aggregation.training.site_data import resolve_table
 
 PATIENTS, IMAGE_SIZE, ROUNDS = 100, 64, 3
@@ -87,7 +88,7 @@ def site_configs(sites: int, seed: int) -> dict[str, dict[str, Any]]:
     """Two sites: the default job's; more: sites of the NIH and CheXpert layouts, alternating, each a part of one
     embedded dataset of its layout."""
     if sites == 2:
-        configs = nih_chexpert_recipe().site_configs
+        configs = nih_chexpert_recipe(start=SCRATCH).site_configs
         configs = {site: {**config, "embedded": {"patients": PATIENTS}} for site, config in configs.items()}
     else:
         kinds = ["nih" if index % 2 == 0 else "chexpert" for index in range(sites)]

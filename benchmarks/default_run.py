@@ -32,6 +32,7 @@ from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.images.synthetic import ensure_generated
 from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.profiles import STAND_IN
 from surgical_aggregation.training.site_data import resolve_table, split_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +40,8 @@ DOCS = ROOT / "docs" / "default-run"
 SUMMARY = DOCS / "summary.json"
 EXTERNAL = {"kind": "mimic", "patients": 400, "seed": 3}  # the external set, as `generate` makes it
 MARK = "<!-- default-run:{} -->", "<!-- /default-run:{} -->"
+STARTS = {STAND_IN: "the offline stand-in for ImageNet weights", None: "random initialisation, seed 0"}
+BACKBONES = {"fedbn_plus": "FedBN+", "fedavg": "FedAvg"}
 
 
 def _entry(history: list[dict], round_number: int) -> dict:
@@ -66,8 +69,11 @@ def run(workspace: Path) -> dict[str, Any]:
     final_round = max(entry["round"] for entry in history if entry.get("aggregation"))
     DOCS.mkdir(parents=True, exist_ok=True)
     shutil.copy2(result.curves, DOCS / "training_curves.png")
+    weights = recipe.persistor_args.get("pretrained_weights")
+    backbone = recipe.controller_args["backbone_strategy"]
     summary: dict[str, Any] = {
         "command": f"surgical-aggregation simulate --workspace {workspace}",
+        "initial_model": f"{STARTS.get(weights, weights)}; {BACKBONES[backbone]} backbone",
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
         "seconds": round(seconds),
         "rounds": {"planned": recipe.controller_args["num_rounds"], "patience": recipe.controller_args["patience"]},
@@ -123,7 +129,7 @@ def validation_table(summary: dict[str, Any]) -> str:
     header = " | ".join(f"{site} ({summary['test'][site]['classes']} classes)" for site in sites)
     best = models["best"]
     rows = [
-        ("before training (random initialisation, seed 0; FedAvg backbone)", models["before"]),
+        (f"before training ({summary['initial_model']})", models["before"]),
         (f"best (round {best['round']}, lowest mean validation loss {best['judged_val_loss']:.4f})", best),
         (f"final (round {models['final']['round']})", models["final"]),
     ]

@@ -32,7 +32,7 @@ from surgical_aggregation.experiments.pretraining import InitialModel, Pretraini
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.training import privacy
 from surgical_aggregation.training.config import site_config_from_dict
-from surgical_aggregation.training.profiles import DEMO
+from surgical_aggregation.training.profiles import DEMO, SCRATCH
 from surgical_aggregation.training.site_data import prepare_site_data
 from surgical_aggregation.training.trainer import SiteTrainer
 
@@ -41,7 +41,7 @@ SITE = "site-nih"
 
 
 def run_arm(arm: str, noise: float, rounds: int, pretrained: Path) -> list[float]:
-    recipe = nih_chexpert_recipe()
+    recipe = nih_chexpert_recipe(start=SCRATCH)
     values = json.loads(json.dumps(recipe.site_configs[SITE]))
     if arm != "no_dp":
         values["differential_privacy"] = {"epsilon": 100.0, "noise_multiplier": noise}

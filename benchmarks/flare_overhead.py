@@ -2,7 +2,8 @@
 
 Not a test. In one run, on a warm cache (the sites' embedded data are generated and decoded first,
 untimed), it times
-  (1) the default job (``jobs/nih_chexpert``'s recipe) in FLARE's simulator as the README runs it
+  (1) the default job (``jobs/nih_chexpert``'s recipe, from scratch as its figures were measured: the stand-in's
+      start adds its pretraining) in FLARE's simulator as the README runs it
       (``surgical-aggregation simulate``: one process per site, the cores shared among them), and
   (2) the same work without FLARE: the same site configs, one process, the sites one after the other
       with every core: per round each site loads its slice of the global model, validates it, warms its
@@ -34,6 +35,7 @@ from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.images.modality import MODALITY as IMAGES
 from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.profiles import SCRATCH
 from surgical_aggregation.training.site_data import prepare_site_data
 from surgical_aggregation.training.trainer import SiteTrainer
 
@@ -41,7 +43,7 @@ from surgical_aggregation.training.trainer import SiteTrainer
 def bare_loop(rounds: int) -> float:
     """(2): seconds for the default job's work without FLARE."""
     started = time.perf_counter()
-    recipe = nih_chexpert_recipe()
+    recipe = nih_chexpert_recipe(start=SCRATCH)
     configs = {site: site_config_from_dict(values) for site, values in recipe.site_configs.items()}
     quiet = logging.getLogger("bare-loop")
     trainers = {
@@ -69,7 +71,7 @@ def bare_loop(rounds: int) -> float:
 def simulator(workspace: Path) -> float:
     """(1): seconds for the default job in FLARE's simulator, as ``surgical-aggregation simulate`` runs it."""
     started = time.perf_counter()
-    simulate(nih_chexpert_recipe(), workspace, log_file=workspace / "simulator.log")
+    simulate(nih_chexpert_recipe(start=SCRATCH), workspace, log_file=workspace / "simulator.log")
     return time.perf_counter() - started
 
 
@@ -83,10 +85,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="JSON file for the results")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    rounds = nih_chexpert_recipe().controller_args["num_rounds"]
+    rounds = nih_chexpert_recipe(start=SCRATCH).controller_args["num_rounds"]
     with tempfile.TemporaryDirectory(prefix="flare-overhead-") as root:
         os.environ[CACHE_ENV] = str(Path(root) / "cache")
-        for values in nih_chexpert_recipe().site_configs.values():  # warm cache: generated and decoded once
+        # warm cache: generated and decoded once
+        for values in nih_chexpert_recipe(start=SCRATCH).site_configs.values():
             prepare_site_data(site_config_from_dict(values))
         bare, simulated = [], []
         for repeat in range(args.repeats):

@@ -47,6 +47,7 @@ from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
 from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.training.checkpoint import load_checkpoint
+from surgical_aggregation.training.profiles import SCRATCH
 
 ATTACKS = ("withheld", "x5", "flip_x5", "negative_running_var", "honest")
 # the e2e tests' doubles
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         return results
     for attack in args.attacks:
         started = time.perf_counter()
-        recipe = nih_chexpert_recipe(controller={"min_clients": 1})
+        recipe = nih_chexpert_recipe(start=SCRATCH, controller={"min_clients": 1})
         job = write_hostile_job(recipe, args.out / "jobs" / attack, attack)
         code, log = run_simulator(job, args.out / "workspaces" / attack)
         (args.out / f"{attack}.log").write_text(log)

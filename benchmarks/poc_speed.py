@@ -26,6 +26,7 @@ from pathlib import Path
 from surgical_aggregation.flare.poc import PocWorkspace
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe, write_job
 from surgical_aggregation.flare.simulation import simulate
+from surgical_aggregation.training.profiles import SCRATCH
 
 # the trainer's epoch line: "<site> round <r> training epoch <e>/<n>: loss <l> on <N> <unit> in <S> s (<R>/s)"
 EPOCH_LINE = re.compile(r"(site-[\w-]+) round (\d+) training epoch (\d+)/\d+: loss \S+ on (\d+) \w+ in ([\d.]+) s")
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=6, help="busy processes beside the loaded runs")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    recipe = nih_chexpert_recipe(controller={"num_rounds": args.rounds})
+    recipe = nih_chexpert_recipe(start=SCRATCH, controller={"num_rounds": args.rounds})
     results: dict[str, list[dict]] = {"quiet": [], "loaded": []}
     work = Path(tempfile.mkdtemp(prefix="poc-speed-"))
     try:

@@ -34,7 +34,7 @@ from surgical_aggregation.experiments.summary import t_interval
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.training.config import site_config_from_dict
-from surgical_aggregation.training.profiles import DEMO
+from surgical_aggregation.training.profiles import DEMO, SCRATCH
 from surgical_aggregation.training.site_data import resolve_table, split_table
 
 EPSILONS = (1.0, 3.0, 8.0, None)  # None: the same federation without DP-SGD
@@ -42,7 +42,7 @@ DELTA = 1e-5
 
 
 def federation(epsilon: float | None, seed: int, pretrained: Path):
-    base = nih_chexpert_recipe()
+    base = nih_chexpert_recipe(start=SCRATCH)
     rounds = base.controller_args["num_rounds"]
     sites = {}
     for site, values in base.site_configs.items():

@@ -1,13 +1,12 @@
-"""Does the main job learn each finding when it starts from the offline stand-in? Not a test.
+"""How finding-specific the main job's best model is, by embedded patients a site and fine-tuning rates. Not a test.
 
-    python benchmarks/stand_in_transfer.py --workspace /tmp/ws-stand-in      # about 5 minutes on 2 CPU cores
+    python benchmarks/stand_in_transfer.py --workspace /tmp/ws-stand-in --patients 1500   # 13 minutes on 2 CPU cores
 
-The main job (``jobs/nih_chexpert``: its two sites, embedded data and rounds) started from the stand-in
-(``surgical-aggregation pretrain``; built first and cached when missing: about 20 minutes on 2 CPU cores), with
-FedBN+ and the papers' rates (Adam at 5e-5 after the head warm-up at 5e-3), as issue 49 asks the main job to start.
-Prints, for each site, its test split's mean AUROC of the best global model and how finding-specific that model is
-on the site's validation split (the mean pairwise correlation of its logits, and the AUROC lost by ranking every
-finding by one shared score): the README's default run (from scratch) reports the same figures for comparison.
+The main job (``jobs/nih_chexpert``: its two sites, embedded data and rounds, from the offline stand-in with FedBN+;
+the stand-in built first and cached when missing: about 20 minutes on 2 CPU cores) with ``--patients`` a site and
+the given rates (default: the job's). Prints, for each site, its test split's mean AUROC of the best global model and
+how finding-specific that model is on the site's validation split (the mean pairwise correlation of its logits, and
+the AUROC lost by ranking every finding by one shared score): what chose ``STAND_IN_JOB_PATIENTS`` (issue 49).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from surgical_aggregation.experiments.pretraining import Pretraining, pretrained
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.training.config import site_config_from_dict
-from surgical_aggregation.training.profiles import DEMO, PAPERS_RATES
+from surgical_aggregation.training.profiles import DEMO, PAPERS_RATES, STAND_IN_JOB_PATIENTS
 from surgical_aggregation.training.site_data import resolve_table, split_table
 
 
@@ -31,23 +30,25 @@ def main() -> None:
     parser.add_argument("--workspace", type=Path, required=True)
     parser.add_argument("--cache", type=Path, default=None, help="cache root (embedded data, the stand-in weights)")
     parser.add_argument(
-        "--patients", type=int, default=DEMO.embedded_patients, help="embedded patients a site (default: the job's)"
+        "--patients", type=int, default=STAND_IN_JOB_PATIENTS, help="embedded patients a site (default: the job's)"
     )
+    parser.add_argument("--learning-rate", type=float, default=PAPERS_RATES["learning_rate"])
+    parser.add_argument("--warmup-learning-rate", type=float, default=PAPERS_RATES["warmup_learning_rate"])
     args = parser.parse_args()
-    weights = pretrained_backbone(DEMO, Pretraining.for_profile(DEMO), args.cache)
-    embedded = {"patients": args.patients}
+    rates = {"learning_rate": args.learning_rate, "warmup_learning_rate": args.warmup_learning_rate}
+    job = nih_chexpert_recipe()
+    weights = pretrained_backbone(DEMO, Pretraining.for_profile(DEMO), args.cache)  # the job's, built outside FLARE
     sites = {
-        site: DEMO.site_config({"kind": kind}, embedded=embedded, **PAPERS_RATES)
-        for site, kind in (("site-nih", "nih"), ("site-chexpert", "chexpert"))
+        site: {**values, **rates, "embedded": {**values["embedded"], "patients": args.patients}}
+        for site, values in job.site_configs.items()
     }
-    recipe = nih_chexpert_recipe(
-        sites, persistor={"pretrained_weights": str(weights), "seed": 0}, controller={"backbone_strategy": "fedbn_plus"}
-    )
+    recipe = nih_chexpert_recipe(sites, persistor={"pretrained_weights": str(weights), "seed": 0})
     started = time.perf_counter()
     result = simulate(recipe, args.workspace, args.workspace / "simulator.log")
     summary: dict = {
         "stand_in": weights.stem,
         "patients": args.patients,
+        **rates,
         "seconds": round(time.perf_counter() - started),
     }
     for site, values in recipe.site_configs.items():

@@ -76,8 +76,14 @@ def _site_config(root: Path, **fields) -> Path:
     return path
 
 
-def _check_site(root: Path, **fields) -> list[str]:
-    return ["check-site", "--job", str(MAIN_JOB), "--config", str(_site_config(root, **fields)), "--site", "site-nih"]
+def _check_site(root: Path, job: Path = MAIN_JOB, **fields) -> list[str]:
+    return ["check-site", "--job", str(job), "--config", str(_site_config(root, **fields)), "--site", "site-nih"]
+
+
+def _scratch_job(root: Path) -> Path:
+    """The main job from scratch: FedAvg's backbone, BatchNorm trained (the default job freezes it: FedBN+)."""
+    assert main(["write-job", "--start", "scratch", "--out", str(root / "scratch-job")]) == 0
+    return root / "scratch-job"
 
 
 def _user_folder(root: Path) -> list[str]:
@@ -246,7 +252,9 @@ CASES = {
         "data.location still holds the template's placeholder",
     ),
     "DP-SGD at a site of a job whose BatchNorm trains": Case(
-        lambda root: _check_site(root, differential_privacy={"epsilon": 8, "noise_multiplier": 1.1}),
+        lambda root: _check_site(
+            root, _scratch_job(root), differential_privacy={"epsilon": 8, "noise_multiplier": 1.1}
+        ),
         2,
         "this site: differential_privacy needs BatchNorm that does not learn from batch statistics (a batch's "
         "statistics mix its images, which per-image clipping cannot bound), but the job's backbone strategy 'fedavg' "

@@ -22,6 +22,7 @@ from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.profiles import SCRATCH
 from surgical_aggregation.training.site_data import resolve_table
 
 from helpers import MAIN_RUN, audit_exchange, build_main_run, built_once, run_main_job
@@ -151,7 +152,7 @@ def test_each_blind_model_is_the_surgical_mean_of_what_the_sites_encrypted(runs)
 
 def _site_labels(site: str) -> list[str]:
     """The site's classes, as its trainer reads them (canonical, its order)."""
-    return list(resolve_table(site_config_from_dict(nih_chexpert_recipe().site_configs[site])).classes)
+    return list(resolve_table(site_config_from_dict(nih_chexpert_recipe(start=SCRATCH).site_configs[site])).classes)
 
 
 def _class_names() -> set[str]:

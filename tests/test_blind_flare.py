@@ -19,6 +19,7 @@ from surgical_aggregation.core.blind import (
 from surgical_aggregation.core.errors import SiteConfigError
 from surgical_aggregation.flare.blind import BLIND_REFUSED, classless_check, refused_table
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe, write_job
+from surgical_aggregation.training.profiles import SCRATCH
 
 from helpers import load_benchmark
 
@@ -107,7 +108,7 @@ def _session(tmp_path: Path, blind_secret: str | None):
 
     from helpers import tiny_sites
 
-    values = tiny_sites(nih_chexpert_recipe().site_configs, tmp_path / "cache")["site-nih"]
+    values = tiny_sites(nih_chexpert_recipe(start=SCRATCH).site_configs, tmp_path / "cache")["site-nih"]
     config = site_config_from_dict({**values, "blind_secret": blind_secret}, "site config")
     return ClientSession("site-nih", config, tmp_path / "job" / "app_site-nih", logging.getLogger("test"))
 

@@ -51,6 +51,7 @@ from surgical_aggregation.training.checkpoint import (
     load_checkpoint,
 )
 from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.profiles import SCRATCH
 from surgical_aggregation.training.site_data import prepare_site_data
 from surgical_aggregation.training.trainer import SiteTrainer
 
@@ -248,7 +249,7 @@ def test_before_publication_no_site_receives_or_keeps_another_sites_class_names(
 def test_same_class_sets_give_flares_own_fedavg(tmp_path):
     """On DenseNet121 (the other simulator tests run the smoke network): its 28 MB updates go through FLARE's
     streaming, the smoke network's through plain messages."""
-    nih = tiny_sites(nih_chexpert_recipe().site_configs, tmp_path / "cache", DENSENET121)["site-nih"]
+    nih = tiny_sites(nih_chexpert_recipe(start=SCRATCH).site_configs, tmp_path / "cache", DENSENET121)["site-nih"]
     sites = {
         "site-a": {**nih, "record_exchanges": "full"},
         "site-b": {**nih, "record_exchanges": "full", "seed": 7, "embedded": {**nih["embedded"], "seed": 1}},
@@ -297,7 +298,7 @@ def _csv_site_with_tuberculosis(root: Path, patients: int = 30, size: int = 32) 
 def test_a_new_hospital_with_its_own_finding_joins_a_federation_that_continues_from_its_best_model(
     tmp_path, monkeypatch
 ):
-    base = tiny_sites(nih_chexpert_recipe().site_configs, tmp_path / "cache")
+    base = tiny_sites(nih_chexpert_recipe(start=SCRATCH).site_configs, tmp_path / "cache")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one process per site (-t), sharing the cores
 
     def site(kind: str, labels: list[str], seed: int = 0) -> dict:

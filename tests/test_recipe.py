@@ -6,11 +6,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.model import ModelLearnableKey
 
 import surgical_aggregation
 from surgical_aggregation.cli import main
+from surgical_aggregation.core.methods import batchnorm_at_defaults
+from surgical_aggregation.data.storage import CACHE_ENV
+from surgical_aggregation.experiments import pretraining
 from surgical_aggregation.flare.client import _config_hint
+from surgical_aggregation.flare.persistor import SurgicalModelPersistor
 from surgical_aggregation.flare.protocol import BUNDLE_JOBS
 from surgical_aggregation.flare.recipe import (
     CLIENT_COMMAND,
@@ -18,7 +26,9 @@ from surgical_aggregation.flare.recipe import (
     nih_chexpert_recipe,
     write_job,
 )
+from surgical_aggregation.images.names import SMOKE_DENSENET
 from surgical_aggregation.training.config import JOB_DEFAULT_ORIGIN, SiteConfigError, load_site_config
+from surgical_aggregation.training.profiles import PAPERS_RATES, SCRATCH, STAND_IN, STAND_IN_JOB_PATIENTS
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 COMMITTED = REPOSITORY / "jobs" / "nih_chexpert"
@@ -57,6 +67,67 @@ def test_main_job_layout():
     python_files = sorted(str(p.relative_to(COMMITTED)) for p in COMMITTED.rglob("*.py"))
     assert python_files == [f"app_{site}/custom/client.py" for site in sorted(SITES)]
     assert len((COMMITTED / "app_site-nih/custom/client.py").read_text().splitlines()) == 5
+
+
+def test_the_main_job_starts_from_the_stand_in_with_fedbn_plus_or_from_scratch_with_fedavg():
+    """Where the backbone starts decides how it trains: FedBN+ and the papers' rates from pretrained weights (the
+    stand-in or ImageNet's), FedAvg and the demo's rates from a random DenseNet121, whose BatchNorm FedBN+ would freeze
+    at the identity."""
+    standard = nih_chexpert_recipe()
+    assert standard.persistor_args["pretrained_weights"] == STAND_IN
+    assert standard.controller_args["backbone_strategy"] == "fedbn_plus"
+    imagenet = nih_chexpert_recipe(start="/models/densenet121-a639ec97.pth")
+    assert imagenet.persistor_args["pretrained_weights"] == "/models/densenet121-a639ec97.pth"
+    scratch = nih_chexpert_recipe(start=SCRATCH)
+    assert "pretrained_weights" not in scratch.persistor_args
+    assert scratch.controller_args["backbone_strategy"] == "fedavg"
+    for recipe, rates, patients in (
+        (standard, PAPERS_RATES, STAND_IN_JOB_PATIENTS),
+        (imagenet, PAPERS_RATES, STAND_IN_JOB_PATIENTS),
+        (scratch, {"learning_rate": 3e-4, "warmup_learning_rate": 1e-3}, 400),
+    ):
+        for values in recipe.site_configs.values():
+            assert {name: values[name] for name in rates} == dict(rates)
+            assert values["embedded"]["patients"] == patients
+    # the written job says so: the server's persistor names the stand-in, its controller FedBN+
+    server = json.loads((COMMITTED / "app_server/config/config_fed_server.json").read_text())
+    persistor = next(c for c in server["components"] if c["path"].endswith("SurgicalModelPersistor"))
+    assert persistor["args"]["pretrained_weights"] == STAND_IN
+    assert server["workflows"][0]["args"]["backbone_strategy"] == "fedbn_plus"
+
+
+def test_the_stand_in_is_refused_for_another_network_and_start_for_another_job(tmp_path, capsys):
+    sites = {site: {**values, "network": SMOKE_DENSENET} for site, values in nih_chexpert_recipe().site_configs.items()}
+    with pytest.raises(
+        SiteConfigError, match="the stand-in backbone is a densenet121, but the sites train a densenet-sm"
+    ):
+        nih_chexpert_recipe(sites)
+    assert nih_chexpert_recipe(sites, start=SCRATCH).persistor_args["preprocessing"]["network"] == SMOKE_DENSENET
+    assert main(["write-job", "--name", "report_labeling", "--start", SCRATCH, "--out", str(tmp_path / "job")]) == 2
+    assert "--start applies to the nih_chexpert job; report_labeling starts from scratch" in capsys.readouterr().err
+    assert not (tmp_path / "job").exists()
+
+
+def test_the_persistor_builds_the_stand_in_once_and_starts_from_its_statistics(tmp_path, monkeypatch):
+    """``pretrained_weights: "stand-in"``: the server trains the stand-in when its cache lacks it (a tiny budget here;
+    the job's takes 20 minutes), keeps it, and the initial global model holds its learned BatchNorm statistics, which
+    FedBN+ then freezes."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(pretraining, "STAND_IN_PRETRAINING", {"images": 40, "epochs": 1})
+    preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
+    persistor = SurgicalModelPersistor(preprocessing=preprocessing, pretrained_weights=STAND_IN)
+    learnable = persistor.load_model(FLContext())
+    weights = learnable[ModelLearnableKey.WEIGHTS]
+    built = tmp_path / "cache" / "pretrained" / f"{pretraining.Pretraining(32, images=40, epochs=1).name}.pt"
+    assert built.is_file()
+    stand_in = torch.load(built, weights_only=False)["state_dict"]
+    key = next(name for name in stand_in if name.endswith("running_var"))
+    assert np.allclose(weights[key], stand_in[key].numpy()) and not np.allclose(weights[key], 1.0)
+    assert not batchnorm_at_defaults({name: torch.as_tensor(value) for name, value in weights.items()})
+    assert learnable[ModelLearnableKey.META]["initial_model"].startswith(f"pretrained weights from {built}")
+    stamp = built.stat().st_mtime_ns
+    persistor.load_model(FLContext())  # found in the cache, not trained again
+    assert built.stat().st_mtime_ns == stamp
 
 
 def test_external_process_variant_has_no_entry_point(tmp_path):

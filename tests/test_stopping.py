@@ -16,6 +16,7 @@ import pytest
 
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.stopping import CommandInterrupted, stopped_cleanly
+from surgical_aggregation.training.profiles import SCRATCH
 
 from helpers import tiny_sites
 
@@ -36,7 +37,7 @@ def test_a_signal_ends_what_the_block_started_and_says_interrupted(signal_number
 
 @pytest.mark.slow
 def test_sigterm_mid_round_leaves_no_process_of_the_simulated_federation(tmp_path):
-    sites = tiny_sites(nih_chexpert_recipe().site_configs, tmp_path / "cache")
+    sites = tiny_sites(nih_chexpert_recipe(start=SCRATCH).site_configs, tmp_path / "cache")
     arguments = []
     for name, config in sites.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(config))
@@ -48,6 +49,8 @@ def test_sigterm_mid_round_leaves_no_process_of_the_simulated_federation(tmp_pat
         "simulate",
         "--workspace",
         str(tmp_path / "ws"),
+        "--start",
+        SCRATCH,
         *arguments,
     ]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

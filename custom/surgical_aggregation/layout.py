@@ -73,9 +73,11 @@ LAYERS: tuple[Layer, ...] = (
             "training.rank_helper",
             "evaluation.inference",
             "evaluation.probe",
+            "experiments.pretraining",
         ),
         "one site's local training (FLARE's client script and the baselines drive it), its DP-SGD, its helper ranks; "
-        "`predict` and `evaluate` on model files; the linear probe of a frozen backbone",
+        "`predict` and `evaluate` on model files; the linear probe of a frozen backbone; the offline stand-in for "
+        "ImageNet weights (the main job's server and the grids start from it)",
     ),
     Layer(
         "deployment",
@@ -90,9 +92,7 @@ LAYERS: tuple[Layer, ...] = (
         "script, recipes, simulation, tracking, deployment, POC, the exchange audit: the only place that imports "
         "`nvflare`",
     ),
-    Layer(
-        "the papers' harness", ("experiments",), "grids, runner, baselines, pretraining, summary statistics and plots"
-    ),
+    Layer("the papers' harness", ("experiments",), "grids, runner, baselines, summary statistics and plots"),
     Layer("the command line", ("cli", "__main__", "__init__", "layout"), "parses and calls; this description"),
 )
 APART = (("images", "reports"),)  # packages of one layer that do not import each other

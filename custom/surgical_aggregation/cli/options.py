@@ -13,6 +13,7 @@ from ..core.errors import SiteConfigError
 from ..data.storage import default_cache_root
 from ..images.names import CO_OCCURRENCES, ON_ERROR_POLICIES, SHARED_ROWS
 from ..images.settings import ACCEPT_NON_CHEST
+from ..training.profiles import SCRATCH, STAND_IN
 
 
 def user_path(text: str) -> Path:
@@ -85,6 +86,29 @@ def add_site_config_option(parser: argparse.ArgumentParser) -> None:
         metavar="SITE=FILE",
         help="use this site config file (e.g. real data) instead of the job's default for SITE; repeatable",
     )
+
+
+def add_start_option(parser: argparse.ArgumentParser) -> None:
+    """``--start``: where the main job's backbone starts (``flare.recipe.nih_chexpert_recipe``)."""
+    parser.add_argument(
+        "--start",
+        metavar="{stand-in,scratch,PATH}",
+        help=f"nih_chexpert only: {STAND_IN} (default: FedBN+ from the offline stand-in for ImageNet weights, trained "
+        f"on the server first when not cached, about 20 minutes on 2 CPU cores), {SCRATCH} (a random DenseNet121, "
+        "FedAvg, 400 patients a site: minutes, a smoke run) or a local ImageNet DenseNet121 checkpoint's path as the "
+        "server sees it (FedBN+)",
+    )
+
+
+def start_option(args: argparse.Namespace, job: str) -> dict[str, str]:
+    """The recipe's ``start`` argument from ``--start`` (none given: the recipe's default)."""
+    from ..flare.protocol import NIH_CHEXPERT
+
+    if args.start is None:
+        return {}
+    if job != NIH_CHEXPERT:
+        raise SiteConfigError(f"--start applies to the {NIH_CHEXPERT} job; {job} starts from scratch")
+    return {"start": args.start}
 
 
 def site_configs(entries: Sequence[str], job_aliases: Mapping[str, str] | None = None) -> dict[str, dict]:

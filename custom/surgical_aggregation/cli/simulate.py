@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..flare.protocol import BUNDLE_JOBS, NIH_CHEXPERT
-from .options import add_site_config_option, site_configs, user_path
+from .options import add_site_config_option, add_start_option, site_configs, start_option, user_path
 
 NAME = "simulate"
 HELP = (
@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("results/simulation"),
         help="FLARE's workspaces go to <workspace>/<job name> (default results/simulation)",
     )
+    add_start_option(parser)
     add_site_config_option(parser)
 
 
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from ..flare.recipe import BUNDLE_RECIPES  # imports FLARE: only for this command
     from ..flare.simulation import simulate
 
-    recipe = BUNDLE_RECIPES[args.name](site_configs(args.site_config))
+    recipe = BUNDLE_RECIPES[args.name](site_configs(args.site_config), **start_option(args, args.name))
     result = simulate(recipe, args.workspace)
     if result.earlier_results is not None and ".incomplete-" in result.earlier_results.name:
         print(f"an earlier run in this workspace had not finished (no results): moved to {result.earlier_results}")

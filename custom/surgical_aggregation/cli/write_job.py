@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..core.errors import DataNotFoundError
 from ..flare.protocol import BUNDLE_JOBS, CODE_DELIVERIES, NIH_CHEXPERT, RESUME_CHOICES, TIMED_TASKS
-from .options import add_site_config_option, site_configs, user_path
+from .options import add_site_config_option, add_start_option, site_configs, start_option, user_path
 
 NAME = "write-job"
 HELP = "(re)write a FLARE job folder of this bundle from its recipe"
@@ -131,6 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar="SECONDS",
             help=f"seconds a site may take for a {task} task (default: the job's, sized for the embedded data)",
         )
+    add_start_option(parser)
     add_site_config_option(parser)
 
 
@@ -159,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         update_privacy=None if args.privacy_filter is None else read_privacy_filter(args.privacy_filter),
         blind=args.blind,
         left_out=args.leave_out,
+        **start_option(args, args.name),
     )
     mode = f"{args.code}, blind" if args.blind else args.code
     print(f"wrote job {args.name!r} ({mode}) to {write_job(recipe, args.out, force=args.force)}")

@@ -31,13 +31,15 @@ from typing import Any
 
 import torch
 
+from ..core.errors import SiteConfigError
 from ..core.head import NAMED_HEAD, extend_head
 from ..data.storage import default_cache_root, exclusive, write_atomically
+from ..images.names import DENSENET121
 from ..images.synthetic import GENERATOR_VERSION, generate_patterns
 from ..images.synthetic_pixels import PATTERN_COUNT, PATTERN_VOCABULARY, pattern_glyphs
 from ..training.checkpoint import initial_global_state
 from ..training.config import site_config_from_dict
-from ..training.profiles import Profile
+from ..training.profiles import DEMO, STAND_IN_PRETRAINING, Profile
 from ..training.site_data import prepare_site_data
 from ..training.trainer import SiteTrainer
 
@@ -127,6 +129,26 @@ def pretrained_backbone(
         write_atomically(path, lambda handle: torch.save(payload, handle), "pretrained backbone")
         log.info("pretrained backbone in %.0f s: %s", time.perf_counter() - started, path)
     return path
+
+
+def check_stand_in(preprocessing: Mapping[str, Any], where: str) -> None:
+    """Refuse the stand-in for a model it cannot start: it is a DenseNet121."""
+    network = preprocessing.get("network", DENSENET121)
+    if network != DENSENET121:
+        raise SiteConfigError(
+            f"{where}: the stand-in backbone is a {DENSENET121}, but the sites train a {network} (their site "
+            "configs' network): start from scratch, or from weights of that network"
+        )
+
+
+def stand_in_backbone(
+    preprocessing: Mapping[str, Any], cache_root: str | Path | None = None, log: logging.Logger = logger
+) -> Path:
+    """The stand-in for a model fed as ``preprocessing`` says (DenseNet121 at its image size), trained now (with the
+    demo profile's settings around the pretraining's own recipe, as ``pretrain`` does) unless cached."""
+    check_stand_in(preprocessing, "the initial global model")
+    pretraining = Pretraining(int(preprocessing["image_size"]), **STAND_IN_PRETRAINING)
+    return pretrained_backbone(DEMO, pretraining, cache_root, log)
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,18 @@ from ..core.checks.handshake import preprocessing_problem
 from ..core.errors import SiteConfigError
 from ..core.labels import job_vocabulary
 from ..core.labels import label_aliases as load_label_aliases
+from ..experiments.pretraining import check_stand_in
 from ..training.config import SITE_CONFIGS_DIR, SiteConfig, site_config_from_dict
-from ..training.profiles import CONSORTIUM_ROUNDS, DEMO, REPORT, REPORT_JOB_ROUNDS
+from ..training.profiles import (
+    CONSORTIUM_ROUNDS,
+    DEMO,
+    PAPERS_RATES,
+    REPORT,
+    REPORT_JOB_ROUNDS,
+    SCRATCH,
+    STAND_IN,
+    STAND_IN_JOB_PATIENTS,
+)
 from .blind import BLIND_REFUSED, BlindSurgicalAggregator
 from .controller import SurgicalAggregatorShareable
 from .persistor import SurgicalModelPersistor
@@ -202,6 +212,8 @@ class SurgicalAggregationRecipe(Recipe):
         self.blind = blind
         self.persistor_args = {"architecture": first.modality.architecture, "preprocessing": preprocessing}
         self.persistor_args.update(persistor or {})
+        if self.persistor_args.get("pretrained_weights") == STAND_IN:
+            check_stand_in(preprocessing, f"job {name!r}")
         if initial_model is not None:
             self.persistor_args["initial_model"] = str(initial_model)
         self.site_to_site_evaluation = site_to_site_evaluation
@@ -423,18 +435,39 @@ JOB_TIMEOUTS = {"handshake_timeout": 300, "train_timeout": 900, "validate_timeou
 
 
 def nih_chexpert_recipe(
-    sites: Mapping[str, Mapping[str, Any]] | None = None, **options: Any
+    sites: Mapping[str, Mapping[str, Any]] | None = None, start: str = STAND_IN, **options: Any
 ) -> SurgicalAggregationRecipe:
     """``jobs/nih_chexpert``: a NIH ChestX-ray14 site (14 labels) and a CheXpert site (13), 20-class union,
-    on the embedded data with the demo profile. ``sites`` replaces some sites' configs (e.g. real data);
-    ``options`` go to :class:`SurgicalAggregationRecipe`."""
-    embedded = {"patients": DEMO.embedded_patients}
+    on the embedded data. ``sites`` replaces some sites' configs (e.g. real data); ``options`` go to
+    :class:`SurgicalAggregationRecipe` (their ``persistor`` and ``controller`` entries win over the start's).
+
+    ``start`` says where the backbone starts. ``stand-in`` (default): the offline stand-in for ImageNet weights
+    (``experiments.pretraining``; the server trains it first when its cache lacks it), FedBN+ and the papers'
+    fine-tuning rates, on ``STAND_IN_JOB_PATIENTS`` embedded patients a site. A path: that local ImageNet
+    DenseNet121 checkpoint (as the server sees it), the same otherwise. ``scratch``: a randomly initialised
+    DenseNet121 with FedAvg's backbone (FedBN+ needs learned BatchNorm statistics), the demo profile on its 400
+    patients a site: minutes on a CPU, for smoke runs and tests; its best model learns one generic score."""
+    if start == SCRATCH:
+        patients, rates, persistor, backbone = DEMO.embedded_patients, {}, {}, "fedavg"
+    else:
+        patients, rates, backbone = STAND_IN_JOB_PATIENTS, dict(PAPERS_RATES), "fedbn_plus"
+        persistor = {"pretrained_weights": start}
+    embedded = {"patients": patients}
     defaults = {
-        "site-nih": DEMO.site_config({"kind": "nih"}, embedded=embedded),
-        "site-chexpert": DEMO.site_config({"kind": "chexpert"}, embedded=embedded),
+        "site-nih": DEMO.site_config({"kind": "nih"}, embedded=embedded, **rates),
+        "site-chexpert": DEMO.site_config({"kind": "chexpert"}, embedded=embedded, **rates),
     }
-    controller = {"num_rounds": DEMO.rounds, "patience": DEMO.patience, **JOB_TIMEOUTS, **options.pop("controller", {})}
-    return SurgicalAggregationRecipe(NIH_CHEXPERT, _with_sites(defaults, sites), controller=controller, **options)
+    controller = {
+        "num_rounds": DEMO.rounds,
+        "patience": DEMO.patience,
+        "backbone_strategy": backbone,
+        **JOB_TIMEOUTS,
+        **options.pop("controller", {}),
+    }
+    persistor = {**persistor, **options.pop("persistor", {})}
+    return SurgicalAggregationRecipe(
+        NIH_CHEXPERT, _with_sites(defaults, sites), controller=controller, persistor=persistor, **options
+    )
 
 
 # The report labelling job: the IU reports dealt IID to two sites, each labelling 9 of the 14 most
