@@ -26,6 +26,7 @@ import torch
 from surgical_aggregation.evaluation.inference import evaluate_models, model_specificity, write_evaluation
 from surgical_aggregation.evaluation.probe import linear_probe
 from surgical_aggregation.evaluation.run_summary import INITIAL_ROUND
+from surgical_aggregation.experiments.pretraining import stand_in_backbone
 from surgical_aggregation.experiments.summary import rewrite_marked_block
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
@@ -74,6 +75,7 @@ def run(workspace: Path) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "command": f"surgical-aggregation simulate --workspace {workspace}",
         "initial_model": f"{STARTS.get(weights, weights)}; {BACKBONES[backbone]} backbone",
+        "job": job_settings(recipe),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
         "seconds": round(seconds),
         "rounds": {"planned": recipe.controller_args["num_rounds"], "patience": recipe.controller_args["patience"]},
@@ -84,6 +86,10 @@ def run(workspace: Path) -> dict[str, Any]:
         },
         "test": {},
     }
+    # the features the federation starts from, read out linearly: what training added beyond them
+    start = None
+    if weights == STAND_IN:
+        start = torch.load(stand_in_backbone(recipe.persistor_args["preprocessing"]), weights_only=False)["state_dict"]
     for site, values in recipe.site_configs.items():
         config = site_config_from_dict(values, site)
         splits = split_table(resolve_table(config), config)
@@ -104,6 +110,9 @@ def run(workspace: Path) -> dict[str, Any]:
             "random_probe": probe.mean_auroc,
             "margin": report.mean_auroc.estimate - probe.mean_auroc,
         }
+        if start is not None:
+            start_probe = linear_probe(config, start, "the stand-in's features").mean_auroc
+            summary["test"][site].update(start_probe=start_probe, start_margin=report.mean_auroc.estimate - start_probe)
     with tempfile.TemporaryDirectory() as folder:
         external, _ = ensure_generated(
             EXTERNAL["kind"], folder, n_patients=EXTERNAL["patients"], image_size=64, seed=EXTERNAL["seed"]
@@ -120,6 +129,23 @@ def run(workspace: Path) -> dict[str, Any]:
         "ci": [report.mean_auroc.low, report.mean_auroc.high],
     }
     return summary
+
+
+def job_settings(recipe) -> dict[str, Any]:
+    """What the run trained with, as its recipe says: its start and each site's data size and rates."""
+    sites = {
+        site: {
+            "embedded_patients": values["embedded"]["patients"],
+            "learning_rate": values["learning_rate"],
+            "warmup_learning_rate": values["warmup_learning_rate"],
+        }
+        for site, values in recipe.site_configs.items()
+    }
+    return {
+        "pretrained_weights": recipe.persistor_args.get("pretrained_weights"),
+        "backbone_strategy": recipe.controller_args["backbone_strategy"],
+        "sites": sites,
+    }
 
 
 def validation_table(summary: dict[str, Any]) -> str:
@@ -153,20 +179,23 @@ def test_table(summary: dict[str, Any]) -> str:
     best = summary["models"]["best"]
     lines = [
         f"| test set | classes | images | best model's (round {best['round']}) mean AUROC (95% CI) "
-        "| random backbone's linear probe | margin |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| random backbone's linear probe | margin | the stand-in's linear probe | margin |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for site, values in summary["test"].items():
         low, high = values["ci"]
+        start = (
+            f"{values['start_probe']:.3f} | {values['start_margin']:+.3f}" if "start_probe" in values else "n/a | n/a"
+        )
         lines.append(
             f"| {site}'s test split | {values['classes']} | {values['images']} | {values['mean_auroc']:.3f} "
-            f"({low:.3f}-{high:.3f}) | {values['random_probe']:.3f} | {values['margin']:+.3f} |"
+            f"({low:.3f}-{high:.3f}) | {values['random_probe']:.3f} | {values['margin']:+.3f} | {start} |"
         )
     external = summary["external"]
     low, high = external["ci"]
     lines.append(
         f"| the external MIMIC-layout set (`{external['command']}`) | {external['classes']} | {external['images']} "
-        f"| {external['mean_auroc']:.3f} ({low:.3f}-{high:.3f}) | | |"
+        f"| {external['mean_auroc']:.3f} ({low:.3f}-{high:.3f}) | | | | |"
     )
     return "\n".join(lines)
 

@@ -103,6 +103,17 @@ def test_the_stand_in_is_refused_for_another_network_and_start_for_another_job(t
     ):
         nih_chexpert_recipe(sites)
     assert nih_chexpert_recipe(sites, start=SCRATCH).persistor_args["preprocessing"]["network"] == SMOKE_DENSENET
+    continued = nih_chexpert_recipe(sites, initial_model="/models/best.pt").persistor_args  # its model is the start
+    assert continued["initial_model"] == "/models/best.pt" and "pretrained_weights" not in continued
+    color = {site: {**values, "in_channels": 3} for site, values in nih_chexpert_recipe().site_configs.items()}
+    with pytest.raises(SiteConfigError, match=r"trained on images fed as .* but the sites feed \{'in_channels': 3\}"):
+        nih_chexpert_recipe(color)
+    for typo in ("stand_in", "", "weights"):
+        with pytest.raises(SiteConfigError, match="start must be 'stand-in', 'scratch' or the path of a DenseNet121"):
+            nih_chexpert_recipe(start=typo)
+    assert main(["simulate", "--start", str(tmp_path / "nope.pth"), "--workspace", str(tmp_path / "ws")]) == 2
+    assert f"--start {tmp_path / 'nope.pth'}: no such checkpoint file" in capsys.readouterr().err
+    assert not (tmp_path / "ws").exists()
     assert main(["write-job", "--name", "report_labeling", "--start", SCRATCH, "--out", str(tmp_path / "job")]) == 2
     assert "--start applies to the nih_chexpert job; report_labeling starts from scratch" in capsys.readouterr().err
     assert not (tmp_path / "job").exists()

@@ -100,15 +100,21 @@ def add_start_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def start_option(args: argparse.Namespace, job: str) -> dict[str, str]:
-    """The recipe's ``start`` argument from ``--start`` (none given: the recipe's default)."""
+def start_option(args: argparse.Namespace, job: str, server_here: bool) -> dict[str, str]:
+    """The recipe's ``start`` argument from ``--start`` (none given: the recipe's default); a path is the server's,
+    so where the server runs here (``simulate``) it must exist and is made absolute."""
     from ..flare.protocol import NIH_CHEXPERT
 
     if args.start is None:
         return {}
     if job != NIH_CHEXPERT:
         raise SiteConfigError(f"--start applies to the {NIH_CHEXPERT} job; {job} starts from scratch")
-    return {"start": args.start}
+    if args.start in (STAND_IN, SCRATCH) or not server_here:
+        return {"start": args.start}
+    path = user_path(args.start).resolve()
+    if not path.is_file():
+        raise SiteConfigError(f"--start {args.start}: no such checkpoint file ({path})")
+    return {"start": str(path)}
 
 
 def site_configs(entries: Sequence[str], job_aliases: Mapping[str, str] | None = None) -> dict[str, dict]:

@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from ..flare.recipe import BUNDLE_RECIPES  # imports FLARE: only for this command
     from ..flare.simulation import simulate
 
-    recipe = BUNDLE_RECIPES[args.name](site_configs(args.site_config), **start_option(args, args.name))
+    start = start_option(args, args.name, server_here=True)
+    recipe = BUNDLE_RECIPES[args.name](site_configs(args.site_config), **start)
     result = simulate(recipe, args.workspace)
     if result.earlier_results is not None and ".incomplete-" in result.earlier_results.name:
         print(f"an earlier run in this workspace had not finished (no results): moved to {result.earlier_results}")

@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         update_privacy=None if args.privacy_filter is None else read_privacy_filter(args.privacy_filter),
         blind=args.blind,
         left_out=args.leave_out,
-        **start_option(args, args.name),
+        **start_option(args, args.name, server_here=False),
     )
     mode = f"{args.code}, blind" if args.blind else args.code
     print(f"wrote job {args.name!r} ({mode}) to {write_job(recipe, args.out, force=args.force)}")

@@ -131,13 +131,28 @@ def pretrained_backbone(
     return path
 
 
+def stand_in_preprocessing(image_size: int) -> dict[str, Any]:
+    """What the stand-in at ``image_size`` is fed: the images of the pretraining's site config."""
+    config = site_config_from_dict(DEMO.site_config({"kind": "nih"}, image_size=image_size))
+    return config.modality.preprocessing(config)
+
+
 def check_stand_in(preprocessing: Mapping[str, Any], where: str) -> None:
-    """Refuse the stand-in for a model it cannot start: it is a DenseNet121."""
+    """Refuse the stand-in for a model it cannot start: a DenseNet121 fed one-channel images, normalised as it was."""
     network = preprocessing.get("network", DENSENET121)
     if network != DENSENET121:
         raise SiteConfigError(
             f"{where}: the stand-in backbone is a {DENSENET121}, but the sites train a {network} (their site "
             "configs' network): start from scratch, or from weights of that network"
+        )
+    if "image_size" not in preprocessing:
+        raise SiteConfigError(f"{where}: the stand-in backbone reads images; the sites' model reads {preprocessing}")
+    expected = stand_in_preprocessing(int(preprocessing["image_size"]))
+    differing = {key: preprocessing.get(key) for key in expected if preprocessing.get(key) != expected[key]}
+    if differing:
+        raise SiteConfigError(
+            f"{where}: the stand-in backbone was trained on images fed as {expected}, but the sites feed {differing}: "
+            "start from scratch, or from weights trained so"
         )
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from ..core.errors import UserError
+from ..data.storage import CACHE_ENV, default_cache_root
 from ..training.parallel import process_alive
 from .deploy import SERVER_HEARTBEAT_TIMEOUT, set_heartbeat_timeout, write_local_folder
 from .job_folder import job_sites
@@ -134,6 +135,9 @@ class PocWorkspace:
         return {
             **os.environ,
             "HOME": str(self.home),
+            # the user's cache, not one under the private HOME that stop --clean deletes: the stand-in the main
+            # job starts from takes 20 minutes to build on a CPU
+            CACHE_ENV: str(default_cache_root()),
             "NVFLARE_POC_WORKSPACE": str(self.poc_dir),
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         }

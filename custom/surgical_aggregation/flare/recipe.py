@@ -56,6 +56,7 @@ from ..training.config import SITE_CONFIGS_DIR, SiteConfig, site_config_from_dic
 from ..training.profiles import (
     CONSORTIUM_ROUNDS,
     DEMO,
+    JOB_STARTS,
     PAPERS_RATES,
     REPORT,
     REPORT_JOB_ROUNDS,
@@ -212,10 +213,11 @@ class SurgicalAggregationRecipe(Recipe):
         self.blind = blind
         self.persistor_args = {"architecture": first.modality.architecture, "preprocessing": preprocessing}
         self.persistor_args.update(persistor or {})
+        if initial_model is not None:  # continuing a federation: its model is the start, not pretrained weights
+            self.persistor_args.pop("pretrained_weights", None)
+            self.persistor_args["initial_model"] = str(initial_model)
         if self.persistor_args.get("pretrained_weights") == STAND_IN:
             check_stand_in(preprocessing, f"job {name!r}")
-        if initial_model is not None:
-            self.persistor_args["initial_model"] = str(initial_model)
         self.site_to_site_evaluation = site_to_site_evaluation
         self.client_execution = client_execution
         self.code = code
@@ -432,6 +434,7 @@ def _with_sites(defaults: dict[str, dict[str, Any]], sites: Mapping[str, Mapping
 # The bundle jobs' seconds per task, sized for the embedded data on a CPU (a handshake ~10 s, a round's
 # training ~1 min) with room for a loaded machine; real data needs more (write-job --train-timeout ...).
 JOB_TIMEOUTS = {"handshake_timeout": 300, "train_timeout": 900, "validate_timeout": 300}
+CHECKPOINT_SUFFIXES = (".pth", ".pt")  # a start given as a path: torchvision's and this bundle's weight files
 
 
 def nih_chexpert_recipe(
@@ -447,6 +450,11 @@ def nih_chexpert_recipe(
     DenseNet121 checkpoint (as the server sees it), the same otherwise. ``scratch``: a randomly initialised
     DenseNet121 with FedAvg's backbone (FedBN+ needs learned BatchNorm statistics), the demo profile on its 400
     patients a site: minutes on a CPU, for smoke runs and tests; its best model learns one generic score."""
+    if start not in JOB_STARTS and not str(start).endswith(CHECKPOINT_SUFFIXES):
+        raise SiteConfigError(
+            f"start must be {STAND_IN!r}, {SCRATCH!r} or the path of a DenseNet121 checkpoint ending in "
+            f"{' or '.join(CHECKPOINT_SUFFIXES)}, got {start!r}"
+        )
     if start == SCRATCH:
         patients, rates, persistor, backbone = DEMO.embedded_patients, {}, {}, "fedavg"
     else:
