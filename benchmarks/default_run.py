@@ -30,6 +30,7 @@ from surgical_aggregation.experiments.pretraining import stand_in_backbone
 from surgical_aggregation.experiments.summary import rewrite_marked_block
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
+from surgical_aggregation.flare.stopping import stopped_cleanly
 from surgical_aggregation.images.synthetic import ensure_generated
 from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
@@ -223,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.tables_only:
         summary = json.loads(SUMMARY.read_text())
     else:
-        summary = run(args.workspace)
+        with stopped_cleanly():  # stopped, it ends the simulator's processes it started
+            summary = run(args.workspace)
         SUMMARY.write_text(json.dumps(summary, indent=2) + "\n")
     for page in (ROOT / "README.md", ROOT / "docs" / "results.md"):
         page.write_text(replace_tables(page.read_text(), summary))

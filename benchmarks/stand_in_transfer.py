@@ -20,6 +20,7 @@ from surgical_aggregation.evaluation.inference import evaluate_models, model_spe
 from surgical_aggregation.experiments.pretraining import Pretraining, pretrained_backbone
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
+from surgical_aggregation.flare.stopping import stopped_cleanly
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.profiles import DEMO, PAPERS_RATES, STAND_IN_JOB_PATIENTS
 from surgical_aggregation.training.site_data import resolve_table, split_table
@@ -44,7 +45,8 @@ def main() -> None:
     }
     recipe = nih_chexpert_recipe(sites, persistor={"pretrained_weights": str(weights), "seed": 0})
     started = time.perf_counter()
-    result = simulate(recipe, args.workspace, args.workspace / "simulator.log")
+    with stopped_cleanly():  # stopped, it ends the simulator's processes it started
+        result = simulate(recipe, args.workspace, args.workspace / "simulator.log")
     summary: dict = {
         "stand_in": weights.stem,
         "patients": args.patients,
