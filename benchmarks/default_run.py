@@ -32,7 +32,7 @@ from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.flare.stopping import stopped_cleanly
 from surgical_aggregation.images.synthetic import ensure_generated
-from surgical_aggregation.training.checkpoint import load_checkpoint
+from surgical_aggregation.training.checkpoint import initial_global_state, load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.profiles import STAND_IN
 from surgical_aggregation.training.site_data import resolve_table, split_table
@@ -89,8 +89,9 @@ def run(workspace: Path) -> dict[str, Any]:
     }
     # the features the federation starts from, read out linearly: what training added beyond them
     start = None
-    if weights == STAND_IN:
-        start = torch.load(stand_in_backbone(recipe.persistor_args["preprocessing"]), weights_only=False)["state_dict"]
+    if weights == STAND_IN:  # the persistor's initial state, as the server builds it
+        architecture, preprocessing = recipe.persistor_args["architecture"], recipe.persistor_args["preprocessing"]
+        start = initial_global_state(architecture, preprocessing, 0, stand_in_backbone(preprocessing))
     for site, values in recipe.site_configs.items():
         config = site_config_from_dict(values, site)
         splits = split_table(resolve_table(config), config)

@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 from surgical_aggregation.evaluation.inference import evaluate_models, model_specificity
-from surgical_aggregation.experiments.pretraining import Pretraining, pretrained_backbone
+from surgical_aggregation.experiments.pretraining import stand_in_backbone
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.flare.stopping import stopped_cleanly
 from surgical_aggregation.training.config import site_config_from_dict
-from surgical_aggregation.training.profiles import DEMO, PAPERS_RATES, STAND_IN_JOB_PATIENTS
+from surgical_aggregation.training.profiles import PAPERS_RATES, STAND_IN_JOB_PATIENTS
 from surgical_aggregation.training.site_data import resolve_table, split_table
 
 
@@ -38,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
     rates = {"learning_rate": args.learning_rate, "warmup_learning_rate": args.warmup_learning_rate}
     job = nih_chexpert_recipe()
-    weights = pretrained_backbone(DEMO, Pretraining.for_profile(DEMO), args.cache)  # the job's, built outside FLARE
+    weights = stand_in_backbone(job.persistor_args["preprocessing"], args.cache)  # the job's, built outside FLARE
     sites = {
         site: {**values, **rates, "embedded": {**values["embedded"], "patients": args.patients}}
         for site, values in job.site_configs.items()
