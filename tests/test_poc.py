@@ -34,6 +34,7 @@ from nvflare.recipe import ProdEnv
 
 from surgical_aggregation.cli import main
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.data.storage import CACHE_ENV
 from surgical_aggregation.flare.poc import COMPLETED, USERS, PocWorkspace, SubmissionRefused, job_sites
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe, write_job
 from surgical_aggregation.images.synthetic import generate_nih
@@ -68,12 +69,17 @@ def _assert_all_stopped(poc: PocWorkspace, record: dict) -> None:
     assert not poc.processes_file.exists()
 
 
-def test_poc_isolation_and_site_names(tmp_path):
+def test_poc_isolation_and_site_names(tmp_path, monkeypatch):
     assert job_sites(Path(__file__).resolve().parents[1] / "jobs" / "nih_chexpert") == SITES
     poc = PocWorkspace(tmp_path / "poc")
     env = poc.env()
     assert env["HOME"] == str(tmp_path / "poc" / "home") != os.environ.get("HOME")
     assert env["NVFLARE_POC_WORKSPACE"] == str(tmp_path / "poc" / "poc")
+    # the bundle's cache is the user's, not one under the private HOME that stop --clean deletes (the stand-in)
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    assert poc.env()[CACHE_ENV] == str(Path.home() / ".cache" / "surgical_aggregation")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    assert poc.env()[CACHE_ENV] == str(tmp_path / "mine")
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "notes.txt").write_text("not a POC")
     with pytest.raises(RuntimeError, match="not empty and not a POC workspace"):
