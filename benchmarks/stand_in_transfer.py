@@ -33,6 +33,9 @@ def main() -> None:
     parser.add_argument(
         "--patients", type=int, default=STAND_IN_JOB_PATIENTS, help="embedded patients a site (default: the job's)"
     )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="redraws the embedded data, the patient split and the training (default 0)"
+    )
     parser.add_argument("--learning-rate", type=float, default=PAPERS_RATES["learning_rate"])
     parser.add_argument("--warmup-learning-rate", type=float, default=PAPERS_RATES["warmup_learning_rate"])
     args = parser.parse_args()
@@ -40,16 +43,23 @@ def main() -> None:
     job = nih_chexpert_recipe()
     weights = stand_in_backbone(job.persistor_args["preprocessing"], args.cache)  # the job's, built outside FLARE
     sites = {
-        site: {**values, **rates, "embedded": {**values["embedded"], "patients": args.patients}}
+        site: {
+            **values,
+            **rates,
+            "seed": args.seed,
+            "data": {**values["data"], "split_seed": args.seed},
+            "embedded": {**values["embedded"], "patients": args.patients, "seed": args.seed},
+        }
         for site, values in job.site_configs.items()
     }
-    recipe = nih_chexpert_recipe(sites, persistor={"pretrained_weights": str(weights), "seed": 0})
+    recipe = nih_chexpert_recipe(sites, persistor={"pretrained_weights": str(weights), "seed": args.seed})
     started = time.perf_counter()
     with stopped_cleanly():  # stopped, it ends the simulator's processes it started
         result = simulate(recipe, args.workspace, args.workspace / "simulator.log")
     summary: dict = {
         "stand_in": weights.stem,
         "patients": args.patients,
+        "seed": args.seed,
         **rates,
         "seconds": round(time.perf_counter() - started),
     }
