@@ -27,9 +27,11 @@ from surgical_aggregation.images.names import PADCHEST_ROWS, SHARED_ROWS
 from surgical_aggregation.images.public import PUBLIC_DATASETS, read_public_labels
 from surgical_aggregation.images.synthetic import (
     MARKER_FILE,
+    PATTERN_STRENGTH,
     ensure_generated,
     generate_chexpert,
     generate_nih,
+    generate_patterns,
     read_shown,
 )
 from surgical_aggregation.images.synthetic_labels import (
@@ -327,3 +329,23 @@ def test_the_stand_ins_patterns_are_no_findings_drawing():
         public |= set(parsed.columns) - {"key", "patient_id", "path"}
     assert len(public - builtin) > 150  # PadChest's findings
     assert min(nearest(finding_glyph(name)) for name in public) >= 2
+
+
+def test_the_patterns_brightness_changes_only_the_patterns(tmp_path):
+    """``generate_patterns(strength=...)`` (the stand-in's brightness, a probe's option): the same labels, and the same
+    pixels wherever no pattern is drawn; a pattern drawn at half the brightness adds less. The default strength's
+    images are the default's (so every cached stand-in stays valid)."""
+    default = generate_patterns(tmp_path / "default", n_images=40, image_size=32, seed=2)
+    same = generate_patterns(tmp_path / "same", 40, 32, 2, (PATTERN_STRENGTH, PATTERN_STRENGTH))
+    faint = generate_patterns(tmp_path / "faint", 40, 32, 2, (PATTERN_STRENGTH / 2, PATTERN_STRENGTH / 2))
+    labels = pd.read_csv(default)
+    pd.testing.assert_frame_equal(labels, pd.read_csv(faint))
+    drawn = labels.drop(columns=["path", "patient_id"]).sum(axis=1)
+    assert (drawn == 0).sum() == 2  # both kinds of image in 40
+    for path, count in zip(labels["path"], drawn, strict=True):
+        image = read_grayscale(default.parent / path).astype(int)
+        assert np.array_equal(image, read_grayscale(same.parent / path))
+        dimmer = read_grayscale(faint.parent / path).astype(int)
+        assert np.array_equal(image, dimmer) == (count == 0), path
+        if count:
+            assert (image - dimmer).sum() > 0, path

@@ -35,7 +35,7 @@ from ..core.errors import SiteConfigError
 from ..core.head import NAMED_HEAD, extend_head
 from ..data.storage import default_cache_root, exclusive, write_atomically
 from ..images.names import DENSENET121
-from ..images.synthetic import GENERATOR_VERSION, generate_patterns
+from ..images.synthetic import GENERATOR_VERSION, PATTERN_STRENGTH, generate_patterns
 from ..images.synthetic_pixels import PATTERN_COUNT, PATTERN_VOCABULARY, pattern_glyphs
 from ..training.checkpoint import initial_global_state
 from ..training.config import site_config_from_dict
@@ -61,6 +61,8 @@ class Pretraining:
     # pretraining's own (with the image size, all the cached file's name holds), whichever profile asks for it
     learning_rate: float = 1e-3
     batch_size: int = 64
+    # the shapes' brightness in multiples of a finding's, uniform in this range (benchmarks/specificity_probe.py)
+    pattern_strength: tuple[float, float] = (PATTERN_STRENGTH, PATTERN_STRENGTH)
 
     @classmethod
     def for_profile(cls, profile: Profile) -> Pretraining:
@@ -70,16 +72,21 @@ class Pretraining:
 
     @property
     def name(self) -> str:
+        low, high = self.pattern_strength
+        # the default strength leaves the name (and so every cached stand-in) as it was before it could change
+        strength = "" if (low, high) == (PATTERN_STRENGTH, PATTERN_STRENGTH) else f"-str{low:g}-{high:g}"
         return (
             f"patterns-v{GENERATOR_VERSION}.{PATTERN_VOCABULARY}-{self.image_size}px-{self.images}i-{self.epochs}e"
-            f"-lr{self.learning_rate:g}-b{self.batch_size}-s{self.seed}"
+            f"-lr{self.learning_rate:g}-b{self.batch_size}-s{self.seed}{strength}"
         )
 
     def describe(self) -> str:
+        low, high = self.pattern_strength
+        brightness = "" if low == high == PATTERN_STRENGTH else f", {low:g}-{high:g} times a finding's brightness"
         return (
             f"pretrained here: DenseNet121 trained centrally for {self.epochs} epochs (Adam at {self.learning_rate:g}) "
-            f"on {self.images} generated images of {PATTERN_COUNT} glyph-like shapes ({self.image_size} px; no "
-            "finding of any site)"
+            f"on {self.images} generated images of {PATTERN_COUNT} glyph-like shapes ({self.image_size} px"
+            f"{brightness}; no finding of any site)"
         )
 
 
@@ -95,7 +102,9 @@ def pretrained_backbone(
             return path
         started = time.perf_counter()
         images = folder / f"{pretraining.name}-images"
-        csv_path = generate_patterns(images, pretraining.images, pretraining.image_size, pretraining.seed)
+        csv_path = generate_patterns(
+            images, pretraining.images, pretraining.image_size, pretraining.seed, pretraining.pattern_strength
+        )
         values = profile.site_config(
             # the patterns are no finding: declared as the pretraining's own classes (they never leave this machine)
             {"kind": "csv", "location": str(csv_path), "options": {"new_classes": list(pattern_glyphs())}},

@@ -408,17 +408,33 @@ def generate_public(
     return GeneratedDataset(kind, root, len(images), len(chosen), image_size, seed, origin, absent, co_occurrence)
 
 
-def generate_patterns(root: str | Path, n_images: int = 2000, image_size: int = 64, seed: int = 0) -> Path:
+PATTERN_CODE = STREAM_CODES["patterns"]
+PATTERN_STYLE = SourceStyle(0.60, 0.24, 0.64, 0.05, ".png", 1.05)  # a source of its own
+PATTERN_PREVALENCE = 0.09  # about 3 of the 32 shapes an image: more would overlap at 64 px
+PATTERN_STRENGTH = 2.0  # twice a finding's brightness: salient, as ImageNet's objects are and chest findings are not
+
+
+def generate_patterns(
+    root: str | Path,
+    n_images: int = 2000,
+    image_size: int = 64,
+    seed: int = 0,
+    strength: tuple[float, float] = (PATTERN_STRENGTH, PATTERN_STRENGTH),
+) -> Path:
     """The stand-in pretraining's data (``csv`` layout): ``root/patterns.csv`` (``path``, ``patient_id``, one 0/1
     column per pattern of :func:`pattern_glyphs`) and ``root/images/*.png``, each pattern present with probability
-    :data:`PATTERN_PREVALENCE`, in the findings' clutter and no finding at all. Returns the CSV's path."""
+    :data:`PATTERN_PREVALENCE`, in the findings' clutter and no finding at all. Returns the CSV's path.
+
+    ``strength``: each drawn pattern's brightness, uniform in this range, in multiples of a finding's (a stream of
+    its own: the labels and every other pixel stay those of the default)."""
     root = Path(root)
     patterns = pattern_glyphs()
     names = list(patterns)
     labels = np.random.default_rng([seed, PATTERN_CODE]).random((n_images, len(names))) < PATTERN_PREVALENCE
     rows = []
     for index in _logging_progress(range(n_images), "generating pattern images"):
-        present = {name: PATTERN_STRENGTH for name, on in zip(names, labels[index], strict=True) if on}
+        strengths = np.random.default_rng([seed, PATTERN_CODE, index, 1]).uniform(*strength, len(names))
+        present = {name: float(level) for name, on, level in zip(names, labels[index], strengths, strict=True) if on}
         image = render_image(present, image_size, PATTERN_STYLE, np.random.default_rng([seed, PATTERN_CODE, index]),
                              glyphs=patterns.__getitem__)  # fmt: skip
         relative = f"images/{index:05d}.png"
@@ -452,10 +468,6 @@ GENERATED: dict[str, GeneratedKind] = {
         )
     },
 }
-PATTERN_CODE = STREAM_CODES["patterns"]
-PATTERN_STYLE = SourceStyle(0.60, 0.24, 0.64, 0.05, ".png", 1.05)  # a source of its own
-PATTERN_PREVALENCE = 0.09  # about 3 of the 32 shapes an image: more would overlap at 64 px
-PATTERN_STRENGTH = 2.0  # twice a finding's brightness: salient, as ImageNet's objects are and chest findings are not
 
 
 def ensure_generated(kind: str, root: str | Path, **options) -> tuple[GeneratedDataset, bool]:

@@ -1,0 +1,139 @@
+"""How finding-specific one site's model becomes, epoch by epoch, from the stand-in. Not a test.
+
+    python benchmarks/specificity_probe.py --epochs 8                            # about 5 minutes on 2 CPU cores
+    python benchmarks/specificity_probe.py --epochs 8 --pattern-strength 1 2     # + 20 minutes to build that stand-in
+
+The main job's site-nih alone (its embedded data, split, rates and FedBN+), trained from the offline stand-in
+outside FLARE: the head warm-up, then one epoch at a time. After each epoch, on its validation split: the loss, the
+mean AUROC, and how finding-specific the model is (``metrics.score_specificity``: the mean pairwise correlation of
+its logits, and the AUROC lost by ranking every finding by one shared score). Then, for the last model, what the
+shared part of its logits follows: the correlation of the mean logit with the number of findings each image shows
+(its glyphs, labelled or not: ``shown_findings.csv``), and the logit correlation among images showing the same
+number. The levers it takes (``--pattern-strength``: the stand-in's shapes' brightness; ``--no-augment``;
+``--epochs``) are those issue 49 tried for the main job's logit correlation; ``--out`` writes every figure as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from surgical_aggregation.core.head import extend_head
+from surgical_aggregation.core.methods import SiteMethod
+from surgical_aggregation.data.table import PATH_COLUMN
+from surgical_aggregation.evaluation.metrics import score_specificity
+from surgical_aggregation.experiments.pretraining import Pretraining, pretrained_backbone
+from surgical_aggregation.flare.recipe import nih_chexpert_recipe
+from surgical_aggregation.images.synthetic import PATTERN_STRENGTH, SHOWN_FILE, read_shown
+from surgical_aggregation.training.checkpoint import initial_global_state
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.profiles import DEMO, STAND_IN_PRETRAINING
+from surgical_aggregation.training.site_data import prepare_site_data, resolve_table, split_table
+from surgical_aggregation.training.trainer import SiteTrainer
+
+SITE = "site-nih"
+
+
+def logits_of(probabilities: np.ndarray, eps: float = 1e-7) -> np.ndarray:
+    clipped = np.clip(np.asarray(probabilities, dtype=np.float64), eps, 1 - eps)
+    return np.log(clipped) - np.log1p(-clipped)
+
+
+def mean_pairwise_correlation(logits: np.ndarray) -> float:
+    correlations = np.corrcoef(logits, rowvar=False)
+    return float(np.nanmean(correlations[np.triu_indices(logits.shape[1], k=1)]))
+
+
+def shared_part(logits: np.ndarray, shown_counts: np.ndarray) -> dict:
+    """What the logits' shared part follows: the number of findings each image shows."""
+    by_count = {}
+    for count in range(int(shown_counts.max()) + 1):
+        chosen = shown_counts == count
+        if chosen.sum() >= 30:  # fewer images give no stable correlation of 14 logits
+            by_count[str(count)] = {
+                "images": int(chosen.sum()),
+                "logit_correlation": mean_pairwise_correlation(logits[chosen]),
+            }
+    return {
+        "mean_logit_vs_shown_count": float(np.corrcoef(logits.mean(axis=1), shown_counts)[0, 1]),
+        "logit_correlation_by_shown_count": by_count,
+    }
+
+
+def shown_counts(paths: list[str]) -> np.ndarray:
+    """How many findings each generated image shows (its glyphs, labelled or not), from its dataset's record."""
+    root = next(folder for folder in Path(paths[0]).parents if (folder / SHOWN_FILE).is_file())
+    shown = read_shown(root)
+    shown.index = [str(root / relative) for relative in shown[PATH_COLUMN]]
+    return (shown.drop(columns=PATH_COLUMN).reindex(paths).to_numpy() > 0).sum(axis=1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=8, help="epochs after the head warm-up's (default 8)")
+    parser.add_argument("--no-augment", action="store_true", help="train without the training-time augmentation")
+    parser.add_argument(
+        "--pattern-strength",
+        type=float,
+        nargs=2,
+        default=[PATTERN_STRENGTH, PATTERN_STRENGTH],
+        metavar=("LOW", "HIGH"),
+        help=f"the stand-in's shapes' brightness, times a finding's (default {PATTERN_STRENGTH:g}: the job's)",
+    )
+    parser.add_argument("--cache", type=Path, default=None, help="cache root (embedded data, the stand-in weights)")
+    parser.add_argument("--out", type=Path, default=None, help="write every figure here as JSON")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    log = logging.getLogger("specificity_probe")
+
+    job = nih_chexpert_recipe()
+    values = {**job.site_configs[SITE], "augment": not args.no_augment}
+    if args.cache is not None:
+        values["cache_dir"] = str(args.cache)
+    config = site_config_from_dict(values, SITE)
+    image_size = config.settings.image_size
+    pretraining = Pretraining(image_size, **STAND_IN_PRETRAINING, pattern_strength=tuple(args.pattern_strength))
+    weights = pretrained_backbone(DEMO, pretraining, args.cache, log)  # the stand-in's own recipe, as the job's
+    data = prepare_site_data(config, log)
+    trainer = SiteTrainer(config, data, SITE, log)
+    classes = sorted(data.class_names)
+    state = initial_global_state(job.persistor_args["architecture"], trainer.preprocessing, 0, str(weights))
+    trainer.load_global(extend_head(state, [], classes)[0], classes)
+    trainer.set_method(SiteMethod("surgical", job.controller_args["backbone_strategy"]))
+
+    started = time.perf_counter()
+    epochs = []
+    for epoch in range(config.warmup_epochs + args.epochs):
+        warmup = epoch < config.warmup_epochs
+        trainer.fit(epoch, warmup=warmup)
+        evaluation = trainer.validate()
+        specific = score_specificity(evaluation.labels, evaluation.scores, evaluation.mask)
+        epochs.append(
+            {
+                "epoch": epoch,
+                "warmup": warmup,
+                "validation_loss": evaluation.loss,
+                "mean_auroc": evaluation.mean_auroc,
+                "logit_correlation": specific.logit_correlation,
+                "shared_score_auroc_loss": specific.shared_score_auroc_loss,
+                "seconds": round(time.perf_counter() - started),
+            }
+        )
+        print(json.dumps({key: round(v, 4) if isinstance(v, float) else v for key, v in epochs[-1].items()}))
+    summary = {"stand_in": weights.name, "augment": not args.no_augment, "epochs": epochs}
+    counts = shown_counts([str(path) for path in split_table(resolve_table(config), config)["val"].frame[PATH_COLUMN]])
+    if len(counts) != len(evaluation.scores):
+        raise RuntimeError(f"{len(counts)} validation images in the table, {len(evaluation.scores)} evaluated")
+    summary["last_model"] = shared_part(logits_of(evaluation.scores), counts)
+    print(json.dumps(summary["last_model"], indent=1))
+    if args.out is not None:
+        args.out.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
