@@ -32,6 +32,7 @@ from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.images.synthetic import PATTERN_STRENGTH, SHOWN_FILE, read_shown
 from surgical_aggregation.training.checkpoint import initial_global_state
 from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.loops import Evaluation
 from surgical_aggregation.training.profiles import DEMO, STAND_IN_PRETRAINING
 from surgical_aggregation.training.site_data import prepare_site_data, resolve_table, split_table
 from surgical_aggregation.training.trainer import SiteTrainer
@@ -44,23 +45,17 @@ def logits_of(probabilities: np.ndarray, eps: float = 1e-7) -> np.ndarray:
     return np.log(clipped) - np.log1p(-clipped)
 
 
-def mean_pairwise_correlation(logits: np.ndarray) -> float:
-    correlations = np.corrcoef(logits, rowvar=False)
-    return float(np.nanmean(correlations[np.triu_indices(logits.shape[1], k=1)]))
-
-
-def shared_part(logits: np.ndarray, shown_counts: np.ndarray) -> dict:
+def shared_part(evaluation: Evaluation, shown_counts: np.ndarray) -> dict:
     """What the logits' shared part follows: the number of findings each image shows."""
     by_count = {}
     for count in range(int(shown_counts.max()) + 1):
         chosen = shown_counts == count
         if chosen.sum() >= 30:  # fewer images give no stable correlation of 14 logits
-            by_count[str(count)] = {
-                "images": int(chosen.sum()),
-                "logit_correlation": mean_pairwise_correlation(logits[chosen]),
-            }
+            specific = score_specificity(evaluation.labels[chosen], evaluation.scores[chosen], evaluation.mask[chosen])
+            by_count[str(count)] = {"images": int(chosen.sum()), "logit_correlation": specific.logit_correlation}
+    mean_logit = logits_of(evaluation.scores).mean(axis=1)
     return {
-        "mean_logit_vs_shown_count": float(np.corrcoef(logits.mean(axis=1), shown_counts)[0, 1]),
+        "mean_logit_vs_shown_count": float(np.corrcoef(mean_logit, shown_counts)[0, 1]),
         "logit_correlation_by_shown_count": by_count,
     }
 
@@ -129,7 +124,7 @@ def main() -> None:
     counts = shown_counts([str(path) for path in split_table(resolve_table(config), config)["val"].frame[PATH_COLUMN]])
     if len(counts) != len(evaluation.scores):
         raise RuntimeError(f"{len(counts)} validation images in the table, {len(evaluation.scores)} evaluated")
-    summary["last_model"] = shared_part(logits_of(evaluation.scores), counts)
+    summary["last_model"] = shared_part(evaluation, counts)
     print(json.dumps(summary["last_model"], indent=1))
     if args.out is not None:
         args.out.write_text(json.dumps(summary, indent=1) + "\n")
