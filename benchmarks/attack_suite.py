@@ -223,6 +223,7 @@ def outcome(workspace: Path, code: int, log: str, test: dict, attackers: list[st
         "rounds": len(rounds),
         # each site's shared head rows (three or more holders) against their consensus, by round: a record
         "row_agreement": {str(index): entry.get("row_agreement", {}) for index, entry in enumerate(rounds)},
+        "shared_rows": {str(index): entry.get("shared_rows", {}) for index, entry in enumerate(rounds)},
     }
     for label, file in (("best", "best_FL_global_model.pt"), ("final", "FL_global_model.pt")):
         found = scores(server / file, test)

@@ -463,6 +463,62 @@ def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path
     assert two.history[1]["aggregation"]["accepted"] == ["site-a", "site-y"]
 
 
+FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Atelectasis", "Pneumothorax"]
+
+
+def _rows_inverted(round_number: int, params: dict) -> dict:
+    """A label flipper's result: the backbone moved as an honest site's (+0.01 (1 + round)), every head row the
+    other way."""
+    step = 0.01 * (1 + round_number)
+    sent = shifted(params, step)
+    for key in ("head.weight", "head.bias"):
+        sent[key] = torch.as_tensor(params[key]) - step
+    return sent
+
+
+@pytest.mark.parametrize("reject_opposed_updates", [True, False])
+def test_a_site_whose_shared_rows_point_against_their_consensus_is_rejected(tmp_path, reject_opposed_updates):
+    """Three honest sites and site-x label the same five findings; x's rows of them point the other way while its
+    backbone update looks honest (a site trained on inverted labels). x is rejected every round with the rows' reason,
+    so the model is the honest sites'; site-d, which shares one row and moves it the other way too, is not judged by
+    it (one row's direction follows a site's prevalence as much as its labels). Off, x is aggregated."""
+    sites = [
+        FakeSite(
+            f"site-{name}",
+            FIVE_FINDINGS,
+            [0.9, 0.5],
+            lambda number, params, a=amount: shifted(params, a * (1 + number)),
+        )
+        for name, amount in (("a", 0.010), ("b", 0.011), ("c", 0.009))
+    ]
+    sites += [
+        FakeSite("site-d", ["Mass"], [0.9, 0.5], _rows_inverted),
+        FakeSite("site-x", FIVE_FINDINGS, [0.9, 0.5], _rows_inverted),
+    ]
+    harness = Harness(sites, tmp_path, num_rounds=2, reject_opposed_updates=reject_opposed_updates)
+    harness.run()
+    for entry in harness.history[1:]:
+        aggregation = entry["aggregation"]
+        assert aggregation["shared_rows"]["site-x"]["rows"] == 5 and aggregation["shared_rows"]["site-d"]["rows"] == 1
+        assert (
+            aggregation["shared_rows"]["site-x"]["cosine"] < -0.99
+            and aggregation["shared_rows"]["site-d"]["cosine"] < -0.99
+        )
+        assert min(aggregation["shared_rows"][site]["cosine"] for site in ("site-a", "site-b", "site-c")) > 0.99
+        if reject_opposed_updates:
+            assert aggregation["accepted"] == ["site-a", "site-b", "site-c", "site-d"]
+            assert aggregation["rejected"] == {
+                "site-x": "its updates of the 5 head rows it shares with two or more other sites point against their "
+                "consensus (cosine -1.00 with their robust aggregates)"
+            }
+        else:
+            assert aggregation["accepted"] == ["site-a", "site-b", "site-c", "site-d", "site-x"]
+    if reject_opposed_updates:  # round 0's Nodule row: the honest sites' 0.010, 0.011, 0.009 clipped to their median
+        np.testing.assert_allclose(
+            _round_zero_change(harness, sites[0], "Nodule"), (0.010 + 0.010 + 0.009) / 3, atol=1e-6
+        )
+
+
 def test_a_part_two_of_three_sites_move_is_clipped_to_the_smaller_update_a_round_of_two_is_not(tmp_path):
     sites = [
         FakeSite("site-a", ["Mass", "Edema"], [0.9, 0.5]),

@@ -12,6 +12,7 @@ from surgical_aggregation.core.robust import (
     DUPLICATE_DISTANCE,
     RobustRule,
     SiteResult,
+    centered_clipping,
     closest_distance,
     distinct_rows,
     duplicate_groups,
@@ -21,8 +22,10 @@ from surgical_aggregation.core.robust import (
     median,
     multi_krum,
     nearest_neighbour_mixing,
+    opposed_rows,
     robust_state,
     shared_row_agreement,
+    shared_rows_against_consensus,
     trimmed_mean,
 )
 
@@ -54,6 +57,41 @@ def test_the_geometric_median_is_where_the_unit_vectors_to_the_points_cancel():
     assert np.linalg.norm(centre) < 5  # the far point does not drag it
     symmetric = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0], [0.0, 0.0]])
     assert geometric_median(symmetric) == pytest.approx([0.0, 0.0], abs=1e-9)
+
+
+def test_centered_clipping_is_the_fixed_point_of_pulls_clipped_to_the_median_distance():
+    # 0, 0, 2, 3, 20: median 2, distances to it 2, 2, 0, 1, 18 -> tau 2. At v in [1, 2] the pulls are -v, -v, 2 - v,
+    # 3 - v and +2 (20 clipped): 7 - 4v = 0, v = 1.75 (the mean is 5, the median and the geometric median 2)
+    assert centered_clipping(np.array([[0.0], [0.0], [2.0], [3.0], [20.0]])) == pytest.approx([1.75], abs=1e-5)
+    points = np.array([[0.0, 0.0], [4.0, 0.0], [1.0, 3.0], [50.0, 50.0]])
+    centre = centered_clipping(points)
+    tau = float(np.median(np.linalg.norm(points - np.median(points, axis=0), axis=1)))
+    pulls = points - centre
+    clipped = pulls * np.minimum(1.0, tau / np.linalg.norm(pulls, axis=1, keepdims=True))
+    assert np.linalg.norm(clipped.sum(axis=0)) < 1e-4
+    farther = points.copy()  # a far row only pulls by tau: moved ten times as far along its ray, it changes nothing
+    farther[3] = centre + 10 * (points[3] - centre)
+    assert centered_clipping(farther) == pytest.approx(centre, abs=1e-4)
+    square = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0], [0.0, 0.0]])
+    assert centered_clipping(square) == pytest.approx([0.0, 0.0], abs=1e-9)
+
+
+def test_centered_clipping_gives_a_near_copy_less_than_the_geometric_median_does():
+    """Four sites, one sending a copy of another's update 0.2 % away (mimic_noised): the geometric median follows the
+    copied update; centered clipping weighs the pair about as the mean does."""
+    rng = np.random.default_rng(0)
+    common = rng.normal(size=2000)
+    honest = np.stack([common + rng.normal(size=2000) for _ in range(3)])
+    copy = honest[0] + 0.002 * np.linalg.norm(honest[0]) * rng.normal(size=2000) / math.sqrt(2000)
+    rows = np.vstack([honest, copy])
+
+    def weight_of_the_copied(point: np.ndarray) -> float:
+        shares, *_ = np.linalg.lstsq(honest.T, point, rcond=None)
+        return float(shares[0])
+
+    assert weight_of_the_copied(geometric_median(rows)) > 0.9
+    assert weight_of_the_copied(rows.mean(axis=0)) == pytest.approx(0.5, abs=0.01)
+    assert weight_of_the_copied(centered_clipping(rows, 1)) < 0.7
 
 
 @pytest.mark.parametrize("name", sorted(AGGREGATORS))
@@ -204,3 +242,27 @@ def test_at_three_sites_the_geometric_median_gives_the_update_unlike_the_other_t
     far, far_mean = _pull_toward_b(1.1)
     assert near < 0.01 and 0.15 < far < 0.25
     assert near_mean == pytest.approx(1 / 3) and far_mean == pytest.approx(1 / 3)
+
+
+def test_shared_rows_against_their_consensus_judge_a_site_with_five_or_more():
+    rows = [
+        np.array([1.0, 0.0]),
+        np.array([0.0, 1.0]),
+        np.array([1.0, 1.0]),
+        np.array([2.0, 0.5]),
+        np.array([0.5, 2.0]),
+    ]
+    names = ["A", "B", "C", "D", "E"]
+    honest = {
+        f"h{index}": {name: (1 + 0.1 * index) * row for name, row in zip(names, rows, strict=True)}
+        for index in range(3)
+    }
+    flipper = {name: -row for name, row in zip(names, rows, strict=True)}
+    one_row = {"A": -rows[0]}  # one shared row the other way: not judged
+    against = shared_rows_against_consensus({**honest, "x": flipper, "one": one_row}, median)
+    assert {site: count for site, (_, count) in against.items()} == {"h0": 5, "h1": 5, "h2": 5, "x": 5, "one": 1}
+    assert against["x"][0] == pytest.approx(-1.0, abs=1e-3) and against["one"][0] == pytest.approx(-1.0)
+    assert min(against[site][0] for site in honest) == pytest.approx(1.0, abs=1e-3)
+    assert list(opposed_rows(against)) == ["x"]
+    assert opposed_rows({"a": (-0.5, 5), "b": (-0.4, 6), "c": (0.9, 5)}) == {}  # two of three opposed: no one's
+    assert opposed_rows({"a": (-0.5, 4), "b": (0.9, 5), "c": (0.9, 5)}) == {}  # four rows: not judged

@@ -21,6 +21,13 @@ Aggregators (rows ``x_1..x_n``, ``f`` the number of hostile rows tolerated, ``2f
 * ``multi_krum``: the mean of the ``n - f`` rows with the smallest Krum scores, a row's score being the sum of its
   squared distances to its ``n - f - 1`` nearest other rows (Blanchard, El Mhamdi, Guerraoui, Stainer, NeurIPS 2017,
   count ``n - f - 2``, which is 0 at three sites; ByzFL's ``n - f - 1``).
+* ``centered_clipping``: ``v <- v + mean_i(clip_tau(x_i - v))``, each row's pull on the centre clipped to the norm
+  ``tau`` (Karimireddy, He, Jaggi, *Learning from History for Byzantine Robust Optimization*, ICML 2021), iterated to
+  its fixed point, which is Huber's M-estimate of location (a row nearer than ``tau`` weighs as in the mean, a farther
+  one pulls by ``tau`` only). The paper clips around the last round's aggregated momentum with a fixed ``tau``; a
+  round's updates here are whole local trainings whose size differs by part and round, so the centre starts at the
+  coordinate-wise median and ``tau`` is the median distance of the rows to it (ByzFL: ``tau`` 100, one iteration, from
+  a given or zero centre).
 * ``mda``: the mean of the ``n - f`` rows of smallest diameter (El Mhamdi, Guerraoui, Guirguis, Hoang, Rouault, PODC
   2020), by exhaustive search (at most a few hundred subsets for the federations this bundle runs).
 
@@ -93,8 +100,8 @@ def _squared_distances(rows: np.ndarray) -> np.ndarray:
     return distances
 
 
-GEOMETRIC_MEDIAN_TOLERANCE = 1e-6  # stop when an iteration moves the estimate by less than this share of its norm
-GEOMETRIC_MEDIAN_ITERATIONS = 100
+ITERATION_TOLERANCE = 1e-6  # an iterative rule stops when a step moves the estimate by less than this share of its norm
+ITERATIONS = 100  # at most, for the geometric median and centered clipping
 GEOMETRIC_MEDIAN_SMOOTHING = 1e-8  # RFA's nu, as a share of the rows' largest norm (a floor on each distance)
 
 
@@ -109,7 +116,7 @@ def geometric_median(rows: np.ndarray, f: int = 0) -> np.ndarray:
     nu = GEOMETRIC_MEDIAN_SMOOTHING * max(float(np.max(np.linalg.norm(rows, axis=1))), 1e-30)
     estimate = np.median(rows, axis=0)
     difference = np.empty_like(rows)  # reused: a model's rows are millions wide, and each iteration reads them twice
-    for _ in range(GEOMETRIC_MEDIAN_ITERATIONS):
+    for _ in range(ITERATIONS):
         np.subtract(rows, estimate, out=difference)
         distances = np.sqrt(np.einsum("ij,ij->i", difference, difference))
         away = distances > nu
@@ -125,7 +132,28 @@ def geometric_median(rows: np.ndarray, f: int = 0) -> np.ndarray:
             moved = (1 - on_rows / pull) * moved + (on_rows / pull) * estimate
         step = float(np.linalg.norm(moved - estimate))
         estimate = moved
-        if step <= GEOMETRIC_MEDIAN_TOLERANCE * max(float(np.linalg.norm(estimate)), nu):
+        if step <= ITERATION_TOLERANCE * max(float(np.linalg.norm(estimate)), nu):
+            break
+    return estimate
+
+
+def centered_clipping(rows: np.ndarray, f: int = 0) -> np.ndarray:
+    """Centered clipping to its fixed point: from the coordinate-wise median ``v``, with ``tau`` the median of the rows'
+    distances to it, ``v <- v + mean_i((x_i - v) * min(1, tau / |x_i - v|))`` until ``v`` moves less than 1e-6 of its
+    norm. Where ``tau`` is 0 (half the rows or more on the median) that median is the answer."""
+    rows = _checked(rows, f)
+    estimate = np.median(rows, axis=0)
+    difference = rows - estimate
+    tau = float(np.median(np.sqrt(np.einsum("ij,ij->i", difference, difference))))
+    if tau <= 0:
+        return estimate
+    for _ in range(ITERATIONS):
+        np.subtract(rows, estimate, out=difference)
+        distances = np.sqrt(np.einsum("ij,ij->i", difference, difference))
+        factors = np.minimum(1.0, tau / np.maximum(distances, 1e-300))
+        step = factors @ difference / rows.shape[0]
+        estimate = estimate + step
+        if float(np.linalg.norm(step)) <= ITERATION_TOLERANCE * max(float(np.linalg.norm(estimate)), tau):
             break
     return estimate
 
@@ -234,6 +262,7 @@ AGGREGATORS: dict[str, Aggregator] = {
     "trimmed_mean": trimmed_mean,
     "meamed": meamed,
     "geometric_median": geometric_median,
+    "centered_clipping": centered_clipping,
     "multi_krum": multi_krum,
     "mda": mda,
 }
@@ -402,6 +431,59 @@ def robust_state(
     state[head.weight_key] = cast_like(global_state[head.weight_key], new_weight)
     state[head.bias_key] = cast_like(global_state[head.bias_key], new_bias)
     return outcome
+
+
+MIN_SHARED_ROWS = 5  # fewer shared rows let honest sites read as opposed (the clean sweep: one row down to -1.00)
+
+
+@server_check(
+    "update",
+    "with `reject_opposed_updates` and three or more results left, a site's updates of the head rows it shares with "
+    f"two or more other sites (at least {MIN_SHARED_ROWS} such rows), concatenated, that point against those rows' "
+    "consensus (a cosine of 0 or below with each row's robust aggregate over its holders, concatenated alike) reject "
+    "its whole result, as labels of the same findings read the other way round (a site trained on inverted labels), "
+    "unless half or more of the sites that hold such rows do; a site with fewer shared rows is not judged by them "
+    "(one row's direction follows the site's prevalence as much as its labels)",
+    "its updates of the 7 head rows it shares with two or more other sites point against their consensus "
+    "(cosine -0.93 with their robust aggregates)",
+)
+def opposed_rows(against: Mapping[str, tuple[float, int]]) -> dict[str, str]:
+    """site -> why, for each site whose updates of its shared head rows point against their consensus (``against``:
+    :func:`shared_rows_against_consensus`). Only sites with :data:`MIN_SHARED_ROWS` or more such rows are judged; half
+    or more of the sites that share a row opposed: none (the consensus is then no one's)."""
+    opposed = {
+        site: (
+            f"its updates of the {rows} head rows it shares with two or more other sites point against their "
+            f"consensus (cosine {cosine:.2f} with their robust aggregates)"
+        )
+        for site, (cosine, rows) in sorted(against.items())
+        if rows >= MIN_SHARED_ROWS and cosine <= 0
+    }
+    return {} if 2 * len(opposed) >= len(against) else opposed
+
+
+def shared_rows_against_consensus(
+    updates: Mapping[str, Mapping[str, np.ndarray]], rule: Callable[[np.ndarray], np.ndarray]
+) -> dict[str, tuple[float, int]]:
+    """site -> (cosine, rows): ``rows`` the head rows it moved that :data:`MIN_ROWS` or more sites moved, and the
+    cosine of its updates of them, concatenated, with their consensus (``rule`` over each row's holders, one row per
+    holder), concatenated alike. ``updates``: site -> canonical class -> its update of that row (weights and bias).
+    Sites that share no such row have no entry."""
+    holders: dict[str, list[str]] = {}
+    for site, rows in updates.items():
+        for name, row in rows.items():
+            if np.any(row):
+                holders.setdefault(name, []).append(site)
+    consensus = {
+        name: rule(np.stack([updates[site][name] for site in sites]))
+        for name, sites in holders.items()
+        if len(sites) >= MIN_ROWS
+    }
+    cosines = shared_row_agreement(updates, consensus)
+    return {
+        site: (cosine, sum(1 for name, row in updates[site].items() if name in consensus and np.any(row)))
+        for site, cosine in cosines.items()
+    }
 
 
 def shared_row_agreement(

@@ -40,12 +40,21 @@ from ..core.checks.update import (
     consensus_cosines,
     free_riders,
     opposed_updates,
+    row_updates,
     update_problems,
     update_sizes,
     weight_change,
 )
 from ..core.head import HeadSpec
-from ..core.robust import RobustOutcome, RobustRule, SiteResult, duplicates_and_closest, robust_state
+from ..core.robust import (
+    RobustOutcome,
+    RobustRule,
+    SiteResult,
+    duplicates_and_closest,
+    opposed_rows,
+    robust_state,
+    shared_rows_against_consensus,
+)
 from ..training.privacy import UNITS as PRIVACY_UNITS
 from .handshake import SiteInfo
 from .protocol import META_CLASS_NAMES, META_WARMUP, TASK_TRAIN
@@ -107,6 +116,7 @@ class Round:
     model_check: list[str] = field(default_factory=list)  # why the first candidate failed (empty: it passed)
     robust_parts: dict[str, int] = field(default_factory=dict)  # part -> sites its robust rule aggregated
     row_agreement: dict[str, float] = field(default_factory=dict)  # site -> its shared rows' cosine with theirs
+    shared_rows: dict[str, tuple[float, int]] = field(default_factory=dict)  # before clipping: (cosine, rows)
     contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
     duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
@@ -215,6 +225,21 @@ class Round:
             self.directions = consensus_cosines(changes, consensus)
             if rules.reject_opposed_updates:
                 self.rejected.update(opposed_updates(changes, consensus))
+                candidates = [site for site in candidates if site not in self.rejected]
+            rows = {
+                site: row_updates(
+                    self.arrivals[site].contribution.state,
+                    self.arrivals[site].contribution.class_names,
+                    self.arrivals[site].received,
+                    self.arrivals[site].received_classes,
+                    rules.head,
+                    rules.normalize,
+                )
+                for site in candidates
+            }
+            self.shared_rows = shared_rows_against_consensus(rows, rules.consensus)
+            if rules.reject_opposed_updates:
+                self.rejected.update(opposed_rows(self.shared_rows))
                 candidates = [site for site in candidates if site not in self.rejected]
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
             riders = set(free_riders({site: sizes[site] for site in candidates}))
@@ -394,6 +419,11 @@ class Round:
             entry["duplicates"] = [list(group) for group in self.duplicates]
         if self.robust_parts:  # the parts a robust rule aggregated: how many sites each
             entry["robust"] = dict(self.robust_parts)
+        if self.shared_rows:  # each site's shared head rows (three or more holders) as sent, against their consensus
+            entry["shared_rows"] = {
+                site: {"cosine": round(cosine, 4), "rows": rows}
+                for site, (cosine, rows) in sorted(self.shared_rows.items())
+            }
         if self.row_agreement:  # each site's shared head rows (three or more holders) against theirs: a record
             entry["row_agreement"] = {site: round(value, 4) for site, value in sorted(self.row_agreement.items())}
         return entry

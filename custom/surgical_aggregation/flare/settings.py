@@ -42,9 +42,9 @@ reject_opposed_updates: with three or more results left in a round, reject a res
 robust_aggregation: how the server aggregates each part of the model (the backbone weights, the BatchNorm
     statistics, a head row) that three or more sites moved in a round, after the size checks and the clipping:
     "mean" (the papers' plain mean), or a rule of :mod:`surgical_aggregation.core.robust` ("median",
-    "trimmed_mean", "meamed", "geometric_median", "multi_krum", "mda", each with "nnm+" before it for
-    nearest-neighbour mixing). A part fewer sites moved keeps its (weighted) mean; a robust rule counts each site
-    once, whatever its sample count.
+    "trimmed_mean", "meamed", "geometric_median", "centered_clipping", "multi_krum", "mda", each with "nnm+"
+    before it for nearest-neighbour mixing). A part fewer sites moved keeps its (weighted) mean; a robust rule
+    counts each site once, whatever its sample count.
 byzantine_sites: the hostile sites the robust rule tolerates among the sites that moved a part (None: the most
     it can, (n - 1) // 2 of n; never more).
 validation_guard: a model that a judging site's own validation finds worse than the best model so far (or the

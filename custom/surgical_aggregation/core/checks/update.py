@@ -116,6 +116,20 @@ def head_rows(
     return rows
 
 
+def row_updates(
+    sent: StateDict,
+    sent_classes: Sequence[str],
+    received: StateDict,
+    received_classes: Sequence[str],
+    head: HeadSpec = NAMED_HEAD,
+    normalize: NameNormalizer | None = None,
+) -> dict[str, np.ndarray]:
+    """Each head row's update (sent minus received, weights and bias), by canonical class name."""
+    normalize = normalize or (lambda name: name)
+    rows = head_rows(sent, sent_classes, received, received_classes, head, normalize)
+    return {normalize(name): new - old for name, (old, new) in rows.items()}
+
+
 @dataclass
 class UpdateReference:
     """The typical accepted update of earlier rounds, per group: the median over the last rounds of each round's
