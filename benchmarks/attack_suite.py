@@ -207,6 +207,14 @@ def site_classes(sites: list[str], configs: dict[str, dict]) -> dict[str, list[s
     }
 
 
+def _sites_of(aggregation: dict) -> set[str]:
+    """The sites a round's aggregation heard from (accepted, rejected, failed, late or left out)."""
+    heard = set(aggregation.get("accepted", [])) | set(aggregation.get("missing", []))
+    for key in ("rejected", "failed", "excluded"):
+        heard |= set(aggregation.get(key, {}))
+    return heard
+
+
 def outcome(workspace: Path, code: int, log: str, test: dict, attackers: list[str], configs: dict) -> dict[str, Any]:
     server = workspace / "server" / "simulate_job" / "app_server"
     history = json.loads((server / HISTORY_FILE).read_text()) if (server / HISTORY_FILE).is_file() else []
@@ -224,6 +232,9 @@ def outcome(workspace: Path, code: int, log: str, test: dict, attackers: list[st
         # each site's shared head rows (three or more holders) against their consensus, by round: a record
         "row_agreement": {str(index): entry.get("row_agreement", {}) for index, entry in enumerate(rounds)},
         "shared_rows": {str(index): entry.get("shared_rows", {}) for index, entry in enumerate(rounds)},
+        # sites the job never heard from (FLARE's simulator can fail to start a site's script, "Can not find
+        # client.py", when the machine is loaded): such a run is not the federation the case describes
+        "absent": sorted(set(configs) - {site for entry in rounds for site in _sites_of(entry)}) if rounds else [],
     }
     for label, file in (("best", "best_FL_global_model.pt"), ("final", "FL_global_model.pt")):
         found = scores(server / file, test)
@@ -405,6 +416,9 @@ def cases(seeds: list[int], attacks: list[str], settings: list[tuple[int, int]])
     return planned
 
 
+ATTEMPTS = 3  # runs of a case whose federation lost a site before it began
+
+
 def parse_setting(text: str) -> tuple[int, int]:
     sites, attackers = (int(part) for part in text.split(":"))
     return sites, attackers
@@ -449,21 +463,26 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 continue
             started = time.perf_counter()
             exchange = args.out / "exchange" / case.name
-            shutil.rmtree(exchange, ignore_errors=True)
-            job, attackers = write_case_job(
-                case, args.out / "jobs" / case.name, args.out / "cache", exchange, args.controller
-            )
-            workspace = args.out / "workspaces" / case.name
-            code, log = run_simulator(job, workspace, timeout=5400)
-            (args.out / f"{case.name}.log").write_text(log)
-            configs = site_configs(case.sites, case.seed)
+            for attempt in range(1, ATTEMPTS + 1):
+                shutil.rmtree(exchange, ignore_errors=True)
+                job, attackers = write_case_job(
+                    case, args.out / "jobs" / case.name, args.out / "cache", exchange, args.controller
+                )
+                workspace = args.out / "workspaces" / case.name
+                shutil.rmtree(workspace, ignore_errors=True)
+                code, log = run_simulator(job, workspace, timeout=5400)
+                (args.out / f"{case.name}.log").write_text(log)
+                found = outcome(workspace, code, log, test, attackers, site_configs(case.sites, case.seed))
+                if not found["absent"]:
+                    break
+                print(f"{case.name}: attempt {attempt}: {found['absent']} never took part; run again", flush=True)
             results[case.name] = {
                 "attack": case.attack,
                 "sites": case.sites,
                 "attackers": case.attackers,
                 "seed": case.seed,
                 "controller": args.controller,
-                **outcome(workspace, code, log, test, attackers, configs),
+                **found,
                 "seconds": round(time.perf_counter() - started, 1),
             }
             shutil.rmtree(exchange, ignore_errors=True)
