@@ -476,12 +476,11 @@ def _rows_inverted(round_number: int, params: dict) -> dict:
     return sent
 
 
-@pytest.mark.parametrize("reject_opposed_updates", [True, False])
-def test_a_site_whose_shared_rows_point_against_their_consensus_is_rejected(tmp_path, reject_opposed_updates):
+def test_the_history_records_each_sites_shared_rows_against_their_consensus_and_no_rule_reads_it(tmp_path):
     """Three honest sites and site-x label the same five findings; x's rows of them point the other way while its
-    backbone update looks honest (a site trained on inverted labels). x is rejected every round with the rows' reason,
-    so the model is the honest sites'; site-d, which shares one row and moves it the other way too, is not judged by
-    it (one row's direction follows a site's prevalence as much as its labels). Off, x is aggregated."""
+    backbone update looks honest (a site trained on inverted labels); site-d shares one row and moves it the other way
+    too. Each round records every site's shared rows as sent (their count, their cosine with their consensus), and
+    x is aggregated: no rule reads the record (an honest site read as low in the clean sweep, docs/server-checks.md)."""
     sites = [
         FakeSite(
             f"site-{name}",
@@ -495,28 +494,17 @@ def test_a_site_whose_shared_rows_point_against_their_consensus_is_rejected(tmp_
         FakeSite("site-d", ["Mass"], [0.9, 0.5], _rows_inverted),
         FakeSite("site-x", FIVE_FINDINGS, [0.9, 0.5], _rows_inverted),
     ]
-    harness = Harness(sites, tmp_path, num_rounds=2, reject_opposed_updates=reject_opposed_updates)
+    harness = Harness(sites, tmp_path, num_rounds=2, reject_opposed_updates=True)
     harness.run()
     for entry in harness.history[1:]:
         aggregation = entry["aggregation"]
-        assert aggregation["shared_rows"]["site-x"]["rows"] == 5 and aggregation["shared_rows"]["site-d"]["rows"] == 1
-        assert (
-            aggregation["shared_rows"]["site-x"]["cosine"] < -0.99
-            and aggregation["shared_rows"]["site-d"]["cosine"] < -0.99
-        )
-        assert min(aggregation["shared_rows"][site]["cosine"] for site in ("site-a", "site-b", "site-c")) > 0.99
-        if reject_opposed_updates:
-            assert aggregation["accepted"] == ["site-a", "site-b", "site-c", "site-d"]
-            assert aggregation["rejected"] == {
-                "site-x": "its updates of the 5 head rows it shares with two or more other sites point against their "
-                "consensus (cosine -1.00 with their robust aggregates)"
-            }
-        else:
-            assert aggregation["accepted"] == ["site-a", "site-b", "site-c", "site-d", "site-x"]
-    if reject_opposed_updates:  # round 0's Nodule row: the honest sites' 0.010, 0.011, 0.009 clipped to their median
-        np.testing.assert_allclose(
-            _round_zero_change(harness, sites[0], "Nodule"), (0.010 + 0.010 + 0.009) / 3, atol=1e-6
-        )
+        shared = aggregation["shared_rows"]
+        assert {site: shared[site]["rows"] for site in shared} == {
+            "site-a": 5, "site-b": 5, "site-c": 5, "site-d": 1, "site-x": 5
+        }  # fmt: skip
+        assert shared["site-x"]["cosine"] < -0.99 and shared["site-d"]["cosine"] < -0.99
+        assert min(shared[site]["cosine"] for site in ("site-a", "site-b", "site-c")) > 0.99
+        assert aggregation["accepted"] == ["site-a", "site-b", "site-c", "site-d", "site-x"]
 
 
 def test_a_part_two_of_three_sites_move_is_clipped_to_the_smaller_update_a_round_of_two_is_not(tmp_path):

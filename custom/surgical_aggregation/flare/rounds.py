@@ -51,7 +51,6 @@ from ..core.robust import (
     RobustRule,
     SiteResult,
     duplicates_and_closest,
-    opposed_rows,
     robust_state,
     shared_rows_against_consensus,
 )
@@ -237,10 +236,7 @@ class Round:
                 )
                 for site in candidates
             }
-            self.shared_rows = shared_rows_against_consensus(rows, rules.consensus)
-            if rules.reject_opposed_updates:
-                self.rejected.update(opposed_rows(self.shared_rows))
-                candidates = [site for site in candidates if site not in self.rejected]
+            self.shared_rows = shared_rows_against_consensus(rows, rules.consensus)  # a record, not a rule
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
             riders = set(free_riders({site: sizes[site] for site in candidates}))
             self.clipped = clip_factors(
