@@ -65,6 +65,32 @@ def test_the_paired_seed_table_is_the_one_its_runs_give():
     )
 
 
+def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
+    """docs/server-checks.md's label flips under the withdrawn shared-rows rule: each row's figures as the suite's table
+    computes them from docs/attack-suite/shared-rows-rule.json against this page's references, beside the table's own
+    label flips (without the rule); the seven-site run with two flippers lost a site and is no row of it."""
+    suite = load_benchmark("attack_suite")
+    table_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    rule_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "shared-rows-rule.json").read_text())
+    references = {name: run for name, run in table_runs.items() if run["attack"] in (*suite.REFERENCES, suite.PLACEBO)}
+    assert rule_runs["label_flip-7sites-2attackers-seed1"]["absent"] == ["site-nih-1"]
+    complete = {name: run for name, run in rule_runs.items() if not run["absent"]}
+
+    def label_flips(runs: dict) -> dict[str, list[str]]:
+        rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in suite.table(runs)[2:]]
+        return {row[1]: row for row in rows if row[0] == "label_flip"}
+
+    with_rule, without = label_flips({**references, **complete}), label_flips(table_runs)
+    page = (REPOSITORY / "docs" / "server-checks.md").read_text()
+    for sites, row in with_rule.items():
+        assert row[7] == row[7].split(",")[0] and row[7].startswith("site-nih")  # one site rejected: the flipper
+        lowest = row[2].split(",")[0]
+        before = f"{without[sites][3]}, {without[sites][4]}"
+        line = f"| {sites} | the flipper, every round | {lowest} | {row[3]} | {row[4]} | {before} |"
+        assert line in page, line
+    assert sorted(with_rule) == ["3 (1)", "4 (1)", "7 (1)"]
+
+
 def test_the_attack_suite_table_is_the_one_its_results_give():
     """docs/server-checks.md's attack table, as ``benchmarks/attack_suite.py --table-only --write-doc`` writes it from
     docs/attack-suite/results.json, and the README's counts of its verdicts: against the clean federation of the same
