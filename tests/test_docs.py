@@ -91,6 +91,32 @@ def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
     assert sorted(with_rule) == ["3 (1)", "4 (1)", "7 (1)"]
 
 
+def _suite_rows(suite, runs: dict, sites: str) -> dict[str, list[str]]:
+    """The suite's table of ``runs``, the rows of one setting (``sites``: its sites (attackers), references'
+    attackers aside) by attack."""
+    rows = ([cell.strip() for cell in line.strip("|").split("|")] for line in suite.table(runs)[2:])
+    return {row[0]: row for row in rows if row[1].split(" ")[0] == sites}
+
+
+def test_the_centered_clipping_figures_are_the_ones_its_runs_give():
+    """docs/server-checks.md's centered clipping at four sites: the clean run, the honest sites alone and the near-copy
+    as the suite's table computes them from docs/attack-suite/centered-clipping.json, beside the geometric median's."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "centered-clipping.json").read_text())
+    assert {run["controller"]["robust_aggregation"] for run in runs.values()} == {"centered_clipping"}
+    clipped = _suite_rows(suite, runs, "4")
+    median = _suite_rows(suite, json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text()), "4")
+    lowest = {name: row[2].split(",")[0] for name, row in clipped.items()}
+    copy, median_copy = clipped["mimic_noised"], median["mimic_noised"]
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert (
+        f"the clean run's lowest honest site {lowest['clean']} ({median['clean'][2].split(',')[0]} under the geometric "
+        f"median), the honest sites alone {lowest['honest_alone']}, and `mimic_noised` {lowest['mimic_noised']}: "
+        f"{copy[3]} against that clean run and {copy[4]} against the honest sites alone, where the geometric median's "
+        f"run broke through at {median_copy[3]} and {median_copy[4]}"
+    ) in page
+
+
 def test_the_attack_suite_table_is_the_one_its_results_give():
     """docs/server-checks.md's attack table, as ``benchmarks/attack_suite.py --table-only --write-doc`` writes it from
     docs/attack-suite/results.json, and the README's counts of its verdicts: against the clean federation of the same
