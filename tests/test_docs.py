@@ -117,6 +117,33 @@ def test_the_centered_clipping_figures_are_the_ones_its_runs_give():
     ) in page
 
 
+def test_the_shared_rows_figures_are_the_clean_sweeps():
+    """docs/server-checks.md's reading of the clean sweep's ``shared_rows`` records (sites with five or more shared
+    rows): the first round's range and count, the lowest later value, and the run under the withdrawn rule."""
+    results = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
+    first, later = [], []
+    for name, result in results.items():
+        for round_number, sites in result.get("shared_rows", {}).items():
+            for site, record in sites.items():
+                if record["rows"] >= 5:
+                    (first if round_number == "0" else later).append((record["cosine"], name, site, round_number))
+    lowest = min(later)
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert (
+        f"honest sites with five or more shared rows read {min(first)[0]:.2f} to {max(first)[0]:.2f} "
+        f"({len(first)} site-rounds)" in page
+    )
+    assert f"honest sites down to {lowest[0]:.2f}, seed {lowest[1][-3:]}'s NIH site in round {lowest[3]}" in page
+    assert "nih" in lowest[2]
+    nih = [results["sweep-165"]["shared_rows"][str(number)]["site-3-nih"]["cosine"] for number in range(5)]
+    assert f"seed 165's NIH site {', '.join(f'{value:.2f}' for value in nih)} by round" in page
+    with_rule = json.loads((REPOSITORY / "docs" / "clean-sweep" / "shared-rows-rule-seed165.json").read_text())
+    refused = with_rule["sweep-165"]["rejections"]
+    cosines = [refused[str(number)]["site-3-nih"].split("cosine ")[1].split(" ")[0] for number in (2, 3, 4)]
+    assert not refused["0"] and not refused["1"]
+    assert f"in rounds 2-4 (cosine {', '.join(cosines)} over 14 rows;" in page
+
+
 def test_the_attack_suite_table_is_the_one_its_results_give():
     """docs/server-checks.md's attack table, as ``benchmarks/attack_suite.py --table-only --write-doc`` writes it from
     docs/attack-suite/results.json, and the README's counts of its verdicts: against the clean federation of the same
