@@ -453,10 +453,12 @@ def shared_rows_against_consensus(
         if len(sites) >= MIN_ROWS
     }
     cosines = shared_row_agreement(updates, consensus)
-    return {
-        site: (cosine, sum(1 for name, row in updates[site].items() if name in consensus and np.any(row)))
-        for site, cosine in cosines.items()
-    }
+    return {site: (cosine, len(_shared_names(updates[site], consensus))) for site, cosine in cosines.items()}
+
+
+def _shared_names(rows: Mapping[str, np.ndarray], consensus: Mapping[str, np.ndarray]) -> list[str]:
+    """The classes of ``rows`` (one site's row updates) that have a consensus and that the site moved."""
+    return [name for name in rows if name in consensus and np.any(rows[name])]
 
 
 def shared_row_agreement(
@@ -469,7 +471,7 @@ def shared_row_agreement(
     one shared row its data push the other way), so no threshold on it alone spares them (``docs/server-checks.md``)."""
     agreement = {}
     for site, rows in updates.items():
-        names = [name for name in rows if name in consensus and np.any(rows[name])]
+        names = _shared_names(rows, consensus)
         if names:
             own = np.concatenate([rows[name] for name in names])
             agreement |= consensus_cosines({site: own}, np.concatenate([consensus[name] for name in names]))

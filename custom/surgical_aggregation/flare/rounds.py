@@ -40,7 +40,6 @@ from ..core.checks.update import (
     consensus_cosines,
     free_riders,
     opposed_updates,
-    row_updates,
     update_problems,
     update_sizes,
     weight_change,
@@ -225,17 +224,7 @@ class Round:
             if rules.reject_opposed_updates:
                 self.rejected.update(opposed_updates(changes, consensus))
                 candidates = [site for site in candidates if site not in self.rejected]
-            rows = {
-                site: row_updates(
-                    self.arrivals[site].contribution.state,
-                    self.arrivals[site].contribution.class_names,
-                    self.arrivals[site].received,
-                    self.arrivals[site].received_classes,
-                    rules.head,
-                    rules.normalize,
-                )
-                for site in candidates
-            }
+            rows = {site: sizes[site].row_changes for site in candidates}
             self.shared_rows = shared_rows_against_consensus(rows, rules.consensus)  # a record, not a rule
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
             riders = set(free_riders({site: sizes[site] for site in candidates}))

@@ -37,6 +37,8 @@ class UpdateSizes:
     groups: dict[str, float] = field(default_factory=dict)  # WEIGHTS, STATISTICS -> share
     rows: dict[str, float] = field(default_factory=dict)  # the site's spelling of a class -> its row's share
     samples: float | None = None  # the training samples the site reported for this result (None: not known)
+    # each row's update itself (weights and bias) by canonical class name, for the round's record of shared rows
+    row_changes: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def typical_row(self) -> float | None:
@@ -90,6 +92,7 @@ def update_sizes(
         if olds:
             sizes.groups[name] = _norm(changes) / max(_norm(olds), 1e-12)
     for name, (old, new) in head_rows(sent, sent_classes, received, received_classes, head, normalize).items():
+        sizes.row_changes[normalize(name)] = new - old
         sizes.rows[name] = _norm([new - old]) / max(_norm([old]), ROW_NORM_FLOOR)
     return sizes
 
@@ -114,20 +117,6 @@ def head_rows(
         if old_row is not None:
             rows[name] = (np.append(old_weight[old_row], old_bias[old_row]), np.append(new_weight[row], new_bias[row]))
     return rows
-
-
-def row_updates(
-    sent: StateDict,
-    sent_classes: Sequence[str],
-    received: StateDict,
-    received_classes: Sequence[str],
-    head: HeadSpec = NAMED_HEAD,
-    normalize: NameNormalizer | None = None,
-) -> dict[str, np.ndarray]:
-    """Each head row's update (sent minus received, weights and bias), by canonical class name."""
-    normalize = normalize or (lambda name: name)
-    rows = head_rows(sent, sent_classes, received, received_classes, head, normalize)
-    return {normalize(name): new - old for name, (old, new) in rows.items()}
 
 
 @dataclass
