@@ -65,6 +65,16 @@ def test_the_paired_seed_table_is_the_one_its_runs_give():
     )
 
 
+def _suite_rows(suite, runs: dict) -> list[list[str]]:
+    """The cells of each row of the suite's table of ``runs``."""
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in suite.table(runs)[2:]]
+
+
+def _four_sites(rows: list[list[str]]) -> dict[str, list[str]]:
+    """The rows of four sites (references and attacks), by attack."""
+    return {row[0]: row for row in rows if row[1].split(" ")[0] == "4"}
+
+
 def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
     """docs/server-checks.md's label flips under the withdrawn shared-rows rule: each row's figures as the suite's table
     computes them from docs/attack-suite/shared-rows-rule.json against this page's references, beside the table's own
@@ -77,8 +87,7 @@ def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
     complete = {name: run for name, run in rule_runs.items() if not run["absent"]}
 
     def label_flips(runs: dict) -> dict[str, list[str]]:
-        rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in suite.table(runs)[2:]]
-        return {row[1]: row for row in rows if row[0] == "label_flip"}
+        return {row[1]: row for row in _suite_rows(suite, runs) if row[0] == "label_flip"}
 
     with_rule, without = label_flips({**references, **complete}), label_flips(table_runs)
     page = (REPOSITORY / "docs" / "server-checks.md").read_text()
@@ -91,21 +100,16 @@ def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
     assert sorted(with_rule) == ["3 (1)", "4 (1)", "7 (1)"]
 
 
-def _suite_rows(suite, runs: dict, sites: str) -> dict[str, list[str]]:
-    """The suite's table of ``runs``, the rows of one setting (``sites``: its sites (attackers), references'
-    attackers aside) by attack."""
-    rows = ([cell.strip() for cell in line.strip("|").split("|")] for line in suite.table(runs)[2:])
-    return {row[0]: row for row in rows if row[1].split(" ")[0] == sites}
-
-
 def test_the_centered_clipping_figures_are_the_ones_its_runs_give():
     """docs/server-checks.md's centered clipping at four sites: the clean run, the honest sites alone and the near-copy
     as the suite's table computes them from docs/attack-suite/centered-clipping.json, beside the geometric median's."""
     suite = load_benchmark("attack_suite")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "centered-clipping.json").read_text())
     assert {run["controller"]["robust_aggregation"] for run in runs.values()} == {"centered_clipping"}
-    clipped = _suite_rows(suite, runs, "4")
-    median = _suite_rows(suite, json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text()), "4")
+    clipped = _four_sites(_suite_rows(suite, runs))
+    median = _four_sites(
+        _suite_rows(suite, json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text()))
+    )
     lowest = {name: row[2].split(",")[0] for name, row in clipped.items()}
     copy, median_copy = clipped["mimic_noised"], median["mimic_noised"]
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
