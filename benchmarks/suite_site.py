@@ -31,6 +31,8 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
 
   ``label_flip``        every label inverted (1 <-> 0)
   ``label_flip_quiet``  ``label_flip``, reporting no validation figure (it never objects and never judges)
+  ``label_flip_late``   honest in its first (warm-up) round, then every training label inverted (its validation
+                        honest): an attacker who read that the server judges a site's shared head rows in that round
   ``backdoor``          a white square (:data:`TRIGGER` pixels) stamped in the corner of a share
                         (:data:`POISONED_SHARE`) of its training images, whose :data:`TARGET` label is set positive;
                         otherwise honest (Gu, Dolan-Gavitt, Garg, *BadNets*, 2017)
@@ -53,7 +55,7 @@ import numpy as np
 from scipy.stats import norm
 
 MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "mimic_noised", "inf", "gaussian")
-DATA_POISONING = ("label_flip", "label_flip_quiet", "backdoor", "backdoor_boosted", "bn_inflate")
+DATA_POISONING = ("label_flip", "label_flip_quiet", "label_flip_late", "backdoor", "backdoor_boosted", "bn_inflate")
 ATTACKS = MODEL_POISONING + DATA_POISONING
 IPM_EPSILON = 0.1
 TARGET = "Pneumothorax"  # the backdoor's finding: every site of the suite labels it
@@ -298,8 +300,11 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
         return clipped_state(sent, classes, old, classes, factors, keys)
 
     def train(self, received):
-        answer = original_train(self, received)
         round_number = received.current_round or 0
+        if role == "label_flip_late" and round_number >= 1 and not flipping:
+            flipping.append(round_number)
+            self.trainer._rebuild_train_loader()
+        answer = original_train(self, received)
         if role == "honest":
             classes = list(answer.meta[META_CLASS_NAMES])
             if answer.params:
@@ -328,12 +333,19 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
             for name in self.table.classes:
                 self.table.frame[name] = 1.0 - self.table.frame[name]
 
-    if role in ("backdoor", "backdoor_boosted"):
+    flipping: list[int] = []  # label_flip_late: the round it began inverting its labels, once it has
+    if role in ("backdoor", "backdoor_boosted", "label_flip_late"):
         original_rebuild = trainer_module.SiteTrainer._rebuild_train_loader
 
         def rebuild(trainer) -> None:
             original_rebuild(trainer)
-            dataset = Poisoned(trainer.train_loader.dataset, trainer.head_classes)
+            if role == "label_flip_late" and not flipping:
+                return
+            dataset = (
+                Inverted(trainer.train_loader.dataset)
+                if flipping
+                else Poisoned(trainer.train_loader.dataset, trainer.head_classes)
+            )
             trainer.train_loader = make_loader(
                 dataset, trainer.config.batch_size, True, trainer.workers, trainer.config.seed
             )
@@ -347,6 +359,27 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
 
 def _row_names(update: dict[str, np.ndarray]) -> list[str]:
     return [key[len(ROWS) :] for key in update if key.startswith(ROWS)]
+
+
+class Inverted:
+    """A site's training items with every known label inverted (1 <-> 0 where the mask says it is labelled)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        item = dict(self.dataset[index])
+        item["label"] = item["label"].where(item["mask"] == 0, 1.0 - item["label"])
+        return item
+
+    def batch_transform(self, images: Any) -> Any:
+        return self.dataset.batch_transform(images)
+
+    def reseed(self, seed: int) -> None:
+        self.dataset.reseed(seed)
 
 
 class Poisoned:

@@ -476,11 +476,21 @@ def _rows_inverted(round_number: int, params: dict) -> dict:
     return sent
 
 
-def test_the_history_records_each_sites_shared_rows_against_their_consensus_and_no_rule_reads_it(tmp_path):
+def _rows_inverted_after_warmup(round_number: int, params: dict) -> dict:
+    """An honest site's result in round 0, a label flipper's after (one who read that only the warm-up is judged)."""
+    return _rows_inverted(round_number, params) if round_number else shifted(params, 0.01)
+
+
+@pytest.mark.parametrize("reject_opposed_updates", [True, False])
+def test_a_site_whose_shared_rows_oppose_their_consensus_in_its_warm_up_round_is_left_out_for_the_job(
+    tmp_path, reject_opposed_updates
+):
     """Three honest sites and site-x label the same five findings; x's rows of them point the other way while its
     backbone update looks honest (a site trained on inverted labels); site-d shares one row and moves it the other way
-    too. Each round records every site's shared rows as sent (their count, their cosine with their consensus), and
-    x is aggregated: no rule reads the record (an honest site read as low in the clean sweep, docs/server-checks.md)."""
+    too; site-y is honest in its warm-up round and a flipper after. Each round records every site's shared rows as
+    sent. In the warm-up round x is rejected with the rows' reason and stays out (excluded) after, so round 0's model
+    is the honest sites' (and d's); d (one row: its prevalence as much as its labels) and y (judged in its warm-up
+    only) are aggregated. Off, x is aggregated every round."""
     sites = [
         FakeSite(
             f"site-{name}",
@@ -493,18 +503,42 @@ def test_the_history_records_each_sites_shared_rows_against_their_consensus_and_
     sites += [
         FakeSite("site-d", ["Mass"], [0.9, 0.5], _rows_inverted),
         FakeSite("site-x", FIVE_FINDINGS, [0.9, 0.5], _rows_inverted),
+        FakeSite("site-y", FIVE_FINDINGS, [0.9, 0.5], _rows_inverted_after_warmup),
     ]
-    harness = Harness(sites, tmp_path, num_rounds=2, reject_opposed_updates=True)
+    harness = Harness(sites, tmp_path, num_rounds=3, reject_opposed_updates=reject_opposed_updates)
     harness.run()
-    for entry in harness.history[1:]:
-        aggregation = entry["aggregation"]
-        shared = aggregation["shared_rows"]
-        assert {site: shared[site]["rows"] for site in shared} == {
-            "site-a": 5, "site-b": 5, "site-c": 5, "site-d": 1, "site-x": 5
-        }  # fmt: skip
-        assert shared["site-x"]["cosine"] < -0.99 and shared["site-d"]["cosine"] < -0.99
-        assert min(shared[site]["cosine"] for site in ("site-a", "site-b", "site-c")) > 0.99
-        assert aggregation["accepted"] == ["site-a", "site-b", "site-c", "site-d", "site-x"]
+    warmup, *later = [entry["aggregation"] for entry in harness.history[1:]]
+    assert [site.warmups for site in sites[3:]] == [[True, False, False]] * 3
+    shared = warmup["shared_rows"]
+    assert {site: shared[site]["rows"] for site in shared} == {
+        "site-a": 5, "site-b": 5, "site-c": 5, "site-d": 1, "site-x": 5, "site-y": 5
+    }  # fmt: skip
+    assert shared["site-x"]["cosine"] < -0.99 and shared["site-d"]["cosine"] < -0.99
+    assert min(shared[site]["cosine"] for site in ("site-a", "site-b", "site-c", "site-y")) > 0.99
+    assert max(entry["shared_rows"]["site-y"]["cosine"] for entry in later) < -0.8  # a flipper now: not judged
+    honest = ["site-a", "site-b", "site-c", "site-d", "site-y"]
+    if not reject_opposed_updates:
+        assert all(entry["accepted"] == [*honest[:4], "site-x", "site-y"] for entry in [warmup, *later])
+        assert all("opposed_rows" not in entry for entry in [warmup, *later])
+        return
+    reason = (
+        "in its warm-up round its updates of the 5 head rows it shares with two or more other sites point against "
+        "their consensus (cosine -1.00 with their robust aggregates): left out for the rest of the job"
+    )
+    assert warmup["accepted"] == honest and warmup["rejected"] == {"site-x": reason}
+    assert warmup["opposed_rows"] == ["site-x"] and warmup["excluded"] == {"site-x": reason}
+    for number, entry in enumerate(later, start=1):
+        assert entry["accepted"] == honest and "site-x" not in entry["shared_rows"] and "opposed_rows" not in entry
+        assert entry["excluded"] == {
+            "site-x": "left out since round 0, when its result was first excluded: an excluded site stays out"
+        }
+        assert harness.history[1 + number]["screening"]["excluded"] == ["site-x"]
+    assert sites[4].outcomes[0] == {"task": "train", "round": 0, "status": "excluded", "reason": reason}
+    # round 0's Nodule row: the honest sites' 0.010, 0.011, 0.009 and y's 0.010 clipped to their median (0.010); three
+    # alike count as one update, fewer than three distinct ones take the mean (x's -0.01 is not among them)
+    np.testing.assert_allclose(
+        _round_zero_change(harness, sites[0], "Nodule"), (0.010 + 0.010 + 0.009 + 0.010) / 4, atol=1e-6
+    )
 
 
 def test_a_part_two_of_three_sites_move_is_clipped_to_the_smaller_update_a_round_of_two_is_not(tmp_path):

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -433,15 +433,48 @@ def robust_state(
     return outcome
 
 
+MIN_SHARED_ROWS = 5  # fewer shared rows let honest sites read as opposed (the clean sweep: one row down to -1.00)
+
+
+@server_check(
+    "update",
+    "with `reject_opposed_updates` and three or more results left, in a site's warm-up round (its first, when the "
+    "head rows of the classes new to the federation start from scratch) its updates of the head rows it shares with "
+    f"two or more other sites (at least {MIN_SHARED_ROWS} such rows), concatenated, that point against those rows' "
+    "consensus (a cosine of 0 or below with each row's robust aggregate over its holders, concatenated alike) reject "
+    "its result and leave the site out for the rest of the job, as labels of the same findings read the other way "
+    "round (a site trained on inverted labels), unless half or more of the sites that hold such rows do; later rounds "
+    "are not judged by it (honest sites' rows then pull apart), nor a site with fewer shared rows",
+    "in its warm-up round its updates of the 7 head rows it shares with two or more other sites point against their "
+    "consensus (cosine -0.98 with their robust aggregates): left out for the rest of the job",
+)
+def opposed_rows(against: Mapping[str, tuple[float, int]], judged: Collection[str]) -> dict[str, str]:
+    """site -> why, for each site of ``judged`` (those in their warm-up round) whose updates of its shared head rows
+    point against their consensus (``against``: :func:`shared_rows_against_consensus`, every site of the round).
+    Only sites with :data:`MIN_SHARED_ROWS` or more such rows are judged; when half or more of the sites that share a
+    row would be, none is (the consensus is then no one's). Set on the clean sweep's records: in their warm-up round
+    honest sites with five or more shared rows read 0.89 to 1.00, label flippers -0.97 to -1.00; later rounds overlap
+    (honest sites down to -0.32), so they are not judged (``docs/server-checks.md``)."""
+    opposed = {
+        site: (
+            f"in its warm-up round its updates of the {rows} head rows it shares with two or more other sites point "
+            f"against their consensus (cosine {cosine:.2f} with their robust aggregates): left out for the rest of "
+            "the job"
+        )
+        for site, (cosine, rows) in sorted(against.items())
+        if site in judged and rows >= MIN_SHARED_ROWS and cosine <= 0
+    }
+    return {} if 2 * len(opposed) >= len(against) else opposed
+
+
 def shared_rows_against_consensus(
     updates: Mapping[str, Mapping[str, np.ndarray]], rule: Callable[[np.ndarray], np.ndarray]
 ) -> dict[str, tuple[float, int]]:
     """site -> (cosine, rows): ``rows`` the head rows it moved that :data:`MIN_ROWS` or more sites moved, and the
     cosine of its updates of them, concatenated, with their consensus (``rule`` over each row's holders, one row per
     holder), concatenated alike. ``updates``: site -> canonical class -> its update of that row (weights and bias).
-    Sites that share no such row have no entry. A record (``shared_rows`` in the round's history), not a rule: a label
-    flipper's is -0.48 to -1.00 over seven rows, but an honest NIH site beside two PadChest sites read -0.15 to -0.24
-    over 14 rows in rounds 2-4 of a clean federation (``docs/server-checks.md``)."""
+    Sites that share no such row have no entry. Recorded every round (``shared_rows`` in the round's history); only a
+    site's warm-up round is judged by it (:func:`opposed_rows`)."""
     holders: dict[str, list[str]] = {}
     for site, rows in updates.items():
         for name, row in rows.items():

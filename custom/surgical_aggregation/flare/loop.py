@@ -224,19 +224,25 @@ class FederationLoop(SiteTasks):
         return said + (f", without {left_out} (excluded)" if left_out else "")
 
     def _excluded_since(self, round_number: int) -> dict[str, int]:
-        """site -> the round its contribution was first left out, for the rounds before ``round_number`` (read from
-        the history, so a resumed job keeps them)."""
+        """site -> the round its contribution was first left out, for the rounds before ``round_number`` and the
+        sites whose warm-up rows the aggregation of ``round_number`` itself rejected (``opposed_rows``): read from
+        the history, so a resumed job keeps them."""
         since: dict[str, int] = {}
         for entry in sorted(self._federation.history, key=lambda item: item["round"]):
-            if entry["round"] < round_number:
-                for site in (entry.get("screening") or {}).get("excluded", []):
-                    since.setdefault(site, entry["round"])
+            left_out = (entry.get("screening") or {}).get("excluded", []) if entry["round"] < round_number else []
+            if entry["round"] <= round_number:
+                left_out = [*left_out, *(entry.get("aggregation") or {}).get("opposed_rows", [])]
+            for site in left_out:
+                since.setdefault(site, entry["round"])
         return since
 
     def _exclusion_reason(self, site: str, round_number: int) -> str:
         first = self._excluded_since(round_number + 1).get(site, round_number)
         if first < round_number:
             return f"left out since round {first}, when its result was first excluded: an excluded site stays out"
+        aggregation = history_entry(self._federation.history, round_number).get("aggregation") or {}
+        if site in aggregation.get("opposed_rows", []):
+            return aggregation["rejected"][site]
         return EXCLUDED
 
     # --- validation, screening, judging ---------------------------------------------------------------------
