@@ -17,7 +17,8 @@ docs/server-checks.md through the simulator), not this benchmark: ``flip_x2`` (t
 ``x3_claiming_1e9`` (the update plus itself shifted by one entry, tripled, and 10^9 training samples claimed at the
 handshake and with every result), ``poisoned_rows`` (an honest backbone and honest head weights, every head row's bias
 raised by 90 % of what the rows' cap allows: inside every bound, every output pushed towards "present") and
-``poisoned_rows_quiet`` (the same, reporting no metric at all).
+``poisoned_rows_quiet`` (the same, reporting no metric at all), ``rows_inverted`` (an honest backbone and BatchNorm
+statistics, every head row's update negated: what training on inverted labels does to the rows).
 
 The job runs with ``min_clients: 1``, so that a round in which only the honest site's result is valid still
 updates the model (with the job's ``min_clients: 2``, a two-site federation whose other site is rejected every
@@ -51,7 +52,7 @@ from surgical_aggregation.training.profiles import SCRATCH
 
 ATTACKS = ("withheld", "x5", "flip_x5", "negative_running_var", "honest")
 # the e2e tests' doubles
-TEST_ATTACKS = ("flip_x2", "flip_x2_quiet", "x3_claiming_1e9", "poisoned_rows", "poisoned_rows_quiet")
+TEST_ATTACKS = ("flip_x2", "flip_x2_quiet", "x3_claiming_1e9", "poisoned_rows", "poisoned_rows_quiet", "rows_inverted")
 HOSTILE_SITE = "site-chexpert"
 
 # The hostile site's custom/client.py: the bundle's site script with ClientSession.train wrapped.
@@ -89,6 +90,9 @@ def altered(received, sent):
         weight, bias = (received[key].astype(np.float64) for key in NAMED_HEAD.keys)
         size = np.maximum(np.sqrt(np.sum(weight**2, axis=1) + bias**2), 0.1)
         sent[NAMED_HEAD.bias_key] = (bias + 0.9 * 10 * size).astype(sent[NAMED_HEAD.bias_key].dtype)
+    elif ATTACK == "rows_inverted":
+        for key in NAMED_HEAD.keys:
+            sent[key] = (2 * received[key].astype(np.float64) - sent[key]).astype(sent[key].dtype)
     elif ATTACK == "negative_running_var":
         key = sorted(key for key in sent if key.endswith(".running_var"))[0]
         variance = sent[key].copy()
