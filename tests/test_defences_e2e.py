@@ -164,7 +164,7 @@ def test_a_site_whose_shared_head_rows_oppose_their_consensus_in_its_warm_up_is_
     warmup, *later = [entry["aggregation"] for entry in _history(workspace) if "aggregation" in entry]
     reason = warmup["rejected"].get(INVERTING, "")
     assert reason.startswith("in its warm-up round its updates of the 14 head rows it shares with two or more other")
-    assert warmup["opposed_rows"] == [INVERTING] and warmup["excluded"] == {INVERTING: reason}
+    assert warmup["opposed_at_warmup"] == [INVERTING] and warmup["excluded"] == {INVERTING: reason}
     shared = warmup["shared_rows"]
     assert shared[INVERTING]["rows"] == 14
     assert shared[INVERTING]["cosine"] < 0 < min(shared[site]["cosine"] for site in warmup["accepted"])

@@ -519,16 +519,16 @@ def test_a_site_whose_shared_rows_oppose_their_consensus_in_its_warm_up_round_is
     honest = ["site-a", "site-b", "site-c", "site-d", "site-y"]
     if not reject_opposed_updates:
         assert all(entry["accepted"] == [*honest[:4], "site-x", "site-y"] for entry in [warmup, *later])
-        assert all("opposed_rows" not in entry for entry in [warmup, *later])
+        assert all("opposed_at_warmup" not in entry for entry in [warmup, *later])
         return
     reason = (
         "in its warm-up round its updates of the 5 head rows it shares with two or more other sites point against "
         "their consensus (cosine -1.00 with their robust aggregates): left out for the rest of the job"
     )
     assert warmup["accepted"] == honest and warmup["rejected"] == {"site-x": reason}
-    assert warmup["opposed_rows"] == ["site-x"] and warmup["excluded"] == {"site-x": reason}
+    assert warmup["opposed_at_warmup"] == ["site-x"] and warmup["excluded"] == {"site-x": reason}
     for number, entry in enumerate(later, start=1):
-        assert entry["accepted"] == honest and "site-x" not in entry["shared_rows"] and "opposed_rows" not in entry
+        assert entry["accepted"] == honest and "site-x" not in entry["shared_rows"] and "opposed_at_warmup" not in entry
         assert entry["excluded"] == {
             "site-x": "left out since round 0, when its result was first excluded: an excluded site stays out"
         }

@@ -22,7 +22,7 @@ from surgical_aggregation.core.robust import (
     median,
     multi_krum,
     nearest_neighbour_mixing,
-    opposed_rows,
+    opposed_at_warmup,
     robust_state,
     shared_row_agreement,
     shared_rows_against_consensus,
@@ -269,11 +269,11 @@ def test_only_sites_in_their_warm_up_round_with_five_or_more_opposed_shared_rows
     against = {
         "h0": (0.95, 7), "h1": (0.90, 7), "h2": (-0.30, 14), "x": (-0.98, 7), "few": (-1.0, 4), "zero": (0.0, 5)
     }  # fmt: skip
-    opposed = opposed_rows(against, judged=["h0", "h1", "x", "few", "zero"])  # h2 is past its warm-up: not judged
+    opposed = opposed_at_warmup(against, judged=["h0", "h1", "x", "few", "zero"])  # h2 is past its warm-up: not judged
     assert sorted(opposed) == ["x", "zero"]  # 0 counts as against; four rows are too few to judge
     assert opposed["x"] == (
         "in its warm-up round its updates of the 7 head rows it shares with two or more other sites point against "
         "their consensus (cosine -0.98 with their robust aggregates): left out for the rest of the job"
     )
-    assert opposed_rows(against, judged=["h0", "h1", "h2", "x", "zero"]) == {}  # three of six: no one's consensus
-    assert opposed_rows(against, judged=[]) == {}
+    assert opposed_at_warmup(against, judged=["h0", "h1", "h2", "x", "zero"]) == {}  # three of six: no one's consensus
+    assert opposed_at_warmup(against, judged=[]) == {}

@@ -448,7 +448,7 @@ MIN_SHARED_ROWS = 5  # fewer shared rows let honest sites read as opposed (the c
     "in its warm-up round its updates of the 7 head rows it shares with two or more other sites point against their "
     "consensus (cosine -0.98 with their robust aggregates): left out for the rest of the job",
 )
-def opposed_rows(against: Mapping[str, tuple[float, int]], judged: Collection[str]) -> dict[str, str]:
+def opposed_at_warmup(against: Mapping[str, tuple[float, int]], judged: Collection[str]) -> dict[str, str]:
     """site -> why, for each site of ``judged`` (those in their warm-up round) whose updates of its shared head rows
     point against their consensus (``against``: :func:`shared_rows_against_consensus`, every site of the round).
     Only sites with :data:`MIN_SHARED_ROWS` or more such rows are judged; when half or more of the sites that share a
@@ -474,7 +474,7 @@ def shared_rows_against_consensus(
     cosine of its updates of them, concatenated, with their consensus (``rule`` over each row's holders, one row per
     holder), concatenated alike. ``updates``: site -> canonical class -> its update of that row (weights and bias).
     Sites that share no such row have no entry. Recorded every round (``shared_rows`` in the round's history); only a
-    site's warm-up round is judged by it (:func:`opposed_rows`)."""
+    site's warm-up round is judged by it (:func:`opposed_at_warmup`)."""
     holders: dict[str, list[str]] = {}
     for site, rows in updates.items():
         for name, row in rows.items():

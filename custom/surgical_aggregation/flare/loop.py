@@ -225,13 +225,13 @@ class FederationLoop(SiteTasks):
 
     def _excluded_since(self, round_number: int) -> dict[str, int]:
         """site -> the round its contribution was first left out, for the rounds before ``round_number`` and the
-        sites whose warm-up rows the aggregation of ``round_number`` itself rejected (``opposed_rows``): read from
-        the history, so a resumed job keeps them."""
+        sites whose warm-up rows the aggregation of ``round_number`` itself rejected (``opposed_at_warmup``): read
+        from the history, so a resumed job keeps them."""
         since: dict[str, int] = {}
         for entry in sorted(self._federation.history, key=lambda item: item["round"]):
             left_out = (entry.get("screening") or {}).get("excluded", []) if entry["round"] < round_number else []
             if entry["round"] <= round_number:
-                left_out = [*left_out, *(entry.get("aggregation") or {}).get("opposed_rows", [])]
+                left_out = [*left_out, *(entry.get("aggregation") or {}).get("opposed_at_warmup", [])]
             for site in left_out:
                 since.setdefault(site, entry["round"])
         return since
@@ -241,7 +241,7 @@ class FederationLoop(SiteTasks):
         if first < round_number:
             return f"left out since round {first}, when its result was first excluded: an excluded site stays out"
         aggregation = history_entry(self._federation.history, round_number).get("aggregation") or {}
-        if site in aggregation.get("opposed_rows", []):
+        if site in aggregation.get("opposed_at_warmup", []):
             return aggregation["rejected"][site]
         return EXCLUDED
 

@@ -50,7 +50,7 @@ from ..core.robust import (
     RobustRule,
     SiteResult,
     duplicates_and_closest,
-    opposed_rows,
+    opposed_at_warmup,
     robust_state,
     shared_rows_against_consensus,
 )
@@ -116,7 +116,7 @@ class Round:
     robust_parts: dict[str, int] = field(default_factory=dict)  # part -> sites its robust rule aggregated
     row_agreement: dict[str, float] = field(default_factory=dict)  # site -> its shared rows' cosine with theirs
     shared_rows: dict[str, tuple[float, int]] = field(default_factory=dict)  # before clipping: (cosine, rows)
-    opposed_rows: list[str] = field(default_factory=list)  # rejected in their warm-up round for it: out for the job
+    opposed_at_warmup: list[str] = field(default_factory=list)  # rejected for their warm-up rows: out for the job
     contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
     duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
@@ -230,9 +230,9 @@ class Round:
             self.shared_rows = shared_rows_against_consensus(rows, rules.consensus)
             if rules.reject_opposed_updates:  # judged in a site's warm-up round only: later, honest rows pull apart
                 warming = [site for site in candidates if self.arrivals[site].warmup]
-                opposed = opposed_rows(self.shared_rows, warming)
+                opposed = opposed_at_warmup(self.shared_rows, warming)
                 self.rejected.update(opposed)
-                self.opposed_rows = sorted(opposed)
+                self.opposed_at_warmup = sorted(opposed)
                 candidates = [site for site in candidates if site not in self.rejected]
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
             riders = set(free_riders({site: sizes[site] for site in candidates}))
@@ -417,8 +417,8 @@ class Round:
                 site: {"cosine": round(cosine, 4), "rows": rows}
                 for site, (cosine, rows) in sorted(self.shared_rows.items())
             }
-        if self.opposed_rows:  # the loop leaves them out for the rest of the job
-            entry["opposed_rows"] = list(self.opposed_rows)
+        if self.opposed_at_warmup:  # the loop leaves them out for the rest of the job
+            entry["opposed_at_warmup"] = list(self.opposed_at_warmup)
         if self.row_agreement:  # each site's shared head rows (three or more holders) against theirs: a record
             entry["row_agreement"] = {site: round(value, 4) for site, value in sorted(self.row_agreement.items())}
         return entry
