@@ -11,6 +11,7 @@ from surgical_aggregation.core.robust import (
     AGGREGATORS,
     DUPLICATE_DISTANCE,
     RobustRule,
+    SharedRows,
     SiteResult,
     centered_clipping,
     closest_distance,
@@ -260,14 +261,22 @@ def test_each_sites_shared_rows_are_read_against_their_consensus_with_their_coun
     flipper = {name: -row for name, row in zip(names, rows, strict=True)}
     one_row = {"A": -rows[0]}  # one shared row the other way: not judged
     against = shared_rows_against_consensus({**honest, "x": flipper, "one": one_row}, median)
-    assert {site: count for site, (_, count) in against.items()} == {"h0": 5, "h1": 5, "h2": 5, "x": 5, "one": 1}
-    assert against["x"][0] == pytest.approx(-1.0, abs=1e-3) and against["one"][0] == pytest.approx(-1.0)
-    assert min(against[site][0] for site in honest) == pytest.approx(1.0, abs=1e-3)
+    assert {site: shared.rows for site, shared in against.items()} == {"h0": 5, "h1": 5, "h2": 5, "x": 5, "one": 1}
+    assert against["x"].cosine == pytest.approx(-1.0, abs=1e-3) and against["one"].cosine == pytest.approx(-1.0)
+    assert min(against[site].cosine for site in honest) == pytest.approx(1.0, abs=1e-3)
+    # the consensus (a coordinate-wise median): A's 1.0 rows[0] (five holders), the others' 1.05 rows (four holders);
+    # x's rows are the rows negated: squared norms 12.5 against 1 + 1.05^2 * 11.5
+    consensus_norm = math.sqrt(1 + 1.05**2 * 11.5)
+    assert against["x"].scale == pytest.approx(math.sqrt(12.5) / consensus_norm)
+    assert against["h2"].scale == pytest.approx(1.2 * math.sqrt(12.5) / consensus_norm)
 
 
 def test_only_sites_in_their_warm_up_round_with_five_or_more_opposed_shared_rows_are_named():
     against = {
-        "h0": (0.95, 7), "h1": (0.90, 7), "h2": (-0.30, 14), "x": (-0.98, 7), "few": (-1.0, 4), "zero": (0.0, 5)
+        site: SharedRows(cosine, rows, 1.0)
+        for site, cosine, rows in [
+            ("h0", 0.95, 7), ("h1", 0.90, 7), ("h2", -0.30, 14), ("x", -0.98, 7), ("few", -1.0, 4), ("zero", 0.0, 5)
+        ]
     }  # fmt: skip
     opposed = opposed_at_warmup(against, judged=["h0", "h1", "x", "few", "zero"])  # h2 is past its warm-up: not judged
     assert sorted(opposed) == ["x", "zero"]  # 0 counts as against; four rows are too few to judge

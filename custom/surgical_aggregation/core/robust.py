@@ -46,7 +46,7 @@ import itertools
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -448,7 +448,7 @@ MIN_SHARED_ROWS = 5  # fewer shared rows let honest sites read as opposed (the c
     "in its warm-up round its updates of the 7 head rows it shares with two or more other sites point against their "
     "consensus (cosine -0.98 with their robust aggregates): left out for the rest of the job",
 )
-def opposed_at_warmup(against: Mapping[str, tuple[float, int]], judged: Collection[str]) -> dict[str, str]:
+def opposed_at_warmup(against: Mapping[str, SharedRows], judged: Collection[str]) -> dict[str, str]:
     """site -> why, for each site of ``judged`` (those in their warm-up round) whose updates of its shared head rows
     point against their consensus (``against``: :func:`shared_rows_against_consensus`, every site of the round).
     Only sites with :data:`MIN_SHARED_ROWS` or more such rows are judged; when half or more of the sites that share a
@@ -461,18 +461,27 @@ def opposed_at_warmup(against: Mapping[str, tuple[float, int]], judged: Collecti
             f"against their consensus (cosine {cosine:.2f} with their robust aggregates): left out for the rest of "
             "the job"
         )
-        for site, (cosine, rows) in sorted(against.items())
+        for site, (cosine, rows, _) in sorted(against.items())
         if site in judged and rows >= MIN_SHARED_ROWS and cosine <= 0
     }
     return {} if 2 * len(opposed) >= len(against) else opposed
 
 
+class SharedRows(NamedTuple):
+    """A site's updates of the head rows three or more sites moved, concatenated, against their consensus."""
+
+    cosine: float
+    rows: int  # how many such rows it moved
+    scale: float  # the norm of its updates of them over their consensus's (a record for a rule on later rounds)
+
+
 def shared_rows_against_consensus(
     updates: Mapping[str, Mapping[str, np.ndarray]], rule: Callable[[np.ndarray], np.ndarray]
-) -> dict[str, tuple[float, int]]:
-    """site -> (cosine, rows): ``rows`` the head rows it moved that :data:`MIN_ROWS` or more sites moved, and the
+) -> dict[str, SharedRows]:
+    """site -> :class:`SharedRows`: ``rows`` the head rows it moved that :data:`MIN_ROWS` or more sites moved, the
     cosine of its updates of them, concatenated, with their consensus (``rule`` over each row's holders, one row per
-    holder), concatenated alike. ``updates``: site -> canonical class -> its update of that row (weights and bias).
+    holder), concatenated alike, and their norms' ratio. ``updates``: site -> canonical class -> its update of that row
+    (weights and bias).
     Sites that share no such row have no entry. Recorded every round (``shared_rows`` in the round's history); only a
     site's warm-up round is judged by it (:func:`opposed_at_warmup`)."""
     holders: dict[str, list[str]] = {}
@@ -485,8 +494,14 @@ def shared_rows_against_consensus(
         for name, sites in holders.items()
         if len(sites) >= MIN_ROWS
     }
-    cosines = shared_row_agreement(updates, consensus)
-    return {site: (cosine, len(_shared_names(updates[site], consensus))) for site, cosine in cosines.items()}
+    against = {}
+    for site, cosine in shared_row_agreement(updates, consensus).items():
+        names = _shared_names(updates[site], consensus)
+        own, theirs = (
+            np.linalg.norm(np.concatenate([part[name] for name in names])) for part in (updates[site], consensus)
+        )
+        against[site] = SharedRows(cosine, len(names), float(own / theirs))
+    return against
 
 
 def _shared_names(rows: Mapping[str, np.ndarray], consensus: Mapping[str, np.ndarray]) -> list[str]:

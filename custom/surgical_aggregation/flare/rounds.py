@@ -48,6 +48,7 @@ from ..core.head import HeadSpec
 from ..core.robust import (
     RobustOutcome,
     RobustRule,
+    SharedRows,
     SiteResult,
     duplicates_and_closest,
     opposed_at_warmup,
@@ -115,7 +116,7 @@ class Round:
     model_check: list[str] = field(default_factory=list)  # why the first candidate failed (empty: it passed)
     robust_parts: dict[str, int] = field(default_factory=dict)  # part -> sites its robust rule aggregated
     row_agreement: dict[str, float] = field(default_factory=dict)  # site -> its shared rows' cosine with theirs
-    shared_rows: dict[str, tuple[float, int]] = field(default_factory=dict)  # before clipping: (cosine, rows)
+    shared_rows: dict[str, SharedRows] = field(default_factory=dict)  # as sent, before clipping
     opposed_at_warmup: list[str] = field(default_factory=list)  # rejected for their warm-up rows: out for the job
     contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
@@ -414,8 +415,8 @@ class Round:
             entry["robust"] = dict(self.robust_parts)
         if self.shared_rows:  # each site's shared head rows (three or more holders) as sent, against their consensus
             entry["shared_rows"] = {
-                site: {"cosine": round(cosine, 4), "rows": rows}
-                for site, (cosine, rows) in sorted(self.shared_rows.items())
+                site: {"cosine": round(cosine, 4), "rows": rows, "scale": round(scale, 4)}
+                for site, (cosine, rows, scale) in sorted(self.shared_rows.items())
             }
         if self.opposed_at_warmup:  # the loop leaves them out for the rest of the job
             entry["opposed_at_warmup"] = list(self.opposed_at_warmup)
