@@ -36,6 +36,7 @@ from surgical_aggregation.flare.protocol import (
 from surgical_aggregation.flare.state import BACKUP_FILE, STATUS_FILE, load_state
 
 from fake_sites import FakeSite, Harness, messages, shifted
+from helpers import toy_state
 
 
 def _tensors(params: dict) -> dict[str, torch.Tensor]:
@@ -523,7 +524,7 @@ def test_a_site_whose_shared_rows_oppose_their_consensus_in_its_warm_up_round_is
         return
     reason = (
         "in its warm-up round its updates of the 5 head rows it shares with two or more other sites point against "
-        "their consensus (cosine -1.00 with their robust aggregates): left out for the rest of the job"
+        "their consensus (mean cosine -1.00 with their robust aggregates): left out for the rest of the job"
     )
     assert warmup["accepted"] == honest and warmup["rejected"] == {"site-x": reason}
     assert warmup["opposed_at_warmup"] == ["site-x"] and warmup["excluded"] == {"site-x": reason}
@@ -539,6 +540,26 @@ def test_a_site_whose_shared_rows_oppose_their_consensus_in_its_warm_up_round_is
     np.testing.assert_allclose(
         _round_zero_change(harness, sites[0], "Nodule"), (0.010 + 0.010 + 0.009 + 0.010) / 4, atol=1e-6
     )
+
+
+def test_a_job_from_trained_heads_is_not_judged_by_its_sites_shared_rows(tmp_path):
+    """Started from an earlier global model whose rows of the five findings are learned (Hernia new: every site warms
+    its head up), no round starts from untrained heads: site-x, whose rows point the other way in every round, is
+    recorded and aggregated (honest sites' rows pull apart once trained: the clean sweep's later rounds)."""
+    sites = [
+        FakeSite(f"site-{name}", [*FIVE_FINDINGS, "Hernia"], [0.9, 0.5], lambda number, params, a=amount: shifted(
+            params, a * (1 + number)))
+        for name, amount in (("a", 0.010), ("b", 0.011), ("c", 0.009))
+    ]  # fmt: skip
+    sites.append(FakeSite("site-x", [*FIVE_FINDINGS, "Hernia"], [0.9, 0.5], _rows_inverted))
+    harness = Harness(
+        sites, tmp_path, initial=(toy_state(5, seed=5), FIVE_FINDINGS), num_rounds=2, reject_opposed_updates=True
+    )
+    harness.run()
+    assert [site.warmups for site in sites] == [[True, False]] * 4  # Hernia's row starts from scratch: each warms up
+    for entry in harness.history[1:]:
+        assert entry["aggregation"]["shared_rows"]["site-x"]["mean_cosine"] < -0.99
+        assert entry["aggregation"]["accepted"] == ["site-a", "site-b", "site-c", "site-x"]
 
 
 def test_a_part_two_of_three_sites_move_is_clipped_to_the_smaller_update_a_round_of_two_is_not(tmp_path):

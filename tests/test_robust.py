@@ -264,25 +264,35 @@ def test_each_sites_shared_rows_are_read_against_their_consensus_with_their_coun
     assert {site: shared.rows for site, shared in against.items()} == {"h0": 5, "h1": 5, "h2": 5, "x": 5, "one": 1}
     assert against["x"].cosine == pytest.approx(-1.0, abs=1e-3) and against["one"].cosine == pytest.approx(-1.0)
     assert min(against[site].cosine for site in honest) == pytest.approx(1.0, abs=1e-3)
-    # the consensus (a coordinate-wise median): A's 1.0 rows[0] (five holders), the others' 1.05 rows (four holders);
-    # x's rows are the rows negated: squared norms 12.5 against 1 + 1.05^2 * 11.5
-    consensus_norm = math.sqrt(1 + 1.05**2 * 11.5)
-    assert against["x"].scale == pytest.approx(math.sqrt(12.5) / consensus_norm)
-    assert against["h2"].scale == pytest.approx(1.2 * math.sqrt(12.5) / consensus_norm)
+    # the consensus (a coordinate-wise median): 1.05 rows (A's five holders' -rows[0] twice, a copy counted once)
+    assert against["x"].scale == pytest.approx(1 / 1.05) and against["h2"].scale == pytest.approx(1.2 / 1.05)
+    assert against["x"].mean_cosine == pytest.approx(-1.0) and against["h2"].mean_cosine == pytest.approx(1.0)
+
+
+def test_one_large_row_against_its_consensus_does_not_decide_the_mean_cosine():
+    """Seven rows each held by three sites; one site's first row points the other way at 100 times its size (as two
+    colluders of a row's three holders could make its consensus turn against an honest site's): its rows concatenated
+    read against their consensus, their mean cosine (each row alike) does not."""
+    rng = np.random.default_rng(0)
+    updates = {f"h{index}": {f"c{row}": rng.normal(1.0, 0.1, 4) for row in range(7)} for index in range(3)}
+    updates["h0"]["c0"] = -100 * np.ones(4)
+    against = shared_rows_against_consensus(updates, median)["h0"]
+    assert against.rows == 7 and against.cosine < 0 < against.mean_cosine
+    assert against.mean_cosine == pytest.approx((6 - 1) / 7, abs=0.02)  # six rows at about 1, one at -1
 
 
 def test_only_sites_in_their_warm_up_round_with_five_or_more_opposed_shared_rows_are_named():
     against = {
-        site: SharedRows(cosine, rows, 1.0)
-        for site, cosine, rows in [
+        site: SharedRows(0.5, rows, 1.0, mean_cosine)  # the rows concatenated (0.5) are not what is judged
+        for site, mean_cosine, rows in [
             ("h0", 0.95, 7), ("h1", 0.90, 7), ("h2", -0.30, 14), ("x", -0.98, 7), ("few", -1.0, 4), ("zero", 0.0, 5)
         ]
     }  # fmt: skip
-    opposed = opposed_at_warmup(against, judged=["h0", "h1", "x", "few", "zero"])  # h2 is past its warm-up: not judged
+    opposed = opposed_at_warmup(against, judged=["h0", "h1", "x", "few", "zero"])  # h2 has no warm-up: not judged
     assert sorted(opposed) == ["x", "zero"]  # 0 counts as against; four rows are too few to judge
     assert opposed["x"] == (
         "in its warm-up round its updates of the 7 head rows it shares with two or more other sites point against "
-        "their consensus (cosine -0.98 with their robust aggregates): left out for the rest of the job"
+        "their consensus (mean cosine -0.98 with their robust aggregates): left out for the rest of the job"
     )
     assert opposed_at_warmup(against, judged=["h0", "h1", "h2", "x", "zero"]) == {}  # three of six: no one's consensus
     assert opposed_at_warmup(against, judged=[]) == {}

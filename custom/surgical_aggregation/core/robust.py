@@ -438,59 +438,61 @@ MIN_SHARED_ROWS = 5  # fewer shared rows let honest sites read as opposed (the c
 
 @server_check(
     "update",
-    "with `reject_opposed_updates` and three or more results left, in a site's warm-up round (its first, when the "
-    "head rows of the classes new to the federation start from scratch) its updates of the head rows it shares with "
-    f"two or more other sites (at least {MIN_SHARED_ROWS} such rows), concatenated, that point against those rows' "
-    "consensus (a cosine of 0 or below with each row's robust aggregate over its holders, concatenated alike) reject "
-    "its result and leave the site out for the rest of the job, as labels of the same findings read the other way "
-    "round (a site trained on inverted labels), unless half or more of the sites that hold such rows do; later rounds "
-    "are not judged by it (honest sites' rows then pull apart), nor a site with fewer shared rows",
+    "with `reject_opposed_updates` and three or more results left, in the job's first round from untrained heads (the "
+    "sites' warm-up round, when every head row starts from scratch) a site whose updates of the head rows it shares "
+    f"with two or more other sites (at least {MIN_SHARED_ROWS} such rows) point against those rows' consensus (each "
+    "row's robust aggregate over its holders, a copy counted once) on average (a mean cosine of 0 or below, each row "
+    "weighing alike) has its result rejected and stays out for the rest of the job, as labels of the same findings "
+    "read the other way round (a site trained on inverted labels), unless half or more of the sites that hold such "
+    "rows do; later rounds, a site that joins later and a job that starts from trained heads are not judged by it "
+    "(honest sites' rows then pull apart), nor a site with fewer shared rows",
     "in its warm-up round its updates of the 7 head rows it shares with two or more other sites point against their "
-    "consensus (cosine -0.98 with their robust aggregates): left out for the rest of the job",
+    "consensus (mean cosine -0.98 with their robust aggregates): left out for the rest of the job",
 )
 def opposed_at_warmup(against: Mapping[str, SharedRows], judged: Collection[str]) -> dict[str, str]:
-    """site -> why, for each site of ``judged`` (those in their warm-up round) whose updates of its shared head rows
-    point against their consensus (``against``: :func:`shared_rows_against_consensus`, every site of the round).
-    Only sites with :data:`MIN_SHARED_ROWS` or more such rows are judged; when half or more of the sites that share a
-    row would be, none is (the consensus is then no one's). Set on the clean sweep's records: in their warm-up round
-    honest sites with five or more shared rows read 0.89 to 1.00, label flippers -0.97 to -1.00; later rounds overlap
-    (honest sites down to -0.32), so they are not judged (``docs/server-checks.md``)."""
+    """site -> why, for each site of ``judged`` (those in the warm-up round) whose updates of its shared head rows
+    point against their consensus on average (``against``: :func:`shared_rows_against_consensus`, every site of the
+    round; its ``mean_cosine``, so that no one row, however large, decides). Only sites with :data:`MIN_SHARED_ROWS` or
+    more such rows are judged; when half or more of the sites that share a row would be, none is (the consensus is
+    then no one's). Set on the clean sweep's records: in the warm-up round honest sites with five or more shared rows
+    read 0.89 to 1.00 (concatenated), label flippers -0.97 to -1.00; later rounds overlap (honest sites down to
+    -0.32), so they are not judged (``docs/server-checks.md``)."""
     opposed = {
         site: (
-            f"in its warm-up round its updates of the {rows} head rows it shares with two or more other sites point "
-            f"against their consensus (cosine {cosine:.2f} with their robust aggregates): left out for the rest of "
-            "the job"
+            f"in its warm-up round its updates of the {shared.rows} head rows it shares with two or more other sites "
+            f"point against their consensus (mean cosine {shared.mean_cosine:.2f} with their robust aggregates): left "
+            "out for the rest of the job"
         )
-        for site, (cosine, rows, _) in sorted(against.items())
-        if site in judged and rows >= MIN_SHARED_ROWS and cosine <= 0
+        for site, shared in sorted(against.items())
+        if site in judged and shared.rows >= MIN_SHARED_ROWS and shared.mean_cosine <= 0
     }
     return {} if 2 * len(opposed) >= len(against) else opposed
 
 
 class SharedRows(NamedTuple):
-    """A site's updates of the head rows three or more sites moved, concatenated, against their consensus."""
+    """A site's updates of the head rows three or more sites moved, against their consensus."""
 
-    cosine: float
+    cosine: float  # of its updates of them, concatenated, with their consensus, concatenated alike
     rows: int  # how many such rows it moved
     scale: float  # the norm of its updates of them over their consensus's (a record for a rule on later rounds)
+    mean_cosine: float  # the mean over those rows of each row's cosine with its consensus (each row weighs alike)
 
 
 def shared_rows_against_consensus(
     updates: Mapping[str, Mapping[str, np.ndarray]], rule: Callable[[np.ndarray], np.ndarray]
 ) -> dict[str, SharedRows]:
-    """site -> :class:`SharedRows`: ``rows`` the head rows it moved that :data:`MIN_ROWS` or more sites moved, the
-    cosine of its updates of them, concatenated, with their consensus (``rule`` over each row's holders, one row per
-    holder), concatenated alike, and their norms' ratio. ``updates``: site -> canonical class -> its update of that row
-    (weights and bias).
-    Sites that share no such row have no entry. Recorded every round (``shared_rows`` in the round's history); only a
-    site's warm-up round is judged by it (:func:`opposed_at_warmup`)."""
+    """site -> :class:`SharedRows`: the head rows it moved that :data:`MIN_ROWS` or more sites moved, against their
+    consensus (``rule`` over each row's holders, one row per holder, a copy counted once: :func:`distinct_rows`).
+    ``updates``: site -> canonical class -> its update of that row (weights and bias). Sites that share no such row
+    have no entry. Recorded every round (``shared_rows`` in the round's history); only the warm-up round is judged by
+    it (:func:`opposed_at_warmup`)."""
     holders: dict[str, list[str]] = {}
     for site, rows in updates.items():
         for name, row in rows.items():
             if np.any(row):
                 holders.setdefault(name, []).append(site)
     consensus = {
-        name: rule(np.stack([updates[site][name] for site in sites]))
+        name: rule(distinct_rows(np.stack([updates[site][name] for site in sites])))
         for name, sites in holders.items()
         if len(sites) >= MIN_ROWS
     }
@@ -500,7 +502,8 @@ def shared_rows_against_consensus(
         own, theirs = (
             np.linalg.norm(np.concatenate([part[name] for name in names])) for part in (updates[site], consensus)
         )
-        against[site] = SharedRows(cosine, len(names), float(own / theirs))
+        each = [consensus_cosines({site: updates[site][name]}, consensus[name]).get(site, 0.0) for name in names]
+        against[site] = SharedRows(cosine, len(names), float(own / theirs), float(np.mean(each)))
     return against
 
 

@@ -454,7 +454,9 @@ class SurgicalAggregatorShareable(ServerModels):
         """The round's aggregation after its update bounds and the candidate model's check (see ``rounds``)."""
         on_arrival = list(gathered.rejected)
         excluded = self._excluded_since(gathered.number)  # left out of an earlier round: out for the rest of the job
-        aggregated = gathered.aggregate(latest.state, latest.class_names, self._rules(), self._reference, excluded)
+        aggregated = gathered.aggregate(
+            latest.state, latest.class_names, self._rules(), self._reference, excluded, self._from_untrained_heads()
+        )
         for level, line in gathered.report(aggregated, on_arrival):
             getattr(self, level)(line)
         if self.method == "personal":

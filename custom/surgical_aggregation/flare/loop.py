@@ -223,6 +223,10 @@ class FederationLoop(SiteTasks):
         said = f"the aggregate of {made}"
         return said + (f", without {left_out} (excluded)" if left_out else "")
 
+    def _from_untrained_heads(self) -> bool:
+        """Whether the round now training starts from untrained heads: the job's first, from no earlier model."""
+        return self._federation.latest.round == INITIAL_ROUND and not self._started_trained
+
     def _excluded_since(self, round_number: int) -> dict[str, int]:
         """site -> the round its contribution was first left out, for the rounds before ``round_number`` and the
         sites whose warm-up rows the aggregation of ``round_number`` itself rejected (``opposed_at_warmup``): read
@@ -306,7 +310,7 @@ class FederationLoop(SiteTasks):
             tested = {site: validation[site] for site in [*contributors, *objectors] if site in validation}
             # a round from untrained heads (no round has made a model yet) is judged by the loss alone: near-chance
             # models rank at random
-            untrained = self._federation.latest.round == INITIAL_ROUND and not self._started_trained
+            untrained = self._from_untrained_heads()
             everyone = flagged(tested, sizes, level, ranking=not untrained)
             # a false exclusion needs false rejections among every site's tests of every leave-one-out candidate
             each = level / max(len(contributors) * (len(contributors) - 1), 1)

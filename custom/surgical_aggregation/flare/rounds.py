@@ -183,11 +183,13 @@ class Round:
         rules: RoundRules,
         reference: UpdateReference,
         excluded: Collection[str] = (),
+        warmup_round: bool = False,
     ) -> AggregationResult:
         """The round's global model from its valid results (see the module's docstring for the order of the
         checks); ``reference`` learns the accepted updates' sizes. The results of ``excluded`` sites (left out of an
         earlier round by the screening, for the rest of the job) take no part: not in the consensus, the clipping,
-        the typical update or the mean."""
+        the typical update or the mean. ``warmup_round``: the job's first round from untrained heads, the one in which
+        the sites' shared head rows are judged (``opposed_at_warmup``)."""
         self.excluded = sorted(set(excluded) & set(self.arrivals))
 
         averaged = rules.aggregator(state, classes).averaged_keys
@@ -229,7 +231,7 @@ class Round:
                 candidates = [site for site in candidates if site not in self.rejected]
             rows = {site: sizes[site].row_changes for site in candidates}
             self.shared_rows = shared_rows_against_consensus(rows, rules.consensus)
-            if rules.reject_opposed_updates:  # judged in a site's warm-up round only: later, honest rows pull apart
+            if rules.reject_opposed_updates and warmup_round:  # judged then only: later, honest rows pull apart
                 warming = [site for site in candidates if self.arrivals[site].warmup]
                 opposed = opposed_at_warmup(self.shared_rows, warming)
                 self.rejected.update(opposed)
@@ -415,8 +417,13 @@ class Round:
             entry["robust"] = dict(self.robust_parts)
         if self.shared_rows:  # each site's shared head rows (three or more holders) as sent, against their consensus
             entry["shared_rows"] = {
-                site: {"cosine": round(cosine, 4), "rows": rows, "scale": round(scale, 4)}
-                for site, (cosine, rows, scale) in sorted(self.shared_rows.items())
+                site: {
+                    "cosine": round(shared.cosine, 4),
+                    "rows": shared.rows,
+                    "scale": round(shared.scale, 4),
+                    "mean_cosine": round(shared.mean_cosine, 4),
+                }
+                for site, shared in sorted(self.shared_rows.items())
             }
         if self.opposed_at_warmup:  # the loop leaves them out for the rest of the job
             entry["opposed_at_warmup"] = list(self.opposed_at_warmup)
