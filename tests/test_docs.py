@@ -77,8 +77,9 @@ def _four_sites(rows: list[list[str]]) -> dict[str, list[str]]:
 
 def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
     """docs/server-checks.md's label flips under the withdrawn shared-rows rule: each row's figures as the suite's table
-    computes them from docs/attack-suite/shared-rows-rule.json against this page's references, beside the table's own
-    label flips (without the rule); the seven-site run with two flippers lost a site and is no row of it."""
+    computes them from docs/attack-suite/shared-rows-rule.json against this page's references, beside the table's
+    label flips before the warm-up rule (docs/attack-suite/before-warmup-rule.json); the seven-site run with two
+    flippers lost a site and is no row of it."""
     suite = load_benchmark("attack_suite")
     table_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
     rule_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "shared-rows-rule.json").read_text())
@@ -89,13 +90,14 @@ def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
     def label_flips(runs: dict) -> dict[str, list[str]]:
         return {row[1]: row for row in _suite_rows(suite, runs) if row[0] == "label_flip"}
 
-    with_rule, without = label_flips({**references, **complete}), label_flips(table_runs)
+    before = json.loads((REPOSITORY / "docs" / "attack-suite" / "before-warmup-rule.json").read_text())
+    with_rule, without = label_flips({**references, **complete}), label_flips({**references, **before})
     page = (REPOSITORY / "docs" / "server-checks.md").read_text()
     for sites, row in with_rule.items():
         assert row[7] == row[7].split(",")[0] and row[7].startswith("site-nih")  # one site rejected: the flipper
         lowest = row[2].split(",")[0]
-        before = f"{without[sites][3]}, {without[sites][4]}"
-        line = f"| {sites} | the flipper, every round | {lowest} | {row[3]} | {row[4]} | {before} |"
+        earlier = f"{without[sites][3]}, {without[sites][4]}"
+        line = f"| {sites} | the flipper, every round | {lowest} | {row[3]} | {row[4]} | {earlier} |"
         assert line in page, line
     assert sorted(with_rule) == ["3 (1)", "4 (1)", "7 (1)"]
 
@@ -122,14 +124,15 @@ def test_the_centered_clipping_figures_are_the_ones_its_runs_give():
 
 
 def test_the_shared_rows_figures_are_the_clean_sweeps():
-    """docs/server-checks.md's reading of the clean sweep's ``shared_rows`` records (sites with five or more shared
-    rows): the first round's range and count, the lowest later value, and the run under the withdrawn rule."""
+    """docs/server-checks.md's reading of the clean sweep's ``shared_rows`` records before the warm-up rule (sites with
+    five or more shared rows): the first round's range and count, the lowest later value, and the run under the
+    withdrawn rule."""
     results = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
     first, later = [], []
     for name, result in results.items():
         for round_number, sites in result.get("shared_rows", {}).items():
             for site, record in sites.items():
-                if record["rows"] >= 5:
+                if record["rows"] >= 5 and "mean_cosine" not in record:  # recorded before the warm-up rule
                     (first if round_number == "0" else later).append((record["cosine"], name, site, round_number))
     lowest = min(later)
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
@@ -204,3 +207,99 @@ def test_the_clean_sweep_table_is_the_one_its_results_give():
         f"{sweep.upper_bound(fresh_stops, len(fresh)):.0%} and {sweep.upper_bound(fresh_excluded, len(fresh)):.0%}, "
         f"95 % exact bounds), and in {fresh_rejected} the update checks refused an honest site's results" in _readme()
     )
+
+
+def _warmup_rule_figures() -> dict[str, str]:
+    """The figures docs/server-checks.md gives for the warm-up rows rule, from the stored suite and sweep runs."""
+    suite = load_benchmark("attack_suite")
+    sweep = load_benchmark("clean_sweep")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    flips = {name: run for name, run in runs.items() if run["attack"].startswith("label_flip")}
+
+    def margins(attack: str, sites: int, attackers: int) -> str:
+        run = runs[f"{attack}-{sites}sites-{attackers}attackers-seed1"]
+        clean = suite.lowest_margin(run, suite.clean_of(runs, run))
+        alone = suite.lowest_margin(run, suite.alone_of(runs, run))
+        return f"{clean:+.3f} against the clean run, {alone:+.3f} against the honest sites alone"
+
+    def spread(values: list[float]) -> str:
+        return f"{min(values):.2f} to {max(values):.2f}"
+
+    def warmup(run: dict, hostile: bool) -> list[float]:
+        return [
+            record["mean_cosine"]
+            for site, record in run["shared_rows"]["0"].items()
+            if (site in run["attacking_sites"]) == hostile
+        ]
+
+    early = [run for run in flips.values() if run["attack"] != "label_flip_late"]
+    late_seven = runs["label_flip_late-7sites-1attackers-seed1"]
+    late = [run for run in flips.values() if run["attack"] == "label_flip_late"]
+    later_rounds = [(run, sites) for run in late for number, sites in run["shared_rows"].items() if number != "0"]
+    hostile = [
+        record for run, sites in later_rounds for site, record in sites.items() if site in run["attacking_sites"]
+    ]
+    honest = [
+        record for run, sites in later_rounds for site, record in sites.items() if site not in run["attacking_sites"]
+    ]
+    sweep_runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
+    warmup_runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "warmup-rounds.json").read_text())
+    sweep_runs = {name: run for name, run in sweep_runs.items() if sweep.out_of_sample(name, run)}
+    judged = [
+        record["mean_cosine"]
+        for run in [*sweep_runs.values(), *warmup_runs.values()]
+        for record in run.get("shared_rows", {}).get("0", {}).values()
+        if "mean_cosine" in record and record["rows"] >= 5  # the runs under the rule, the sites it judged
+    ]
+    rejected = sum(value <= 0 for value in judged)  # the rule's decision on each
+    both = [  # honest sites' round 0 under the rule, at 0.89 or more concatenated: how far the mean lies from it
+        abs(record["mean_cosine"] - record["cosine"])
+        for run in [*early, *late, *sweep_runs.values(), *warmup_runs.values()]
+        for site, record in run.get("shared_rows", {}).get("0", {}).items()
+        if "mean_cosine" in record and record["rows"] >= 5 and record["cosine"] >= 0.89
+        and site not in run.get("attacking_sites", [])
+    ]  # fmt: skip
+    return {
+        "WARMUPS": str(len(warmup_runs)),
+        "AGREE": f"{max(both):.2f}",
+        "AGREECOUNT": str(len(both)),
+        "JUDGED": str(len(judged)),
+        "SPREAD": spread(judged),
+        "BOUND": f"{sweep.upper_bound(rejected, len(judged)):.0%}",
+        "FLIPPERS": spread([value for run in early for value in warmup(run, True)]),
+        "HONEST": spread([value for run in early for value in warmup(run, False)]),
+        "FOUR": margins("label_flip", 4, 1),
+        "SEVENTWO": margins("label_flip", 7, 2),
+        "SEVENONE": margins("label_flip", 7, 1),
+        "THREE": margins("label_flip", 3, 1),
+        "LATETHREE": margins("label_flip_late", 3, 1),
+        "LATEFOUR": margins("label_flip_late", 4, 1),
+        "LATESEVEN": margins("label_flip_late", 7, 1),
+        "LATESEVENVERDICT": suite.verdict(late_seven, suite.clean_of(runs, late_seven)),
+        "LATEROWS": spread([record["mean_cosine"] for record in hostile]),
+        "LATESCALE": spread([record["scale"] for record in hostile]),
+        "HONESTSCALE": spread([record["scale"] for record in honest]),
+    }
+
+
+def test_the_warm_up_rules_figures_are_the_runs():
+    """docs/server-checks.md's section on the warm-up rows rule, figure by figure, from the suite's label-flip runs
+    and the clean sweep's federations run under the rule (docs/attack-suite/results.json, docs/clean-sweep/...)."""
+    figures = _warmup_rule_figures()
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    for sentence in (
+        "and the first round of {WARMUPS} more",
+        "the runs under the rule read a mean within {AGREE} of the concatenated figure at every honest site of 0.89 or "
+        "more ({AGREECOUNT} site-rounds)",
+        "{JUDGED} honest site-rounds judged (five or more shared rows), mean cosine {SPREAD}, none at 0 or below: at "
+        "most {BOUND} per judged honest site",
+        "its round-0 mean cosine {FLIPPERS} against the honest sites' {HONEST}",
+        "`label_flip` holds at four sites ({FOUR}), with two flippers of seven ({SEVENTWO}) and with one of seven "
+        "({SEVENONE})",
+        "the honest sites end no lower than the honest sites alone ({THREE})",
+        "it breaks through at three sites ({LATETHREE}) and at four against the clean run ({LATEFOUR}); at seven sites "
+        "it {LATESEVENVERDICT} ({LATESEVEN})",
+        "Its later rounds' mean cosine ({LATEROWS})",
+        "(`scale`, {LATESCALE}) does not separate it from the honest sites of the same runs ({HONESTSCALE})",
+    ):
+        assert sentence.format(**figures) in page, sentence.format(**figures)
