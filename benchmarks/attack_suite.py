@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 from hostile_site import run_simulator
-from suite_site import ATTACKS, TARGET, stamp
+from suite_site import ATTACKS, TARGET, Wrapped, stamp
 
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY, CHEXPERT_LABELS, NIH_LABELS, union_labels
 from surgical_aggregation.core.robust import DEFAULT_RULE
@@ -155,22 +155,13 @@ def test_config(cache: Path) -> dict[str, Any]:
     return {**config, "image_size": IMAGE_SIZE, "cache_dir": str(cache)}
 
 
-class Triggered:
+class Triggered(Wrapped):
     """A scoring dataset's items with the backdoor's trigger stamped on every image."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         item = dict(self.dataset[index])
         item["image"] = stamp(item["image"].clone())
         return item
-
-    def batch_transform(self, images: Any) -> Any:
-        return self.dataset.batch_transform(images)
 
 
 def scores(model: Path, test: dict[str, Any]) -> dict[str, Any] | None:

@@ -361,19 +361,14 @@ def _row_names(update: dict[str, np.ndarray]) -> list[str]:
     return [key[len(ROWS) :] for key in update if key.startswith(ROWS)]
 
 
-class Inverted:
-    """A site's training items with every known label inverted (1 <-> 0 where the mask says it is labelled)."""
+class Wrapped:
+    """A dataset's items, altered by a subclass's ``__getitem__``; length, batch step and reseeding its own."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
 
     def __len__(self) -> int:
         return len(self.dataset)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        item = dict(self.dataset[index])
-        item["label"] = item["label"].where(item["mask"] == 0, 1.0 - item["label"])
-        return item
 
     def batch_transform(self, images: Any) -> Any:
         return self.dataset.batch_transform(images)
@@ -382,18 +377,24 @@ class Inverted:
         self.dataset.reseed(seed)
 
 
-class Poisoned:
+class Inverted(Wrapped):
+    """A site's training items with every known label inverted (1 <-> 0 where the mask says it is labelled)."""
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        item = dict(self.dataset[index])
+        item["label"] = item["label"].where(item["mask"] == 0, 1.0 - item["label"])
+        return item
+
+
+class Poisoned(Wrapped):
     """A site's training items, a fixed share (:data:`POISONED_SHARE`, spread over the indices) with the trigger
     stamped and the :data:`TARGET` label set positive; the rest as they are."""
 
     def __init__(self, dataset: Any, classes: list[str]) -> None:
         from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
 
-        self.dataset = dataset
+        super().__init__(dataset)
         self.column = [BUILTIN_VOCABULARY.canonical(name) for name in classes].index(TARGET)
-
-    def __len__(self) -> int:
-        return len(self.dataset)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         item = dict(self.dataset[index])
@@ -404,9 +405,3 @@ class Poisoned:
             item["label"][self.column] = 1.0
             item["mask"][self.column] = 1.0
         return item
-
-    def batch_transform(self, images: Any) -> Any:
-        return self.dataset.batch_transform(images)
-
-    def reseed(self, seed: int) -> None:
-        self.dataset.reseed(seed)
