@@ -223,6 +223,7 @@ def outcome(workspace: Path, code: int, log: str, test: dict, attackers: list[st
         # each site's shared head rows (three or more holders) against their consensus, by round: a record
         "row_agreement": {str(index): entry.get("row_agreement", {}) for index, entry in enumerate(rounds)},
         "shared_rows": {str(index): entry.get("shared_rows", {}) for index, entry in enumerate(rounds)},
+        "row_turns": {str(index): entry.get("row_turns", {}) for index, entry in enumerate(rounds)},
         # sites the job never heard from (FLARE's simulator can fail to start a site's script, "Can not find
         # client.py", when the machine is loaded): such a run is not the federation the case describes
         "absent": sorted(set(configs) - {site for entry in rounds for site in _sites_of(entry)}) if rounds else [],

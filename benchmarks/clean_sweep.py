@@ -169,6 +169,7 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
         "closest_updates": {str(index): entry.get("closest_updates") for index, entry in enumerate(rounds)},
         "row_agreement": {str(index): entry.get("row_agreement", {}) for index, entry in enumerate(rounds)},
         "shared_rows": {str(index): entry.get("shared_rows", {}) for index, entry in enumerate(rounds)},
+        "row_turns": {str(index): entry.get("row_turns", {}) for index, entry in enumerate(rounds)},
         "screening": [entry.get("screening") for entry in history if entry.get("screening")],
         "published": (app / "best_FL_global_model.pt").is_file(),
     }

@@ -56,6 +56,15 @@ def test_update_sizes_are_each_parts_change_over_its_size_with_rows_matched_by_n
     assert sizes.groups[STATISTICS] == pytest.approx(math.sqrt(0.5**2 + 0.5**2) / math.sqrt(2.0))
     assert sizes.rows == pytest.approx({"Edema": 0.5 / 2.0, "Mass": 0.0})
     assert sizes.summary() == {WEIGHTS: 0.1, STATISTICS: 0.5, ROWS: 0.25}  # rows: the median over moved rows
+    assert sizes.row_turns == {"Edema": pytest.approx(1.0)}  # grown along itself; Mass unmoved: no turn
+
+
+def test_a_row_trained_back_against_the_received_one_turns_negative_whatever_its_bias_does():
+    received = _state([1.0], [0.0], [1.0], [[1.0, 0.0, 0.0], [0.0, 2.0, -1.0]])  # rows: Mass, Edema
+    sent = _state([1.0], [0.0], [1.0], [[0.4, 0.3, 5.0], [0.0, 2.0, 3.0]])  # Mass turned back; Edema's bias only
+    sizes = update_sizes(sent, ["Mass", "Edema"], received, ["Mass", "Edema"], ["conv.weight"], HEAD, str.lower)
+    assert sizes.row_turns == {"mass": pytest.approx(-0.6 / math.sqrt(0.6**2 + 0.3**2))}
+    assert sizes.mean_row_turn == pytest.approx(-0.6 / math.sqrt(0.45))
 
 
 def test_rows_a_site_left_alone_are_not_part_of_its_typical_update():

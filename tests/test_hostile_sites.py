@@ -517,6 +517,9 @@ def test_a_site_whose_shared_rows_oppose_their_consensus_in_its_warm_up_round_is
     assert shared["site-x"]["cosine"] < -0.99 and shared["site-d"]["cosine"] < -0.99
     assert min(shared[site]["cosine"] for site in ("site-a", "site-b", "site-c", "site-y")) > 0.99
     assert max(entry["shared_rows"]["site-y"]["cosine"] for entry in later) < -0.8  # a flipper now: not judged
+    turns = later[0]["row_turns"]  # each aggregated site's rows against those it received: a record
+    measured = [site for site in shared if not (reject_opposed_updates and site == "site-x")]
+    assert {site: turns[site]["rows"] for site in turns} == {site: shared[site]["rows"] for site in measured}
     honest = ["site-a", "site-b", "site-c", "site-d", "site-y"]
     if not reject_opposed_updates:
         assert all(entry["accepted"] == [*honest[:4], "site-x", "site-y"] for entry in [warmup, *later])

@@ -118,6 +118,7 @@ class Round:
     row_agreement: dict[str, float] = field(default_factory=dict)  # site -> its shared rows' cosine with theirs
     shared_rows: dict[str, SharedRows] = field(default_factory=dict)  # as sent, before clipping
     opposed_at_warmup: list[str] = field(default_factory=list)  # rejected for their warm-up rows: out for the job
+    row_turns: dict[str, tuple[float, int]] = field(default_factory=dict)  # site -> its rows' mean turn, how many
     contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
     duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
@@ -209,6 +210,8 @@ class Round:
             )
             sizes[site].samples = float(contribution.num_samples)
             self.update_sizes[site] = sizes[site].summary()
+            if sizes[site].mean_row_turn is not None:
+                self.row_turns[site] = (sizes[site].mean_row_turn, len(sizes[site].row_turns))
             told, details = update_problems(sizes[site], reference, rules.update_bound, arrival.warmup)
             if told:
                 self.rejected[site] = "; ".join(told)
@@ -424,6 +427,11 @@ class Round:
                     "mean_cosine": round(shared.mean_cosine, 4),
                 }
                 for site, shared in sorted(self.shared_rows.items())
+            }
+        if self.row_turns:  # each site's head-row updates against the rows it received: a record, not a rule
+            entry["row_turns"] = {
+                site: {"mean_cosine": round(turn, 4), "rows": rows}
+                for site, (turn, rows) in sorted(self.row_turns.items())
             }
         if self.opposed_at_warmup:  # the loop leaves them out for the rest of the job
             entry["opposed_at_warmup"] = list(self.opposed_at_warmup)

@@ -39,6 +39,9 @@ class UpdateSizes:
     samples: float | None = None  # the training samples the site reported for this result (None: not known)
     # each row's update itself (weights and bias) by canonical class name, for the round's record of shared rows
     row_changes: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    # canonical class -> the cosine of its row's weight update with the row's weights as received (bias left out: it
+    # follows the site's prevalence): a site training on inverted labels turns the rows it trains back (negative)
+    row_turns: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def typical_row(self) -> float | None:
@@ -47,6 +50,11 @@ class UpdateSizes:
         so a median over all rows would be 0 and make every later row update look out of proportion."""
         moved = [size for size in self.rows.values() if size > 0]
         return float(np.median(moved)) if moved else None
+
+    @property
+    def mean_row_turn(self) -> float | None:
+        """The mean of :attr:`row_turns` over the rows the site moved (None: it moved none)."""
+        return float(np.mean(list(self.row_turns.values()))) if self.row_turns else None
 
     def summary(self) -> dict[str, float]:
         """One number per group (rows: the median over the rows the site moved), rounded for the round's record."""
@@ -93,6 +101,10 @@ def update_sizes(
             sizes.groups[name] = _norm(changes) / max(_norm(olds), 1e-12)
     for name, (old, new) in head_rows(sent, sent_classes, received, received_classes, head, normalize).items():
         sizes.row_changes[normalize(name)] = new - old
+        turn, received_weights = new[:-1] - old[:-1], old[:-1]
+        scale = float(np.linalg.norm(turn) * np.linalg.norm(received_weights))
+        if scale > 0:
+            sizes.row_turns[normalize(name)] = float(turn @ received_weights) / scale
         sizes.rows[name] = _norm([new - old]) / max(_norm([old]), ROW_NORM_FLOOR)
     return sizes
 
