@@ -64,7 +64,6 @@ def test_a_row_trained_back_against_the_received_one_turns_negative_whatever_its
     sent = _state([1.0], [0.0], [1.0], [[0.4, 0.3, 5.0], [0.0, 2.0, 3.0]])  # Mass turned back; Edema's bias only
     sizes = update_sizes(sent, ["Mass", "Edema"], received, ["Mass", "Edema"], ["conv.weight"], HEAD, str.lower)
     assert sizes.row_turns == {"mass": pytest.approx(-0.6 / math.sqrt(0.6**2 + 0.3**2))}
-    assert sizes.mean_row_turn == pytest.approx(-0.6 / math.sqrt(0.45))
 
 
 def test_rows_a_site_left_alone_are_not_part_of_its_typical_update():

@@ -118,7 +118,7 @@ class Round:
     row_agreement: dict[str, float] = field(default_factory=dict)  # site -> its shared rows' cosine with theirs
     shared_rows: dict[str, SharedRows] = field(default_factory=dict)  # as sent, before clipping
     opposed_at_warmup: list[str] = field(default_factory=list)  # rejected for their warm-up rows: out for the job
-    row_turns: dict[str, tuple[float, int]] = field(default_factory=dict)  # site -> its rows' mean turn, how many
+    row_turns: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> class -> its row's turn
     contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
     duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
@@ -210,8 +210,8 @@ class Round:
             )
             sizes[site].samples = float(contribution.num_samples)
             self.update_sizes[site] = sizes[site].summary()
-            if sizes[site].mean_row_turn is not None:
-                self.row_turns[site] = (sizes[site].mean_row_turn, len(sizes[site].row_turns))
+            if sizes[site].row_turns:
+                self.row_turns[site] = dict(sizes[site].row_turns)
             told, details = update_problems(sizes[site], reference, rules.update_bound, arrival.warmup)
             if told:
                 self.rejected[site] = "; ".join(told)
@@ -430,8 +430,13 @@ class Round:
             }
         if self.row_turns:  # each site's head-row updates against the rows it received: a record, not a rule
             entry["row_turns"] = {
-                site: {"mean_cosine": round(turn, 4), "rows": rows}
-                for site, (turn, rows) in sorted(self.row_turns.items())
+                site: {
+                    "mean_cosine": round(float(np.mean(list(turns.values()))), 4),
+                    "rows": len(turns),
+                    "lowest": round(min(turns.values()), 4),
+                    "below_zero": sum(turn < 0 for turn in turns.values()),
+                }
+                for site, turns in sorted(self.row_turns.items())
             }
         if self.opposed_at_warmup:  # the loop leaves them out for the rest of the job
             entry["opposed_at_warmup"] = list(self.opposed_at_warmup)

@@ -51,11 +51,6 @@ class UpdateSizes:
         moved = [size for size in self.rows.values() if size > 0]
         return float(np.median(moved)) if moved else None
 
-    @property
-    def mean_row_turn(self) -> float | None:
-        """The mean of :attr:`row_turns` over the rows the site moved (None: it moved none)."""
-        return float(np.mean(list(self.row_turns.values()))) if self.row_turns else None
-
     def summary(self) -> dict[str, float]:
         """One number per group (rows: the median over the rows the site moved), rounded for the round's record."""
         values, row = dict(self.groups), self.typical_row
