@@ -47,6 +47,7 @@ from ..core.checks.metrics import check_metrics
 from ..core.checks.model import ModelOutputs, model_problems
 from ..core.checks.update import DEFAULT_UPDATE_BOUND, UpdateReference
 from ..core.head import NAMED_HEAD, to_numpy
+from ..core.judging import round_level
 from ..core.labels import job_vocabulary
 from ..core.methods import (
     IdentityBatchNormError,
@@ -448,6 +449,7 @@ class SurgicalAggregatorShareable(ServerModels):
             self.clip_updates,
             self.reject_opposed_updates,
             self._robust_rule(),
+            round_level(self.num_rounds),
         )
 
     def _aggregate(self, gathered: Round, latest: SavedVersion) -> AggregationResult:
