@@ -134,7 +134,7 @@ def _assert_round_is(workspace: Path, round_number: int, rounds: int, moved: np.
     assert worst <= 1e-4 * scale, f"round {round_number}: the global model differs from the hand-computed by {worst}"
 
 
-def test_the_five_site_job_completes_with_the_honest_sites_aggregated_every_round(six_sites):
+def test_the_six_site_job_completes_with_the_honest_sites_aggregated_in_its_rounds(six_sites):
     code, output, workspace = six_sites
     assert code == 0, output[-4000:]
     rounds = [entry["aggregation"] for entry in _history(workspace) if "aggregation" in entry]
