@@ -18,10 +18,7 @@ docs/server-checks.md through the simulator), not this benchmark: ``flip_x2`` (t
 handshake and with every result), ``poisoned_rows`` (an honest backbone and honest head weights, every head row's bias
 raised by 90 % of what the rows' cap allows: inside every bound, every output pushed towards "present") and
 ``poisoned_rows_quiet`` (the same, reporting no metric at all), ``rows_inverted`` (an honest backbone and BatchNorm
-statistics, every head row's update negated: what training on inverted labels does to the rows) and
-``rows_inverted_late`` (honest in round 0, after it ``rows_inverted`` with each head row's weights pulled a tenth of
-the way back to zero: what training on inverted labels does to rows that had learned, a flipper who waits past the
-warm-up; the attack suite's ``label_flip_late`` turned 14 of 14 rows back).
+statistics, every head row's update negated: what training on inverted labels does to the rows).
 
 The job runs with ``min_clients: 1``, so that a round in which only the honest site's result is valid still
 updates the model (with the job's ``min_clients: 2``, a two-site federation whose other site is rejected every
@@ -55,10 +52,7 @@ from surgical_aggregation.training.profiles import SCRATCH
 
 ATTACKS = ("withheld", "x5", "flip_x5", "negative_running_var", "honest")
 # the e2e tests' doubles
-TEST_ATTACKS = (
-    "flip_x2", "flip_x2_quiet", "x3_claiming_1e9", "poisoned_rows", "poisoned_rows_quiet", "rows_inverted",
-    "rows_inverted_late",
-)  # fmt: skip
+TEST_ATTACKS = ("flip_x2", "flip_x2_quiet", "x3_claiming_1e9", "poisoned_rows", "poisoned_rows_quiet", "rows_inverted")
 HOSTILE_SITE = "site-chexpert"
 
 # The hostile site's custom/client.py: the bundle's site script with ClientSession.train wrapped.
@@ -78,7 +72,7 @@ TEST_DOUBLES = {test_attacks!r}  # their BatchNorm statistics are honest
 CLAIMED = 10**9
 
 
-def altered(received, sent, round_number):
+def altered(received, sent):
     sent = dict(sent)
     if ATTACK == "withheld":
         del sent[NAMED_HEAD.bias_key]
@@ -96,12 +90,9 @@ def altered(received, sent, round_number):
         weight, bias = (received[key].astype(np.float64) for key in NAMED_HEAD.keys)
         size = np.maximum(np.sqrt(np.sum(weight**2, axis=1) + bias**2), 0.1)
         sent[NAMED_HEAD.bias_key] = (bias + 0.9 * 10 * size).astype(sent[NAMED_HEAD.bias_key].dtype)
-    elif ATTACK == "rows_inverted" or (ATTACK == "rows_inverted_late" and round_number):
+    elif ATTACK == "rows_inverted":
         for key in NAMED_HEAD.keys:
             sent[key] = (2 * received[key].astype(np.float64) - sent[key]).astype(sent[key].dtype)
-        if ATTACK == "rows_inverted_late":  # and each learned row pulled a tenth of the way back to zero
-            key = NAMED_HEAD.weight_key
-            sent[key] = (sent[key] - 0.1 * received[key].astype(np.float64)).astype(sent[key].dtype)
     elif ATTACK == "negative_running_var":
         key = sorted(key for key in sent if key.endswith(".running_var"))[0]
         variance = sent[key].copy()
@@ -115,7 +106,7 @@ _train = client.ClientSession.train
 
 def train(self, received):
     answer = _train(self, received)
-    answer.params = altered(received.params, answer.params, received.current_round or 0)
+    answer.params = altered(received.params, answer.params)
     if ATTACK == "x3_claiming_1e9":
         answer.meta[META_NUM_SAMPLES] = CLAIMED
     if QUIET:

@@ -214,14 +214,10 @@ def _warmup_rule_figures() -> dict[str, str]:
     suite = load_benchmark("attack_suite")
     sweep = load_benchmark("clean_sweep")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
-    # the late flipper's runs before the turned-back rows rule (stop 70), what this section reports of it
-    before = json.loads((REPOSITORY / "docs" / "attack-suite" / "before-turned-back-rule.json").read_text())
-    flips = {name: run for name, run in runs.items() if run["attack"] in ("label_flip", "label_flip_quiet")}
-    flips |= {f"before-{name}": run for name, run in before.items()}
+    flips = {name: run for name, run in runs.items() if run["attack"].startswith("label_flip")}
 
     def margins(attack: str, sites: int, attackers: int) -> str:
-        name = f"{attack}-{sites}sites-{attackers}attackers-seed1"
-        run = before[name] if attack == "label_flip_late" else runs[name]
+        run = runs[f"{attack}-{sites}sites-{attackers}attackers-seed1"]
         clean = suite.lowest_margin(run, suite.clean_of(runs, run))
         alone = suite.lowest_margin(run, suite.alone_of(runs, run))
         return f"{clean:+.3f} against the clean run, {alone:+.3f} against the honest sites alone"
@@ -237,7 +233,7 @@ def _warmup_rule_figures() -> dict[str, str]:
         ]
 
     early = [run for run in flips.values() if run["attack"] != "label_flip_late"]
-    late_seven = before["label_flip_late-7sites-1attackers-seed1"]
+    late_seven = runs["label_flip_late-7sites-1attackers-seed1"]
     late = [run for run in flips.values() if run["attack"] == "label_flip_late"]
     later_rounds = [(run, sites) for run in late for number, sites in run["shared_rows"].items() if number != "0"]
     hostile = [
@@ -287,8 +283,8 @@ def _warmup_rule_figures() -> dict[str, str]:
 
 
 def _judged_row_turns(run: dict) -> dict[str, dict[str, dict]]:
-    """round -> site -> record, for the site-rounds of a run that the turned-back rows rule judges: past the site's
-    first round (its warm-up), its rows turned back counted (``below_zero``, recorded since stop 70)."""
+    """round -> site -> record, for a run's site-rounds past the site's first round (its warm-up) whose rows turned back
+    were counted (``below_zero``, recorded since stop 70)."""
     judged: dict[str, dict[str, dict]] = {}
     seen: set[str] = set()
     for number in sorted(run.get("row_turns", {}), key=int):
@@ -299,85 +295,69 @@ def _judged_row_turns(run: dict) -> dict[str, dict[str, dict]]:
     return judged
 
 
-def _as_turns(record: dict) -> dict[str, float]:
-    """A site-round's record as the rule reads it: ``below_zero`` of its rows back, the rest grown."""
-    return {f"row-{index}": -1.0 if index < record["below_zero"] else 1.0 for index in range(record["rows"])}
+def _withdrawn_rule_names(sites: dict[str, dict], rounds: int) -> list[str]:
+    """What the withdrawn turned-back rows rule named in one round: each site's count of rows back tested against
+    Binomial(rows, 1/2), one-sided, Holm at the round's share of the job's rate; none when half or more would be."""
+    from surgical_aggregation.core.judging import holm, round_level
 
-
-def _turned_back_rule_figures() -> dict[str, str]:
-    """The figures docs/server-checks.md gives for the turned-back rows rule, from the stored suite and sweep runs:
-    the sweep's federations read by the rule itself (``core.robust.turned_back``) at each one's planned rounds."""
-    from surgical_aggregation.core.judging import round_level
-    from surgical_aggregation.core.robust import turned_back, turned_back_p_value
-
-    suite = load_benchmark("attack_suite")
-    sweep = load_benchmark("clean_sweep")
-    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
-    sweep_runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
-    recorded = {
-        name: run for name, run in sweep_runs.items() if sweep.out_of_sample(name, run) and _judged_row_turns(run)
+    p_values = {
+        site: sum(math.comb(record["rows"], count) for count in range(record["below_zero"], record["rows"] + 1))
+        / 2 ** record["rows"]
+        for site, record in sites.items()
     }
-    honest, named_federations = [], 0
-    for run in recorded.values():
-        level = round_level(run["federation"]["rounds"])
-        named = 0
-        for sites in _judged_row_turns(run).values():
-            honest += list(sites.values())
-            named += len(turned_back({site: _as_turns(record) for site, record in sites.items()}, sites, level))
-        named_federations += named > 0
-    shares = [record["below_zero"] / record["rows"] for record in honest if record["rows"] >= 5]
-    lowest_p = min(turned_back_p_value(_as_turns(record)) for record in honest)
+    named = holm(p_values, round_level(rounds))
+    return [] if 2 * len(named) >= len(p_values) else named
 
-    def late(sites: int) -> dict:
-        return runs[f"label_flip_late-{sites}sites-1attackers-seed1"]
+
+def test_the_withdrawn_turned_back_rules_figures_are_the_runs():
+    """docs/server-checks.md's section on the withdrawn turned-back rows rule, figure by figure: its suite runs
+    (docs/attack-suite/turned-back-rule.json, against the table's references) and the clean sweep's records."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    rule_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "turned-back-rule.json").read_text())
+    sweep_runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
 
     def margins(run: dict) -> str:
         clean = suite.lowest_margin(run, suite.clean_of(runs, run))
         alone = suite.lowest_margin(run, suite.alone_of(runs, run))
         return f"{clean:+.3f} against the clean run, {alone:+.3f} against the honest sites alone"
 
-    def suite_records(hostile: bool) -> list[dict]:
-        return [
-            record
-            for sites in (3, 4, 7)
-            for rounds in _judged_row_turns(late(sites)).values()
-            for site, record in rounds.items()
-            if (site in late(sites)["attacking_sites"]) == hostile
+    late = {sites: rule_runs[f"label_flip_late-{sites}sites-1attackers-seed1"] for sites in (3, 4, 7)}
+    records = [(run, site, record) for run in late.values() for rounds in _judged_row_turns(run).values()
+               for site, record in rounds.items()]  # fmt: skip
+    hostile = {f"{r['below_zero']} of {r['rows']}" for run, site, r in records if site in run["attacking_sites"]}
+    honest = [r["below_zero"] / r["rows"] for run, site, r in records if site not in run["attacking_sites"]]
+    assert all(run["excluded"] == run["attacking_sites"] for run in late.values())
+    assert (
+        f"the flipper's rows turned back {', '.join(sorted(hostile))} in round 1, the honest sites' "
+        f"{min(honest):.0%} to {max(honest):.0%}, and it was left out from round 1: at three sites "
+        f"({margins(late[3])}), at four ({margins(late[4])}) and at seven ({margins(late[7])})"
+    ) in page
+    recorded = {name: run for name, run in sweep_runs.items() if _judged_row_turns(run)}
+    seeds = sorted(run["federation"]["seed"] for run in recorded.values())
+    assert (seeds[0], seeds[-1]) == (174, 183) and f"On the clean sweep's seeds {seeds[0]}-{seeds[-1]}" in page
+    assert not any(
+        _withdrawn_rule_names(sites, run["federation"]["rounds"])
+        for run in recorded.values()
+        for sites in _judged_row_turns(run).values()
+    )  # it named no site
+    seed_181 = _judged_row_turns(sweep_runs["sweep-181"])["4"]
+    counts = [(seed_181[site]["below_zero"], seed_181[site]["rows"]) for site in sorted(seed_181)]
+    assert counts == [(2, 10), (4, 10), (5, 9), (4, 9)]  # site-3-nih: half or more of five or more rows
+    assert "seed 181, site-3-nih, 5 of 9 rows back in round 4, the other sites 2 of 10, 4 of 10 and 4 of 9" in page
+    one_row = [
+        [
+            record["below_zero"]
+            for rounds in _judged_row_turns(run).values()
+            for s, record in rounds.items()
+            if s == site
         ]
-
-    return {
-        "FEDERATIONS": str(len(recorded)),
-        "SEEDS": ", ".join(str(run["federation"]["seed"]) for run in recorded.values()),
-        "JUDGED": str(len(honest)),
-        "SHARES": f"{min(shares):.0%} to {max(shares):.0%}",
-        "LOWESTP": f"{lowest_p:.2g}",
-        "NAMED": str(named_federations),
-        "FEDERATIONBOUND": f"{sweep.upper_bound(named_federations, len(recorded)):.0%}",
-        "FLIPPERS": ", ".join(sorted({f"{r['below_zero']} of {r['rows']}" for r in suite_records(True)})),
-        "SUITEHONEST": f"{min(r['below_zero'] / r['rows'] for r in suite_records(False)):.0%} to "
-        f"{max(r['below_zero'] / r['rows'] for r in suite_records(False)):.0%}",
-        "THREE": margins(late(3)),
-        "FOUR": margins(late(4)),
-        "SEVEN": margins(late(7)),
-    }
-
-
-def test_the_turned_back_rules_figures_are_the_runs():
-    """docs/server-checks.md's section on the turned-back rows rule, figure by figure, from the suite's late label
-    flips and the clean sweep's federations that recorded their rows' turns (docs/attack-suite/results.json,
-    docs/clean-sweep/results.json)."""
-    figures = _turned_back_rule_figures()
-    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
-    for sentence in (
-        "{FEDERATIONS} federations of the sweep (seeds {SEEDS})",
-        "{JUDGED} honest site-rounds judged, {SHARES} of a site's rows turned back (sites of five rows or more), the "
-        "lowest p-value {LOWESTP}",
-        "the rule would have left a site out in {NAMED} of the {FEDERATIONS} federations (at most {FEDERATIONBOUND}",
-        "the flipper's rows turned back in its first judged round: {FLIPPERS}; the honest sites' of the same runs "
-        "{SUITEHONEST}",
-        "at three sites ({THREE}), at four ({FOUR}) and at seven ({SEVEN})",
-    ):
-        assert sentence.format(**figures) in page, sentence.format(**figures)
+        for run in recorded.values()
+        for site in {s for rounds in _judged_row_turns(run).values() for s, r in rounds.items() if r["rows"] == 1}
+    ]
+    assert len(one_row) == 4 and all(all(one_row_site) for one_row_site in one_row)
+    assert "the sweep's four one-row sites (seeds 177 and 182) turned back in every round judged" in page
 
 
 def test_the_warm_up_rules_figures_are_the_runs():
@@ -395,8 +375,7 @@ def test_the_warm_up_rules_figures_are_the_runs():
         "`label_flip` holds at four sites ({FOUR}), with two flippers of seven ({SEVENTWO}) and with one of seven "
         "({SEVENONE})",
         "the honest sites end no lower than the honest sites alone ({THREE})",
-        "before the second rows rule it broke through at three sites ({LATETHREE}) and at four against the clean run "
-        "({LATEFOUR}); at seven sites "
+        "it breaks through at three sites ({LATETHREE}) and at four against the clean run ({LATEFOUR}); at seven sites "
         "it {LATESEVENVERDICT} ({LATESEVEN})",
         "Its later rounds' mean cosine ({LATEROWS})",
         "(`scale`, {LATESCALE}) does not separate it from the honest sites of the same runs ({HONESTSCALE})",

@@ -28,8 +28,6 @@ from surgical_aggregation.core.robust import (
     shared_row_agreement,
     shared_rows_against_consensus,
     trimmed_mean,
-    turned_back,
-    turned_back_p_value,
 )
 
 FIVE = np.array([[1.0], [2.0], [6.0], [7.0], [100.0]])
@@ -298,31 +296,3 @@ def test_only_sites_in_their_warm_up_round_with_five_or_more_opposed_shared_rows
     )
     assert opposed_at_warmup(against, judged=["h0", "h1", "h2", "x", "zero"]) == {}  # three of six: no one's consensus
     assert opposed_at_warmup(against, judged=[]) == {}
-
-
-def test_a_site_past_its_warm_up_whose_rows_turn_back_more_often_than_chance_is_named_however_far_others_grow():
-    def rows(back: int, grown: int, grown_cosine: float = 0.2) -> dict[str, float]:
-        return {f"class-{index}": -0.2 if index < back else grown_cosine for index in range(back + grown)}
-
-    assert turned_back_p_value(rows(14, 0)) == pytest.approx(2**-14)
-    assert turned_back_p_value(rows(12, 2)) == pytest.approx((1 + 14 + 91) / 2**14)  # 12, 13 or 14 of 14
-    assert turned_back_p_value({**rows(3, 1), "zero": 0.0}) == pytest.approx(6 / 32)  # a cosine of 0 counts as back
-    turns = {
-        "h0": rows(2, 12),
-        "h1": rows(5, 9),
-        "h2": rows(0, 13),
-        "x": rows(13, 1, grown_cosine=1.0),  # one row grown as far as a row can: the count still says 13 of 14
-        "few": rows(4, 0),  # all four back: p = 1/16, not below the level
-        "warming": rows(14, 0),
-    }
-    level = 0.01  # a one-round job's
-    judged = ["h0", "h1", "h2", "x", "few"]  # "warming" is in its warm-up round: not judged
-    named = turned_back(turns, judged, level)
-    assert list(named) == ["x"]  # Holm: x's 9.2e-4 <= level / 5, then few's 1/16 > level / 4
-    assert named["x"] == (
-        "after its warm-up 13 of its 14 head-row updates point back against the rows it received (p = 0.00092 were "
-        "each as likely to point back as not; level 0.01): left out for the rest of the job"
-    )
-    assert turned_back(turns, judged, level=1e-4) == {}  # below what 13 of 14 can reach
-    assert turned_back(turns, ["x", "few", "h1"], level=0.5) == {}  # two of three named: the round did it to every site
-    assert turned_back(turns, [], level) == {}

@@ -53,7 +53,6 @@ import numpy as np
 from .checks import server_check
 from .checks.update import WEIGHTS, consensus_cosines, row_part, update_group
 from .head import NAMED_HEAD, HeadSpec, cast_like, to_numpy
-from .judging import holm
 
 Aggregator = Callable[[np.ndarray, int], np.ndarray]  # (rows, f) -> the aggregate
 
@@ -468,47 +467,6 @@ def opposed_at_warmup(against: Mapping[str, SharedRows], judged: Collection[str]
         if site in judged and shared.rows >= MIN_SHARED_ROWS and shared.mean_cosine <= 0
     }
     return {} if 2 * len(opposed) >= len(against) else opposed
-
-
-def turned_back_p_value(turns: Mapping[str, float]) -> float:
-    """The chance that a site's rows point back at least as often as ``turns`` (class -> the cosine of its row's weight
-    update with the row as received) say, if each row were as likely to point back (a cosine of 0 or below) as not:
-    the most an honest site's rows do once they stop growing (while they grow, fewer). The binomial upper tail."""
-    rows, back = len(turns), sum(turn <= 0 for turn in turns.values())
-    return sum(math.comb(rows, count) for count in range(back, rows + 1)) / 2**rows
-
-
-@server_check(
-    "update",
-    "with `reject_opposed_updates`, after a site's warm-up (its head rows then trained), a site whose head-row updates "
-    "point back against the rows it received (a cosine of 0 or below with the received row's weights) more often than "
-    "chance allows (one-sided binomial test against one half, at the job's false-alarm rate shared by its planned "
-    "rounds, Holm over the sites judged) has its result rejected and stays out for the rest of the job, as training on "
-    "inverted labels turns every row it trains back, unless half or more of the judged sites do",
-    "after its warm-up 14 of its 14 head-row updates point back against the rows it received (p = 6.1e-05 were each "
-    "as likely to point back as not; level 0.0033): left out for the rest of the job",
-)
-def turned_back(turns: Mapping[str, Mapping[str, float]], judged: Collection[str], level: float) -> dict[str, str]:
-    """site -> why, for each site of ``judged`` (past its warm-up) whose head-row updates point back against the rows
-    it received more often than chance allows (``turns``: site -> class -> the cosine of its row's weight update with
-    the row as received, ``UpdateSizes.row_turns``; :func:`turned_back_p_value`), Holm over the judged sites at
-    ``level`` (the round's share of the job's false-alarm rate). A count of rows, not their mean cosine: rows grown far
-    along themselves cannot hide rows turned back. When half or more of the judged sites would be named, none is (the
-    round did it to every site, not one site's labels)."""
-    p_values = {site: turned_back_p_value(rows) for site, rows in turns.items() if site in judged and rows}
-    named = holm(p_values, level)
-    if 2 * len(named) >= len(p_values):
-        return {}
-    reasons = {}
-    for site in sorted(named):
-        rows = turns[site]
-        back = sum(turn <= 0 for turn in rows.values())
-        reasons[site] = (
-            f"after its warm-up {back} of its {len(rows)} head-row updates point back against the rows it received "
-            f"(p = {p_values[site]:.2g} were each as likely to point back as not; level {level:.2g}): left out for the "
-            "rest of the job"
-        )
-    return reasons
 
 
 class SharedRows(NamedTuple):

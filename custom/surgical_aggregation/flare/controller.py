@@ -47,7 +47,6 @@ from ..core.checks.metrics import check_metrics
 from ..core.checks.model import ModelOutputs, model_problems
 from ..core.checks.update import DEFAULT_UPDATE_BOUND, UpdateReference
 from ..core.head import NAMED_HEAD, to_numpy
-from ..core.judging import round_level
 from ..core.labels import job_vocabulary
 from ..core.methods import (
     IdentityBatchNormError,
@@ -449,7 +448,6 @@ class SurgicalAggregatorShareable(ServerModels):
             self.clip_updates,
             self.reject_opposed_updates,
             self._robust_rule(),
-            round_level(self.num_rounds),
         )
 
     def _aggregate(self, gathered: Round, latest: SavedVersion) -> AggregationResult:

@@ -34,7 +34,6 @@ from ..core.errors import UserError
 from ..core.judging import Decision, after_exclusion, decide, flagged, improvement_of, round_level, verdict_of
 from ..evaluation.run_summary import INITIAL_ROUND, model_label
 from .protocol import JOB_FAILED, META_COMPARE_TO, META_MODEL_KEY, META_ROUND, TASK_VALIDATE
-from .rounds import RULED_OUT_FOR_JOB
 from .state import FederationState, SavedVersion, history_entry, judge
 from .tasks import SiteTasks
 
@@ -230,14 +229,13 @@ class FederationLoop(SiteTasks):
 
     def _excluded_since(self, round_number: int) -> dict[str, int]:
         """site -> the round its contribution was first left out, for the rounds before ``round_number`` and the
-        sites whose head rows the aggregation of ``round_number`` itself rejected for the job (``RULED_OUT_FOR_JOB``):
-        read from the history, so a resumed job keeps them."""
+        sites whose warm-up rows the aggregation of ``round_number`` itself rejected (``opposed_at_warmup``): read
+        from the history, so a resumed job keeps them."""
         since: dict[str, int] = {}
         for entry in sorted(self._federation.history, key=lambda item: item["round"]):
             left_out = (entry.get("screening") or {}).get("excluded", []) if entry["round"] < round_number else []
             if entry["round"] <= round_number:
-                aggregation = entry.get("aggregation") or {}
-                left_out = [*left_out, *(site for key in RULED_OUT_FOR_JOB for site in aggregation.get(key, []))]
+                left_out = [*left_out, *(entry.get("aggregation") or {}).get("opposed_at_warmup", [])]
             for site in left_out:
                 since.setdefault(site, entry["round"])
         return since
@@ -247,7 +245,7 @@ class FederationLoop(SiteTasks):
         if first < round_number:
             return f"left out since round {first}, when its result was first excluded: an excluded site stays out"
         aggregation = history_entry(self._federation.history, round_number).get("aggregation") or {}
-        if any(site in aggregation.get(key, []) for key in RULED_OUT_FOR_JOB):
+        if site in aggregation.get("opposed_at_warmup", []):
             return aggregation["rejected"][site]
         return EXCLUDED
 

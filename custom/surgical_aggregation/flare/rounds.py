@@ -45,7 +45,6 @@ from ..core.checks.update import (
     weight_change,
 )
 from ..core.head import HeadSpec
-from ..core.judging import FALSE_ALARM_RATE
 from ..core.robust import (
     RobustOutcome,
     RobustRule,
@@ -55,15 +54,10 @@ from ..core.robust import (
     opposed_at_warmup,
     robust_state,
     shared_rows_against_consensus,
-    turned_back,
 )
 from ..training.privacy import UNITS as PRIVACY_UNITS
 from .handshake import SiteInfo
 from .protocol import META_CLASS_NAMES, META_WARMUP, TASK_TRAIN
-
-# the aggregation record's lists of sites whose head rows got them rejected for the rest of the job (flare.loop keeps
-# them out of every later round)
-RULED_OUT_FOR_JOB = ("opposed_at_warmup", "turned_back")
 
 
 @dataclass
@@ -90,7 +84,6 @@ class RoundRules:
     clip_updates: bool = True  # each part of an update at most the round's median (three or more sites)
     reject_opposed_updates: bool = False  # a backbone update against the others' median direction is rejected
     robust: RobustRule = field(default_factory=lambda: RobustRule("mean"))  # parts three or more sites moved
-    turned_back_level: float = FALSE_ALARM_RATE  # the round's share of the job's false-alarm rate (round_level)
 
     def consensus(self, changes: np.ndarray) -> np.ndarray:
         """The round's consensus of the backbone updates (one row per site): the robust rule's aggregate, or the
@@ -126,7 +119,6 @@ class Round:
     shared_rows: dict[str, SharedRows] = field(default_factory=dict)  # as sent, before clipping
     opposed_at_warmup: list[str] = field(default_factory=list)  # rejected for their warm-up rows: out for the job
     row_turns: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> class -> its row's turn
-    turned_back: list[str] = field(default_factory=list)  # rejected for rows turned back after warm-up: out for the job
     contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
     duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
@@ -248,13 +240,6 @@ class Round:
                 self.rejected.update(opposed)
                 self.opposed_at_warmup = sorted(opposed)
                 candidates = [site for site in candidates if site not in self.rejected]
-        if rules.reject_opposed_updates and not warmup_round:  # past the warm-up every site's rows are trained
-            judged = [site for site in candidates if not self.arrivals[site].warmup]
-            turns = {site: self.row_turns[site] for site in candidates if site in self.row_turns}
-            turned = turned_back(turns, judged, rules.turned_back_level)
-            self.rejected.update(turned)
-            self.turned_back = sorted(turned)
-            candidates = [site for site in candidates if site not in self.rejected]
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
             riders = set(free_riders({site: sizes[site] for site in candidates}))
             self.clipped = clip_factors(
@@ -455,8 +440,6 @@ class Round:
             }
         if self.opposed_at_warmup:  # the loop leaves them out for the rest of the job
             entry["opposed_at_warmup"] = list(self.opposed_at_warmup)
-        if self.turned_back:  # the loop leaves them out for the rest of the job
-            entry["turned_back"] = list(self.turned_back)
         if self.row_agreement:  # each site's shared head rows (three or more holders) against theirs: a record
             entry["row_agreement"] = {site: round(value, 4) for site, value in sorted(self.row_agreement.items())}
         return entry
