@@ -96,10 +96,7 @@ def update_sizes(
             sizes.groups[name] = _norm(changes) / max(_norm(olds), 1e-12)
     for name, (old, new) in head_rows(sent, sent_classes, received, received_classes, head, normalize).items():
         sizes.row_changes[normalize(name)] = new - old
-        turn, received_weights = new[:-1] - old[:-1], old[:-1]
-        scale = float(np.linalg.norm(turn) * np.linalg.norm(received_weights))
-        if scale > 0:
-            sizes.row_turns[normalize(name)] = float(turn @ received_weights) / scale
+        sizes.row_turns.update(consensus_cosines({normalize(name): new[:-1] - old[:-1]}, old[:-1]))
         sizes.rows[name] = _norm([new - old]) / max(_norm([old]), ROW_NORM_FLOOR)
     return sizes
 
