@@ -327,6 +327,14 @@ def test_the_withdrawn_turned_back_rules_figures_are_the_runs():
     records = [(run, site, record) for run in late.values() for rounds in _judged_row_turns(run).values()
                for site, record in rounds.items()]  # fmt: skip
     hostile = {f"{r['below_zero']} of {r['rows']}" for run, site, r in records if site in run["attacking_sites"]}
+    along = ", -".join(
+        f"{-r['mean_cosine']:.2f} at {sites}"
+        for sites, run in zip(("three sites", "four", "seven"), late.values(), strict=True)
+        for rounds in _judged_row_turns(run).values()
+        for site, r in rounds.items()
+        if site in run["attacking_sites"]
+    )
+    assert f"the suite's flipper, in round 1: mean cosine -{along})" in page
     honest = [r["below_zero"] / r["rows"] for run, site, r in records if site not in run["attacking_sites"]]
     assert all(run["excluded"] == run["attacking_sites"] for run in late.values())
     assert (
