@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from surgical_aggregation.experiments.choices import ABSENT, HEAD_ONLY, MISSING
-from surgical_aggregation.experiments.grid_run import run_settings
+from surgical_aggregation.experiments.grid_run import plan, run_settings
 from surgical_aggregation.experiments.grids import DataSources, grid_settings, simulated_nih
 from surgical_aggregation.experiments.runner import METHOD_FIELDS, RunOptions
 from surgical_aggregation.experiments.summary import (
@@ -97,6 +97,19 @@ def test_a_full_network_comparison_counts_only_where_the_ceiling_is_finding_spec
     ]
     specific = pd.concat([results, ceiling.assign(logit_correlation=[0.2, 0.3], shared_score_auroc_loss=0.1)])
     assert specificity_gate(specific)[0].endswith("0.25 over 2 seed(s), at most 0.3: the comparison counts")
+
+
+def test_an_absent_control_that_leaves_nothing_out_is_not_run_twice():
+    """At psi = 0 every site labels every class: the absent control leaves no finding out of any image, generates the
+    missing setting's folder, and the plan runs it once; at psi = 12/14 it runs every method but centralized_full."""
+    profile = Profile("tiny", "plan only", training={"image_size": 32}, rounds=1)
+    sources = DataSources(embedded_patients=80, embedded_image_size=32, external_patients=40)
+    settings = grid_settings("small", sources, profile, (MISSING, ABSENT))
+    runs = plan(settings, ["surgical", "vanilla", "centralized_full"], [0, 1])
+    counted = pd.Series([run.setting.name for run in runs]).value_counts().to_dict()
+    assert counted == {"nih-K4-psi0of14-N1": 6, "nih-K4-psi12of14-N1": 6, "nih-K4-psi12of14-N1-absent": 4}
+    absent_sites = next(r.setting for r in runs if r.setting.name.endswith("-absent")).sites.values()
+    assert all(config["embedded"]["absent"] for config in absent_sites)  # each site's unlabelled classes left out
 
 
 def test_summary_statistics_match_scipy():
@@ -244,7 +257,8 @@ def test_the_head_only_grid_runs_both_controls_over_seeds_and_tabulates_them(tmp
         (path.parent.parent.parent.name, path.parent.parent.name, path.parent.name): json.loads(path.read_text())
         for path in runs.glob("*/*/seed*/result.json")
     }
-    assert len(results) == 2 * 2 * 4 * 2 - 2 * 2  # no centralized_full under absent: its findings are gone
+    # no centralized_full under absent (its findings are gone), and no absent control at psi = 0 (nothing left out)
+    assert len(results) == 2 * 2 * 4 * 2 - 2 * 2 - 3 * 2
     heterogeneous, absent = "nih-K4-psi12of14-N1", "nih-K4-psi12of14-N1-absent"
     assert (
         results[heterogeneous, "surgical", "seed0"]["label_sets"]

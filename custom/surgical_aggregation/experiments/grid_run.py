@@ -82,13 +82,28 @@ def plan(settings: Sequence[Setting], methods: Sequence[str], seeds: Sequence[in
     unknown = [method for method in methods if method not in COMPARATORS]
     if unknown:
         raise SiteConfigError(f"unknown method(s) {unknown}; choose from {list(COMPARATORS)}")
-    return [
-        Run(setting.for_seed(seed), method, seed)
-        for setting in settings
-        for seed in seeds
-        for method in methods
-        if not (setting.control == ABSENT and method == "centralized_full")  # the findings it would label are gone
-    ]
+    runs = []
+    for setting in settings:
+        for seed in seeds:
+            seeded = setting.for_seed(seed)
+            if leaves_nothing_out(seeded):
+                continue
+            runs.extend(
+                Run(seeded, method, seed)
+                for method in methods
+                # no centralized_full under absent: the findings it would label are gone
+                if not (setting.control == ABSENT and method == "centralized_full")
+            )
+    return runs
+
+
+def leaves_nothing_out(setting: Setting) -> bool:
+    """An absent control in which every site labels the federation's every class (psi = 0): no finding is left out
+    of any image, so its data and runs are the missing setting's (images.modality generates the same folder), and it
+    is not run twice."""
+    return setting.control == ABSENT and not any(
+        config.get("embedded", {}).get("absent") for config in setting.sites.values()
+    )
 
 
 def run_grid(
