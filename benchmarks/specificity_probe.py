@@ -71,6 +71,9 @@ def shown_counts(paths: list[str]) -> np.ndarray:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=8, help="epochs after the head warm-up's (default 8)")
+    parser.add_argument(
+        "--warmup-epochs", type=int, default=None, help="epochs of the head warm-up (default: the job's site config's)"
+    )
     parser.add_argument("--no-augment", action="store_true", help="train without the training-time augmentation")
     parser.add_argument(
         "--pattern-strength",
@@ -88,6 +91,8 @@ def main() -> None:
 
     job = nih_chexpert_recipe()
     values = {**job.site_configs[SITE], "augment": not args.no_augment}
+    if args.warmup_epochs is not None:
+        values["warmup_epochs"] = args.warmup_epochs
     if args.cache is not None:
         values["cache_dir"] = str(args.cache)
     config = site_config_from_dict(values, SITE)
@@ -103,8 +108,9 @@ def main() -> None:
 
     started = time.perf_counter()
     epochs = []
-    for epoch in range(config.warmup_epochs + args.epochs):
-        warmup = epoch < config.warmup_epochs
+    # the warm-up's epochs run in one call, as in a federation's first round; each later call is one epoch
+    for epoch in range(min(config.warmup_epochs, 1) + args.epochs):
+        warmup = epoch == 0 and config.warmup_epochs > 0
         trainer.fit(epoch, warmup=warmup)
         evaluation = trainer.validate()
         specific = score_specificity(evaluation.labels, evaluation.scores, evaluation.mask)
@@ -120,7 +126,12 @@ def main() -> None:
             }
         )
         print(json.dumps({key: round(v, 4) if isinstance(v, float) else v for key, v in epochs[-1].items()}))
-    summary = {"stand_in": weights.name, "augment": not args.no_augment, "epochs": epochs}
+    summary = {
+        "stand_in": weights.name,
+        "augment": not args.no_augment,
+        "warmup_epochs": config.warmup_epochs,
+        "epochs": epochs,
+    }
     counts = shown_counts([str(path) for path in split_table(resolve_table(config), config)["val"].frame[PATH_COLUMN]])
     if len(counts) != len(evaluation.scores):
         raise RuntimeError(f"{len(counts)} validation images in the table, {len(evaluation.scores)} evaluated")

@@ -22,7 +22,7 @@ from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.flare.stopping import stopped_cleanly
 from surgical_aggregation.training.config import site_config_from_dict
-from surgical_aggregation.training.profiles import PAPERS_RATES, STAND_IN_JOB_PATIENTS
+from surgical_aggregation.training.profiles import PAPERS_FINE_TUNING, STAND_IN_JOB_PATIENTS
 from surgical_aggregation.training.site_data import resolve_table, split_table
 
 
@@ -36,8 +36,8 @@ def main() -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="redraws the embedded data, the patient split and the training (default 0)"
     )
-    parser.add_argument("--learning-rate", type=float, default=PAPERS_RATES["learning_rate"])
-    parser.add_argument("--warmup-learning-rate", type=float, default=PAPERS_RATES["warmup_learning_rate"])
+    parser.add_argument("--learning-rate", type=float, default=PAPERS_FINE_TUNING["learning_rate"])
+    parser.add_argument("--warmup-learning-rate", type=float, default=PAPERS_FINE_TUNING["warmup_learning_rate"])
     args = parser.parse_args()
     rates = {"learning_rate": args.learning_rate, "warmup_learning_rate": args.warmup_learning_rate}
     job = nih_chexpert_recipe()

@@ -28,7 +28,7 @@ from surgical_aggregation.flare.recipe import (
 )
 from surgical_aggregation.images.names import SMOKE_DENSENET
 from surgical_aggregation.training.config import JOB_DEFAULT_ORIGIN, SiteConfigError, load_site_config
-from surgical_aggregation.training.profiles import PAPERS_RATES, SCRATCH, STAND_IN, STAND_IN_JOB_PATIENTS
+from surgical_aggregation.training.profiles import PAPERS_FINE_TUNING, SCRATCH, STAND_IN, STAND_IN_JOB_PATIENTS
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 COMMITTED = REPOSITORY / "jobs" / "nih_chexpert"
@@ -82,8 +82,8 @@ def test_the_main_job_starts_from_the_stand_in_with_fedbn_plus_or_from_scratch_w
     assert "pretrained_weights" not in scratch.persistor_args
     assert scratch.controller_args["backbone_strategy"] == "fedavg"
     for recipe, rates, patients in (
-        (standard, PAPERS_RATES, STAND_IN_JOB_PATIENTS),
-        (imagenet, PAPERS_RATES, STAND_IN_JOB_PATIENTS),
+        (standard, PAPERS_FINE_TUNING, STAND_IN_JOB_PATIENTS),
+        (imagenet, PAPERS_FINE_TUNING, STAND_IN_JOB_PATIENTS),
         (scratch, {"learning_rate": 3e-4, "warmup_learning_rate": 1e-3}, 400),
     ):
         for values in recipe.site_configs.values():

@@ -57,7 +57,7 @@ from ..training.profiles import (
     CONSORTIUM_ROUNDS,
     DEMO,
     JOB_STARTS,
-    PAPERS_RATES,
+    PAPERS_FINE_TUNING,
     REPORT,
     REPORT_JOB_ROUNDS,
     SCRATCH,
@@ -458,7 +458,7 @@ def nih_chexpert_recipe(
     if start == SCRATCH:
         patients, rates, persistor, backbone = DEMO.embedded_patients, {}, {}, "fedavg"
     else:
-        patients, rates, backbone = STAND_IN_JOB_PATIENTS, dict(PAPERS_RATES), "fedbn_plus"
+        patients, rates, backbone = STAND_IN_JOB_PATIENTS, dict(PAPERS_FINE_TUNING), "fedbn_plus"
         persistor = {"pretrained_weights": start}
     embedded = {"patients": patients}
     defaults = {

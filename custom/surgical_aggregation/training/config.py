@@ -28,6 +28,7 @@ from ..data.site_view import DataConfig
 from ..data.storage import default_cache_root
 from ..modalities.registry import Modality, modality_for_kind, modality_kinds, registered_modalities
 from .privacy import DifferentialPrivacy, dp_off_but_set
+from .profiles import PAPERS_WARMUP_EPOCHS
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 COMPILE_MODES = ("off", "on")
@@ -53,7 +54,7 @@ class SiteConfig:
     learning_rate: float = 5e-5
     weight_decay: float = 0.0
     local_epochs: int = 1
-    warmup_epochs: int = 15
+    warmup_epochs: int = PAPERS_WARMUP_EPOCHS
     warmup_learning_rate: float = 1e-3
     max_batches_per_epoch: int | None = None  # cap for quick runs; null = whole epochs
     workers: int | str = AUTO  # DataLoader worker processes; auto: core.devices.auto_workers
