@@ -2,9 +2,10 @@
 
 For each grid folder ``docs/benchmark/<variant>-<grid>/`` (what ``surgical-aggregation experiment --grid <grid> ...
 --out`` wrote; variant ``head`` for ``--variant head_only``, ``full`` for the full network; a suffix names a grid run
-with ``--co-occurrence``: ``head-psi-padchest``), the page gets, between its ``<!-- benchmark:<folder> -->`` markers,
-the selected models' mean AUROC on the NIH test split over the seeds with its 95% CI across seeds, per factor value,
-control and method, and vanilla FL's and partial loss's paired difference to surgical aggregation.
+with ``--co-occurrence``, ``head-psi-padchest``, or on CPU, ``full-psi-cpu``), the page gets, between its
+``<!-- benchmark:<folder> -->`` markers, the selected models' mean AUROC on the NIH test split over the seeds with its
+95% CI across seeds, per factor value, control and method, and vanilla FL's and partial loss's paired difference to
+surgical aggregation.
 ``tests/test_experiment_docs.py`` holds the page to them.
 
     python benchmarks/benchmark_tables.py --grids results    # results/head-psi, ..., full-psi, full-K: copy, then write
@@ -27,8 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "benchmark" / "README.md"
 GRIDS = ("psi", "K", "N")
 VARIANTS = ("head", "full")  # --variant head_only, the full network
-# grids also run with --co-occurrence padchest (unlabelled findings drawn from PadChest's rows): their folders' suffix
-CO_OCCURRENCE_GRIDS = {"head-psi": ("padchest",)}
+# grids also run with --co-occurrence padchest (unlabelled findings drawn from PadChest's rows), and the full network's
+# psi grid on CPU from the stand-in (cpu: its runs kept in the folder, so that it resumes across sessions): their
+# folders' suffix
+SUFFIXED_GRIDS = {"head-psi": ("padchest",), "full-psi": ("cpu",)}
 TEST_SET = "nih"
 METHODS = ("surgical", "vanilla", "partial_loss", "centralized", "centralized_full", "individual")
 HEADERS = ("surgical", "vanilla FL", "partial loss", "centralized", "centralized (all labels)", "individual")
@@ -41,7 +44,7 @@ COPIED_PLOTS = {"head": ("mean_auroc_vs_*.png",), "full": ("mean_auroc_vs_*.png"
 
 def folder_names() -> list[str]:
     plain = [f"{variant}-{grid}" for variant in VARIANTS for grid in GRIDS]
-    return plain + [f"{name}-{rule}" for name in plain for rule in CO_OCCURRENCE_GRIDS.get(name, ())]
+    return plain + [f"{name}-{rule}" for name in plain for rule in SUFFIXED_GRIDS.get(name, ())]
 
 
 def grid_folder(name: str) -> Path:

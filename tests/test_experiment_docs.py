@@ -140,3 +140,19 @@ def test_the_co_occurrence_reading_is_the_two_psi_grids_differences():
     tested = joint[joint.p_value.notna()]
     kept = holm({f"{value}:{control}": p for (value, control), p in tested.p_value.items()}, 0.05)
     assert f"vanilla FL's deficit stays significant in {len(kept)} of its {len(tested)} cells" in page
+
+
+def test_the_warm_up_figures_are_the_specificity_probes():
+    """The page's reading of the head warm-up's length is the two probe runs it names, epoch for epoch."""
+    import json
+
+    text = " ".join((BENCHMARK / "README.md").read_text().split())
+    for warmup in (1, 15):
+        probe = json.loads((BENCHMARK / "specificity-probe" / f"warmup-{warmup}.json").read_text())
+        assert probe["warmup_epochs"] == warmup
+        correlations = [epoch["logit_correlation"] for epoch in probe["epochs"][:9]]
+        quoted = (
+            f"after {warmup} warm-up epoch{'s' if warmup > 1 else ''}: {min(correlations):.2f} to "
+            f"{max(correlations):.2f} (mean {sum(correlations) / len(correlations):.2f})"
+        )
+        assert quoted in text, quoted
