@@ -103,7 +103,8 @@ BENCHMARK = Profile(
 )
 # The main job from the stand-in (flare.recipe.nih_chexpert_recipe's default start): the papers' fine-tuning on
 # enough embedded patients a site that its best model scores findings apart (benchmarks/stand_in_transfer.py, issue 49:
-# site-nih's logits correlated 0.92 at 400 patients a site, 0.78 at 600, 0.56 at 1,500 and 0.60 at 2,500)
+# site-nih's logits correlated 0.92 at 400 patients a site, 0.78 at 600, 0.56 at 1,500 and 0.60 at 2,500 after a
+# 1-epoch head warm-up; 0.46 at 1,500 after the papers' fifteen: docs/default-run/summary.json)
 STAND_IN_JOB_PATIENTS = 1500
 # Where the main job's backbone starts: the stand-in (``pretrained_weights`` naming it), a random initialisation, or
 # a local ImageNet DenseNet121 checkpoint's path
