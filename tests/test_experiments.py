@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from surgical_aggregation.experiments.choices import ABSENT, HEAD_ONLY, MISSING
-from surgical_aggregation.experiments.grid_run import plan, run_settings
+from surgical_aggregation.experiments.grid_run import plan, refuse_other_starts, run_settings
 from surgical_aggregation.experiments.grids import DataSources, grid_settings, simulated_nih
 from surgical_aggregation.experiments.runner import METHOD_FIELDS, RunOptions
 from surgical_aggregation.experiments.summary import (
@@ -110,6 +110,25 @@ def test_an_absent_control_that_leaves_nothing_out_is_not_run_twice():
     assert counted == {"nih-K4-psi0of14-N1": 6, "nih-K4-psi12of14-N1": 6, "nih-K4-psi12of14-N1-absent": 4}
     absent_sites = next(r.setting for r in runs if r.setting.name.endswith("-absent")).sites.values()
     assert all(config["embedded"]["absent"] for config in absent_sites)  # each site's unlabelled classes left out
+
+
+def test_a_grid_refuses_to_resume_over_runs_that_started_from_another_initial_model(tmp_path):
+    """A rebuilt stand-in (another digest) does not resume a grid whose finished runs started from the old one; the
+    same file at another path does; the refusal names the run and both starts."""
+    from surgical_aggregation.core.errors import SiteConfigError
+
+    profile = Profile("tiny", "plan only", training={"image_size": 32}, rounds=1)
+    sources = DataSources(embedded_patients=80, embedded_image_size=32, external_patients=40)
+    runs = plan(grid_settings("small", sources, profile, (MISSING,)), ["surgical"], [0])
+    old = "pretrained here: ...: /root/.cache/a/pretrained/s.pt (sha256 aedbc874a485...)"
+    finished = runs[1].folder(tmp_path)
+    finished.mkdir(parents=True)
+    (finished / "result.json").write_text(json.dumps({"training": {"initial_model": old}}))
+    refuse_other_starts(runs, tmp_path, old.replace("/root/.cache/a", "/data/cache"))  # the same file elsewhere
+    rebuilt = old.replace("aedbc874a485", "7e8e97942df3")
+    with pytest.raises(SiteConfigError, match=r"1 finished run\(s\) started from another initial model") as refused:
+        refuse_other_starts(runs, tmp_path, rebuilt)
+    assert runs[1].title in str(refused.value) and "aedbc874a485" in str(refused.value)
 
 
 def test_summary_statistics_match_scipy():

@@ -7,6 +7,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -133,6 +134,33 @@ def run_grid(
 
 
 PLAN_FILE = "plan.json"
+WEIGHTS_DIGEST = re.compile(r"\(sha256 ([0-9a-f]+)\.\.\.\)$")  # how InitialModel.from_weights ends its description
+
+
+def _start_of(initial_model: str) -> str:
+    """What a run started from, for comparison: its weights file's digest (the file's path may differ between
+    machines), or the description of a start without weights."""
+    found = WEIGHTS_DIGEST.search(initial_model)
+    return found.group(1) if found else initial_model
+
+
+def refuse_other_starts(runs: Sequence[Run], out: Path, initial_model: str) -> None:
+    """A grid compares its methods from one initial model: finished runs that started from another (a stand-in rebuilt
+    on another machine differs in its last bits, and in its digest) are refused by name, never mixed into the tables."""
+    other = []
+    for run in runs:
+        path = run.folder(out) / RESULT_FILE
+        if path.is_file():
+            recorded = json.loads(path.read_text()).get("training", {}).get("initial_model", "")
+            if _start_of(recorded) != _start_of(initial_model):
+                other.append(f"{run.title}: {recorded}")
+    if other:
+        listed = "; ".join(other[:3]) + ("; ..." if len(other) > 3 else "")
+        raise SiteConfigError(
+            f"{out}: {len(other)} finished run(s) started from another initial model than this grid's "
+            f"({initial_model}): {listed}. A grid's methods must start alike: pass that weights file with "
+            "--pretrained, or move those runs out of the folder"
+        )
 
 
 def write_plan(
@@ -188,6 +216,7 @@ def run_settings(
     os.environ.setdefault(CACHE_ENV, str(options.cache_dir or default_cache_root()))
     options = with_initial_model(settings, methods, profile, options)
     logger.info("initial model of every method: %s", options.initial_model)
+    refuse_other_starts(runs, out, options.initial_model)
     write_plan(out, settings, methods, seeds, profile, options, description)
     started = time.perf_counter()
     todo = [run for run in runs if not (run.folder(out) / RESULT_FILE).is_file()]
