@@ -7,7 +7,7 @@ training: the trained model must beat it); and the best model on the embedded ex
 findings). Writes ``docs/default-run/summary.json``, the training curves and per-class plots, and the tables between
 the ``default-run`` markers of README.md and docs/results.md (``tests/test_docs.py`` holds them to the summary).
 
-    python benchmarks/default_run.py --workspace /tmp/ws-default      # about 5 minutes on 2 CPU cores
+    python benchmarks/default_run.py --workspace /tmp/ws-default      # about 21 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
