@@ -6,13 +6,13 @@ ones (ByzFL's catalogue: sign flipping, IPM, ALIE, Opt-IPM, Opt-ALIE, Mimic, Inf
 updates of the round, as their threat model assumes. Data poisoning: label flipping (loud and quiet), a trigger
 backdoor, and inflated BatchNorm variances. ``suite_site.py`` describes each.
 
-Federations (100 patients a site, 64 px, 3 rounds, the product's default defences): two sites (the default job,
-``site-chexpert`` the attacker), and three, four or seven sites of the NIH and CheXpert layouts (alternating, each a
-part of one embedded dataset of its layout; the last in name order attack), with one attacker, and seven with two.
-Every model is scored on one external test set (300 embedded MIMIC-layout patients labelled with the 20 classes of
-both layouts): each honest site on its own classes. The backdoor's success: the share of the test set's negatives
-for its target finding, with the trigger stamped, that the model scores above its own 95th percentile of that
-finding's scores on the untriggered test images.
+Federations (100 patients a site, 64 px, 3 rounds: ``--patients`` and ``--rounds`` change them; the product's default
+defences): two sites (the default job, ``site-chexpert`` the attacker), and three, four or seven sites of the NIH and
+CheXpert layouts (alternating, each a part of one embedded dataset of its layout; the last in name order attack), with
+one attacker, and seven with two. Every model is scored on one external test set (300 embedded MIMIC-layout patients
+labelled with the 20 classes of both layouts): each honest site on its own classes. The backdoor's success: the share of
+the test set's negatives for its target finding, with the trigger stamped, that the model scores above its own 95th
+percentile of that finding's scores on the untriggered test images.
 
 Each attack runs against the clean run of the same seed and size, beside a placebo: the same federation with the
 attacking sites honest but for their training seed, whose loss against the clean run is how far two runs of one
@@ -78,18 +78,21 @@ class Case:
     sites: int
     attackers: int
     seed: int
+    patients: int = PATIENTS  # a site's
+    rounds: int = ROUNDS
 
     @property
     def name(self) -> str:
-        return f"{self.attack}-{self.sites}sites-{self.attackers}attackers-seed{self.seed}"
+        size = "" if (self.patients, self.rounds) == (PATIENTS, ROUNDS) else f"-{self.patients}p{self.rounds}r"
+        return f"{self.attack}-{self.sites}sites-{self.attackers}attackers-seed{self.seed}{size}"
 
 
-def site_configs(sites: int, seed: int) -> dict[str, dict[str, Any]]:
+def site_configs(sites: int, seed: int, patients: int = PATIENTS) -> dict[str, dict[str, Any]]:
     """Two sites: the default job's; more: sites of the NIH and CheXpert layouts, alternating, each a part of one
     embedded dataset of its layout."""
     if sites == 2:
         configs = nih_chexpert_recipe(start=SCRATCH).site_configs
-        configs = {site: {**config, "embedded": {"patients": PATIENTS}} for site, config in configs.items()}
+        configs = {site: {**config, "embedded": {"patients": patients}} for site, config in configs.items()}
     else:
         kinds = ["nih" if index % 2 == 0 else "chexpert" for index in range(sites)]
         counts = {kind: kinds.count(kind) for kind in set(kinds)}
@@ -98,7 +101,7 @@ def site_configs(sites: int, seed: int) -> dict[str, dict[str, Any]]:
             seen[kind] += 1
             data = {"kind": kind, "partition_count": counts[kind], "partition_index": seen[kind] - 1}
             configs[f"site-{kind}-{seen[kind]}"] = DEMO.site_config(
-                data, embedded={"patients": PATIENTS * counts[kind]}
+                data, embedded={"patients": patients * counts[kind]}
             )
     return {
         site: {**config, "image_size": IMAGE_SIZE, "seed": seed, "record_exchanges": "off",
@@ -123,10 +126,9 @@ def client_script(role: str, exchange: Path, case: Case, rule: str) -> str:
 
 def write_case_job(case: Case, folder: Path, cache: Path, exchange: Path, controller: dict) -> tuple[Path, list[str]]:
     """The case's job folder, and its attacking sites."""
-    configs = {
-        site: {**config, "cache_dir": str(cache)} for site, config in site_configs(case.sites, case.seed).items()
-    }
-    settings = {"num_rounds": ROUNDS, "patience": ROUNDS, "min_clients": 1, **controller}
+    sized = site_configs(case.sites, case.seed, case.patients)
+    configs = {site: {**config, "cache_dir": str(cache)} for site, config in sized.items()}
+    settings = {"num_rounds": case.rounds, "patience": case.rounds, "min_clients": 1, **controller}
     attackers = attackers_of(case, configs)
     if case.attack == PLACEBO:
         configs = {site: {**config, "seed": config["seed"] + PLACEBO_SEED} if site in attackers else config
@@ -265,11 +267,16 @@ def lowest_margin(result: dict[str, Any], reference: dict[str, Any]) -> float:
 
 
 def clean_of(results: dict[str, dict], case: dict[str, Any]) -> dict[str, Any] | None:
-    return results.get(Case(CLEAN, case["sites"], 0, case["seed"]).name)
+    return results.get(Case(CLEAN, case["sites"], 0, case["seed"], *_size(case)).name)
 
 
 def alone_of(results: dict[str, dict], case: dict[str, Any]) -> dict[str, Any] | None:
-    return results.get(Case(ALONE, case["sites"], case["attackers"], case["seed"]).name)
+    return results.get(Case(ALONE, case["sites"], case["attackers"], case["seed"], *_size(case)).name)
+
+
+def _size(case: dict[str, Any]) -> tuple[int, int]:
+    """A recorded run's patients a site and rounds (runs recorded before the sizes were options: the defaults)."""
+    return case.get("patients", PATIENTS), case.get("rounds", ROUNDS)
 
 
 def _lowest(result: dict[str, Any], label: str) -> float:
@@ -397,14 +404,25 @@ def plot(results: dict[str, dict], path: Path) -> Path:
     return path
 
 
-def cases(seeds: list[int], attacks: list[str], settings: list[tuple[int, int]]) -> list[Case]:
+def cases(
+    seeds: list[int],
+    attacks: list[str],
+    settings: list[tuple[int, int]],
+    patients: int = PATIENTS,
+    rounds: int = ROUNDS,
+) -> list[Case]:
     """The clean run of every size and seed, then each attack in each setting with each seed."""
     sizes = sorted({sites for sites, _ in settings})
-    planned = [Case(CLEAN, sites, 0, seed) for seed in seeds for sites in sizes]
+    size = (patients, rounds)
+    planned = [Case(CLEAN, sites, 0, seed, *size) for seed in seeds for sites in sizes]
     planned += [
-        Case(kind, sites, count, seed) for seed in seeds for kind in (ALONE, PLACEBO) for sites, count in settings
-    ]
-    planned += [Case(attack, sites, count, seed) for seed in seeds for attack in attacks for sites, count in settings]
+        Case(kind, sites, count, seed, *size)
+        for seed in seeds for kind in (ALONE, PLACEBO) for sites, count in settings
+    ]  # fmt: skip
+    planned += [
+        Case(attack, sites, count, seed, *size)
+        for seed in seeds for attack in attacks for sites, count in settings
+    ]  # fmt: skip
     return planned
 
 
@@ -424,6 +442,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument(
         "--settings", type=parse_setting, nargs="+", default=list(SETTINGS), help="sites:attackers, e.g. 3:1 7:2"
     )
+    parser.add_argument("--patients", type=int, default=PATIENTS, help=f"a site's patients (default {PATIENTS})")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"the job's rounds (default {ROUNDS})")
     parser.add_argument("--controller", type=json.loads, default={}, help="controller settings over the defaults")
     parser.add_argument("--table-only", action="store_true", help="only redraw the table of results.json")
     parser.add_argument("--write-doc", type=Path, help=f"rewrite the table between <!-- {MARKER} --> markers")
@@ -450,7 +470,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     results = json.loads(store.read_text()) if store.is_file() else {}
     if not args.table_only:
         test = test_config(args.out / "cache")
-        for case in cases(args.seeds, args.attacks, args.settings):
+        for case in cases(args.seeds, args.attacks, args.settings, args.patients, args.rounds):
             if case.name in results:
                 continue
             started = time.perf_counter()
@@ -464,7 +484,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 shutil.rmtree(workspace, ignore_errors=True)
                 code, log = run_simulator(job, workspace, timeout=5400)
                 (args.out / f"{case.name}.log").write_text(log)
-                found = outcome(workspace, code, log, test, attackers, site_configs(case.sites, case.seed))
+                sized = site_configs(case.sites, case.seed, case.patients)
+                found = outcome(workspace, code, log, test, attackers, sized)
                 if not found["absent"]:
                     break
                 print(f"{case.name}: attempt {attempt}: {found['absent']} never took part; run again", flush=True)
@@ -473,6 +494,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 "sites": case.sites,
                 "attackers": case.attackers,
                 "seed": case.seed,
+                "patients": case.patients,
+                "rounds": case.rounds,
                 "controller": args.controller,
                 **found,
                 "seconds": round(time.perf_counter() - started, 1),

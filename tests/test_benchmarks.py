@@ -53,3 +53,33 @@ def test_the_poc_benchmark_reads_each_sites_local_epochs_once_from_its_logs(tmp_
     (tmp_path / "site" / "job").mkdir()
     (tmp_path / "site" / "job" / "log.txt").write_text(site_log)  # the same epochs in the job's log
     assert _load("poc_speed").site_rates(tmp_path) == {"site-chexpert": 25.0, "site-nih": 10.0}
+
+
+def test_the_attack_suite_runs_a_larger_federation_against_its_own_references() -> None:
+    """``--patients``/``--rounds``: each case and its clean and honest-alone references carry the size in their names
+    (so a larger federation is never measured against the 100-patient runs), the sites get that many patients and the
+    job that many rounds; the default size keeps the names the recorded runs have."""
+    from helpers import load_benchmark
+
+    suite = load_benchmark("attack_suite")
+    assert suite.Case("clean", 3, 0, 1).name == "clean-3sites-0attackers-seed1"
+    planned = suite.cases([1], ["mimic"], [(3, 1)], patients=400, rounds=5)
+    assert [case.name for case in planned] == [
+        "clean-3sites-0attackers-seed1-400p5r",
+        "honest_alone-3sites-1attackers-seed1-400p5r",
+        "placebo-3sites-1attackers-seed1-400p5r",
+        "mimic-3sites-1attackers-seed1-400p5r",
+    ]
+    runs = {case.name: {"attack": case.attack, "sites": 3, "attackers": case.attackers, "seed": 1, "patients": 400,
+                        "rounds": 5} for case in planned}  # fmt: skip
+    runs["clean-3sites-0attackers-seed1"] = {"attack": "clean", "patients": 100, "rounds": 3}
+    attack = runs["mimic-3sites-1attackers-seed1-400p5r"]
+    assert suite.clean_of(runs, attack) is runs["clean-3sites-0attackers-seed1-400p5r"]
+    assert suite.alone_of(runs, attack) is runs["honest_alone-3sites-1attackers-seed1-400p5r"]
+    configs = suite.site_configs(3, 1, patients=400)
+    assert {site: config["embedded"]["patients"] for site, config in configs.items()} == {
+        "site-chexpert-1": 400, "site-nih-1": 800, "site-nih-2": 800,
+    }  # fmt: skip
+    assert {site: config["data"]["partition_count"] for site, config in configs.items()} == {
+        "site-chexpert-1": 1, "site-nih-1": 2, "site-nih-2": 2,
+    }  # fmt: skip
