@@ -193,6 +193,12 @@ def scores(model: Path, test: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def taking_part(case: Case, configs: dict[str, dict], attackers: list[str]) -> dict[str, dict]:
+    """The sites of ``configs`` the case's job runs: all but the attackers where the honest sites run alone (a site
+    the job leaves out is not one it failed to hear from)."""
+    return {site: config for site, config in configs.items() if case.attack != ALONE or site not in attackers}
+
+
 def site_classes(sites: list[str], configs: dict[str, dict]) -> dict[str, list[str]]:
     labels = {"nih": NIH_LABELS, "chexpert": CHEXPERT_LABELS}
     return {
@@ -485,7 +491,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 code, log = run_simulator(job, workspace, timeout=5400)
                 (args.out / f"{case.name}.log").write_text(log)
                 sized = site_configs(case.sites, case.seed, case.patients)
-                found = outcome(workspace, code, log, test, attackers, sized)
+                found = outcome(workspace, code, log, test, attackers, taking_part(case, sized, attackers))
                 if not found["absent"]:
                     break
                 print(f"{case.name}: attempt {attempt}: {found['absent']} never took part; run again", flush=True)

@@ -77,6 +77,10 @@ def test_the_attack_suite_runs_a_larger_federation_against_its_own_references() 
     assert suite.clean_of(runs, attack) is runs["clean-3sites-0attackers-seed1-400p5r"]
     assert suite.alone_of(runs, attack) is runs["honest_alone-3sites-1attackers-seed1-400p5r"]
     configs = suite.site_configs(3, 1, patients=400)
+    attackers = suite.attackers_of(planned[1], configs)
+    assert attackers == ["site-nih-2"]
+    assert sorted(suite.taking_part(planned[1], configs, attackers)) == ["site-chexpert-1", "site-nih-1"]
+    assert sorted(suite.taking_part(planned[3], configs, attackers)) == sorted(configs)
     assert {site: config["embedded"]["patients"] for site, config in configs.items()} == {
         "site-chexpert-1": 400, "site-nih-1": 800, "site-nih-2": 800,
     }  # fmt: skip
