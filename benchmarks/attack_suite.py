@@ -282,7 +282,7 @@ def alone_of(results: dict[str, dict], case: dict[str, Any]) -> dict[str, Any] |
 
 def _size(case: dict[str, Any]) -> tuple[int, int]:
     """A recorded run's patients a site and rounds (runs recorded before the sizes were options: the defaults)."""
-    return case.get("patients", PATIENTS), case.get("rounds", ROUNDS)
+    return case.get("patients", PATIENTS), case.get("job_rounds", ROUNDS)
 
 
 def _lowest(result: dict[str, Any], label: str) -> float:
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 "attackers": case.attackers,
                 "seed": case.seed,
                 "patients": case.patients,
-                "rounds": case.rounds,
+                "job_rounds": case.rounds,  # planned ("rounds": those the job ran)
                 "controller": args.controller,
                 **found,
                 "seconds": round(time.perf_counter() - started, 1),

@@ -70,8 +70,9 @@ def test_the_attack_suite_runs_a_larger_federation_against_its_own_references() 
         "placebo-3sites-1attackers-seed1-400p5r",
         "mimic-3sites-1attackers-seed1-400p5r",
     ]
+    # "rounds": those the job ran (here a stopped one), "job_rounds": those it planned
     runs = {case.name: {"attack": case.attack, "sites": 3, "attackers": case.attackers, "seed": 1, "patients": 400,
-                        "rounds": 5} for case in planned}  # fmt: skip
+                        "job_rounds": 5, "rounds": 2} for case in planned}  # fmt: skip
     runs["clean-3sites-0attackers-seed1"] = {"attack": "clean", "patients": 100, "rounds": 3}
     attack = runs["mimic-3sites-1attackers-seed1-400p5r"]
     assert suite.clean_of(runs, attack) is runs["clean-3sites-0attackers-seed1-400p5r"]
