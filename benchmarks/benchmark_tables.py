@@ -51,16 +51,22 @@ def grid_folder(name: str) -> Path:
     return PAGE.parent / name
 
 
+def _across_seeds(low: float, high: float) -> str:
+    return "one seed" if math.isnan(low) or math.isnan(high) else f"{low:.3f}–{high:.3f}"
+
+
 def _cell(row: tuple | None) -> str:  # a row of DataFrame.itertuples
     if row is None:
         return "—"
-    return f"{row.mean_auroc:.3f} ({row.seed_ci_low:.3f}–{row.seed_ci_high:.3f})"
+    cell = f"{row.mean_auroc:.3f} ({_across_seeds(row.seed_ci_low, row.seed_ci_high)})"
+    correlation = getattr(row, "logit_correlation", math.nan)  # full-network grids: how finding-specific
+    return cell if math.isnan(correlation) else f"{cell}, r {correlation:.2f}"
 
 
 def _difference(row: tuple | None) -> str:
     if row is None or math.isnan(row.difference):
         return "—"
-    return f"{row.difference:+.3f} ({row.difference_low:.3f}–{row.difference_high:.3f})"
+    return f"{row.difference:+.3f} ({_across_seeds(row.difference_low, row.difference_high)})"
 
 
 def grid_table(seeds: pd.DataFrame, factor_name: str) -> str:

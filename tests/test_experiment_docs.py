@@ -35,6 +35,33 @@ def test_the_pages_tables_are_the_grids_seed_tables():
     assert module.replace_tables(text, found) == text, "run: python benchmarks/benchmark_tables.py"
 
 
+def test_a_grid_table_cell_gives_the_seed_ci_or_one_seed_and_the_logit_correlation_where_recorded():
+    spec = importlib.util.spec_from_file_location(
+        "benchmark_tables", BENCHMARK.parents[1] / "benchmarks" / "benchmark_tables.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    nan = float("nan")
+    rows = pd.DataFrame(
+        {
+            "mean_auroc": [0.8, 0.767, 0.7],
+            "seed_ci_low": [0.747, nan, 0.65],
+            "seed_ci_high": [0.854, nan, 0.75],
+            "logit_correlation": [0.59, 0.98, nan],
+            "difference": [nan, -0.0294, -0.1],
+            "difference_low": [nan, nan, -0.2],
+            "difference_high": [nan, nan, 0.0],
+        }
+    )
+    full, one_seed, head_only = rows.itertuples(index=False)
+    assert module._cell(full) == "0.800 (0.747–0.854), r 0.59"
+    assert module._cell(one_seed) == "0.767 (one seed), r 0.98"
+    assert module._cell(head_only) == "0.700 (0.650–0.750)"
+    assert module._difference(full) == "—"
+    assert module._difference(one_seed) == "-0.029 (one seed)"
+    assert module._difference(head_only) == "-0.100 (-0.200–0.000)"
+
+
 def test_a_marked_block_is_rewritten_and_the_rest_kept():
     from surgical_aggregation.experiments.summary import rewrite_marked_block
 
