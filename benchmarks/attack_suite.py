@@ -285,6 +285,13 @@ def _size(case: dict[str, Any]) -> tuple[int, int]:
     return case.get("patients", PATIENTS), case.get("job_rounds", ROUNDS)
 
 
+def setting_of(case: dict[str, Any]) -> str:
+    """``3 (1)``: sites (attackers), and the size where it is not the default's (``3 (1), 400 patients, 5 rounds``)."""
+    patients, rounds = _size(case)
+    size = "" if (patients, rounds) == (PATIENTS, ROUNDS) else f", {patients} patients, {rounds} rounds"
+    return f"{case['sites']} ({case['attackers']}){size}"
+
+
 def _lowest(result: dict[str, Any], label: str) -> float:
     return min(result[f"{label}_auroc"].values(), default=math.nan)
 
@@ -300,7 +307,8 @@ def table(results: dict[str, dict]) -> list[str]:
     ]
     order = {CLEAN: 0, ALONE: 1, PLACEBO: 2}
     for result in sorted(
-        results.values(), key=lambda r: (order.get(r["attack"], 3), r["attack"], r["sites"], r["attackers"])
+        results.values(),
+        key=lambda r: (order.get(r["attack"], 3), r["attack"], r["sites"], r["attackers"], _size(r)),
     ):
         clean, alone = clean_of(results, result), alone_of(results, result)
         reference_run = result["attack"] in REFERENCES
@@ -314,7 +322,7 @@ def table(results: dict[str, dict]) -> list[str]:
         ]
         stopped = (result["stopped"] or "")[:80]
         lines.append(
-            f"| {result['attack']} | {result['sites']} ({result['attackers']}) "
+            f"| {result['attack']} | {setting_of(result)} "
             f"| {_lowest(result, 'best'):.3f}, {_lowest(result, 'final'):.3f} | {against[0]} | {against[1]} "
             f"| {result['best_backdoor_success']:.3f} | {result['exit_code']} | {', '.join(result['rejected']) or '—'} "
             f"| {', '.join(result['excluded']) or '—'} | {stopped or '—'} | {said[0]} | {said[1] or '—'} |"
@@ -374,7 +382,7 @@ def plot(results: dict[str, dict], path: Path) -> Path:
 
     attacked = [result for result in results.values() if result["attack"] not in REFERENCES]
     attacks = sorted({result["attack"] for result in attacked})
-    settings = sorted({(result["sites"], result["attackers"]) for result in attacked})
+    settings = sorted({(result["sites"], result["attackers"], *_size(result)) for result in attacked})
     references = (("clean run", clean_of), ("honest alone", alone_of))
     columns = [(setting, label, find) for setting in settings for label, find in references]
     margins = np.full((len(attacks), len(columns)), np.nan)
@@ -383,7 +391,7 @@ def plot(results: dict[str, dict], path: Path) -> Path:
     for result in attacked:
         row = attacks.index(result["attack"])
         for column, (setting, _, find) in enumerate(columns):
-            if setting != (result["sites"], result["attackers"]):
+            if setting != (result["sites"], result["attackers"], *_size(result)):
                 continue
             reference = find(results, result)
             text = short.get(verdict(result, reference), "?")
@@ -398,7 +406,12 @@ def plot(results: dict[str, dict], path: Path) -> Path:
     for row in range(len(attacks)):
         for column in range(len(columns)):
             axis.text(column, row, texts[row][column], ha="center", va="center", fontsize=7)
-    labels = [f"{sites} sites, {count} hostile\nvs {label}" for (sites, count), label, _ in columns]
+    labels = [
+        f"{sites} sites, {count} hostile"
+        + ("" if (patients, rounds) == (PATIENTS, ROUNDS) else f"\n{patients}p, {rounds}r")
+        + f"\nvs {label}"
+        for (sites, count, patients, rounds), label, _ in columns
+    ]
     axis.set_xticks(range(len(columns)), labels, fontsize=7)
     axis.set_yticks(range(len(attacks)), attacks, fontsize=8)
     axis.set_title(f"honest sites' largest test-AUROC loss (tolerance {TOLERANCE})", fontsize=8)
