@@ -286,10 +286,10 @@ def _size(case: dict[str, Any]) -> tuple[int, int]:
 
 
 def setting_of(case: dict[str, Any]) -> str:
-    """``3 (1)``: sites (attackers), and the size where it is not the default's (``3 (1), 400 patients, 5 rounds``)."""
+    """``3 (1)``: sites (attackers), with the size where it is not the default's (``3 (1; 400 patients, 5 rounds)``)."""
     patients, rounds = _size(case)
-    size = "" if (patients, rounds) == (PATIENTS, ROUNDS) else f", {patients} patients, {rounds} rounds"
-    return f"{case['sites']} ({case['attackers']}){size}"
+    size = "" if (patients, rounds) == (PATIENTS, ROUNDS) else f"; {patients} patients, {rounds} rounds"
+    return f"{case['sites']} ({case['attackers']}{size})"
 
 
 def _lowest(result: dict[str, Any], label: str) -> float:

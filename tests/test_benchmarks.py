@@ -77,7 +77,7 @@ def test_the_attack_suite_runs_a_larger_federation_against_its_own_references() 
     attack = runs["mimic-3sites-1attackers-seed1-400p5r"]
     assert suite.clean_of(runs, attack) is runs["clean-3sites-0attackers-seed1-400p5r"]
     assert suite.alone_of(runs, attack) is runs["honest_alone-3sites-1attackers-seed1-400p5r"]
-    assert suite.setting_of(attack) == "3 (1), 400 patients, 5 rounds"
+    assert suite.setting_of(attack) == "3 (1; 400 patients, 5 rounds)"
     assert suite.setting_of({"sites": 3, "attackers": 0, "rounds": 3}) == "3 (0)"
     configs = suite.site_configs(3, 1, patients=400)
     attackers = suite.attackers_of(planned[1], configs)
