@@ -444,9 +444,15 @@ def test_a_defence_is_on_or_off_nothing_else(setting):
 
 @pytest.mark.parametrize("flip", [1.0, 3.0])
 def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path, flip):
-    honest = [FakeSite(f"site-{name}", ["Mass", "Edema"], [0.9, 0.5]) for name in "abc"]
+    # three honest updates 2 % apart (equal ones would be one update sent three times, counted once)
+    honest = [
+        FakeSite(
+            f"site-{name}", ["Mass", "Edema"], [0.9, 0.5], lambda round_number, params, size=size: shifted(params, size)
+        )
+        for name, size in zip("abc", (0.0102, 0.0098, 0.01), strict=True)
+    ]
     attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], _flipped(flip))
-    harness = Harness([*honest, attacker], tmp_path, num_rounds=1, reject_opposed_updates=True)
+    harness = Harness([*honest, attacker], tmp_path, num_rounds=1, reject_opposed_updates=True, clip_updates=False)
     harness.run()
     aggregation = harness.history[1]["aggregation"]
     assert aggregation["accepted"] == ["site-a", "site-b", "site-c"]
@@ -454,7 +460,6 @@ def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path
         "site-x": "its update of the backbone weights points against the round's consensus (cosine -1.00 with the "
         "robust aggregate)"
     }
-    assert "clipped" not in aggregation  # the three honest updates are equal: none above their median
     for part in ("backbone.conv.weight", "Mass", "Edema"):  # the honest sites' mean alone
         np.testing.assert_allclose(_round_zero_change(harness, honest[0], part), 0.01, atol=1e-6, err_msg=part)
 
@@ -1106,6 +1111,42 @@ def test_a_copy_of_an_honest_sites_update_counts_once(tmp_path, monkeypatch, cou
     change = 0.02 if counted_once else 0.01
     for part in ("backbone.conv.weight", "Mass"):
         np.testing.assert_allclose(_round_zero_change(harness, sites[0], part), change, atol=1e-6, err_msg=part)
+
+
+def _moved(keys: tuple[str, ...]):
+    """A site's behaviour: it moves these entries (and its head) by 0.01 each round, nothing else."""
+
+    def behaviour(round_number: int, params: dict) -> dict:
+        tensors = {key: torch.as_tensor(value) for key, value in params.items()}
+        return {key: value + 0.01 if key in keys or key.startswith("head.") else value.clone()
+                for key, value in tensors.items()}  # fmt: skip
+
+    return behaviour
+
+
+@pytest.mark.parametrize("counted_once", [True, False])
+def test_a_copy_does_not_make_the_consensus_that_rejects_an_honest_site(tmp_path, monkeypatch, counted_once):
+    """The suite's mimic at three sites (400 patients a site): site-x sends site-a's backbone update, and site-b's,
+    trained on other findings, is orthogonal to it. Counted twice, the copy is the consensus (the geometric median of
+    a, a, b is a) and site-b's update, at cosine 0 with it, reads as opposed and is rejected, leaving the copy and its
+    original to make the model; counted once, the consensus is their mean and every site is accepted."""
+    if not counted_once:  # the defence removed: the direction check's consensus over every row
+        monkeypatch.setattr("surgical_aggregation.flare.rounds.distinct_rows", lambda rows: rows)
+    sites = [
+        FakeSite("site-a", ["Mass"], [0.9, 0.5], _moved(("backbone.conv.weight",))),
+        FakeSite("site-b", ["Mass"], [0.9, 0.5], _moved(("backbone.bn.weight", "backbone.bn.bias"))),
+        FakeSite("site-x", ["Mass"], [0.9, 0.5], _moved(("backbone.conv.weight",))),  # site-a's update
+    ]
+    harness = Harness(sites, tmp_path, num_rounds=1, robust_aggregation="geometric_median", clip_updates=False)
+    harness.run()
+    aggregation = harness.history[1]["aggregation"]
+    assert aggregation["duplicates"] == [["site-a", "site-x"]]
+    if counted_once:
+        assert aggregation["accepted"] == ["site-a", "site-b", "site-x"]
+        assert aggregation["directions"]["site-b"] == pytest.approx(math.sqrt(2 / 11), abs=1e-4)
+    else:
+        assert aggregation["accepted"] == ["site-a", "site-x"]
+        assert "points against the round's consensus (cosine 0.00" in aggregation["rejected"]["site-b"]
 
 
 @pytest.mark.parametrize("samples", [120, 10])

@@ -50,6 +50,7 @@ from ..core.robust import (
     RobustRule,
     SharedRows,
     SiteResult,
+    distinct_rows,
     duplicates_and_closest,
     opposed_at_warmup,
     robust_state,
@@ -227,7 +228,9 @@ class Round:
             stacked = np.stack([changes[site] for site in candidates])
             groups, self.closest_updates = duplicates_and_closest(stacked)
             self.duplicates = [[candidates[index] for index in group] for group in groups]
-            consensus = rules.consensus(stacked)
+            # a copy counted once here too: counted twice, it is the consensus of three, and an honest update
+            # nearly orthogonal to it (another label set) reads as opposed and is rejected (the suite's mimic)
+            consensus = rules.consensus(distinct_rows(stacked))
             self.directions = consensus_cosines(changes, consensus)
             if rules.reject_opposed_updates:
                 self.rejected.update(opposed_updates(changes, consensus))

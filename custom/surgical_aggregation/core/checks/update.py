@@ -241,7 +241,8 @@ MIN_SITES_FOR_DIRECTION = 3  # a coordinate-wise median of three or more updates
     "update",
     "with `reject_opposed_updates` (on by default) and three or more results left, an update of the backbone weights "
     "that points against the round's consensus (a cosine of 0 or below with the robust aggregate of every result's "
-    "update: the job's robust rule, or the coordinate-wise median where the rule is the mean) is rejected, and with "
+    "update, a copy counted once: the job's robust rule, or the coordinate-wise median where the rule is the mean) is "
+    "rejected, and with "
     "it all the site sent this round (its head rows included: a row only it and one other site hold has no other "
     "protection), unless half or more of the round's updates do (the consensus is then no one's)",
     "its update of the backbone weights points against the round's consensus (cosine -0.97 with the robust aggregate)",
