@@ -214,7 +214,12 @@ def _warmup_rule_figures() -> dict[str, str]:
     suite = load_benchmark("attack_suite")
     sweep = load_benchmark("clean_sweep")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
-    flips = {name: run for name, run in runs.items() if run["attack"].startswith("label_flip")}
+    # the section's runs: the suite's default size (the three-site runs at 400 patients have their own section)
+    flips = {
+        name: run
+        for name, run in runs.items()
+        if run["attack"].startswith("label_flip") and suite._size(run) == (suite.PATIENTS, suite.ROUNDS)
+    }
 
     def margins(attack: str, sites: int, attackers: int) -> str:
         run = runs[f"{attack}-{sites}sites-{attackers}attackers-seed1"]
@@ -389,3 +394,44 @@ def test_the_warm_up_rules_figures_are_the_runs():
         "(`scale`, {LATESCALE}) does not separate it from the honest sites of the same runs ({HONESTSCALE})",
     ):
         assert sentence.format(**figures) in page, sentence.format(**figures)
+
+
+def test_the_three_site_runs_at_400_patients_are_the_pages_figures():
+    """docs/server-checks.md's section on three sites of 400 patients and 5 rounds, figure by figure, from
+    docs/attack-suite/results.json and the run of ``mimic`` before its copy was counted once in the direction check's
+    consensus (docs/attack-suite/mimic-copy-in-consensus.json)."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    before = json.loads((REPOSITORY / "docs" / "attack-suite" / "mimic-copy-in-consensus.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    run = {attack: runs[f"{attack}-3sites-{0 if attack == 'clean' else 1}attackers-seed1-400p5r"]
+           for attack in ("clean", "honest_alone", "placebo", "sign_flip", "label_flip", "alie", "mimic_noised",
+                          "label_flip_late", "backdoor")}  # fmt: skip
+
+    def against_clean(attack: str) -> str:
+        return f"{suite.lowest_margin(run[attack], run['clean']):+.3f}"
+
+    assert f"leaving one of three sites out costs {-float(against_clean('honest_alone')):.3f}" in page
+    assert f"the placebo moved the honest sites by {against_clean('placebo')}" in page
+    refused = [runs[f"{attack}-3sites-1attackers-seed1-400p5r"] for attack in ("sign_flip", "ipm", "inf")]
+    assert {f"{suite.lowest_margin(other, run['clean']):+.3f}" for other in refused} == {against_clean("honest_alone")}
+    assert all(other["rejected"] == ["site-nih-2"] for other in refused)
+    assert against_clean("label_flip") == against_clean("honest_alone")
+    assert run["label_flip"]["excluded"] == ["site-nih-2"]
+    assert f"at the honest sites alone ({against_clean('sign_flip')}), `alie` ({against_clean('alie')})" in page
+    assert f"`mimic_noised` ({against_clean('mimic_noised')}: " in page
+    assert run["mimic_noised"]["excluded"] == ["site-chexpert-1"]
+    assert f"`label_flip_late` ({against_clean('label_flip_late')}: " in page
+    backdoor, clean = run["backdoor"]["best_backdoor_success"], run["clean"]["best_backdoor_success"]
+    assert (
+        f"{backdoor:.1%} of the honest sites' triggered test negatives score above the model's 95th percentile, "
+        f"against {clean:.1%} for the clean model, with the clean images' AUROC unchanged ({against_clean('backdoor')})"
+    ).replace("%", " %") in page
+    mimic = before["mimic-3sites-1attackers-seed1-400p5r"]
+    assert mimic["rejected"] == ["site-nih-1"] and mimic["exit_code"] == 2 and not mimic["published"]
+    assert mimic["stopped"].startswith("the global model after round 4 harms a site: for site-nih-2")
+    assert f"the job stopped (exit {mimic['exit_code']}, nothing published" in page
+    after = runs["mimic-3sites-1attackers-seed1-400p5r"]
+    assert after["exit_code"] == 0 and after["rejected"] == after["excluded"] == []
+    margin = suite.lowest_margin(after, run["clean"])
+    assert f"nothing rejected or left out, {margin:+.3f} against the clean run" in page
