@@ -1131,7 +1131,7 @@ def test_a_copy_does_not_make_the_consensus_that_rejects_an_honest_site(tmp_path
     a, a, b is a) and site-b's update, at cosine 0 with it, reads as opposed and is rejected, leaving the copy and its
     original to make the model; counted once, the consensus is their mean and every site is accepted."""
     if not counted_once:  # the defence removed: the direction check's consensus over every row
-        monkeypatch.setattr("surgical_aggregation.flare.rounds.distinct_rows", lambda rows: rows)
+        monkeypatch.setattr("surgical_aggregation.flare.rounds.merged_rows", lambda rows, groups: rows)
     sites = [
         FakeSite("site-a", ["Mass"], [0.9, 0.5], _moved(("backbone.conv.weight",))),
         FakeSite("site-b", ["Mass"], [0.9, 0.5], _moved(("backbone.bn.weight", "backbone.bn.bias"))),

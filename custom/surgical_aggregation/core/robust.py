@@ -232,7 +232,13 @@ def distinct_rows(rows: np.ndarray) -> np.ndarray:
     """``rows`` with each group of duplicates (:func:`duplicate_groups`) counted once, as its mean, where its first
     row was."""
     rows = np.asarray(rows, dtype=np.float64)
-    groups = {group[0]: group for group in duplicate_groups(rows)}
+    return merged_rows(rows, duplicate_groups(rows))
+
+
+def merged_rows(rows: np.ndarray, duplicates: list[list[int]]) -> np.ndarray:
+    """``rows`` with each group of ``duplicates`` (:func:`duplicate_groups`, computed already) counted once, as its
+    mean, where its first row was."""
+    groups = {group[0]: group for group in duplicates}
     repeated = {index for group in groups.values() for index in group[1:]}
     if not groups:
         return rows

@@ -50,8 +50,8 @@ from ..core.robust import (
     RobustRule,
     SharedRows,
     SiteResult,
-    distinct_rows,
     duplicates_and_closest,
+    merged_rows,
     opposed_at_warmup,
     robust_state,
     shared_rows_against_consensus,
@@ -230,7 +230,7 @@ class Round:
             self.duplicates = [[candidates[index] for index in group] for group in groups]
             # a copy counted once here too: counted twice, it is the consensus of three, and an honest update
             # nearly orthogonal to it (another label set) reads as opposed and is rejected (the suite's mimic)
-            consensus = rules.consensus(distinct_rows(stacked))
+            consensus = rules.consensus(merged_rows(stacked, groups))
             self.directions = consensus_cosines(changes, consensus)
             if rules.reject_opposed_updates:
                 self.rejected.update(opposed_updates(changes, consensus))
