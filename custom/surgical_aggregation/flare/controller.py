@@ -123,6 +123,7 @@ class SurgicalAggregatorShareable(ServerModels):
         reject_opposed_updates: bool = True,
         robust_aggregation: str = DEFAULT_RULE,
         byzantine_sites: int | None = None,
+        update_noise: float = 0.0,
         validation_guard: bool = True,
         judging_sites: list | None = None,
         identity_batchnorm: bool = False,
@@ -448,6 +449,7 @@ class SurgicalAggregatorShareable(ServerModels):
             self.clip_updates,
             self.reject_opposed_updates,
             self._robust_rule(),
+            self.update_noise,
         )
 
     def _aggregate(self, gathered: Round, latest: SavedVersion) -> AggregationResult:

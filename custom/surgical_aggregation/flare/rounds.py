@@ -45,6 +45,7 @@ from ..core.checks.update import (
     weight_change,
 )
 from ..core.head import HeadSpec
+from ..core.noise import noise_seed, noised_state
 from ..core.robust import (
     RobustOutcome,
     RobustRule,
@@ -85,6 +86,7 @@ class RoundRules:
     clip_updates: bool = True  # each part of an update at most the round's median (three or more sites)
     reject_opposed_updates: bool = False  # a backbone update against the others' median direction is rejected
     robust: RobustRule = field(default_factory=lambda: RobustRule("mean"))  # parts three or more sites moved
+    update_noise: float = 0.0  # FLAME's lambda: noise of lambda x the median update norm on the aggregate (0: none)
 
     def consensus(self, changes: np.ndarray) -> np.ndarray:
         """The round's consensus of the backbone updates (one row per site): the robust rule's aggregate, or the
@@ -116,6 +118,7 @@ class Round:
     weights: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> claimed and used weight, when capped
     model_check: list[str] = field(default_factory=list)  # why the first candidate failed (empty: it passed)
     robust_parts: dict[str, int] = field(default_factory=dict)  # part -> sites its robust rule aggregated
+    noise: dict[str, float] = field(default_factory=dict)  # part -> the standard deviation of the noise it took
     row_agreement: dict[str, float] = field(default_factory=dict)  # site -> its shared rows' cosine with theirs
     shared_rows: dict[str, SharedRows] = field(default_factory=dict)  # as sent, before clipping
     opposed_at_warmup: list[str] = field(default_factory=list)  # rejected for their warm-up rows: out for the job
@@ -250,6 +253,7 @@ class Round:
             )
         aggregates: dict[tuple[str, ...], AggregationResult] = {}
         robust_parts: dict[tuple[str, ...], RobustOutcome] = {}
+        noise_parts: dict[tuple[str, ...], dict[str, float]] = {}
 
         def contribution_of(site: str) -> Contribution:
             arrival, factors = self.arrivals[site], self.clipped.get(site)
@@ -285,6 +289,21 @@ class Round:
                     )
                     result = replace(result, state=robust.state)
                     robust_parts[key] = robust
+                if rules.update_noise > 0:
+                    sent_rows = [(contribution_of(site).state, self.arrivals[site].contribution.class_names)
+                                 for site in sites]  # fmt: skip
+                    noised, noise_parts[key] = noised_state(
+                        result.state,
+                        state,
+                        classes,
+                        sent_rows,
+                        averaged,
+                        rules.update_noise,
+                        noise_seed(self.number, sites),
+                        rules.head,
+                        rules.normalize,
+                    )
+                    result = replace(result, state=noised)
                 aggregates[key] = result
             return aggregates[key]
 
@@ -307,6 +326,7 @@ class Round:
         robust = robust_parts.get(tuple(contributors))
         if robust is not None:
             self.robust_parts, self.row_agreement = robust.parts, robust.agreement
+        self.noise = noise_parts.get(tuple(contributors), {})
         self.contributors = list(contributors)
         result.rejected = dict(self.rejected)
         claimed = {site: self.arrivals[site].checked.weight for site in contributors}
@@ -421,6 +441,8 @@ class Round:
             entry["duplicates"] = [list(group) for group in self.duplicates]
         if self.robust_parts:  # the parts a robust rule aggregated: how many sites each
             entry["robust"] = dict(self.robust_parts)
+        if self.noise:  # the standard deviation of the noise each part took (update_noise)
+            entry["noise"] = {part: float(f"{deviation:.4g}") for part, deviation in self.noise.items()}
         if self.shared_rows:  # each site's shared head rows (three or more holders) as sent, against their consensus
             entry["shared_rows"] = {
                 site: {

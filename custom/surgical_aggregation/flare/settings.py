@@ -48,6 +48,10 @@ robust_aggregation: how the server aggregates each part of the model (the backbo
     counts each site once, whatever its sample count.
 byzantine_sites: the hostile sites the robust rule tolerates among the sites that moved a part (None: the most
     it can, (n - 1) // 2 of n; never more).
+update_noise: FLAME's lambda (0: off, the default): after the aggregation, the backbone's learned weights and each
+    head row get Gaussian noise of standard deviation lambda x the round's median norm of that part's updates per
+    value (FLAME uses 0.001 for image classification), the server's part of the defences against backdoors with the
+    clipping (Sun et al., 2019).
 validation_guard: a model that a judging site's own validation finds worse than the best model so far (or the
     initial one) by more than that site's noise (twice the standard error of the difference, from the standard
     errors the site reports) is never the best; and when the judged loss says such a model is the best, the sites
@@ -138,6 +142,11 @@ def checked_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     for name in ("clip_updates", "reject_opposed_updates", "validation_guard"):
         if not isinstance(values.get(name, True), bool):
             raise ValueError(f"{name} must be true or false, got {values[name]!r}")
+    noise = values.get("update_noise", 0.0)
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise < 1:
+        raise ValueError(f"update_noise must be a number from 0 (off) to below 1, got {noise!r}")
+    if "update_noise" in values:
+        values["update_noise"] = float(noise)
     if "robust_aggregation" in values:
         RobustRule.parse(values["robust_aggregation"], values["byzantine_sites"])  # a ValueError names the problem
     judges = values.get("judging_sites")

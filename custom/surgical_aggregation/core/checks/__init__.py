@@ -106,6 +106,7 @@ CHECK_MODULES: tuple[str, ...] = (
     f"{__name__}.metrics",
     f"{__name__}.model",
     "surgical_aggregation.core.robust",
+    "surgical_aggregation.core.noise",
     "surgical_aggregation.core.judging",
 )
 
