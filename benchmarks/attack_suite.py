@@ -34,6 +34,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -429,14 +430,16 @@ def cases(
     settings: list[tuple[int, int]],
     patients: int = PATIENTS,
     rounds: int = ROUNDS,
+    references: Sequence[str] = (ALONE, PLACEBO),
 ) -> list[Case]:
-    """The clean run of every size and seed, then each attack in each setting with each seed."""
+    """The clean run of every size and seed, the ``references`` beside it, then each attack in each setting with
+    each seed."""
     sizes = sorted({sites for sites, _ in settings})
     size = (patients, rounds)
     planned = [Case(CLEAN, sites, 0, seed, *size) for seed in seeds for sites in sizes]
     planned += [
         Case(kind, sites, count, seed, *size)
-        for seed in seeds for kind in (ALONE, PLACEBO) for sites, count in settings
+        for seed in seeds for kind in references for sites, count in settings
     ]  # fmt: skip
     planned += [
         Case(attack, sites, count, seed, *size)
@@ -463,6 +466,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     )
     parser.add_argument("--patients", type=int, default=PATIENTS, help=f"a site's patients (default {PATIENTS})")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"the job's rounds (default {ROUNDS})")
+    parser.add_argument(
+        "--references",
+        nargs="*",
+        choices=[ALONE, PLACEBO],
+        default=[ALONE, PLACEBO],
+        help="the runs beside the clean one (default both; the clean run always runs: the verdicts need it)",
+    )
     parser.add_argument("--controller", type=json.loads, default={}, help="controller settings over the defaults")
     parser.add_argument("--table-only", action="store_true", help="only redraw the table of results.json")
     parser.add_argument("--write-doc", type=Path, help=f"rewrite the table between <!-- {MARKER} --> markers")
@@ -489,7 +499,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     results = json.loads(store.read_text()) if store.is_file() else {}
     if not args.table_only:
         test = test_config(args.out / "cache")
-        for case in cases(args.seeds, args.attacks, args.settings, args.patients, args.rounds):
+        for case in cases(args.seeds, args.attacks, args.settings, args.patients, args.rounds, args.references):
             if case.name in results:
                 continue
             started = time.perf_counter()

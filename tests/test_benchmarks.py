@@ -70,6 +70,11 @@ def test_the_attack_suite_runs_a_larger_federation_against_its_own_references() 
         "placebo-3sites-1attackers-seed1-400p5r",
         "mimic-3sites-1attackers-seed1-400p5r",
     ]
+    quick = suite.cases([1], ["backdoor"], [(3, 1)], patients=400, rounds=5, references=[])  # a defence's first look
+    assert [case.name for case in quick] == [
+        "clean-3sites-0attackers-seed1-400p5r",
+        "backdoor-3sites-1attackers-seed1-400p5r",
+    ]
     # "rounds": those the job ran (here a stopped one), "job_rounds": those it planned
     runs = {case.name: {"attack": case.attack, "sites": 3, "attackers": case.attackers, "seed": 1, "patients": 400,
                         "job_rounds": 5, "rounds": 2} for case in planned}  # fmt: skip
