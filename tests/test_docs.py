@@ -435,3 +435,31 @@ def test_the_three_site_runs_at_400_patients_are_the_pages_figures():
     assert after["exit_code"] == 0 and after["rejected"] == after["excluded"] == []
     margin = suite.lowest_margin(after, run["clean"])
     assert f"nothing rejected or left out, {margin:+.3f} against the clean run" in page
+
+
+def test_the_backdoor_defences_tried_at_400_patients_are_the_pages_figures():
+    """The noise on the aggregate (docs/attack-suite/update-noise.json: the clean run and the backdoor with
+    ``update_noise`` 0.001) against the runs without it, and the pruning look's table (docs/attack-suite/pruning.json),
+    as docs/server-checks.md gives them."""
+    suite, pruning = load_benchmark("attack_suite"), load_benchmark("backdoor_pruning")
+    plain = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    noised = json.loads((REPOSITORY / "docs" / "attack-suite" / "update-noise.json").read_text())
+    clean, backdoor = "clean-3sites-0attackers-seed1-400p5r", "backdoor-3sites-1attackers-seed1-400p5r"
+    assert set(noised) == {clean, backdoor}
+    assert {run["controller"]["update_noise"] for run in noised.values()} == {0.001}
+    page = (REPOSITORY / "docs" / "server-checks.md").read_text()
+    text = " ".join(page.split())
+    assert f"the clean run lost at most {-suite.lowest_margin(noised[clean], plain[clean]):.3f} against" in text
+    success = noised[backdoor]["best_backdoor_success"], noised[clean]["best_backdoor_success"]
+    assert f"success was {success[0]:.1%} against the noised clean model's {success[1]:.1%}".replace("%", " %") in text
+    assert suite.verdict(noised[backdoor], noised[clean]) == "breaks through"
+    assert f"(clean AUROC {suite.lowest_margin(noised[backdoor], noised[clean]):+.3f})" in text
+    results = json.loads((REPOSITORY / "docs" / "attack-suite" / "pruning.json").read_text())
+    block = page.split(f"<!-- {pruning.MARKER} -->\n", 1)[1].split(f"\n<!-- /{pruning.MARKER} -->", 1)[0]
+    assert block == "\n".join(pruning.table(results))
+    attacked, baseline = results.values()
+    half = next(index for index, row in enumerate(attacked) if row["rate"] == 0.5)
+    assert attacked[half]["backdoor_success"] <= attacked[0]["backdoor_success"] / 2 + 0.02  # "halves"
+    assert attacked[half]["mean_auroc"] >= attacked[0]["mean_auroc"] - 0.005  # "at no AUROC cost"
+    above = [hit["backdoor_success"] - base["backdoor_success"] for hit, base in zip(attacked, baseline, strict=True)]
+    assert min(above) > 0.05  # "no rate brings it within 5 points"
