@@ -435,6 +435,25 @@ def test_the_three_site_runs_at_400_patients_are_the_pages_figures():
     assert after["exit_code"] == 0 and after["rejected"] == after["excluded"] == []
     margin = suite.lowest_margin(after, run["clean"])
     assert f"nothing rejected or left out, {margin:+.3f} against the clean run" in page
+    names = ("opt_ipm", "opt_alie", "gaussian", "label_flip_quiet", "backdoor_boosted", "bn_inflate")
+    six = {attack: runs[f"{attack}-3sites-1attackers-seed1-400p5r"] for attack in names}
+    for attack in ("opt_ipm", "opt_alie", "gaussian", "label_flip_quiet"):
+        assert f"{suite.lowest_margin(six[attack], run['clean']):+.3f}" == against_clean("honest_alone"), attack
+        assert six[attack]["rejected"] == ["site-nih-2"] and suite.verdict(six[attack], run["clean"]) == "holds"
+    assert six["label_flip_quiet"]["excluded"] == ["site-nih-2"]
+    assert f"`bn_inflate` holds ({suite.lowest_margin(six['bn_inflate'], run['clean']):+.3f}: " in page
+    boosted = six["backdoor_boosted"]
+    success = [boosted["best_backdoor_success"], run["clean"]["best_backdoor_success"]]
+    assert (
+        suite.verdict(boosted, run["clean"]) == "breaks through"
+        and suite.verdict(boosted, run["honest_alone"]) == "holds"
+    )
+    assert (
+        f"its success is {success[0]:.1%} against the clean model's {success[1]:.1%} "
+        f"({100 * (success[0] - success[1]):.1f} points; against the honest sites alone, "
+        f"{run['honest_alone']['best_backdoor_success']:.1%}, it holds), AUROC "
+        f"{suite.lowest_margin(boosted, run['clean']):+.3f}"
+    ).replace("%", " %") in page
 
 
 def test_the_backdoor_defences_tried_at_400_patients_are_the_pages_figures():
