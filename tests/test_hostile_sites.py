@@ -25,6 +25,7 @@ from surgical_aggregation.core.errors import StorageError
 from surgical_aggregation.core.judging import MAJORITY, NOT_MOST, SEVERAL
 from surgical_aggregation.data import storage
 from surgical_aggregation.evaluation.run_summary import summary_lines
+from surgical_aggregation.flare import state as state_module
 from surgical_aggregation.flare.loop import EXCLUDED
 from surgical_aggregation.flare.protocol import (
     META_CLASS_NAMES,
@@ -614,11 +615,36 @@ def test_a_trained_model_no_accepted_site_vouched_for_is_not_published(tmp_path)
         site.metrics_override = site.validation_override = {"val_loss": -1.0}
     harness = Harness(sites, tmp_path, num_rounds=2)
     with pytest.raises(
-        RuntimeError, match=r"^no trained global model was judged by the sites: .* Nothing is published"
+        RuntimeError,
+        match=r"^no trained global model was judged better than the initial model by the sites: .* "
+        r"Nothing is published",
     ):
         harness.run()
     assert TASK_PUBLISH not in [task for task, _, _ in sites[0].tasks]
     assert harness._federation.finished
+
+
+@pytest.mark.parametrize("bar", [True, False])
+def test_a_trained_model_worse_than_the_initial_one_is_never_the_best(tmp_path, monkeypatch, bar):
+    """Every trained model is judged worse than the untrained start (0.60 -> 0.90, 0.80): nothing is published. The
+    suite's noise at ten times FLAME's lambda wrecked a model (validation AUROC 0.31, loss 0.995 against the initial
+    model's 0.813) that was published as the best, exit 0, before the initial model's loss was the bar."""
+    if not bar:  # the defence removed: the bar starts at infinity again, whatever the initial model's loss
+        original = state_module.select
+
+        def without_bar(federation, version, judged_loss, min_delta):
+            return original(federation, version, judged_loss, min_delta) if version.trained else False
+
+        monkeypatch.setattr(state_module, "select", without_bar)
+    sites = [FakeSite(f"site-{name}", ["Mass"], [0.6, 0.9, 0.8]) for name in "ab"]
+    harness = Harness(sites, tmp_path, num_rounds=2, validation_guard=False)
+    if bar:
+        with pytest.raises(RuntimeError, match=r"initial model's: 0\.6000\), or none"):
+            harness.run()
+        assert TASK_PUBLISH not in [task for task, _, _ in sites[0].tasks]
+    else:
+        harness.run()
+        assert TASK_PUBLISH in [task for task, _, _ in sites[0].tasks]  # the wrecked model went out
 
 
 def test_what_a_class_squatting_site_learns_from_the_rows_it_gets_back(tmp_path):

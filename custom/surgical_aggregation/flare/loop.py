@@ -194,9 +194,11 @@ class FederationLoop(SiteTasks):
         if federation.best is None and federation.aggregated_rounds:
             federation.finished = True
             self._checkpoint()
+            bar = "" if math.isinf(federation.best_loss) else f" (the initial model's: {federation.best_loss:.4f})"
             raise FederationCannotProceed(
-                "no trained global model was judged by the sites: none had a validation loss of a site whose result "
-                "made it. Nothing is published; the initial model stays. See the sites' logs"
+                "no trained global model was judged better than the initial model by the sites: none had a judged "
+                f"validation loss below the initial model's{bar}, or none had a validation loss of a site whose result "
+                "made it. Nothing is published; the initial model stays. See the round history and the sites' logs"
             )
         self._finish(latest)
         federation.finished = True
