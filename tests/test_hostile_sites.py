@@ -616,7 +616,7 @@ def test_a_trained_model_no_accepted_site_vouched_for_is_not_published(tmp_path)
     harness = Harness(sites, tmp_path, num_rounds=2)
     with pytest.raises(
         RuntimeError,
-        match=r"^no trained global model was judged better than the initial model by the sites: .* "
+        match=r"^no trained global model was judged at least as good as the initial model by the sites: .* "
         r"Nothing is published",
     ):
         harness.run()
@@ -862,7 +862,11 @@ def test_with_three_sites_a_contribution_the_others_validation_finds_harmful_is_
         reject_opposed_updates=False,  # the screening alone: the update-space defences off
         validation_guard=validation_guard,
     )
-    harness.run()
+    if validation_guard:
+        harness.run()
+    else:  # every model keeps the flipped update, and each is judged worse than the initial model: none is published
+        with pytest.raises(RuntimeError, match=r"^no trained global model was judged at least as good as the initial"):
+            harness.run()
     round_0 = harness.history[1]
     if not validation_guard:  # unscreened: the flipped update stays in the mean, a third of the honest step is left
         assert "excluded" not in round_0["aggregation"]
@@ -975,6 +979,8 @@ def test_a_standard_error_below_what_the_validation_size_allows_decides_nothing(
     that declared no size is not floored, and its claim stops a two-site job."""
     sites = _screened_sites("ax", attacker=None)
     sites[1].validation_size = declared
+    for site in sites:  # an initial model judged worse than the claim, so that the claim alone decides
+        site.losses = [0.9, 0.5, 0.5, 0.5]
     margin = judging.HARM_GAIN_SHARE * 0.1 + judging.HARM_LOSS_SHARE * 0.5  # its own gain of 0.1, its own loss 0.5
     assert judging.SE_FLOOR_SD / math.sqrt(400) == pytest.approx(0.001)
     sites[1].validation_override = {

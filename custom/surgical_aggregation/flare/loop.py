@@ -34,7 +34,7 @@ from ..core.errors import UserError
 from ..core.judging import Decision, after_exclusion, decide, flagged, improvement_of, round_level, verdict_of
 from ..evaluation.run_summary import INITIAL_ROUND, model_label
 from .protocol import JOB_FAILED, META_COMPARE_TO, META_MODEL_KEY, META_ROUND, TASK_VALIDATE
-from .state import FederationState, SavedVersion, history_entry, judge
+from .state import START_TIE, FederationState, SavedVersion, history_entry, judge
 from .tasks import SiteTasks
 
 EXCLUDED = (
@@ -194,11 +194,13 @@ class FederationLoop(SiteTasks):
         if federation.best is None and federation.aggregated_rounds:
             federation.finished = True
             self._checkpoint()
-            bar = "" if math.isinf(federation.best_loss) else f" (the initial model's: {federation.best_loss:.4f})"
+            initial = federation.best_loss - self.min_delta - START_TIE
+            bar = "" if math.isinf(initial) else f" (the initial model's: {initial:.4f})"
             raise FederationCannotProceed(
-                "no trained global model was judged better than the initial model by the sites: none had a judged "
-                f"validation loss below the initial model's{bar}, or none had a validation loss of a site whose result "
-                "made it. Nothing is published; the initial model stays. See the round history and the sites' logs"
+                "no trained global model was judged at least as good as the initial model by the sites: none had a "
+                f"judged validation loss at most the initial model's{bar}, or none had a validation loss of a site "
+                "whose result made it. Nothing is published; the initial model stays. See the round history and the "
+                "sites' logs"
             )
         self._finish(latest)
         federation.finished = True

@@ -176,17 +176,20 @@ def load_state(path: Path, resume: str = RESUME_LATEST) -> FederationState | Non
     return None
 
 
+START_TIE = 1e-9  # a trained model whose judged loss equals the initial model's may be the best
+
+
 def select(federation: FederationState, version: SavedVersion, judged_loss: float, min_delta: float) -> bool:
     """Best-model selection and early stopping on the judged validation loss of ``version``: True when it becomes the
     best (lower than the best so far by more than ``min_delta``); otherwise one more round without improvement. A
-    model no aggregation went into (the initial one) and a model without a judged loss are never the best; the
-    initial model's judged loss, before any trained model is the best, is the bar the first best must clear (a
-    trained model worse than where training started is never published as the best)."""
+    model no aggregation went into (the initial one) and a model without a judged loss are never the best; before any
+    trained model is the best, the initial model's judged loss is the bar: the first best is no worse than where
+    training started (a trained model worse than the initial one is never published as the best)."""
     if math.isnan(judged_loss):
         return False
     if not version.trained:
-        if federation.best is None:
-            federation.best_loss = min(federation.best_loss, judged_loss)
+        if federation.best is None:  # "lower by more than min_delta" than this bar: at most the initial model's loss
+            federation.best_loss = min(federation.best_loss, judged_loss + min_delta + START_TIE)
         return False
     if judged_loss < federation.best_loss - min_delta:
         federation.best_loss, federation.best = judged_loss, version
