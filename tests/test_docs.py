@@ -482,3 +482,33 @@ def test_the_backdoor_defences_tried_at_400_patients_are_the_pages_figures():
     assert attacked[half]["mean_auroc"] >= attacked[0]["mean_auroc"] - 0.005  # "at no AUROC cost"
     above = [hit["backdoor_success"] - base["backdoor_success"] for hit, base in zip(attacked, baseline, strict=True)]
     assert min(above) > 0.05  # "no rate brings it within 5 points"
+
+
+def test_the_noise_that_wrecks_the_model_and_the_bar_it_led_to_are_the_pages_figures():
+    """docs/server-checks.md on ``update_noise`` 0.01: the clean run's false alarm, the backdoor run's wrecked model
+    published with exit 0 (docs/attack-suite/update-noise-0.01.json), and its rerun under the initial model's bar,
+    failing closed (update-noise-0.01-bar.json)."""
+    suite = load_benchmark("attack_suite")
+    folder = REPOSITORY / "docs" / "attack-suite"
+    runs = json.loads((folder / "update-noise-0.01.json").read_text())
+    rerun = json.loads((folder / "update-noise-0.01-bar.json").read_text())
+    clean, backdoor = "clean-3sites-0attackers-seed1-400p5r", "backdoor-3sites-1attackers-seed1-400p5r"
+    assert {run["controller"]["update_noise"] for run in [*runs.values(), *rerun.values()]} == {0.01}
+    text = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert runs[clean]["exit_code"] == 2 and not runs[clean]["published"]
+    assert runs[clean]["stopped"].startswith("the global model after round 3 harms a site")
+    wrecked = runs[backdoor]
+    assert wrecked["exit_code"] == 0 and wrecked["published"]
+    aurocs = sorted(wrecked["best_auroc"].values(), reverse=True)
+    assert (
+        f"fell to {aurocs[0]:.3f} and {aurocs[1]:.3f} (success {wrecked['best_backdoor_success']:.1%}".replace(
+            "%", " %"
+        )
+        in text
+    )
+    after = rerun[backdoor]
+    assert after["exit_code"] == 2 and not after["published"]
+    assert suite.verdict(after, runs[clean]) == "fails closed"
+    assert after["stopped"].startswith("no trained global model was judged better than the initial model")
+    bar = after["stopped"].split("(the initial model's: ", 1)[1].split(")", 1)[0]
+    assert f"(its judged loss {bar}; in" in text
