@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from .checks import server_check
-from .checks.update import WEIGHTS, row_part, update_group
+from .checks.update import WEIGHTS, row_part
 from .head import NAMED_HEAD, HeadSpec, cast_like, to_numpy
+from .robust import group_keys
 
 FLAME_IMAGE_LAMBDA = 0.001  # FLAME's lambda for image classification
 
@@ -67,13 +68,7 @@ def noised_state(
     if scale <= 0:
         return noised, deviations
     generator = np.random.default_rng(list(seed))
-    keys = [
-        key
-        for key in averaged_keys
-        if key not in head.keys
-        and update_group(key) == WEIGHTS
-        and np.issubdtype(to_numpy(global_state[key]).dtype, np.floating)
-    ]
+    keys = group_keys(averaged_keys, global_state, WEIGHTS, head)
     if keys:
         flat = [
             np.concatenate([to_numpy(site_state[key]).astype(np.float64).ravel() for key in keys])

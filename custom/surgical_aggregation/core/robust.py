@@ -351,6 +351,19 @@ class RobustOutcome:
     agreement: dict[str, float] = field(default_factory=dict)  # site -> :func:`shared_row_agreement`: a record
 
 
+def group_keys(
+    averaged_keys: Sequence[str], global_state: Mapping[str, Any], group: str, head: HeadSpec = NAMED_HEAD
+) -> list[str]:
+    """The averaged float entries of one update group (e.g. ``WEIGHTS``: the backbone's learned weights), head aside."""
+    return [
+        key
+        for key in averaged_keys
+        if key not in head.keys
+        and update_group(key) == group
+        and np.issubdtype(to_numpy(global_state[key]).dtype, np.floating)
+    ]
+
+
 @server_check(
     "aggregation",
     "with `robust_aggregation` (default `geometric_median`), each part of the model (the backbone's learned weights, "
@@ -384,13 +397,7 @@ def robust_state(
     if rule.is_mean or len(results) < MIN_ROWS:
         return outcome
     for group in ROBUST_GROUPS:
-        keys = [
-            key
-            for key in averaged_keys
-            if key not in head.keys
-            and update_group(key) == group
-            and np.issubdtype(to_numpy(global_state[key]).dtype, np.floating)
-        ]
+        keys = group_keys(averaged_keys, global_state, group, head)
         if not keys:
             continue
         base = np.concatenate([to_numpy(global_state[key]).astype(np.float64).ravel() for key in keys])

@@ -277,12 +277,13 @@ class Round:
             if key not in aggregates:
                 combined = rules.aggregator(state, classes)
                 weights = capped_weights({site: self.arrivals[site].checked.weight for site in sites})
+                clipped = {site: contribution_of(site) for site in sites}  # once: the mean, the rule and the noise
                 for site in sites:  # name order: the same sums on every run
                     checked = replace(self.arrivals[site].checked, weight=weights[site])
-                    combined.add_checked(contribution_of(site), checked)
+                    combined.add_checked(clipped[site], checked)
                 result = combined.finalize()
                 if not rules.robust.is_mean:
-                    sent = [SiteResult(contribution_of(site).state, self.arrivals[site].contribution.class_names, site)
+                    sent = [SiteResult(clipped[site].state, self.arrivals[site].contribution.class_names, site)
                             for site in sites]  # fmt: skip
                     robust = robust_state(
                         result.state, state, classes, sent, averaged, rules.robust, rules.head, rules.normalize
@@ -290,7 +291,7 @@ class Round:
                     result = replace(result, state=robust.state)
                     robust_parts[key] = robust
                 if rules.update_noise > 0:
-                    sent_rows = [(contribution_of(site).state, self.arrivals[site].contribution.class_names)
+                    sent_rows = [(clipped[site].state, self.arrivals[site].contribution.class_names)
                                  for site in sites]  # fmt: skip
                     noised, noise_parts[key] = noised_state(
                         result.state,
