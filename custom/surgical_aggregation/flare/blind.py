@@ -87,6 +87,7 @@ BLIND_REFUSED = {
     "without reading them: blind mode sums, and " + _AT_SITES,
     "byzantine_sites": "it sets the robust rule, which blind mode cannot take",
     "update_noise": "its scale is the median norm of the sites' updates, which the server cannot read in blind mode",
+    "robust_learning_rate": "it votes on the sign of each site's update, value by value, which blind mode cannot read",
     "method": "blind mode runs surgical aggregation (the comparators send sites rows of classes they do not label)",
     "label_prior": "FedSLD sends the server each site's per-class counts, which name its classes",
     "proximal_mu": "FedProx is not offered in blind mode",

@@ -124,6 +124,7 @@ class SurgicalAggregatorShareable(ServerModels):
         robust_aggregation: str = DEFAULT_RULE,
         byzantine_sites: int | None = None,
         update_noise: float = 0.0,
+        robust_learning_rate: int = 0,
         validation_guard: bool = True,
         judging_sites: list | None = None,
         identity_batchnorm: bool = False,
@@ -450,6 +451,7 @@ class SurgicalAggregatorShareable(ServerModels):
             self.reject_opposed_updates,
             self._robust_rule(),
             self.update_noise,
+            self.robust_learning_rate,
         )
 
     def _aggregate(self, gathered: Round, latest: SavedVersion) -> AggregationResult:

@@ -57,6 +57,7 @@ from ..core.robust import (
     robust_state,
     shared_rows_against_consensus,
 )
+from ..core.robust_lr import voted_state
 from ..training.privacy import UNITS as PRIVACY_UNITS
 from .handshake import SiteInfo
 from .protocol import META_CLASS_NAMES, META_WARMUP, TASK_TRAIN
@@ -87,6 +88,7 @@ class RoundRules:
     reject_opposed_updates: bool = False  # a backbone update against the others' median direction is rejected
     robust: RobustRule = field(default_factory=lambda: RobustRule("mean"))  # parts three or more sites moved
     update_noise: float = 0.0  # FLAME's lambda: noise of lambda x the median update norm on the aggregate (0: none)
+    robust_learning_rate: int = 0  # RLR's theta: a value is turned back where fewer site signs agree (0: off)
 
     def consensus(self, changes: np.ndarray) -> np.ndarray:
         """The round's consensus of the backbone updates (one row per site): the robust rule's aggregate, or the
@@ -119,6 +121,7 @@ class Round:
     model_check: list[str] = field(default_factory=list)  # why the first candidate failed (empty: it passed)
     robust_parts: dict[str, int] = field(default_factory=dict)  # part -> sites its robust rule aggregated
     noise: dict[str, float] = field(default_factory=dict)  # part -> the standard deviation of the noise it took
+    turned_back: dict[str, float] = field(default_factory=dict)  # part -> the share of values RLR turned back
     row_agreement: dict[str, float] = field(default_factory=dict)  # site -> its shared rows' cosine with theirs
     shared_rows: dict[str, SharedRows] = field(default_factory=dict)  # as sent, before clipping
     opposed_at_warmup: list[str] = field(default_factory=list)  # rejected for their warm-up rows: out for the job
@@ -254,6 +257,7 @@ class Round:
         aggregates: dict[tuple[str, ...], AggregationResult] = {}
         robust_parts: dict[tuple[str, ...], RobustOutcome] = {}
         noise_parts: dict[tuple[str, ...], dict[str, float]] = {}
+        vote_parts: dict[tuple[str, ...], dict[str, float]] = {}
 
         def contribution_of(site: str) -> Contribution:
             arrival, factors = self.arrivals[site], self.clipped.get(site)
@@ -290,9 +294,21 @@ class Round:
                     )
                     result = replace(result, state=robust.state)
                     robust_parts[key] = robust
+                sent_rows = [(clipped[site].state, self.arrivals[site].contribution.class_names)
+                             for site in sites]  # fmt: skip
+                if rules.robust_learning_rate:
+                    voted, vote_parts[key] = voted_state(
+                        result.state,
+                        state,
+                        classes,
+                        sent_rows,
+                        averaged,
+                        rules.robust_learning_rate,
+                        rules.head,
+                        rules.normalize,
+                    )
+                    result = replace(result, state=voted)
                 if rules.update_noise > 0:
-                    sent_rows = [(clipped[site].state, self.arrivals[site].contribution.class_names)
-                                 for site in sites]  # fmt: skip
                     noised, noise_parts[key] = noised_state(
                         result.state,
                         state,
@@ -328,6 +344,7 @@ class Round:
         if robust is not None:
             self.robust_parts, self.row_agreement = robust.parts, robust.agreement
         self.noise = noise_parts.get(tuple(contributors), {})
+        self.turned_back = vote_parts.get(tuple(contributors), {})
         self.contributors = list(contributors)
         result.rejected = dict(self.rejected)
         claimed = {site: self.arrivals[site].checked.weight for site in contributors}
@@ -444,6 +461,8 @@ class Round:
             entry["robust"] = dict(self.robust_parts)
         if self.noise:  # the standard deviation of the noise each part took (update_noise)
             entry["noise"] = {part: float(f"{deviation:.4g}") for part, deviation in self.noise.items()}
+        if self.turned_back:  # the share of each part's values the robust learning rate turned back
+            entry["robust_learning_rate"] = {part: round(share, 4) for part, share in self.turned_back.items()}
         if self.shared_rows:  # each site's shared head rows (three or more holders) as sent, against their consensus
             entry["shared_rows"] = {
                 site: {

@@ -52,6 +52,9 @@ update_noise: FLAME's lambda (0: off, the default): after the aggregation, the b
     head row get Gaussian noise of standard deviation lambda x the round's median norm of that part's updates per
     value (FLAME uses 0.001 for image classification), the server's part of the defences against backdoors with the
     clipping (Sun et al., 2019).
+robust_learning_rate: RLR's theta (0: off, the default): after the robust rule, each value of the
+    backbone's learned weights and of each head row keeps the aggregate where the signs of the sites' updates agree
+    (|sum of signs| at least theta) and is turned back where they do not (Ozdayi, Kantarcioglu and Gel, AAAI 2021).
 validation_guard: a model that a judging site's own validation finds worse than the best model so far (or the
     initial one) by more than that site's noise (twice the standard error of the difference, from the standard
     errors the site reports) is never the best; and when the judged loss says such a model is the best, the sites
@@ -147,6 +150,9 @@ def checked_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"update_noise must be a number from 0 (off) to below 1, got {noise!r}")
     if "update_noise" in values:
         values["update_noise"] = float(noise)
+    votes = values.get("robust_learning_rate", 0)
+    if isinstance(votes, bool) or not isinstance(votes, int) or votes < 0:
+        raise ValueError(f"robust_learning_rate must be a whole number, 0 (off) or more, got {votes!r}")
     if "robust_aggregation" in values:
         RobustRule.parse(values["robust_aggregation"], values["byzantine_sites"])  # a ValueError names the problem
     judges = values.get("judging_sites")

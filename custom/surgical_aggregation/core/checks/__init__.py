@@ -55,6 +55,7 @@ class ServerCheck:
     name: str
     rule: str
     reason: str  # an example of the reason text it gives
+    module: str = ""  # the module that registered it: the registry lists checks in CHECK_MODULES' order
 
 
 CHECKS: list[ServerCheck] = []  # in the order the controller applies them
@@ -72,7 +73,7 @@ def server_check(stage: str, rule: str, reason: str, on_values: bool = False) ->
         raise ValueError(f"a check of a result's values belongs to the result stage, not {stage!r}")
 
     def register(function: Callable) -> Callable:
-        CHECKS.append(ServerCheck(stage, function.__name__, rule, reason))
+        CHECKS.append(ServerCheck(stage, function.__name__, rule, reason, function.__module__))
         if on_values:
             VALUE_CHECKS.append(function)
         return function
@@ -106,6 +107,7 @@ CHECK_MODULES: tuple[str, ...] = (
     f"{__name__}.metrics",
     f"{__name__}.model",
     "surgical_aggregation.core.robust",
+    "surgical_aggregation.core.robust_lr",
     "surgical_aggregation.core.noise",
     "surgical_aggregation.core.judging",
 )
@@ -121,7 +123,9 @@ def _load(modules: tuple[str, ...]) -> None:
 def registered_checks() -> list[ServerCheck]:
     """Every rule of the server, each module of :data:`CHECK_MODULES` loaded."""
     _load(CHECK_MODULES)
-    return list(CHECKS)
+    order = {module: index for index, module in enumerate(CHECK_MODULES)}
+    # whichever module a process imported first, the order the controller applies them (a stable sort)
+    return sorted(CHECKS, key=lambda check: order.get(check.module, len(order)))
 
 
 def value_checks() -> list[Callable[[Mapping[str, Any], Any], list[str]]]:
