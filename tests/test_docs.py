@@ -484,6 +484,39 @@ def test_the_backdoor_defences_tried_at_400_patients_are_the_pages_figures():
     assert min(above) > 0.05  # "no rate brings it within 5 points"
 
 
+def test_the_coordinate_median_and_the_robust_learning_rate_against_the_backdoor_are_the_pages_figures():
+    """docs/server-checks.md on the backdoor at three sites of 400 patients under the coordinate-wise median
+    (docs/attack-suite/coordinate-median.json) and the robust learning rate (robust-learning-rate.json): each run's
+    setting, the clean runs' cost, the backdoor's success against its clean run, the excluded honest site."""
+    suite = load_benchmark("attack_suite")
+    folder = REPOSITORY / "docs" / "attack-suite"
+    plain = json.loads((folder / "results.json").read_text())
+    median = json.loads((folder / "coordinate-median.json").read_text())
+    voted = json.loads((folder / "robust-learning-rate.json").read_text())
+    clean, backdoor = "clean-3sites-0attackers-seed1-400p5r", "backdoor-3sites-1attackers-seed1-400p5r"
+    assert set(median) == set(voted) == {clean, backdoor}
+    assert all(run["controller"] == {"robust_aggregation": "median"} for run in median.values())
+    assert all(run["controller"] == {"robust_learning_rate": 2} for run in voted.values())
+    text = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+
+    def success(runs: dict) -> str:
+        found = runs[backdoor]["best_backdoor_success"], runs[clean]["best_backdoor_success"]
+        return f"{found[0]:.1%} against".replace("%", " %"), f"{found[1]:.1%}".replace("%", " %")
+
+    cost = -suite.lowest_margin(median[clean], plain[clean])
+    assert f"the clean run lost at most {cost:.3f} against the clean run under the geometric median" in text
+    attacked, reference = success(median)
+    assert f"the backdoor's success was {attacked} that clean model's {reference} (clean AUROC " in text
+    assert f"AUROC {suite.lowest_margin(median[backdoor], median[clean]):+.3f}): it breaks through, by less" in text
+    assert suite.verdict(median[backdoor], median[clean]) == "breaks through"
+    assert f"lost {-suite.lowest_margin(voted[clean], plain[clean]):.3f} against the clean run without it" in text
+    assert voted[clean]["excluded"] == [] and voted[backdoor]["excluded"] == ["site-chexpert-1"]
+    attacked, reference = success(voted)
+    assert f"the backdoor's success was {attacked} the clean model's {reference} (exit 0; clean AUROC " in text
+    assert voted[backdoor]["exit_code"] == 0
+    assert f"clean AUROC {suite.lowest_margin(voted[backdoor], voted[clean]):+.3f})" in text
+
+
 def test_the_noise_that_wrecks_the_model_and_the_bar_it_led_to_are_the_pages_figures():
     """docs/server-checks.md on ``update_noise`` 0.01: the clean run's false alarm, the backdoor run's wrecked model
     published with exit 0 (docs/attack-suite/update-noise-0.01.json), and its rerun under the initial model's bar,
