@@ -35,7 +35,7 @@ def test_the_sign_vote_of_the_papers_definition():
 
 def test_a_value_the_sites_disagree_on_is_turned_back_and_what_no_vote_can_judge_is_kept():
     """Three sites: backbone values on which all three agree keep the aggregate, the others are turned back; head
-    row "Mass" (three holders, matched by name) likewise; row "Edema" (two holders) and the statistics are kept."""
+    rows likewise, matched by name, "Mass" over three holders and "Edema" over two; the statistics are kept."""
     received = _state([0.0] * 4, [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     sent = [
         (_state([1.0, 1.0, -1.0, 0.0], [[1.0, 1.0, 1.0]]), ["Mass"]),
@@ -49,18 +49,23 @@ def test_a_value_the_sites_disagree_on_is_turned_back_and_what_no_vote_can_judge
     np.testing.assert_allclose(voted["head.weight"], [[1.0, -1 / 3], [0.0, 0.0]], atol=1e-12)
     np.testing.assert_allclose(voted["head.bias"], [-1 / 3, 2.0], atol=1e-12)
     np.testing.assert_array_equal(voted["backbone.bn.running_var"], [3.0, 3.0])
-    assert shares == pytest.approx({"backbone weights": 0.75, "head row Mass": 2 / 3})
+    # Edema's two weights disagree (turned back: 0 stays 0), its biases agree (2 kept)
+    assert shares == pytest.approx({"backbone weights": 0.75, "head row Mass": 2 / 3, "head row Edema": 2 / 3})
     off, none = voted_state(aggregate, received, ["Mass", "Edema"], sent, AVERAGED, 0, HEAD, str.capitalize)
     assert none == {} and all(np.array_equal(off[key], aggregate[key]) for key in aggregate)
 
 
-def test_a_copy_votes_once():
-    """A site that sends a copy of another's update gets no second vote: two distinct updates are too few to judge."""
+def test_a_copy_votes_once_and_one_update_takes_no_vote():
+    """A site that sends a copy of another's update gets no second vote: under theta 3, two distinct updates cannot
+    vote (counted twice, the copy would turn the second value back); a lone update has nothing to agree with."""
     received = _state([0.0, 0.0], [])
     copy = _state([1.0, -1.0], [])
     sent = [(copy, []), (dict(copy), []), (_state([1.0, 1.0], []), [])]
     aggregate = _state([1.0, -1 / 3], [])
-    voted, shares = voted_state(aggregate, received, [], sent, AVERAGED, 2, HEAD)
+    voted, shares = voted_state(aggregate, received, [], sent, AVERAGED, 3, HEAD)
+    assert shares == {}
+    np.testing.assert_array_equal(voted["backbone.conv.weight"], aggregate["backbone.conv.weight"])
+    voted, shares = voted_state(aggregate, received, [], sent[:1], AVERAGED, 1, HEAD)
     assert shares == {}
     np.testing.assert_array_equal(voted["backbone.conv.weight"], aggregate["backbone.conv.weight"])
 
@@ -106,8 +111,8 @@ def test_the_job_turns_back_the_values_its_sites_disagree_on(tmp_path, threshold
     turned = aggregation["robust_learning_rate"]
     size = {key: np.asarray(received[key]).size for key in ("backbone.conv.weight", "backbone.bn.weight")}
     share = size["backbone.conv.weight"] / (size["backbone.conv.weight"] + 2 * size["backbone.bn.weight"])
-    # sites a and c sent the same head rows: two distinct updates, too few for a vote, so the rows keep their mean
-    assert turned == pytest.approx({"backbone weights": share}, abs=1e-4)
+    # sites a and c sent the same head rows (counted once): two distinct updates, which agree, so none turned back
+    assert turned == pytest.approx({"backbone weights": share, "head row Mass": 0.0, "head row Edema": 0.0}, abs=1e-4)
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True, "2"])

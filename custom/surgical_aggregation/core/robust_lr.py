@@ -9,10 +9,12 @@ median) by that vector; here it multiplies the round's aggregate after the robus
 
 As in the paper it applies to the learned values: the backbone's weights as one vector, and each head row (weights and
 bias, matched by name) over the sites that sent it. The BatchNorm statistics (measured averages, not learned) keep
-their aggregate. A part fewer than ``max(theta, 3)`` distinct updates moved keeps it too: with fewer updates than
-``theta`` no value can reach the vote and every value would be turned back (a row one site holds), and below three
-no vote tells one hostile update from one honest one. A copy of another site's update counts once, as for the robust
-rule. Plain NumPy, no FLARE.
+their aggregate. A part fewer than ``max(theta, 2)`` distinct updates moved keeps it too: with fewer updates than
+``theta`` no value could reach the vote and every value would be turned back (a row one site holds), and one update
+has nothing to agree with. Two updates vote, so that a candidate the round makes without one site (the exclusion's
+leave-one-out candidates) is voted as the round's own is: a two-site candidate that took no vote beat the voted
+three-site round in the attack suite, and the honest site was left out (docs/server-checks.md). A copy of another
+site's update counts once, as for the robust rule. Plain NumPy, no FLARE.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import numpy as np
 from .checks import server_check
 from .checks.update import WEIGHTS, row_part
 from .head import NAMED_HEAD, HeadSpec, cast_like, to_numpy
-from .robust import MIN_ROWS, distinct_rows, group_keys
+from .robust import distinct_rows, group_keys
+
+MIN_VOTERS = 2  # one update has nothing to agree with
 
 
 def learning_rates(rows: np.ndarray, threshold: int) -> np.ndarray:
@@ -36,9 +40,9 @@ def learning_rates(rows: np.ndarray, threshold: int) -> np.ndarray:
 
 def voted_update(aggregate: np.ndarray, rows: np.ndarray, threshold: int) -> tuple[np.ndarray, float | None]:
     """``aggregate`` (the part's update) turned back where the distinct ``rows`` do not agree, and the share of values
-    turned back; unchanged (share None) where fewer than ``max(threshold, 3)`` distinct rows moved the part."""
+    turned back; unchanged (share None) where fewer than ``max(threshold, 2)`` distinct rows moved the part."""
     distinct = distinct_rows(rows)
-    if distinct.shape[0] < max(threshold, MIN_ROWS):
+    if distinct.shape[0] < max(threshold, MIN_VOTERS):
         return aggregate, None
     rates = learning_rates(distinct, threshold)
     return aggregate * rates, float(np.mean(rates < 0))
@@ -50,7 +54,7 @@ def voted_update(aggregate: np.ndarray, rows: np.ndarray, threshold: int) -> tup
     "weights and of each head row (over the sites that hold it) keeps the round's aggregate where the signs of the "
     "sites' (clipped) updates agree, |sum of signs| at least theta, and is turned back (learning rate -1) where they "
     "do not: the robust learning rate of Ozdayi, Kantarcioglu and Gel (AAAI 2021), against backdoors; a part fewer "
-    "than max(theta, 3) distinct updates moved, and the BatchNorm statistics, keep their aggregate. Off (0) by default",
+    "than max(theta, 2) distinct updates moved, and the BatchNorm statistics, keep their aggregate. Off (0) by default",
     "(recorded in the round's `robust_learning_rate`: the share of each part's values turned back)",
 )
 def voted_state(
