@@ -515,6 +515,15 @@ def test_the_coordinate_median_and_the_robust_learning_rate_against_the_backdoor
     assert f"the backdoor's success was {attacked} the clean model's {reference} (exit 0; clean AUROC " in text
     assert voted[backdoor]["exit_code"] == 0
     assert f"clean AUROC {suite.lowest_margin(voted[backdoor], voted[clean]):+.3f})" in text
+    two = json.loads((folder / "robust-learning-rate-two-voters.json").read_text())
+    assert set(two) == {clean, backdoor}
+    assert all(run["controller"] == {"robust_learning_rate": 2} for run in two.values())
+    assert two[clean]["excluded"] == two[backdoor]["excluded"] == ["site-chexpert-1"]
+    assert f"against the clean run without the vote: {-suite.lowest_margin(two[clean], plain[clean]):.3f})" in text
+    attacked, reference = success(two)
+    assert f"with a success of {attacked} that clean model's {reference} (clean AUROC " in text
+    assert f"AUROC {suite.lowest_margin(two[backdoor], two[clean]):+.3f}). Both forms break through" in text
+    assert suite.verdict(two[backdoor], two[clean]) == "breaks through"
 
 
 def test_the_noise_that_wrecks_the_model_and_the_bar_it_led_to_are_the_pages_figures():

@@ -55,6 +55,7 @@ update_noise: FLAME's lambda (0: off, the default): after the aggregation, the b
 robust_learning_rate: RLR's theta (0: off, the default): after the robust rule, each value of the
     backbone's learned weights and of each head row keeps the aggregate where the signs of the sites' updates agree
     (|sum of signs| at least theta) and is turned back where they do not (Ozdayi, Kantarcioglu and Gel, AAAI 2021).
+    At three sites it led the exclusion to leave an honest site out (docs/server-checks.md): for research only.
 validation_guard: a model that a judging site's own validation finds worse than the best model so far (or the
     initial one) by more than that site's noise (twice the standard error of the difference, from the standard
     errors the site reports) is never the best; and when the judged loss says such a model is the best, the sites
