@@ -24,7 +24,7 @@ import numpy as np
 from .checks import server_check
 from .checks.update import WEIGHTS, row_part
 from .head import NAMED_HEAD, HeadSpec, cast_like, to_numpy
-from .robust import group_keys
+from .robust import group_keys, row_updates
 
 FLAME_IMAGE_LAMBDA = 0.001  # FLAME's lambda for image classification
 
@@ -81,17 +81,9 @@ def noised_state(
             for key in keys:
                 value = to_numpy(state[key]).astype(np.float64)
                 noised[key] = cast_like(state[key], value + generator.normal(0.0, deviation, value.shape))
-    old_weight, old_bias = (to_numpy(global_state[key]).astype(np.float64) for key in head.keys)
     new_weight, new_bias = (to_numpy(state[key]).astype(np.float64).copy() for key in head.keys)
     positions = {normalize(name): index for index, name in enumerate(global_classes)}
-    updates: dict[str, list[np.ndarray]] = {}
-    for site_state, names in sent:
-        weight, bias = (to_numpy(site_state[key]).astype(np.float64) for key in head.keys)
-        for row, name in enumerate(names):
-            index = positions.get(normalize(name))
-            if index is not None:
-                old = np.append(old_weight[index], old_bias[index])
-                updates.setdefault(normalize(name), []).append(np.append(weight[row], bias[row]) - old)
+    updates = row_updates(sent, global_state, global_classes, head, normalize)
     for canonical in sorted(updates, key=positions.__getitem__):  # the global model's row order: the same draws
         deviation = scale * _median_norm(updates[canonical])
         if deviation <= 0:

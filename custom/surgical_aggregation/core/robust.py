@@ -364,6 +364,29 @@ def group_keys(
     ]
 
 
+def row_updates(
+    sent: Sequence[tuple[Mapping[str, Any], Sequence[str]]],
+    global_state: Mapping[str, Any],
+    global_classes: Sequence[str],
+    head: HeadSpec = NAMED_HEAD,
+    normalize: Callable[[str], str] | None = None,
+) -> dict[str, list[np.ndarray]]:
+    """Canonical class name -> each sender's update of that head row (weights, then bias) against ``global_state``,
+    in ``sent`` order; ``sent``: each site's state and its head rows' names. A row the global model lacks is skipped."""
+    normalize = normalize or (lambda name: name)
+    old_weight, old_bias = (to_numpy(global_state[key]).astype(np.float64) for key in head.keys)
+    positions = {normalize(name): index for index, name in enumerate(global_classes)}
+    updates: dict[str, list[np.ndarray]] = {}
+    for site_state, names in sent:
+        weight, bias = (to_numpy(site_state[key]).astype(np.float64) for key in head.keys)
+        for row, name in enumerate(names):
+            index = positions.get(normalize(name))
+            if index is not None:
+                old = np.append(old_weight[index], old_bias[index])
+                updates.setdefault(normalize(name), []).append(np.append(weight[row], bias[row]) - old)
+    return updates
+
+
 @server_check(
     "aggregation",
     "with `robust_aggregation` (default `geometric_median`), each part of the model (the backbone's learned weights, "

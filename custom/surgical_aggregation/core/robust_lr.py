@@ -28,7 +28,7 @@ import numpy as np
 from .checks import server_check
 from .checks.update import WEIGHTS, row_part
 from .head import NAMED_HEAD, HeadSpec, cast_like, to_numpy
-from .robust import distinct_rows, group_keys
+from .robust import distinct_rows, group_keys, row_updates
 
 MIN_VOTERS = 2  # one update has nothing to agree with
 
@@ -96,15 +96,7 @@ def voted_state(
     old_weight, old_bias = (to_numpy(global_state[key]).astype(np.float64) for key in head.keys)
     new_weight, new_bias = (to_numpy(state[key]).astype(np.float64).copy() for key in head.keys)
     positions = {normalize(name): index for index, name in enumerate(global_classes)}
-    updates: dict[str, list[np.ndarray]] = {}
-    for site_state, names in sent:
-        weight, bias = (to_numpy(site_state[key]).astype(np.float64) for key in head.keys)
-        for row, name in enumerate(names):
-            index = positions.get(normalize(name))
-            if index is not None:
-                old = np.append(old_weight[index], old_bias[index])
-                updates.setdefault(normalize(name), []).append(np.append(weight[row], bias[row]) - old)
-    for canonical, rows in updates.items():
+    for canonical, rows in row_updates(sent, global_state, global_classes, head, normalize).items():
         index = positions[canonical]
         old = np.append(old_weight[index], old_bias[index])
         aggregate = np.append(new_weight[index], new_bias[index]) - old
