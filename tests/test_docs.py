@@ -509,6 +509,17 @@ def test_the_coordinate_median_and_the_robust_learning_rate_against_the_backdoor
     assert f"the backdoor's success was {attacked} that clean model's {reference} (clean AUROC " in text
     assert f"AUROC {suite.lowest_margin(median[backdoor], median[clean]):+.3f}): it breaks through, by less" in text
     assert suite.verdict(median[backdoor], median[clean]) == "breaks through"
+    pruned = json.loads((folder / "pruning-median.json").read_text())
+    assert [run["rate"] for run in pruned[backdoor]] == [run["rate"] for run in pruned[clean]] == [0.0, 0.5, 0.9]
+    assert pruned[backdoor][0]["backdoor_success"] == median[backdoor]["best_backdoor_success"]  # the same model
+    rates = dict(zip([0.0, 0.5, 0.9], zip(pruned[backdoor], pruned[clean], strict=True), strict=True))
+    (half, half_clean), (most, most_clean) = rates[0.5], rates[0.9]
+    found = [f"{run['backdoor_success']:.1%}".replace("%", " %") for run in (half, most, half_clean, most_clean)]
+    assert f"leaves {found[0]} at half the channels and {found[1]} at 90 %, against the clean model's {found[2]}" in (
+        text
+    )
+    assert f"and {found[3]} at the same rates: layered, the two do not come within 5 points" in text
+    assert min(hit["backdoor_success"] - base["backdoor_success"] for hit, base in rates.values()) > 0.05
     assert f"lost {-suite.lowest_margin(voted[clean], plain[clean]):.3f} against the clean run without it" in text
     assert voted[clean]["excluded"] == [] and voted[backdoor]["excluded"] == ["site-chexpert-1"]
     attacked, reference = success(voted)
