@@ -24,7 +24,7 @@ import numpy as np
 from .checks import server_check
 from .checks.update import WEIGHTS, row_part
 from .head import NAMED_HEAD, HeadSpec, cast_like, to_numpy
-from .robust import group_keys, row_updates
+from .robust import flat_values, group_keys, row_updates
 
 FLAME_IMAGE_LAMBDA = 0.001  # FLAME's lambda for image classification
 
@@ -70,12 +70,8 @@ def noised_state(
     generator = np.random.default_rng(list(seed))
     keys = group_keys(averaged_keys, global_state, WEIGHTS, head)
     if keys:
-        flat = [
-            np.concatenate([to_numpy(site_state[key]).astype(np.float64).ravel() for key in keys])
-            for site_state, _ in sent
-        ]
-        base = np.concatenate([to_numpy(global_state[key]).astype(np.float64).ravel() for key in keys])
-        deviation = scale * _median_norm([row - base for row in flat])
+        base = flat_values(global_state, keys)
+        deviation = scale * _median_norm([flat_values(site_state, keys) - base for site_state, _ in sent])
         if deviation > 0:
             deviations[WEIGHTS] = deviation
             for key in keys:

@@ -364,6 +364,22 @@ def group_keys(
     ]
 
 
+def flat_values(state: Mapping[str, Any], keys: Sequence[str]) -> np.ndarray:
+    """The values of ``keys`` in ``state`` as one float64 vector, in ``keys`` order (a part of the model as one row)."""
+    return np.concatenate([to_numpy(state[key]).astype(np.float64).ravel() for key in keys])
+
+
+def unflat_values(vector: np.ndarray, keys: Sequence[str], like: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`flat_values` undone: each key's slice of ``vector``, shaped and typed as its entry in ``like``."""
+    values, offset = {}, 0
+    for key in keys:
+        shape = to_numpy(like[key]).shape
+        size = int(np.prod(shape))
+        values[key] = cast_like(like[key], vector[offset : offset + size].reshape(shape))
+        offset += size
+    return values
+
+
 def row_updates(
     sent: Sequence[tuple[Mapping[str, Any], Sequence[str]]],
     global_state: Mapping[str, Any],
@@ -423,20 +439,9 @@ def robust_state(
         keys = group_keys(averaged_keys, global_state, group, head)
         if not keys:
             continue
-        base = np.concatenate([to_numpy(global_state[key]).astype(np.float64).ravel() for key in keys])
-        rows = np.stack(
-            [
-                np.concatenate([to_numpy(result.state[key]).astype(np.float64).ravel() for key in keys]) - base
-                for result in results
-            ]
-        )
-        moved = base + rule(distinct_rows(rows))
-        offset = 0
-        for key in keys:
-            size = to_numpy(global_state[key]).size
-            shape = to_numpy(global_state[key]).shape
-            state[key] = cast_like(global_state[key], moved[offset : offset + size].reshape(shape))
-            offset += size
+        base = flat_values(global_state, keys)
+        rows = np.stack([flat_values(result.state, keys) - base for result in results])
+        state.update(unflat_values(base + rule(distinct_rows(rows)), keys, global_state))
         replaced[group] = len(results)
     positions = {normalize(name): index for index, name in enumerate(global_classes)}
     old_weight, old_bias = (to_numpy(global_state[key]).astype(np.float64) for key in head.keys)

@@ -28,7 +28,7 @@ import numpy as np
 from .checks import server_check
 from .checks.update import WEIGHTS, row_part
 from .head import NAMED_HEAD, HeadSpec, cast_like, to_numpy
-from .robust import distinct_rows, group_keys, row_updates
+from .robust import distinct_rows, flat_values, group_keys, row_updates, unflat_values
 
 MIN_VOTERS = 2  # one update has nothing to agree with
 
@@ -77,22 +77,12 @@ def voted_state(
         return voted, shares
     keys = group_keys(averaged_keys, global_state, WEIGHTS, head)
     if keys:
-        base = np.concatenate([to_numpy(global_state[key]).astype(np.float64).ravel() for key in keys])
-        rows = np.stack(
-            [np.concatenate([to_numpy(site[key]).astype(np.float64).ravel() for key in keys]) - base
-             for site, _ in sent]
-        )  # fmt: skip
-        aggregate = np.concatenate([to_numpy(state[key]).astype(np.float64).ravel() for key in keys]) - base
-        moved, share = voted_update(aggregate, rows, threshold)
+        base = flat_values(global_state, keys)
+        rows = np.stack([flat_values(site, keys) - base for site, _ in sent])
+        moved, share = voted_update(flat_values(state, keys) - base, rows, threshold)
         if share is not None:
             shares[WEIGHTS] = share
-            offset = 0
-            for key in keys:
-                shape = to_numpy(global_state[key]).shape
-                size = int(np.prod(shape))
-                value = base[offset : offset + size] + moved[offset : offset + size]
-                voted[key] = cast_like(state[key], value.reshape(shape))
-                offset += size
+            voted.update(unflat_values(base + moved, keys, state))
     old_weight, old_bias = (to_numpy(global_state[key]).astype(np.float64) for key in head.keys)
     new_weight, new_bias = (to_numpy(state[key]).astype(np.float64).copy() for key in head.keys)
     positions = {normalize(name): index for index, name in enumerate(global_classes)}
