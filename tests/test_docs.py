@@ -537,6 +537,37 @@ def test_the_coordinate_median_and_the_robust_learning_rate_against_the_backdoor
     assert suite.verdict(two[backdoor], two[clean]) == "breaks through"
 
 
+def test_flipping_and_pruning_stopped_on_held_out_images_are_the_pages_figures():
+    """docs/server-checks.md on FLAIN's flipping and on pruning stopped by its rule, offline on the backdoor at three
+    sites of 400 patients (docs/attack-suite/flipping.json): the table is the file's, the rule stops where its
+    auxiliary AUROC says, and the sentences' figures are the table's."""
+    flipping = load_benchmark("backdoor_flipping")
+    results = json.loads((REPOSITORY / "docs" / "attack-suite" / "flipping.json").read_text())
+    page = (REPOSITORY / "docs" / "server-checks.md").read_text()
+    assert "\n".join(flipping.table(results)) in page
+    backdoor, clean = results.values()
+    for found in (backdoor, clean):
+        for treatment, rows in found["rows"].items():
+            stop = found["stops"][treatment]
+            assert stop == flipping.stopping_rate(rows, flipping.TOLERANCE)
+            before = [row for row in rows if row["rate"] <= stop]
+            assert all(rows[0]["auxiliary_auroc"] - row["auxiliary_auroc"] <= flipping.TOLERANCE for row in before)
+    at_stop = {
+        treatment: [next(row for row in found["rows"][treatment] if row["rate"] == found["stops"][treatment])
+                    for found in (backdoor, clean)]
+        for treatment in ("prune", "flip")
+    }  # fmt: skip
+    untouched, flipped = backdoor["rows"]["flip"][0], at_stop["flip"][0]
+    text = " ".join(page.split())
+    found = [f"{row['backdoor_success']:.1%}".replace("%", " %") for row in (untouched, flipped)]
+    assert f"Flipping raises the backdoor's success from {found[0]} to {found[1]} where the rule stops" in text
+    assert flipped["backdoor_success"] > untouched["backdoor_success"]
+    pruned, pruned_clean = at_stop["prune"]
+    above = 100 * (pruned["backdoor_success"] - pruned_clean["backdoor_success"])
+    assert f"leaves the backdoor {above:.1f} points above the clean model at its own stop" in text
+    assert above > 5
+
+
 def test_the_noise_that_wrecks_the_model_and_the_bar_it_led_to_are_the_pages_figures():
     """docs/server-checks.md on ``update_noise`` 0.01: the clean run's false alarm, the backdoor run's wrecked model
     published with exit 0 (docs/attack-suite/update-noise-0.01.json), and its rerun under the initial model's bar,
