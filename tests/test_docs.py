@@ -71,8 +71,8 @@ def _suite_rows(suite, runs: dict) -> list[list[str]]:
 
 
 def _four_sites(rows: list[list[str]]) -> dict[str, list[str]]:
-    """The rows of four sites (references and attacks), by attack."""
-    return {row[0]: row for row in rows if row[1].split(" ")[0] == "4"}
+    """The rows of four sites of the suite's default size (references and attacks), by attack."""
+    return {row[0]: row for row in rows if row[1].split(" ")[0] == "4" and ";" not in row[1]}
 
 
 def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
@@ -535,6 +535,25 @@ def test_the_coordinate_median_and_the_robust_learning_rate_against_the_backdoor
     assert f"with a success of {attacked} that clean model's {reference} (clean AUROC " in text
     assert f"AUROC {suite.lowest_margin(two[backdoor], two[clean]):+.3f}). Both forms break through" in text
     assert suite.verdict(two[backdoor], two[clean]) == "breaks through"
+
+
+def test_the_backdoor_at_four_sites_of_400_patients_is_the_pages_figures():
+    """docs/server-checks.md on the backdoor at four sites of 400 patients: its success against the clean run's and
+    the honest sites alone's, its clean AUROC, and nothing rejected or left out (docs/attack-suite/results.json)."""
+    suite = load_benchmark("attack_suite")
+    results = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    clean, alone, backdoor = (
+        results[f"{kind}-4sites-{count}attackers-seed1-400p5r"]
+        for kind, count in (("clean", 0), ("honest_alone", 1), ("backdoor", 1))
+    )
+    shares = [f"{run['best_backdoor_success']:.1%}".replace("%", " %") for run in (backdoor, clean, alone)]
+    text = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert (
+        f"{shares[0]} of the triggered negatives against {shares[1]} for the clean model and {shares[2]} for the "
+        f"honest sites alone, with the clean AUROC unchanged ({suite.lowest_margin(backdoor, clean):+.3f})" in text
+    )
+    assert backdoor["rejected"] == backdoor["excluded"] == [] and backdoor["exit_code"] == 0
+    assert suite.verdict(backdoor, clean) == "breaks through"
 
 
 def test_flipping_and_pruning_stopped_on_held_out_images_are_the_pages_figures():
