@@ -131,6 +131,59 @@ def test_a_grid_refuses_to_resume_over_runs_that_started_from_another_initial_mo
     assert runs[1].title in str(refused.value) and "aedbc874a485" in str(refused.value)
 
 
+def test_a_run_stopped_while_its_models_are_scored_resumes_at_the_scoring(tmp_path, monkeypatch):
+    """A full-network run whose scoring was stopped keeps its trained models (``trained.json``): run again, it scores
+    them without training, and its seconds still count the training; from another initial model it trains anew."""
+    from surgical_aggregation.experiments import grid_run
+
+    profile = Profile("tiny", "plan only", training={"image_size": 32}, rounds=1)
+    sources = DataSources(embedded_patients=80, embedded_image_size=32, external_patients=40)
+    run = plan(grid_settings("small", sources, profile, (MISSING,)), ["surgical"], [0])[0]
+    start = "pretrained here: ...: /root/.cache/a/pretrained/s.pt (sha256 aedbc874a485...)"
+    options = RunOptions(initial_model=start)
+    trainings: list[str] = []
+
+    def train(run, folder, profile, options):
+        trainings.append(options.initial_model)
+        (folder / "models").mkdir(exist_ok=True)
+        for name in ("global.pt", "global-last.pt"):
+            (folder / "models" / name).write_bytes(b"model")
+        curve = [{"round": 2, "val_mean_auroc": 0.7}, {"round": 4, "val_mean_auroc": 0.8}]
+        models = {"selected": {"*": [folder / "models/global.pt"]}, "last": {"*": [folder / "models/global-last.pt"]}}
+        return models, {"training": {"initial_model": options.initial_model}, "curve": curve,
+                        "rounds": {"selected": 4, "last": 2}}  # fmt: skip
+
+    def stopped(run, models, options):
+        raise KeyboardInterrupt
+
+    def scored(run, models, options):
+        assert [path.name for path in models["*"]] in (["global.pt"], ["global-last.pt"])
+        return pd.DataFrame({"class": ["Mass"], "auroc": [0.8]}), {"nih": {"mean_auroc": 0.8}}
+
+    monkeypatch.setattr(grid_run, "run_federated", train)
+    monkeypatch.setattr(grid_run, "evaluate_run", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        grid_run.execute(run, tmp_path, profile, options)
+    folder = run.folder(tmp_path)
+    assert not (folder / "result.json").is_file() and (folder / grid_run.TRAINED_FILE).is_file()
+    train_seconds = json.loads((folder / grid_run.TRAINED_FILE).read_text())["train_seconds"]
+    monkeypatch.setattr(grid_run, "evaluate_run", scored)
+    moved = start.replace("/root/.cache/a", "/data/cache")  # the same weights at another path: the same start
+    result = grid_run.execute(run, tmp_path, profile, RunOptions(initial_model=moved))
+    assert trainings == [start]  # trained once
+    assert result["train_seconds"] == train_seconds and result["seconds"] >= train_seconds
+    assert result["models"]["selected"]["round"] == 4 and result["models"]["last"]["round"] == 2
+    assert result["models"]["selected"]["validation"] == {"round": 4, "val_mean_auroc": 0.8}
+    (folder / "result.json").unlink()
+    rebuilt = start.replace("aedbc874a485", "7e8e97942df3")
+    grid_run.execute(run, tmp_path, profile, RunOptions(initial_model=rebuilt))
+    assert trainings == [start, rebuilt]  # another start trains again
+    (folder / "result.json").unlink()
+    (folder / "models" / "global-last.pt").unlink()
+    grid_run.execute(run, tmp_path, profile, RunOptions(initial_model=rebuilt))
+    assert trainings == [start, rebuilt, rebuilt]  # a model file gone: trains again
+
+
 def test_summary_statistics_match_scipy():
     results, per_class = _fixed_frames()
     table = summary_table(results, per_class).set_index("method")

@@ -33,6 +33,8 @@ from .summary import PER_CLASS_FILE, RESULT_FILE, summarize
 
 logger = logging.getLogger(__name__)
 
+TRAINED_FILE = "trained.json"  # a run's models and training record, written before its scoring
+
 
 def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
     """Train (unless finished before) and evaluate one run's selected and last models; returns its result."""
@@ -45,11 +47,19 @@ def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
     if options.variant == HEAD_ONLY:
         models, record = run_head_only(run, profile, options)
         evaluate = evaluate_heads
+        trained = time.perf_counter() - started
     else:
-        train = run_pooled if run.method in POOLED_COMPARATORS else run_federated
-        models, record = train(run, folder, profile, options)
         evaluate = evaluate_run
-    trained = time.perf_counter() - started
+        resumed = trained_before(folder, options)
+        if resumed is None:
+            train = run_pooled if run.method in POOLED_COMPARATORS else run_federated
+            models, record = train(run, folder, profile, options)
+            trained = time.perf_counter() - started
+            save_trained(folder, models, record, trained)
+        else:
+            models, record, trained = resumed
+            logger.info("%s: trained before (%s); scoring its models", run.title, folder / TRAINED_FILE)
+            started -= trained  # the run's seconds count its training
     validation = {entry["round"]: entry for entry in record["curve"]}
     evaluated, frames = {}, []
     for kind in (SELECTED, LAST):
@@ -77,6 +87,38 @@ def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
     }
     result_path.write_text(json.dumps(result, indent=2) + "\n")  # last: its presence marks the run finished
     return result
+
+
+def save_trained(folder: Path, models: dict[str, dict[str, list[Path]]], record: dict, seconds: float) -> None:
+    """``trained.json``: a full-network run's trained models (relative to its folder) and training record, so that a
+    run stopped while its models are scored resumes at the scoring rather than training again."""
+    saved = {
+        "models": {
+            kind: {identity: [str(path.relative_to(folder)) for path in paths] for identity, paths in found.items()}
+            for kind, found in models.items()
+        },
+        "record": record,
+        "train_seconds": round(seconds, 1),
+    }
+    (folder / TRAINED_FILE).write_text(json.dumps(saved, indent=2) + "\n")
+
+
+def trained_before(folder: Path, options: RunOptions) -> tuple[dict[str, dict[str, list[Path]]], dict, float] | None:
+    """What :func:`save_trained` kept of this run: its models, record and training seconds; None where nothing was
+    kept, a model file is missing, or it trained from another initial model than this grid's."""
+    path = folder / TRAINED_FILE
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    if _start_of(saved["record"]["training"].get("initial_model", "")) != _start_of(options.initial_model or ""):
+        return None
+    models = {
+        kind: {identity: [folder / name for name in names] for identity, names in found.items()}
+        for kind, found in saved["models"].items()
+    }
+    if not all(model.is_file() for found in models.values() for paths in found.values() for model in paths):
+        return None
+    return models, saved["record"], float(saved["train_seconds"])
 
 
 def plan(settings: Sequence[Setting], methods: Sequence[str], seeds: Sequence[int]) -> list[Run]:
