@@ -171,6 +171,7 @@ def test_a_run_stopped_while_its_models_are_scored_resumes_at_the_scoring(tmp_pa
     moved = start.replace("/root/.cache/a", "/data/cache")  # the same weights at another path: the same start
     result = grid_run.execute(run, tmp_path, profile, RunOptions(initial_model=moved))
     assert trainings == [start]  # trained once
+    assert not (folder / grid_run.TRAINED_FILE).exists()  # result.json holds it all now
     assert result["train_seconds"] == train_seconds and result["seconds"] >= train_seconds
     assert result["models"]["selected"]["round"] == 4 and result["models"]["last"]["round"] == 2
     assert result["models"]["selected"]["validation"] == {"round": 4, "val_mean_auroc": 0.8}

@@ -33,7 +33,7 @@ from .summary import PER_CLASS_FILE, RESULT_FILE, summarize
 
 logger = logging.getLogger(__name__)
 
-TRAINED_FILE = "trained.json"  # a run's models and training record, written before its scoring
+TRAINED_FILE = "trained.json"  # a run's models and training record, from its training until its result.json
 
 
 def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
@@ -86,6 +86,7 @@ def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
         "training": record["training"],
     }
     result_path.write_text(json.dumps(result, indent=2) + "\n")  # last: its presence marks the run finished
+    (folder / TRAINED_FILE).unlink(missing_ok=True)  # result.json holds all of it now
     return result
 
 
