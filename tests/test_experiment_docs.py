@@ -93,13 +93,16 @@ def test_the_readmes_evidence_figures_are_the_grids_psi_12_of_14_differences():
     head_missing, head_absent = difference("head-psi", "missing"), difference("head-psi", "absent")
     full_missing, cpu_missing = difference("full-psi", "missing"), difference("full-psi-cpu", "missing")
     cpu_seeds = int(row_of("full-psi-cpu", "missing").seeds)
+    cpu_absent = difference("full-psi-cpu", "absent")
+    assert int(row_of("full-psi-cpu", "absent").seeds) == cpu_seeds  # the same seeds under both controls
     ceiling = row_of("full-psi-cpu", "missing", "centralized_full").logit_correlation
     assert ceiling > SPECIFIC_LOGIT_CORRELATION  # the README says "not counted"
     joint_missing, joint_absent = difference("head-psi-padchest", "missing"), difference("head-psi-padchest", "absent")
     assert (
         f"(5 seeds, psi = 12/14): {head_missing} with frozen features and missing findings, {head_absent} under "
         f"absent; the whole network {full_missing} on a GPU (not separated), {cpu_missing} on CPU from a stand-in that "
-        f"transfers ({cpu_seeds} seeds, missing; not counted: its ceiling's logits correlate {ceiling:.2f} > "
+        f"transfers ({cpu_seeds} seeds, missing; {cpu_absent} absent; not counted: its ceiling's logits correlate "
+        f"{ceiling:.2f} > "
         f"{SPECIFIC_LOGIT_CORRELATION}); with PadChest's co-occurring unlabelled findings {joint_missing} and "
         f"{joint_absent}" in readme
     )
