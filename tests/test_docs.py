@@ -537,9 +537,10 @@ def test_the_coordinate_median_and_the_robust_learning_rate_against_the_backdoor
     assert suite.verdict(two[backdoor], two[clean]) == "breaks through"
 
 
-def test_the_backdoor_at_four_sites_of_400_patients_is_the_pages_figures():
-    """docs/server-checks.md on the backdoor at four sites of 400 patients: its success against the clean run's and
-    the honest sites alone's, its clean AUROC, and nothing rejected or left out (docs/attack-suite/results.json)."""
+def test_the_backdoor_at_four_and_seven_sites_of_400_patients_is_the_pages_figures():
+    """docs/server-checks.md on the backdoor at four and seven sites of 400 patients: its success against the clean
+    run's and the honest sites alone's, its clean AUROC, nothing rejected or left out, and the three sizes' successes
+    (docs/attack-suite/results.json)."""
     suite = load_benchmark("attack_suite")
     results = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
     clean, alone, backdoor = (
@@ -554,6 +555,20 @@ def test_the_backdoor_at_four_sites_of_400_patients_is_the_pages_figures():
     )
     assert backdoor["rejected"] == backdoor["excluded"] == [] and backdoor["exit_code"] == 0
     assert suite.verdict(backdoor, clean) == "breaks through"
+    clean, alone, backdoor = (
+        results[f"{kind}-7sites-{count}attackers-seed1-400p5r"]
+        for kind, count in (("clean", 0), ("honest_alone", 1), ("backdoor", 1))
+    )
+    shares = [f"{run['best_backdoor_success']:.1%}".replace("%", " %") for run in (backdoor, clean, alone)]
+    assert (
+        f"{shares[0]} against {shares[1]} for the clean model and {shares[2]} for the honest sites alone, clean AUROC "
+        f"{suite.lowest_margin(backdoor, clean):+.3f}, nothing rejected or left out" in text
+    )
+    assert backdoor["rejected"] == backdoor["excluded"] == [] and backdoor["exit_code"] == 0
+    assert suite.verdict(backdoor, clean) == suite.verdict(backdoor, alone) == "holds"
+    by_size = [results[f"backdoor-{sites}sites-1attackers-seed1-400p5r"] for sites in (3, 4, 7)]
+    found = ", ".join(f"{run['best_backdoor_success']:.1%}".replace("%", " %") for run in by_size)
+    assert f"seven sites with the same data each: {found}" in text
 
 
 def test_flipping_and_pruning_stopped_on_held_out_images_are_the_pages_figures():
