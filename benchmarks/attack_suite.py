@@ -184,14 +184,19 @@ def scores(model: Path, test: dict[str, Any]) -> dict[str, Any] | None:
         if name in names
     }
     target = names.index(TARGET)
-    column = list(UNION).index(TARGET)
-    threshold = float(np.percentile(probabilities[:, target], 95))
-    negatives = labels[:, column] == 0
     triggered = predict_checkpoint(checkpoint, Triggered(dataset), 64, "cpu", 0)[:, target]
+    target_labels = labels[:, list(UNION).index(TARGET)]
     return {
         "per_class_auroc": per_class,
-        "backdoor_success": float(np.mean(triggered[negatives] > threshold)),
+        "backdoor_success": backdoor_success(target_labels, probabilities[:, target], triggered),
     }
+
+
+def backdoor_success(target_labels: np.ndarray, clean: np.ndarray, triggered: np.ndarray) -> float:
+    """The share of the target finding's negatives whose triggered image scores above the model's 95th percentile on
+    the clean images."""
+    threshold = float(np.percentile(clean, 95))
+    return float(np.mean(triggered[target_labels == 0] > threshold))
 
 
 def taking_part(case: Case, configs: dict[str, dict], attackers: list[str]) -> dict[str, dict]:

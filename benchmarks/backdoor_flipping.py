@@ -21,20 +21,17 @@ features read once (clean and triggered) rather than by running the network agai
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
-from attack_suite import TARGET, UNION, Triggered, test_config
-from backdoor_pruning import MODEL
+from attack_suite import TARGET, UNION, Triggered, backdoor_success
+from backdoor_pruning import offline_parser, run_offline
 
 from surgical_aggregation.core.head import NAMED_HEAD, initial_head_rows
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
 from surgical_aggregation.evaluation.inference import scoring_dataset
 from surgical_aggregation.evaluation.metrics import auroc
-from surgical_aggregation.experiments.summary import rewrite_marked_block
 from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.loops import head_inputs, make_loader
@@ -48,12 +45,6 @@ MARKER = "backdoor-flipping"
 def mean_auroc(labels: np.ndarray, probabilities: np.ndarray) -> float:
     values = [auroc(labels[:, column], probabilities[:, column]) for column in range(labels.shape[1])]
     return float(np.nanmean(values))
-
-
-def backdoor_success(target_labels: np.ndarray, clean: np.ndarray, triggered: np.ndarray) -> float:
-    """The share of triggered negatives scored above the model's 95th percentile on the clean images."""
-    threshold = float(np.percentile(clean, 95))
-    return float(np.mean(triggered[target_labels == 0] > threshold))
 
 
 def treated_scores(model_file: Path, test: dict, rates: tuple[float, ...], tolerance: float) -> dict:
@@ -136,29 +127,10 @@ def table(results: dict[str, dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite-out", type=Path, help="an attack_suite.py --out folder")
-    parser.add_argument("--runs", nargs="+", help="a backdoor run and its clean run (their workspaces' folders)")
+    parser = offline_parser(__doc__.splitlines()[0], MARKER)
     parser.add_argument("--tolerance", type=float, default=TOLERANCE)
-    parser.add_argument("--out", type=Path, required=True, help="the JSON file of the results")
-    parser.add_argument("--table-only", action="store_true", help="only draw the table of --out")
-    parser.add_argument("--write-doc", type=Path, help=f"rewrite the table between <!-- {MARKER} --> markers")
     args = parser.parse_args(argv)
-    if args.table_only:
-        results = json.loads(args.out.read_text())
-    else:
-        test = test_config(args.suite_out.resolve() / "cache")
-        results = {
-            run: treated_scores(args.suite_out / "workspaces" / run / MODEL, test, RATES, args.tolerance)
-            for run in args.runs
-        }
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
-    lines = table(results)
-    print("\n".join(lines))
-    if args.write_doc:
-        start, end = f"<!-- {MARKER} -->", f"<!-- /{MARKER} -->"
-        args.write_doc.write_text(rewrite_marked_block(args.write_doc.read_text(), start, end, "\n".join(lines)))
-    return results
+    return run_offline(args, lambda model, test: treated_scores(model, test, RATES, args.tolerance), table, MARKER)
 
 
 if __name__ == "__main__":

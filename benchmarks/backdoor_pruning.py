@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,30 +85,42 @@ def table(results: dict[str, list[dict[str, float]]]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> dict[str, list[dict[str, float]]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def offline_parser(description: str, marker: str) -> argparse.ArgumentParser:
+    """The arguments every offline look at a suite run's models takes: the suite's folder, a backdoor run and its
+    clean run, the results file, and where to write its table."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--suite-out", type=Path, help="an attack_suite.py --out folder")
     parser.add_argument("--runs", nargs="+", help="a backdoor run and its clean run (their workspaces' folders)")
-    parser.add_argument("--rates", type=float, nargs="+", default=list(RATES))
     parser.add_argument("--out", type=Path, required=True, help="the JSON file of the results")
     parser.add_argument("--table-only", action="store_true", help="only draw the table of --out")
-    parser.add_argument("--write-doc", type=Path, help=f"rewrite the table between <!-- {MARKER} --> markers")
-    args = parser.parse_args(argv)
+    parser.add_argument("--write-doc", type=Path, help=f"rewrite the table between <!-- {marker} --> markers")
+    return parser
+
+
+def run_offline(
+    args: argparse.Namespace, score: Callable[[Path, dict], Any], table_of: Callable[[dict], list[str]], marker: str
+) -> dict:
+    """Score each run's best model (``score(model_file, test)``) into ``--out``, or read it back with
+    ``--table-only``; print its table and write it between ``marker``'s markers of ``--write-doc``."""
     if args.table_only:
         results = json.loads(args.out.read_text())
     else:
         test = test_config(args.suite_out.resolve() / "cache")
-        results = {
-            run: pruned_scores(args.suite_out / "workspaces" / run / MODEL, test, tuple(args.rates))
-            for run in args.runs
-        }
+        results = {run: score(args.suite_out / "workspaces" / run / MODEL, test) for run in args.runs}
         args.out.write_text(json.dumps(results, indent=2) + "\n")
-    lines = table(results)
+    lines = table_of(results)
     print("\n".join(lines))
     if args.write_doc:
-        start, end = f"<!-- {MARKER} -->", f"<!-- /{MARKER} -->"
+        start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
         args.write_doc.write_text(rewrite_marked_block(args.write_doc.read_text(), start, end, "\n".join(lines)))
     return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, list[dict[str, float]]]:
+    parser = offline_parser(__doc__.splitlines()[0], MARKER)
+    parser.add_argument("--rates", type=float, nargs="+", default=list(RATES))
+    args = parser.parse_args(argv)
+    return run_offline(args, lambda model, test: pruned_scores(model, test, tuple(args.rates)), table, MARKER)
 
 
 if __name__ == "__main__":
