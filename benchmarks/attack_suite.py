@@ -480,7 +480,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     )
     parser.add_argument("--controller", type=json.loads, default={}, help="controller settings over the defaults")
     parser.add_argument("--table-only", action="store_true", help="only redraw the table of results.json")
-    parser.add_argument("--write-doc", type=Path, help=f"rewrite the table between <!-- {MARKER} --> markers")
+    parser.add_argument("--write-doc", type=Path, help="rewrite the table between the --marker's markers")
+    parser.add_argument(
+        "--marker", default=MARKER, help=f"the markers' name: <!-- NAME --> and <!-- /NAME --> (default {MARKER})"
+    )
     parser.add_argument(
         "--paired",
         type=Path,
@@ -542,7 +545,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     if results:
         print(f"plot: {plot(results, args.out / 'margins.png')}")
     if args.write_doc:
-        start, end = f"<!-- {MARKER} -->", f"<!-- /{MARKER} -->"
+        start, end = f"<!-- {args.marker} -->", f"<!-- /{args.marker} -->"
         text = args.write_doc.read_text()
         args.write_doc.write_text(rewrite_marked_block(text, start, end, "\n".join(lines)))
     return results

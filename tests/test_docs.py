@@ -102,25 +102,51 @@ def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
     assert sorted(with_rule) == ["3 (1)", "4 (1)", "7 (1)"]
 
 
-def test_the_centered_clipping_figures_are_the_ones_its_runs_give():
-    """docs/server-checks.md's centered clipping at four sites: the clean run, the honest sites alone and the near-copy
-    as the suite's table computes them from docs/attack-suite/centered-clipping.json, beside the geometric median's."""
+def test_the_centered_clipping_table_and_figures_are_the_ones_its_runs_give():
+    """docs/server-checks.md's four-site suite under centered clipping: the table as ``attack_suite.py --table-only
+    --write-doc --marker centered-clipping`` writes it from docs/attack-suite/centered-clipping.json, and each figure
+    of the sentences that compare it with the geometric median's four-site rows of the suite's table."""
     suite = load_benchmark("attack_suite")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "centered-clipping.json").read_text())
     assert {run["controller"]["robust_aggregation"] for run in runs.values()} == {"centered_clipping"}
+    assert _marked_block(REPOSITORY / "docs" / "server-checks.md", "centered-clipping") == "\n".join(suite.table(runs))
     clipped = _four_sites(_suite_rows(suite, runs))
-    median = _four_sites(
-        _suite_rows(suite, json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text()))
-    )
-    lowest = {name: row[2].split(",")[0] for name, row in clipped.items()}
-    copy, median_copy = clipped["mimic_noised"], median["mimic_noised"]
+    median_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    median = _four_sites(_suite_rows(suite, median_runs))
+    attacks = sorted(name for name in clipped if name not in (*suite.REFERENCES, suite.PLACEBO, "clean"))
+    assert attacks == sorted(name for name in median if name not in (*suite.REFERENCES, suite.PLACEBO, "clean"))
+
+    def lowest(rows: dict[str, list[str]], name: str) -> str:
+        return rows[name][2].split(",")[0]
+
+    def best(name: str, site: str, source: dict) -> str:
+        attackers = 0 if name == "clean" else 1
+        return f"{source[f'{name}-4sites-{attackers}attackers-seed1']['best_auroc'][site]:.3f}"
+
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    copy, median_copy = clipped["mimic_noised"], median["mimic_noised"]
     assert (
-        f"the clean run's lowest honest site {lowest['clean']} ({median['clean'][2].split(',')[0]} under the geometric "
-        f"median), the honest sites alone {lowest['honest_alone']}, and `mimic_noised` {lowest['mimic_noised']}: "
-        f"{copy[3]} against that clean run and {copy[4]} against the honest sites alone, where the geometric median's "
-        f"run broke through at {median_copy[3]} and {median_copy[4]}"
+        f"`mimic_noised` holds: {lowest(clipped, 'mimic_noised')}, {copy[3]} against its clean run and {copy[4]} "
+        f"against the honest sites alone, where the geometric median's run broke through at {median_copy[3]} and "
+        f"{median_copy[4]}"
     ) in page
+    assert (
+        f"end at {lowest(clipped, 'honest_alone')} under centered clipping, {lowest(median, 'honest_alone')} under the "
+        f"geometric median, and it is the lone NIH-layout site that loses: {best('honest_alone', 'site-nih-1', runs)} "
+        f"against {best('clean', 'site-nih-1', runs)} in its clean run "
+        f"({best('honest_alone', 'site-nih-1', median_runs)} against {best('clean', 'site-nih-1', median_runs)} "
+        f"under the median; the CheXpert-layout sites "
+        f"{best('honest_alone', 'site-chexpert-1', runs)} against {best('clean', 'site-chexpert-1', runs)})"
+    ) in page
+    assert (
+        f"breaks through against the clean run ({clipped['label_flip'][3]}; {median['label_flip'][3]} under the "
+        f"geometric median), and `label_flip_late` falls further ({clipped['label_flip_late'][3]}; "
+        f"{median['label_flip_late'][3]})"
+    ) in page
+    rules = (("cc", clipped), ("gm", median))
+    holding = {rule: [name for name in attacks if rows[name][10] == "holds"] for rule, rows in rules}
+    assert holding == {"cc": ["backdoor", "mimic_noised"], "gm": ["backdoor", "label_flip"]}
+    assert "two hold against the clean run under either rule" in page
 
 
 def test_the_shared_rows_figures_are_the_clean_sweeps():
