@@ -114,7 +114,7 @@ def test_the_centered_clipping_table_and_figures_are_the_ones_its_runs_give():
     median_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
     median = _four_sites(_suite_rows(suite, median_runs))
     attacks = sorted(name for name in clipped if name not in (*suite.REFERENCES, suite.PLACEBO, "clean"))
-    assert attacks == sorted(name for name in median if name not in (*suite.REFERENCES, suite.PLACEBO, "clean"))
+    assert attacks == ["backdoor", "label_flip", "label_flip_late", "mimic_noised"]  # those that had run at four sites
 
     def lowest(rows: dict[str, list[str]], name: str) -> str:
         return rows[name][2].split(",")[0]
@@ -147,6 +147,38 @@ def test_the_centered_clipping_table_and_figures_are_the_ones_its_runs_give():
     holding = {rule: [name for name in attacks if rows[name][10] == "holds"] for rule, rows in rules}
     assert holding == {"cc": ["backdoor", "mimic_noised"], "gm": ["backdoor", "label_flip"]}
     assert "two hold against the clean run under either rule" in page
+
+
+def test_the_four_site_catalogue_figures_are_the_suite_tables():
+    """docs/server-checks.md's bullet on the whole catalogue at four sites of 100 patients: each figure as the suite's
+    table gives it from docs/attack-suite/results.json, the clean run's rerun from its own file, and the count."""
+    suite = load_benchmark("attack_suite")
+    results = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    rows = _four_sites(_suite_rows(suite, results))
+    attacks = {name: row for name, row in rows.items() if name not in (*suite.REFERENCES, suite.PLACEBO, "clean")}
+    assert sorted(attacks) == sorted(suite.ATTACKS)
+    refused = ["sign_flip", "ipm", "opt_ipm", "opt_alie", "inf", "gaussian", "label_flip_quiet"]
+    assert len({(rows[name][2], rows[name][3], rows[name][4]) for name in refused}) == 1
+    assert all(rows[name][7] == "site-nih-2" for name in refused)
+    rerun = json.loads((REPOSITORY / "docs" / "attack-suite" / "clean-4sites-rerun.json").read_text())
+    rerun_lowest = min(rerun["clean-4sites-0attackers-seed1"]["best_auroc"].values())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    sign_flip = rows["sign_flip"]
+    assert (
+        f"each ends at {sign_flip[2].split(',')[0]}, {sign_flip[3]} against the clean run and {sign_flip[4]} against "
+        f"the honest sites alone"
+    ) in page
+    assert f"0.626 against the table's {rows['clean'][2].split(',')[0]}" in page and f"{rerun_lowest:.3f}" == "0.626"
+    boosted = rows["backdoor_boosted"]
+    assert (
+        f"`alie` {rows['alie'][3]}, `mimic` {rows['mimic'][3]} (the copy counted once), `bn_inflate` "
+        f"{rows['bn_inflate'][3]}, `backdoor_boosted` {boosted[3]} (success {float(boosted[5]):.1%} against the clean "
+        f"model's {float(rows['clean'][5]):.1%})"
+    ).replace("%", " %") in page
+    breaking = {name: row[3] for name, row in attacks.items() if row[10] == "breaks through"}
+    holding = sum(row[10] == "holds" for row in attacks.values())
+    assert breaking == {"label_flip_late": "-0.055", "mimic_noised": "-0.107"}
+    assert f"{holding} of {len(attacks)} hold against the clean run" in page
 
 
 def test_the_shared_rows_figures_are_the_clean_sweeps():
