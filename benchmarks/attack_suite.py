@@ -376,6 +376,39 @@ def paired_table(with_rule: dict[str, dict], without_rule: dict[str, dict], atta
     return lines
 
 
+RULES_MARKER = "rules"
+# the cells where the geometric median and centered clipping differed on seed 1
+RULES_SITES, RULES_ATTACKS = 4, ("mimic_noised", "label_flip")
+
+
+def rules_table(runs_by_rule: dict[str, dict[str, dict]], sites: int, attacks: list[str]) -> list[str]:
+    """The same federations under several aggregation rules: for each rule and seed with a clean run of ``sites``
+    sites at the suite's default size, its lowest honest site, the honest sites alone's, and each attack's largest loss
+    against both (with its verdict against the clean run)."""
+    header = ["rule", "seed", "clean run: lowest honest site", "honest sites alone"]
+    header += [f"{attack}: against the clean run, the honest sites alone" for attack in attacks]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for rule, runs in runs_by_rule.items():
+        cleans = [
+            run for run in runs.values()
+            if run["attack"] == CLEAN and run["sites"] == sites and _size(run) == (PATIENTS, ROUNDS)
+        ]  # fmt: skip
+        for clean in sorted(cleans, key=lambda run: run["seed"]):
+            alone = alone_of(runs, {**clean, "attackers": 1})
+            cells = [rule, str(clean["seed"]), f"{_lowest(clean, 'best'):.3f}"]
+            cells.append(f"{_lowest(alone, 'best'):.3f}" if alone else "—")
+            for attack in attacks:
+                run = runs.get(Case(attack, sites, 1, clean["seed"], PATIENTS, ROUNDS).name)
+                if run is None or alone is None:
+                    cells.append("—")
+                    continue
+                cells.append(
+                    f"{lowest_margin(run, clean):+.3f}, {lowest_margin(run, alone):+.3f} ({verdict(run, clean)})"
+                )
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def plot(results: dict[str, dict], path: Path) -> Path:
     """Two cells per attack and setting: the largest loss of an honest site's best or final test AUROC against the
     clean run, and against the honest sites training alone (what a defence that leaves the attackers out gives; red
@@ -490,7 +523,25 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         help="only draw the table of a JSON file of runs under two versions of the rules "
         f'({{"attack": ..., "with_rule": {{...}}, "without_rule": {{...}}}}), between <!-- {PAIRED_MARKER} --> markers',
     )
+    parser.add_argument(
+        "--rules",
+        nargs="+",
+        metavar="RULE=RESULTS",
+        help="only draw the table of the same federations under several rules (each a results.json of runs under "
+        f"RULE; one rule may name several files), four sites, between <!-- {RULES_MARKER} --> markers",
+    )
     args = parser.parse_args(argv)
+    if args.rules:
+        runs_by_rule: dict[str, dict[str, dict]] = {}
+        for item in args.rules:
+            rule, _, path = item.partition("=")
+            runs_by_rule.setdefault(rule, {}).update(json.loads(Path(path).read_text()))
+        lines = rules_table(runs_by_rule, RULES_SITES, list(RULES_ATTACKS))
+        print("\n".join(lines))
+        if args.write_doc:
+            start, end = f"<!-- {RULES_MARKER} -->", f"<!-- /{RULES_MARKER} -->"
+            args.write_doc.write_text(rewrite_marked_block(args.write_doc.read_text(), start, end, "\n".join(lines)))
+        return runs_by_rule
     # absolute: the jobs' site configs and attackers' scripts name paths under it, and a relative one would be read
     # from each site's own folder (the attackers then wait for honest updates written elsewhere)
     if args.paired:

@@ -149,6 +149,51 @@ def test_the_centered_clipping_table_and_figures_are_the_ones_its_runs_give():
     assert "two hold against the clean run under either rule" in page
 
 
+def _runs_by_rule() -> dict[str, dict[str, dict]]:
+    """The four-site federations under each rule, as docs/server-checks.md's ``--rules`` command names the files."""
+    folder = REPOSITORY / "docs" / "attack-suite"
+    files = {
+        "geometric_median": ["results.json", "four-sites-seed2-geometric-median.json"],
+        "centered_clipping": ["centered-clipping.json", "four-sites-seed2-centered-clipping.json"],
+    }
+    return {rule: {k: v for name in names for k, v in json.loads((folder / name).read_text()).items()}
+            for rule, names in files.items()}  # fmt: skip
+
+
+def test_the_rules_table_is_the_one_its_runs_give():
+    """docs/server-checks.md's two rules on seeds 1 and 2 at four sites, as ``attack_suite.py --rules ... --write-doc``
+    writes it, with the command naming the files, and the sentence that counts its verdicts."""
+    suite = load_benchmark("attack_suite")
+    runs = _runs_by_rule()
+    for rule, rule_runs in runs.items():
+        assert {run["controller"].get("robust_aggregation", "geometric_median") for name, run in rule_runs.items()
+                if run["sites"] == 4 and run["seed"] == 2} == {rule}  # fmt: skip
+    lines = suite.rules_table(runs, suite.RULES_SITES, list(suite.RULES_ATTACKS))
+    assert _marked_block(REPOSITORY / "docs" / "server-checks.md", suite.RULES_MARKER) == "\n".join(lines)
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    command = " ".join(f"{rule}=docs/attack-suite/{name}" for rule, names in (
+        ("geometric_median", ["results.json", "four-sites-seed2-geometric-median.json"]),
+        ("centered_clipping", ["centered-clipping.json", "four-sites-seed2-centered-clipping.json"]),
+    ) for name in names)  # fmt: skip
+    assert f"--rules {command}" in page
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    holding = {
+        rule: sum(cell.endswith("(holds)") for row in rows if row[0] == rule for cell in row[4:]) for rule in runs
+    }
+    cells = {rule: sum(1 for row in rows if row[0] == rule for _ in row[4:]) for rule in runs}
+    second = {row[0]: row for row in rows if row[1] == "2"}
+    copy = {rule: row[4].split(",")[0] for rule, row in second.items()}
+    assert (
+        f"(the honest sites alone {second['centered_clipping'][3]} under centered clipping, "
+        f"{second['geometric_median'][3]} under the median) and the near-copy broke through the median again "
+        f"({copy['geometric_median']}) but not centered clipping ({copy['centered_clipping']})"
+    ) in page
+    assert (
+        f"the geometric median holds {holding['geometric_median']} of its {cells['geometric_median']} cells, "
+        f"centered clipping {holding['centered_clipping']} of {cells['centered_clipping']}"
+    ) in page
+
+
 def test_the_four_site_catalogue_figures_are_the_suite_tables():
     """docs/server-checks.md's bullet on the whole catalogue at four sites of 100 patients: each figure as the suite's
     table gives it from docs/attack-suite/results.json, the clean run's rerun from its own file, and the count."""
