@@ -409,6 +409,12 @@ def rules_table(runs_by_rule: dict[str, dict[str, dict]], sites: int, attacks: l
     return lines
 
 
+def write_block(page: Path, marker: str, lines: list[str]) -> None:
+    """Rewrite ``page``'s block between ``<!-- marker -->`` and ``<!-- /marker -->`` with ``lines``."""
+    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    page.write_text(rewrite_marked_block(page.read_text(), start, end, "\n".join(lines)))
+
+
 def plot(results: dict[str, dict], path: Path) -> Path:
     """Two cells per attack and setting: the largest loss of an honest site's best or final test AUROC against the
     clean run, and against the honest sites training alone (what a defence that leaves the attackers out gives; red
@@ -539,8 +545,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         lines = rules_table(runs_by_rule, RULES_SITES, list(RULES_ATTACKS))
         print("\n".join(lines))
         if args.write_doc:
-            start, end = f"<!-- {RULES_MARKER} -->", f"<!-- /{RULES_MARKER} -->"
-            args.write_doc.write_text(rewrite_marked_block(args.write_doc.read_text(), start, end, "\n".join(lines)))
+            write_block(args.write_doc, RULES_MARKER, lines)
         return runs_by_rule
     # absolute: the jobs' site configs and attackers' scripts name paths under it, and a relative one would be read
     # from each site's own folder (the attackers then wait for honest updates written elsewhere)
@@ -549,8 +554,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         lines = paired_table(paired["with_rule"], paired["without_rule"], paired["attack"])
         print("\n".join(lines))
         if args.write_doc:
-            start, end = f"<!-- {PAIRED_MARKER} -->", f"<!-- /{PAIRED_MARKER} -->"
-            args.write_doc.write_text(rewrite_marked_block(args.write_doc.read_text(), start, end, "\n".join(lines)))
+            write_block(args.write_doc, PAIRED_MARKER, lines)
         return paired
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -596,9 +600,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     if results:
         print(f"plot: {plot(results, args.out / 'margins.png')}")
     if args.write_doc:
-        start, end = f"<!-- {args.marker} -->", f"<!-- /{args.marker} -->"
-        text = args.write_doc.read_text()
-        args.write_doc.write_text(rewrite_marked_block(text, start, end, "\n".join(lines)))
+        write_block(args.write_doc, args.marker, lines)
     return results
 
 

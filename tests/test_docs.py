@@ -149,15 +149,17 @@ def test_the_centered_clipping_table_and_figures_are_the_ones_its_runs_give():
     assert "two hold against the clean run under either rule" in page
 
 
+# the files of the four-site federations under each rule, as docs/server-checks.md's ``--rules`` command names them
+RULE_FILES = {
+    "geometric_median": ["results.json", "four-sites-seed2-geometric-median.json"],
+    "centered_clipping": ["centered-clipping.json", "four-sites-seed2-centered-clipping.json"],
+}
+
+
 def _runs_by_rule() -> dict[str, dict[str, dict]]:
-    """The four-site federations under each rule, as docs/server-checks.md's ``--rules`` command names the files."""
     folder = REPOSITORY / "docs" / "attack-suite"
-    files = {
-        "geometric_median": ["results.json", "four-sites-seed2-geometric-median.json"],
-        "centered_clipping": ["centered-clipping.json", "four-sites-seed2-centered-clipping.json"],
-    }
     return {rule: {k: v for name in names for k, v in json.loads((folder / name).read_text()).items()}
-            for rule, names in files.items()}  # fmt: skip
+            for rule, names in RULE_FILES.items()}  # fmt: skip
 
 
 def test_the_rules_table_is_the_one_its_runs_give():
@@ -166,15 +168,12 @@ def test_the_rules_table_is_the_one_its_runs_give():
     suite = load_benchmark("attack_suite")
     runs = _runs_by_rule()
     for rule, rule_runs in runs.items():
-        assert {run["controller"].get("robust_aggregation", "geometric_median") for name, run in rule_runs.items()
+        assert {run["controller"].get("robust_aggregation", "geometric_median") for run in rule_runs.values()
                 if run["sites"] == 4 and run["seed"] == 2} == {rule}  # fmt: skip
     lines = suite.rules_table(runs, suite.RULES_SITES, list(suite.RULES_ATTACKS))
     assert _marked_block(REPOSITORY / "docs" / "server-checks.md", suite.RULES_MARKER) == "\n".join(lines)
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
-    command = " ".join(f"{rule}=docs/attack-suite/{name}" for rule, names in (
-        ("geometric_median", ["results.json", "four-sites-seed2-geometric-median.json"]),
-        ("centered_clipping", ["centered-clipping.json", "four-sites-seed2-centered-clipping.json"]),
-    ) for name in names)  # fmt: skip
+    command = " ".join(f"{rule}=docs/attack-suite/{name}" for rule, names in RULE_FILES.items() for name in names)
     assert f"--rules {command}" in page
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
     holding = {
