@@ -83,3 +83,15 @@ def test_a_flare_simulator_workspace_the_docs_give_holds_nothing_another_command
         assert len(jobs) == 1, f"nvflare simulator runs {sorted(jobs)} in one workspace {workspace}"
         for page, folder in others:
             assert not _inside(folder, workspace) and not _inside(workspace, folder), (page, folder, workspace)
+
+
+def test_ci_runs_the_readmes_install_and_test_commands():
+    """``.ci/run`` is the README's install and test commands run on a fresh clone: a change to either place that is
+    not made in the other fails here."""
+    readme, ci = (REPOSITORY / "README.md").read_text(), (REPOSITORY / ".ci" / "run").read_text()
+    (test_command,) = [line for block in BLOCK.findall(readme) for line in block.splitlines() if "pytest" in line]
+    assert test_command.startswith("python -m pytest ") and test_command in ci.splitlines()
+    (install,) = [line for block in BLOCK.findall(readme) for line in block.splitlines() if "pip install" in line]
+    installs = [part.strip() for part in install.split("&&") if "pip install" in part]
+    ci_installs = [line.replace(" --quiet", "") for line in ci.splitlines() if line.startswith("pip install")]
+    assert [part.replace(" --quiet", "") for part in installs] == ci_installs
