@@ -378,27 +378,27 @@ def paired_table(with_rule: dict[str, dict], without_rule: dict[str, dict], atta
 
 RULES_MARKER = "rules"
 # the cells where the geometric median and centered clipping differed on seed 1
-RULES_SITES, RULES_ATTACKS = 4, ("mimic_noised", "label_flip")
+RULES_SITES, RULES_ATTACKS = (3, 4), ("mimic_noised", "label_flip", "label_flip_late")
 
 
-def rules_table(runs_by_rule: dict[str, dict[str, dict]], sites: int, attacks: list[str]) -> list[str]:
-    """The same federations under several aggregation rules: for each rule and seed with a clean run of ``sites``
-    sites at the suite's default size, its lowest honest site, the honest sites alone's, and each attack's largest loss
-    against both (with its verdict against the clean run)."""
-    header = ["rule", "seed", "clean run: lowest honest site", "honest sites alone"]
+def rules_table(runs_by_rule: dict[str, dict[str, dict]], sites: Sequence[int], attacks: list[str]) -> list[str]:
+    """The same federations under several aggregation rules: for each rule, number of ``sites`` and seed with a clean
+    run at the suite's default size, its lowest honest site, the honest sites alone's, and each attack's largest loss
+    against both (with its verdict against the clean run; "—" where that attack did not run under that rule)."""
+    header = ["rule", "sites", "seed", "clean run: lowest honest site", "honest sites alone"]
     header += [f"{attack}: against the clean run, the honest sites alone" for attack in attacks]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for rule, runs in runs_by_rule.items():
         cleans = [
             run for run in runs.values()
-            if run["attack"] == CLEAN and run["sites"] == sites and _size(run) == (PATIENTS, ROUNDS)
+            if run["attack"] == CLEAN and run["sites"] in sites and _size(run) == (PATIENTS, ROUNDS)
         ]  # fmt: skip
-        for clean in sorted(cleans, key=lambda run: run["seed"]):
+        for clean in sorted(cleans, key=lambda run: (run["sites"], run["seed"])):
             alone = alone_of(runs, {**clean, "attackers": 1})
-            cells = [rule, str(clean["seed"]), f"{_lowest(clean, 'best'):.3f}"]
+            cells = [rule, str(clean["sites"]), str(clean["seed"]), f"{_lowest(clean, 'best'):.3f}"]
             cells.append(f"{_lowest(alone, 'best'):.3f}" if alone else "—")
             for attack in attacks:
-                run = runs.get(Case(attack, sites, 1, clean["seed"], PATIENTS, ROUNDS).name)
+                run = runs.get(Case(attack, clean["sites"], 1, clean["seed"], PATIENTS, ROUNDS).name)
                 if run is None or alone is None:
                     cells.append("—")
                     continue
@@ -534,7 +534,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         nargs="+",
         metavar="RULE=RESULTS",
         help="only draw the table of the same federations under several rules (each a results.json of runs under "
-        f"RULE; one rule may name several files), four sites, between <!-- {RULES_MARKER} --> markers",
+        f"RULE; one rule may name several files), {RULES_SITES} sites, between <!-- {RULES_MARKER} --> markers",
     )
     args = parser.parse_args(argv)
     if args.rules:

@@ -149,10 +149,19 @@ def test_the_centered_clipping_table_and_figures_are_the_ones_its_runs_give():
     assert "two hold against the clean run under either rule" in page
 
 
-# the files of the four-site federations under each rule, as docs/server-checks.md's ``--rules`` command names them
+# the files of the federations under each rule, as docs/server-checks.md's ``--rules`` command names them (a later
+# file's run replaces an earlier one's of the same case: the three-site runs of both rules were made on one commit)
 RULE_FILES = {
-    "geometric_median": ["results.json", "four-sites-seed2-geometric-median.json"],
-    "centered_clipping": ["centered-clipping.json", "four-sites-seed2-centered-clipping.json"],
+    "geometric_median": [
+        "results.json",
+        "four-sites-seed2-geometric-median.json",
+        "three-sites-seed1-geometric-median.json",
+    ],
+    "centered_clipping": [
+        "centered-clipping.json",
+        "four-sites-seed2-centered-clipping.json",
+        "three-sites-seed1-centered-clipping.json",
+    ],
 }
 
 
@@ -163,33 +172,54 @@ def _runs_by_rule() -> dict[str, dict[str, dict]]:
 
 
 def test_the_rules_table_is_the_one_its_runs_give():
-    """docs/server-checks.md's two rules on seeds 1 and 2 at four sites, as ``attack_suite.py --rules ... --write-doc``
-    writes it, with the command naming the files, and the sentence that counts its verdicts."""
+    """docs/server-checks.md's two rules at three sites (seed 1) and four (seeds 1 and 2), as ``attack_suite.py --rules
+    ... --write-doc`` writes it, with the command naming the files, and the sentences that read and count it."""
     suite = load_benchmark("attack_suite")
     runs = _runs_by_rule()
     for rule, rule_runs in runs.items():
         assert {run["controller"].get("robust_aggregation", "geometric_median") for run in rule_runs.values()
-                if run["sites"] == 4 and run["seed"] == 2} == {rule}  # fmt: skip
+                if (run["sites"], run["seed"]) in ((4, 2), (3, 1))} == {rule}  # fmt: skip
     lines = suite.rules_table(runs, suite.RULES_SITES, list(suite.RULES_ATTACKS))
     assert _marked_block(REPOSITORY / "docs" / "server-checks.md", suite.RULES_MARKER) == "\n".join(lines)
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     command = " ".join(f"{rule}=docs/attack-suite/{name}" for rule, names in RULE_FILES.items() for name in names)
     assert f"--rules {command}" in page
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-    holding = {
-        rule: sum(cell.endswith("(holds)") for row in rows if row[0] == rule for cell in row[4:]) for rule in runs
-    }
-    cells = {rule: sum(1 for row in rows if row[0] == rule for _ in row[4:]) for rule in runs}
-    second = {row[0]: row for row in rows if row[1] == "2"}
-    copy = {rule: row[4].split(",")[0] for rule, row in second.items()}
+    by_setting = {(row[0], row[1], row[2]): dict(zip(suite.RULES_ATTACKS, row[5:], strict=True)) for row in rows}
+    alone = {(row[0], row[1], row[2]): row[4] for row in rows}
+    holding = {rule: sum(cell.endswith("(holds)") for (r, *_), cells in by_setting.items() if r == rule
+                         for cell in cells.values()) for rule in runs}  # fmt: skip
+    cells = {rule: sum(cell != "—" for (r, *_), cells in by_setting.items() if r == rule for cell in cells.values())
+             for rule in runs}  # fmt: skip
+    median, clipping = "geometric_median", "centered_clipping"
     assert (
-        f"(the honest sites alone {second['centered_clipping'][3]} under centered clipping, "
-        f"{second['geometric_median'][3]} under the median) and the near-copy broke through the median again "
-        f"({copy['geometric_median']}) but not centered clipping ({copy['centered_clipping']})"
+        f"(the honest sites alone {alone[(clipping, '4', '2')]} under centered clipping, {alone[(median, '4', '2')]} "
+        f"under the median) and the near-copy broke through the median again "
+        f"({by_setting[(median, '4', '2')]['mimic_noised'].split(',')[0]}) but not centered clipping "
+        f"({by_setting[(clipping, '4', '2')]['mimic_noised'].split(',')[0]})"
+    ) in page
+    three = {rule: by_setting[(rule, "3", "1")] for rule in runs}
+    assert all(cell.endswith("(breaks through)") for cells in three.values() for cell in cells.values())
+    clean = {rule: {attack: cell.split(",")[0] for attack, cell in cells.items()} for rule, cells in three.items()}
+    alone3 = {rule: {attack: cell.split(", ")[1].split()[0] for attack, cell in cells.items()}
+              for rule, cells in three.items()}  # fmt: skip
+    assert (
+        f"The near-copy costs an honest site {clean[median]['mimic_noised']} against the clean run under the median "
+        f"and {clean[clipping]['mimic_noised']} under centered clipping"
+    ) in page
+    assert alone[(median, "3", "1")] == alone[(clipping, "3", "1")]
+    assert (
+        f"still breaks through ({clean[median]['label_flip']} and {clean[clipping]['label_flip']}): the two honest "
+        f"sites alone end at {alone[(median, '3', '1')]} under either rule"
+    ) in page
+    assert alone3[clipping]["label_flip"] == alone3[median]["label_flip"]
+    assert (
+        f"the label flip holds ({alone3[median]['label_flip']}) and the near-copy does not "
+        f"({alone3[median]['mimic_noised']} and {alone3[clipping]['mimic_noised']})"
     ) in page
     assert (
-        f"the geometric median holds {holding['geometric_median']} of its {cells['geometric_median']} cells, "
-        f"centered clipping {holding['centered_clipping']} of {cells['centered_clipping']}"
+        f"the geometric median holds {holding[median]} of its {cells[median]} cells, "
+        f"centered clipping {holding[clipping]} of {cells[clipping]}"
     ) in page
 
 
