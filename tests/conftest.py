@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-# Under pytest-xdist (the README's test command: -n 3) each worker gets its share of the cores before torch starts
+# Under pytest-xdist (the README's test command: -n 2) each worker gets its share of the cores before torch starts
 # its thread pool; workers that each take every core oversubscribe them (at -n 3 without this, a fixture of 23 s took
 # 280 s). A value already set is kept, and the simulator's site processes inherit it.
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
