@@ -377,7 +377,7 @@ def paired_table(with_rule: dict[str, dict], without_rule: dict[str, dict], atta
 
 
 RULES_MARKER = "rules"
-# the cells where the geometric median and centered clipping differed on seed 1
+# the settings (sites, at the suite's default size) and attacks docs/server-checks.md compares the rules on
 RULES_SITES, RULES_ATTACKS = (3, 4), ("mimic_noised", "label_flip", "label_flip_late")
 
 
@@ -534,7 +534,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         nargs="+",
         metavar="RULE=RESULTS",
         help="only draw the table of the same federations under several rules (each a results.json of runs under "
-        f"RULE; one rule may name several files), {RULES_SITES} sites, between <!-- {RULES_MARKER} --> markers",
+        f"RULE; one rule may name several files), {' and '.join(map(str, RULES_SITES))} sites, between "
+        f"<!-- {RULES_MARKER} --> markers",
     )
     args = parser.parse_args(argv)
     if args.rules:
