@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
 from surgical_aggregation.flare.recipe import (
     CONSORTIUM_PATIENTS,
+    TASK_REQUEST_INTERVAL,
     SurgicalAggregationRecipe,
     cxr_consortium_recipe,
     nih_chexpert_recipe,
@@ -148,6 +150,19 @@ def test_global_model_has_the_20_class_union(main_run):
         "network": SMOKE_DENSENET,
     }
     assert best.class_names == latest.class_names
+
+
+def test_sites_ask_for_their_next_task_at_the_jobs_interval_not_flares_two_seconds(main_run):
+    """The job's server config sets FLARE's ``task_request_interval``; FLARE's site worker logs the wait it was told
+    after each task it ran."""
+    workspace, _ = main_run
+    for site in SITES:
+        waits = re.findall(r"task run for client: \S+ interval: (\S+) task_processed: True", _log(workspace, site))
+        assert waits and set(waits) == {str(TASK_REQUEST_INTERVAL)}, (site, waits)
+
+
+def _log(workspace: Path, site: str) -> str:
+    return (workspace / site / "log.txt").read_text()
 
 
 def test_each_site_received_exactly_its_classes_in_its_order(main_run):
