@@ -97,7 +97,8 @@ def parse_padchest(
             raise DatasetFormatError(f"{where}: Labels {text!r} is not a list of names") from None
         return [name.strip() for name in listed if isinstance(name, str) and name.strip()]
 
-    tokens = rows["Labels"].map(names)
+    # each distinct list parsed once: the 160,861 rows hold about 29,000 distinct ones
+    tokens = rows["Labels"].map({text: names(text) for text in rows["Labels"].unique()})
     kept = ~tokens.map(lambda found: "exclude" in found)
     rows, tokens = rows[kept], tokens[kept].map(lambda found: [n for n in found if n not in PADCHEST_REMARKS])
     parsed = _positives_by_name(rows["ImageID"], rows["PatientID"], tokens, f"{where} column 'Labels'", vocabulary)
