@@ -22,6 +22,7 @@ from surgical_aggregation.flare.persistor import SurgicalModelPersistor
 from surgical_aggregation.flare.protocol import BUNDLE_JOBS
 from surgical_aggregation.flare.recipe import (
     CLIENT_COMMAND,
+    TASK_REQUEST_INTERVAL,
     SurgicalAggregationRecipe,
     nih_chexpert_recipe,
     write_job,
@@ -46,6 +47,13 @@ def test_committed_job_is_the_recipes_export(tmp_path, name):
     assert _files(committed) == _files(tmp_path / "job"), (
         f"run: surgical-aggregation write-job --name {name} --out {committed}"
     )
+
+
+def test_the_jobs_task_request_interval_is_the_one_the_operators_guide_gives():
+    server = json.loads((COMMITTED / "app_server/config/config_fed_server.json").read_text())
+    assert server["server"] == {"task_request_interval": TASK_REQUEST_INTERVAL}
+    guide = " ".join((REPOSITORY / "provisioning" / "README.md").read_text().split())
+    assert f'every {TASK_REQUEST_INTERVAL} s (`"server": {{"task_request_interval": {TASK_REQUEST_INTERVAL}}}`' in guide
 
 
 def test_main_job_layout():
