@@ -378,7 +378,7 @@ def paired_table(with_rule: dict[str, dict], without_rule: dict[str, dict], atta
 
 RULES_MARKER = "rules"
 # the settings (sites, at the suite's default size) and attacks docs/server-checks.md compares the rules on
-RULES_SITES, RULES_ATTACKS = (3, 4), ("mimic_noised", "label_flip", "label_flip_late")
+RULES_SITES, RULES_ATTACKS = (3, 4, 7), ("mimic_noised", "label_flip", "label_flip_late")
 
 
 def rules_table(runs_by_rule: dict[str, dict[str, dict]], sites: Sequence[int], attacks: list[str]) -> list[str]:
@@ -534,7 +534,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         nargs="+",
         metavar="RULE=RESULTS",
         help="only draw the table of the same federations under several rules (each a results.json of runs under "
-        f"RULE; one rule may name several files), {' and '.join(map(str, RULES_SITES))} sites, between "
+        f"RULE; one rule may name several files), {', '.join(map(str, RULES_SITES))} sites, between "
         f"<!-- {RULES_MARKER} --> markers",
     )
     args = parser.parse_args(argv)

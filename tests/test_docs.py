@@ -156,11 +156,13 @@ RULE_FILES = {
         "results.json",
         "four-sites-seed2-geometric-median.json",
         "three-sites-seed1-geometric-median.json",
+        "seven-sites-seed1-geometric-median.json",
     ],
     "centered_clipping": [
         "centered-clipping.json",
         "four-sites-seed2-centered-clipping.json",
         "three-sites-seed1-centered-clipping.json",
+        "seven-sites-seed1-centered-clipping.json",
     ],
 }
 
@@ -172,13 +174,14 @@ def _runs_by_rule() -> dict[str, dict[str, dict]]:
 
 
 def test_the_rules_table_is_the_one_its_runs_give():
-    """docs/server-checks.md's two rules at three sites (seed 1) and four (seeds 1 and 2), as ``attack_suite.py --rules
-    ... --write-doc`` writes it, with the command naming the files, and the sentences that read and count it."""
+    """docs/server-checks.md's two rules at three and seven sites (seed 1) and four (seeds 1 and 2), as
+    ``attack_suite.py --rules ... --write-doc`` writes it, with the command naming the files, and the sentences that
+    read and count it."""
     suite = load_benchmark("attack_suite")
     runs = _runs_by_rule()
     for rule, rule_runs in runs.items():
         assert {run["controller"].get("robust_aggregation", "geometric_median") for run in rule_runs.values()
-                if (run["sites"], run["seed"]) in ((4, 2), (3, 1))} == {rule}  # fmt: skip
+                if (run["sites"], run["seed"]) in ((4, 2), (3, 1), (7, 1))} == {rule}  # fmt: skip
     lines = suite.rules_table(runs, suite.RULES_SITES, list(suite.RULES_ATTACKS))
     assert _marked_block(REPOSITORY / "docs" / "server-checks.md", suite.RULES_MARKER) == "\n".join(lines)
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
@@ -216,6 +219,15 @@ def test_the_rules_table_is_the_one_its_runs_give():
     assert (
         f"the label flip holds ({alone3[median]['label_flip']}) and the near-copy does not "
         f"({alone3[median]['mimic_noised']} and {alone3[clipping]['mimic_noised']})"
+    ) in page
+    seven = {rule: {attack: cell.split(",")[0] for attack, cell in by_setting[(rule, "7", "1")].items()}
+             for rule in runs}  # fmt: skip
+    assert all(by_setting[(rule, "7", "1")][attack].endswith("(holds)") for rule in runs for attack in seven[rule])
+    assert (
+        f"The near-copy costs an honest site {seven[median]['mimic_noised']} against the clean run under the median "
+        f"and {seven[clipping]['mimic_noised']} under centered clipping, the late label flip "
+        f"{seven[median]['label_flip_late']} and {seven[clipping]['label_flip_late']}; the label flip is rejected and "
+        f"left out under both ({seven[median]['label_flip']} and {seven[clipping]['label_flip']})"
     ) in page
     assert (
         f"the geometric median holds {holding[median]} of its {cells[median]} cells, "
