@@ -157,12 +157,9 @@ def test_sites_ask_for_their_next_task_at_the_jobs_interval_not_flares_two_secon
     after each task it ran."""
     workspace, _ = main_run
     for site in SITES:
-        waits = re.findall(r"task run for client: \S+ interval: (\S+) task_processed: True", _log(workspace, site))
+        log = (workspace / site / "log.txt").read_text()
+        waits = re.findall(r"task run for client: \S+ interval: (\S+) task_processed: True", log)
         assert waits and set(waits) == {str(TASK_REQUEST_INTERVAL)}, (site, waits)
-
-
-def _log(workspace: Path, site: str) -> str:
-    return (workspace / site / "log.txt").read_text()
 
 
 def test_each_site_received_exactly_its_classes_in_its_order(main_run):
