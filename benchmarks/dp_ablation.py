@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    pretrained = pretrained_backbone(DEMO, Pretraining.for_profile(DEMO))
+    pretrained = pretrained_backbone(Pretraining.for_profile(DEMO))
     results = {}
     for arm in args.arms:
         started = time.perf_counter()

@@ -33,7 +33,7 @@ from surgical_aggregation.images.synthetic import PATTERN_STRENGTH, SHOWN_FILE, 
 from surgical_aggregation.training.checkpoint import initial_global_state
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.loops import Evaluation
-from surgical_aggregation.training.profiles import DEMO, STAND_IN_PRETRAINING
+from surgical_aggregation.training.profiles import STAND_IN_PRETRAINING
 from surgical_aggregation.training.site_data import prepare_site_data, resolve_table, split_table
 from surgical_aggregation.training.trainer import SiteTrainer
 
@@ -98,7 +98,7 @@ def main() -> None:
     config = site_config_from_dict(values, SITE)
     image_size = config.settings.image_size
     pretraining = Pretraining(image_size, **STAND_IN_PRETRAINING, pattern_strength=tuple(args.pattern_strength))
-    weights = pretrained_backbone(DEMO, pretraining, args.cache, log)  # the stand-in's own recipe, as the job's
+    weights = pretrained_backbone(pretraining, args.cache, log)  # the stand-in's own recipe, as the job's
     data = prepare_site_data(config, log)
     trainer = SiteTrainer(config, data, SITE, log)
     classes = sorted(data.class_names)

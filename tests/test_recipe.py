@@ -29,7 +29,15 @@ from surgical_aggregation.flare.recipe import (
 )
 from surgical_aggregation.images.names import SMOKE_DENSENET
 from surgical_aggregation.training.config import JOB_DEFAULT_ORIGIN, SiteConfigError, load_site_config
-from surgical_aggregation.training.profiles import PAPERS_FINE_TUNING, SCRATCH, STAND_IN, STAND_IN_JOB_PATIENTS
+from surgical_aggregation.training.profiles import (
+    BENCHMARK,
+    DEMO,
+    PAPERS_FINE_TUNING,
+    SCRATCH,
+    STAND_IN,
+    STAND_IN_JOB_PATIENTS,
+    STAND_IN_PRETRAINING,
+)
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 COMMITTED = REPOSITORY / "jobs" / "nih_chexpert"
@@ -292,3 +300,15 @@ def test_a_site_config_error_at_a_site_names_the_file_the_user_edits():
     own = Path("/hospital/ws/local/surgical_aggregation.json")
     assert _config_hint("site-nih", own, "the site's local folder") == f" (site config: {own}, the site's local folder)"
     assert _config_hint("site-nih", None, "") == ""  # no config found: the error lists where it looked
+
+
+def test_the_stand_in_trains_by_its_own_recipe_whichever_profile_asks(tmp_path):
+    """The cached stand-in's name holds only the pretraining's settings, so every caller must train the same file: the
+    grids' benchmark profile (a 15-epoch head warm-up at 5e-3 for fine-tuning) asks for the very stand-in the main job
+    and the demo build, trained with one head warm-up epoch and Adam at 1e-3 throughout, batch 64."""
+    asked = {profile.name: pretraining.Pretraining.for_profile(profile) for profile in (DEMO, BENCHMARK)}
+    assert asked["demo"] == asked["benchmark"] == pretraining.Pretraining(64, **STAND_IN_PRETRAINING)
+    config = pretraining.pretraining_site_config(asked["benchmark"], tmp_path / "patterns.csv")
+    recipe = (config.warmup_epochs, config.warmup_learning_rate, config.learning_rate, config.batch_size, config.seed)
+    assert recipe == (1, 1e-3, 1e-3, 64, 0)
+    assert (config.settings.image_size, tuple(config.data.split_fractions)) == (64, pretraining.PRETRAINING_SPLIT)

@@ -37,6 +37,6 @@ def run(args: argparse.Namespace) -> int:
     pretraining = dataclasses.replace(
         pretraining, **{key: value for key, value in changes.items() if value is not None}
     )
-    path = pretrained_backbone(profile, pretraining, args.cache_dir)
+    path = pretrained_backbone(pretraining, args.cache_dir)
     print(f"{pretraining.describe()}: {path} (use it with --pretrained)")
     return 0

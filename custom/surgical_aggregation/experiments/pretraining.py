@@ -38,7 +38,7 @@ from ..images.names import DENSENET121
 from ..images.synthetic import GENERATOR_VERSION, PATTERN_STRENGTH, generate_patterns
 from ..images.synthetic_pixels import PATTERN_COUNT, PATTERN_VOCABULARY, pattern_glyphs
 from ..training.checkpoint import initial_global_state
-from ..training.config import site_config_from_dict
+from ..training.config import SiteConfig, site_config_from_dict
 from ..training.profiles import DEMO, STAND_IN_PRETRAINING, Profile
 from ..training.site_data import prepare_site_data
 from ..training.trainer import SiteTrainer
@@ -90,8 +90,30 @@ class Pretraining:
         )
 
 
+def pretraining_site_config(
+    pretraining: Pretraining, csv_path: Path, cache_root: str | Path | None = None
+) -> SiteConfig:
+    """The site config the stand-in trains with: the demo profile's settings around the pretraining's own recipe,
+    whichever profile asked for the stand-in. The cached file's name holds only ``pretraining``'s settings, so nothing
+    else may change what is trained (the benchmark profile's 15-epoch head warm-up once did, for the grids only)."""
+    values = DEMO.site_config(
+        # the patterns are no finding: declared as the pretraining's own classes (they never leave this machine)
+        {"kind": "csv", "location": str(csv_path), "options": {"new_classes": list(pattern_glyphs())}},
+        image_size=pretraining.image_size,
+        learning_rate=pretraining.learning_rate,
+        warmup_learning_rate=pretraining.learning_rate,
+        batch_size=pretraining.batch_size,
+        seed=pretraining.seed,
+        record_exchanges="off",
+    )
+    if cache_root is not None:
+        values["cache_dir"] = str(cache_root)
+    values["data"]["split_fractions"] = list(PRETRAINING_SPLIT)
+    return site_config_from_dict(values, "pretraining")
+
+
 def pretrained_backbone(
-    profile: Profile, pretraining: Pretraining, cache_root: str | Path | None = None, log: logging.Logger = logger
+    pretraining: Pretraining, cache_root: str | Path | None = None, log: logging.Logger = logger
 ) -> Path:
     """The stand-in backbone's weights file, trained now unless cached; returns its path."""
     folder = Path(cache_root or default_cache_root()) / "pretrained"
@@ -105,20 +127,7 @@ def pretrained_backbone(
         csv_path = generate_patterns(
             images, pretraining.images, pretraining.image_size, pretraining.seed, pretraining.pattern_strength
         )
-        values = profile.site_config(
-            # the patterns are no finding: declared as the pretraining's own classes (they never leave this machine)
-            {"kind": "csv", "location": str(csv_path), "options": {"new_classes": list(pattern_glyphs())}},
-            image_size=pretraining.image_size,
-            learning_rate=pretraining.learning_rate,
-            warmup_learning_rate=pretraining.learning_rate,
-            batch_size=pretraining.batch_size,
-            seed=pretraining.seed,
-            record_exchanges="off",
-        )
-        if cache_root is not None:
-            values["cache_dir"] = str(cache_root)
-        values["data"]["split_fractions"] = list(PRETRAINING_SPLIT)
-        config = site_config_from_dict(values, "pretraining")
+        config = pretraining_site_config(pretraining, csv_path, cache_root)
         data = prepare_site_data(config, log)
         log.info("pretraining on %s", data.summary())
         trainer = SiteTrainer(config, data, "pretraining", log)
@@ -168,11 +177,11 @@ def check_stand_in(preprocessing: Mapping[str, Any], where: str) -> None:
 def stand_in_backbone(
     preprocessing: Mapping[str, Any], cache_root: str | Path | None = None, log: logging.Logger = logger
 ) -> Path:
-    """The stand-in for a model fed as ``preprocessing`` says (DenseNet121 at its image size), trained now (with the
-    demo profile's settings around the pretraining's own recipe, as ``pretrain`` does) unless cached."""
+    """The stand-in for a model fed as ``preprocessing`` says (DenseNet121 at its image size), trained now unless
+    cached."""
     check_stand_in(preprocessing, "the initial global model")
     pretraining = Pretraining(int(preprocessing["image_size"]), **STAND_IN_PRETRAINING)
-    return pretrained_backbone(DEMO, pretraining, cache_root, log)
+    return pretrained_backbone(pretraining, cache_root, log)
 
 
 @dataclass(frozen=True)

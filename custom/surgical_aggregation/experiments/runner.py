@@ -242,7 +242,7 @@ def with_initial_model(
     embedded = all(config["data"].get("location") is None for s in settings for config in s.sites.values())
     if options.pretrain == "always" or (options.pretrain == "auto" and needed and embedded):
         pretraining = Pretraining.for_profile(profile)
-        path = pretrained_backbone(profile, pretraining, options.cache_dir)
+        path = pretrained_backbone(pretraining, options.cache_dir)
         initial = InitialModel.from_weights(path, pretraining.describe())
         return replace(options, pretrained_weights=str(path), initial_model=initial.description)
     if needed and options.pretrain == "auto":
