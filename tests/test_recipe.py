@@ -3,6 +3,7 @@ is built; each code-delivery mode gives the folder FLARE expects."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -312,3 +313,20 @@ def test_the_stand_in_trains_by_its_own_recipe_whichever_profile_asks(tmp_path):
     recipe = (config.warmup_epochs, config.warmup_learning_rate, config.learning_rate, config.batch_size, config.seed)
     assert recipe == (1, 1e-3, 1e-3, 64, 0)
     assert (config.settings.image_size, tuple(config.data.split_fractions)) == (64, pretraining.PRETRAINING_SPLIT)
+
+
+def test_every_caller_starts_from_the_shipped_stand_in_which_is_what_its_name_says(tmp_path):
+    """The profiles' stand-in ships with the bundle: the main job, the grids and the pretraining function return that
+    file without training (an empty cache stays empty), and the file holds what its name promises, its BatchNorm
+    statistics learned."""
+    stand_in = pretraining.Pretraining(64, **STAND_IN_PRETRAINING)
+    shipped = pretraining.shipped_stand_in(stand_in)
+    assert shipped is not None and shipped.parent == pretraining.SHIPPED_STAND_INS
+    assert pretraining.pretrained_backbone(stand_in, tmp_path) == shipped
+    assert pretraining.stand_in_backbone(pretraining.stand_in_preprocessing(64), tmp_path) == shipped
+    assert not (tmp_path / "pretrained").exists()
+    payload = torch.load(shipped, weights_only=True)
+    record = json.loads(payload[pretraining.PRETRAINING_KEY])
+    expected = json.loads(json.dumps(dataclasses.asdict(stand_in)))
+    assert record == {**expected, "description": stand_in.describe(), "classes": 32}
+    assert not batchnorm_at_defaults(payload["state_dict"])

@@ -1,7 +1,8 @@
 """Train a DenseNet121 backbone centrally on generated pattern images (32 glyph-like 5x5 shapes in the sites'
 clutter, no finding of any site) at a profile's image size with the pretraining's own recipe, and write it where
 --pretrained reads it (cached by its settings). FedBN+ freezes BatchNorm at the initial model's statistics: this gives
-it statistics to freeze when no ImageNet weights are at hand. 'experiment' does this by itself when needed."""
+it statistics to freeze when no ImageNet weights are at hand. 'experiment' and the main job start from the copy the
+bundle ships of the profiles' stand-in (built by this command on another machine); this command trains one here."""
 
 from __future__ import annotations
 
@@ -37,6 +38,6 @@ def run(args: argparse.Namespace) -> int:
     pretraining = dataclasses.replace(
         pretraining, **{key: value for key, value in changes.items() if value is not None}
     )
-    path = pretrained_backbone(pretraining, args.cache_dir)
+    path = pretrained_backbone(pretraining, args.cache_dir, shipped=False)
     print(f"{pretraining.describe()}: {path} (use it with --pretrained)")
     return 0

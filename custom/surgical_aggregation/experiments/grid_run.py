@@ -188,8 +188,8 @@ def _start_of(initial_model: str) -> str:
 
 
 def refuse_other_starts(runs: Sequence[Run], out: Path, initial_model: str) -> None:
-    """A grid compares its methods from one initial model: finished runs that started from another (a stand-in rebuilt
-    on another machine differs in its last bits, and in its digest) are refused by name, never mixed into the tables."""
+    """A grid compares its methods from one initial model: finished runs that started from another (other weights, or
+    a stand-in built by another recipe or CPU: another digest) are refused by name, never mixed into the tables."""
     other = []
     for run in runs:
         path = run.folder(out) / RESULT_FILE

@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 PRETRAINING_KEY = "pretraining"  # what a pretrained weights file says it was trained on
 PRETRAINING_SPLIT = (0.9, 0.1, 0.0)  # train / validation / test: the patterns have no test use
+# The profiles' stand-in ships with the bundle, so that no job or grid (a grid's runs span machines) waits 40 minutes
+# for it or depends on another CPU building the same bits (a fresh machine of this kind did: sha256 aedbc874a485...)
+SHIPPED_STAND_INS = Path(__file__).resolve().parent / "stand_in"
 
 
 @dataclass(frozen=True)
@@ -112,10 +115,24 @@ def pretraining_site_config(
     return site_config_from_dict(values, "pretraining")
 
 
+def shipped_stand_in(pretraining: Pretraining) -> Path | None:
+    """The bundle's own copy of the stand-in ``pretraining`` names, where it ships one (the profiles' stand-in)."""
+    path = SHIPPED_STAND_INS / f"{pretraining.name}.pt"
+    return path if path.is_file() else None
+
+
 def pretrained_backbone(
-    pretraining: Pretraining, cache_root: str | Path | None = None, log: logging.Logger = logger
+    pretraining: Pretraining,
+    cache_root: str | Path | None = None,
+    log: logging.Logger = logger,
+    shipped: bool = True,
 ) -> Path:
-    """The stand-in backbone's weights file, trained now unless cached; returns its path."""
+    """The stand-in backbone's weights file: the bundle's copy (unless ``shipped`` is off), else the cached one, else
+    trained now and cached; returns its path."""
+    copy = shipped_stand_in(pretraining) if shipped else None
+    if copy is not None:
+        log.info("pretrained backbone: %s, shipped with the bundle (%s)", copy, pretraining.describe())
+        return copy
     folder = Path(cache_root or default_cache_root()) / "pretrained"
     path = folder / f"{pretraining.name}.pt"
     with exclusive(folder):
