@@ -4,6 +4,7 @@ is built; each code-delivery mode gives the folder FLARE expects."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -330,3 +331,6 @@ def test_every_caller_starts_from_the_shipped_stand_in_which_is_what_its_name_sa
     expected = json.loads(json.dumps(dataclasses.asdict(stand_in)))
     assert record == {**expected, "description": stand_in.describe(), "classes": 32}
     assert not batchnorm_at_defaults(payload["state_dict"])
+    digest = hashlib.sha256(shipped.read_bytes()).hexdigest()[:12]  # the one the CPU grid's runs started from
+    assert f"sha256 `{digest}...`" in (REPOSITORY / "docs" / "data.md").read_text()
+    assert f"here `{digest}`" in (REPOSITORY / "docs" / "benchmark" / "README.md").read_text()
