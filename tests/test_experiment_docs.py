@@ -195,3 +195,27 @@ def test_the_warm_up_figures_are_the_specificity_probes():
             f"{max(correlations):.2f} (mean {sum(correlations) / len(correlations):.2f})"
         )
         assert quoted in text, quoted
+
+
+def test_at_psi_0_vanilla_fl_and_partial_loss_are_surgical_aggregation_to_the_last_bit():
+    """Where every site labels every finding (psi = 0) the three methods are one computation: each finished CPU run of
+    vanilla FL or partial loss has surgical aggregation's per-site validation figures of its seed, round by round, its
+    selected round and test AUROCs, exactly. A federation that is not deterministic, or a method that aggregates or
+    masks otherwise when nothing is missing, fails here (surgical aggregation's seed 0 ran on another machine)."""
+    import json
+
+    def outcome(run: Path) -> tuple:
+        rounds = json.loads((run / "round_history.json").read_text())
+        result = json.loads((run / "result.json").read_text())
+        sites = [(entry["round"], entry.get("validation", {}).get("sites")) for entry in rounds]
+        return sites, result["models"], result["test_sets"]
+
+    setting = BENCHMARK / "full-psi-cpu" / "runs" / "nih-K4-psi0of14-N1"
+    compared = []
+    for surgical in sorted(setting.glob("surgical/seed*")):
+        for method in ("vanilla", "partial_loss"):
+            other = setting / method / surgical.name
+            if (other / "result.json").is_file():
+                assert outcome(other) == outcome(surgical), (method, surgical.name)
+                compared.append((method, surgical.name))
+    assert ("vanilla", "seed0") in compared
