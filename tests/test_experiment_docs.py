@@ -219,3 +219,16 @@ def test_at_psi_0_vanilla_fl_and_partial_loss_are_surgical_aggregation_to_the_la
                 assert outcome(other) == outcome(surgical), (method, surgical.name)
                 compared.append((method, surgical.name))
     assert ("vanilla", "seed0") in compared
+
+
+def test_the_cpu_grids_minutes_a_run_are_its_finished_runs_own():
+    """The page's range of minutes a run of the CPU grid is the shortest and longest `seconds` its runs recorded."""
+    import json
+
+    seconds = [
+        json.loads(path.read_text())["seconds"]
+        for path in (BENCHMARK / "full-psi-cpu" / "runs").glob("*/*/seed*/result.json")
+    ]
+    shortest, longest = (int(value / 60 + 0.5) for value in (min(seconds), max(seconds)))
+    page = " ".join((BENCHMARK / "README.md").read_text().split())
+    assert f"({shortest} to {longest} minutes a run on them, by the runs' own records)" in page
