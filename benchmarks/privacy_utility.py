@@ -238,7 +238,7 @@ def main() -> None:
         return
     if args.cache is not None:
         os.environ["SURGICAL_AGGREGATION_CACHE"] = str(args.cache)
-    pretrained = pretrained_backbone(DEMO, Pretraining.for_profile(DEMO), args.cache)
+    pretrained = pretrained_backbone(Pretraining.for_profile(DEMO), args.cache)
     done = args.work / "results.json"  # each finished federation, so that a stopped run goes on where it was
     earlier = json.loads(done.read_text()) if done.is_file() else []
     # a federation from another stand-in (an earlier pretraining) is another experiment: run again

@@ -19,6 +19,7 @@ from surgical_aggregation.cli import main
 from surgical_aggregation.core.methods import batchnorm_at_defaults
 from surgical_aggregation.data.storage import CACHE_ENV
 from surgical_aggregation.experiments import pretraining
+from surgical_aggregation.experiments.runner import RunOptions, with_initial_model
 from surgical_aggregation.flare.client import _config_hint
 from surgical_aggregation.flare.persistor import SurgicalModelPersistor
 from surgical_aggregation.flare.protocol import BUNDLE_JOBS
@@ -316,21 +317,30 @@ def test_the_stand_in_trains_by_its_own_recipe_whichever_profile_asks(tmp_path):
     assert (config.settings.image_size, tuple(config.data.split_fractions)) == (64, pretraining.PRETRAINING_SPLIT)
 
 
-def test_every_caller_starts_from_the_shipped_stand_in_which_is_what_its_name_says(tmp_path):
-    """The profiles' stand-in ships with the bundle: the main job, the grids and the pretraining function return that
-    file without training (an empty cache stays empty), and the file holds what its name promises, its BatchNorm
-    statistics learned."""
+def test_every_caller_starts_from_the_shipped_stand_in_the_cpu_grids_runs_started_from(tmp_path, monkeypatch):
+    """The profiles' stand-in ships with the bundle: the main job's persistor, a grid (the benchmark profile) and the
+    pretraining function start from that file without training (an empty cache stays empty); it is the very file
+    every run of the CPU grid in docs/benchmark started from (its digest), holds what its name promises, and its
+    BatchNorm statistics are learned."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     stand_in = pretraining.Pretraining(64, **STAND_IN_PRETRAINING)
     shipped = pretraining.shipped_stand_in(stand_in)
     assert shipped is not None and shipped.parent == pretraining.SHIPPED_STAND_INS
     assert pretraining.pretrained_backbone(stand_in, tmp_path) == shipped
-    assert pretraining.stand_in_backbone(pretraining.stand_in_preprocessing(64), tmp_path) == shipped
+    grid = with_initial_model([], ["surgical"], BENCHMARK, RunOptions(pretrain="always", cache_dir=str(tmp_path)))
+    assert grid.pretrained_weights == str(shipped)
+    preprocessing = {"image_size": 64, "in_channels": 1, "imagenet_normalize": True}
+    job = SurgicalModelPersistor(preprocessing=preprocessing, pretrained_weights=STAND_IN).load_model(FLContext())
+    assert job[ModelLearnableKey.META]["initial_model"].startswith(f"pretrained weights from {shipped}")
     assert not (tmp_path / "pretrained").exists()
+    digest = hashlib.sha256(shipped.read_bytes()).hexdigest()[:12]
+    runs = list((REPOSITORY / "docs" / "benchmark" / "full-psi-cpu" / "runs").glob("*/*/seed*/result.json"))
+    starts = {json.loads(run.read_text())["training"]["initial_model"].rsplit("(sha256 ", 1)[1] for run in runs}
+    assert len(runs) >= 28 and starts == {f"{digest}...)"}
+    assert f"sha256 `{digest}...`" in (REPOSITORY / "docs" / "data.md").read_text()
+    assert f"here `{digest}`" in (REPOSITORY / "docs" / "benchmark" / "README.md").read_text()
     payload = torch.load(shipped, weights_only=True)
     record = json.loads(payload[pretraining.PRETRAINING_KEY])
     expected = json.loads(json.dumps(dataclasses.asdict(stand_in)))
     assert record == {**expected, "description": stand_in.describe(), "classes": 32}
     assert not batchnorm_at_defaults(payload["state_dict"])
-    digest = hashlib.sha256(shipped.read_bytes()).hexdigest()[:12]  # the one the CPU grid's runs started from
-    assert f"sha256 `{digest}...`" in (REPOSITORY / "docs" / "data.md").read_text()
-    assert f"here `{digest}`" in (REPOSITORY / "docs" / "benchmark" / "README.md").read_text()
