@@ -1,7 +1,7 @@
 """How finding-specific one site's model becomes, epoch by epoch, from the stand-in. Not a test.
 
     python benchmarks/specificity_probe.py --epochs 8                            # about 5 minutes on 2 CPU cores
-    python benchmarks/specificity_probe.py --epochs 8 --pattern-strength 1 2     # + 20 minutes to build that stand-in
+    python benchmarks/specificity_probe.py --epochs 8 --pattern-strength 1 2     # + 40 minutes to build that stand-in
 
 The main job's site-nih alone (its embedded data, split, rates and FedBN+), trained from the offline stand-in
 outside FLARE: the head warm-up, then one epoch at a time. After each epoch, on its validation split: the loss, the

@@ -3,7 +3,7 @@
     python benchmarks/stand_in_transfer.py --workspace /tmp/ws-stand-in --patients 1500   # 13 minutes on 2 CPU cores
 
 The main job (``jobs/nih_chexpert``: its two sites, embedded data and rounds, from the offline stand-in with FedBN+;
-the stand-in built first and cached when missing: about 20 minutes on 2 CPU cores) with ``--patients`` a site and
+the stand-in the bundle ships) with ``--patients`` a site and
 the given rates (default: the job's). Prints, for each site, its test split's mean AUROC of the best global model and
 how finding-specific that model is on the site's validation split (the mean pairwise correlation of its logits, and
 the AUROC lost by ranking every finding by one shared score): what chose ``STAND_IN_JOB_PATIENTS`` (issue 49).

@@ -139,9 +139,9 @@ def test_the_stand_in_is_refused_for_another_network_and_start_for_another_job(t
 
 
 def test_the_persistor_builds_the_stand_in_once_and_starts_from_its_statistics(tmp_path, monkeypatch):
-    """``pretrained_weights: "stand-in"``: the server trains the stand-in when its cache lacks it (a tiny budget here;
-    the job's takes 20 minutes), keeps it, and the initial global model holds its learned BatchNorm statistics, which
-    FedBN+ then freezes."""
+    """``pretrained_weights: "stand-in"``: at an image size the bundle ships no stand-in for, the server
+    trains it when its cache lacks it (a tiny budget here; 40 minutes at 64 px), keeps it, and the initial global
+    model holds its learned BatchNorm statistics, which FedBN+ then freezes."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(pretraining, "STAND_IN_PRETRAINING", {"images": 40, "epochs": 1})
     preprocessing = {"image_size": 32, "in_channels": 1, "imagenet_normalize": True}
