@@ -189,7 +189,7 @@ def test_preinstalled_job_has_no_custom_folder_and_runs_the_installed_trainer(tm
     assert json.loads((job / "meta.json").read_text()) == json.loads((COMMITTED / "meta.json").read_text())
 
 
-def test_shipped_library_is_the_package_without_caches(tmp_path):
+def test_shipped_library_is_the_package_without_caches_and_only_the_server_carries_the_stand_in(tmp_path):
     assert main(["write-job", "--ship-library", "--out", str(tmp_path / "job")]) == 0
     shipped = tmp_path / "job/app_site-nih/custom/surgical_aggregation"
     package = Path(surgical_aggregation.__file__).parent
@@ -197,6 +197,12 @@ def test_shipped_library_is_the_package_without_caches(tmp_path):
     assert {str(p.relative_to(shipped)) for p in shipped.rglob("*.py")} == expected
     assert "flare/controller.py" in expected and not list(shipped.rglob("__pycache__"))
     assert (tmp_path / "job/app_site-nih/custom/client.py").is_file()
+    # the server's persistor starts from the stand-in; no site reads it (28 MB a site spared)
+    stand_in = pretraining.shipped_stand_in(pretraining.Pretraining(64, **STAND_IN_PRETRAINING))
+    relative = stand_in.relative_to(package)
+    server = tmp_path / "job/app_server/custom/surgical_aggregation"
+    assert (server / relative).read_bytes() == stand_in.read_bytes()
+    assert not list(shipped.rglob("*.pt"))
 
 
 def test_code_delivery_combinations_that_cannot_work_are_refused():

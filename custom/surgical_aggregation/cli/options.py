@@ -93,8 +93,8 @@ def add_start_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--start",
         metavar="{stand-in,scratch,PATH}",
-        help=f"nih_chexpert only: {STAND_IN} (default: FedBN+ from the offline stand-in for ImageNet weights, trained "
-        f"on the server first when not cached, about 20 minutes on 2 CPU cores), {SCRATCH} (a random DenseNet121, "
+        help=f"nih_chexpert only: {STAND_IN} (default: FedBN+ from the offline stand-in for ImageNet weights the "
+        f"bundle ships), {SCRATCH} (a random DenseNet121, "
         "FedAvg, 400 patients a site: minutes, a smoke run) or a local ImageNet DenseNet121 checkpoint's path as the "
         "server sees it (FedBN+)",
     )

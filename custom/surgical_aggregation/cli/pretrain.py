@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..training.profiles import PROFILES
 
     parser.add_argument(
-        "--profile", choices=sorted(PROFILES), default="demo", help="image size and recipe (default demo)"
+        "--profile", choices=sorted(PROFILES), default="demo", help="image size and budget (default demo)"
     )
     parser.add_argument("--images", type=positive, help="generated pattern images (default: the profile's)")
     parser.add_argument("--epochs", type=positive, help="training epochs (default: the profile's)")

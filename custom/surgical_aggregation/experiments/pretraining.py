@@ -14,8 +14,8 @@ Like ImageNet for real X-rays, it has learnt to tell many small shapes apart in 
 its features can represent shapes it never saw, so fine-tuning can learn each finding (the 24 4x4 patterns it
 learnt before gave features from which the full network learnt one generic score), and a model built on it scores
 the findings at chance until the federation trains its head (the benchmark's pages show the
-initial model's AUROC), and every method of a grid starts from it. The file is cached under ``<cache>/pretrained/``
-by its settings.
+initial model's AUROC), and every method of a grid starts from it. The bundle ships the profiles' stand-in (64 px,
+``SHIPPED_STAND_INS``); one at another size is cached under ``<cache>/pretrained/`` by its settings.
 """
 
 from __future__ import annotations

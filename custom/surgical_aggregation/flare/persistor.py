@@ -55,8 +55,9 @@ class SurgicalModelPersistor(ModelPersistor):
             seed: seed of the initial backbone (every site starts from the same one).
             pretrained_weights: optional local ImageNet DenseNet121 checkpoint (server side; sites
                 receive the weights with the model). Relative paths are relative to the server app.
-                ``"stand-in"``: the embedded stand-in for ImageNet weights at the sites' image size, from the
-                server's cache (trained there first when missing: about 20 minutes on 2 CPU cores at 64 px).
+                ``"stand-in"``: the embedded stand-in for ImageNet weights at the sites' image size: the
+                bundle's copy (64 px), else the server's cache (trained there first when missing: 40 minutes on 2
+                CPU cores at 64 px).
             initial_model: optional checkpoint of this package to start from (e.g. an earlier run).
         """
         if architecture not in ARCHITECTURES:

@@ -135,8 +135,8 @@ class PocWorkspace:
         return {
             **os.environ,
             "HOME": str(self.home),
-            # the user's cache, not one under the private HOME that stop --clean deletes: the stand-in the main
-            # job starts from takes 20 minutes to build on a CPU
+            # the user's cache, not one under the private HOME that stop --clean deletes: a stand-in at an image
+            # size the bundle does not ship takes 40 minutes or more to build on a CPU
             CACHE_ENV: str(default_cache_root()),
             "NVFLARE_POC_WORKSPACE": str(self.poc_dir),
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",

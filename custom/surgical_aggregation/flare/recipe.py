@@ -51,7 +51,7 @@ from ..core.checks.handshake import preprocessing_problem
 from ..core.errors import SiteConfigError
 from ..core.labels import job_vocabulary
 from ..core.labels import label_aliases as load_label_aliases
-from ..experiments.pretraining import check_stand_in
+from ..experiments.pretraining import SHIPPED_STAND_INS, check_stand_in
 from ..training.config import SITE_CONFIGS_DIR, SiteConfig, site_config_from_dict
 from ..training.profiles import (
     CONSORTIUM_ROUNDS,
@@ -263,7 +263,7 @@ class SurgicalAggregationRecipe(Recipe):
         if self.code != "byoc" or self._server_custom_added:
             return
         if self.ship_library:
-            self._job.add_file_to_server(str(self._shipped_library()), dest_dir=PACKAGE_DIR.name)
+            self._job.add_file_to_server(str(self._shipped_library(with_stand_in=True)), dest_dir=PACKAGE_DIR.name)
         else:
             self._job.add_file_to_server(str(self._stage(SERVER_CUSTOM_MARKER, SERVER_CUSTOM_MARKER_TEXT)))
         self._server_custom_added = True
@@ -287,7 +287,7 @@ class SurgicalAggregationRecipe(Recipe):
             if self.code == "byoc" and self.client_execution == "in_process":
                 self._job.add_file_to(str(self._stage(CLIENT_ENTRY_POINT, CLIENT_ENTRY_POINT_SOURCE)), site)
             if self.ship_library:
-                self._job.add_file_to(str(self._shipped_library()), site, dest_dir=PACKAGE_DIR.name)
+                self._job.add_file_to(str(self._shipped_library(with_stand_in=False)), site, dest_dir=PACKAGE_DIR.name)
 
     def _executor(self) -> ClientAPIExecutor:
         # numpy both ways: FLARE's pytorch<->numpy converter reshapes received arrays to the shapes the
@@ -305,10 +305,13 @@ class SurgicalAggregationRecipe(Recipe):
         path.write_text(text)
         return path
 
-    def _shipped_library(self) -> Path:
-        target = self._staging / "library" / PACKAGE_DIR.name
+    def _shipped_library(self, with_stand_in: bool) -> Path:
+        """The package as an app carries it: the server's with the stand-in its persistor starts from, the sites'
+        without it (they never read it: 28 MB a site)."""
+        ignored = ["__pycache__"] if with_stand_in else ["__pycache__", SHIPPED_STAND_INS.name]
+        target = self._staging / ("library" if with_stand_in else "library-for-sites") / PACKAGE_DIR.name
         if not target.is_dir():
-            shutil.copytree(PACKAGE_DIR, target, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(PACKAGE_DIR, target, ignore=shutil.ignore_patterns(*ignored))
         return target
 
 
