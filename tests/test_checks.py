@@ -261,3 +261,20 @@ def test_opposed_updates_reject_a_minority_against_the_rounds_consensus_and_nobo
     assert opposed_updates(orthogonal, mean) == {}
     assert opposed_updates({"a": honest, "x": -honest}, honest) == {}  # two sites: no consensus to oppose
     assert opposed_updates({"a": honest, "b": -honest, "c": -honest}, honest) == {}  # half or more: no one's
+
+
+def test_a_rounds_means_over_sites_do_not_depend_on_the_order_their_results_arrived_in():
+    """Four sites' figures whose float sum depends on its order: the round's record is the same either way."""
+    import json
+
+    from surgical_aggregation.flare.state import INITIAL_ROUND, FederationState, SavedVersion, judge
+
+    figures = {"site-a": 0.1, "site-b": 0.2, "site-c": 0.3, "site-d": 1e-17}
+    assert sum(figures.values()) != sum(reversed(list(figures.values())))  # the order matters to a float sum
+    records = []
+    for order in (list(figures), list(reversed(figures))):
+        federation = FederationState({}, SavedVersion(INITIAL_ROUND, {}, []), None, math.inf, 0, [], [], {}, [])
+        metrics = {site: {"val_loss": figures[site], "val_mean_auroc": 0.5 + figures[site]} for site in order}
+        judge(federation, SavedVersion(0, {}, [], trained=True), metrics, None, 1e-4)
+        records.append(json.dumps(federation.history, allow_nan=True))
+    assert records[0] == records[1]

@@ -286,10 +286,12 @@ def judge(
         if "val_loss" in metrics and (judging_sites is None or site in judging_sites)
     }
     judged, statistic = judged_loss(judges)
-    mean_auroc = _mean([metrics.get("val_mean_auroc") for metrics in site_metrics.values()])
+    # in site order, not the order the results arrived in: a run's means are then the same to the last bit every time
+    in_site_order = {site: site_metrics[site] for site in sorted(site_metrics)}
+    mean_auroc = _mean([metrics.get("val_mean_auroc") for metrics in in_site_order.values()])
     validation = {
-        "sites": {site: dict(metrics) for site, metrics in site_metrics.items()},
-        "mean_val_loss": _mean([metrics.get("val_loss") for metrics in site_metrics.values()]),
+        "sites": {site: dict(metrics) for site, metrics in in_site_order.items()},
+        "mean_val_loss": _mean([metrics.get("val_loss") for metrics in in_site_order.values()]),
         "mean_val_auroc": mean_auroc,
         "judged_val_loss": judged,
         "judged_by": {"statistic": statistic, "sites": sorted(judges)},
