@@ -4,6 +4,7 @@ tables is one a reader finds in a seeds.md or summary.md of docs/benchmark/ (the
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -184,8 +185,6 @@ def test_the_co_occurrence_reading_is_the_two_psi_grids_differences():
 
 def test_the_warm_up_figures_are_the_specificity_probes():
     """The page's reading of the head warm-up's length is the two probe runs it names, epoch for epoch."""
-    import json
-
     text = " ".join((BENCHMARK / "README.md").read_text().split())
     for warmup in (1, 15):
         probe = json.loads((BENCHMARK / "specificity-probe" / f"warmup-{warmup}.json").read_text())
@@ -205,7 +204,6 @@ def test_at_psi_0_vanilla_fl_and_partial_loss_are_surgical_aggregation_to_the_la
     aggregates or masks otherwise when nothing is missing, fails here (surgical aggregation's seed 0 ran on another
     machine). The means over sites of runs made before they were summed in site order (flare/state.py) differ by the
     order the sites' results arrived in: within 1e-12."""
-    import json
 
     def outcome(run: Path) -> tuple[list, list, dict, dict]:
         rounds = json.loads((run / "round_history.json").read_text())
@@ -232,8 +230,6 @@ def test_at_psi_0_vanilla_fl_and_partial_loss_are_surgical_aggregation_to_the_la
 
 def test_the_cpu_grids_minutes_a_run_are_its_finished_runs_own():
     """The page's range of minutes a run of the CPU grid is the shortest and longest `seconds` its runs recorded."""
-    import json
-
     seconds = [
         json.loads(path.read_text())["seconds"]
         for path in (BENCHMARK / "full-psi-cpu" / "runs").glob("*/*/seed*/result.json")

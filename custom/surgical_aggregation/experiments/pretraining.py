@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 PRETRAINING_KEY = "pretraining"  # what a pretrained weights file says it was trained on
 PRETRAINING_SPLIT = (0.9, 0.1, 0.0)  # train / validation / test: the patterns have no test use
 # The profiles' stand-in ships with the bundle, so that no job or grid (a grid's runs span machines) waits 40 minutes
-# for it or depends on another CPU building the same bits (a fresh machine of this kind did: sha256 aedbc874a485...)
+# for it or depends on another CPU building the same bits (its digest: docs/data.md, held by tests/test_recipe.py)
 SHIPPED_STAND_INS = Path(__file__).resolve().parent / "stand_in"
 
 
