@@ -198,7 +198,7 @@ def nearest_neighbour_mixing(rows: np.ndarray, f: int) -> np.ndarray:
 # Two updates closer than this (relative to the larger's norm) are one update sent twice. A site that copies another's
 # (the mimic attack: Karimireddy, He, Jaggi, ICLR 2022) makes it count twice, and a median of three rows two of which
 # are equal is that row, so the third site's update is lost. The attack suite's copy arrived exact; honest sites'
-# closest pairs lay 1.02-1.27 apart in the clean sweep and the suite (each round records it: `closest_updates`).
+# closest pairs lay hundreds of times further apart (each round records it, `closest_updates`: docs/server-checks.md).
 DUPLICATE_DISTANCE = 1e-3
 
 
