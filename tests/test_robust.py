@@ -222,25 +222,29 @@ def test_a_copy_of_an_honest_sites_update_does_not_decide_a_median_of_three():
 
 def _pull_toward_b(distance: float, rule: str = "geometric_median") -> float:
     """Unit updates a and b at cosine 0.4 (honest sites' backbone updates lay 1.009-1.335 apart in the clean sweep)
-    and a third at ``distance`` from a, orthogonal to both: how far ``rule`` (tolerating one hostile row) takes the
-    aggregate of the three from a towards b, as a share of a -> b (the honest pair's mean is 0.5)."""
+    and a third at ``distance`` from a, orthogonal to both: how far ``rule`` (as the server parses it, tolerating one
+    hostile row of three) takes the aggregate of the three from a towards b, as a share of a -> b (the honest pair's
+    mean is 0.5)."""
     dimensions = 64
     a, b, c = np.zeros(dimensions), np.zeros(dimensions), np.zeros(dimensions)
     a[0], b[0], b[1], c[2] = 1.0, 0.4, math.sqrt(1 - 0.16), distance
-    point = AGGREGATORS[rule](np.stack([a, b, a + c]), 1)
+    point = RobustRule.parse(rule)(np.stack([a, b, a + c]))
     return float((point - a) @ (b - a) / ((b - a) @ (b - a)))
 
 
 def test_at_three_sites_every_robust_rule_takes_a_near_copy_for_two_honest_sites():
-    """The lower bound docs/server-checks.md states, on the rules the bundle ships: updates a, b and a near-copy of a
-    10 % away are also what two honest sites that trained alike and one hostile site send, and every rule that
-    tolerates one hostile site of three takes them so, staying within 0.05 of a on the way to b, where the honest
+    """The lower bound docs/server-checks.md states, on every aggregator the bundle ships, alone and after
+    nearest-neighbour mixing: updates a, b and a near-copy of a 10 % away are also what two honest sites that trained
+    alike and one hostile site send, and each takes them so, staying within 0.05 of a on the way to b, where the honest
     pair's mean is halfway and the plain mean goes a third."""
-    shares = {name: _pull_toward_b(0.1, name) for name in AGGREGATORS}
-    assert shares.pop("mean") == pytest.approx(1 / 3)
-    assert shares == pytest.approx(
-        {"median": 0.0, "trimmed_mean": 0.0, "meamed": 0.0, "geometric_median": 0.026, "centered_clipping": 0.046,
-         "multi_krum": 0.0, "mda": 0.0}, abs=5e-4)  # fmt: skip
+    expected = {"median": 0.0, "trimmed_mean": 0.0, "meamed": 0.0, "geometric_median": 0.026,
+                "centered_clipping": 0.046, "multi_krum": 0.0, "mda": 0.0}  # fmt: skip
+    assert set(AGGREGATORS) == {"mean", *expected}
+    assert _pull_toward_b(0.1, "mean") == pytest.approx(1 / 3)
+    assert {name: _pull_toward_b(0.1, name) for name in expected} == pytest.approx(expected, abs=5e-4)
+    assert {name: _pull_toward_b(0.1, f"nnm+{name}") for name in expected} == pytest.approx(
+        dict.fromkeys(expected, 0.0), abs=5e-4
+    )
 
 
 def test_at_three_sites_the_geometric_median_gives_the_update_unlike_the_other_two_less_than_a_third():
