@@ -809,3 +809,26 @@ def test_the_honest_sites_closest_updates_the_page_quotes_are_the_records():
     assert f"lay {min(sweep):.3f} to {max(sweep):.3f} apart in the clean sweep's rounds" in page
     assert f"but {min(grid):.3f} apart in the CPU grid's vanilla FL runs" in page
     assert f"({min(grid):.3f} at the least: below)" in page
+
+
+def test_the_backdoor_under_centered_clipping_at_three_sites_of_400_patients_is_its_runs():
+    """docs/server-checks.md's backdoor at three sites of 400 patients under centered clipping, against the geometric
+    median's run of the suite's table: each success rate and the clean AUROC change from the runs' records."""
+    suite = load_benchmark("attack_suite")
+    name = "3sites-{}attackers-seed1-400p5r"
+    clipped = json.loads((REPOSITORY / "docs" / "attack-suite" / "three-sites-400p-centered-clipping.json").read_text())
+    median = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    assert {run["controller"].get("robust_aggregation") for run in clipped.values()} == {"centered_clipping"}
+    clean_change = suite.lowest_margin(clipped[f"backdoor-{name.format(1)}"], clipped[f"clean-{name.format(0)}"])
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+
+    def share(runs: dict, attack: str, attackers: int) -> str:
+        return f"{100 * runs[f'{attack}-{name.format(attackers)}']['best_backdoor_success']:.1f} %"
+
+    assert (
+        f"{share(clipped, 'backdoor', 1)} of the honest sites' triggered test negatives score above the model's 95th "
+        f"percentile, against {share(clipped, 'clean', 0)} for its clean model, with the clean images' AUROC "
+        f"{clean_change:+.3f}; under the geometric median {share(median, 'backdoor', 1)} against "
+        f"{share(median, 'clean', 0)}"
+    ) in page
+    assert {run["exit_code"] for run in clipped.values()} == {0}
