@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -265,8 +266,6 @@ def test_opposed_updates_reject_a_minority_against_the_rounds_consensus_and_nobo
 
 def test_a_rounds_means_over_sites_do_not_depend_on_the_order_their_results_arrived_in():
     """Four sites' figures whose float sum depends on its order: the round's record is the same either way."""
-    import json
-
     from surgical_aggregation.flare.state import INITIAL_ROUND, FederationState, SavedVersion, judge
 
     figures = {"site-a": 0.1, "site-b": 0.2, "site-c": 0.3, "site-d": 1e-17}

@@ -776,32 +776,17 @@ def test_the_noise_that_wrecks_the_model_and_the_bar_it_led_to_are_the_pages_fig
     assert f"(its judged loss {bar}; in" in text
 
 
-def _closest_updates(record: object) -> list[float]:
-    """Every ``closest_updates`` figure anywhere in a run record: one per round (a round history's entries, or a sweep
-    run's figures by round)."""
-    if isinstance(record, list):
-        return [value for item in record for value in _closest_updates(item)]
-    if not isinstance(record, dict):
-        return []
-    found = []
-    for key, item in record.items():
-        if key != "closest_updates":
-            found += _closest_updates(item)
-        elif isinstance(item, dict):
-            found += [value for value in item.values() if value is not None]
-        elif item is not None:
-            found.append(item)
-    return found
-
-
 def test_the_honest_sites_closest_updates_the_page_quotes_are_the_records():
     """docs/server-checks.md's bound on how far a duplicate rule could go: the clean sweep's range of the honest sites'
     closest pair of backbone updates, and the least of the CPU grid's runs (vanilla FL at psi 12/14), from the
     records."""
-    sweep = _closest_updates(json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text()))
-    grid: dict[str, list[float]] = {}  # method -> its runs' figures
+    sweep_runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text()).values()
+    sweep = [value for run in sweep_runs for value in (run.get("closest_updates") or {}).values() if value is not None]
+    grid: dict[str, list[float]] = {}  # method -> its runs' figures, one a round
     for path in (REPOSITORY / "docs" / "benchmark" / "full-psi-cpu" / "runs").glob("*/*/*/round_history.json"):
-        grid.setdefault(path.parts[-3], []).extend(_closest_updates(json.loads(path.read_text())))
+        rounds = json.loads(path.read_text())
+        figures = [entry.get("aggregation", {}).get("closest_updates") for entry in rounds]
+        grid.setdefault(path.parts[-3], []).extend(value for value in figures if value is not None)
     least = min(value for values in grid.values() for value in values)
     assert len(sweep) >= 125 and sum(map(len, grid.values())) >= 440
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
