@@ -37,7 +37,7 @@ def hostile_run(tmp_path_factory):
 
     def build(root: Path) -> tuple[int, str, Path]:
         recipe = tiny_recipe(
-            nih_chexpert_recipe, root / "cache", rounds=2, site_to_site_evaluation=True, controller={"min_clients": 1}
+            nih_chexpert_recipe, root / "cache", rounds=1, site_to_site_evaluation=True, controller={"min_clients": 1}
         )
         job = load_benchmark("hostile_site").write_hostile_job(recipe, root / "job", "negative_running_var")
         code, output = _run_simulator(job, root / "ws", root / "cache", "-t", "2")
