@@ -41,6 +41,7 @@ from hostile_site import run_simulator
 from scipy.stats import beta
 
 from surgical_aggregation.core.labels import NIH_LABELS
+from surgical_aggregation.experiments.grid_run import machine
 from surgical_aggregation.experiments.grids import assign_label_sets
 from surgical_aggregation.experiments.summary import rewrite_marked_block
 from surgical_aggregation.flare.recipe import (
@@ -230,17 +231,6 @@ def rejected_rounds(result: dict) -> str:
     if not rounds and result["rejected"]:  # a result written before the rounds were kept
         return ", ".join(result["rejected"])
     return "; ".join(f"{site} (rounds {', '.join(numbers)})" for site, numbers in rounds.items())
-
-
-def machine() -> str:
-    """Where a federation ran: the GPU's name, or the CPU's model and cores."""
-    import torch
-
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)} ({os.cpu_count()} cores)"
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "CPU")
-    return f"{model} ({os.cpu_count()} cores)"
 
 
 def upper_bound(events: int, trials: int, confidence: float = 0.95) -> float:

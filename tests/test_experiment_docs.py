@@ -197,35 +197,92 @@ def test_the_warm_up_figures_are_the_specificity_probes():
         assert quoted in text, quoted
 
 
-def test_at_psi_0_vanilla_fl_and_partial_loss_are_surgical_aggregation_to_the_last_bit():
-    """Where every site labels every finding (psi = 0) the three methods are one computation: each finished CPU run of
-    vanilla FL or partial loss has surgical aggregation's per-site validation figures of its seed, round by round, its
-    judged losses, selected round and test AUROCs, exactly. A federation that is not deterministic, or a method that
-    aggregates or masks otherwise when nothing is missing, fails here (surgical aggregation's seed 0 ran on another
-    machine). The means over sites of runs made before they were summed in site order (flare/state.py) differ by the
-    order the sites' results arrived in: within 1e-12."""
+def _psi_0_outcome(run: Path) -> tuple[list, list, dict, dict]:
+    """A finished psi = 0 run of the CPU grid: each round's per-site validation figures and judged loss, the rounds'
+    means over sites, the selected and last models' rounds, and the test sets' figures."""
+    rounds = json.loads((run / "round_history.json").read_text())
+    result = json.loads((run / "result.json").read_text())
+    exact = [(entry["round"], entry["validation"]["sites"], entry["validation"]["judged_val_loss"]) for entry in rounds]
+    means = [(entry["validation"]["mean_val_loss"], entry["validation"]["mean_val_auroc"]) for entry in rounds]
+    selected = {name: model["round"] for name, model in result["models"].items()}
+    return exact, means, selected, {name: model["test_sets"] for name, model in result["models"].items()}
 
-    def outcome(run: Path) -> tuple[list, list, dict, dict]:
-        rounds = json.loads((run / "round_history.json").read_text())
-        result = json.loads((run / "result.json").read_text())
-        exact = [
-            (entry["round"], entry["validation"]["sites"], entry["validation"]["judged_val_loss"]) for entry in rounds
-        ]
-        means = [(entry["validation"]["mean_val_loss"], entry["validation"]["mean_val_auroc"]) for entry in rounds]
-        selected = {name: model["round"] for name, model in result["models"].items()}
-        return exact, means, selected, result["test_sets"]
 
+def _same_bits(outcome: tuple, reference: tuple) -> bool:
+    """The same figures, to the last bit (the means over sites of runs made before they were summed in site order,
+    flare/state.py, differ by the order the sites' results arrived in: within 1e-12)."""
+    (exact, means, selected, models), (exact_r, means_r, selected_r, models_r) = outcome, reference
+    return (exact, selected, models) == (exact_r, selected_r, models_r) and np.allclose(
+        means, means_r, rtol=0, atol=1e-12
+    )
+
+
+def _differences(outcome: tuple, reference: tuple) -> dict[str, float]:
+    """The largest differences between two runs that chose the same rounds: judged and per-site validation losses,
+    per-site validation mean AUROCs, and the selected and last models' test mean AUROCs."""
+    (exact, _, selected, models), (exact_r, _, selected_r, models_r) = outcome, reference
+    assert selected == selected_r and [entry[0] for entry in exact] == [entry[0] for entry in exact_r]
+    pairs = list(zip(exact, exact_r, strict=True))
+    return {
+        "judged loss": max(abs(a[2] - b[2]) for a, b in pairs),
+        "site loss": max(abs(a[1][site]["val_loss"] - b[1][site]["val_loss"]) for a, b in pairs for site in a[1]),
+        "site AUROC": max(
+            abs(a[1][site]["val_mean_auroc"] - b[1][site]["val_mean_auroc"]) for a, b in pairs for site in a[1]
+        ),
+        "test AUROC": max(
+            abs(models[kind][test]["mean_auroc"] - models_r[kind][test]["mean_auroc"])
+            for kind in models
+            for test in models[kind]
+        ),
+    }
+
+
+# Runs on different CPU models may differ by their float kernels and no more: losses by less than 1e-3, mean AUROCs by
+# less than the tables' third decimal, a site's mean validation AUROC (of ~150 images a class) by less than 5e-3
+CROSS_MACHINE_TOLERANCE = {"judged loss": 1e-3, "site loss": 1e-3, "site AUROC": 5e-3, "test AUROC": 1e-3}
+
+
+def test_at_psi_0_vanilla_fl_and_partial_loss_are_surgical_aggregation_to_the_last_bit_on_one_machine():
+    """Where every site labels every finding (psi = 0) the three methods are one computation. Runs of one machine
+    kind agree to the last bit: every per-site validation figure of every round, the judged losses, the selected and
+    last rounds and the test figures. A run's record names its machine (``machine``; runs finished before it was
+    recorded name none); vanilla FL and partial loss of a seed ran one after the other in one grid, and surgical
+    aggregation's seed 0 ran on a machine of the same kind as theirs. Across CPU models they differ by the float
+    kernels alone, from the untrained model's first validation (1e-9), within :data:`CROSS_MACHINE_TOLERANCE`, and
+    choose the same rounds. A federation that is not deterministic, or a method that aggregates or masks otherwise
+    when nothing is missing, fails here."""
     setting = BENCHMARK / "full-psi-cpu" / "runs" / "nih-K4-psi0of14-N1"
-    compared = []
+    same_bits, across, largest = [], [], dict.fromkeys(CROSS_MACHINE_TOLERANCE, 0.0)
     for surgical in sorted(setting.glob("surgical/seed*")):
-        for method in ("vanilla", "partial_loss"):
-            other = setting / method / surgical.name
-            if (other / "result.json").is_file():
-                (exact, means, selected, tests), reference = outcome(other), outcome(surgical)
-                assert (exact, selected, tests) == (reference[0], reference[2], reference[3]), (method, surgical.name)
-                assert np.allclose(means, reference[1], rtol=0, atol=1e-12), (method, surgical.name)
-                compared.append((method, surgical.name))
-    assert {("vanilla", "seed0"), ("partial_loss", "seed0")} <= set(compared)
+        runs = {
+            "surgical": surgical,
+            **{method: setting / method / surgical.name for method in ("vanilla", "partial_loss")},
+        }
+        runs = {method: run for method, run in runs.items() if (run / "result.json").is_file()}
+        outcomes = {method: _psi_0_outcome(run) for method, run in runs.items()}
+        machines = {
+            method: json.loads((run / "result.json").read_text()).get("machine") for method, run in runs.items()
+        }
+        if {"vanilla", "partial_loss"} <= set(outcomes):
+            assert _same_bits(outcomes["partial_loss"], outcomes["vanilla"]), surgical.name
+        for method in set(outcomes) - {"surgical"}:
+            if _same_bits(outcomes[method], outcomes["surgical"]):
+                same_bits.append((method, surgical.name))
+                continue
+            one_machine = machines[method] is not None and machines[method] == machines["surgical"]
+            assert not one_machine, (method, surgical.name, machines[method])  # one kind of CPU: the same bits
+            across.append((method, surgical.name))
+            for name, value in _differences(outcomes[method], outcomes["surgical"]).items():
+                assert value < CROSS_MACHINE_TOLERANCE[name], (method, surgical.name, name, value)
+                largest[name] = max(largest[name], value)
+    assert {("vanilla", "seed0"), ("partial_loss", "seed0")} <= set(same_bits)
+    page = " ".join((BENCHMARK / "README.md").read_text().split())
+    if across:  # the page quotes the largest cross-machine differences
+        quoted = (
+            f"test mean AUROCs by at most {largest['test AUROC']:.1e}, a site's validation loss by at most "
+            f"{largest['site loss']:.1e}"
+        )
+        assert quoted in page, quoted
 
 
 def test_the_cpu_grids_minutes_a_run_are_its_finished_runs_own():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from fractions import Fraction
 
 import numpy as np
@@ -173,6 +174,7 @@ def test_a_run_stopped_while_its_models_are_scored_resumes_at_the_scoring(tmp_pa
     assert trainings == [start]  # trained once
     assert not (folder / grid_run.TRAINED_FILE).exists()  # result.json holds it all now
     assert result["train_seconds"] == train_seconds and result["seconds"] >= train_seconds
+    assert result["machine"] == grid_run.machine() and result["machine"].endswith(f"({os.cpu_count()} cores)")
     assert result["models"]["selected"]["round"] == 4 and result["models"]["last"]["round"] == 2
     assert result["models"]["selected"]["validation"] == {"round": 4, "val_mean_auroc": 0.8}
     (folder / "result.json").unlink()

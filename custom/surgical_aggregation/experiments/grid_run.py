@@ -80,6 +80,7 @@ def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
         "shared_classes": run.setting.shared_classes,
         "train_seconds": round(trained, 1),
         "seconds": round(time.perf_counter() - started, 1),
+        "machine": machine(),  # a CPU model's float kernels are its own: runs agree to the bit on one kind of CPU
         "test_sets": evaluated[SELECTED]["test_sets"],  # the selected model's, as the papers report
         "models": evaluated,
         "curve": record["curve"],
@@ -88,6 +89,18 @@ def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
     result_path.write_text(json.dumps(result, indent=2) + "\n")  # last: its presence marks the run finished
     (folder / TRAINED_FILE).unlink(missing_ok=True)  # result.json holds all of it now
     return result
+
+
+def machine() -> str:
+    """Where a run ran: the GPU's name, or the CPU's model, and the cores."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} ({os.cpu_count()} cores)"
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "CPU")
+    return f"{model} ({os.cpu_count()} cores)"
 
 
 def save_trained(folder: Path, models: dict[str, dict[str, list[Path]]], record: dict, seconds: float) -> None:
