@@ -197,6 +197,39 @@ def test_the_warm_up_figures_are_the_specificity_probes():
         assert quoted in text, quoted
 
 
+def test_the_gates_reference_figures_are_the_labels_and_the_probes():
+    """What the page says a model that knew every label would score (the grid's NIH label rows' own correlation, each
+    seed) and the probe's logit correlation among images showing the same number of glyphs, against all of them."""
+    from surgical_aggregation.core.labels import NIH_LABELS
+    from surgical_aggregation.images.synthetic import NIH_RAW_LABELS
+    from surgical_aggregation.images.synthetic_labels import nih_label_rows
+
+    text = " ".join((BENCHMARK / "README.md").read_text().split())
+    plan = json.loads((BENCHMARK / "full-psi-cpu" / "plan.json").read_text())
+    (nih,) = [test for test in plan["settings"][0]["test_sets"] if test["name"] == "nih"]
+    patients = nih["config"]["embedded"]["patients"]
+    correlations = set()
+    for seed in (0, 1, 2):
+        rows, origin = nih_label_rows(patients, seed)
+        assert origin.startswith("real NIH label rows")
+        positives = np.array([[raw in found.split("|") for raw in NIH_RAW_LABELS] for found in rows["Finding Labels"]])
+        pairs = np.corrcoef(positives, rowvar=False)[np.triu_indices(len(NIH_LABELS), k=1)]
+        assert len(pairs) == 91
+        correlations.add(f"{pairs.mean():.2f}")
+    assert len(correlations) == 1
+    quoted = f"(real rows of NIH's label file, {patients:,} patients a seed) correlate {correlations.pop()} pairwise"
+    assert quoted in text, quoted
+    probe = json.loads((BENCHMARK / "specificity-probe" / "warmup-15.json").read_text())
+    by_count = probe["last_model"]["logit_correlation_by_shown_count"]
+    within = [group["logit_correlation"] for group in by_count.values()]
+    quoted = (
+        f"same number of them ({min(map(int, by_count))} to {max(map(int, by_count))}), its model's logits after the "
+        f"fifteen warm-up epochs correlate {min(within):.2f} to {max(within):.2f}, against "
+        f"{probe['epochs'][-1]['logit_correlation']:.2f} over all of them"
+    )
+    assert quoted in text, quoted
+
+
 def _psi_0_outcome(run: Path) -> tuple[list, list, dict, dict]:
     """A finished psi = 0 run of the CPU grid: each round's per-site validation figures and judged loss, the rounds'
     means over sites, the selected and last models' rounds, and the test sets' figures."""
