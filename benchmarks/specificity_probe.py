@@ -2,6 +2,7 @@
 
     python benchmarks/specificity_probe.py --epochs 8                            # about 5 minutes on 2 CPU cores
     python benchmarks/specificity_probe.py --epochs 8 --pattern-strength 1 2     # + 40 minutes to build that stand-in
+    python benchmarks/specificity_probe.py --epochs 8 --pretraining 20000 8      # + 80 minutes to build that stand-in
 
 The main job's site-nih alone (its embedded data, split, rates and FedBN+), trained from the offline stand-in
 outside FLARE: the head warm-up, then one epoch at a time. After each epoch, on its validation split: the loss, the
@@ -9,8 +10,9 @@ mean AUROC, and how finding-specific the model is (``metrics.score_specificity``
 its logits, and the AUROC lost by ranking every finding by one shared score). Then, for the last model, what the
 shared part of its logits follows: the correlation of the mean logit with the number of findings each image shows
 (its glyphs, labelled or not: ``shown_findings.csv``), and the logit correlation among images showing the same
-number. The levers it takes (``--pattern-strength``: the stand-in's shapes' brightness; ``--no-augment``;
-``--epochs``) are those issue 49 tried for the main job's logit correlation; ``--out`` writes every figure as JSON.
+number. The levers it takes (``--pattern-strength``: the stand-in's shapes' brightness; ``--pretraining``: its
+images and epochs; ``--no-augment``; ``--epochs``) are those issue 49 tried for the main job's logit correlation;
+``--out`` writes every figure as JSON.
 """
 
 from __future__ import annotations
@@ -83,6 +85,14 @@ def main() -> None:
         metavar=("LOW", "HIGH"),
         help=f"the stand-in's shapes' brightness, times a finding's (default {PATTERN_STRENGTH:g}: the job's)",
     )
+    parser.add_argument(
+        "--pretraining",
+        type=int,
+        nargs=2,
+        default=[STAND_IN_PRETRAINING["images"], STAND_IN_PRETRAINING["epochs"]],
+        metavar=("IMAGES", "EPOCHS"),
+        help="the stand-in's pretraining: its generated images and epochs (default: the job's; another builds its own)",
+    )
     parser.add_argument("--cache", type=Path, default=None, help="cache root (embedded data, the stand-in weights)")
     parser.add_argument("--out", type=Path, default=None, help="write every figure here as JSON")
     args = parser.parse_args()
@@ -97,7 +107,10 @@ def main() -> None:
         values["cache_dir"] = str(args.cache)
     config = site_config_from_dict(values, SITE)
     image_size = config.settings.image_size
-    pretraining = Pretraining(image_size, **STAND_IN_PRETRAINING, pattern_strength=tuple(args.pattern_strength))
+    images, pretraining_epochs = args.pretraining
+    pretraining = Pretraining(
+        image_size, images=images, epochs=pretraining_epochs, pattern_strength=tuple(args.pattern_strength)
+    )
     weights = pretrained_backbone(pretraining, args.cache, log)  # the stand-in's own recipe, as the job's
     data = prepare_site_data(config, log)
     trainer = SiteTrainer(config, data, SITE, log)
