@@ -261,6 +261,42 @@ def test_the_gates_reference_figures_are_the_labels_and_the_probes():
     assert quoted in text, quoted
 
 
+def test_the_larger_stand_ins_probe_is_its_record_against_the_shipped_ones():
+    """The page's reading of the stand-in built on twice the images: its build's last validation AUROC and time from
+    its log, and site-nih's figures over the nine epochs beside the shipped stand-in's, from the two probes' records."""
+    probes = BENCHMARK / "specificity-probe"
+    larger, shipped = (
+        json.loads((probes / name).read_text()) for name in ("stand-in-20000i-8e.json", "warmup-15.json")
+    )
+    assert larger["stand_in"].startswith("patterns-v2.2-64px-20000i-8e-") and larger["warmup_epochs"] == 15
+    assert shipped["stand_in"].startswith("patterns-v2.2-64px-10000i-8e-") and shipped["warmup_epochs"] == 15
+    text = " ".join((BENCHMARK / "README.md").read_text().split())
+    log = (probes / "stand-in-20000i-8e.log").read_text()
+    (built,) = re.findall(r"pretraining epoch 8/8: validation loss [\d.]+, mean AUROC ([\d.]+)", log)
+    (seconds,) = re.findall(r"pretrained backbone in (\d+) s: \S+20000i-8e-", log)
+    assert f"{int(seconds):,} s to build" in text
+    assert f"its 32 shapes apart at a validation AUROC of {float(built):.2f} where the shipped one reaches" in text
+
+    def spread(probe: dict, figure: str, mean: bool = False) -> str:
+        values = [epoch[figure] for epoch in probe["epochs"][:9]]
+        quoted = f"{min(values):.2f} to {max(values):.2f}"
+        return quoted + (f" (mean {sum(values) / len(values):.2f})" if mean else "")
+
+    last = {name: probe["last_model"] for name, probe in (("larger", larger), ("shipped", shipped))}
+    within = [group["logit_correlation"] for group in last["larger"]["logit_correlation_by_shown_count"].values()]
+    follows = {name: model["mean_logit_vs_shown_count"] for name, model in last.items()}
+    quoted = (
+        f"scores {spread(larger, 'mean_auroc')} over the nine epochs ({spread(shipped, 'mean_auroc')} from the "
+        f"shipped one) and would lose more by ranking every finding by one shared score "
+        f"({spread(larger, 'shared_score_auroc_loss')}, against {spread(shipped, 'shared_score_auroc_loss')}); yet its "
+        f"logits correlate {spread(larger, 'logit_correlation', True)}, against "
+        f"{spread(shipped, 'logit_correlation', True)}, their mean follows the glyph count as closely "
+        f"({follows['larger']:.2f}, against {follows['shipped']:.2f}), and among images showing the same number "
+        f"they correlate {min(within):.2f} to {max(within):.2f}"
+    )
+    assert quoted in text, quoted
+
+
 def _psi_0_outcome(run: Path) -> tuple[list, list, dict, dict]:
     """A finished psi = 0 run of the CPU grid: each round's per-site validation figures and judged loss, the rounds'
     means over sites, the selected and last models' rounds, and the test sets' figures."""
