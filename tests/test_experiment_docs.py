@@ -328,6 +328,30 @@ def test_the_larger_stand_ins_probe_is_its_record_against_the_shipped_ones():
     assert quoted in text, quoted
 
 
+def test_the_fainter_stand_ins_probe_is_its_record():
+    """The page's reading of the stand-in whose shapes are drawn at one to two times a finding's brightness: its build
+    and probe times from its log and record, site-nih's AUROC and logit correlation over the nine epochs."""
+    probes = BENCHMARK / "specificity-probe"
+    fainter = json.loads((probes / "stand-in-strength-1-2.json").read_text())
+    shipped = json.loads((probes / "warmup-15.json").read_text())
+    assert fainter["stand_in"].endswith("-10000i-8e-lr0.001-b64-s0-str1-2.pt") and fainter["warmup_epochs"] == 15
+    (seconds,) = re.findall(
+        r"pretrained backbone in (\d+) s: \S+-str1-2\.pt", (probes / "stand-in-strength-1-2.log").read_text()
+    )
+    text = " ".join((BENCHMARK / "README.md").read_text().split())
+    assert "(`--pattern-strength 1 2`: each shape drawn at one to two times a finding's brightness" in text
+    assert f"{int(seconds):,} s to build, {fainter['epochs'][-1]['seconds']} s to probe" in text
+    correlations = [epoch["logit_correlation"] for epoch in fainter["epochs"]]
+    aurocs = [epoch["mean_auroc"] for epoch in fainter["epochs"]]
+    assert len(correlations) == 9
+    assert sum(correlations) / 9 > sum(epoch["logit_correlation"] for epoch in shipped["epochs"]) / 9  # "more than"
+    assert (
+        f"its site-nih model scores {min(aurocs):.2f} to {max(aurocs):.2f} and its logits correlate "
+        f"{min(correlations):.2f} to {max(correlations):.2f} (mean {sum(correlations) / 9:.2f}), more than from the "
+        "shipped stand-in"
+    ) in text
+
+
 def _psi_0_outcome(run: Path) -> tuple[list, list, dict, dict]:
     """A finished psi = 0 run of the CPU grid: each round's per-site validation figures and judged loss, the rounds'
     means over sites, the selected and last models' rounds, and the test sets' figures."""
