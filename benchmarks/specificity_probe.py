@@ -3,6 +3,7 @@
     python benchmarks/specificity_probe.py --epochs 8                            # about 5 minutes on 2 CPU cores
     python benchmarks/specificity_probe.py --epochs 8 --pattern-strength 1 2     # + 40 minutes to build that stand-in
     python benchmarks/specificity_probe.py --epochs 8 --pretraining 20000 8      # + 80 minutes to build that stand-in
+    python benchmarks/specificity_probe.py --epochs 8 --pretraining-shapes 128   # + 40 minutes to build that stand-in
 
 The main job's site-nih alone (its embedded data, split, rates and FedBN+), trained from the offline stand-in
 outside FLARE: the head warm-up, then one epoch at a time. After each epoch, on its validation split: the loss, the
@@ -11,8 +12,8 @@ its logits, and the AUROC lost by ranking every finding by one shared score). Th
 shared part of its logits follows: the correlation of the mean logit with the number of findings each image shows
 (its glyphs, labelled or not: ``shown_findings.csv``), and the logit correlation among images showing the same
 number. The levers it takes (``--pattern-strength``: the stand-in's shapes' brightness; ``--pretraining``: its
-images and epochs; ``--no-augment``; ``--epochs``) are those issue 49 tried for the main job's logit correlation;
-``--out`` writes every figure as JSON.
+images and epochs; ``--pretraining-shapes``: how many shapes it tells apart; ``--no-augment``; ``--epochs``) are those
+issue 49 tried for the main job's logit correlation; ``--out`` writes every figure as JSON.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from surgical_aggregation.evaluation.metrics import score_specificity
 from surgical_aggregation.experiments.pretraining import Pretraining, pretrained_backbone
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.images.synthetic import PATTERN_STRENGTH, SHOWN_FILE, read_shown
+from surgical_aggregation.images.synthetic_pixels import PATTERN_COUNT
 from surgical_aggregation.training.checkpoint import initial_global_state
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.loops import Evaluation
@@ -93,6 +95,13 @@ def main() -> None:
         metavar=("IMAGES", "EPOCHS"),
         help="the stand-in's pretraining: its generated images and epochs (default: the job's; another builds its own)",
     )
+    parser.add_argument(
+        "--pretraining-shapes",
+        type=int,
+        default=PATTERN_COUNT,
+        metavar="SHAPES",
+        help=f"how many shapes the stand-in tells apart (default {PATTERN_COUNT}: the job's; another builds its own)",
+    )
     parser.add_argument("--cache", type=Path, default=None, help="cache root (embedded data, the stand-in weights)")
     parser.add_argument("--out", type=Path, default=None, help="write every figure here as JSON")
     args = parser.parse_args()
@@ -109,7 +118,11 @@ def main() -> None:
     image_size = config.settings.image_size
     images, pretraining_epochs = args.pretraining
     pretraining = Pretraining(
-        image_size, images=images, epochs=pretraining_epochs, pattern_strength=tuple(args.pattern_strength)
+        image_size,
+        images=images,
+        epochs=pretraining_epochs,
+        pattern_strength=tuple(args.pattern_strength),
+        shapes=args.pretraining_shapes,
     )
     weights = pretrained_backbone(pretraining, args.cache, log)  # the stand-in's own recipe, as the job's
     data = prepare_site_data(config, log)

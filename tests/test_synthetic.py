@@ -20,6 +20,7 @@ from surgical_aggregation.core.labels import (
     NIH_RAW_LABELS,
 )
 from surgical_aggregation.data.reference import CHEXPERT_LABEL_FILE, NIH_LABEL_FILE
+from surgical_aggregation.experiments.pretraining import Pretraining, shipped_stand_in
 from surgical_aggregation.images.decode import read_grayscale
 from surgical_aggregation.images.glyph_features import raw_glyph_features
 from surgical_aggregation.images.layouts import load_table
@@ -44,6 +45,7 @@ from surgical_aggregation.images.synthetic_labels import (
     shown_findings,
 )
 from surgical_aggregation.images.synthetic_pixels import PATTERN_COUNT, finding_glyph, finding_glyphs, pattern_glyphs
+from surgical_aggregation.training.profiles import STAND_IN_PRETRAINING
 
 from helpers import require_reference
 
@@ -349,3 +351,28 @@ def test_the_patterns_brightness_changes_only_the_patterns(tmp_path):
         assert np.array_equal(image, dimmer) == (count == 0), path
         if count:
             assert (image - dimmer).sum() > 0, path
+
+
+def test_a_larger_pattern_vocabulary_begins_with_the_default_and_keeps_its_images_as_busy(tmp_path):
+    """``--pretraining-shapes`` (a probe's lever): 128 shapes, the default's 32 first, each as far from the others and
+    from every built-in finding as the default's; each rarer, so that an image shows about as many shapes; the
+    stand-in's name says so, and the default's name (the shipped file's) is unchanged."""
+    default, larger = pattern_glyphs(), pattern_glyphs(128)
+    assert len(larger) == 128 and list(larger)[:2] == ["Pattern 001", "Pattern 002"]
+    assert all(np.array_equal(a, b) for a, b in zip(default.values(), list(larger.values())[:32], strict=False))
+    shapes = list(larger.values())
+    for i, first in enumerate(shapes):
+        for second in shapes[i + 1 :]:
+            assert np.abs(first - second).sum() >= 6 and np.abs(first - second[:, ::-1]).sum() >= 6
+    for name in BUILTIN_VOCABULARY.findings():
+        glyph = finding_glyph(name)
+        assert min(min(np.abs(p - glyph).sum(), np.abs(p[:, ::-1] - glyph).sum()) for p in shapes) >= 8, name
+    few = pd.read_csv(generate_patterns(tmp_path / "few", 400, 32, 2)).drop(columns=["path", "patient_id"])
+    many = pd.read_csv(generate_patterns(tmp_path / "many", 400, 32, 2, shapes=128)).drop(
+        columns=["path", "patient_id"]
+    )
+    assert few.shape[1] == 32 and many.shape[1] == 128
+    assert 2.6 < few.sum(axis=1).mean() < 3.2 and 2.6 < many.sum(axis=1).mean() < 3.2
+    assert shipped_stand_in(Pretraining(64, **STAND_IN_PRETRAINING, shapes=32)) is not None
+    assert Pretraining(64, 10000, 8, shapes=128).name == Pretraining(64, 10000, 8).name + "-shapes128"
+    assert "of 128 glyph-like shapes" in Pretraining(64, 10000, 8, shapes=128).describe()

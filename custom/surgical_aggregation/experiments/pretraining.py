@@ -66,6 +66,8 @@ class Pretraining:
     batch_size: int = 64
     # the shapes' brightness in multiples of a finding's, uniform in this range (benchmarks/specificity_probe.py)
     pattern_strength: tuple[float, float] = (PATTERN_STRENGTH, PATTERN_STRENGTH)
+    # how many shapes it learns to tell apart (benchmarks/specificity_probe.py)
+    shapes: int = PATTERN_COUNT
 
     @classmethod
     def for_profile(cls, profile: Profile) -> Pretraining:
@@ -78,9 +80,10 @@ class Pretraining:
         low, high = self.pattern_strength
         # the default strength leaves the name (and so every cached stand-in) as it was before it could change
         strength = "" if (low, high) == (PATTERN_STRENGTH, PATTERN_STRENGTH) else f"-str{low:g}-{high:g}"
+        shapes = "" if self.shapes == PATTERN_COUNT else f"-shapes{self.shapes}"
         return (
             f"patterns-v{GENERATOR_VERSION}.{PATTERN_VOCABULARY}-{self.image_size}px-{self.images}i-{self.epochs}e"
-            f"-lr{self.learning_rate:g}-b{self.batch_size}-s{self.seed}{strength}"
+            f"-lr{self.learning_rate:g}-b{self.batch_size}-s{self.seed}{strength}{shapes}"
         )
 
     def describe(self) -> str:
@@ -88,7 +91,7 @@ class Pretraining:
         brightness = "" if low == high == PATTERN_STRENGTH else f", {low:g}-{high:g} times a finding's brightness"
         return (
             f"pretrained here: DenseNet121 trained centrally for {self.epochs} epochs (Adam at {self.learning_rate:g}) "
-            f"on {self.images} generated images of {PATTERN_COUNT} glyph-like shapes ({self.image_size} px"
+            f"on {self.images} generated images of {self.shapes} glyph-like shapes ({self.image_size} px"
             f"{brightness}; no finding of any site)"
         )
 
@@ -99,9 +102,10 @@ def pretraining_site_config(
     """The site config the stand-in trains with: the demo profile's settings around the pretraining's own recipe,
     whichever profile asked for the stand-in. The cached file's name holds only ``pretraining``'s settings, so nothing
     else may change what is trained (the benchmark profile's 15-epoch head warm-up once did, for the grids only)."""
+    # the patterns are no finding: declared as the pretraining's own classes (they never leave this machine)
+    patterns = list(pattern_glyphs(pretraining.shapes))
     values = DEMO.site_config(
-        # the patterns are no finding: declared as the pretraining's own classes (they never leave this machine)
-        {"kind": "csv", "location": str(csv_path), "options": {"new_classes": list(pattern_glyphs())}},
+        {"kind": "csv", "location": str(csv_path), "options": {"new_classes": patterns}},
         image_size=pretraining.image_size,
         learning_rate=pretraining.learning_rate,
         warmup_learning_rate=pretraining.learning_rate,
@@ -142,7 +146,12 @@ def pretrained_backbone(
         started = time.perf_counter()
         images = folder / f"{pretraining.name}-images"
         csv_path = generate_patterns(
-            images, pretraining.images, pretraining.image_size, pretraining.seed, pretraining.pattern_strength
+            images,
+            pretraining.images,
+            pretraining.image_size,
+            pretraining.seed,
+            pretraining.pattern_strength,
+            pretraining.shapes,
         )
         config = pretraining_site_config(pretraining, csv_path, cache_root)
         data = prepare_site_data(config, log)

@@ -80,7 +80,7 @@ from .synthetic_labels import (
     resolve_label_source,
     shown_findings,
 )
-from .synthetic_pixels import SourceStyle, pattern_glyphs, render_image
+from .synthetic_pixels import PATTERN_COUNT, SourceStyle, pattern_glyphs, render_image
 
 logger = logging.getLogger(__name__)
 MARKER_FILE = "GENERATED.json"
@@ -410,7 +410,7 @@ def generate_public(
 
 PATTERN_CODE = STREAM_CODES["patterns"]
 PATTERN_STYLE = SourceStyle(0.60, 0.24, 0.64, 0.05, ".png", 1.05)  # a source of its own
-PATTERN_PREVALENCE = 0.09  # about 3 of the 32 shapes an image: more would overlap at 64 px
+PATTERN_PREVALENCE = 0.09  # about 3 of the 32 shapes an image: more would overlap at 64 px (as many with more shapes)
 PATTERN_STRENGTH = 2.0  # twice a finding's brightness: salient, as ImageNet's objects are and chest findings are not
 
 
@@ -420,17 +420,21 @@ def generate_patterns(
     image_size: int = 64,
     seed: int = 0,
     strength: tuple[float, float] = (PATTERN_STRENGTH, PATTERN_STRENGTH),
+    shapes: int = PATTERN_COUNT,
 ) -> Path:
     """The stand-in pretraining's data (``csv`` layout): ``root/patterns.csv`` (``path``, ``patient_id``, one 0/1
     column per pattern of :func:`pattern_glyphs`) and ``root/images/*.png``, each pattern present with probability
     :data:`PATTERN_PREVALENCE`, in the findings' clutter and no finding at all. Returns the CSV's path.
 
     ``strength``: each drawn pattern's brightness, uniform in this range, in multiples of a finding's (a stream of
-    its own: the labels and every other pixel stay those of the default)."""
+    its own: the labels and every other pixel stay those of the default). ``shapes``: the vocabulary's size (a probe's
+    option); each shape is then as much rarer as the images still show about as many shapes each."""
     root = Path(root)
-    patterns = pattern_glyphs()
+    patterns = pattern_glyphs(shapes)
     names = list(patterns)
-    labels = np.random.default_rng([seed, PATTERN_CODE]).random((n_images, len(names))) < PATTERN_PREVALENCE
+    # the default's own figure, not a product that could move a label by rounding (the shipped stand-in's images)
+    prevalence = PATTERN_PREVALENCE if shapes == PATTERN_COUNT else PATTERN_PREVALENCE * PATTERN_COUNT / shapes
+    labels = np.random.default_rng([seed, PATTERN_CODE]).random((n_images, len(names))) < prevalence
     rows = []
     for index in _logging_progress(range(n_images), "generating pattern images"):
         strengths = np.random.default_rng([seed, PATTERN_CODE, index, 1]).uniform(*strength, len(names))

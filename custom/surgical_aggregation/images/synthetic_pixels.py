@@ -86,8 +86,9 @@ class SourceStyle:
 
 
 @functools.cache
-def pattern_glyphs() -> dict[str, np.ndarray]:
-    """The stand-in pretraining's :data:`PATTERN_COUNT` 5x5 shapes (``"Pattern 01"`` ...), drawn as findings' glyphs are
+def pattern_glyphs(count: int = PATTERN_COUNT) -> dict[str, np.ndarray]:
+    """The stand-in pretraining's ``count`` 5x5 shapes (``"Pattern 001"`` ... beyond 99, else ``"Pattern 01"`` ...; a
+    larger vocabulary begins with the smaller's shapes, drawn in the same order), drawn as findings' glyphs are
     (9-16 cells, none its own mirror image), any two (or one and the other's mirror image) at least
     :data:`PATTERN_DISTANCE` cells apart, and each at least :data:`FINDING_DISTANCE` cells from the glyph of every
     finding the built-in vocabulary knows (the main job's and the benchmark's among them) and its mirror image: a
@@ -96,13 +97,14 @@ def pattern_glyphs() -> dict[str, np.ndarray]:
     findings = [finding_glyph(name) for name in BUILTIN_VOCABULARY.findings()]  # the fixed table's among them
     rng = np.random.default_rng(_PATTERN_SEED)
     chosen: list[np.ndarray] = []
-    while len(chosen) < PATTERN_COUNT:
+    while len(chosen) < count:
         pattern = (rng.random((GLYPH_CELLS, GLYPH_CELLS)) < 0.5).astype(np.float32)
         if not 9 <= pattern.sum() <= 16 or np.abs(pattern - pattern[:, ::-1]).sum() < 4:
             continue
         if _apart(pattern, findings, FINDING_DISTANCE) and _apart(pattern, chosen, PATTERN_DISTANCE):
             chosen.append(pattern)
-    return {f"Pattern {index:02d}": pattern for index, pattern in enumerate(chosen, start=1)}
+    digits = max(2, len(str(count)))
+    return {f"Pattern {index:0{digits}d}": pattern for index, pattern in enumerate(chosen, start=1)}
 
 
 def _apart(shape: np.ndarray, others: Sequence[np.ndarray], cells: int) -> bool:
