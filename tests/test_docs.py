@@ -8,8 +8,11 @@ import math
 from pathlib import Path
 
 import pytest
+from monai.networks.nets import DenseNet
 
+from surgical_aggregation.core import judging
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.images.names import NETWORK_ARGUMENTS, SMOKE_DENSENET
 from surgical_aggregation.training.checkpoint import load_checkpoint
 
 from helpers import REPOSITORY, SNIPPET_RUN, build_snippet_run, built_once, load_benchmark
@@ -328,6 +331,16 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
         if row[-1] == "breaks through"
     ]
     assert f"Breaking through against the honest sites alone (open): {', '.join(breaking)}." in _readme()
+    # the bold summary above names as many runs and each kind of them (a kind not named here fails: name it there)
+    kinds = {
+        "backdoor": ("a backdoor", "backdoors"),
+        "label_flip_late": ("a late label flipper", "late label flippers"),
+        "mimic_noised": ("a near-copy", "near-copies"),
+    }
+    broken = [row[0] for row in attacks if row[-1] == "breaks through"]
+    named = [kinds[kind][broken.count(kind) > 1] for kind in dict.fromkeys(broken)]
+    summary = f"except in the {len(broken)} attack runs named below ({', '.join(named)}).**"
+    assert summary in _readme()
     assert (REPOSITORY / "docs" / "attack-suite" / "margins.png").is_file()
 
 
@@ -816,3 +829,21 @@ def test_the_backdoor_under_centered_clipping_at_three_sites_of_400_patients_is_
         f"{share(median, 'clean', 0)}"
     ) in page
     assert {run["exit_code"] for run in clipped.values()} == {0}
+
+
+def test_the_readmes_other_figures_are_their_records():
+    """The README's figures outside the marked tables: the consortium job's minutes (its run in the clean sweep), the
+    GPU trainer's share of its ceiling, the rules' design false-alarm rate, the smoke network's size, the pins."""
+    readme = _readme()
+    consortium = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())["cxr_consortium"]
+    assert f"199-class union head in about {round(consortium['seconds'] / 60)} minutes on 2 CPU cores" in readme
+    assert consortium["exit_code"] == 0 and consortium["published"]
+    h100 = json.loads((REPOSITORY / "docs" / "performance" / "h100-224px.json").read_text())
+    assert f"an epoch runs at {h100['train_over_ceiling']:.0%} of its CUDA-graph step's ceiling" in readme
+    assert f"(rules designed for {judging.FALSE_ALARM_RATE * 100:g} % false alarms per job)" in readme
+    smoke = DenseNet(2, 1, 20, **NETWORK_ARGUMENTS[SMOKE_DENSENET])
+    backbone = sum(w.numel() for key, w in smoke.named_parameters() if not key.startswith("class_layers"))
+    assert f"(MONAI's DenseNet, {round(backbone / 1000)} k backbone weights: the wiring" in readme
+    lines = (REPOSITORY / "requirements.txt").read_text().splitlines()
+    pins = dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
+    assert all(f"`{name}=={pins[name]}`" in readme for name in ("nvflare", "torch", "monai"))

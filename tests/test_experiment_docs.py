@@ -248,6 +248,13 @@ def test_the_warm_up_figures_are_the_specificity_probes():
         assert probe["warmup_epochs"] == warmup
         quoted = f"after {warmup} warm-up epoch{'s' if warmup > 1 else ''}: {_spread(probe, 'logit_correlation', True)}"
         assert quoted in text, quoted
+    short, long = (json.loads((BENCHMARK / "specificity-probe" / f"warmup-{w}.json").read_text()) for w in (1, 15))
+    minutes = [round(probe["epochs"][8]["seconds"] / 60) for probe in (short, long)]
+    assert f"{minutes[0]} and {minutes[1]} minutes to that epoch" in text
+    assert f"the first ran {len(short['epochs']) - 1} epochs in {round(short['epochs'][-1]['seconds'] / 60)})" in text
+    follows = [f"{probe['last_model']['mean_logit_vs_shown_count']:.2f}" for probe in (short, long)]
+    last = f"the {len(short['epochs']) - 1}th and the {len(long['epochs']) - 1}th"
+    assert f"(correlation {follows[0]} and {follows[1]} at each run's last epoch, {last})" in text
 
 
 def test_the_gates_reference_figures_are_the_labels_and_the_probes():
