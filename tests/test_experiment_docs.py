@@ -352,6 +352,45 @@ def test_the_fainter_stand_ins_probe_is_its_record():
     ) in text
 
 
+def test_the_stand_in_of_128_shapes_probe_is_its_record():
+    """The page's reading of the stand-in that tells 128 shapes apart: its build and probe times and its own shapes'
+    validation AUROC from its log and record, site-nih's AUROC and logit correlation over the nine epochs, what their
+    shared part follows; and the page's conclusion over the three stand-in levers, against the shipped stand-in."""
+    from surgical_aggregation.experiments.summary import SPECIFIC_LOGIT_CORRELATION
+
+    probes = BENCHMARK / "specificity-probe"
+    more = json.loads((probes / "stand-in-128-shapes.json").read_text())
+    shipped = json.loads((probes / "warmup-15.json").read_text())
+    assert more["stand_in"].endswith("-10000i-8e-lr0.001-b64-s0-shapes128.pt") and more["warmup_epochs"] == 15
+    assert len(more["epochs"]) == 9
+    log = (probes / "stand-in-128-shapes.log").read_text()
+    (seconds,) = re.findall(r"pretrained backbone in (\d+) s: \S+-shapes128\.pt", log)
+    (built,) = re.findall(r"pretraining epoch 8/8: validation loss [\d.]+, mean AUROC ([\d.]+)", log)
+    text = " ".join((BENCHMARK / "README.md").read_text().split())
+    within = [group["logit_correlation"] for group in more["last_model"]["logit_correlation_by_shown_count"].values()]
+    quoted = (
+        f"{int(seconds):,} s to build, {more['epochs'][-1]['seconds']} s to probe on this task's 2-core AMD EPYC; [its "
+        f"record](specificity-probe/stand-in-128-shapes.json) and [log](specificity-probe/stand-in-128-shapes.log)): "
+        f"it tells its shapes apart at {float(built):.2f}, its site-nih model scores {_spread(more, 'mean_auroc')} and "
+        f"its logits correlate {_spread(more, 'logit_correlation', True)}, their mean follows the glyph count at "
+        f"{more['last_model']['mean_logit_vs_shown_count']:.2f} and among images showing the same number they "
+        f"correlate {min(within):.2f} to {max(within):.2f}: the shipped stand-in's specificity at a lower AUROC."
+    )
+    assert quoted in text
+
+    def mean_of(probe: dict, figure: str) -> float:
+        return float(np.mean([epoch[figure] for epoch in probe["epochs"][:9]]))
+
+    assert abs(mean_of(more, "logit_correlation") - mean_of(shipped, "logit_correlation")) < 0.03
+    assert max(e["mean_auroc"] for e in more["epochs"]) < min(e["mean_auroc"] for e in shipped["epochs"])
+    # "neither more images, fainter shapes nor more shapes brought the logit correlation down"
+    for lever in ("stand-in-20000i-8e.json", "stand-in-strength-1-2.json", "stand-in-128-shapes.json"):
+        probe = json.loads((probes / lever).read_text())
+        assert mean_of(probe, "logit_correlation") > mean_of(shipped, "logit_correlation") - 0.03
+        assert min(e["logit_correlation"] for e in probe["epochs"]) > SPECIFIC_LOGIT_CORRELATION, lever
+    assert "Neither more images, fainter shapes nor more shapes brought the logit correlation down." in text
+
+
 def test_the_ceiling_from_the_larger_stand_in_is_its_record_against_the_grids():
     """The page's figures for `centralized_full` from the stand-in built on twice the images, against the CPU grid's
     run of the same setting and seed from the shipped one: test mean AUROC and logit correlation of the selected
