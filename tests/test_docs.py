@@ -7,11 +7,14 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 from monai.networks.nets import DenseNet
 
 from surgical_aggregation.core import judging
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
+from surgical_aggregation.evaluation.run_summary import union_table_lines
 from surgical_aggregation.images.names import NETWORK_ARGUMENTS, SMOKE_DENSENET
 from surgical_aggregation.training.checkpoint import load_checkpoint
 
@@ -847,3 +850,53 @@ def test_the_readmes_other_figures_are_their_records():
     lines = (REPOSITORY / "requirements.txt").read_text().splitlines()
     pins = dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
     assert all(f"`{name}=={pins[name]}`" in readme for name in ("nvflare", "torch", "monai"))
+
+
+def test_the_consortium_page_is_its_runs_records():
+    """docs/cxr-consortium.md: the job's time (its run in the clean sweep), the sites' mean validation AUROC by
+    round and why it falls below chance (``benchmarks/consortium_scores.py``'s record of the job's two models), and
+    its union table (the run's ``union_classes.csv``, kept), each as the records give them."""
+    folder = REPOSITORY / "docs" / "cxr-consortium"
+    text = " ".join((REPOSITORY / "docs" / "cxr-consortium.md").read_text().split())
+    consortium = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())["cxr_consortium"]
+    assert (
+        f"It takes about {round(consortium['seconds'] / 60)} minutes on 2 CPU cores ({consortium['seconds']:.0f} s in "
+        f"the clean sweep's run of it on a 2-core {consortium['machine'].split(' (')[0]}:"
+    ) in text
+    record = json.loads((folder / "scores.json").read_text())
+    rounds, sites = record["rounds"], record["sites"]
+    for model, round_number in (("best", "0"), ("final", "2")):  # the script scored the models the sites validated
+        assert np.mean([site[model]["mean_auroc"] for site in sites.values()]) == pytest.approx(rounds[round_number])
+    assert (
+        f"AUROC is {rounds['-1']:.3f} before training, {rounds['0']:.3f} for the model judged best by validation loss "
+        f"(round 0) and {rounds['2']:.3f} for the final one, below the untrained start"
+    ) in text
+    assert rounds["0"] < rounds["2"] < rounds["-1"] < 0.5
+
+    def spread(model: str, figure: str, digits: int = 2) -> tuple[float, float]:
+        values = [site[model][figure] for site in sites.values()]
+        return round(min(values), digits), round(max(values), digits)
+
+    low, high = spread("best", "features_vs_glyphs")
+    assert f"(their sum correlates {low:.2f} to {high:.2f} with the glyph count, by site)" in text and low > 0
+    weights = {site["best"]["head_weight_mean"] for site in sites.values()}  # one model: one figure
+    (shift,) = weights
+    (spread_sd,) = {round(site["best"]["head_weight_sd"], 3) for site in sites.values()}
+    assert f"moved by {shift:.4f} on average (their spread {spread_sd:.3f} unchanged)" in text
+    # drawn uniform in +-1/sqrt(inputs), the initial rows' spread is that bound over sqrt(3)
+    assert spread_sd == round(1 / math.sqrt(1024) / math.sqrt(3), 3)
+    best, final = spread("best", "mean_logit_vs_features"), spread("final", "mean_logit_vs_features")
+    assert (
+        f"at every site the mean logit correlates {best[1]:.2f} to {best[0]:.2f} with the summed features (the final "
+        f"model: {final[1]:.2f} to {final[0]:.2f})"
+    ) in text
+    assert best[1] < -0.5 and final[1] < -0.5
+    union = pd.read_csv(folder / "union_classes.csv")
+    rows = [
+        {"class": name, "sites": held.split(";"), "labelled_by": count, "shared": shared == "yes"}
+        for name, held, count, shared in union.itertuples(index=False)
+    ]
+    page = (REPOSITORY / "docs" / "cxr-consortium.md").read_text()
+    lines = union_table_lines(rows, limit=10)
+    assert f"U{lines[0][1:]}:\n\n" + "\n".join(lines[1:13]) in page
+    assert f"and {len(rows) - 10} more (the CSV has them all)" in text

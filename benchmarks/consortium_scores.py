@@ -1,0 +1,89 @@
+"""Why the seven-site consortium job's trained models rank findings below chance on its sites' validation images.
+Not a test.
+
+    surgical-aggregation simulate --name cxr_consortium --workspace /tmp/ws
+    python benchmarks/consortium_scores.py --workspace /tmp/ws/cxr_consortium --out docs/cxr-consortium/scores.json
+
+For the job's best and final global models, on each site's validation split as the site reads it (its own site
+config from the workspace): the mean AUROC over its classes, and what the scores follow. The head reads DenseNet121's
+pooled features, which are non-negative (ReLU) and larger in images that show more glyphs; a head that learns its
+classes' low prevalence through its weights before its biases scores every class lower the more the image shows. So,
+per site: the correlation of the mean logit with the summed features, of the summed features with the number of
+glyphs each image shows (``shown_findings.csv``, labelled or not), and of the mean logit with that number; and the
+head's mean weight (its rows start symmetric about 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+from specificity_probe import logits_of, shown_counts
+
+from surgical_aggregation.core.head import NAMED_HEAD
+from surgical_aggregation.core.methods import SiteMethod
+from surgical_aggregation.data.table import PATH_COLUMN
+from surgical_aggregation.evaluation.run_summary import HISTORY_FILE
+from surgical_aggregation.training.checkpoint import load_checkpoint
+from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.loops import head_inputs
+from surgical_aggregation.training.site_data import prepare_site_data, resolve_table, split_table
+from surgical_aggregation.training.trainer import SiteTrainer
+
+MODELS = {"best": "best_FL_global_model.pt", "final": "FL_global_model.pt"}
+
+
+def site_figures(workspace: Path, site: str, log: logging.Logger) -> dict[str, dict[str, float]]:
+    """Each model's figures on ``site``'s validation split."""
+    app = workspace / site / "simulate_job" / f"app_{site}" / "config" / "site_configs" / f"{site}.json"
+    config = site_config_from_dict(json.loads(app.read_text()), site)
+    data = prepare_site_data(config, log)
+    frame = split_table(resolve_table(config), config)["val"].frame
+    glyphs = shown_counts([str(path) for path in frame[PATH_COLUMN]]).astype(float)
+    figures = {}
+    for name, file in MODELS.items():
+        checkpoint = load_checkpoint(workspace / "server" / "simulate_job" / "app_server" / file)
+        trainer = SiteTrainer(config, data, site, log)
+        trainer.set_method(SiteMethod("surgical", checkpoint.meta.get("backbone_strategy", "fedavg")))
+        trainer.load_global(checkpoint.state, checkpoint.class_names)
+        evaluation = trainer.validate()
+        features = head_inputs(trainer.model, trainer.val_loader, trainer.device)[0].numpy().sum(axis=1)
+        mean_logit = logits_of(evaluation.scores).mean(axis=1)
+        weight = checkpoint.state[NAMED_HEAD.weight_key].float()
+        figures[name] = {
+            "mean_auroc": evaluation.mean_auroc,
+            "mean_logit_vs_features": float(np.corrcoef(mean_logit, features)[0, 1]),
+            "features_vs_glyphs": float(np.corrcoef(features, glyphs)[0, 1]),
+            "mean_logit_vs_glyphs": float(np.corrcoef(mean_logit, glyphs)[0, 1]),
+            "head_weight_mean": float(weight.mean()),
+            "head_weight_sd": float(weight.std()),
+        }
+        log.info("%s, %s model: %s", site, name, json.dumps({k: round(v, 4) for k, v in figures[name].items()}))
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workspace", type=Path, required=True, help="the job's workspace (<root>/cxr_consortium)")
+    parser.add_argument("--out", type=Path, required=True, help="write every figure here as JSON")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    log = logging.getLogger("consortium_scores")
+    sites = sorted(path.name for path in args.workspace.glob("site-*") if path.is_dir())
+    if not sites:
+        raise SystemExit(f"{args.workspace}: no site folder (site-*): run the consortium job there first")
+    history = json.loads((args.workspace / "server" / "simulate_job" / "app_server" / HISTORY_FILE).read_text())
+    record = {
+        "rounds": {str(entry["round"]): entry["validation"]["mean_val_auroc"] for entry in history},
+        "sites": {site: site_figures(args.workspace, site, log) for site in sites},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
