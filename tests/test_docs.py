@@ -891,6 +891,25 @@ def test_the_consortium_page_is_its_runs_records():
         f"model: {final[1]:.2f} to {final[0]:.2f})"
     ) in text
     assert best[1] < -0.5 and final[1] < -0.5
+    alone, prior = record["alone"], record["prior_prevalence"]
+    initial = json.loads((folder / "round_history.json").read_text())[0]["validation"]["sites"]
+    for site, runs in alone.items():  # each site alone starts where the federation did
+        assert runs["as_started"][0] == runs["prior"][0] == pytest.approx(initial[site]["val_mean_auroc"], abs=1e-9)
+        # and its warm-up is the federation's round 0 at that site (its local model's AUROC: other thread counts)
+        assert runs["as_started"][1] == pytest.approx(initial[site]["local_val_mean_auroc"], abs=0.005)
+    quoted = []
+    for epoch in (1, 3):
+        started, remedied = ([runs[kind][epoch] for runs in alone.values()] for kind in ("as_started", "prior"))
+        higher = sum(after > before for before, after in zip(started, remedied, strict=True))
+        lower = sum(after < before for before, after in zip(started, remedied, strict=True))
+        quoted.append((np.mean(started), np.mean(remedied), higher, lower))
+    (warm, warm_to, warm_higher, _), (later, later_to, later_higher, later_lower) = quoted
+    assert (
+        f"Tried on each site alone at {prior * 100:g} % (the same script, its record's `alone`: each site's config "
+        f"from the job's random start, the warm-up then two epochs, one seed), it raises the sites' mean validation AUROC "
+        f"after the warm-up from {warm:.3f} to {warm_to:.3f} (higher at {warm_higher} sites of {len(alone)}) and after "
+        f"two more epochs from {later:.3f} to {later_to:.3f} (higher at {later_higher}, lower at {later_lower})."
+    ) in text
     union = pd.read_csv(folder / "union_classes.csv")
     rows = [
         {"class": name, "sites": held.split(";"), "labelled_by": count, "shared": shared == "yes"}
