@@ -906,9 +906,9 @@ def test_the_consortium_page_is_its_runs_records():
     (warm, warm_to, warm_higher, _), (later, later_to, later_higher, later_lower) = quoted
     assert (
         f"Tried on each site alone at {prior * 100:g} % (the same script, its record's `alone`: each site's config "
-        f"from the job's random start, the warm-up then two epochs, one seed), it raises the sites' mean validation AUROC "
-        f"after the warm-up from {warm:.3f} to {warm_to:.3f} (higher at {warm_higher} sites of {len(alone)}) and after "
-        f"two more epochs from {later:.3f} to {later_to:.3f} (higher at {later_higher}, lower at {later_lower})."
+        f"from the job's random start, the warm-up then two epochs, one seed), it raises the sites' mean validation "
+        f"AUROC after the warm-up from {warm:.3f} to {warm_to:.3f} (higher at {warm_higher} sites of {len(alone)}) and "
+        f"after two more epochs from {later:.3f} to {later_to:.3f} (higher at {later_higher}, lower at {later_lower})."
     ) in text
     union = pd.read_csv(folder / "union_classes.csv")
     rows = [
