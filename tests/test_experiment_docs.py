@@ -3,6 +3,7 @@ tables is one a reader finds in a seeds.md or summary.md of docs/benchmark/ (the
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import re
@@ -521,3 +522,46 @@ def test_the_cpu_grids_minutes_a_run_are_its_finished_runs_own():
     shortest, longest = (int(value / 60 + 0.5) for value in (min(seconds), max(seconds)))
     page = " ".join((BENCHMARK / "README.md").read_text().split())
     assert f"({shortest} to {longest} minutes a run on them, by the runs' own records)" in page
+    federations = [
+        json.loads(path.read_text())["seconds"]
+        for method in ("surgical", "vanilla", "partial_loss")
+        for path in (BENCHMARK / "full-psi-cpu" / "runs").glob(f"*/{method}/seed*/result.json")
+    ]
+    assert len(federations) == 27
+    minutes = [int(value / 60 + 0.5) for value in (min(federations), max(federations))]
+    cpu_minutes = [int(2 * value / 60 + 0.5) for value in (min(federations), max(federations))]
+    assert (
+        f"took {minutes[0]} to {minutes[1]} minutes of these machines' 2 cores by its runs' records ({cpu_minutes[0]} "
+        f"to {cpu_minutes[1]} CPU-minutes), against a target of 20 CPU-minutes"
+    ) in page
+
+
+def test_the_first_full_network_runs_table_is_their_summaries():
+    """The page's table of the first CPU runs (psi 12/14, seed 0): each row's selected round, NIH test mean AUROC with
+    its CI, logit correlation and AUROC lost to one score, as the two grids' summary.csv give them."""
+    rows = {}
+    for grid in ("full-cpu", "full-cpu-centralized"):
+        with open(BENCHMARK / grid / "summary.csv") as handle:
+            for row in csv.DictReader(handle):
+                if row["test_set"] == "nih":
+                    rows[row["method"], row["model"]] = row
+
+    def cells(method: str) -> str:
+        row = rows[method, "selected"]
+        auroc = f"{float(row['mean_auroc']):.3f} ({float(row['ci_low']):.3f}–{float(row['ci_high']):.3f})"
+        specific = f"{float(row['logit_correlation']):.2f} / {float(row['shared_score_auroc_loss']):.3f}"
+        return f"{auroc} | {specific} |"
+
+    stopped = rows["vanilla", "last"]
+    assert stopped["stopped_early"] == "True"
+    page = (BENCHMARK / "README.md").read_text()
+    expected = [
+        f"| surgical aggregation ({rows['surgical', 'selected']['round']}) | {cells('surgical')}",
+        f"| vanilla FL ({rows['vanilla', 'selected']['round']}; early stopping at round {stopped['round']}) | "
+        f"{cells('vanilla')}",
+        f"| `centralized_full` ({rows['centralized_full', 'selected']['round']}) | {cells('centralized_full')}",
+        f"| `centralized` ({rows['centralized', 'selected']['round']}): the sites' partial labels pooled, run at stop "
+        f"65 ([summary.md](full-cpu-centralized/summary.md)) | {cells('centralized')}",
+    ]
+    for line in expected:
+        assert line in page, line
