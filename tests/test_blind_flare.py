@@ -223,3 +223,33 @@ def test_both_workflows_refuse_a_bad_setting_by_the_same_rule(setting, reason):
     for workflow in (SurgicalAggregatorShareable, BlindSurgicalAggregator):
         with pytest.raises(ValueError, match=reason):
             workflow(**setting)
+
+
+def test_the_threat_model_pages_figures_are_the_cost_record_and_the_flooding_constants():
+    """docs/blind.md's prose about the measured cost (its ranges over cost.json's four rows) and about the flooding
+    (the standard deviation on a sum and at one site of ten images, and how many sites the tested error bound covers:
+    the norm grows as the square root of the sites, held at an eighth of the budget for MOST_SITES)."""
+    from surgical_aggregation.core.blind import FLOODING_SD, MOST_SITES
+
+    page = " ".join((REPOSITORY / "docs" / "blind.md").read_text().split())
+    rows = json.loads((REPOSITORY / "docs" / "blind" / "cost.json").read_text())
+
+    def span(key: str, form: str = ".1f") -> str:
+        values = [row[key] for row in rows]
+        return f"{min(values):{form}} to {max(values):{form}}"
+
+    ratios = [row["blind_bytes_per_site"] / row["plain_bytes_per_site"] for row in rows]
+    assert f"A site sends {min(ratios):.0f} to {max(ratios):.0f} times the bytes of the plain job" in page
+    assert (
+        f"Encryption costs a site {span('blind_site_encrypt_seconds')} s a round and decryption with its flooding "
+        f"{span('blind_site_decrypt_seconds')} s, against minutes of training; the server's additions take "
+        f"{span('blind_server_add_seconds')} s."
+    ) in page
+    largest = max(row["largest_difference"] for row in rows)
+    assert f"The largest difference from plain aggregation, {largest:.1e}".replace("e-07", "e-7") in page
+    on_a_sum = f"{FLOODING_SD:.1e}"
+    assert f"That gives {on_a_sum} on each summed value" in page
+    assert f"(the flooding is {on_a_sum} on a sum)" in page
+    one_small_site = f"{FLOODING_SD / (10 / 10_000):.1e}".replace("e-08", "e-8")  # its weight: 10 images over 10,000
+    assert f"over 10,000): {one_small_site} at one site of ten images" in page
+    assert f"at the 2^21 the test holds for {MOST_SITES} sites, the bound holds to {MOST_SITES * 8**2:,})" in page

@@ -58,7 +58,7 @@ SCALE_BITS = 96
 # Li and Micciancio (EUROCRYPT 2021) recover the secret key. E bounds the Euclidean norm of CKKS's error over a
 # ciphertext's values on a sum of fresh ciphertexts: ``NOISE_UNITS`` in the encoding's integer units, 18 times the
 # measured 2^19.8 on a sum of 100 encryptions of zero (``tests/test_blind.py`` holds it under 2^21); the norm grows
-# as the square root of the sites, so the bound holds to 25,000 sites.
+# as the square root of the sites, so at 2^21 for 100 the bound holds to 6,400 sites (MOST_SITES caps a job at 100).
 NOISE_UNITS = 2**24
 STATISTICAL_SECURITY_BITS = 30
 # t: the distinct ciphertexts one job's sites decrypt. A site's noise is a function of the ciphertext (below), so
