@@ -522,6 +522,8 @@ def test_the_cpu_grids_minutes_a_run_are_its_finished_runs_own():
     shortest, longest = (int(value / 60 + 0.5) for value in (min(seconds), max(seconds)))
     page = " ".join((BENCHMARK / "README.md").read_text().split())
     assert f"({shortest} to {longest} minutes a run on them, by the runs' own records)" in page
+    reproducing = (BENCHMARK.parent / "reproducing-the-papers.md").read_text()
+    assert f"as docs/benchmark/full-psi-cpu has it ({shortest} to {longest} minutes a run)" in reproducing
     federations = [
         json.loads(path.read_text())["seconds"]
         for method in ("surgical", "vanilla", "partial_loss")
