@@ -567,3 +567,39 @@ def test_the_first_full_network_runs_table_is_their_summaries():
     ]
     for line in expected:
         assert line in page, line
+
+
+def test_the_report_labelling_table_is_its_grids_summary():
+    """docs/reproducing-the-papers.md's report-labelling table: mean (± sample sd over the 3 partitions) test AUROC and
+    Youden accuracy of surgical aggregation at 2, 5 and 10 nodes and of the centralized baseline at 2's partitions,
+    and the centralized runs over every node count, as the report_nodes grid's summary.csv gives them."""
+    with open(BENCHMARK.parent / "report-labeling" / "nodes" / "summary.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    runs: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for row in rows:
+        runs.setdefault((int(float(row["value"])), row["method"]), []).append(
+            (float(row["mean_auroc"]), float(row["mean_accuracy"]))
+        )
+    assert {len(values) for values in runs.values()} == {3}
+
+    def cell(nodes: int, method: str, spread: bool) -> str:
+        aurocs, accuracies = zip(*runs[nodes, method], strict=True)
+        if not spread:
+            return f"{np.mean(aurocs):.3f} | {np.mean(accuracies):.3f}"
+        return (
+            f"{np.mean(aurocs):.3f} ± {np.std(aurocs, ddof=1):.3f} | "
+            f"{np.mean(accuracies):.3f} ± {np.std(accuracies, ddof=1):.3f}"
+        )
+
+    page = (BENCHMARK.parent / "reproducing-the-papers.md").read_text()
+    assert f"| centralized (at K = 2's partitions) | {cell(2, 'centralized_full', True)} | 91.7% |" in page
+    assert f"| 2 nodes, surgical aggregation | {cell(2, 'surgical', True)} | about 90% |" in page
+    assert f"| 5 nodes | {cell(5, 'surgical', False)} | |" in page
+    assert f"| 10 nodes | {cell(10, 'surgical', False)} | 74.7% |" in page
+    central = [run for (_, method), values in runs.items() if method == "centralized_full" for run in values]
+    images = {row["images"] for row in rows}
+    assert images == {"785"} and "On the held-out IU test split (785 reports; mean ± sd over 3 partitions" in page
+    assert (
+        f"over all {len(central)} centralized runs {np.mean([auroc for auroc, _ in central]):.3f} / "
+        f"{np.mean([accuracy for _, accuracy in central]):.3f}"
+    ) in page
