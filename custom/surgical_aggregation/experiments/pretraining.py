@@ -86,6 +86,14 @@ class Pretraining:
             f"-lr{self.learning_rate:g}-b{self.batch_size}-s{self.seed}{strength}{shapes}"
         )
 
+    def settings(self) -> dict[str, Any]:
+        """What a weights file records of these settings: the default vocabulary's size is left out, as from its name,
+        so that a default build writes the record the shipped stand-in holds."""
+        settings = asdict(self)
+        if self.shapes == PATTERN_COUNT:
+            del settings["shapes"]
+        return settings
+
     def describe(self) -> str:
         low, high = self.pattern_strength
         brightness = "" if low == high == PATTERN_STRENGTH else f", {low:g}-{high:g} times a finding's brightness"
@@ -168,7 +176,7 @@ def pretrained_backbone(
                 evaluation.mean_auroc,
             )
         backbone = {key: value for key, value in trainer.state_dict().items() if key not in NAMED_HEAD.keys}
-        record = {**asdict(pretraining), "description": pretraining.describe(), "classes": len(data.class_names)}
+        record = {**pretraining.settings(), "description": pretraining.describe(), "classes": len(data.class_names)}
         payload: dict[str, Any] = {"state_dict": backbone, PRETRAINING_KEY: json.dumps(record)}
         write_atomically(path, lambda handle: torch.save(payload, handle), "pretrained backbone")
         log.info("pretrained backbone in %.0f s: %s", time.perf_counter() - started, path)
