@@ -354,3 +354,19 @@ def test_the_head_only_grid_runs_both_controls_over_seeds_and_tabulates_them(tmp
     assert {"seed_ci_low", "difference", "first_round_selected", "stopped_early"} <= set(seeds.columns)
     assert (tmp_path / "out" / "plots" / "mean_auroc_vs_psi_nih_controls.png").is_file()
     assert "| 12/14 | absent | vanilla FL | 2 |" in (tmp_path / "out" / "seeds.md").read_text()
+
+
+def test_a_runs_machine_names_the_kernels_its_floats_came_from(monkeypatch, tmp_path):
+    """Two VMs that both say "AMD EPYC" may run other kernels (a stand-in built on one of AVX512 differs in every
+    weight from the shipped build): a run's machine names the CPU's family, model and torch's instruction set."""
+    import torch
+
+    from surgical_aggregation.experiments import grid_run
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n")
+    real_path = grid_run.Path
+    monkeypatch.setattr(grid_run, "Path", lambda name: cpuinfo if name == "/proc/cpuinfo" else real_path(name))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    kernels = torch.backends.cpu.get_cpu_capability()
+    assert grid_run.machine() == f"AMD EPYC, family 25 model 17, {kernels} ({os.cpu_count()} cores)"

@@ -92,15 +92,22 @@ def execute(run: Run, out: Path, profile: Profile, options: RunOptions) -> dict:
 
 
 def machine() -> str:
-    """Where a run ran: the GPU's name, or the CPU's model, and the cores."""
+    """Where a run ran: the GPU's name, or the CPU's model, and the cores. A virtual machine's CPU may name only its
+    brand ("AMD EPYC"), under which CPUs of different kernels run: its family and model and the instruction set
+    torch's kernels use (AVX2, AVX512) tell them apart."""
     import torch
 
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)} ({os.cpu_count()} cores)"
     info = Path("/proc/cpuinfo")
     lines = info.read_text().splitlines() if info.is_file() else []
-    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "CPU")
-    return f"{model} ({os.cpu_count()} cores)"
+
+    def field(name: str) -> str | None:
+        return next((line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() == name), None)
+
+    generation = f", family {field('cpu family')} model {field('model')}" if field("cpu family") else ""
+    kernels = torch.backends.cpu.get_cpu_capability()
+    return f"{field('model name') or 'CPU'}{generation}, {kernels} ({os.cpu_count()} cores)"
 
 
 def save_trained(folder: Path, models: dict[str, dict[str, list[Path]]], record: dict, seconds: float) -> None:
