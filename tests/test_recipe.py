@@ -349,3 +349,28 @@ def test_every_caller_starts_from_the_shipped_stand_in_the_cpu_grids_runs_starte
     expected = json.loads(json.dumps(stand_in.settings()))  # what a build here writes: the shipped file's record
     assert record == {**expected, "description": stand_in.describe(), "classes": 32}
     assert not batchnorm_at_defaults(payload["state_dict"])
+
+
+def test_the_docs_say_a_build_of_the_stand_in_has_its_bits_only_on_cpus_of_the_same_kernels():
+    """docs/data.md and the benchmark page against a rebuild's record (``benchmarks/stand_in_bits.py``): built here on a
+    CPU of other kernels, every tensor differs from the shipped file's, and the page's figures are the record's."""
+    record = json.loads((REPOSITORY / "docs" / "stand-in" / "rebuild-amd-epyc-25-17.json").read_text())
+    shipped = pretraining.shipped_stand_in(pretraining.Pretraining(64, **STAND_IN_PRETRAINING))
+    assert (
+        record["built"] == shipped.name and record["shipped_sha256"] == hashlib.sha256(shipped.read_bytes()).hexdigest()
+    )
+    assert record["built_sha256"] != record["shipped_sha256"] and record["tensors_that_differ"] == record["tensors"]
+    assert record["machine"].startswith("AMD EPYC, family 25 model 17, AVX512")
+    page = " ".join((REPOSITORY / "docs" / "benchmark" / "README.md").read_text().split())
+    convolution = record["first_convolution"]
+    assert (
+        f"built on an AMD EPYC of family 25, model 17 (AVX512), every one of the {record['tensors']} tensors differs "
+        f"(the first convolution's weights by up to {convolution['largest_difference']:.2f}, where they average "
+        f"{convolution['mean_absolute_weight']:.2f} in size), though it tells its shapes apart as well (validation "
+        f"AUROC {record['validation_mean_auroc_by_epoch'][-1]:.2f}; {record['seconds']:,} s;"
+    ) in page
+    data = " ".join((REPOSITORY / "docs" / "data.md").read_text().split())
+    assert (
+        "`pretrain` builds the same bits only on a CPU of the same kernels (on an AVX512 AMD EPYC every weight" in data
+    )
+    assert f"({round(record['seconds'] / 60)} to 40 minutes on 2 CPU cores at 64 px)" in data
