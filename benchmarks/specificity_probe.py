@@ -12,8 +12,10 @@ its logits, and the AUROC lost by ranking every finding by one shared score). Th
 shared part of its logits follows: the correlation of the mean logit with the number of findings each image shows
 (its glyphs, labelled or not: ``shown_findings.csv``), and the logit correlation among images showing the same
 number. The levers it takes (``--pattern-strength``: the stand-in's shapes' brightness; ``--pretraining``: its
-images and epochs; ``--pretraining-shapes``: how many shapes it tells apart; ``--no-augment``; ``--epochs``) are those
-issue 49 tried for the main job's logit correlation; ``--out`` writes every figure as JSON.
+images and epochs; ``--pretraining-shapes``: how many shapes it tells apart; ``--no-augment``; ``--epochs``) are
+those issue 49 tried for the main job's logit correlation; ``--rebuilt`` (the same recipe built on this machine, not
+the bundle's copy) measures how far two builds of one recipe lie apart, the noise the levers are read against.
+``--out`` writes every figure as JSON.
 """
 
 from __future__ import annotations
@@ -102,6 +104,11 @@ def main() -> None:
         metavar="SHAPES",
         help=f"how many shapes the stand-in tells apart (default {PATTERN_COUNT}: the job's; another builds its own)",
     )
+    parser.add_argument(
+        "--rebuilt",
+        action="store_true",
+        help="the stand-in this machine built (in --cache), not the bundle's copy: how far two builds' models differ",
+    )
     parser.add_argument("--cache", type=Path, default=None, help="cache root (embedded data, the stand-in weights)")
     parser.add_argument("--out", type=Path, default=None, help="write every figure here as JSON")
     args = parser.parse_args()
@@ -124,7 +131,7 @@ def main() -> None:
         pattern_strength=tuple(args.pattern_strength),
         shapes=args.pretraining_shapes,
     )
-    weights = pretrained_backbone(pretraining, args.cache, log)  # the stand-in's own recipe, as the job's
+    weights = pretrained_backbone(pretraining, args.cache, log, shipped=not args.rebuilt)  # as the job's, or rebuilt
     data = prepare_site_data(config, log)
     trainer = SiteTrainer(config, data, SITE, log)
     classes = sorted(data.class_names)
