@@ -32,6 +32,7 @@ from surgical_aggregation.core.head import extend_head
 from surgical_aggregation.core.methods import SiteMethod
 from surgical_aggregation.data.table import PATH_COLUMN
 from surgical_aggregation.evaluation.metrics import score_specificity
+from surgical_aggregation.experiments.grid_run import machine
 from surgical_aggregation.experiments.pretraining import Pretraining, pretrained_backbone
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.images.synthetic import PATTERN_STRENGTH, SHOWN_FILE, read_shown
@@ -160,6 +161,7 @@ def main() -> None:
         )
         print(json.dumps({key: round(v, 4) if isinstance(v, float) else v for key, v in epochs[-1].items()}))
     summary = {
+        "machine": machine(),  # another CPU's kernels give another model (docs/benchmark: two builds of one recipe)
         "stand_in": weights.name,
         "augment": not args.no_augment,
         "warmup_epochs": config.warmup_epochs,
