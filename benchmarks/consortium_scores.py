@@ -30,18 +30,18 @@ import numpy as np
 import torch
 from specificity_probe import logits_of, shown_counts
 
-from surgical_aggregation.core.head import NAMED_HEAD, extend_head
+from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.methods import SiteMethod
 from surgical_aggregation.data.table import PATH_COLUMN
-from surgical_aggregation.evaluation.run_summary import HISTORY_FILE
+from surgical_aggregation.experiments.pretraining import InitialModel
+from surgical_aggregation.flare.simulation import FederationResult
 from surgical_aggregation.images.names import ARCHITECTURE
-from surgical_aggregation.training.checkpoint import initial_global_state, load_checkpoint
+from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import SiteConfig, site_config_from_dict
 from surgical_aggregation.training.loops import head_inputs
 from surgical_aggregation.training.site_data import SiteData, prepare_site_data, resolve_table, split_table
 from surgical_aggregation.training.trainer import SiteTrainer
 
-MODELS = {"best": "best_FL_global_model.pt", "final": "FL_global_model.pt"}
 PRIOR_PREVALENCE = 0.05  # the remedy's starting probability of every class
 ALONE_EPOCHS = 3  # the warm-up, then two epochs
 
@@ -50,15 +50,16 @@ def site_config_file(workspace: Path, site: str) -> Path:
     return workspace / site / "simulate_job" / f"app_{site}" / "config" / "site_configs" / f"{site}.json"
 
 
-def site_figures(workspace: Path, site: str, log: logging.Logger) -> dict[str, dict[str, float]]:
+def site_figures(
+    federation: FederationResult, config: SiteConfig, data: SiteData, site: str, log: logging.Logger
+) -> dict[str, dict[str, float]]:
     """Each model's figures on ``site``'s validation split."""
-    config = site_config_from_dict(json.loads(site_config_file(workspace, site).read_text()), site)
-    data = prepare_site_data(config, log)
     frame = split_table(resolve_table(config), config)["val"].frame
     glyphs = shown_counts([str(path) for path in frame[PATH_COLUMN]]).astype(float)
     figures = {}
-    for name, file in MODELS.items():
-        checkpoint = load_checkpoint(workspace / "server" / "simulate_job" / "app_server" / file)
+    models = {"best": federation.best_global_model, "final": federation.final_global_model}
+    for name, path in models.items():
+        checkpoint = load_checkpoint(path)
         trainer = SiteTrainer(config, data, site, log)
         trainer.set_method(SiteMethod("surgical", checkpoint.meta.get("backbone_strategy", "fedavg")))
         trainer.load_global(checkpoint.state, checkpoint.class_names)
@@ -83,7 +84,7 @@ def alone(config: SiteConfig, data: SiteData, site: str, prior: float | None, lo
     its validation AUROC before training and after each epoch (the first is the head warm-up)."""
     trainer = SiteTrainer(config, data, site, log)
     classes = sorted(data.class_names)
-    state, _ = extend_head(initial_global_state(ARCHITECTURE, trainer.preprocessing, config.seed), [], classes)
+    state = InitialModel().state(ARCHITECTURE, trainer.preprocessing, config.seed, classes)
     if prior is not None:
         state[NAMED_HEAD.bias_key] = torch.full_like(state[NAMED_HEAD.bias_key], math.log(prior / (1 - prior)))
     trainer.set_method(SiteMethod("surgical", "fedavg"))
@@ -106,16 +107,18 @@ def main() -> None:
     sites = sorted(path.name for path in args.workspace.glob("site-*") if path.is_dir())
     if not sites:
         raise SystemExit(f"{args.workspace}: no site folder (site-*): run the consortium job there first")
-    history = json.loads((args.workspace / "server" / "simulate_job" / "app_server" / HISTORY_FILE).read_text())
+    federation = FederationResult(args.workspace)
+    history = json.loads(federation.history.read_text())
     record = {
         "rounds": {str(entry["round"]): entry["validation"]["mean_val_auroc"] for entry in history},
-        "sites": {site: site_figures(args.workspace, site, log) for site in sites},
+        "sites": {},
         "prior_prevalence": PRIOR_PREVALENCE,
         "alone": {},
     }
-    for site in sites:
+    for site in sites:  # each site's data read once, for both parts
         config = site_config_from_dict(json.loads(site_config_file(args.workspace, site).read_text()), site)
         data = prepare_site_data(config, log)
+        record["sites"][site] = site_figures(federation, config, data, site, log)
         record["alone"][site] = {
             "as_started": alone(config, data, site, None, log),
             "prior": alone(config, data, site, PRIOR_PREVALENCE, log),
