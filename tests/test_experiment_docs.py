@@ -26,11 +26,28 @@ def _psi_12_of_14(grid: str, control: str, method: str = "vanilla") -> pd.Series
     ].iloc[0]  # fmt: skip
 
 
+def _nine(probe: dict, figure: str) -> list[float]:
+    """A probe's figure at its first nine validations (the warm-up's, then eight epochs): what the page reads."""
+    return [epoch[figure] for epoch in probe["epochs"][:9]]
+
+
+def _mean(probe: dict, figure: str) -> float:
+    return float(np.mean(_nine(probe, figure)))
+
+
 def _spread(probe: dict, figure: str, mean: bool = False) -> str:
     """A probe's figure over its first nine validations as the page quotes it: "low to high" and "(mean m)"."""
-    values = [epoch[figure] for epoch in probe["epochs"][:9]]
+    values = _nine(probe, figure)
     quoted = f"{min(values):.2f} to {max(values):.2f}"
-    return quoted + (f" (mean {sum(values) / len(values):.2f})" if mean else "")
+    return quoted + (f" (mean {_mean(probe, figure):.2f})" if mean else "")
+
+
+def _stand_in_build(log: Path, name: str) -> tuple[int, float]:
+    """A stand-in build's seconds and its own shapes' validation AUROC after its last epoch, from its log."""
+    text = log.read_text()
+    (seconds,) = re.findall(rf"pretrained backbone in (\d+) s: \S+{re.escape(name)}", text)
+    (auroc,) = re.findall(r"pretraining epoch 8/8: validation loss [\d.]+, mean AUROC ([\d.]+)", text)
+    return int(seconds), float(auroc)
 
 
 def test_every_figure_the_benchmark_page_quotes_is_in_a_summary_of_its_grids():
@@ -301,16 +318,13 @@ def test_the_larger_stand_ins_probe_is_its_record_against_the_shipped_ones():
     assert larger["stand_in"].startswith("patterns-v2.2-64px-20000i-8e-") and larger["warmup_epochs"] == 15
     assert shipped["stand_in"].startswith("patterns-v2.2-64px-10000i-8e-") and shipped["warmup_epochs"] == 15
     text = " ".join((BENCHMARK / "README.md").read_text().split())
-    log = (probes / "stand-in-20000i-8e.log").read_text()
-    (built,) = re.findall(r"pretraining epoch 8/8: validation loss [\d.]+, mean AUROC ([\d.]+)", log)
-    (seconds,) = re.findall(r"pretrained backbone in (\d+) s: \S+20000i-8e-", log)
-    rebuild = (BENCHMARK.parent / "stand-in" / "rebuild-amd-epyc-25-17.log").read_text()
-    (recipe,) = re.findall(r"pretraining epoch 8/8: validation loss [\d.]+, mean AUROC ([\d.]+)", rebuild)
+    seconds, built = _stand_in_build(probes / "stand-in-20000i-8e.log", "20000i-8e-")
+    _, recipe = _stand_in_build(BENCHMARK.parent / "stand-in" / "rebuild-amd-epyc-25-17.log", "-s0.pt")
     assert (
-        f"its 32 shapes apart at a validation AUROC of {float(built):.2f} where the shipped recipe reaches "
-        f"{float(recipe):.2f} ([a rebuild's log](../stand-in/rebuild-amd-epyc-25-17.log))"
+        f"its 32 shapes apart at a validation AUROC of {built:.2f} where the shipped recipe reaches "
+        f"{recipe:.2f} ([a rebuild's log](../stand-in/rebuild-amd-epyc-25-17.log))"
     ) in text
-    assert f"{int(seconds):,} s to build, {larger['epochs'][-1]['seconds']} s to probe" in text
+    assert f"{seconds:,} s to build, {larger['epochs'][-1]['seconds']} s to probe" in text
     assert len(larger["epochs"]) == len(shipped["epochs"]) == 9  # "over the nine epochs"
     assert all(  # "raised site-nih's AUROC at every epoch"
         ours["mean_auroc"] > theirs["mean_auroc"]
@@ -340,18 +354,12 @@ def test_the_fainter_stand_ins_probe_is_its_record():
     fainter = json.loads((probes / "stand-in-strength-1-2.json").read_text())
     shipped = json.loads((probes / "warmup-15.json").read_text())
     assert fainter["stand_in"].endswith("-10000i-8e-lr0.001-b64-s0-str1-2.pt") and fainter["warmup_epochs"] == 15
-    (seconds,) = re.findall(
-        r"pretrained backbone in (\d+) s: \S+-str1-2\.pt", (probes / "stand-in-strength-1-2.log").read_text()
-    )
+    seconds, _ = _stand_in_build(probes / "stand-in-strength-1-2.log", "-str1-2.pt")
     text = " ".join((BENCHMARK / "README.md").read_text().split())
     assert "(`--pattern-strength 1 2`: each shape drawn at one to two times a finding's brightness" in text
-    assert f"{int(seconds):,} s to build, {fainter['epochs'][-1]['seconds']} s to probe" in text
+    assert f"{seconds:,} s to build, {fainter['epochs'][-1]['seconds']} s to probe" in text
     assert len(fainter["epochs"]) == 9
-
-    def mean_correlation(probe: dict) -> float:
-        return float(np.mean([epoch["logit_correlation"] for epoch in probe["epochs"]]))
-
-    assert mean_correlation(fainter) > mean_correlation(shipped)  # "more than"
+    assert _mean(fainter, "logit_correlation") > _mean(shipped, "logit_correlation")  # "more than"
     assert (
         f"its site-nih model scores {_spread(fainter, 'mean_auroc')} and its logits correlate "
         f"{_spread(fainter, 'logit_correlation', True)}, more than from the shipped stand-in"
@@ -369,30 +377,24 @@ def test_the_stand_in_of_128_shapes_probe_is_its_record():
     shipped = json.loads((probes / "warmup-15.json").read_text())
     assert more["stand_in"].endswith("-10000i-8e-lr0.001-b64-s0-shapes128.pt") and more["warmup_epochs"] == 15
     assert len(more["epochs"]) == 9
-    log = (probes / "stand-in-128-shapes.log").read_text()
-    (seconds,) = re.findall(r"pretrained backbone in (\d+) s: \S+-shapes128\.pt", log)
-    (built,) = re.findall(r"pretraining epoch 8/8: validation loss [\d.]+, mean AUROC ([\d.]+)", log)
+    seconds, built = _stand_in_build(probes / "stand-in-128-shapes.log", "-shapes128.pt")
     text = " ".join((BENCHMARK / "README.md").read_text().split())
     within = [group["logit_correlation"] for group in more["last_model"]["logit_correlation_by_shown_count"].values()]
     quoted = (
-        f"{int(seconds):,} s to build, {more['epochs'][-1]['seconds']} s to probe on this task's 2-core AMD EPYC; [its "
+        f"{seconds:,} s to build, {more['epochs'][-1]['seconds']} s to probe on this task's 2-core AMD EPYC; [its "
         f"record](specificity-probe/stand-in-128-shapes.json) and [log](specificity-probe/stand-in-128-shapes.log)): "
-        f"it tells its shapes apart at {float(built):.2f}, its site-nih model scores {_spread(more, 'mean_auroc')} and "
+        f"it tells its shapes apart at {built:.2f}, its site-nih model scores {_spread(more, 'mean_auroc')} and "
         f"its logits correlate {_spread(more, 'logit_correlation', True)}, their mean follows the glyph count at "
         f"{more['last_model']['mean_logit_vs_shown_count']:.2f} and among images showing the same number they "
         f"correlate {min(within):.2f} to {max(within):.2f}: the shipped stand-in's specificity at a lower AUROC."
     )
     assert quoted in text
-
-    def mean_of(probe: dict, figure: str) -> float:
-        return float(np.mean([epoch[figure] for epoch in probe["epochs"][:9]]))
-
-    assert abs(mean_of(more, "logit_correlation") - mean_of(shipped, "logit_correlation")) < 0.03
+    assert abs(_mean(more, "logit_correlation") - _mean(shipped, "logit_correlation")) < 0.03
     assert max(e["mean_auroc"] for e in more["epochs"]) < min(e["mean_auroc"] for e in shipped["epochs"])
     # "neither more images, fainter shapes nor more shapes brought the logit correlation down"
     for lever in ("stand-in-20000i-8e.json", "stand-in-strength-1-2.json", "stand-in-128-shapes.json"):
         probe = json.loads((probes / lever).read_text())
-        assert mean_of(probe, "logit_correlation") > mean_of(shipped, "logit_correlation") - 0.03
+        assert _mean(probe, "logit_correlation") > _mean(shipped, "logit_correlation") - 0.03
         assert min(e["logit_correlation"] for e in probe["epochs"]) > SPECIFIC_LOGIT_CORRELATION, lever
     assert "Neither more images, fainter shapes nor more shapes brought the logit correlation down." in text
 
@@ -409,13 +411,10 @@ def test_two_builds_of_the_stand_in_recipe_are_read_against_the_levers():
         == "patterns-v2.2-64px-10000i-8e-lr0.001-b64-s0.pt"
     )
     assert rebuilt["warmup_epochs"] == 15 and len(rebuilt["epochs"]) == 9
-
-    def mean_r(probe: dict) -> float:
-        return float(np.mean([epoch["logit_correlation"] for epoch in probe["epochs"][:9]]))
-
-    apart = abs(mean_r(rebuilt) - mean_r(shipped))
+    reference = _mean(shipped, "logit_correlation")
+    apart = abs(_mean(rebuilt, "logit_correlation") - reference)
     for lever in ("stand-in-20000i-8e.json", "stand-in-128-shapes.json"):
-        assert abs(mean_r(json.loads((probes / lever).read_text())) - mean_r(shipped)) < apart, lever
+        assert abs(_mean(json.loads((probes / lever).read_text()), "logit_correlation") - reference) < apart, lever
     text = " ".join((BENCHMARK / "README.md").read_text().split())
     assert (
         f"gives site-nih a model scoring {_spread(rebuilt, 'mean_auroc')} whose logits correlate "
