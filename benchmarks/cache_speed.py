@@ -4,12 +4,15 @@ Not a test: it generates NIH-sized (1024 x 1024 PNG) images in a temporary folde
 (1) decoding + resizing from the PNGs, as every epoch would without a cache, (2) building the
 cache once, and (3) reading the cached uint8 arrays, with and without the training augmentation (batches of 64, CPU).
 
-    python benchmarks/cache_speed.py --images 200 --size 224
+    python benchmarks/cache_speed.py --images 200 --size 224 --out docs/data/cache_speed.json
+
+``--out`` keeps each path's images/s, the settings and the machine (docs/data.md's table is held to it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from surgical_aggregation.experiments.grid_run import machine
 from surgical_aggregation.images.cache import build_cache
 from surgical_aggregation.images.decode import read_grayscale
 from surgical_aggregation.images.layouts import load_table
@@ -34,6 +38,7 @@ def main() -> None:
     parser.add_argument("--source-size", type=int, default=1024, help="side of the generated PNGs (NIH: 1024)")
     parser.add_argument("--size", type=int, default=224, help="training image side")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decoding threads for the cache build")
+    parser.add_argument("--out", type=Path, help="JSON record of the rates, settings and machine")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -66,15 +71,25 @@ def main() -> None:
             transform(torch.stack([torch.from_numpy(cache.read(path)) for path in paths[first : first + 64]]))
         transform_seconds = time.perf_counter() - started
 
-        rows = [
-            ("decode + resize from source (1 thread)", source_seconds),
-            (f"build the cache ({args.workers} threads)", build_seconds),
-            ("read from the cache", cache_seconds),
-            ("read from the cache + training augmentation", transform_seconds),
-        ]
-        for label, seconds in rows:
+        rows = {
+            "decode + resize from source (1 thread)": source_seconds,
+            f"build the cache ({args.workers} threads)": build_seconds,
+            "read from the cache": cache_seconds,
+            "read from the cache + training augmentation": transform_seconds,
+        }
+        for label, seconds in rows.items():
             print(f"{label:<44}{_rate(len(paths), seconds)}")
         print(f"\ncache read is {source_seconds / cache_seconds:.0f}x faster than decoding the source")
+        if args.out:
+            record = {
+                "command": "python benchmarks/cache_speed.py "
+                f"--images {args.images} --source-size {args.source_size} --size {args.size} --workers {args.workers}",
+                "machine": machine(),
+                "images": len(paths),
+                "images_per_second": {label: round(len(paths) / seconds, 1) for label, seconds in rows.items()},
+            }
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

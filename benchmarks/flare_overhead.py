@@ -6,9 +6,10 @@ untimed), it times
       start adds its pretraining) in FLARE's simulator as the README runs it
       (``surgical-aggregation simulate``: one process per site, the cores shared among them), and
   (2) the same work without FLARE: the same site configs, one process, the sites one after the other
-      with every core: per round each site loads its slice of the global model, validates it, warms its
-      head up (round 0), trains its local epochs and validates again; the rows are aggregated by name;
-      at the end each site validates the final and the best global model.
+      with every core, as many rounds as (1) ran before its early stopping: per round each site loads its
+      slice of the global model, validates it, warms its head up (round 0), trains its local epochs and
+      validates again; the rows are aggregated by name; at the end each site validates the final and the
+      best global model.
 and prints both wall times and their ratio (min and median over ``--repeats``).
 
     python benchmarks/flare_overhead.py --repeats 2 --out overhead.json
@@ -31,6 +32,7 @@ from surgical_aggregation.core.aggregation import Contribution, SurgicalAggregat
 from surgical_aggregation.core.head import slice_for_client
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
 from surgical_aggregation.data.storage import CACHE_ENV
+from surgical_aggregation.experiments.grid_run import machine
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import simulate
 from surgical_aggregation.images.modality import MODALITY as IMAGES
@@ -68,11 +70,13 @@ def bare_loop(rounds: int) -> float:
     return time.perf_counter() - started
 
 
-def simulator(workspace: Path) -> float:
-    """(1): seconds for the default job in FLARE's simulator, as ``surgical-aggregation simulate`` runs it."""
+def simulator(workspace: Path) -> tuple[float, int]:
+    """(1): seconds for the default job in FLARE's simulator, as ``surgical-aggregation simulate`` runs it, and the
+    rounds it ran (early stopping may end it before ``num_rounds``: the bare loop then runs as many)."""
     started = time.perf_counter()
-    simulate(nih_chexpert_recipe(start=SCRATCH), workspace, log_file=workspace / "simulator.log")
-    return time.perf_counter() - started
+    result = simulate(nih_chexpert_recipe(start=SCRATCH), workspace, log_file=workspace / "simulator.log")
+    seconds = time.perf_counter() - started
+    return seconds, sum(entry["round"] >= 0 for entry in json.loads(result.history.read_text()))  # not the start's
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -85,18 +89,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="JSON file for the results")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    rounds = nih_chexpert_recipe(start=SCRATCH).controller_args["num_rounds"]
     with tempfile.TemporaryDirectory(prefix="flare-overhead-") as root:
         os.environ[CACHE_ENV] = str(Path(root) / "cache")
         # warm cache: generated and decoded once
         for values in nih_chexpert_recipe(start=SCRATCH).site_configs.values():
             prepare_site_data(site_config_from_dict(values))
-        bare, simulated = [], []
+        bare, simulated, rounds = [], [], []
         for repeat in range(args.repeats):
-            bare.append(bare_loop(rounds))
-            simulated.append(simulator(Path(root) / f"simulation-{repeat}"))
-            print(f"repeat {repeat + 1}: simulator {simulated[-1]:.1f} s, bare loop {bare[-1]:.1f} s")
+            seconds, ran = simulator(Path(root) / f"simulation-{repeat}")
+            simulated.append(seconds)
+            rounds.append(ran)
+            bare.append(bare_loop(ran))
+            print(f"repeat {repeat + 1}: simulator {seconds:.1f} s, bare loop {bare[-1]:.1f} s ({ran} rounds each)")
     results = {
+        "command": f"python benchmarks/flare_overhead.py --repeats {args.repeats}",
+        "machine": machine(),
         "cpu_count": os.cpu_count(),
         "rounds": rounds,
         "simulator_seconds": _spread(simulated),

@@ -29,6 +29,7 @@ import torch
 
 from surgical_aggregation.core.devices import autocast_dtype, resolve_device
 from surgical_aggregation.core.labels import NIH_LABELS
+from surgical_aggregation.experiments.grid_run import machine
 from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.loops import masked_bce_with_logits, place_model
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     results = {
         "device": name,
+        "machine": machine(),
         "image_size": args.size,
         "batch_size": args.batch,
         "batches": args.batches,

@@ -75,3 +75,96 @@ def test_the_pages_prose_quotes_the_same_runs():
     summary = json.loads((DOCS / "performance" / "poc_speed.json").read_text())["summary"]
     extra = {load: run["poc"]["seconds_median"] - run["simulator"]["seconds_median"] for load, run in summary.items()}
     assert f"(about {round(extra['quiet'], -1):.0f} s quiet, {round(extra['loaded'], -1):.0f} s loaded)" in text
+
+
+def test_the_poc_readmes_timing_is_the_poc_speed_record():
+    """poc/README.md's wall times for the four commands and for the simulator are the record's quiet medians."""
+    record = json.loads((DOCS / "performance" / "poc_speed.json").read_text())
+    quiet = record["summary"]["quiet"]
+    text = " ".join((DOCS.parent / "poc" / "README.md").read_text().split())
+    assert (
+        f"took {quiet['poc']['seconds_median']:.0f} s on 2 quiet CPU cores for {record['rounds']} rounds of the main "
+        f"job from scratch (`write-job --start scratch`), against {quiet['simulator']['seconds_median']:.0f} s for the "
+        f"same rounds in the simulator (medians of {len(record['runs']['quiet'])} runs" in text
+    )
+
+
+def _between(text: str, marker: str) -> str:
+    return text.split(f"<!-- {marker} -->")[1].split(f"<!-- /{marker} -->")[0]
+
+
+def test_the_cpu_table_is_its_json_files():
+    """The CPU table's two columns are the two records' medians; the sentence under it gives (b)/(a) from them."""
+    text = (DOCS / "performance.md").read_text()
+    names = ("cpu-64px", "cpu-64px-1-thread")
+    runs = [json.loads((DOCS / "performance" / f"{name}.json").read_text()) for name in names]
+    assert [run["device"] for run in runs] == ["CPU (2 threads)", "CPU (1 threads)"]
+    rows = _between(text, "cpu-throughput").strip().splitlines()[2:]
+    keys = ("ceiling_images_per_s", "train_images_per_s", "validation_images_per_s")
+    assert [[cell.strip() for cell in row.strip("|").split("|")][1:] for row in rows] == [
+        [f"{run[key]['median']:.1f}" for run in runs] for key in keys
+    ]
+    prose = " ".join(text.split())
+    assert f"on {runs[0]['machine']}" in prose
+    assert f"(b)/(a) is {runs[0]['train_over_ceiling']:.2f} and {runs[1]['train_over_ceiling']:.2f}" in prose
+    assert "--batches 10 --out throughput.json   # CPU, < 1 min" in text and runs[0]["seconds"] < 60
+
+
+def test_the_flare_overhead_table_is_its_json_file():
+    """The simulator's and the bare loop's wall times (median and min) and their ratio are the record's."""
+    record = json.loads((DOCS / "performance" / "flare_overhead.json").read_text())
+    rows = _between((DOCS / "performance.md").read_text(), "flare-overhead").strip().splitlines()[2:]
+    cells = [[cell.strip() for cell in row.strip("|").split("|")][1:] for row in rows]
+    simulator, bare = record["simulator_seconds"], record["bare_loop_seconds"]
+    assert cells == [
+        [f"{simulator['median']:.1f}", f"{simulator['min']:.1f}"],
+        [f"{bare['median']:.1f}", f"{bare['min']:.1f}"],
+        [f"{record['ratio']:.2f}", ""],
+    ]
+    text = " ".join((DOCS / "performance.md").read_text().split())
+    assert len(set(record["rounds"])) == 1 and f"wall time, median of {len(record['rounds'])} (s)" in text
+    assert (
+        f"Over {record['rounds'][0]} rounds the simulator's processes, handshakes and exchanges make the job take "
+        f"{record['ratio'] - 1:.0%} longer than the same work in one loop" in text
+    )
+
+
+def test_the_cache_speed_table_is_its_json_file():
+    """docs/data.md's images/s for each path (source, building the cache, reading it, with augmentation) are the
+    record's, and the page names the machine and the command that wrote it."""
+    record = json.loads((DOCS / "data" / "cache_speed.json").read_text())
+    text = (DOCS / "data.md").read_text()
+    rows = _between(text, "cache-speed").strip().splitlines()[2:]
+    rates = list(record["images_per_second"].values())
+    assert [row.strip("|").split("|")[1].strip() for row in rows] == [f"{rate:,.0f}" for rate in rates]
+    prose = " ".join(text.split())
+    assert f"{record['command']} --out docs/data/cache_speed.json" in text
+    assert f"([its record](data/cache_speed.json): {record['images']} images, {record['machine']})" in prose
+
+
+def _minutes(seconds: float) -> str:
+    whole = round(seconds)
+    return f"{whole // 60} min {whole % 60} s"
+
+
+def test_the_report_jobs_timing_is_its_record():
+    """docs/reproducing-the-papers.md's times for the report-labelling job, without and with ``-t 2``, its
+    aggregations and last validation AUROC, and the embedding's cost are the record's."""
+    record = json.loads((DOCS / "report-labeling" / "job_time.json").read_text())
+    plain, kept = record["runs"]
+    assert (plain["exit_code"], kept["exit_code"]) == (0, 0)
+    assert kept["command"].endswith("-t 2")
+    text = " ".join((DOCS / "reproducing-the-papers.md").read_text().split())
+    assert (
+        f"runs in {_minutes(plain['seconds'])} on 2 CPU cores ({plain['aggregations']} aggregations; validation mean "
+        f"AUROC {plain['last_round_mean_val_auroc']:.3f} at the last round), or {_minutes(kept['seconds'])} with `-t 2`"
+        in text
+    )
+    assert kept["aggregations"] == plain["aggregations"]
+    assert f"(AUROC {kept['last_round_mean_val_auroc']:.3f}: the two ways do not give the same bits)" in text
+    assert abs(kept["last_round_mean_val_auroc"] - plain["last_round_mean_val_auroc"]) <= 0.001
+    embedding = record["embedding_seconds"]
+    assert (
+        f"embeds the 3,927 reports once: {embedding['embed']:.0f} s" in text
+        and f"later runs read the cache in {embedding['read from the cache']:.2f} s" in text
+    )
