@@ -660,3 +660,57 @@ def test_the_report_labelling_table_is_its_grids_summary():
         f"over all {len(central)} centralized runs {np.mean([auroc for auroc, _ in central]):.3f} / "
         f"{np.mean([accuracy for _, accuracy in central]):.3f}"
     ) in page
+
+
+def test_the_centralized_runs_stand_in_is_the_one_its_plan_records():
+    """The page names the stand-in the pooled `centralized` run started from by the digest its plan recorded."""
+    plan = (BENCHMARK / "full-cpu-centralized" / "plan.json").read_text()
+    digest = re.search(r"sha256 ([0-9a-f]{12})", plan).group(1)
+    page = " ".join((BENCHMARK / "README.md").read_text().split())
+    plan_link = "[its plan](full-cpu-centralized/plan.json)"
+    assert f"from a stand-in built then: sha256 `{digest}`, as {plan_link} records" in page
+
+
+def test_the_report_labelling_page_is_its_grids_records():
+    """docs/report-labeling/README.md: the K-nodes table (mean ± sd over the partitions), the centralized means, the
+    prose's figures, the test split's size and the shared-labels grid's means and CI comparison, from the records."""
+    folder = BENCHMARK.parent / "report-labeling"
+    page = (folder / "README.md").read_text()
+    prose = " ".join(page.split())
+    runs = pd.read_csv(folder / "nodes" / "summary.csv")
+    surgical, centralized = runs[runs.method == "surgical"], runs[runs.method == "centralized_full"]
+
+    def spread(values: pd.Series) -> str:
+        return f"{values.mean():.3f} ± {values.std():.3f}"
+
+    expected = []
+    for nodes, group in surgical.groupby("value"):
+        pooled = centralized[centralized.value == nodes]
+        cells = [spread(group[f"mean_{name}"]) for name in ("auroc", "accuracy", "sensitivity", "specificity")]
+        expected.append([f"{nodes:.0f}", *cells, spread(pooled.mean_auroc), spread(pooled.mean_accuracy)])
+    table = [line for line in page.splitlines() if line.startswith("| ") and line.count("|") == 8][2:]
+    assert [[cell.strip() for cell in row.strip("|").split("|")] for row in table] == expected
+    everything = f"AUROC {centralized.mean_auroc.mean():.3f}, accuracy {centralized.mean_accuracy.mean():.3f}"
+    assert f"centralized over all {len(centralized)} runs: {everything}" in prose
+    assert (
+        f"reaches mean AUROC {centralized.mean_auroc.mean():.3f} and accuracy {centralized.mean_accuracy.mean():.3f}"
+        in prose
+    )
+    for nodes in (2, 10):
+        group = surgical[surgical.value == nodes]
+        assert f"{group.mean_auroc.mean():.3f} / {group.mean_accuracy.mean():.3f}" in prose
+    assert set(runs.images) == {785} and "held-out test split (785 reports)" in prose
+    assert f"# {len(runs)} runs; 20 aggregations" in page
+
+    shared = pd.read_csv(folder / "shared" / "per_class_auroc.csv").groupby("value").auroc.mean()
+    none, dip, most = shared[0], shared[3], shared[13]
+    assert dip == shared.min()
+    assert (
+        f"mean AUROC {none:.3f} with none shared, a dip to {dip:.3f} at 3 shared, and {most:.3f} with 13 of 14 shared"
+        in prose
+    )
+    assert f"one partition: {len(shared)} runs" in page
+    two = surgical[surgical.value == 2]
+    half = (two.ci_high - two.ci_low) / 2
+    assert f"reaches ±{half.min():.3f} to ±{half.max():.3f}" in prose
+    assert none - dip < half.max() < most - dip and f"({most - dip:.3f}) beyond it" in prose

@@ -123,6 +123,14 @@ def test_the_real_iu_reports_give_the_documented_counts():
         "Tortuous Aorta": 250,
     }
     assert counts["Mass"] == 17 and counts["Pleural Thickening"] == 47
+    # docs/report-labeling/README.md: the archive's counts and the table of findings, row by row
+    page = (Path(__file__).resolve().parents[1] / "docs" / "report-labeling" / "README.md").read_text()
+    prose = " ".join(page.split())
+    assert f"holds the {summary.read:,} Indiana University" in prose
+    skipped = f"{summary.skipped_no_text} reports have neither section; they are skipped and counted"
+    assert f"{skipped}, leaving **{summary.kept:,}**" in prose
+    rows = [line.strip("|").split("|") for line in page.splitlines() if line.startswith("| ") and line.count("|") == 4]
+    assert [(row[0].strip(), int(row[2])) for row in rows[2:]] == list(counts.items())
 
 
 def test_report_csv_matches_columns_by_name_and_skips_empty_text(tmp_path):
