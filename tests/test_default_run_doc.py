@@ -7,6 +7,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+from surgical_aggregation.core.labels import MIMIC_LABELS
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
 from surgical_aggregation.training.profiles import DEMO, STAND_IN_JOB_PATIENTS
 
@@ -23,8 +24,11 @@ def _default_run():
 def test_the_pages_tables_are_the_summarys():
     default_run = _default_run()
     summary = json.loads(default_run.SUMMARY.read_text())
-    for page in (REPOSITORY / "README.md", REPOSITORY / "docs" / "results.md"):
-        text = page.read_text()
+    pages = {"README.md": ("seconds", "validation"), "docs/results.md": ("validation", "test")}
+    for page, tables in pages.items():
+        text = (REPOSITORY / page).read_text()
+        # a page that lost a marker would be left as it is by the rewrite: each table's markers must be there
+        assert all(mark.format(table) in text for table in tables for mark in default_run.MARK), page
         assert default_run.replace_tables(text, summary) == text, "run: python benchmarks/default_run.py --tables-only"
 
 
@@ -36,6 +40,11 @@ def test_the_trained_model_beats_the_random_backbones_and_the_stand_ins_probes_o
         assert values["random_probe"] <= 0.65 and values["margin"] > 0.05, site
         assert values["start_margin"] > 0.02, site
     assert summary["external"]["classes"] == 20
+    results = " ".join((REPOSITORY / "docs" / "results.md").read_text().split())
+    assert (
+        f"a MIMIC-CXR label file is scored on the {len(MIMIC_LABELS)} findings it labels, the embedded "
+        f"MIMIC-layout set on all {summary['external']['classes']}" in results
+    )
 
 
 def test_the_documented_best_model_is_the_one_the_controller_kept():
@@ -72,5 +81,7 @@ def test_the_readme_describes_the_job_the_run_ran():
     readme = " ".join((REPOSITORY / "README.md").read_text().split())
     assert {site["embedded_patients"] for site in summary["job"]["sites"].values()} == {STAND_IN_JOB_PATIENTS}
     assert f"({STAND_IN_JOB_PATIENTS:,} patients each;" in readme
+    results = " ".join((REPOSITORY / "docs" / "results.md").read_text().split())
+    assert f"on the embedded generated data ({STAND_IN_JOB_PATIENTS:,} patients a site)" in results
     assert "from the stand-in with FedBN+ at the papers' rates" in readme
     assert f"`--start scratch`: a random DenseNet121, FedAvg, {DEMO.embedded_patients} patients" in readme

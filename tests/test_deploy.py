@@ -30,6 +30,7 @@ from surgical_aggregation.flare.deploy import (
     bundle_component_paths,
     class_allow_list,
     job_component_paths,
+    resources_for,
     set_heartbeat_timeout,
     site_config_template,
     write_local_folder,
@@ -185,6 +186,10 @@ def test_every_component_of_a_preinstalled_job_is_allow_listed(tmp_path):
     assert not list(job.glob("app*/custom"))
     assert job_component_paths(job) <= set(class_allow_list(bundle_component_paths()))
     assert job_component_paths(job) >= BUNDLE_CLASSES
+    # provisioning/README.md: how many exact classes a preinstalled participant's allow-list adds to FLARE's
+    added = len(resources_for("preinstalled", {})["class_allow_list"]) - len(DEFAULT_CLASS_ALLOW_LIST)
+    readme = " ".join((REPOSITORY / "provisioning" / "README.md").read_text().split())
+    assert f"the exact classes of the bundle's jobs and filters it lacks ({added}, no wildcards)" in readme
 
 
 def test_authorization_for_preinstalled_spells_out_the_project_admins_rights():

@@ -437,6 +437,7 @@ def test_the_utility_page_is_what_its_command_writes_from_its_results(tmp_path):
     rows = benchmark.summarize(results)
     assert [row["epsilon"] for row in rows] == [1.0, 3.0, 8.0, None]
     assert all(len(row["seeds"]) >= 3 and row["seeds"] == rows[-1]["seeds"] for row in rows)  # same seeds, each row
+    seeds = {3: "three", 4: "four", 5: "five"}[len(rows[-1]["seeds"])]
     # provisioning/README.md's summary of the table
     readme = " ".join((page.parents[1] / "provisioning" / "README.md").read_text().split())
     private, plain = [row for row in rows if row["epsilon"] is not None], rows[-1]["sites"]
@@ -447,6 +448,7 @@ def test_the_utility_page_is_what_its_command_writes_from_its_results(tmp_path):
     )
     assert [benchmark.chance_verdict(row["sites"]["site-nih"]) for row in private] == ["chance"] * 3
     assert f"site-nih is no better than chance at any of them ({plain['site-nih']['mean']:.2f} without)" in readme
+    assert f"at epsilon 1, 3 and 8 per patient and without, over {seeds} seeds" in readme
     # and its ablation of DP-SGD's parts (benchmarks/dp_ablation.py), figure for figure
     ablation = json.loads((page / "dp_ablation.json").read_text())["aurocs"]
     last = {arm: f"{values[-1]:.3f}" for arm, values in ablation.items()}

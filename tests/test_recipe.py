@@ -373,4 +373,7 @@ def test_the_docs_say_a_build_of_the_stand_in_has_its_bits_only_on_cpus_of_the_s
     assert (
         "`pretrain` builds the same bits only on a CPU of the same kernels (on an AVX512 AMD EPYC every weight" in data
     )
-    assert f"({round(record['seconds'] / 60)} to 40 minutes on 2 CPU cores at 64 px)" in data
+    minutes = f"{round(record['seconds'] / 60)} minutes on 2 CPU cores at 64 px"
+    assert f"({minutes}: {record['seconds']:,} s by the record below)" in data
+    provisioning = " ".join((REPOSITORY / "provisioning" / "README.md").read_text().split())
+    assert f"({minutes}, {record['seconds']:,} s by [a build's record]" in provisioning
