@@ -21,27 +21,29 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from surgical_aggregation.data.storage import CACHE_ENV
 from surgical_aggregation.experiments.grid_run import machine
 from surgical_aggregation.flare.simulation import FederationResult
-from surgical_aggregation.reports.data import load_iu_reports
+from surgical_aggregation.reports.data import TEXT_COLUMN, load_iu_reports
 from surgical_aggregation.reports.dataset import embed_table
 from surgical_aggregation.reports.embeddings import MINILM
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "report_labeling"
 
 
-def embedding_seconds(cache: Path) -> dict[str, float]:
-    """Seconds to embed every IU report into an empty ``cache``, then to read them all from it."""
+def embedding(cache: Path) -> dict[str, Any]:
+    """How many IU reports (and distinct texts) there are to embed, and the seconds to embed them into an empty
+    ``cache``, then to read them all from it."""
     table, _ = load_iu_reports()
-    seconds = {}
+    record = {"reports": len(table), "distinct_texts": int(table.frame[TEXT_COLUMN].nunique()), "seconds": {}}
     for step in ("embed", "read from the cache"):
         started = time.perf_counter()
         _, summary = embed_table(table, cache, MINILM)
-        seconds[step] = round(time.perf_counter() - started, 2)
-        print(f"{step}: {seconds[step]} s ({summary})", flush=True)
-    return seconds
+        record["seconds"][step] = round(time.perf_counter() - started, 2)
+        print(f"{step}: {record['seconds'][step]} s ({summary})", flush=True)
+    return record
 
 
 def job_run(workspace: Path, threads: int | None, cache: Path) -> dict:
@@ -53,13 +55,13 @@ def job_run(workspace: Path, threads: int | None, cache: Path) -> dict:
     )
     seconds = time.perf_counter() - started
     history = json.loads(FederationResult(workspace).history.read_text())
-    rounds = [entry for entry in history if entry["round"] >= 0]
+    aggregated = [entry for entry in history if "aggregation" in entry]  # as the round loop counts them
     run = {
         "command": " ".join(["nvflare", "simulator", "jobs/report_labeling", "-w", "WS", *command[5:]]),
         "exit_code": finished.returncode,
         "seconds": round(seconds, 1),
-        "aggregations": len(rounds),
-        "last_round_mean_val_auroc": round(rounds[-1]["validation"]["mean_val_auroc"], 4),
+        "aggregations": len(aggregated),
+        "last_round_mean_val_auroc": aggregated[-1]["validation"]["mean_val_auroc"],
     }
     print(json.dumps(run), flush=True)
     if finished.returncode:
@@ -76,7 +78,7 @@ def main() -> None:
         record = {
             "command": "python benchmarks/report_job_time.py",
             "machine": machine(),
-            "embedding_seconds": embedding_seconds(cache),
+            "embedding": embedding(cache),
             "runs": [job_run(Path(root) / f"ws-{threads}", threads, cache) for threads in (None, 2)],
         }
     if args.out:

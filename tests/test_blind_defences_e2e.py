@@ -37,10 +37,10 @@ VALUE_DEFENCES_OFF = {
 }
 
 
-PLAIN_POISONED_RUN = "plain-e2e-poisoned"
+PLAIN_POISONED_RUN = "plain-e2e-poisoned"  # also test_exclusion_e2e's three-site run
 
 # how far a blind run's judged loss after round 1 may lie from plain mode's (docs/blind.md says so)
-BLIND_ROUND_ONE_DRIFT = 0.005  # also test_exclusion_e2e's three-site run
+BLIND_ROUND_ONE_DRIFT = 0.005
 
 
 def poisoned_federation(root: Path, blind: bool) -> tuple[int, str, Path]:

@@ -3,6 +3,7 @@ this bundle's local/ files (allow-list and authorization per code mode) and pass
 
 from __future__ import annotations
 
+import csv
 import datetime
 import json
 import os
@@ -384,3 +385,12 @@ def test_the_distributed_provisioning_block_runs_as_written_on_two_machines(tmp_
     kit = participant / "ws" / "surgical_aggregation" / "prod_00" / "site-nih"
     assert _json(kit / "local" / SITE_CONFIG_TEMPLATE) == site_config_template("nih", MAIN_JOB, "site-nih")
     assert sorted(str(path.relative_to(admin)) for path in admin.rglob("*.key")) == ["ca/rootCA.key"]  # no site key
+
+
+def test_the_provisioning_pages_count_of_one_site_classes_is_the_consortiums_union_table():
+    """provisioning/README.md: how many of the consortium's classes one site alone labels, from its run's table."""
+    with open(REPOSITORY / "docs" / "cxr-consortium" / "union_classes.csv") as handle:
+        union = list(csv.DictReader(handle))
+    alone = sum(row["labelled_by"] == "1" for row in union)
+    page = " ".join((REPOSITORY / "provisioning" / "README.md").read_text().split())
+    assert f"(most classes of a consortium: {alone} of the {len(union)} in `cxr_consortium`)" in page

@@ -919,11 +919,3 @@ def test_the_consortium_page_is_its_runs_records():
     lines = union_table_lines(rows, limit=10)
     assert f"U{lines[0][1:]}:\n\n" + "\n".join(lines[1:13]) in page
     assert f"and {len(rows) - 10} more (the CSV has them all)" in text
-
-
-def test_the_provisioning_pages_count_of_one_site_classes_is_the_consortiums_union_table():
-    """provisioning/README.md: how many of the consortium's classes one site alone labels, from its run's table."""
-    union = pd.read_csv(REPOSITORY / "docs" / "cxr-consortium" / "union_classes.csv")
-    alone = int((union.labelled_by == 1).sum())
-    page = " ".join((REPOSITORY / "provisioning" / "README.md").read_text().split())
-    assert f"(most classes of a consortium: {alone} of the {len(union)} in `cxr_consortium`)" in page

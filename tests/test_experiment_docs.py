@@ -663,17 +663,40 @@ def test_the_report_labelling_table_is_its_grids_summary():
 
 
 def test_the_centralized_runs_stand_in_is_the_one_its_plan_records():
-    """The page names the stand-in the pooled `centralized` run started from by the digest its plan recorded."""
-    plan = (BENCHMARK / "full-cpu-centralized" / "plan.json").read_text()
-    digest = re.search(r"sha256 ([0-9a-f]{12})", plan).group(1)
+    """The page names the stand-in builds the pooled `centralized` run and the table's runs started from, by the digests
+    their plans recorded (another build of one recipe: the page says so)."""
+    pooled, federated = (
+        re.search(r"sha256 ([0-9a-f]{12})", (BENCHMARK / grid / "plan.json").read_text()).group(1)
+        for grid in ("full-cpu-centralized", "full-cpu")
+    )
     page = " ".join((BENCHMARK / "README.md").read_text().split())
-    plan_link = "[its plan](full-cpu-centralized/plan.json)"
-    assert f"from a stand-in built then: sha256 `{digest}`, as {plan_link} records" in page
+    assert pooled != federated  # two builds of one recipe: the page must not say "the same stand-in"
+    assert (
+        f"from another build of the same stand-in recipe: sha256 `{pooled}`, as [its plan](full-cpu-centralized/"
+        f"plan.json) records, against the table's `{federated}` ([plan](full-cpu/plan.json))" in page
+    )
+    probes = BENCHMARK / "specificity-probe"
+    rebuilt, shipped = (json.loads((probes / name).read_text()) for name in ("stand-in-rebuilt.json", "warmup-15.json"))
+    build_noise = abs(_mean(rebuilt, "logit_correlation") - _mean(shipped, "logit_correlation"))
+
+    def correlation(grid: str, method: str) -> float:
+        runs = pd.read_csv(BENCHMARK / grid / "summary.csv")
+        chosen = runs[(runs.method == method) & (runs.model == "selected") & (runs.test_set == "nih")]
+        return float(chosen.logit_correlation.iloc[0])
+
+    labels_apart = correlation("full-cpu-centralized", "centralized") - correlation("full-cpu", "centralized_full")
+    assert build_noise < labels_apart
+    assert (
+        f"two builds of one recipe moved a probe's correlation by {build_noise:.2f} (below), far less than the "
+        f"{labels_apart:.2f} between `centralized` and `centralized_full` here" in page
+    )
 
 
 def test_the_report_labelling_page_is_its_grids_records():
     """docs/report-labeling/README.md: the K-nodes table (mean ± sd over the partitions), the centralized means, the
     prose's figures, the test split's size and the shared-labels grid's means and CI comparison, from the records."""
+    from surgical_aggregation.training.profiles import REPORT
+
     folder = BENCHMARK.parent / "report-labeling"
     page = (folder / "README.md").read_text()
     prose = " ".join(page.split())
@@ -696,21 +719,22 @@ def test_the_report_labelling_page_is_its_grids_records():
         f"reaches mean AUROC {centralized.mean_auroc.mean():.3f} and accuracy {centralized.mean_accuracy.mean():.3f}"
         in prose
     )
-    for nodes in (2, 10):
+    for nodes, words in ((2, "Two nodes with disjoint labels reach"), (10, "ten nodes")):
         group = surgical[surgical.value == nodes]
-        assert f"{group.mean_auroc.mean():.3f} / {group.mean_accuracy.mean():.3f}" in prose
+        assert f"{words} {group.mean_auroc.mean():.3f} / {group.mean_accuracy.mean():.3f}" in prose
     assert set(runs.images) == {785} and "held-out test split (785 reports)" in prose
-    assert f"# {len(runs)} runs; 20 aggregations" in page
+    assert f"# {len(runs)} runs; {REPORT.rounds} aggregations / {REPORT.rounds} epochs each" in page
 
-    shared = pd.read_csv(folder / "shared" / "per_class_auroc.csv").groupby("value").auroc.mean()
-    none, dip, most = shared[0], shared[3], shared[13]
-    assert dip == shared.min()
+    shared = pd.read_csv(folder / "shared" / "summary.csv").set_index("value")
+    none, dip, most = (shared.loc[count] for count in (0, 3, 13))
+    assert dip.mean_auroc == shared.mean_auroc.min()
     assert (
-        f"mean AUROC {none:.3f} with none shared, a dip to {dip:.3f} at 3 shared, and {most:.3f} with 13 of 14 shared"
-        in prose
+        f"{none.mean_auroc:.3f} with none shared, a dip to {dip.mean_auroc:.3f} at 3 shared, and {most.mean_auroc:.3f} "
+        "with 13 of 14 shared (`shared/summary.md`)" in prose
     )
     assert f"one partition: {len(shared)} runs" in page
-    two = surgical[surgical.value == 2]
-    half = (two.ci_high - two.ci_low) / 2
-    assert f"reaches ±{half.min():.3f} to ±{half.max():.3f}" in prose
-    assert none - dip < half.max() < most - dip and f"({most - dip:.3f}) beyond it" in prose
+    assert shared.ci_low.max() < shared.ci_high.min()  # every run's interval overlaps every other's
+    assert (
+        f"every run's bootstrap 95% CI overlaps the others' (3 shared: {dip.ci_low:.3f}-{dip.ci_high:.3f}; 13 shared: "
+        f"{most.ci_low:.3f}-{most.ci_high:.3f}), so no difference between them is shown" in prose
+    )

@@ -124,8 +124,8 @@ def test_the_flare_overhead_table_is_its_json_file():
     text = " ".join((DOCS / "performance.md").read_text().split())
     assert len(set(record["rounds"])) == 1 and f"wall time, median of {len(record['rounds'])} (s)" in text
     assert (
-        f"Over {record['rounds'][0]} rounds the simulator's processes, handshakes and exchanges make the job take "
-        f"{record['ratio'] - 1:.0%} longer than the same work in one loop" in text
+        f"Over {record['rounds'][0]} rounds the job took {record['ratio'] - 1:.0%} longer in the simulator than in one "
+        "loop on 2 cores" in text
     )
 
 
@@ -136,7 +136,8 @@ def test_the_cache_speed_table_is_its_json_file():
     text = (DOCS / "data.md").read_text()
     rows = _between(text, "cache-speed").strip().splitlines()[2:]
     rates = list(record["images_per_second"].values())
-    assert [row.strip("|").split("|")[1].strip() for row in rows] == [f"{rate:,.0f}" for rate in rates]
+    # three significant figures: reading the cache is timed over a few milliseconds
+    assert [row.strip("|").split("|")[1].strip() for row in rows] == [f"{float(f'{rate:.3g}'):,.0f}" for rate in rates]
     prose = " ".join(text.split())
     assert f"{record['command']} --out docs/data/cache_speed.json" in text
     assert f"([its record](data/cache_speed.json): {record['images']} images, {record['machine']})" in prose
@@ -161,10 +162,12 @@ def test_the_report_jobs_timing_is_its_record():
         in text
     )
     assert kept["aggregations"] == plain["aggregations"]
-    assert f"(AUROC {kept['last_round_mean_val_auroc']:.3f}: the two ways do not give the same bits)" in text
-    assert abs(kept["last_round_mean_val_auroc"] - plain["last_round_mean_val_auroc"]) <= 0.001
-    embedding = record["embedding_seconds"]
+    assert f"(this run's AUROC: {kept['last_round_mean_val_auroc']:.3f})" in text
+    embedding = record["embedding"]
+    seconds = embedding["seconds"]
     assert (
-        f"embeds the 3,927 reports once: {embedding['embed']:.0f} s" in text
-        and f"later runs read the cache in {embedding['read from the cache']:.2f} s" in text
+        f"embeds the {embedding['reports']:,} reports once ({embedding['distinct_texts']:,} distinct texts): "
+        f"{seconds['embed']:.0f} s"
+        in text
+        and f"later runs read the cache in {seconds['read from the cache']:.2f} s" in text
     )

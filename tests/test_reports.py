@@ -299,7 +299,9 @@ def test_one_round_report_job_through_the_simulator(tmp_path):
     for site, config in sites.items():
         config["data"].update(location=str(archive), labels=labels[site])
         config.update(cache_dir=str(tmp_path / "cache"), batch_size=8, device="cpu")
-    sites["site-a"]["differential_privacy"] = {"epsilon": 100.0, "noise_multiplier": 1.0}  # DP-SGD at one site
+    # DP-SGD at one site; its output biases start at the fixture's prevalence (each finding is in half its reports),
+    # so that one round can beat the initial model, as the controller requires before it publishes anything
+    sites["site-a"]["differential_privacy"] = {"epsilon": 100.0, "noise_multiplier": 1.0, "prior_prevalence": 0.5}
     controller = {
         **bundle.controller_args,
         "num_rounds": 1,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # 10,000 images of the 32 shapes, 8 epochs: ~26 minutes on 2 CPU cores at 64 px (the bundle ships it); its own shapes at
-# validation mean AUROC 0.91 after it (0.71 for 96 shapes in 8,000 images and 6 epochs: too few positives each)
+# validation mean AUROC 0.91 after it (docs/stand-in/rebuild-amd-epyc-25-17.json)
 STAND_IN_PRETRAINING: Mapping[str, int] = {"images": 10000, "epochs": 8}
 
 
