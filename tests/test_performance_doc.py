@@ -123,6 +123,16 @@ def test_the_flare_overhead_table_is_its_json_file():
     ]
     text = " ".join((DOCS / "performance.md").read_text().split())
     assert len(set(record["rounds"])) == 1 and f"wall time, median of {len(record['rounds'])} (s)" in text
+    # the job it ran: the main job's recipe from scratch, as the page describes it
+    from surgical_aggregation.flare.recipe import nih_chexpert_recipe
+    from surgical_aggregation.training.profiles import SCRATCH
+
+    recipe = nih_chexpert_recipe(start=SCRATCH)
+    (patients,) = {config["embedded"]["patients"] for config in recipe.site_configs.values()}
+    (size,) = {config["embedded"]["image_size"] for config in recipe.site_configs.values()}
+    rounds = recipe.controller_args["num_rounds"]
+    assert record["rounds"][0] <= rounds
+    assert f"with `--start scratch`: up to {rounds} rounds of {patients} patients a site, {size} px)" in text
     assert (
         f"Over {record['rounds'][0]} rounds the job took {record['ratio'] - 1:.0%} longer in the simulator than in one "
         "loop on 2 cores" in text
