@@ -1,6 +1,6 @@
 """Whether a stand-in built here has the shipped stand-in's bits, and how far its weights lie if not. Not a test.
 
-    surgical-aggregation pretrain --profile benchmark --cache-dir /tmp/rebuild     # about 26-40 minutes on 2 CPU cores
+    surgical-aggregation pretrain --profile benchmark --cache-dir /tmp/rebuild     # ~26 minutes on 2 CPU cores
     python benchmarks/stand_in_bits.py --built /tmp/rebuild/pretrained/patterns-v2.2-64px-10000i-8e-lr0.001-b64-s0.pt \
         --log pretrain.log --out docs/stand-in/rebuild.json
 

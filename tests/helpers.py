@@ -27,6 +27,13 @@ from surgical_aggregation.training.profiles import SCRATCH
 T = TypeVar("T")
 REPOSITORY = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPOSITORY / "benchmarks"
+
+
+def marked_block(text: str, marker: str) -> str:
+    """What a page holds between its ``<!-- marker -->`` and ``<!-- /marker -->`` lines (a generated table)."""
+    return text.split(f"<!-- {marker} -->\n", 1)[1].split(f"\n<!-- /{marker} -->", 1)[0]
+
+
 TESTED = "<!-- tested by tests/test_docs.py"
 MAIN_RUN = "e2e-main-run"  # built once, read by the FLARE and the blind tests
 SNIPPET_RUN = "docs-recipe-snippet-run"  # built once, read by the docs and the determinism tests

@@ -21,7 +21,7 @@ from surgical_aggregation.flare.blind import BLIND_REFUSED, classless_check, ref
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe, write_job
 from surgical_aggregation.training.profiles import SCRATCH
 
-from helpers import load_benchmark
+from helpers import load_benchmark, marked_block
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -67,12 +67,12 @@ def test_a_per_class_metric_is_refused_without_its_name():
 
 def test_the_threat_model_page_shows_the_refused_settings_and_the_measured_cost():
     page = (REPOSITORY / "docs" / "blind.md").read_text()
-    block = page.split("<!-- blind-refused -->\n", 1)[1].split("\n<!-- /blind-refused -->", 1)[0]
+    block = marked_block(page, "blind-refused")
     assert block == refused_table()
     assert len(block.splitlines()) == 2 + len(BLIND_REFUSED)
     cost = load_benchmark("blind_cost")
     rows = json.loads((REPOSITORY / "docs" / "blind" / "cost.json").read_text())
-    block = page.split(f"<!-- {cost.MARKER} -->\n", 1)[1].split(f"\n<!-- /{cost.MARKER} -->", 1)[0]
+    block = marked_block(page, cost.MARKER)
     assert block == "\n".join(cost.table(rows))
     assert {(row["sites"], row["classes"]) for row in rows} == {(2, 20), (2, 199), (7, 20), (7, 199)}
     assert max(row["largest_difference"] for row in rows) < 1e-6

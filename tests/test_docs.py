@@ -18,7 +18,7 @@ from surgical_aggregation.evaluation.run_summary import union_table_lines
 from surgical_aggregation.images.names import NETWORK_ARGUMENTS, SMOKE_DENSENET
 from surgical_aggregation.training.checkpoint import load_checkpoint
 
-from helpers import REPOSITORY, SNIPPET_RUN, build_snippet_run, built_once, load_benchmark
+from helpers import REPOSITORY, SNIPPET_RUN, build_snippet_run, built_once, load_benchmark, marked_block
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def test_the_recipe_snippet_runs_the_main_job_in_simenv_and_mlflow_reads_it_back
 
 
 def _marked_block(page: Path, marker: str) -> str:
-    return page.read_text().split(f"<!-- {marker} -->\n", 1)[1].split(f"\n<!-- /{marker} -->", 1)[0]
+    return marked_block(page.read_text(), marker)
 
 
 def _readme() -> str:
@@ -634,7 +634,7 @@ def test_the_backdoor_defences_tried_at_400_patients_are_the_pages_figures():
     assert suite.verdict(noised[backdoor], noised[clean]) == "breaks through"
     assert f"(clean AUROC {suite.lowest_margin(noised[backdoor], noised[clean]):+.3f})" in text
     results = json.loads((REPOSITORY / "docs" / "attack-suite" / "pruning.json").read_text())
-    block = page.split(f"<!-- {pruning.MARKER} -->\n", 1)[1].split(f"\n<!-- /{pruning.MARKER} -->", 1)[0]
+    block = marked_block(page, pruning.MARKER)
     assert block == "\n".join(pruning.table(results))
     attacked, baseline = results.values()
     half = next(index for index, row in enumerate(attacked) if row["rate"] == 0.5)

@@ -6,12 +6,14 @@ import json
 import re
 from pathlib import Path
 
+from helpers import marked_block
+
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def test_the_gpu_table_is_its_json_files():
     text = (DOCS / "performance.md").read_text()
-    table = text.split("<!-- gpu-throughput -->")[1].split("<!-- /gpu-throughput -->")[0]
+    table = marked_block(text, "gpu-throughput")
     rows = [line for line in table.strip().splitlines()[2:]]
     assert len(rows) == 2
     for row in rows:
@@ -31,7 +33,7 @@ def test_the_gpu_table_is_its_json_files():
 
 def test_the_poc_table_is_its_json_file():
     text = (DOCS / "performance.md").read_text()
-    table = text.split("<!-- poc-speed -->")[1].split("<!-- /poc-speed -->")[0]
+    table = marked_block(text, "poc-speed")
     summary = json.loads((DOCS / "performance" / "poc_speed.json").read_text())["summary"]
     rows = table.strip().splitlines()[2:]
     assert [row.split("|")[1].strip() for row in rows] == ["quiet", "loaded"]
@@ -89,17 +91,13 @@ def test_the_poc_readmes_timing_is_the_poc_speed_record():
     )
 
 
-def _between(text: str, marker: str) -> str:
-    return text.split(f"<!-- {marker} -->")[1].split(f"<!-- /{marker} -->")[0]
-
-
 def test_the_cpu_table_is_its_json_files():
     """The CPU table's two columns are the two records' medians; the sentence under it gives (b)/(a) from them."""
     text = (DOCS / "performance.md").read_text()
     names = ("cpu-64px", "cpu-64px-1-thread")
     runs = [json.loads((DOCS / "performance" / f"{name}.json").read_text()) for name in names]
     assert [run["device"] for run in runs] == ["CPU (2 threads)", "CPU (1 threads)"]
-    rows = _between(text, "cpu-throughput").strip().splitlines()[2:]
+    rows = marked_block(text, "cpu-throughput").strip().splitlines()[2:]
     keys = ("ceiling_images_per_s", "train_images_per_s", "validation_images_per_s")
     assert [[cell.strip() for cell in row.strip("|").split("|")][1:] for row in rows] == [
         [f"{run[key]['median']:.1f}" for run in runs] for key in keys
@@ -113,7 +111,7 @@ def test_the_cpu_table_is_its_json_files():
 def test_the_flare_overhead_table_is_its_json_file():
     """The simulator's and the bare loop's wall times (median and min) and their ratio are the record's."""
     record = json.loads((DOCS / "performance" / "flare_overhead.json").read_text())
-    rows = _between((DOCS / "performance.md").read_text(), "flare-overhead").strip().splitlines()[2:]
+    rows = marked_block((DOCS / "performance.md").read_text(), "flare-overhead").strip().splitlines()[2:]
     cells = [[cell.strip() for cell in row.strip("|").split("|")][1:] for row in rows]
     simulator, bare = record["simulator_seconds"], record["bare_loop_seconds"]
     assert cells == [
@@ -144,7 +142,7 @@ def test_the_cache_speed_table_is_its_json_file():
     record's, and the page names the machine and the command that wrote it."""
     record = json.loads((DOCS / "data" / "cache_speed.json").read_text())
     text = (DOCS / "data.md").read_text()
-    rows = _between(text, "cache-speed").strip().splitlines()[2:]
+    rows = marked_block(text, "cache-speed").strip().splitlines()[2:]
     rates = list(record["images_per_second"].values())
     # three significant figures: reading the cache is timed over a few milliseconds
     assert [row.strip("|").split("|")[1].strip() for row in rows] == [f"{float(f'{rate:.3g}'):,.0f}" for rate in rates]
