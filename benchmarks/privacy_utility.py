@@ -29,6 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from surgical_aggregation.evaluation.inference import evaluate_on_table
+from surgical_aggregation.experiments.grid_run import machine
 from surgical_aggregation.experiments.pretraining import Pretraining, pretrained_backbone
 from surgical_aggregation.experiments.summary import t_interval
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
@@ -72,7 +73,7 @@ def run(epsilon: float | None, seed: int, root: Path, pretrained: Path) -> dict:
             spent[site] = report["epsilon"]
     sites, intervals = test_scores(recipe, result.best_global_model)
     return {"epsilon": epsilon, "seed": seed, "seconds": seconds, "spent": spent, "mean_auroc": sites,
-            "test_interval": intervals, "stand_in": pretrained.stem}  # fmt: skip
+            "test_interval": intervals, "stand_in": pretrained.stem, "machine": machine()}  # fmt: skip
 
 
 def test_scores(recipe, model: Path) -> tuple[dict[str, float], dict[str, list[float]]]:
@@ -128,6 +129,7 @@ def summarize(results: list[dict]) -> list[dict]:
 
 # results from before the stand-in was recorded: all of them came from the first one (24 4x4 patterns)
 UNRECORDED_STAND_IN = "the first stand-in (24 4x4 patterns, before commit 949faf6; its runs did not record it)"
+UNRECORDED_MACHINE = "a machine its runs did not record"
 
 
 def write(results: list[dict], out: Path) -> None:
@@ -137,10 +139,11 @@ def write(results: list[dict], out: Path) -> None:
     seeds = " ".join(str(seed) for seed in rows[0]["seeds"])
     command = f"python benchmarks/privacy_utility.py --out docs/privacy-utility --seeds {seeds}"
     stand_ins = sorted({result.get("stand_in", UNRECORDED_STAND_IN) for result in results})
+    machines = sorted({result.get("machine", UNRECORDED_MACHINE) for result in results})
     lines = [
         "# Utility against privacy: DP-SGD at every site",
         "",
-        f"Made by `{command}` on a 2-core CPU machine, embedded data (the falsifiable benchmark of",
+        f"Made by `{command}` on {' and '.join(machines)}, embedded data (the falsifiable benchmark of",
         "docs/benchmark needs a GPU for DP-SGD over the full network, and is not used here). The main job with",
         "FedBN+ from the offline pretrained stand-in (DP-SGD needs BatchNorm that does not learn from batch",
         "statistics); every site's budget spread over the job's rounds (`planned_rounds`), delta 1e-5, **per",
@@ -153,9 +156,9 @@ def write(results: list[dict], out: Path) -> None:
         "of a federation, and its ratio to the one without DP-SGD. Every DP site starts its classes' output biases",
         "at the logit of a public prior prevalence (`prior_prevalence`, 0.05): without it the DP federations ranked",
         "below chance while their validation loss fell (this benchmark at commit 5b35c5c, whose results were not",
-        "kept; `dp_ablation.json` beside this page measures the prior's part at one site), because under noise only",
-        'the gradient\'s "lower every output" part came through, taken through the weights on non-negative features,',
-        "which lowers the positives' outputs most (provisioning/README.md).",
+        "kept; `dp_ablation.json` beside this page measures the prior's part at one site). Why the prior matters is a",
+        'reading no run measured: under noise only the gradient\'s "lower every output" part may come through, and',
+        "through the weights on non-negative features it lowers the positives' outputs most (provisioning/README.md).",
         "",
         f"Stand-in: {', '.join(stand_ins)}.",
         "",
