@@ -369,6 +369,45 @@ def test_the_clean_sweep_table_is_the_one_its_results_give():
     )
 
 
+def test_the_clean_sweeps_reading_is_its_results():
+    """docs/server-checks.md's reading of the sweep: how many federations set no rule, which of them are seven public
+    sites, their exact bound; and that the initial model's bar for the first best, which came after most runs, would
+    have changed none of them (each run has a trained round whose judged loss clears it, by the page's margin)."""
+    from surgical_aggregation.core.checks.model import judged_loss
+
+    sweep = load_benchmark("clean_sweep")
+    results = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    fresh = {name: result for name, result in results.items() if sweep.out_of_sample(name, result)}
+    alarms = [name for name, result in fresh.items() if result["exit_code"] or any(result["excluded"].values())]
+    assert not alarms and not any(result["rejected"] for result in fresh.values())
+    public_seven = [
+        str(result["federation"]["seed"])
+        for name, result in sorted(fresh.items())
+        if name != sweep.CONSORTIUM
+        and result["federation"]["scheme"] == "public"
+        and len(result["federation"]["sites"]) == 7
+    ]
+    assert (
+        f"Of the {len(fresh)} federations that set no rule (seven-site public ones among them: the consortium job and "
+        f"seeds {', '.join(public_seven[:-1])} and {public_seven[-1]}), none stopped, none left an honest site out and "
+        f"none had an honest site's result refused: at most {sweep.upper_bound(0, len(fresh)):.0%} each" in page
+    )
+    min_delta = json.loads((REPOSITORY / "jobs" / "cxr_consortium" / "app_server" / "config" / "config_fed_server.json")
+                           .read_text())["workflows"][0]["args"]["min_delta"]  # fmt: skip
+    margins = {}
+    for name, result in results.items():
+        losses = {
+            round_number: judged_loss({site: metrics.get("val_loss") for site, metrics in sites.items()})[0]
+            for round_number, sites in result["validations"].items()
+        }
+        initial = losses.pop("-1")
+        margins[name] = initial - min(losses.values())
+    closest = min(margins, key=margins.get)
+    assert all(margin > min_delta for margin in margins.values())
+    assert f"(closest: {closest}, {margins[closest]:.3f} below it)" in page
+
+
 def _warmup_rule_figures() -> dict[str, str]:
     """The figures docs/server-checks.md gives for the warm-up rows rule, from the stored suite and sweep runs."""
     suite = load_benchmark("attack_suite")
