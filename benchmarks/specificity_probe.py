@@ -4,6 +4,7 @@
     python benchmarks/specificity_probe.py --epochs 8 --pattern-strength 1 2     # + 40 minutes to build that stand-in
     python benchmarks/specificity_probe.py --epochs 8 --pretraining 20000 8      # + 80 minutes to build that stand-in
     python benchmarks/specificity_probe.py --epochs 8 --pretraining-shapes 128   # + 40 minutes to build that stand-in
+    python benchmarks/specificity_probe.py --epochs 8 --shapes-per-image 3       # + 26 minutes to build that stand-in
 
 The main job's site-nih alone (its embedded data, split, rates and FedBN+), trained from the offline stand-in
 outside FLARE: the head warm-up, then one epoch at a time. After each epoch, on its validation split: the loss, the
@@ -12,7 +13,8 @@ its logits, and the AUROC lost by ranking every finding by one shared score). Th
 shared part of its logits follows: the correlation of the mean logit with the number of findings each image shows
 (its glyphs, labelled or not: ``shown_findings.csv``), and the logit correlation among images showing the same
 number. The levers it takes (``--pattern-strength``: the stand-in's shapes' brightness; ``--pretraining``: its
-images and epochs; ``--pretraining-shapes``: how many shapes it tells apart; ``--no-augment``; ``--epochs``) are
+images and epochs; ``--pretraining-shapes``: how many shapes it tells apart; ``--shapes-per-image``: every image
+showing as many, so that counting them teaches nothing; ``--no-augment``; ``--epochs``) are
 those issue 49 tried for the main job's logit correlation; ``--rebuilt`` (the same recipe built on this machine, not
 the bundle's copy) measures how far two builds of one recipe lie apart, the noise the levers are read against.
 ``--out`` writes every figure as JSON.
@@ -106,6 +108,13 @@ def main() -> None:
         help=f"how many shapes the stand-in tells apart (default {PATTERN_COUNT}: the job's; another builds its own)",
     )
     parser.add_argument(
+        "--shapes-per-image",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every stand-in image shows exactly N shapes (default 0: each drawn on its own, about 3; the job's)",
+    )
+    parser.add_argument(
         "--rebuilt",
         action="store_true",
         help="the stand-in this machine built (in --cache), not the bundle's copy: how far two builds' models differ",
@@ -131,6 +140,7 @@ def main() -> None:
         epochs=pretraining_epochs,
         pattern_strength=tuple(args.pattern_strength),
         shapes=args.pretraining_shapes,
+        shapes_per_image=args.shapes_per_image,
     )
     weights = pretrained_backbone(pretraining, args.cache, log, shipped=not args.rebuilt)  # as the job's, or rebuilt
     data = prepare_site_data(config, log)

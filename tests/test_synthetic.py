@@ -376,3 +376,19 @@ def test_a_larger_pattern_vocabulary_begins_with_the_default_and_keeps_its_image
     assert shipped_stand_in(Pretraining(64, **STAND_IN_PRETRAINING, shapes=32)) is not None
     assert Pretraining(64, 10000, 8, shapes=128).name == Pretraining(64, 10000, 8).name + "-shapes128"
     assert "of 128 glyph-like shapes" in Pretraining(64, 10000, 8, shapes=128).describe()
+
+
+def test_a_fixed_count_of_shapes_an_image_changes_only_which_shapes(tmp_path):
+    """``--shapes-per-image`` (a probe's lever): every image shows exactly that many shapes, so their count says
+    nothing about which; the default's labels (the shipped stand-in's) are untouched, and the name says so."""
+    default = pd.read_csv(generate_patterns(tmp_path / "default", 60, 32, 2)).drop(columns=["path", "patient_id"])
+    fixed = pd.read_csv(generate_patterns(tmp_path / "fixed", 60, 32, 2, per_image=3)).drop(
+        columns=["path", "patient_id"]
+    )
+    assert default.sum(axis=1).nunique() > 2  # counts vary by default
+    assert (fixed.sum(axis=1) == 3).all() and (fixed.sum(axis=0) > 0).sum() > 20  # three each, many shapes used
+    with pytest.raises(ValueError, match="per_image = 33"):
+        generate_patterns(tmp_path / "too many", 2, 32, 2, per_image=33)
+    assert Pretraining(64, 10000, 8, shapes_per_image=3).name == Pretraining(64, 10000, 8).name + "-each3"
+    assert "shapes_per_image" not in Pretraining(64, 10000, 8).settings()
+    assert "exactly 3 an image" in Pretraining(64, 10000, 8, shapes_per_image=3).describe()

@@ -68,6 +68,8 @@ class Pretraining:
     pattern_strength: tuple[float, float] = (PATTERN_STRENGTH, PATTERN_STRENGTH)
     # how many shapes it learns to tell apart (benchmarks/specificity_probe.py)
     shapes: int = PATTERN_COUNT
+    # 0: each shape drawn on its own (about 3 an image); n: each image shows exactly n (benchmarks/specificity_probe.py)
+    shapes_per_image: int = 0
 
     @classmethod
     def for_profile(cls, profile: Profile) -> Pretraining:
@@ -81,9 +83,10 @@ class Pretraining:
         # the default strength leaves the name (and so every cached stand-in) as it was before it could change
         strength = "" if (low, high) == (PATTERN_STRENGTH, PATTERN_STRENGTH) else f"-str{low:g}-{high:g}"
         shapes = "" if self.shapes == PATTERN_COUNT else f"-shapes{self.shapes}"
+        per_image = f"-each{self.shapes_per_image}" if self.shapes_per_image else ""
         return (
             f"patterns-v{GENERATOR_VERSION}.{PATTERN_VOCABULARY}-{self.image_size}px-{self.images}i-{self.epochs}e"
-            f"-lr{self.learning_rate:g}-b{self.batch_size}-s{self.seed}{strength}{shapes}"
+            f"-lr{self.learning_rate:g}-b{self.batch_size}-s{self.seed}{strength}{shapes}{per_image}"
         )
 
     def settings(self) -> dict[str, Any]:
@@ -92,15 +95,18 @@ class Pretraining:
         settings = asdict(self)
         if self.shapes == PATTERN_COUNT:
             del settings["shapes"]
+        if not self.shapes_per_image:
+            del settings["shapes_per_image"]
         return settings
 
     def describe(self) -> str:
         low, high = self.pattern_strength
         brightness = "" if low == high == PATTERN_STRENGTH else f", {low:g}-{high:g} times a finding's brightness"
+        each = f", exactly {self.shapes_per_image} an image" if self.shapes_per_image else ""
         return (
             f"pretrained here: DenseNet121 trained centrally for {self.epochs} epochs (Adam at {self.learning_rate:g}) "
             f"on {self.images} generated images of {self.shapes} glyph-like shapes ({self.image_size} px"
-            f"{brightness}; no finding of any site)"
+            f"{brightness}{each}; no finding of any site)"
         )
 
 
@@ -160,6 +166,7 @@ def pretrained_backbone(
             pretraining.seed,
             pretraining.pattern_strength,
             pretraining.shapes,
+            pretraining.shapes_per_image,
         )
         config = pretraining_site_config(pretraining, csv_path, cache_root)
         data = prepare_site_data(config, log)

@@ -421,6 +421,7 @@ def generate_patterns(
     seed: int = 0,
     strength: tuple[float, float] = (PATTERN_STRENGTH, PATTERN_STRENGTH),
     shapes: int = PATTERN_COUNT,
+    per_image: int = 0,
 ) -> Path:
     """The stand-in pretraining's data (``csv`` layout): ``root/patterns.csv`` (``path``, ``patient_id``, one 0/1
     column per pattern of :func:`pattern_glyphs`) and ``root/images/*.png``, each pattern present with probability
@@ -428,13 +429,22 @@ def generate_patterns(
 
     ``strength``: each drawn pattern's brightness, uniform in this range, in multiples of a finding's (a stream of
     its own: the labels and every other pixel stay those of the default). ``shapes``: the vocabulary's size (a probe's
-    option); each shape is then as much rarer as the images still show about as many shapes each."""
+    option); each shape is then as much rarer as the images still show about as many shapes each. ``per_image``: when
+    above 0, every image shows exactly that many shapes, drawn without replacement (a probe's option: how many shapes
+    an image shows then says nothing about which, so a feature that counts them does not lower the loss)."""
     root = Path(root)
     patterns = pattern_glyphs(shapes)
     names = list(patterns)
     # the default's own figure, not a product that could move a label by rounding (the shipped stand-in's images)
     prevalence = PATTERN_PREVALENCE if shapes == PATTERN_COUNT else PATTERN_PREVALENCE * PATTERN_COUNT / shapes
     labels = np.random.default_rng([seed, PATTERN_CODE]).random((n_images, len(names))) < prevalence
+    if per_image:
+        if not 0 < per_image <= len(names):
+            raise ValueError(f"per_image = {per_image}: an image can show 1 to {len(names)} of the {len(names)} shapes")
+        chosen = np.random.default_rng([seed, PATTERN_CODE, 2])
+        labels = np.zeros((n_images, len(names)), dtype=bool)
+        for row in labels:
+            row[chosen.choice(len(names), per_image, replace=False)] = True
     rows = []
     for index in _logging_progress(range(n_images), "generating pattern images"):
         strengths = np.random.default_rng([seed, PATTERN_CODE, index, 1]).uniform(*strength, len(names))
