@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -49,9 +49,11 @@ from surgical_aggregation.flare.recipe import (
     CONSORTIUM_SITES,
     DEMO,
     SurgicalAggregationRecipe,
+    start_settings,
     write_job,
 )
 from surgical_aggregation.flare.results import HISTORY_FILE
+from surgical_aggregation.training.profiles import JOB_STARTS, SCRATCH
 
 SITE_COUNTS = (2, 3, 4, 7)
 PSI_UNIQUE = (0, 2, 6, 10, 12)  # labels of NIH's 14 held by one site each (psi = unique / 14)
@@ -73,6 +75,7 @@ class Federation:
     rounds: int
     sites: dict[str, dict[str, Any]]  # site -> {kind, patients, labels (psi) or None}
     psi: str | None = None
+    start: str = SCRATCH  # where the backbone starts: from scratch, or the stand-in at the papers' fine-tuning rates
 
 
 def draw(seed: int) -> Federation:
@@ -110,7 +113,7 @@ def site_configs(federation: Federation, cache: Path) -> dict[str, dict[str, Any
         if drawn["labels"] is not None:
             data["labels"] = list(drawn["labels"])
         embedded = {"patients": drawn["patients"], "image_size": IMAGE_SIZE, "seed": federation.seed * 100 + index}
-        config = DEMO.site_config(data, embedded=embedded)
+        config = DEMO.site_config(data, embedded=embedded, **start_settings(federation.start)[0])
         configs[site] = {
             **config,
             "image_size": IMAGE_SIZE,
@@ -122,24 +125,30 @@ def site_configs(federation: Federation, cache: Path) -> dict[str, dict[str, Any
 
 
 def write_federation_job(federation: Federation, folder: Path, cache: Path, settings: dict) -> Path:
+    _, persistor, backbone = start_settings(federation.start)
     controller = {
         "num_rounds": federation.rounds,
         "patience": federation.rounds,
         "min_clients": len(federation.sites),
+        "backbone_strategy": backbone,
         **settings,
     }
     recipe = SurgicalAggregationRecipe(
-        federation.name, site_configs(federation, cache), controller=controller, persistor={"seed": federation.seed}
+        federation.name,
+        site_configs(federation, cache),
+        controller=controller,
+        persistor={**persistor, "seed": federation.seed},
     )
     return write_job(recipe, folder, force=True)
 
 
-def run_consortium(workspace: Path) -> tuple[int, str, Path]:
-    """The README's command, as written (its workspace a fresh folder); (exit code, output, its server app)."""
+def run_consortium(workspace: Path, start: str = SCRATCH) -> tuple[int, str, Path]:
+    """The README's command, as written (its workspace a fresh folder; another ``start`` adds ``--start``); (exit
+    code, output, its server app)."""
     shutil.rmtree(workspace, ignore_errors=True)
     script = Path(sys.executable).parent / "surgical-aggregation"
     command = [str(script)] if script.is_file() else [sys.executable, "-m", PACKAGE]
-    command += ["simulate", "--name", CONSORTIUM]
+    command += ["simulate", "--name", CONSORTIUM, *([] if start == SCRATCH else ["--start", start])]
     result = subprocess.run(
         [*command, "--workspace", str(workspace)], capture_output=True, text=True, timeout=5400, env=dict(os.environ)
     )
@@ -249,8 +258,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--seeds", type=int, nargs="*", default=list(range(30)))
     parser.add_argument("--consortium", action="store_true", help="also run the cxr_consortium job as the README does")
     parser.add_argument("--controller", type=json.loads, default={}, help="controller settings over the defaults")
+    parser.add_argument(
+        "--start",
+        choices=JOB_STARTS,
+        default=SCRATCH,
+        help="where every federation's backbone starts (default scratch; stand-in: FedBN+ at the papers' rates)",
+    )
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("--write-doc", type=Path)
+    parser.add_argument("--marker", default=MARKER, help=f"the page's marked block to write (default {MARKER})")
     parser.add_argument("--work", type=Path, help="jobs, workspaces and caches (default: --out)")
     parser.add_argument("--workers", type=int, default=1, help="federations run at once")
     parser.add_argument(
@@ -262,9 +278,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     store = args.out / "results.json"
     results = json.loads(store.read_text()) if store.is_file() else {}
     if not args.table_only:
-        plans = [draw(seed) for seed in args.seeds]
+        plans = [replace(draw(seed), start=args.start) for seed in args.seeds]
         if args.consortium:
-            plans.append(Federation(CONSORTIUM, -1, "the consortium job", 3, {}))
+            plans.append(Federation(CONSORTIUM, -1, "the consortium job", 3, {}, start=args.start))
         began, lock, ran_on = time.perf_counter(), threading.Lock(), machine()
 
         def run(federation: Federation) -> None:
@@ -272,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 return
             started = time.perf_counter()
             if federation.name == CONSORTIUM:
-                code, log, app = run_consortium(work / "workspaces" / CONSORTIUM)
+                code, log, app = run_consortium(work / "workspaces" / CONSORTIUM, federation.start)
                 federation.sites = {site: {"kind": kind, "patients": CONSORTIUM_PATIENTS.get(kind, 100), "labels": None}
                                     for site, kind in CONSORTIUM_SITES.items()}  # fmt: skip
             else:
@@ -298,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     if args.write_doc:
         text = args.write_doc.read_text()
         args.write_doc.write_text(
-            rewrite_marked_block(text, f"<!-- {MARKER} -->", f"<!-- /{MARKER} -->", "\n".join(lines))
+            rewrite_marked_block(text, f"<!-- {args.marker} -->", f"<!-- /{args.marker} -->", "\n".join(lines))
         )
     return results
 

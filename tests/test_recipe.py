@@ -26,6 +26,7 @@ from surgical_aggregation.flare.recipe import (
     CLIENT_COMMAND,
     TASK_REQUEST_INTERVAL,
     SurgicalAggregationRecipe,
+    cxr_consortium_recipe,
     nih_chexpert_recipe,
     write_job,
 )
@@ -133,8 +134,31 @@ def test_the_stand_in_is_refused_for_another_network_and_start_for_another_job(t
     assert f"--start {tmp_path / 'nope.pth'}: no such checkpoint file" in capsys.readouterr().err
     assert not (tmp_path / "ws").exists()
     assert main(["write-job", "--name", "report_labeling", "--start", SCRATCH, "--out", str(tmp_path / "job")]) == 2
-    assert "--start applies to the nih_chexpert job; report_labeling starts from scratch" in capsys.readouterr().err
+    assert (
+        "--start applies to the nih_chexpert and cxr_consortium jobs; report_labeling has no images"
+        in capsys.readouterr().err
+    )
     assert not (tmp_path / "job").exists()
+
+
+def test_the_consortium_starts_from_scratch_or_where_it_is_told(tmp_path):
+    """``cxr_consortium``: from scratch by default (the committed job, FedAvg, the demo rates); ``--start stand-in``
+    gives it the main job's start (the stand-in, FedBN+, the papers' fine-tuning rates) on its own sites' sizes."""
+    scratch, standing = cxr_consortium_recipe(), cxr_consortium_recipe(start=STAND_IN)
+    assert "pretrained_weights" not in scratch.persistor_args
+    assert scratch.controller_args["backbone_strategy"] == "fedavg"
+    assert standing.persistor_args["pretrained_weights"] == STAND_IN
+    assert standing.controller_args["backbone_strategy"] == "fedbn_plus"
+    for site, values in standing.site_configs.items():
+        assert {name: values[name] for name in PAPERS_FINE_TUNING} == dict(PAPERS_FINE_TUNING)
+        assert values["embedded"] == scratch.site_configs[site]["embedded"]
+    with pytest.raises(SiteConfigError, match="start must be 'stand-in', 'scratch' or the path of a DenseNet121"):
+        cxr_consortium_recipe(start="stand_in")
+    assert main(["write-job", "--name", "cxr_consortium", "--start", STAND_IN, "--out", str(tmp_path / "job")]) == 0
+    server = json.loads((tmp_path / "job" / "app_server/config/config_fed_server.json").read_text())
+    persistor = next(c for c in server["components"] if c["path"].endswith("SurgicalModelPersistor"))
+    assert persistor["args"]["pretrained_weights"] == STAND_IN
+    assert server["workflows"][0]["args"]["backbone_strategy"] == "fedbn_plus"
 
 
 def test_the_persistor_builds_the_stand_in_once_and_starts_from_its_statistics(tmp_path, monkeypatch):

@@ -89,26 +89,26 @@ def add_site_config_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_start_option(parser: argparse.ArgumentParser) -> None:
-    """``--start``: where the main job's backbone starts (``flare.recipe.nih_chexpert_recipe``)."""
+    """``--start``: where an image job's backbone starts (``flare.recipe.nih_chexpert_recipe``)."""
     parser.add_argument(
         "--start",
         metavar="{stand-in,scratch,PATH}",
-        help=f"nih_chexpert only: {STAND_IN} (default: FedBN+ from the offline stand-in for ImageNet weights the "
-        f"bundle ships), {SCRATCH} (a random DenseNet121, "
-        "FedAvg, 400 patients a site: minutes, a smoke run) or a local ImageNet DenseNet121 checkpoint's path as the "
-        "server sees it (FedBN+)",
+        help=f"the image jobs (nih_chexpert, cxr_consortium): {STAND_IN} (default: FedBN+ from the offline stand-in "
+        f"for ImageNet weights the bundle ships), {SCRATCH} (a random DenseNet121, FedAvg; nih_chexpert on 400 "
+        "patients a site: minutes, a smoke run) or a local ImageNet DenseNet121 checkpoint's path as the server sees "
+        "it (FedBN+)",
     )
 
 
 def start_option(args: argparse.Namespace, job: str, server_here: bool) -> dict[str, str]:
     """The recipe's ``start`` argument from ``--start`` (none given: the recipe's default); a path is the server's,
     so where the server runs here (``simulate``) it must exist and is made absolute."""
-    from ..flare.protocol import NIH_CHEXPERT
+    from ..flare.protocol import CXR_CONSORTIUM, NIH_CHEXPERT
 
     if args.start is None:
         return {}
-    if job != NIH_CHEXPERT:
-        raise SiteConfigError(f"--start applies to the {NIH_CHEXPERT} job; {job} starts from scratch")
+    if job not in (NIH_CHEXPERT, CXR_CONSORTIUM):
+        raise SiteConfigError(f"--start applies to the {NIH_CHEXPERT} and {CXR_CONSORTIUM} jobs; {job} has no images")
     if args.start in (STAND_IN, SCRATCH) or not server_here:
         return {"start": args.start}
     path = user_path(args.start).resolve()

@@ -445,6 +445,20 @@ JOB_TIMEOUTS = {"handshake_timeout": 300, "train_timeout": 900, "validate_timeou
 CHECKPOINT_SUFFIXES = (".pth", ".pt")  # a start given as a path: torchvision's and this bundle's weight files
 
 
+def start_settings(start: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """Where a job's backbone starts, as its sites' rates, the persistor's arguments and the backbone strategy: from
+    the stand-in or a local ImageNet checkpoint, the papers' fine-tuning rates and FedBN+; from scratch, the demo
+    profile's rates and FedAvg's backbone (FedBN+ needs learned BatchNorm statistics)."""
+    if start not in JOB_STARTS and not str(start).endswith(CHECKPOINT_SUFFIXES):
+        raise SiteConfigError(
+            f"start must be {STAND_IN!r}, {SCRATCH!r} or the path of a DenseNet121 checkpoint ending in "
+            f"{' or '.join(CHECKPOINT_SUFFIXES)}, got {start!r}"
+        )
+    if start == SCRATCH:
+        return {}, {}, "fedavg"
+    return dict(PAPERS_FINE_TUNING), {"pretrained_weights": start}, "fedbn_plus"
+
+
 def nih_chexpert_recipe(
     sites: Mapping[str, Mapping[str, Any]] | None = None, start: str = STAND_IN, **options: Any
 ) -> SurgicalAggregationRecipe:
@@ -458,17 +472,8 @@ def nih_chexpert_recipe(
     DenseNet121 checkpoint (as the server sees it), the same otherwise. ``scratch``: a randomly initialised
     DenseNet121 with FedAvg's backbone (FedBN+ needs learned BatchNorm statistics), the demo profile on its 400
     patients a site: minutes on a CPU, for smoke runs and tests; its best model learns one generic score."""
-    if start not in JOB_STARTS and not str(start).endswith(CHECKPOINT_SUFFIXES):
-        raise SiteConfigError(
-            f"start must be {STAND_IN!r}, {SCRATCH!r} or the path of a DenseNet121 checkpoint ending in "
-            f"{' or '.join(CHECKPOINT_SUFFIXES)}, got {start!r}"
-        )
-    if start == SCRATCH:
-        patients, rates, persistor, backbone = DEMO.embedded_patients, {}, {}, "fedavg"
-    else:
-        patients, rates, backbone = STAND_IN_JOB_PATIENTS, dict(PAPERS_FINE_TUNING), "fedbn_plus"
-        persistor = {"pretrained_weights": start}
-    embedded = {"patients": patients}
+    rates, persistor, backbone = start_settings(start)
+    embedded = {"patients": DEMO.embedded_patients if start == SCRATCH else STAND_IN_JOB_PATIENTS}
     defaults = {
         "site-nih": DEMO.site_config({"kind": "nih"}, embedded=embedded, **rates),
         "site-chexpert": DEMO.site_config({"kind": "chexpert"}, embedded=embedded, **rates),
@@ -546,23 +551,29 @@ CONSORTIUM_PATIENTS = {"padchest": 200}  # the others: 100 each
 
 
 def cxr_consortium_recipe(
-    sites: Mapping[str, Mapping[str, Any]] | None = None, **options: Any
+    sites: Mapping[str, Mapping[str, Any]] | None = None, start: str = SCRATCH, **options: Any
 ) -> SurgicalAggregationRecipe:
     """``jobs/cxr_consortium``: seven sites, one per dataset (NIH, CheXpert, PadChest, VinDr-CXR, Google's NIH
     labels, RSNA, SIIM), each with its own label scheme; the union head covers every finding any site labels
-    (199 classes, tests/test_flare_e2e.py). Demo profile, 3 rounds, embedded data unless a site config names real
-    data."""
+    (199 classes, tests/test_flare_e2e.py). 3 rounds, embedded data unless a site config names real data; ``start``
+    as for :func:`nih_chexpert_recipe`, on the sites' own embedded sizes. From scratch by default: from the stand-in
+    the direction check refuses honest sites (docs/server-checks.md, clean federations from the stand-in)."""
+    rates, persistor, backbone = start_settings(start)
     defaults = {
-        site: DEMO.site_config({"kind": kind}, embedded={"patients": CONSORTIUM_PATIENTS.get(kind, 100)})
+        site: DEMO.site_config({"kind": kind}, embedded={"patients": CONSORTIUM_PATIENTS.get(kind, 100)}, **rates)
         for site, kind in CONSORTIUM_SITES.items()
     }
     controller = {
         "num_rounds": CONSORTIUM_ROUNDS,
         "patience": DEMO.patience,
+        "backbone_strategy": backbone,
         **JOB_TIMEOUTS,
         **options.pop("controller", {}),
     }
-    return SurgicalAggregationRecipe(CXR_CONSORTIUM, _with_sites(defaults, sites), controller=controller, **options)
+    persistor = {**persistor, **options.pop("persistor", {})}
+    return SurgicalAggregationRecipe(
+        CXR_CONSORTIUM, _with_sites(defaults, sites), controller=controller, persistor=persistor, **options
+    )
 
 
 BUNDLE_RECIPES = {
