@@ -946,6 +946,7 @@ def test_the_consortium_from_the_stand_in_is_its_record():
         and refusing == 1
         and len(runs) == 5
     )
+    assert f"all from scratch (from the stand-in, honest sites refused in [{refusing} of {len(runs)}](" in _readme()
 
 
 def test_the_consortium_page_is_its_runs_records():
