@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     results = json.loads(store.read_text()) if store.is_file() else {}
     if not args.table_only:
         plans = [replace(draw(seed), start=args.start) for seed in args.seeds]
+        mixed = [name for name, result in results.items() if result["federation"].get("start", SCRATCH) != args.start]
+        if mixed:  # a stored run is skipped by name: one store, one start
+            raise SystemExit(f"{store} holds runs of another start than {args.start} ({mixed[:3]}): another --out")
         if args.consortium:
             plans.append(Federation(CONSORTIUM, -1, "the consortium job", 3, {}, start=args.start))
         began, lock, ran_on = time.perf_counter(), threading.Lock(), machine()
