@@ -557,7 +557,7 @@ def cxr_consortium_recipe(
     labels, RSNA, SIIM), each with its own label scheme; the union head covers every finding any site labels
     (199 classes, tests/test_flare_e2e.py). 3 rounds, embedded data unless a site config names real data; ``start``
     as for :func:`nih_chexpert_recipe`, on the sites' own embedded sizes. From scratch by default: from the stand-in
-    the direction check refuses honest sites (docs/server-checks.md, clean federations from the stand-in)."""
+    the direction check has refused honest sites (docs/server-checks.md, clean federations from the stand-in)."""
     rates, persistor, backbone = start_settings(start)
     defaults = {
         site: DEMO.site_config({"kind": kind}, embedded={"patients": CONSORTIUM_PATIENTS.get(kind, 100)}, **rates)
