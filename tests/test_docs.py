@@ -13,6 +13,7 @@ import pytest
 from monai.networks.nets import DenseNet
 
 from surgical_aggregation.core import judging
+from surgical_aggregation.core.checks.model import judged_loss
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.evaluation.run_summary import union_table_lines
 from surgical_aggregation.images.names import NETWORK_ARGUMENTS, SMOKE_DENSENET
@@ -373,8 +374,6 @@ def test_the_clean_sweeps_reading_is_its_results():
     """docs/server-checks.md's reading of the sweep: how many federations set no rule, which of them are seven public
     sites, their exact bound; and that the initial model's bar for the first best, which came after most runs, would
     have changed none of them (each run has a trained round whose judged loss clears it, by the page's margin)."""
-    from surgical_aggregation.core.checks.model import judged_loss
-
     sweep = load_benchmark("clean_sweep")
     results = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
@@ -899,8 +898,6 @@ def test_the_consortium_from_the_stand_in_is_its_record():
     """docs/cxr-consortium.md: the job from the stand-in, its run in the clean sweep from the stand-in: the sites' mean
     validation AUROC before training and of the best model, the honest sites the direction check refused and their
     cosines against the earlier rounds' lowest, the round thrown away; the sweep's table of those runs."""
-    from surgical_aggregation.core.checks.model import judged_loss
-
     sweep = load_benchmark("clean_sweep")
     runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "stand-in.json").read_text())
     assert {run["federation"]["start"] for run in runs.values()} == {"stand-in"}
