@@ -437,9 +437,16 @@ def test_a_flipped_update_inside_every_bound_is_clipped_to_the_rounds_median(tmp
         assert "clipped" not in aggregation
 
 
-@pytest.mark.parametrize("setting", ["clip_updates", "reject_opposed_updates", "validation_guard"])
-def test_a_defence_is_on_or_off_nothing_else(setting):
-    with pytest.raises(ValueError, match=f"{setting} must be true or false, got 'no'"):
+@pytest.mark.parametrize(
+    ("setting", "allowed"),
+    [
+        ("clip_updates", "true or false"),
+        ("reject_opposed_updates", "true, false or 'first_round'"),
+        ("validation_guard", "true or false"),
+    ],
+)
+def test_a_defence_is_on_or_off_nothing_else(setting, allowed):
+    with pytest.raises(ValueError, match=f"{setting} must be {allowed}, got 'no'"):
         Harness([], ".", **{setting: "no"})
 
 

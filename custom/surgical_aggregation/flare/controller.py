@@ -120,7 +120,7 @@ class SurgicalAggregatorShareable(ServerModels):
         resume: str | bool = RESUME_LATEST,
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         clip_updates: bool = True,
-        reject_opposed_updates: bool = True,
+        reject_opposed_updates: bool | str = True,
         robust_aggregation: str = DEFAULT_RULE,
         byzantine_sites: int | None = None,
         update_noise: float = 0.0,

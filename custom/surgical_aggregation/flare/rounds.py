@@ -85,7 +85,9 @@ class RoundRules:
     update_bound: float | None
     outputs: ModelOutputs | None  # the model's outputs on the probe input (the model check)
     clip_updates: bool = True  # each part of an update at most the round's median (three or more sites)
-    reject_opposed_updates: bool = False  # a backbone update against the others' median direction is rejected
+    # a backbone update against the others' median direction is rejected: every round (True), or only in the job's
+    # first round from untrained heads (OPPOSED_FIRST_ROUND)
+    reject_opposed_updates: bool | str = False
     robust: RobustRule = field(default_factory=lambda: RobustRule("mean"))  # parts three or more sites moved
     update_noise: float = 0.0  # FLAME's lambda: noise of lambda x the median update norm on the aggregate (0: none)
     robust_learning_rate: int = 0  # RLR's theta: a value is turned back where fewer site signs agree (0: off)
@@ -238,7 +240,7 @@ class Round:
             # nearly orthogonal to it (another label set) reads as opposed and is rejected (the suite's mimic)
             consensus = rules.consensus(merged_rows(stacked, groups))
             self.directions = consensus_cosines(changes, consensus)
-            if rules.reject_opposed_updates:
+            if rules.reject_opposed_updates is True or (rules.reject_opposed_updates and warmup_round):
                 self.rejected.update(opposed_updates(changes, consensus))
                 candidates = [site for site in candidates if site not in self.rejected]
             rows = {site: sizes[site].row_changes for site in candidates}

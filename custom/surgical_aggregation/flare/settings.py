@@ -39,7 +39,7 @@ clip_updates: with three or more sites moving a part of the model (backbone weig
 reject_opposed_updates: with three or more results left in a round, reject a result whose update of the backbone
     weights points against the round's consensus (a cosine of 0 or below with the robust aggregate of all the
     round's updates, a copy counted once), head rows and all, unless half or more of the round's updates do. On by
-    default.
+    default; "first_round": only in the job's first round from untrained heads.
 robust_aggregation: how the server aggregates each part of the model (the backbone weights, the BatchNorm
     statistics, a head row) that three or more sites moved in a round, after the size checks and the clipping:
     "mean" (the papers' plain mean), or a rule of :mod:`surgical_aggregation.core.robust` ("median",
@@ -82,6 +82,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.aggregation import WEIGHTINGS
+from ..core.checks.update import OPPOSED_FIRST_ROUND
 from ..core.methods import check_method
 from ..core.robust import RobustRule
 from ..core.strategies import strategy
@@ -143,9 +144,12 @@ def checked_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
     bound = values.get("update_bound")
     if bound is not None and not bound > 1:
         raise ValueError(f"update_bound must be above 1 (or None for no bound), got {bound!r}")
-    for name in ("clip_updates", "reject_opposed_updates", "validation_guard"):
+    for name in ("clip_updates", "validation_guard"):
         if not isinstance(values.get(name, True), bool):
             raise ValueError(f"{name} must be true or false, got {values[name]!r}")
+    opposed = values.get("reject_opposed_updates", True)
+    if not (isinstance(opposed, bool) or opposed == OPPOSED_FIRST_ROUND):
+        raise ValueError(f"reject_opposed_updates must be true, false or {OPPOSED_FIRST_ROUND!r}, got {opposed!r}")
     noise = values.get("update_noise", 0.0)
     if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise < 1:
         raise ValueError(f"update_noise must be a number from 0 (off) to below 1, got {noise!r}")

@@ -235,6 +235,8 @@ def weight_change(
 
 
 MIN_SITES_FOR_DIRECTION = 3  # a coordinate-wise median of three or more updates lies between honest values
+# `reject_opposed_updates`' value that judges direction in the job's first round from untrained heads only
+OPPOSED_FIRST_ROUND = "first_round"
 
 
 @server_check(
