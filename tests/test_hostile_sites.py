@@ -477,6 +477,22 @@ def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path
     assert two.history[1]["aggregation"]["accepted"] == ["site-a", "site-y"]
 
 
+@pytest.mark.parametrize(("setting", "rejected_in"), [(True, [0, 1]), ("first_round", [0])])
+def test_the_direction_check_judges_every_round_or_the_first_from_untrained_heads_only(tmp_path, setting, rejected_in):
+    honest = [
+        FakeSite(
+            f"site-{name}", ["Mass", "Edema"], [0.9, 0.5], lambda round_number, params, size=size: shifted(params, size)
+        )
+        for name, size in zip("abc", (0.0102, 0.0098, 0.01), strict=True)
+    ]
+    attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], _flipped(1.0))
+    harness = Harness([*honest, attacker], tmp_path, num_rounds=2, reject_opposed_updates=setting, clip_updates=False)
+    harness.run()
+    rounds = [entry["aggregation"] for entry in harness.history if "aggregation" in entry]
+    assert [index for index, entry in enumerate(rounds) if "site-x" in entry["rejected"]] == rejected_in
+    assert all(entry["directions"]["site-x"] < 0 for entry in rounds)  # opposed in both rounds all the same
+
+
 FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Atelectasis", "Pneumothorax"]
 
 
