@@ -241,7 +241,8 @@ OPPOSED_FIRST_ROUND = "first_round"
 
 @server_check(
     "update",
-    "with `reject_opposed_updates` (on by default) and three or more results left, an update of the backbone weights "
+    'with `reject_opposed_updates` (on by default: every round; `"first_round"`: only in the job\'s first round from '
+    "untrained heads) and three or more results left, an update of the backbone weights "
     "that points against the round's consensus (a cosine of 0 or below with the robust aggregate of every result's "
     "update, a copy counted once: the job's robust rule, or the coordinate-wise median where the rule is the mean) is "
     "rejected, and with "
