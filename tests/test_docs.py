@@ -1028,3 +1028,94 @@ def test_the_consortium_page_is_its_runs_records():
     lines = union_table_lines(rows, limit=10)
     assert f"U{lines[0][1:]}:\n\n" + "\n".join(lines[1:13]) in page
     assert f"and {len(rows) - 10} more (the CSV has them all)" in text
+
+
+def _direction_table(runs: dict) -> list[str]:
+    """The table of the attack suite's update attacks with the direction check in the first round only: each honest
+    site's best test AUROC by layout (CheXpert's, NIH's) against the clean run and the honest sites alone."""
+
+    def by_layout(run: dict, honest: list[str]) -> list[float]:
+        values = []
+        for layout in ("chexpert", "nih"):
+            (value,) = {round(run["best_auroc"][site], 3) for site in honest if site.startswith(f"site-{layout}")}
+            values.append(value)
+        return values
+
+    def listed(values: list[float]) -> str:
+        return ", ".join(f"{value:.3f}" for value in values)
+
+    def minus(ours: list[float], theirs: list[float]) -> str:
+        return ", ".join(f"{one - other:+.3f}" for one, other in zip(ours, theirs, strict=True))
+
+    lines = [
+        '| attack | sites (attackers) | clean run | the honest sites alone | `"first_round"` | minus the honest sites '
+        "alone | minus the clean run |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    first = runs["first_round"]
+    for sites in (3, 7):
+        for attack in ("sign_flip", "ipm"):
+            run = first[f"{attack}-{sites}sites-1attackers-seed1"]
+            honest = [site for site in run["best_auroc"] if site not in run["attacking_sites"]]
+            clean = by_layout(first[f"clean-{sites}sites-0attackers-seed1"], honest)
+            alone = by_layout(first[f"honest_alone-{sites}sites-1attackers-seed1"], honest)
+            got = by_layout(run, honest)
+            lines.append(
+                f"| {attack} | {sites} (1) | {listed(clean)} | {listed(alone)} | {listed(got)} | {minus(got, alone)} "
+                f"| {minus(got, clean)} |"
+            )
+    return lines
+
+
+def test_the_direction_check_in_the_first_round_only_is_its_record():
+    """docs/server-checks.md: the consortium from the stand-in with the direction check off (round 2 cleared by the
+    sites' validation and the best model), and the price of judging direction in the first round only."""
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    off = json.loads((REPOSITORY / "docs" / "clean-sweep" / "stand-in-direction-off.json").read_text())[
+        "cxr_consortium"
+    ]
+    assert off["controller"] == {"reject_opposed_updates": False} and off["federation"]["start"] == "stand-in"
+    assert not off["rejected"] and off["exit_code"] == 0 and off["published"]
+    round_two = off["directions"]["2"]
+    assert f"(round 2: PadChest {round_two['site-padchest']:.4f}, VinDr {round_two['site-vindr']:.4f})" in page
+    verdicts = [
+        judge
+        for left_out in ("without site-padchest", "without site-vindr")
+        for judge in off["screening"][-1]["left_out"][left_out].values()
+    ]
+    assert {judge["verdict"] for judge in verdicts} == {"neither"} and off["screening"][-1]["excluded"] == []
+    siim = off["screening"][-1]["left_out"]["without site-padchest"]["site-siim"]["loss"]["better_by"]
+    assert siim == max(judge["loss"]["better_by"] for judge in verdicts)
+    share = siim / off["validations"]["2"]["site-siim"]["val_loss"]
+    assert f"SIIM's loss {siim:.3f} lower without PadChest's result, {share:.1%} of it" in page.replace(" %", "%")
+    models = off["models"]
+    assert [number for number, model in models.items() if model["best"]][-1] == "2"
+    gain_loss = models["1"]["judged_val_loss"] - models["2"]["judged_val_loss"]
+    gain_auroc = models["2"]["mean_val_auroc"] - models["1"]["mean_val_auroc"]
+    assert (
+        f"judged loss {models['2']['judged_val_loss']:.3f} against round 1's {models['1']['judged_val_loss']:.3f}; the "
+        f"sites' mean validation AUROC {models['2']['mean_val_auroc']:.3f} against {models['1']['mean_val_auroc']:.3f}"
+    ) in page
+    assert f"lowered its judged loss by {gain_loss:.3f} and raised its mean AUROC by {gain_auroc:.4f}" in page
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "direction-first-round.json").read_text())
+    assert _marked_block(REPOSITORY / "docs" / "server-checks.md", "direction-first-round") == "\n".join(
+        _direction_table(runs)
+    )
+    first = runs["first_round"]
+    assert all(run["best_auroc"] == run["final_auroc"] for run in first.values())
+    assert all(run["controller"] == {"reject_opposed_updates": "first_round"} for run in first.values())
+    alone = first["honest_alone-3sites-1attackers-seed1"]["best_auroc"]
+    for name, run in runs["every_round"].items():  # the default: refused every round, the honest sites alone exactly
+        assert name.startswith(("sign_flip-3sites", "ipm-3sites")) and run["controller"] == {}
+        assert run["best_auroc"] == alone and run["final_auroc"] == alone
+    costs = {sites: [] for sites in (3, 7)}
+    for sites in costs:
+        for attack in ("sign_flip", "ipm"):
+            run = first[f"{attack}-{sites}sites-1attackers-seed1"]
+            reference = first[f"honest_alone-{sites}sites-1attackers-seed1"]["best_auroc"]
+            costs[sites] += [round(reference[site], 3) - round(score, 3) for site, score in run["best_auroc"].items()]
+            assert run["attacking_sites"] == run["rejected"] and not run["excluded"]  # refused in round 0 only
+    assert (
+        f"cost the honest sites {min(costs[3]):.3f} to {max(costs[3]):.3f} more at three sites and {min(costs[7]):.3f} "
+        f"to {max(costs[7]):.3f} at seven"
+    ) in page
