@@ -938,7 +938,7 @@ def test_the_consortium_from_the_stand_in_is_its_record():
     drawn = [run for name, run in runs.items() if name != sweep.CONSORTIUM]
     lowest = [min(min(sites.values()) for sites in run["directions"].values()) for run in drawn]
     refusing = sum(bool(run["rejected"]) for run in runs.values())
-    assert not any(run["rejected"] for run in drawn) and len(drawn) == 4
+    assert not any(run["rejected"] for run in drawn) and len(drawn) == 10
     assert f"honest PadChest and VinDr sites (cosines {cosines} with the robust aggregate)" in page
     from_scratch = [
         cosine
@@ -948,15 +948,15 @@ def test_the_consortium_from_the_stand_in_is_its_record():
     ]
     assert (
         f"none of the clean sweep's {len(from_scratch)} recorded honest site-round cosines was at or below 0 (the "
-        f"lowest {min(from_scratch):.3f}); the four drawn federations from the stand-in refused nothing, their lowest "
+        f"lowest {min(from_scratch):.3f}); the ten drawn federations from the stand-in refused nothing, their lowest "
         f"cosines {min(lowest):.2f} to {max(lowest):.2f}, inside that range" in page
     )
     assert min(from_scratch) > 0 and min(lowest) > min(from_scratch)
     assert (
-        f"One federation of five with an honest site refused (at most {sweep.upper_bound(refusing, len(runs)):.0%}"
+        f"One federation of eleven with an honest site refused (at most {sweep.upper_bound(refusing, len(runs)):.0%}"
         in page
         and refusing == 1
-        and len(runs) == 5
+        and len(runs) == 11
     )
     assert f"all from scratch (from the stand-in, honest sites refused in [{refusing} of {len(runs)}](" in _readme()
 
