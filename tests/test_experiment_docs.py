@@ -738,3 +738,72 @@ def test_the_report_labelling_page_is_its_grids_records():
         f"every run's bootstrap 95% CI overlaps the others' (3 shared: {dip.ci_low:.3f}-{dip.ci_high:.3f}; 13 shared: "
         f"{most.ci_low:.3f}-{most.ci_high:.3f}), so no difference between them is shown" in prose
     )
+
+
+def _gate_levers():
+    spec = importlib.util.spec_from_file_location("gate_levers", BENCHMARK.parents[1] / "benchmarks" / "gate_levers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gate_levers_table_is_its_record_and_the_record_its_runs():
+    """docs/benchmark: the gate's model under each training lever on a GPU. The page's table is the record's, the
+    record's second run is its stored result.json files, and the prose's readings are the record's."""
+    levers = _gate_levers()
+    folder = BENCHMARK / "gate-levers"
+    record = json.loads((folder / "record.json").read_text())
+    table = levers.summary_table(record)
+    page_text = (BENCHMARK / "README.md").read_text()
+    assert table == (folder / "summary.md").read_text()
+    assert page_text.split("<!-- gate-levers -->\n", 1)[1].split("<!-- /gate-levers -->", 1)[0] == table
+    second = record["runs"]["second"]
+    for name, lever in second.items():
+        assert lever["source"] == "result.json"
+        stored = sorted((folder / "second" / name).glob("seed*.json"))
+        assert [path.stem for path in stored] == [f"seed{seed}" for seed in sorted(lever["seeds"], key=int)]
+        for path in stored:
+            result = json.loads(path.read_text())
+            figures = result["models"]["selected"]
+            nih = figures["test_sets"]["nih"]
+            assert lever["seeds"][str(result["seed"])]["selected"] == {
+                "round": figures["round"],
+                "nih_test_mean_auroc": round(nih["mean_auroc"], 3),
+                "logit_correlation": round(nih["finding_specificity"]["logit_correlation"], 2),
+                "shared_score_auroc_loss": round(nih["finding_specificity"]["shared_score_auroc_loss"], 3),
+            }
+            assert result["machine"] == record["machine"] and result["method"] == "centralized_full"
+            assert result["setting"] == "nih-K4-psi12of14-N1" and result["control"] == "missing"
+    page = " ".join(page_text.split())
+
+    def selected(lever: dict, figure: str = "logit_correlation") -> list[float]:
+        return [lever["seeds"][seed]["selected"][figure] for seed in sorted(lever["seeds"], key=int)]
+
+    means = {
+        name: round(float(np.mean(selected(lever))), 2) for name, lever in second.items() if len(lever["seeds"]) == 5
+    }
+    assert min(means.values()) > 0.3 and min(means, key=means.get) == "warmup60"  # no lever reaches the gate
+    lowered = [name for name, mean in means.items() if mean < means["base"]]
+    shipped_auroc = np.mean(selected(second["base"], "nih_test_mean_auroc"))
+    assert all(np.mean(selected(second[name], "nih_test_mean_auroc")) < shipped_auroc for name in lowered)
+    assert selected(second["fp32"]) == selected(second["base"])  # mixed precision off: the same to the printed digit
+    first = record["runs"]["first"]
+    for name in set(first) & set(second):  # the GPU repeats itself: seeds 0 and 1 of both runs
+        assert {seed: first[name]["seeds"][seed] for seed in ("0", "1")} == {
+            seed: second[name]["seeds"][seed] for seed in ("0", "1")
+        }
+    gpu = selected(second["base"])[:3]
+    cpu = []
+    for seed in range(3):
+        run = BENCHMARK / "full-psi-cpu" / "runs" / "nih-K4-psi12of14-N1" / "centralized_full" / f"seed{seed}"
+        nih = json.loads((run / "result.json").read_text())["models"]["selected"]["test_sets"]["nih"]
+        cpu.append(round(nih["finding_specificity"]["logit_correlation"], 2))
+        gpu_auroc = second["base"]["seeds"][str(seed)]["selected"]["nih_test_mean_auroc"]
+        assert abs(gpu_auroc - nih["mean_auroc"]) < 0.01
+    assert (
+        f"read {gpu[0]:.2f}, {gpu[1]:.2f} and {gpu[2]:.2f} where the CPU grid's runs above read {cpu[0]:.2f}, "
+        f"{cpu[1]:.2f} and {cpu[2]:.2f}"
+    ) in page
+    spans = {name: max(selected(lever)) - min(selected(lever)) for name, lever in second.items()}
+    assert f"the seeds span {spans['base']:.2f} (the shipped profile) to {spans['batch16']:.2f} (batch 16)" in page
+    assert round(max(spans.values()), 2) == round(spans["batch16"], 2)
