@@ -48,11 +48,17 @@ from surgical_aggregation.core.robust import DEFAULT_RULE
 from surgical_aggregation.evaluation.inference import predict_checkpoint, scoring_dataset
 from surgical_aggregation.evaluation.metrics import auroc
 from surgical_aggregation.experiments.summary import rewrite_marked_block
-from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
+from surgical_aggregation.flare.recipe import (
+    DEMO,
+    SurgicalAggregationRecipe,
+    nih_chexpert_recipe,
+    start_settings,
+    write_job,
+)
 from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.training.checkpoint import load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
-from surgical_aggregation.training.profiles import SCRATCH
+from surgical_aggregation.training.profiles import JOB_STARTS, SCRATCH, STAND_IN
 from surgical_aggregation.training.site_data import resolve_table
 
 PATIENTS, IMAGE_SIZE, ROUNDS = 100, 64, 3
@@ -81,18 +87,21 @@ class Case:
     seed: int
     patients: int = PATIENTS  # a site's
     rounds: int = ROUNDS
+    start: str = SCRATCH  # where the backbone starts: scratch (FedAvg, the demo's rates) or the stand-in (FedBN+)
 
     @property
     def name(self) -> str:
         size = "" if (self.patients, self.rounds) == (PATIENTS, ROUNDS) else f"-{self.patients}p{self.rounds}r"
-        return f"{self.attack}-{self.sites}sites-{self.attackers}attackers-seed{self.seed}{size}"
+        start = "" if self.start == SCRATCH else f"-{self.start}"
+        return f"{self.attack}-{self.sites}sites-{self.attackers}attackers-seed{self.seed}{size}{start}"
 
 
-def site_configs(sites: int, seed: int, patients: int = PATIENTS) -> dict[str, dict[str, Any]]:
+def site_configs(sites: int, seed: int, patients: int = PATIENTS, start: str = SCRATCH) -> dict[str, dict[str, Any]]:
     """Two sites: the default job's; more: sites of the NIH and CheXpert layouts, alternating, each a part of one
-    embedded dataset of its layout."""
+    embedded dataset of its layout. From the stand-in each fine-tunes at the papers' rates, as the main job does."""
+    rates, _, _ = start_settings(start)
     if sites == 2:
-        configs = nih_chexpert_recipe(start=SCRATCH).site_configs
+        configs = nih_chexpert_recipe(start=start).site_configs
         configs = {site: {**config, "embedded": {"patients": patients}} for site, config in configs.items()}
     else:
         kinds = ["nih" if index % 2 == 0 else "chexpert" for index in range(sites)]
@@ -102,7 +111,7 @@ def site_configs(sites: int, seed: int, patients: int = PATIENTS) -> dict[str, d
             seen[kind] += 1
             data = {"kind": kind, "partition_count": counts[kind], "partition_index": seen[kind] - 1}
             configs[f"site-{kind}-{seen[kind]}"] = DEMO.site_config(
-                data, embedded={"patients": patients * counts[kind]}
+                data, embedded={"patients": patients * counts[kind]}, **rates
             )
     return {
         site: {**config, "image_size": IMAGE_SIZE, "seed": seed, "record_exchanges": "off",
@@ -127,9 +136,11 @@ def client_script(role: str, exchange: Path, case: Case, rule: str) -> str:
 
 def write_case_job(case: Case, folder: Path, cache: Path, exchange: Path, controller: dict) -> tuple[Path, list[str]]:
     """The case's job folder, and its attacking sites."""
-    sized = site_configs(case.sites, case.seed, case.patients)
+    sized = site_configs(case.sites, case.seed, case.patients, case.start)
     configs = {site: {**config, "cache_dir": str(cache)} for site, config in sized.items()}
-    settings = {"num_rounds": case.rounds, "patience": case.rounds, "min_clients": 1, **controller}
+    _, persistor, backbone = start_settings(case.start)
+    settings = {"num_rounds": case.rounds, "patience": case.rounds, "min_clients": 1, "backbone_strategy": backbone,
+                **controller}  # fmt: skip
     attackers = attackers_of(case, configs)
     if case.attack == PLACEBO:
         configs = {site: {**config, "seed": config["seed"] + PLACEBO_SEED} if site in attackers else config
@@ -138,7 +149,7 @@ def write_case_job(case: Case, folder: Path, cache: Path, exchange: Path, contro
         f"attack-{case.sites}",
         configs,
         controller=settings,
-        persistor={"seed": case.seed},
+        persistor={"seed": case.seed, **persistor},
         left_out=attackers if case.attack == ALONE else (),
     )
     job = write_job(recipe, folder, force=True)
@@ -286,15 +297,16 @@ def alone_of(results: dict[str, dict], case: dict[str, Any]) -> dict[str, Any] |
     return results.get(Case(ALONE, case["sites"], case["attackers"], case["seed"], *_size(case)).name)
 
 
-def _size(case: dict[str, Any]) -> tuple[int, int]:
-    """A recorded run's patients a site and rounds (runs recorded before the sizes were options: the defaults)."""
-    return case.get("patients", PATIENTS), case.get("job_rounds", ROUNDS)
+def _size(case: dict[str, Any]) -> tuple[int, int, str]:
+    """A recorded run's patients a site, rounds and start (runs recorded before these were options: the defaults)."""
+    return case.get("patients", PATIENTS), case.get("job_rounds", ROUNDS), case.get("start", SCRATCH)
 
 
 def setting_of(case: dict[str, Any]) -> str:
     """``3 (1)``: sites (attackers), with the size where it is not the default's (``3 (1; 400 patients, 5 rounds)``)."""
-    patients, rounds = _size(case)
+    patients, rounds, start = _size(case)
     size = "" if (patients, rounds) == (PATIENTS, ROUNDS) else f"; {patients} patients, {rounds} rounds"
+    size += "" if start == SCRATCH else f"; from the {start}"
     return f"{case['sites']} ({case['attackers']}{size})"
 
 
@@ -391,7 +403,7 @@ def rules_table(runs_by_rule: dict[str, dict[str, dict]], sites: Sequence[int], 
     for rule, runs in runs_by_rule.items():
         cleans = [
             run for run in runs.values()
-            if run["attack"] == CLEAN and run["sites"] in sites and _size(run) == (PATIENTS, ROUNDS)
+            if run["attack"] == CLEAN and run["sites"] in sites and _size(run) == (PATIENTS, ROUNDS, SCRATCH)
         ]  # fmt: skip
         for clean in sorted(cleans, key=lambda run: (run["sites"], run["seed"])):
             alone = alone_of(runs, {**clean, "attackers": 1})
@@ -454,8 +466,9 @@ def plot(results: dict[str, dict], path: Path) -> Path:
     labels = [
         f"{sites} sites, {count} hostile"
         + ("" if (patients, rounds) == (PATIENTS, ROUNDS) else f"\n{patients}p, {rounds}r")
+        + ("" if start == SCRATCH else f"\nfrom the {start}")
         + f"\nvs {label}"
-        for (sites, count, patients, rounds), label, _ in columns
+        for (sites, count, patients, rounds, start), label, _ in columns
     ]
     axis.set_xticks(range(len(columns)), labels, fontsize=7)
     axis.set_yticks(range(len(attacks)), attacks, fontsize=8)
@@ -475,11 +488,12 @@ def cases(
     patients: int = PATIENTS,
     rounds: int = ROUNDS,
     references: Sequence[str] = (ALONE, PLACEBO),
+    start: str = SCRATCH,
 ) -> list[Case]:
     """The clean run of every size and seed, the ``references`` beside it, then each attack in each setting with
     each seed."""
     sizes = sorted({sites for sites, _ in settings})
-    size = (patients, rounds)
+    size = (patients, rounds, start)
     planned = [Case(CLEAN, sites, 0, seed, *size) for seed in seeds for sites in sizes]
     planned += [
         Case(kind, sites, count, seed, *size)
@@ -518,6 +532,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         help="the runs beside the clean one (default both; the clean run always runs: the verdicts need it)",
     )
     parser.add_argument("--controller", type=json.loads, default={}, help="controller settings over the defaults")
+    parser.add_argument(
+        "--start",
+        choices=JOB_STARTS,
+        default=SCRATCH,
+        help=f"where the backbone starts (default {SCRATCH}: FedAvg at the demo's rates; {STAND_IN}: the offline "
+        "stand-in for ImageNet weights, FedBN+ at the papers' fine-tuning rates, as the main job)",
+    )
     parser.add_argument("--table-only", action="store_true", help="only redraw the table of results.json")
     parser.add_argument("--write-doc", type=Path, help="rewrite the table between the --marker's markers")
     parser.add_argument(
@@ -563,7 +584,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     results = json.loads(store.read_text()) if store.is_file() else {}
     if not args.table_only:
         test = test_config(args.out / "cache")
-        for case in cases(args.seeds, args.attacks, args.settings, args.patients, args.rounds, args.references):
+        for case in cases(
+            args.seeds, args.attacks, args.settings, args.patients, args.rounds, args.references, args.start
+        ):
             if case.name in results:
                 continue
             started = time.perf_counter()
@@ -577,7 +600,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 shutil.rmtree(workspace, ignore_errors=True)
                 code, log = run_simulator(job, workspace, timeout=5400)
                 (args.out / f"{case.name}.log").write_text(log)
-                sized = site_configs(case.sites, case.seed, case.patients)
+                sized = site_configs(case.sites, case.seed, case.patients, case.start)
                 found = outcome(workspace, code, log, test, attackers, taking_part(case, sized, attackers))
                 if not found["absent"]:
                     break
@@ -589,6 +612,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 "seed": case.seed,
                 "patients": case.patients,
                 "job_rounds": case.rounds,  # planned ("rounds": those the job ran)
+                "start": case.start,
                 "controller": args.controller,
                 **found,
                 "seconds": round(time.perf_counter() - started, 1),

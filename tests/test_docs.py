@@ -416,7 +416,7 @@ def _warmup_rule_figures() -> dict[str, str]:
     flips = {
         name: run
         for name, run in runs.items()
-        if run["attack"].startswith("label_flip") and suite._size(run) == (suite.PATIENTS, suite.ROUNDS)
+        if run["attack"].startswith("label_flip") and suite._size(run) == (suite.PATIENTS, suite.ROUNDS, suite.SCRATCH)
     }
 
     def margins(attack: str, sites: int, attackers: int) -> str:
