@@ -4,6 +4,10 @@
 #
 #   bash benchmarks/gate_levers_gpu.sh RESULTS_FOLDER LEVERS_FILE [SECONDS]   # SECONDS: stop every grid after (480)
 #
+# The grids' embedded labels are real NIH rows of torchxrayvision's data folder: carry its wheel to a lent machine
+# (pip download --no-deps torchxrayvision==1.5.7 into the carried .whl/), or gate_levers.py refuses to run (with
+# --builtin-labels among a lever's ARGUMENTS it runs on labels drawn finding by finding, as the first two runs did
+# before it refused).
 # LEVERS_FILE: one lever a line, "NAME: ARGUMENTS" (benchmarks/gate-levers-*.txt; ARGUMENTS empty for the profile as
 # it ships). SEEDS (default "0 1") sets the seeds; EXTRA_ARGS (words added to every grid's command line) makes a quick
 # check: EXTRA_ARGS="--rounds 1 --embedded-patients 60". Each lever's grid keeps its finished seeds, so a stopped run

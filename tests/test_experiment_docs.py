@@ -4,6 +4,7 @@ tables is one a reader finds in a seeds.md or summary.md of docs/benchmark/ (the
 from __future__ import annotations
 
 import csv
+import gzip
 import importlib.util
 import json
 import re
@@ -792,18 +793,69 @@ def test_the_gate_levers_table_is_its_record_and_the_record_its_runs():
         assert {seed: first[name]["seeds"][seed] for seed in ("0", "1")} == {
             seed: second[name]["seeds"][seed] for seed in ("0", "1")
         }
-    gpu = selected(second["base"])[:3]
-    cpu = []
+    # not the grid's data: every GPU log drew its labels at built-in frequencies, and the page says so with its figures
+    for log in (folder / "logs").glob("*.log.gz"):
+        text = gzip.decompress(log.read_bytes()).decode()
+        assert "labels: built-in NIH label frequencies" in text and "real NIH label rows" not in text
+    gpu_images = [
+        json.loads(path.read_text())["test_sets"]["nih"]["images"]
+        for path in (folder / "second" / "base").glob("*.json")
+    ]
+    cpu_images = []
     for seed in range(3):
         run = BENCHMARK / "full-psi-cpu" / "runs" / "nih-K4-psi12of14-N1" / "centralized_full" / f"seed{seed}"
-        nih = json.loads((run / "result.json").read_text())["models"]["selected"]["test_sets"]["nih"]
-        cpu.append(round(nih["finding_specificity"]["logit_correlation"], 2))
-        gpu_auroc = second["base"]["seeds"][str(seed)]["selected"]["nih_test_mean_auroc"]
-        assert abs(gpu_auroc - nih["mean_auroc"]) < 0.01
+        cpu_images.append(json.loads((run / "result.json").read_text())["test_sets"]["nih"]["images"])
     assert (
-        f"read {gpu[0]:.2f}, {gpu[1]:.2f} and {gpu[2]:.2f} where the CPU grid's runs above read {cpu[0]:.2f}, "
-        f"{cpu[1]:.2f} and {cpu[2]:.2f}"
+        f"({min(gpu_images):,} to {max(gpu_images):,} NIH test images against the CPU grid's {min(cpu_images):,} to "
+        f"{max(cpu_images):,})"
     ) in page
-    spans = {name: max(selected(lever)) - min(selected(lever)) for name, lever in second.items()}
-    assert f"the seeds span {spans['base']:.2f} (the shipped profile) to {spans['batch16']:.2f} (batch 16)" in page
-    assert round(max(spans.values()), 2) == round(spans["batch16"], 2)
+
+    def mean_of(values: list[float]) -> str:
+        return f"{sum(values) / len(values):.2f}"
+
+    four = {name: mean_of(selected(second[name])[:4]) for name in ("warmup60", "batch16", "batch16-warmup60")}
+    assert (
+        f"sixty warm-up epochs give {four['warmup60']}, batch 16 {four['batch16']} and both together "
+        f"{four['batch16-warmup60']}: combining them gains nothing"
+    ) in page
+    assert four["batch16-warmup60"] >= min(four["warmup60"], four["batch16"])
+    longer = first["lr2e-4-patience20"]["seeds"]
+    last = [longer[seed]["last"] for seed in ("0", "1")]
+    chosen = [longer[seed]["selected"] for seed in ("0", "1")]
+    assert (
+        f"the last models (rounds {last[0]['round']} and {last[1]['round']}) read {last[0]['logit_correlation']:.2f} "
+        f"and {last[1]['logit_correlation']:.2f} where the selected ones (rounds {chosen[0]['round']} and "
+        f"{chosen[1]['round']}) read {chosen[0]['logit_correlation']:.2f} and {chosen[1]['logit_correlation']:.2f}, at "
+        f"test AUROCs of {last[0]['nih_test_mean_auroc']:.3f} and {last[1]['nih_test_mean_auroc']:.3f} against "
+        f"{chosen[0]['nih_test_mean_auroc']:.3f} and {chosen[1]['nih_test_mean_auroc']:.3f}"
+    ) in page
+    rounds = [round_number for name in lowered if name != "batch16-fp32"
+              for round_number in selected(second[name], "round")]  # fmt: skip
+    assert f"(rounds {min(rounds)} to {max(rounds)}; both together, round 0 on all four seeds)" in page
+    assert set(selected(second["batch16-warmup60"], "round")) == {0}
+    shared = {name: f"{np.mean(selected(second[name], 'shared_score_auroc_loss')):.3f}"
+              for name in ("warmup60", "batch16-warmup60", "base")}  # fmt: skip
+    assert (
+        f"cost the sixty-epoch models {shared['warmup60']} and the pair's {shared['batch16-warmup60']}, against the "
+        f"shipped profile's {shared['base']}"
+    ) in page
+    five = {name: lever for name, lever in second.items() if len(lever["seeds"]) == 5}
+    spans = {name: max(selected(lever)) - min(selected(lever)) for name, lever in five.items()}
+    moved = max(abs(means[name] - means["base"]) for name in means)
+    assert (
+        f"the seeds span {min(spans.values()):.2f} (2e-5) to {max(spans.values()):.2f} (batch 16), more than any of "
+        f"them moved the mean (at most {moved:.2f})"
+    ) in page
+    assert min(spans, key=spans.get) == "lr2e-5" and min(spans.values()) > moved
+    for precise, mixed in (
+        ("fp32", "base"),
+        ("batch16-fp32", "batch16"),
+        ("batch16-warmup60-fp32", "batch16-warmup60"),
+    ):
+        assert selected(second[precise]) == selected(second[mixed])
+        auroc = zip(
+            selected(second[precise], "nih_test_mean_auroc"),
+            selected(second[mixed], "nih_test_mean_auroc"),
+            strict=True,
+        )
+        assert all(abs(one - other) <= 0.001 + 1e-9 for one, other in auroc)
