@@ -1030,6 +1030,10 @@ def test_the_consortium_page_is_its_runs_records():
     assert f"and {len(rows) - 10} more (the CSV has them all)" in text
 
 
+# the settings of the direction-first-round table: sites, the runs' name suffix (their start), the table's label
+DIRECTION_SETTINGS = ((3, "", "3 (1)"), (7, "", "7 (1)"), (3, "-stand-in", "3 (1; from the stand-in)"))
+
+
 def _direction_table(runs: dict) -> list[str]:
     """The table of the attack suite's update attacks with the direction check in the first round only: each honest
     site's best test AUROC by layout (CheXpert's, NIH's) against the clean run and the honest sites alone."""
@@ -1053,15 +1057,15 @@ def _direction_table(runs: dict) -> list[str]:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     first = runs["first_round"]
-    for sites in (3, 7):
+    for sites, start, setting in DIRECTION_SETTINGS:
         for attack in ("sign_flip", "ipm"):
-            run = first[f"{attack}-{sites}sites-1attackers-seed1"]
+            run = first[f"{attack}-{sites}sites-1attackers-seed1{start}"]
             honest = [site for site in run["best_auroc"] if site not in run["attacking_sites"]]
-            clean = by_layout(first[f"clean-{sites}sites-0attackers-seed1"], honest)
-            alone = by_layout(first[f"honest_alone-{sites}sites-1attackers-seed1"], honest)
+            clean = by_layout(first[f"clean-{sites}sites-0attackers-seed1{start}"], honest)
+            alone = by_layout(first[f"honest_alone-{sites}sites-1attackers-seed1{start}"], honest)
             got = by_layout(run, honest)
             lines.append(
-                f"| {attack} | {sites} (1) | {listed(clean)} | {listed(alone)} | {listed(got)} | {minus(got, alone)} "
+                f"| {attack} | {setting} | {listed(clean)} | {listed(alone)} | {listed(got)} | {minus(got, alone)} "
                 f"| {minus(got, clean)} |"
             )
     return lines
@@ -1105,13 +1109,23 @@ def test_the_direction_check_in_the_first_round_only_is_its_record():
         _direction_table(runs)
     )
     first = runs["first_round"]
-    assert all(run["best_auroc"] == run["final_auroc"] for run in first.values())
-    assert all(run["controller"] == {"reject_opposed_updates": "first_round"} for run in first.values())
-    alone = first["honest_alone-3sites-1attackers-seed1"]["best_auroc"]
+    scratch = {name: run for name, run in first.items() if not name.endswith("-stand-in")}
+    assert all(run["best_auroc"] == run["final_auroc"] for run in scratch.values())
+    for name, run in first.items():
+        if name.endswith("-stand-in") and run["attack"] in ("clean", "honest_alone"):
+            # run under the default, which refused nothing: under "first_round" the same run
+            assert run["controller"] == {} and not run["rejected"] and run["rejected_rounds"] == {}
+        else:
+            assert run["controller"] == {"reject_opposed_updates": "first_round"}
     for name, run in runs["every_round"].items():  # the default: refused every round, the honest sites alone exactly
         assert name.startswith(("sign_flip-3sites", "ipm-3sites")) and run["controller"] == {}
-        assert run["best_auroc"] == alone and run["final_auroc"] == alone
+        alone = first[f"honest_alone-3sites-1attackers-seed1{'-stand-in' if name.endswith('-stand-in') else ''}"]
+        assert run["best_auroc"] == alone["best_auroc"] and run["final_auroc"] == alone["final_auroc"]
         assert run["rejected_rounds"] == {site: [0, 1, 2] for site in run["attacking_sites"]}
+    assert {name for name in runs["every_round"] if name.endswith("-stand-in")} == {
+        "sign_flip-3sites-1attackers-seed1-stand-in",
+        "ipm-3sites-1attackers-seed1-stand-in",
+    }
     costs = {sites: [] for sites in (3, 7)}
     for sites in costs:
         for attack in ("sign_flip", "ipm"):
@@ -1123,3 +1137,20 @@ def test_the_direction_check_in_the_first_round_only_is_its_record():
         f"cost the honest sites {min(costs[3]):.3f} to {max(costs[3]):.3f} more at three sites and {min(costs[7]):.3f} "
         f"to {max(costs[7]):.3f} at seven"
     ) in page
+    pretrained = []
+    for attack in ("sign_flip", "ipm"):
+        run = first[f"{attack}-3sites-1attackers-seed1-stand-in"]
+        reference = first["honest_alone-3sites-1attackers-seed1-stand-in"]
+        assert not run["excluded"] and run["rejected_rounds"] == {site: [0] for site in run["attacking_sites"]}
+        for label in ("best", "final"):
+            pretrained += [
+                round(score, 3) - round(reference[f"{label}_auroc"][site], 3)
+                for site, score in run[f"{label}_auroc"].items()
+            ]
+    assert f"the honest sites' best and final AUROCs moved {min(pretrained):+.3f} to {max(pretrained):+.3f}" in page
+    leaving = []
+    for start in ("-stand-in", ""):
+        clean = round(first[f"clean-3sites-0attackers-seed1{start}"]["best_auroc"]["site-nih-1"], 3)
+        alone = round(first[f"honest_alone-3sites-1attackers-seed1{start}"]["best_auroc"]["site-nih-1"], 3)
+        leaving.append(f"costs {clean - alone:.3f} (site-nih-1: {alone:.3f} against {clean:.3f})")
+    assert f"leaving the third site out {leaving[0]}, where from scratch it {leaving[1]}" in page
