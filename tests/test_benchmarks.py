@@ -95,3 +95,38 @@ def test_the_attack_suite_runs_a_larger_federation_against_its_own_references() 
     assert {site: config["data"]["partition_count"] for site, config in configs.items()} == {
         "site-chexpert-1": 1, "site-nih-1": 2, "site-nih-2": 2,
     }  # fmt: skip
+
+
+def test_the_attack_suite_from_the_stand_in_is_measured_against_its_own_references(tmp_path) -> None:
+    """``--start stand-in``: the sites fine-tune the stand-in with FedBN+ at the papers' rates, as the main job does,
+    and each case and its references carry the start in their names, so that no run from the stand-in is measured
+    against a run from scratch."""
+    from surgical_aggregation.training.profiles import PAPERS_FINE_TUNING, STAND_IN
+
+    from helpers import load_benchmark
+
+    suite = load_benchmark("attack_suite")
+    planned = suite.cases([1], ["sign_flip"], [(3, 1)], references=[suite.ALONE], start=STAND_IN)
+    assert [case.name for case in planned] == [
+        "clean-3sites-0attackers-seed1-stand-in",
+        "honest_alone-3sites-1attackers-seed1-stand-in",
+        "sign_flip-3sites-1attackers-seed1-stand-in",
+    ]
+    runs = {case.name: {"attack": case.attack, "sites": 3, "attackers": case.attackers, "seed": 1, "patients": 100,
+                        "job_rounds": 3, "start": case.start} for case in planned}  # fmt: skip
+    runs["clean-3sites-0attackers-seed1"] = {"attack": "clean", "patients": 100, "job_rounds": 3}  # from scratch
+    attack = runs["sign_flip-3sites-1attackers-seed1-stand-in"]
+    assert suite.clean_of(runs, attack) is runs["clean-3sites-0attackers-seed1-stand-in"]
+    assert suite.alone_of(runs, attack) is runs["honest_alone-3sites-1attackers-seed1-stand-in"]
+    assert suite.setting_of(attack) == "3 (1; from the stand-in)"
+    configs = suite.site_configs(3, 1, start=STAND_IN)
+    for config in configs.values():
+        assert {name: config[name] for name in PAPERS_FINE_TUNING} == dict(PAPERS_FINE_TUNING)
+    scratch = suite.site_configs(3, 1).values()  # the demo's rates
+    assert all(config["learning_rate"] == suite.DEMO.training["learning_rate"] for config in scratch)
+    assert suite.DEMO.training["learning_rate"] != PAPERS_FINE_TUNING["learning_rate"]
+    job, attackers = suite.write_case_job(planned[2], tmp_path / "job", tmp_path / "cache", tmp_path / "exchange", {})
+    server = json.loads(next(job.glob("app_server/config/config_fed_server.json")).read_text())
+    arguments = json.dumps(server)
+    assert '"pretrained_weights": "stand-in"' in arguments and '"backbone_strategy": "fedbn_plus"' in arguments
+    assert attackers == ["site-nih-2"]
