@@ -1154,3 +1154,58 @@ def test_the_direction_check_in_the_first_round_only_is_its_record():
         alone = round(first[f"honest_alone-3sites-1attackers-seed1{start}"]["best_auroc"]["site-nih-1"], 3)
         leaving.append(f"costs {clean - alone:.3f} (site-nih-1: {alone:.3f} against {clean:.3f})")
     assert f"leaving the third site out {leaving[0]}, where from scratch it {leaving[1]}" in page
+
+
+def test_the_attack_suite_from_the_stand_in_is_its_record():
+    """docs/server-checks.md and the README: the suite's runs from the stand-in (the main job's start) at three and
+    four sites, each attack's verdict, the cost of leaving a site out, and the figures the prose quotes."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    stand_in = {name: run for name, run in runs.items() if run.get("start") == "stand-in"}
+    attacks = {name: run for name, run in stand_in.items() if run["attack"] not in (*suite.REFERENCES, suite.PLACEBO)}
+    assert {run["sites"] for run in attacks.values()} == {3, 4}
+    assert {suite.verdict(run, suite.clean_of(runs, run)) for run in attacks.values()} == {"holds"}
+    assert (
+        f"From the stand-in (the main job's start) all {len(attacks)} runs at three and four sites hold."
+        in " ".join(_readme().split())
+    )
+    assert len([run for run in attacks.values() if run["sites"] == 3]) == len(suite.ATTACKS)  # the whole catalogue
+
+    def cost(name: str) -> str:
+        alone = runs[name]
+        return f"{-suite.lowest_margin(alone, suite.clean_of(runs, alone)):.3f}"
+
+    def margin(name: str, reference=None) -> str:
+        run = runs[name]
+        return f"{suite.lowest_margin(run, (reference or suite.clean_of)(runs, run)):+.3f}"
+
+    def success(name: str) -> str:
+        return f"{runs[name]['best_backdoor_success']:.1%}".replace("%", " %")
+
+    three, four = "3sites-1attackers-seed1", "4sites-1attackers-seed1"
+    assert (
+        f"Leaving the third site out costs {cost(f'honest_alone-{three}-stand-in')} here (the honest sites alone "
+        f"against the clean run), where from scratch it costs {cost(f'honest_alone-{three}')}"
+    ) in page
+    assert (
+        f"the near-copy (`mimic_noised`) costs the most, {margin(f'mimic_noised-{three}-stand-in')} "
+        f"({margin(f'mimic_noised-{three}-stand-in', suite.alone_of)} against the honest sites alone), the late label "
+        f"flip {margin(f'label_flip_late-{three}-stand-in')}, and the backdoor's success is "
+        f"{success(f'backdoor-{three}-stand-in')} against the clean model's "
+        f"{success('clean-3sites-0attackers-seed1-stand-in')}"
+    ) in page
+    assert (
+        f"Leaving the fourth site out costs {cost(f'honest_alone-{four}-stand-in')} (from scratch "
+        f"{cost(f'honest_alone-{four}')})"
+    ) in page
+    assert (
+        f"the late label flip {margin(f'label_flip_late-{four}-stand-in')} and the near-copy "
+        f"{margin(f'mimic_noised-{four}-stand-in')} (from scratch {margin(f'label_flip_late-{four}')} and "
+        f"{margin(f'mimic_noised-{four}')}: both broke through); the backdoor's success "
+        f"{success(f'backdoor-{four}-stand-in')} and the boosted one's {success(f'backdoor_boosted-{four}-stand-in')} "
+        f"against the clean model's {success('clean-4sites-0attackers-seed1-stand-in')}"
+    ) in page
+    copied = runs[f"mimic_noised-{four}-stand-in"]
+    assert copied["rejected"] == ["site-chexpert-2", "site-nih-1"] and copied["attacking_sites"] == ["site-nih-2"]
+    assert "site-chexpert-2 in round 1 and site-nih-1 in round 2, by the direction check" in page
