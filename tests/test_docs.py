@@ -888,7 +888,7 @@ def test_the_readmes_other_figures_are_their_records():
     assert f"(rules designed for {judging.FALSE_ALARM_RATE * 100:g} % false alarms per job)" in readme
     smoke = DenseNet(2, 1, 20, **NETWORK_ARGUMENTS[SMOKE_DENSENET])
     backbone = sum(w.numel() for key, w in smoke.named_parameters() if not key.startswith("class_layers"))
-    assert f"(MONAI's DenseNet, {round(backbone / 1000)} k backbone weights: the wiring" in readme
+    assert f"FLARE tests: MONAI's DenseNet, {round(backbone / 1000)} k backbone weights." in readme
     lines = (REPOSITORY / "requirements.txt").read_text().splitlines()
     pins = dict(line.split("==") for line in lines if "==" in line and not line.startswith("#"))
     assert all(f"`{name}=={pins[name]}`" in readme for name in ("nvflare", "torch", "monai"))
@@ -1209,3 +1209,18 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     copied = runs[f"mimic_noised-{four}-stand-in"]
     assert copied["rejected"] == ["site-chexpert-2", "site-nih-1"] and copied["attacking_sites"] == ["site-nih-2"]
     assert "site-chexpert-2 in round 1 and site-nih-1 in round 2, by the direction check" in page
+    off = json.loads((REPOSITORY / "docs" / "attack-suite" / "stand-in-defences-off.json").read_text())
+    controls = {"update_bound": None, "clip_updates": False, "reject_opposed_updates": False,
+                "robust_aggregation": "mean", "validation_guard": False}  # fmt: skip
+    assert all(run["controller"] == controls and run["start"] == "stand-in" for run in off.values())
+    flipped, copied_off = off[f"sign_flip-{three}-stand-in"], off[f"mimic_noised-{three}-stand-in"]
+    assert not flipped["rejected"] and suite.verdict(flipped, suite.clean_of(off, flipped)) == "breaks through"
+    clean_off = suite.clean_of(off, flipped)
+    assert (
+        f"`sign_flip` costs site-nih-1 {suite.lowest_margin(flipped, clean_off):+.3f} against that clean run "
+        f"({flipped['best_auroc']['site-nih-1']:.3f} against {clean_off['best_auroc']['site-nih-1']:.3f})"
+    ) in page
+    assert min(flipped["best_auroc"], key=flipped["best_auroc"].get) == "site-nih-1"
+    without = suite.lowest_margin(copied_off, suite.clean_of(off, copied_off))
+    with_them = margin(f"mimic_noised-{three}-stand-in")
+    assert f"The near-copy costs less without them ({without:+.3f} against {with_them} with them)" in page
