@@ -1166,10 +1166,13 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     attacks = {name: run for name, run in stand_in.items() if run["attack"] not in (*suite.REFERENCES, suite.PLACEBO)}
     assert {run["sites"] for run in attacks.values()} == {3, 4}
     assert {suite.verdict(run, suite.clean_of(runs, run)) for run in attacks.values()} == {"holds"}
+    below = {f"{-suite.lowest_margin(run, suite.alone_of(runs, run)):.3f}"
+             for run in attacks.values() if run["attack"] == "mimic_noised"}  # fmt: skip
+    assert len(below) == 1  # the near-copy's cost against its own exclusion, the same at three and four sites
     assert (
-        f"From the stand-in (the main job's start) all {len(attacks)} runs at three and four sites hold."
-        in " ".join(_readme().split())
-    )
+        f"From the stand-in (one seed, 100 patients a site) all {len(attacks)} runs at three and four sites hold, the "
+        f"near-copy {below.pop()} below the honest sites alone."
+    ) in " ".join(_readme().split())
     assert len([run for run in attacks.values() if run["sites"] == 3]) == len(suite.ATTACKS)  # the whole catalogue
 
     def cost(name: str) -> str:
@@ -1190,7 +1193,8 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     ) in page
     assert (
         f"the near-copy (`mimic_noised`) costs the most, {margin(f'mimic_noised-{three}-stand-in')} "
-        f"({margin(f'mimic_noised-{three}-stand-in', suite.alone_of)} against the honest sites alone), the late label "
+        f"({margin(f'mimic_noised-{three}-stand-in', suite.alone_of)} against the honest sites alone: worse than "
+        f"leaving the attacker out), the late label "
         f"flip {margin(f'label_flip_late-{three}-stand-in')}, and the backdoor's success is "
         f"{success(f'backdoor-{three}-stand-in')} against the clean model's "
         f"{success('clean-3sites-0attackers-seed1-stand-in')}"
@@ -1202,13 +1206,18 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     assert (
         f"the late label flip {margin(f'label_flip_late-{four}-stand-in')} and the near-copy "
         f"{margin(f'mimic_noised-{four}-stand-in')} (from scratch {margin(f'label_flip_late-{four}')} and "
-        f"{margin(f'mimic_noised-{four}')}: both broke through); the backdoor's success "
+        f"{margin(f'mimic_noised-{four}')}: both broke through against the clean run), the near-copy again "
+        f"{margin(f'mimic_noised-{four}-stand-in', suite.alone_of)} against the honest sites alone; the backdoor's "
+        f"success "
         f"{success(f'backdoor-{four}-stand-in')} and the boosted one's {success(f'backdoor_boosted-{four}-stand-in')} "
         f"against the clean model's {success('clean-4sites-0attackers-seed1-stand-in')}"
     ) in page
     copied = runs[f"mimic_noised-{four}-stand-in"]
     assert copied["rejected"] == ["site-chexpert-2", "site-nih-1"] and copied["attacking_sites"] == ["site-nih-2"]
     assert "site-chexpert-2 in round 1 and site-nih-1 in round 2, by the direction check" in page
+    bn, clean3 = runs[f"bn_inflate-{three}-stand-in"], runs["clean-3sites-0attackers-seed1-stand-in"]
+    assert all(bn["best_auroc"][site] == clean3["best_auroc"][site] for site in bn["best_auroc"])  # FedBN+: nothing
+    assert "its run is the clean run's to the bit" in page
     off = json.loads((REPOSITORY / "docs" / "attack-suite" / "stand-in-defences-off.json").read_text())
     controls = {"update_bound": None, "clip_updates": False, "reject_opposed_updates": False,
                 "robust_aggregation": "mean", "validation_guard": False}  # fmt: skip
@@ -1223,4 +1232,4 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     assert min(flipped["best_auroc"], key=flipped["best_auroc"].get) == "site-nih-1"
     without = suite.lowest_margin(copied_off, suite.clean_of(off, copied_off))
     with_them = margin(f"mimic_noised-{three}-stand-in")
-    assert f"The near-copy costs less without them ({without:+.3f} against {with_them} with them)" in page
+    assert f"**The near-copy costs less without them** ({without:+.3f} against {with_them} with them)" in page
