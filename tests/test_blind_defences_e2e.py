@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from surgical_aggregation.core.labels import NIH_LABELS
+from surgical_aggregation.experiments.grid_run import machine
 from surgical_aggregation.flare.blind import SEEN_FILE
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe
@@ -145,8 +146,9 @@ def test_plain_and_blind_modes_judge_the_same_poisoned_federation_alike(poisoned
     )
     assert blind_losses[:2] == pytest.approx(plain_losses[:2], rel=1e-6)
     page = " ".join((REPOSITORY / "docs" / "blind.md").read_text().split())
-    assert (
-        f"judged losses of {plain_losses[2]:.3f} after round 1 and {plain_losses[3]:.3f} after round 2; a blind run's "
-        f"lie within {BLIND_ROUND_ONE_DRIFT} of them after round 1" in page
-    )
+    assert f"a judged loss of {plain_losses[2]:.3f} after round 1 on both CPUs it ran on" in page
+    here = machine()  # round 2's figure is this CPU kind's: the page gives it for the kinds it ran on
+    if here in page:
+        assert f"{plain_losses[3]:.3f} on an {here}" in page
+    assert f"lie within {BLIND_ROUND_ONE_DRIFT} of plain mode's after round 1" in page
     assert abs(blind_losses[2] - plain_losses[2]) < BLIND_ROUND_ONE_DRIFT
