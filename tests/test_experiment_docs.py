@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from helpers import load_benchmark
+
 BENCHMARK = Path(__file__).resolve().parents[1] / "docs" / "benchmark"
 FIGURE = re.compile(r"(?<![\d.])[+-]?0\.\d{3,}(?!\d)")  # an AUROC, a loss, a difference as the summaries print them
 
@@ -741,17 +743,10 @@ def test_the_report_labelling_page_is_its_grids_records():
     )
 
 
-def _gate_levers():
-    spec = importlib.util.spec_from_file_location("gate_levers", BENCHMARK.parents[1] / "benchmarks" / "gate_levers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_gate_levers_table_is_its_record_and_the_record_its_runs():
     """docs/benchmark: the gate's model under each training lever on a GPU. The page's table is the record's, the
     record's second run is its stored result.json files, and the prose's readings are the record's."""
-    levers = _gate_levers()
+    levers = load_benchmark("gate_levers")
     folder = BENCHMARK / "gate-levers"
     record = json.loads((folder / "record.json").read_text())
     table = levers.summary_table(record)
