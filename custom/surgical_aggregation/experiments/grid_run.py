@@ -192,8 +192,12 @@ def run_grid(
         settings = [s for s in settings if any(part in s.name for part in only)]
         if not settings:
             raise SiteConfigError(f"no setting of grid {grid!r} matches {list(only)}")
-    description = {"grid": grid, "data": asdict(sources)}
-    return run_settings(settings, methods, seeds, profile, out, options, description, jobs)
+    return run_settings(settings, methods, seeds, profile, out, options, grid_description(grid, sources), jobs)
+
+
+def grid_description(grid: str, sources: DataSources) -> dict[str, Any]:
+    """What a grid's plan says of its data: the sources, and where the embedded datasets' labels came from."""
+    return {"grid": grid, "data": asdict(sources), "embedded_labels": sources.embedded_labels()}
 
 
 PLAN_FILE = "plan.json"

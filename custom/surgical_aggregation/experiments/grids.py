@@ -28,6 +28,7 @@ import numpy as np
 
 from ..core.errors import SiteConfigError
 from ..core.labels import CHEXPERT_LABELS, NIH_LABELS
+from ..data.reference import CHEXPERT_LABEL_FILE, NIH_LABEL_FILE, reference_file
 from ..images.names import SHARED_ROWS
 from ..training.profiles import Profile
 from .choices import ABSENT, CONTROLS, MISSING
@@ -94,6 +95,19 @@ class DataSources:
 
     def data(self, kind: str) -> dict[str, Any]:
         return {"kind": kind, "location": getattr(self, kind)}
+
+    def missing_label_files(self) -> list[str]:
+        """torchxrayvision's label files whose real rows this grid's embedded datasets draw their labels from, and
+        that this machine lacks: without one, that dataset's labels are drawn at built-in frequencies instead."""
+        needed = {NIH_LABEL_FILE: self.nih is None, CHEXPERT_LABEL_FILE: self.chexpert is None or self.mimic is None}
+        return [name for name, used in needed.items() if used and reference_file(name) is None]
+
+    def embedded_labels(self) -> str:
+        """Where the embedded datasets' labels come from here, as a grid's plan records it."""
+        missing = self.missing_label_files()
+        if missing:
+            return f"built-in frequencies, each finding on its own ({', '.join(missing)} not installed)"
+        return "real label rows of torchxrayvision's data files"
 
     def embedded(self, patients: int | None = None) -> dict[str, Any]:
         settings = {"patients": patients or self.embedded_patients, "image_size": self.embedded_image_size, "seed": 0}
