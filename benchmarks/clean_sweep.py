@@ -268,7 +268,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--write-doc", type=Path)
     parser.add_argument("--marker", default=MARKER, help=f"the page's marked block to write (default {MARKER})")
     parser.add_argument("--work", type=Path, help="jobs, workspaces and caches (default: --out)")
-    parser.add_argument("--workers", type=int, default=1, help="federations run at once")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="federations run at once; each site is a process of about 1.5 GB (a 7-site federation from the stand-in "
+        "held 10 GB): three at once on 24 GB had one killed by the kernel's out-of-memory killer (exit 247)",
+    )
     parser.add_argument(
         "--stop-starting-after", type=float, default=math.inf, help="seconds after which no federation is started"
     )

@@ -936,9 +936,10 @@ def test_the_consortium_from_the_stand_in_is_its_record():
     assert table == "\n".join(sweep.table(runs))
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     drawn = [run for name, run in runs.items() if name != sweep.CONSORTIUM]
-    lowest = [min(min(sites.values()) for sites in run["directions"].values()) for run in drawn]
+    judged = [run for run in drawn if any(run["directions"].values())]  # two sites: no direction is judged
+    lowest = [min(min(sites.values()) for sites in run["directions"].values() if sites) for run in judged]
     refusing = sum(bool(run["rejected"]) for run in runs.values())
-    assert not any(run["rejected"] for run in drawn) and len(drawn) == 10
+    assert not any(run["rejected"] for run in drawn)
     assert f"honest PadChest and VinDr sites (cosines {cosines} with the robust aggregate)" in page
     from_scratch = [
         cosine
@@ -948,17 +949,33 @@ def test_the_consortium_from_the_stand_in_is_its_record():
     ]
     assert (
         f"none of the clean sweep's {len(from_scratch)} recorded honest site-round cosines was at or below 0 (the "
-        f"lowest {min(from_scratch):.3f}); the ten drawn federations from the stand-in refused nothing, their lowest "
-        f"cosines {min(lowest):.2f} to {max(lowest):.2f}, inside that range" in page
+        f"lowest {min(from_scratch):.3f}); the {len(drawn)} drawn federations from the stand-in refused nothing, the "
+        f"lowest cosines of the {len(judged)} with three or more sites {min(lowest):.2f} to {max(lowest):.2f} "
+        f"({sum(cosine < min(from_scratch) for cosine in lowest)} of them below every cosine from scratch" in page
     )
-    assert min(from_scratch) > 0 and min(lowest) > min(from_scratch)
+    assert min(from_scratch) > 0 and min(lowest) > 0  # "none of them pointed against it"
     assert (
-        f"One federation of eleven with an honest site refused (at most {sweep.upper_bound(refusing, len(runs)):.0%}"
+        f"One federation of {len(runs)} with an honest site refused (at most "
+        f"{sweep.upper_bound(refusing, len(runs)):.0%}, exact one-sided 95 % bound; of the {len(drawn)} drawn, none, "
+        f"at most {sweep.upper_bound(0, len(drawn)):.0%})"
         in page
         and refusing == 1
-        and len(runs) == 11
     )
-    assert f"all from scratch (from the stand-in, honest sites refused in [{refusing} of {len(runs)}](" in _readme()
+    assert f"The rule is left as it is: {len(runs)} runs with one refusal are too few" in page
+    # stop 89's runs: every seed of 205-235 but those the page names, and their seconds on the machine it names
+    ran = {run["federation"]["seed"] for run in drawn}
+    missing = " and ".join(str(seed) for seed in sorted(set(range(205, 236)) - ran))
+    assert f"Seeds not run: {missing} (no time was left for a rerun; 226 is one of the largest draws" in page
+    stop89 = [run["seconds"] for run in drawn if run["machine"] == "AMD EPYC, family 25 model 1, AVX2 (2 cores)"]
+    assert f"for a while three, {min(stop89):,.0f} to {max(stop89):,.0f} seconds a federation)" in page
+    stopped = sum(run["exit_code"] != 0 for run in runs.values())
+    excluding = sum(any(run["excluded"].values()) for run in runs.values())
+    readme = " ".join(_readme().split())
+    assert (
+        f"all from scratch; from the stand-in, of [{len(runs)}](docs/server-checks.md"
+        f"#clean-federations-from-the-stand-in) {stopped} stopped, {excluding} left a site out, {refusing} refused an "
+        "honest site's results." in readme
+    )
 
 
 def test_the_consortium_page_is_its_runs_records():
