@@ -434,8 +434,13 @@ def test_a_grid_on_embedded_data_refuses_to_draw_its_labels_without_the_label_fi
     error = capsys.readouterr().err
     assert "Data_Entry_2017_v2020.csv.gz, chexpert_train.csv.gz of torchxrayvision's data folder not installed" in error
     assert "--builtin-labels" in error and not out.exists()
-    sources = grids.DataSources(nih="/data/nih")  # a real NIH folder: only the embedded CheXpert-layout sets draw
-    assert sources.missing_label_files() == ["chexpert_train.csv.gz"]
-    assert sources.embedded_labels() == (
+    # an embedded CheXpert-layout set also draws its NIH-only findings from NIH's rows: both files, even beside real NIH
+    assert grids.DataSources(nih="/data/nih").missing_label_files() == [
+        "Data_Entry_2017_v2020.csv.gz",
+        "chexpert_train.csv.gz",
+    ]
+    assert grids.DataSources("/data/nih", "/data/chexpert", "/data/mimic").missing_label_files() == []
+    monkeypatch.setattr(grids, "reference_file", lambda name: None if name == "chexpert_train.csv.gz" else Path(name))
+    assert grids.DataSources().embedded_labels() == (
         "built-in frequencies, each finding on its own (chexpert_train.csv.gz not installed)"
     )

@@ -98,9 +98,11 @@ class DataSources:
 
     def missing_label_files(self) -> list[str]:
         """torchxrayvision's label files whose real rows this grid's embedded datasets draw their labels from, and
-        that this machine lacks: without one, that dataset's labels are drawn at built-in frequencies instead."""
-        needed = {NIH_LABEL_FILE: self.nih is None, CHEXPERT_LABEL_FILE: self.chexpert is None or self.mimic is None}
-        return [name for name, used in needed.items() if used and reference_file(name) is None]
+        that this machine lacks. Any embedded dataset needs both: its own layout's rows, and the other file's rows
+        for the findings its layout does not label (``images.synthetic_labels.finding_donors``)."""
+        if None not in (self.nih, self.chexpert, self.mimic):
+            return []
+        return [name for name in (NIH_LABEL_FILE, CHEXPERT_LABEL_FILE) if reference_file(name) is None]
 
     def embedded_labels(self) -> str:
         """Where the embedded datasets' labels come from here, as a grid's plan records it."""
