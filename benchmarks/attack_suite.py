@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 from hostile_site import run_simulator
-from suite_site import ATTACKS, TARGET, Wrapped, stamp
+from suite_site import ADAPTED, ATTACKS, TARGET, Wrapped, stamp
 
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY, CHEXPERT_LABELS, NIH_LABELS, union_labels
 from surgical_aggregation.core.robust import DEFAULT_RULE
@@ -57,7 +57,7 @@ from surgical_aggregation.flare.recipe import (
 )
 from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.training.checkpoint import load_checkpoint
-from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.config import SiteConfig, site_config_from_dict
 from surgical_aggregation.training.profiles import JOB_STARTS, SCRATCH, STAND_IN
 from surgical_aggregation.training.site_data import resolve_table
 
@@ -74,6 +74,16 @@ PLACEBO_SEED = 1000
 REFERENCES = (CLEAN, ALONE)
 # (sites, attackers) of every federation an attack runs in
 SETTINGS = ((2, 1), (3, 1), (4, 1), (7, 1), (7, 2))
+# backdoor_tuned: the attacker's own training over its site config, the demo profile's (at which from scratch the
+# backdoor teaches its own model the trigger; its warm-up at the site config's default rate), 2 local epochs a round
+ATTACKER_TRAINING = {
+    "backdoor_tuned": {
+        "learning_rate": DEMO.training["learning_rate"],
+        "warmup_epochs": DEMO.training["warmup_epochs"],
+        "warmup_learning_rate": SiteConfig.warmup_learning_rate,
+        "local_epochs": 2,
+    }
+}
 MARKER = "attack-suite"
 UNION = union_labels(NIH_LABELS, CHEXPERT_LABELS)
 BENCHMARKS = Path(__file__).resolve().parent
@@ -81,7 +91,7 @@ BENCHMARKS = Path(__file__).resolve().parent
 
 @dataclass(frozen=True)
 class Case:
-    attack: str  # an attack of suite_site.ATTACKS, or CLEAN
+    attack: str  # an attack of suite_site.ATTACKS or ADAPTED, or CLEAN
     sites: int
     attackers: int
     seed: int
@@ -142,6 +152,8 @@ def write_case_job(case: Case, folder: Path, cache: Path, exchange: Path, contro
     settings = {"num_rounds": case.rounds, "patience": case.rounds, "min_clients": 1, "backbone_strategy": backbone,
                 **controller}  # fmt: skip
     attackers = attackers_of(case, configs)
+    tuned = ATTACKER_TRAINING.get(case.attack, {})  # the attacker's own rates, where the attack sets them
+    configs = {site: {**config, **tuned} if site in attackers else config for site, config in configs.items()}
     if case.attack == PLACEBO:
         configs = {site: {**config, "seed": config["seed"] + PLACEBO_SEED} if site in attackers else config
                    for site, config in configs.items()}  # fmt: skip
@@ -231,7 +243,11 @@ def _sites_of(aggregation: dict) -> set[str]:
     return heard
 
 
-def outcome(workspace: Path, code: int, log: str, test: dict, attackers: list[str], configs: dict) -> dict[str, Any]:
+def outcome(
+    workspace: Path, code: int, log: str, test: dict, attackers: list[str], configs: dict, backdoor: bool = False
+) -> dict[str, Any]:
+    """What a case's run did: the server's decisions, the honest sites' best and final test AUROC and the backdoor's
+    success; for a ``backdoor`` attack also each attacker's own last local model's success (its own training)."""
     server = workspace / "server" / "simulate_job" / "app_server"
     history = json.loads((server / HISTORY_FILE).read_text()) if (server / HISTORY_FILE).is_file() else []
     rounds = [entry["aggregation"] for entry in history if "aggregation" in entry]
@@ -261,6 +277,12 @@ def outcome(workspace: Path, code: int, log: str, test: dict, attackers: list[st
             if found
             else math.nan
             for site, names in classes.items()
+        }
+    if backdoor:  # whether the attack taught its own model the trigger: else no defence was tested
+        result["attackers_own_backdoor_success"] = {
+            site: (found or {}).get("backdoor_success", math.nan)
+            for site in attackers
+            for found in [scores(workspace / site / "simulate_job" / f"app_{site}" / "local_model.pt", test)]
         }
     return result
 
@@ -518,7 +540,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="jobs, workspaces, logs and results.json")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--attacks", nargs="+", choices=list(ATTACKS), default=list(ATTACKS))
+    parser.add_argument("--attacks", nargs="+", choices=[*ATTACKS, *ADAPTED], default=list(ATTACKS))
     parser.add_argument(
         "--settings", type=parse_setting, nargs="+", default=list(SETTINGS), help="sites:attackers, e.g. 3:1 7:2"
     )
@@ -601,7 +623,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 code, log = run_simulator(job, workspace, timeout=5400)
                 (args.out / f"{case.name}.log").write_text(log)
                 sized = site_configs(case.sites, case.seed, case.patients, case.start)
-                found = outcome(workspace, code, log, test, attackers, taking_part(case, sized, attackers))
+                taking = taking_part(case, sized, attackers)
+                found = outcome(workspace, code, log, test, attackers, taking, case.attack.startswith("backdoor"))
                 if not found["absent"]:
                     break
                 print(f"{case.name}: attempt {attempt}: {found['absent']} never took part; run again", flush=True)

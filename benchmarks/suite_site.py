@@ -27,7 +27,7 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
   ``inf``        every learned weight +inf (ByzFL's Inf)
   ``gaussian``   every learned weight's update drawn from N(0, 1) (ByzFL's Gaussian)
 
-* a data-poisoning attack of :data:`DATA_POISONING`, trained through the bundle's own trainer:
+* a data-poisoning attack of :data:`DATA_POISONING` (or :data:`ADAPTED`), trained through the bundle's own trainer:
 
   ``label_flip``        every label inverted (1 <-> 0)
   ``label_flip_quiet``  ``label_flip``, reporting no validation figure (it never objects and never judges)
@@ -39,6 +39,10 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
   ``backdoor_boosted``  ``backdoor``, its update scaled by the number of sites (model replacement: Bagdasaryan,
                         Veit, Hua, Estrin, Shmatikov, *How To Backdoor Federated Learning*, AISTATS 2020), at most to
                         90 % of what the server's size bounds accept, part by part
+  ``backdoor_tuned``    ``backdoor``, trained at the attacker's own rates (``attack_suite.ATTACKER_TRAINING``: the
+                        demo's, 2 local epochs a round; Bagdasaryan et al.'s attacker picks its own rate and epochs):
+                        from the stand-in at the papers' fine-tuning rates the plain ``backdoor`` barely teaches its
+                        own model the trigger
   ``bn_inflate``        honest weights, every BatchNorm running variance multiplied so that the statistics' update
                         is 90 % of the most the server accepts (the blind-mode attack that flattens the outputs)
 """
@@ -56,7 +60,8 @@ from scipy.stats import norm
 
 MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "mimic_noised", "inf", "gaussian")
 DATA_POISONING = ("label_flip", "label_flip_quiet", "label_flip_late", "backdoor", "backdoor_boosted", "bn_inflate")
-ATTACKS = MODEL_POISONING + DATA_POISONING
+ATTACKS = MODEL_POISONING + DATA_POISONING  # the catalogue a suite runs by default
+ADAPTED = ("backdoor_tuned",)  # beyond the catalogue: run when named
 IPM_EPSILON = 0.1
 TARGET = "Pneumothorax"  # the backdoor's finding: every site of the suite labels it
 TRIGGER = 8  # the trigger's side in pixels (64 px images: 1.6 % of the image)
@@ -178,7 +183,7 @@ def exchange_update(received: dict, sent: dict, classes: list[str]) -> dict[str,
 
 
 def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> None:
-    """Run the bundle's site script as ``role`` (``honest`` or an attack of :data:`ATTACKS`)."""
+    """Run the bundle's site script as ``role`` (``honest`` or an attack of :data:`ATTACKS` or :data:`ADAPTED`)."""
     from surgical_aggregation.core.checks.update import DEFAULT_UPDATE_BOUND, STATISTICS, UPDATE_CAPS, update_group
     from surgical_aggregation.core.head import NAMED_HEAD
     from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
@@ -334,7 +339,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
                 self.table.frame[name] = 1.0 - self.table.frame[name]
 
     flipping: list[int] = []  # label_flip_late: the round it began inverting its labels, once it has
-    if role in ("backdoor", "backdoor_boosted", "label_flip_late"):
+    if role in ("backdoor", "backdoor_boosted", "backdoor_tuned", "label_flip_late"):
         original_rebuild = trainer_module.SiteTrainer._rebuild_train_loader
 
         def rebuild(trainer) -> None:

@@ -130,3 +130,38 @@ def test_the_attack_suite_from_the_stand_in_is_measured_against_its_own_referenc
     arguments = json.dumps(server)
     assert '"pretrained_weights": "stand-in"' in arguments and '"backbone_strategy": "fedbn_plus"' in arguments
     assert attackers == ["site-nih-2"]
+
+
+def test_the_tuned_backdoor_trains_at_its_own_rates_and_the_honest_sites_at_the_papers(tmp_path) -> None:
+    """``backdoor_tuned`` from the stand-in: the attacker's site config carries the demo's rates and two local epochs
+    (the rates at which its own model learns the trigger), every honest site keeps the papers' fine-tuning rates;
+    the plain ``backdoor`` changes no site's training."""
+    from surgical_aggregation.training.profiles import PAPERS_FINE_TUNING, STAND_IN
+
+    from helpers import load_benchmark
+
+    suite = load_benchmark("attack_suite")
+    for attack, attacker_training in (("backdoor_tuned", suite.ATTACKER_TRAINING["backdoor_tuned"]), ("backdoor", {})):
+        case = suite.Case(attack, 3, 1, 1, start=STAND_IN)
+        job, attackers = suite.write_case_job(case, tmp_path / attack, tmp_path / "cache", tmp_path / "exchange", {})
+        configs = {
+            path.stem: json.loads(path.read_text()) for path in job.glob("app_site-*/config/site_configs/*.json")
+        }
+        assert sorted(configs) == ["site-chexpert-1", "site-nih-1", "site-nih-2"] and attackers == ["site-nih-2"]
+        for site, config in configs.items():
+            expected = {**PAPERS_FINE_TUNING, "local_epochs": 1, **(attacker_training if site in attackers else {})}
+            assert {name: config.get(name, 1) for name in expected} == expected, (attack, site)
+    assert suite.ATTACKER_TRAINING["backdoor_tuned"]["learning_rate"] == pytest.approx(
+        6 * PAPERS_FINE_TUNING["learning_rate"]
+    )
+
+
+def test_neural_cleanse_flags_a_class_whose_trigger_is_far_smaller_than_the_rest() -> None:
+    """Neural Cleanse's anomaly index, worked by hand: norms 10, 12, 8, 11 and 1 have median 10 and median absolute
+    deviation 2 (scaled by 1.4826: 2.9652); 1 lies 9 / 2.9652 = 3.0352 below, 8 lies 0.6745 below, the rest none."""
+    from helpers import load_benchmark
+
+    inversion = load_benchmark("backdoor_inversion")
+    indices = inversion.anomaly_indices({"a": 10.0, "b": 12.0, "c": 8.0, "d": 11.0, "e": 1.0})
+    assert indices == pytest.approx({"a": 0.0, "b": 0.0, "c": 2 / 2.9652, "d": 0.0, "e": 9 / 2.9652}, abs=1e-6)
+    assert [name for name, index in indices.items() if index > inversion.ANOMALY] == ["e"]
