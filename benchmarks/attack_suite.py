@@ -19,7 +19,9 @@ attacking sites honest but for their training seed, whose loss against the clean
 federation fall apart by chance (the suite's noise floor; an attack's loss inside it says nothing either way). An
 attack **holds** when every honest site's best and final AUROC is within :data:`TOLERANCE` of the clean run's (and,
 for the backdoor, its success within :data:`BACKDOOR_TOLERANCE` of the clean model's); it **fails closed** when the
-job stopped non-zero, published nothing and named why; otherwise it **breaks through**.
+job stopped non-zero, published nothing and named why; otherwise it **breaks through**. A backdoor that holds while
+its attacker's own last local model scores the trigger within the same tolerance of the reference **did not take**:
+it failed at its source and tested no defence.
 
     python benchmarks/attack_suite.py --out results/attack_suite          # about 3 hours on 2 CPU cores
     python benchmarks/attack_suite.py --out results/attack_suite --table-only --write-doc docs/server-checks.md
@@ -288,7 +290,8 @@ def outcome(
 
 
 def verdict(result: dict[str, Any], reference: dict[str, Any] | None) -> str:
-    """Against ``reference`` (the clean run, or the honest sites alone): holds, fails closed, breaks through."""
+    """Against ``reference`` (the clean run, or the honest sites alone): holds, fails closed, breaks through, or (a
+    backdoor that held only because its attacker's own model never learned the trigger) did not take."""
     if result["exit_code"] != 0:
         return "fails closed" if result["stopped"] and not result["published"] else "fails open"
     if reference is None:
@@ -296,8 +299,16 @@ def verdict(result: dict[str, Any], reference: dict[str, Any] | None) -> str:
     worst = lowest_margin(result, reference)
     backdoor = result["best_backdoor_success"] - reference["best_backdoor_success"]
     if worst >= -TOLERANCE and (not result["attack"].startswith("backdoor") or backdoor <= BACKDOOR_TOLERANCE):
-        return "holds"
+        return "did not take" if not_taken(result, reference) else "holds"
     return "breaks through"
+
+
+def not_taken(result: dict[str, Any], reference: dict[str, Any]) -> bool:
+    """A backdoor whose attackers' own last local models score its trigger within :data:`BACKDOOR_TOLERANCE` of the
+    reference's global model: the attack failed at its source, so nothing it did tested a defence (runs recorded
+    before the attackers' own success was measured are taken to have taken)."""
+    own = result.get("attackers_own_backdoor_success") if result["attack"].startswith("backdoor") else None
+    return bool(own) and max(own.values()) - reference["best_backdoor_success"] <= BACKDOOR_TOLERANCE
 
 
 def lowest_margin(result: dict[str, Any], reference: dict[str, Any]) -> float:
@@ -452,8 +463,8 @@ def write_block(page: Path, marker: str, lines: list[str]) -> None:
 def plot(results: dict[str, dict], path: Path) -> Path:
     """Two cells per attack and setting: the largest loss of an honest site's best or final test AUROC against the
     clean run, and against the honest sites training alone (what a defence that leaves the attackers out gives; red
-    below -TOLERANCE); each cell names its verdict (H holds, C fails closed, X breaks through) and, for a backdoor,
-    its success above the reference's."""
+    below -TOLERANCE); each cell names its verdict (H holds, C fails closed, X breaks through, N did not take) and,
+    for a backdoor, its success above the reference's."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -466,7 +477,8 @@ def plot(results: dict[str, dict], path: Path) -> Path:
     columns = [(setting, label, find) for setting in settings for label, find in references]
     margins = np.full((len(attacks), len(columns)), np.nan)
     texts = [["" for _ in columns] for _ in attacks]
-    short = {"holds": "H", "fails closed": "C", "breaks through": "X", "fails open": "X!", "no reference run": "?"}
+    short = {"holds": "H", "fails closed": "C", "breaks through": "X", "fails open": "X!", "no reference run": "?",
+             "did not take": "N"}  # fmt: skip
     for result in attacked:
         row = attacks.index(result["attack"])
         for column, (setting, _, find) in enumerate(columns):
@@ -495,7 +507,11 @@ def plot(results: dict[str, dict], path: Path) -> Path:
     axis.set_xticks(range(len(columns)), labels, fontsize=7)
     axis.set_yticks(range(len(attacks)), attacks, fontsize=8)
     axis.set_title(f"honest sites' largest test-AUROC loss (tolerance {TOLERANCE})", fontsize=8)
-    axis.set_xlabel("H holds, C fails closed, X breaks through\nbd: backdoor success above the reference's", fontsize=7)
+    axis.set_xlabel(
+        "H holds, C fails closed, X breaks through, N did not take (not even at the attacker)\n"
+        "bd: backdoor success above the reference's",
+        fontsize=7,
+    )
     figure.colorbar(image, ax=axis, shrink=0.8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -156,12 +156,23 @@ def test_the_tuned_backdoor_trains_at_its_own_rates_and_the_honest_sites_at_the_
     )
 
 
-def test_neural_cleanse_flags_a_class_whose_trigger_is_far_smaller_than_the_rest() -> None:
-    """Neural Cleanse's anomaly index, worked by hand: norms 10, 12, 8, 11 and 1 have median 10 and median absolute
-    deviation 2 (scaled by 1.4826: 2.9652); 1 lies 9 / 2.9652 = 3.0352 below, 8 lies 0.6745 below, the rest none."""
+def test_a_backdoor_its_attacker_never_learned_did_not_take_and_counts_as_no_hold() -> None:
+    """The verdict reads the attacker's own last local model: within 5 points of the reference's success the attack
+    failed at its source ("did not take"), beyond them a kept model is a hold; a global model that learned the trigger
+    breaks through whatever the attacker's own reads; runs recorded before it was measured stay holds."""
     from helpers import load_benchmark
 
-    inversion = load_benchmark("backdoor_inversion")
-    indices = inversion.anomaly_indices({"a": 10.0, "b": 12.0, "c": 8.0, "d": 11.0, "e": 1.0})
-    assert indices == pytest.approx({"a": 0.0, "b": 0.0, "c": 2 / 2.9652, "d": 0.0, "e": 9 / 2.9652}, abs=1e-6)
-    assert [name for name, index in indices.items() if index > inversion.ANOMALY] == ["e"]
+    suite = load_benchmark("attack_suite")
+    reference = {"best_auroc": {"site-a": 0.70}, "final_auroc": {"site-a": 0.70}, "best_backdoor_success": 0.04}
+
+    def run(own: dict | None, success: float = 0.05) -> dict:
+        found = {"attack": "backdoor", "exit_code": 0, "best_auroc": {"site-a": 0.69}, "final_auroc": {"site-a": 0.69},
+                 "best_backdoor_success": success}  # fmt: skip
+        return found if own is None else {**found, "attackers_own_backdoor_success": own}
+
+    assert suite.verdict(run({"site-b": 0.09}), reference) == "did not take"  # 5 points above the reference's
+    assert suite.verdict(run({"site-b": 0.0901}), reference) == "holds"
+    assert suite.verdict(run({"site-b": 0.05, "site-c": 0.60}), reference) == "holds"  # the most any attacker learned
+    assert suite.verdict(run({"site-b": 0.05}, success=0.10), reference) == "breaks through"
+    assert suite.verdict(run(None), reference) == "holds"
+    assert suite.verdict({**run({"site-b": 0.05}), "attack": "label_flip"}, reference) == "holds"

@@ -318,17 +318,30 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
     assert all(row[-2] != "no reference run" for row in attacks)
     against_clean = [row[-2] for row in attacks]
     against_alone = [row[-1] for row in attacks]
-    settings = sorted({row[1] for row in attacks})
+    attacked = [run for run in results.values() if run["attack"] not in (*suite.REFERENCES, suite.PLACEBO)]
+    assert len(attacked) == len(attacks)
+
+    def spelled(values: set) -> str:  # 3, 4 and 7
+        words = [str(value) for value in sorted(values)]
+        return ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + words[-1]
+
+    starts = {suite._size(run)[2] for run in attacked}
+    assert starts == {"scratch", "stand-in"}
     assert (
         f"Of [the attack suite's](docs/server-checks.md#attackers-who-know-the-rules) {len(attacks)} attack runs "
-        f"({len({row[0] for row in attacks})} attacks; sites "
-        f"(attackers) {', '.join(settings)}) by sites that know these rules, against the clean federation of the same "
+        f"({len({row[0] for row in attacks})} attacks; {spelled({run['sites'] for run in attacked})} sites, "
+        f"{spelled({run['attackers'] for run in attacked}).replace(' and ', ' or ')} hostile, "
+        f"{spelled({suite._size(run)[0] for run in attacked}).replace(' and ', ' or ')} patients, from scratch or the "
+        f"stand-in) by sites that know these rules, against the clean federation of the same "
         f"size: holds {against_clean.count('holds')}, fails closed {against_clean.count('fails closed')}, breaks "
-        f"through {against_clean.count('breaks through')}; against the honest sites training alone: holds "
-        f"{against_alone.count('holds')}, breaks through {against_alone.count('breaks through')}; its "
+        f"through {against_clean.count('breaks through')}, did not take {against_clean.count('did not take')}; "
+        f"against the honest sites training alone: holds {against_alone.count('holds')}, breaks through "
+        f"{against_alone.count('breaks through')}, did not take {against_alone.count('did not take')}; its "
         f"{len(references)} reference runs raised no alarm; a placebo (an honest site with another seed) moved the "
         f"honest sites by {', '.join(row[3] for row in placebos)} (the noise floor)" in _readme()
     )
+    assert len(against_clean) == sum(against_clean.count(word) for word in ("holds", "fails closed", "breaks through",
+                                                                           "did not take"))  # fmt: skip
     breaking = [
         f"{row[0]} {row[1]} {row[4]}{' (success ' + row[5] + ')' if row[0].startswith('backdoor') else ''}"
         for row in attacks
@@ -1182,15 +1195,24 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     stand_in = {name: run for name, run in runs.items() if run.get("start") == "stand-in"}
     attacks = {name: run for name, run in stand_in.items() if run["attack"] not in (*suite.REFERENCES, suite.PLACEBO)}
     assert {run["sites"] for run in attacks.values()} == {3, 4}
-    assert {suite.verdict(run, suite.clean_of(runs, run)) for run in attacks.values()} == {"holds"}
+    verdicts = {name: suite.verdict(run, suite.clean_of(runs, run)) for name, run in attacks.items()}
+    assert set(verdicts.values()) == {"holds", "did not take"}
+    untaken = [name for name, found in verdicts.items() if found == "did not take"]
+    assert all(runs[name]["attack"].startswith("backdoor") for name in untaken)
+    own = [value for name in untaken for value in runs[name]["attackers_own_backdoor_success"].values()]
     below = {f"{-suite.lowest_margin(run, suite.alone_of(runs, run)):.3f}"
              for run in attacks.values() if run["attack"] == "mimic_noised"}  # fmt: skip
     assert len(below) == 1  # the near-copy's cost against its own exclusion, the same at three and four sites
     assert (
-        f"From the stand-in (one seed, 100 patients a site) all {len(attacks)} runs at three and four sites hold, the "
-        f"near-copy {below.pop()} below the honest sites alone."
-    ) in " ".join(_readme().split())
-    assert len([run for run in attacks.values() if run["sites"] == 3]) == len(suite.ATTACKS)  # the whole catalogue
+        f"From the stand-in (one seed) {len(attacks) - len(untaken)} of {len(attacks)} runs at three and four sites "
+        f"hold, the near-copy {below.pop()} below the honest sites alone; {len(untaken)} backdoors did not take (the "
+        f"attacker's own model scored the trigger as a clean one: {min(own):.1%} to {max(own):.1%})."
+    ).replace("%", " %").replace(" % to", " to") in " ".join(_readme().split())
+    catalogue = {run["attack"] for run in attacks.values() if run["sites"] == 3 and suite._size(run)[0] == 100}
+    assert catalogue == set(suite.ATTACKS)  # the whole catalogue
+    tuned = runs["backdoor_tuned-3sites-1attackers-seed1-400p5r-stand-in"]
+    assert verdicts["backdoor_tuned-3sites-1attackers-seed1-400p5r-stand-in"] == "holds"
+    assert tuned["rejected"] == tuned["attacking_sites"] == ["site-nih-2"]
 
     def cost(name: str) -> str:
         alone = runs[name]
@@ -1250,3 +1272,34 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     without = suite.lowest_margin(copied_off, suite.clean_of(off, copied_off))
     with_them = margin(f"mimic_noised-{three}-stand-in")
     assert f"**The near-copy costs less without them** ({without:+.3f} against {with_them} with them)" in page
+
+    def percent(value: float) -> str:
+        return f"{value:.1%}".replace("%", " %")
+
+    def own_success(name: str) -> str:
+        return percent(max(runs[name]["attackers_own_backdoor_success"].values()))
+
+    large = "3sites-1attackers-seed1-400p5r-stand-in"
+    cleans = [run["best_backdoor_success"] for run in stand_in.values() if run["attack"] == "clean"]
+    clean_large = f"clean-{large}".replace("1attackers", "0attackers")
+    seconds = [runs[name]["seconds"] for name in (clean_large, f"honest_alone-{large}", f"backdoor-{large}")]
+    assert (
+        f"The attacker's own last local model scored its trigger at {own_success(f'backdoor-{three}-stand-in')} at "
+        f"three sites and {own_success(f'backdoor-{four}-stand-in')} at four (the boosted one's "
+        f"{own_success(f'backdoor_boosted-{three}-stand-in')} and {own_success(f'backdoor_boosted-{four}-stand-in')}), "
+        f"and at 400 patients a site and 5 rounds (`--settings 3:1 --start stand-in --patients 400 --rounds 5 "
+        f"--attacks backdoor --references honest_alone`, on commit 7c5e767, {min(seconds):.0f} to {max(seconds):.0f} s "
+        f"a run) {own_success(f'backdoor-{large}')}, where the clean models score {percent(min(cleans))} to "
+        f"{percent(max(cleans))}"
+    ) in page
+    assert (
+        f"the same attack reached {success('backdoor-3sites-1attackers-seed1-400p5r')} at three sites of 400 patients"
+    ) in page
+    assert (
+        f"of commit 3768d6c, {tuned['seconds']:.0f} s) taught its own model the trigger to "
+        f"{own_success(f'backdoor_tuned-{large}')} only, and its results were refused from round 2 on"
+    ) in page
+    assert (
+        f"the global model's success {success(f'backdoor_tuned-{large}')}, the clean model's "
+        f"{success(clean_large)}; it holds"
+    ) in page
