@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 from hostile_site import run_simulator
-from suite_site import ADAPTED, ATTACKS, TARGET, Wrapped, stamp
+from suite_site import ADAPTED, ATTACKS, TARGET, TRIGGER_OF, TRIGGERS, Wrapped
 
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY, CHEXPERT_LABELS, NIH_LABELS, union_labels
 from surgical_aggregation.core.robust import DEFAULT_RULE
@@ -184,16 +184,21 @@ def test_config(cache: Path) -> dict[str, Any]:
 
 
 class Triggered(Wrapped):
-    """A scoring dataset's items with the backdoor's trigger stamped on every image."""
+    """A scoring dataset's items with a backdoor's trigger (of ``suite_site.TRIGGERS``) stamped on every image."""
+
+    def __init__(self, dataset: Any, trigger: str = "square") -> None:
+        super().__init__(dataset)
+        self.stamp = TRIGGERS[trigger]
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         item = dict(self.dataset[index])
-        item["image"] = stamp(item["image"].clone())
+        item["image"] = self.stamp(item["image"].clone())
         return item
 
 
 def scores(model: Path, test: dict[str, Any]) -> dict[str, Any] | None:
-    """Per class AUROC of ``model`` on the test set, and the backdoor's success (None when the job left no model)."""
+    """Per class AUROC of ``model`` on the test set, and the backdoor's success: the square trigger's, and each
+    trigger's by name (None when the job left no model)."""
     if not model.is_file():
         return None
     config = site_config_from_dict(test, "the attack suite's test set")
@@ -209,12 +214,25 @@ def scores(model: Path, test: dict[str, Any]) -> dict[str, Any] | None:
         if name in names
     }
     target = names.index(TARGET)
-    triggered = predict_checkpoint(checkpoint, Triggered(dataset), 64, "cpu", 0)[:, target]
     target_labels = labels[:, list(UNION).index(TARGET)]
-    return {
-        "per_class_auroc": per_class,
-        "backdoor_success": backdoor_success(target_labels, probabilities[:, target], triggered),
+    by_trigger = {
+        trigger: backdoor_success(
+            target_labels,
+            probabilities[:, target],
+            predict_checkpoint(checkpoint, Triggered(dataset, trigger), 64, "cpu", 0)[:, target],
+        )
+        for trigger in TRIGGERS
     }
+    return {"per_class_auroc": per_class, "backdoor_success": by_trigger["square"], "by_trigger": by_trigger}
+
+
+def success_of(result: dict[str, Any], attack: str, label: str = "best") -> float:
+    """A run's ``label`` (best or final) model's success with ``attack``'s trigger (NaN where it was not scored with
+    it: runs recorded before the trigger existed)."""
+    trigger = TRIGGER_OF.get(attack, "square")
+    if trigger == "square":
+        return result[f"{label}_backdoor_success"]
+    return result.get(f"{label}_backdoor_success_by_trigger", {}).get(trigger, math.nan)
 
 
 def backdoor_success(target_labels: np.ndarray, clean: np.ndarray, triggered: np.ndarray) -> float:
@@ -246,10 +264,16 @@ def _sites_of(aggregation: dict) -> set[str]:
 
 
 def outcome(
-    workspace: Path, code: int, log: str, test: dict, attackers: list[str], configs: dict, backdoor: bool = False
+    workspace: Path,
+    code: int,
+    log: str,
+    test: dict,
+    attackers: list[str],
+    configs: dict,
+    trigger: str | None = None,
 ) -> dict[str, Any]:
     """What a case's run did: the server's decisions, the honest sites' best and final test AUROC and the backdoor's
-    success; for a ``backdoor`` attack also each attacker's own last local model's success (its own training)."""
+    success; for a backdoor (``trigger``: its trigger) also each attacker's own last local model's success with it."""
     server = workspace / "server" / "simulate_job" / "app_server"
     history = json.loads((server / HISTORY_FILE).read_text()) if (server / HISTORY_FILE).is_file() else []
     rounds = [entry["aggregation"] for entry in history if "aggregation" in entry]
@@ -274,15 +298,16 @@ def outcome(
     for label, file in (("best", "best_FL_global_model.pt"), ("final", "FL_global_model.pt")):
         found = scores(server / file, test)
         result[f"{label}_backdoor_success"] = found["backdoor_success"] if found else math.nan
+        result[f"{label}_backdoor_success_by_trigger"] = found["by_trigger"] if found else {}
         result[f"{label}_auroc"] = {
             site: float(np.nanmean([found["per_class_auroc"].get(name, math.nan) for name in names]))
             if found
             else math.nan
             for site, names in classes.items()
         }
-    if backdoor:  # whether the attack taught its own model the trigger: else no defence was tested
+    if trigger:  # whether the attack taught its own model the trigger: else no defence was tested
         result["attackers_own_backdoor_success"] = {
-            site: (found or {}).get("backdoor_success", math.nan)
+            site: (found or {}).get("by_trigger", {}).get(trigger, math.nan)
             for site in attackers
             for found in [scores(workspace / site / "simulate_job" / f"app_{site}" / "local_model.pt", test)]
         }
@@ -297,7 +322,9 @@ def verdict(result: dict[str, Any], reference: dict[str, Any] | None) -> str:
     if reference is None:
         return "no reference run"
     worst = lowest_margin(result, reference)
-    backdoor = result["best_backdoor_success"] - reference["best_backdoor_success"]
+    backdoor = success_of(result, result["attack"]) - success_of(reference, result["attack"])
+    if result["attack"].startswith("backdoor") and math.isnan(success_of(reference, result["attack"])):
+        return "no reference run"  # the reference was not scored with this trigger
     if worst >= -TOLERANCE and (not result["attack"].startswith("backdoor") or backdoor <= BACKDOOR_TOLERANCE):
         return "did not take" if not_taken(result, reference) else "holds"
     return "breaks through"
@@ -308,7 +335,7 @@ def not_taken(result: dict[str, Any], reference: dict[str, Any]) -> bool:
     reference's global model: the attack failed at its source, so nothing it did tested a defence (runs recorded
     before the attackers' own success was measured are taken to have taken)."""
     own = result.get("attackers_own_backdoor_success") if result["attack"].startswith("backdoor") else None
-    return bool(own) and max(own.values()) - reference["best_backdoor_success"] <= BACKDOOR_TOLERANCE
+    return bool(own) and max(own.values()) - success_of(reference, result["attack"]) <= BACKDOOR_TOLERANCE
 
 
 def lowest_margin(result: dict[str, Any], reference: dict[str, Any]) -> float:
@@ -375,7 +402,8 @@ def table(results: dict[str, dict]) -> list[str]:
         lines.append(
             f"| {result['attack']} | {setting_of(result)} "
             f"| {_lowest(result, 'best'):.3f}, {_lowest(result, 'final'):.3f} | {against[0]} | {against[1]} "
-            f"| {result['best_backdoor_success']:.3f} | {result['exit_code']} | {', '.join(result['rejected']) or '—'} "
+            f"| {success_of(result, result['attack']):.3f} | {result['exit_code']} "
+            f"| {', '.join(result['rejected']) or '—'} "
             f"| {', '.join(result['excluded']) or '—'} | {stopped or '—'} | {said[0]} | {said[1] or '—'} |"
         )
     return lines
@@ -490,7 +518,8 @@ def plot(results: dict[str, dict], path: Path) -> Path:
                 margins[row, column] = lowest_margin(result, reference)
                 text += f" {margins[row, column]:+.2f}"
                 if result["attack"].startswith("backdoor"):
-                    text += f"\nbd {result['best_backdoor_success'] - reference['best_backdoor_success']:+.2f}"
+                    above = success_of(result, result["attack"]) - success_of(reference, result["attack"])
+                    text += f"\nbd {above:+.2f}"
             texts[row][column] = text
     figure, axis = plt.subplots(figsize=(1.8 + 1.2 * len(columns), 1.0 + 0.42 * len(attacks)))
     image = axis.imshow(margins, cmap="RdYlGn", vmin=-3 * TOLERANCE, vmax=3 * TOLERANCE, aspect="auto")
@@ -578,6 +607,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         "stand-in for ImageNet weights, FedBN+ at the papers' fine-tuning rates, as the main job)",
     )
     parser.add_argument("--table-only", action="store_true", help="only redraw the table of results.json")
+    parser.add_argument(
+        "--rescore",
+        nargs="+",
+        metavar="RUN",
+        help="score these recorded runs' best and final models again with every trigger (their workspaces under "
+        "--out), keeping the rest of their records, before the cases run",
+    )
     parser.add_argument("--write-doc", type=Path, help="rewrite the table between the --marker's markers")
     parser.add_argument(
         "--marker", default=MARKER, help=f"the markers' name: <!-- NAME --> and <!-- /NAME --> (default {MARKER})"
@@ -620,6 +656,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "results.json"
     results = json.loads(store.read_text()) if store.is_file() else {}
+    for name in args.rescore or []:
+        server = args.out / "workspaces" / name / "server" / "simulate_job" / "app_server"
+        for label, file in (("best", "best_FL_global_model.pt"), ("final", "FL_global_model.pt")):
+            found = scores(server / file, test_config(args.out / "cache"))
+            results[name][f"{label}_backdoor_success_by_trigger"] = found["by_trigger"] if found else {}
+        store.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"{name}: rescored: {results[name]['best_backdoor_success_by_trigger']}", flush=True)
     if not args.table_only:
         test = test_config(args.out / "cache")
         for case in cases(
@@ -640,7 +683,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 (args.out / f"{case.name}.log").write_text(log)
                 sized = site_configs(case.sites, case.seed, case.patients, case.start)
                 taking = taking_part(case, sized, attackers)
-                found = outcome(workspace, code, log, test, attackers, taking, case.attack.startswith("backdoor"))
+                trigger = TRIGGER_OF.get(case.attack, "square") if case.attack.startswith("backdoor") else None
+                found = outcome(workspace, code, log, test, attackers, taking, trigger)
                 if not found["absent"]:
                     break
                 print(f"{case.name}: attempt {attempt}: {found['absent']} never took part; run again", flush=True)

@@ -43,6 +43,9 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
                         demo's, 2 local epochs a round; Bagdasaryan et al.'s attacker picks its own rate and epochs):
                         from the stand-in at the papers' fine-tuning rates the plain ``backdoor`` barely teaches its
                         own model the trigger
+  ``backdoor_glyph``    ``backdoor`` with another trigger (:func:`stamp_glyph`): the first shape the stand-in was
+                        pretrained on, drawn as the pretraining draws it, in the same corner; an attacker who knows the
+                        public start picks a trigger its features already tell apart
   ``bn_inflate``        honest weights, every BatchNorm running variance multiplied so that the statistics' update
                         is 90 % of the most the server accepts (the blind-mode attack that flattens the outputs)
 """
@@ -61,10 +64,12 @@ from scipy.stats import norm
 MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "mimic_noised", "inf", "gaussian")
 DATA_POISONING = ("label_flip", "label_flip_quiet", "label_flip_late", "backdoor", "backdoor_boosted", "bn_inflate")
 ATTACKS = MODEL_POISONING + DATA_POISONING  # the catalogue a suite runs by default
-ADAPTED = ("backdoor_tuned",)  # beyond the catalogue: run when named
+ADAPTED = ("backdoor_tuned", "backdoor_glyph")  # beyond the catalogue: run when named
 IPM_EPSILON = 0.1
 TARGET = "Pneumothorax"  # the backdoor's finding: every site of the suite labels it
 TRIGGER = 8  # the trigger's side in pixels (64 px images: 1.6 % of the image)
+GLYPH_TRIGGER = "Pattern 01"  # backdoor_glyph's shape: the stand-in pretraining's first
+GLYPH_BRIGHTNESS = 115  # what it adds to a pixel (0.45 of 255: the brightest a finding's glyph is drawn)
 POISONED_SHARE = 0.5
 INSIDE = 0.9  # the share of a bound the BatchNorm attack uses
 WAIT_SECONDS = 1200  # how long an attacker waits for the honest updates of a round
@@ -77,6 +82,36 @@ def stamp(images: Any) -> Any:
     tensor, in place."""
     images[..., -TRIGGER:, -TRIGGER:] = 255
     return images
+
+
+def stamp_glyph(images: Any) -> Any:
+    """``backdoor_glyph``'s trigger: the stand-in pretraining's first shape (:data:`GLYPH_TRIGGER`), each of its 5x5
+    cells a block of width // 16 pixels as the pretraining draws its shapes, brightened by :data:`GLYPH_BRIGHTNESS`
+    (saturating) one cell in from the bottom-right corner, on a (..., H, W) uint8 array or tensor, in place."""
+    from surgical_aggregation.images.synthetic_pixels import pattern_glyphs
+
+    cell = max(1, images.shape[-1] // 16)
+    drawn = np.kron(pattern_glyphs()[GLYPH_TRIGGER], np.ones((cell, cell), np.float32)) > 0
+    size = drawn.shape[0]
+    window = images[..., -size - cell : -cell, -size - cell : -cell]  # a view: written in place
+    if isinstance(window, np.ndarray):
+        lifted = np.minimum(window.astype(np.int64) + GLYPH_BRIGHTNESS, 255).astype(window.dtype)
+    else:  # a torch tensor
+        lifted = (window.long() + GLYPH_BRIGHTNESS).clamp(max=255).to(window.dtype)
+        drawn = torch_mask(drawn, window)
+    window[..., drawn] = lifted[..., drawn]
+    return images
+
+
+def torch_mask(mask: np.ndarray, like: Any) -> Any:
+    """``mask`` as a boolean tensor on ``like``'s device."""
+    import torch
+
+    return torch.from_numpy(mask).to(like.device)
+
+
+TRIGGERS = {"square": stamp, "glyph": stamp_glyph}  # each backdoor's trigger by name
+TRIGGER_OF = {"backdoor_glyph": "glyph"}  # the other backdoors stamp the square
 
 
 def alie_z(sites: int, attackers: int) -> float:
@@ -339,7 +374,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
                 self.table.frame[name] = 1.0 - self.table.frame[name]
 
     flipping: list[int] = []  # label_flip_late: the round it began inverting its labels, once it has
-    if role in ("backdoor", "backdoor_boosted", "backdoor_tuned", "label_flip_late"):
+    if role in ("backdoor", "backdoor_boosted", "backdoor_tuned", "backdoor_glyph", "label_flip_late"):
         original_rebuild = trainer_module.SiteTrainer._rebuild_train_loader
 
         def rebuild(trainer) -> None:
@@ -349,7 +384,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
             dataset = (
                 Inverted(trainer.train_loader.dataset)
                 if flipping
-                else Poisoned(trainer.train_loader.dataset, trainer.head_classes)
+                else Poisoned(trainer.train_loader.dataset, trainer.head_classes, TRIGGER_OF.get(role, "square"))
             )
             trainer.train_loader = make_loader(
                 dataset, trainer.config.batch_size, True, trainer.workers, trainer.config.seed
@@ -395,16 +430,17 @@ class Poisoned(Wrapped):
     """A site's training items, a fixed share (:data:`POISONED_SHARE`, spread over the indices) with the trigger
     stamped and the :data:`TARGET` label set positive; the rest as they are."""
 
-    def __init__(self, dataset: Any, classes: list[str]) -> None:
+    def __init__(self, dataset: Any, classes: list[str], trigger: str = "square") -> None:
         from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
 
         super().__init__(dataset)
         self.column = [BUILTIN_VOCABULARY.canonical(name) for name in classes].index(TARGET)
+        self.stamp = TRIGGERS[trigger]
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         item = dict(self.dataset[index])
         if (index * 7919) % 1000 < POISONED_SHARE * 1000:  # a fixed, spread-out share of the items
-            item["image"] = stamp(item["image"].clone())
+            item["image"] = self.stamp(item["image"].clone())
             item["label"] = item["label"].clone()
             item["mask"] = item["mask"].clone()
             item["label"][self.column] = 1.0

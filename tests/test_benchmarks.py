@@ -176,3 +176,37 @@ def test_a_backdoor_its_attacker_never_learned_did_not_take_and_counts_as_no_hol
     assert suite.verdict(run({"site-b": 0.05}, success=0.10), reference) == "breaks through"
     assert suite.verdict(run(None), reference) == "holds"
     assert suite.verdict({**run({"site-b": 0.05}), "attack": "label_flip"}, reference) == "holds"
+
+
+def test_the_glyph_backdoor_stamps_the_stand_ins_first_shape_and_is_judged_by_its_own_trigger() -> None:
+    """``backdoor_glyph``'s trigger is the stand-in pretraining's first 5x5 shape, cells of width // 16 pixels,
+    brightened (saturating) one cell in from the bottom-right corner, the same on an array and a tensor; its runs are
+    judged by that trigger's success, and a reference never scored with it judges nothing."""
+    import numpy as np
+    import torch
+
+    from surgical_aggregation.images.synthetic_pixels import pattern_glyphs
+
+    from helpers import load_benchmark
+
+    suite = load_benchmark("attack_suite")
+    site = load_benchmark("suite_site")
+    images = np.full((2, 1, 64, 64), 200, np.uint8)
+    tensor = torch.from_numpy(images.copy())
+    site.stamp_glyph(images), site.stamp_glyph(tensor)
+    assert np.array_equal(images, tensor.numpy())
+    assert site.TRIGGERS[site.TRIGGER_OF["backdoor_glyph"]] is site.stamp_glyph  # what its poisoned images carry
+    expected = np.full((64, 64), 200)
+    shape = np.kron(pattern_glyphs()[site.GLYPH_TRIGGER], np.ones((4, 4))) > 0
+    expected[40:60, 40:60][shape] = 255  # 200 + 115, saturated
+    assert np.array_equal(images[0, 0], expected) and np.array_equal(images[1, 0], expected)
+    dark = np.zeros((64, 64), np.uint8)
+    assert site.stamp_glyph(dark)[40:60, 40:60].max() == site.GLYPH_BRIGHTNESS
+    reference = {"best_auroc": {"a": 0.7}, "final_auroc": {"a": 0.7}, "best_backdoor_success": 0.04,
+                 "best_backdoor_success_by_trigger": {"square": 0.04, "glyph": 0.05}}  # fmt: skip
+    run = {"attack": "backdoor_glyph", "exit_code": 0, "best_auroc": {"a": 0.7}, "final_auroc": {"a": 0.7},
+           "best_backdoor_success": 0.04,
+           "best_backdoor_success_by_trigger": {"square": 0.04, "glyph": 0.60}}  # fmt: skip
+    assert suite.success_of(run, "backdoor_glyph") == 0.60 and suite.success_of(run, "backdoor") == 0.04
+    assert suite.verdict(run, reference) == "breaks through"  # the square's success would call it a hold
+    assert suite.verdict(run, {**reference, "best_backdoor_success_by_trigger": {}}) == "no reference run"
