@@ -1210,6 +1210,9 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     ).replace("%", " %").replace(" % to", " to") in " ".join(_readme().split())
     catalogue = {run["attack"] for run in attacks.values() if run["sites"] == 3 and suite._size(run)[0] == 100}
     assert catalogue == set(suite.ATTACKS)  # the whole catalogue
+    for sites, quoted in ((3, "on commit 14564e8, {} to {} s a run"), (4, "on the same commit, {} to {} s a run")):
+        seconds = [run["seconds"] for run in stand_in.values() if run["sites"] == sites and suite._size(run)[0] == 100]
+        assert quoted.format(round(min(seconds)), round(max(seconds))) in page, sites
     tuned = runs["backdoor_tuned-3sites-1attackers-seed1-400p5r-stand-in"]
     assert verdicts["backdoor_tuned-3sites-1attackers-seed1-400p5r-stand-in"] == "holds"
     assert tuned["rejected"] == tuned["attacking_sites"] == ["site-nih-2"]
