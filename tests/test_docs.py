@@ -329,10 +329,8 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
     assert starts == {"scratch", "stand-in"}
     assert (
         f"Of [the attack suite's](docs/server-checks.md#attackers-who-know-the-rules) {len(attacks)} attack runs "
-        f"({len({row[0] for row in attacks})} attacks; {spelled({run['sites'] for run in attacked})} sites, "
-        f"{spelled({run['attackers'] for run in attacked}).replace(' and ', ' or ')} hostile, "
-        f"{spelled({suite._size(run)[0] for run in attacked}).replace(' and ', ' or ')} patients, from scratch or the "
-        f"stand-in) by sites that know these rules, against the clean federation of the same "
+        f"({len({row[0] for row in attacks})} attacks; {spelled({run['sites'] for run in attacked})} sites) "
+        f"by sites that know these rules, against the clean federation of the same "
         f"size: holds {against_clean.count('holds')}, fails closed {against_clean.count('fails closed')}, breaks "
         f"through {against_clean.count('breaks through')}, did not take {against_clean.count('did not take')}; "
         f"against the honest sites training alone: holds {against_alone.count('holds')}, breaks through "
@@ -349,13 +347,16 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
     ]
     assert f"Breaking through against the honest sites alone (open): {', '.join(breaking)}." in _readme()
     # the bold summary above names as many runs and each kind of them (a kind not named here fails: name it there)
-    kinds = {
+    kinds = {  # a backdoor with any trigger is a backdoor
         "backdoor": ("a backdoor", "backdoors"),
+        "backdoor_glyph": ("a backdoor", "backdoors"),
         "label_flip_late": ("a late label flipper", "late label flippers"),
         "mimic_noised": ("a near-copy", "near-copies"),
     }
     broken = [row[0] for row in attacks if row[-1] == "breaks through"]
-    named = [kinds[kind][broken.count(kind) > 1] for kind in dict.fromkeys(broken)]
+    family = [kinds[kind][0] for kind in broken]
+    named = [kinds[kind][family.count(kinds[kind][0]) > 1] for kind in dict.fromkeys(broken)]
+    named = list(dict.fromkeys(named))
     summary = f"except in the {len(broken)} attack runs named below ({', '.join(named)}).**"
     assert summary in _readme()
     assert (REPOSITORY / "docs" / "attack-suite" / "margins.png").is_file()
@@ -1194,19 +1195,22 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     stand_in = {name: run for name, run in runs.items() if run.get("start") == "stand-in"}
     attacks = {name: run for name, run in stand_in.items() if run["attack"] not in (*suite.REFERENCES, suite.PLACEBO)}
-    assert {run["sites"] for run in attacks.values()} == {3, 4}
+    assert {run["sites"] for run in attacks.values()} == {3, 4, 7}
     verdicts = {name: suite.verdict(run, suite.clean_of(runs, run)) for name, run in attacks.items()}
-    assert set(verdicts.values()) == {"holds", "did not take"}
+    assert set(verdicts.values()) == {"holds", "did not take", "breaks through"}
     untaken = [name for name, found in verdicts.items() if found == "did not take"]
     assert all(runs[name]["attack"].startswith("backdoor") for name in untaken)
+    broken = [name for name, found in verdicts.items() if found == "breaks through"]
+    assert {runs[name]["attack"] for name in broken} == {"backdoor_glyph"}
+    assert all(suite.verdict(runs[name], suite.alone_of(runs, runs[name])) == "breaks through" for name in broken)
     own = [value for name in untaken for value in runs[name]["attackers_own_backdoor_success"].values()]
-    below = {f"{-suite.lowest_margin(run, suite.alone_of(runs, run)):.3f}"
-             for run in attacks.values() if run["attack"] == "mimic_noised"}  # fmt: skip
-    assert len(below) == 1  # the near-copy's cost against its own exclusion, the same at three and four sites
+    below = max(-suite.lowest_margin(run, suite.alone_of(runs, run))
+                for run in attacks.values() if run["attack"] == "mimic_noised")  # fmt: skip
     assert (
-        f"From the stand-in (one seed) {len(attacks) - len(untaken)} of {len(attacks)} runs at three and four sites "
-        f"hold, the near-copy {below.pop()} below the honest sites alone; {len(untaken)} backdoors did not take (the "
-        f"attacker's own model scored the trigger as a clean one: {min(own):.1%} to {max(own):.1%})."
+        f"From the stand-in (one seed) {len(attacks) - len(untaken) - len(broken)} of {len(attacks)} runs hold, the "
+        f"near-copy at most {below:.3f} below the honest sites alone; {len(untaken)} backdoors did not take "
+        f"({min(own):.1%} to {max(own):.1%} at the attacker), {len(broken)} with a glyph trigger "
+        f"{'breaks' if len(broken) == 1 else 'break'} through."
     ).replace("%", " %").replace(" % to", " to") in " ".join(_readme().split())
     catalogue = {run["attack"] for run in attacks.values() if run["sites"] == 3 and suite._size(run)[0] == 100}
     assert catalogue == set(suite.ATTACKS)  # the whole catalogue
@@ -1275,6 +1279,20 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     without = suite.lowest_margin(copied_off, suite.clean_of(off, copied_off))
     with_them = margin(f"mimic_noised-{three}-stand-in")
     assert f"**The near-copy costs less without them** ({without:+.3f} against {with_them} with them)" in page
+    seven = "7sites-1attackers-seed1-stand-in"
+    seven_runs = [run for run in stand_in.values() if run["sites"] == 7]
+    assert (
+        f"the code of commit 3768d6c, {min(run['seconds'] for run in seven_runs):.0f} to "
+        f"{max(run['seconds'] for run in seven_runs):.0f} s a run with short tests beside it). Leaving the seventh "
+        f"site out costs {cost(f'honest_alone-{seven}')} "
+        f"(from scratch {cost('honest_alone-7sites-1attackers-seed1')}); "
+        f"`label_flip`, left out in its warm-up round, ends there; the near-copy {margin(f'mimic_noised-{seven}')} "
+        f"({margin(f'mimic_noised-{seven}', suite.alone_of)} against the honest sites alone), the late label flip "
+        f"{margin(f'label_flip_late-{seven}')}, `alie` {margin(f'alie-{seven}')}, each never refused or left out"
+    ) in page
+    assert runs[f"label_flip-{seven}"]["excluded"] == ["site-nih-4"]
+    assert margin(f"label_flip-{seven}", suite.alone_of) == "+0.000"
+    assert not any(runs[f"{attack}-{seven}"]["rejected"] for attack in ("mimic_noised", "label_flip_late", "alie"))
 
     def percent(value: float) -> str:
         return f"{value:.1%}".replace("%", " %")
@@ -1288,7 +1306,8 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     seconds = [runs[name]["seconds"] for name in (clean_large, f"honest_alone-{large}", f"backdoor-{large}")]
     assert (
         f"The attacker's own last local model scored its trigger at {own_success(f'backdoor-{three}-stand-in')} at "
-        f"three sites and {own_success(f'backdoor-{four}-stand-in')} at four (the boosted one's "
+        f"three sites, {own_success(f'backdoor-{four}-stand-in')} at four and "
+        f"{own_success('backdoor-7sites-1attackers-seed1-stand-in')} at seven (the boosted one's "
         f"{own_success(f'backdoor_boosted-{three}-stand-in')} and {own_success(f'backdoor_boosted-{four}-stand-in')}), "
         f"and at 400 patients a site and 5 rounds (`--settings 3:1 --start stand-in --patients 400 --rounds 5 "
         f"--attacks backdoor --references honest_alone`, on commit 7c5e767, {min(seconds):.0f} to {max(seconds):.0f} s "
@@ -1301,6 +1320,18 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     assert (
         f"of commit 3768d6c, {tuned['seconds']:.0f} s) taught its own model the trigger to "
         f"{own_success(f'backdoor_tuned-{large}')} only, and its results were refused from round 2 on"
+    ) in page
+    glyph = runs[f"backdoor_glyph-{large}"]
+    assert not glyph["rejected"] and not glyph["excluded"]
+    assert (
+        f"the code of commit 19fce85, {glyph['seconds']:.0f} s; the clean run and the honest sites alone scored again "
+        f"with that trigger by `--rescore`) the attacker's own model learned it "
+        f"({own_success(f'backdoor_glyph-{large}')}), "
+        f"and the honest sites' best global model scores {percent(suite.success_of(glyph, 'backdoor_glyph'))} of the "
+        f"triggered negatives above its 95th percentile against the clean model's "
+        f"{percent(suite.success_of(runs[clean_large], 'backdoor_glyph'))} (its final model "
+        f"{percent(suite.success_of(glyph, 'backdoor_glyph', 'final'))}), with the clean images' AUROC "
+        f"{margin(f'backdoor_glyph-{large}')}; nothing was refused or left out"
     ) in page
     assert (
         f"the global model's success {success(f'backdoor_tuned-{large}')}, the clean model's "
