@@ -1333,6 +1333,15 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
         f"{percent(suite.success_of(glyph, 'backdoor_glyph', 'final'))}), with the clean images' AUROC "
         f"{margin(f'backdoor_glyph-{large}')}; nothing was refused or left out"
     ) in page
+    glyph7 = runs["backdoor_glyph-7sites-1attackers-seed1-stand-in"]
+    clean7 = runs["clean-7sites-0attackers-seed1-stand-in"]
+    assert not glyph7["rejected"] and not glyph7["excluded"]
+    assert (
+        f"(`--settings 7:1 --attacks backdoor_glyph`, the same code, {glyph7['seconds']:.0f} s) it breaks through too: "
+        f"the attacker's own model {own_success('backdoor_glyph-7sites-1attackers-seed1-stand-in')}, the honest sites' "
+        f"best global model {percent(suite.success_of(glyph7, 'backdoor_glyph'))} against the clean model's "
+        f"{percent(suite.success_of(clean7, 'backdoor_glyph'))}, nothing refused or left out"
+    ) in page
     assert (
         f"the global model's success {success(f'backdoor_tuned-{large}')}, the clean model's "
         f"{success(clean_large)}; it holds"
