@@ -19,9 +19,10 @@ attacking sites honest but for their training seed, whose loss against the clean
 federation fall apart by chance (the suite's noise floor; an attack's loss inside it says nothing either way). An
 attack **holds** when every honest site's best and final AUROC is within :data:`TOLERANCE` of the clean run's (and,
 for the backdoor, its success within :data:`BACKDOOR_TOLERANCE` of the clean model's); it **fails closed** when the
-job stopped non-zero, published nothing and named why; otherwise it **breaks through**. A backdoor that holds while
-its attacker's own last local model scores the trigger within the same tolerance of the reference **did not take**:
-it failed at its source and tested no defence.
+job stopped non-zero, published nothing and named why; otherwise it **breaks through**. A backdoor is judged by its
+best and its final model's success, each against the reference's; one that holds while its attacker's own last local
+model scores the trigger within the same tolerance of the reference **did not take**: the poisoning did not teach even
+the attacker's model, and the run says nothing of the defences.
 
     python benchmarks/attack_suite.py --out results/attack_suite          # about 3 hours on 2 CPU cores
     python benchmarks/attack_suite.py --out results/attack_suite --table-only --write-doc docs/server-checks.md
@@ -306,12 +307,16 @@ def outcome(
             for site, names in classes.items()
         }
     if trigger:  # whether the attack taught its own model the trigger: else no defence was tested
-        result["attackers_own_backdoor_success"] = {
-            site: (found or {}).get("by_trigger", {}).get(trigger, math.nan)
-            for site in attackers
-            for found in [scores(workspace / site / "simulate_job" / f"app_{site}" / "local_model.pt", test)]
-        }
+        result["attackers_own_backdoor_success"] = attackers_own_success(workspace, attackers, trigger, test)
     return result
+
+
+def attackers_own_success(workspace: Path, attackers: list[str], trigger: str, test: dict) -> dict[str, float]:
+    """Each attacker's own last local model's success with ``trigger`` (NaN where it left none)."""
+    found = {
+        site: scores(workspace / site / "simulate_job" / f"app_{site}" / "local_model.pt", test) for site in attackers
+    }
+    return {site: (score or {}).get("by_trigger", {}).get(trigger, math.nan) for site, score in found.items()}
 
 
 def verdict(result: dict[str, Any], reference: dict[str, Any] | None) -> str:
@@ -321,19 +326,31 @@ def verdict(result: dict[str, Any], reference: dict[str, Any] | None) -> str:
         return "fails closed" if result["stopped"] and not result["published"] else "fails open"
     if reference is None:
         return "no reference run"
-    worst = lowest_margin(result, reference)
-    backdoor = success_of(result, result["attack"]) - success_of(reference, result["attack"])
     if result["attack"].startswith("backdoor") and math.isnan(success_of(reference, result["attack"])):
         return "no reference run"  # the reference was not scored with this trigger
+    worst = lowest_margin(result, reference)
+    backdoor = backdoor_above(result, reference)
     if worst >= -TOLERANCE and (not result["attack"].startswith("backdoor") or backdoor <= BACKDOOR_TOLERANCE):
         return "did not take" if not_taken(result, reference) else "holds"
     return "breaks through"
 
 
+def backdoor_above(result: dict[str, Any], reference: dict[str, Any]) -> float:
+    """How far a run's backdoor success (its attack's trigger) lies above the reference's, the larger of its best
+    model's against the reference's best and its final model's against the reference's final: both models are
+    judged, as the AUROC is."""
+    above = [
+        success_of(result, result["attack"], label) - success_of(reference, result["attack"], label)
+        for label in ("best", "final")
+    ]
+    return max((value for value in above if not math.isnan(value)), default=math.nan)
+
+
 def not_taken(result: dict[str, Any], reference: dict[str, Any]) -> bool:
-    """A backdoor whose attackers' own last local models score its trigger within :data:`BACKDOOR_TOLERANCE` of the
-    reference's global model: the attack failed at its source, so nothing it did tested a defence (runs recorded
-    before the attackers' own success was measured are taken to have taken)."""
+    """A backdoor whose attackers' own last local models (one round's training from the round's global model) score
+    its trigger within :data:`BACKDOOR_TOLERANCE` of the reference's best global model: the poisoning did not teach
+    even the attacker's model, so the run says nothing of the defences (runs recorded before the attackers' own
+    success was measured, and attackers with no local model, count as taken)."""
     own = result.get("attackers_own_backdoor_success") if result["attack"].startswith("backdoor") else None
     return bool(own) and max(own.values()) - success_of(reference, result["attack"]) <= BACKDOOR_TOLERANCE
 
@@ -379,7 +396,7 @@ def table(results: dict[str, dict]) -> list[str]:
     and against the honest sites alone, the backdoor's success, what the server did, and the verdicts."""
     lines = [
         "| attack | sites (attackers) | honest sites' lowest AUROC: best, final | largest loss against the clean run "
-        "| against the honest sites alone | backdoor success | exit code | rejected | excluded | stopped "
+        "| against the honest sites alone | backdoor success: best, final | exit code | rejected | excluded | stopped "
         "| verdict (clean run) | verdict (honest alone) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -402,7 +419,8 @@ def table(results: dict[str, dict]) -> list[str]:
         lines.append(
             f"| {result['attack']} | {setting_of(result)} "
             f"| {_lowest(result, 'best'):.3f}, {_lowest(result, 'final'):.3f} | {against[0]} | {against[1]} "
-            f"| {success_of(result, result['attack']):.3f} | {result['exit_code']} "
+            f"| {success_of(result, result['attack']):.3f}, {success_of(result, result['attack'], 'final'):.3f} "
+            f"| {result['exit_code']} "
             f"| {', '.join(result['rejected']) or '—'} "
             f"| {', '.join(result['excluded']) or '—'} | {stopped or '—'} | {said[0]} | {said[1] or '—'} |"
         )
@@ -518,8 +536,7 @@ def plot(results: dict[str, dict], path: Path) -> Path:
                 margins[row, column] = lowest_margin(result, reference)
                 text += f" {margins[row, column]:+.2f}"
                 if result["attack"].startswith("backdoor"):
-                    above = success_of(result, result["attack"]) - success_of(reference, result["attack"])
-                    text += f"\nbd {above:+.2f}"
+                    text += f"\nbd {backdoor_above(result, reference):+.2f}"
             texts[row][column] = text
     figure, axis = plt.subplots(figsize=(1.8 + 1.2 * len(columns), 1.0 + 0.42 * len(attacks)))
     image = axis.imshow(margins, cmap="RdYlGn", vmin=-3 * TOLERANCE, vmax=3 * TOLERANCE, aspect="auto")
@@ -657,10 +674,19 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     store = args.out / "results.json"
     results = json.loads(store.read_text()) if store.is_file() else {}
     for name in args.rescore or []:
-        server = args.out / "workspaces" / name / "server" / "simulate_job" / "app_server"
+        workspace = args.out / "workspaces" / name
+        server = workspace / "server" / "simulate_job" / "app_server"
+        if name not in results or not (server / "FL_global_model.pt").is_file():
+            parser.error(f"--rescore {name}: no such run in {store} with its workspace under {args.out / 'workspaces'}")
+        test = test_config(args.out / "cache")
         for label, file in (("best", "best_FL_global_model.pt"), ("final", "FL_global_model.pt")):
-            found = scores(server / file, test_config(args.out / "cache"))
+            found = scores(server / file, test)
             results[name][f"{label}_backdoor_success_by_trigger"] = found["by_trigger"] if found else {}
+        if results[name]["attack"].startswith("backdoor"):  # the attackers' own models, with their trigger
+            trigger = TRIGGER_OF.get(results[name]["attack"], "square")
+            results[name]["attackers_own_backdoor_success"] = attackers_own_success(
+                workspace, results[name]["attacking_sites"], trigger, test
+            )
         store.write_text(json.dumps(results, indent=2) + "\n")
         print(f"{name}: rescored: {results[name]['best_backdoor_success_by_trigger']}", flush=True)
     if not args.table_only:

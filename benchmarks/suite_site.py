@@ -44,8 +44,8 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
                         from the stand-in at the papers' fine-tuning rates the plain ``backdoor`` barely teaches its
                         own model the trigger
   ``backdoor_glyph``    ``backdoor`` with another trigger (:func:`stamp_glyph`): the first shape the stand-in was
-                        pretrained on, drawn as the pretraining draws it, in the same corner; an attacker who knows the
-                        public start picks a trigger its features already tell apart
+                        pretrained on, at the pretraining's cell size and within its brightness range, near the same
+                        corner; an attacker who knows the public start picks a trigger its features already tell apart
   ``bn_inflate``        honest weights, every BatchNorm running variance multiplied so that the statistics' update
                         is 90 % of the most the server accepts (the blind-mode attack that flattens the outputs)
 """
@@ -69,7 +69,7 @@ IPM_EPSILON = 0.1
 TARGET = "Pneumothorax"  # the backdoor's finding: every site of the suite labels it
 TRIGGER = 8  # the trigger's side in pixels (64 px images: 1.6 % of the image)
 GLYPH_TRIGGER = "Pattern 01"  # backdoor_glyph's shape: the stand-in pretraining's first
-GLYPH_BRIGHTNESS = 115  # what it adds to a pixel (0.45 of 255: the brightest a finding's glyph is drawn)
+GLYPH_BRIGHTNESS = 115  # what it adds to a pixel: 0.45 of 255, inside the pretraining's 0.40-0.90 for its shapes
 POISONED_SHARE = 0.5
 INSIDE = 0.9  # the share of a bound the BatchNorm attack uses
 WAIT_SECONDS = 1200  # how long an attacker waits for the honest updates of a round

@@ -163,11 +163,12 @@ def test_a_backdoor_its_attacker_never_learned_did_not_take_and_counts_as_no_hol
     from helpers import load_benchmark
 
     suite = load_benchmark("attack_suite")
-    reference = {"best_auroc": {"site-a": 0.70}, "final_auroc": {"site-a": 0.70}, "best_backdoor_success": 0.04}
+    reference = {"best_auroc": {"site-a": 0.70}, "final_auroc": {"site-a": 0.70}, "best_backdoor_success": 0.04,
+                 "final_backdoor_success": 0.04}  # fmt: skip
 
     def run(own: dict | None, success: float = 0.05) -> dict:
         found = {"attack": "backdoor", "exit_code": 0, "best_auroc": {"site-a": 0.69}, "final_auroc": {"site-a": 0.69},
-                 "best_backdoor_success": success}  # fmt: skip
+                 "best_backdoor_success": success, "final_backdoor_success": success}  # fmt: skip
         return found if own is None else {**found, "attackers_own_backdoor_success": own}
 
     assert suite.verdict(run({"site-b": 0.09}), reference) == "did not take"  # 5 points above the reference's
@@ -175,6 +176,10 @@ def test_a_backdoor_its_attacker_never_learned_did_not_take_and_counts_as_no_hol
     assert suite.verdict(run({"site-b": 0.05, "site-c": 0.60}), reference) == "holds"  # the most any attacker learned
     assert suite.verdict(run({"site-b": 0.05}, success=0.10), reference) == "breaks through"
     assert suite.verdict(run(None), reference) == "holds"
+    assert (
+        suite.verdict({**run(None), "final_backdoor_success": 0.10}, reference) == "breaks through"
+    )  # its final model
+    assert suite.verdict(run({"site-b": float("nan")}), reference) == "holds"  # no local model: counted as taken
     assert suite.verdict({**run({"site-b": 0.05}), "attack": "label_flip"}, reference) == "holds"
 
 
@@ -203,10 +208,12 @@ def test_the_glyph_backdoor_stamps_the_stand_ins_first_shape_and_is_judged_by_it
     dark = np.zeros((64, 64), np.uint8)
     assert site.stamp_glyph(dark)[40:60, 40:60].max() == site.GLYPH_BRIGHTNESS
     reference = {"best_auroc": {"a": 0.7}, "final_auroc": {"a": 0.7}, "best_backdoor_success": 0.04,
-                 "best_backdoor_success_by_trigger": {"square": 0.04, "glyph": 0.05}}  # fmt: skip
+                 "best_backdoor_success_by_trigger": {"square": 0.04, "glyph": 0.05},
+                 "final_backdoor_success_by_trigger": {"square": 0.04, "glyph": 0.05}}  # fmt: skip
     run = {"attack": "backdoor_glyph", "exit_code": 0, "best_auroc": {"a": 0.7}, "final_auroc": {"a": 0.7},
            "best_backdoor_success": 0.04,
-           "best_backdoor_success_by_trigger": {"square": 0.04, "glyph": 0.60}}  # fmt: skip
+           "best_backdoor_success_by_trigger": {"square": 0.04, "glyph": 0.60},
+           "final_backdoor_success_by_trigger": {"square": 0.04, "glyph": 0.06}}  # fmt: skip
     assert suite.success_of(run, "backdoor_glyph") == 0.60 and suite.success_of(run, "backdoor") == 0.04
     assert suite.verdict(run, reference) == "breaks through"  # the square's success would call it a hold
     assert suite.verdict(run, {**reference, "best_backdoor_success_by_trigger": {}}) == "no reference run"

@@ -265,8 +265,8 @@ def test_the_four_site_catalogue_figures_are_the_suite_tables():
     boosted = rows["backdoor_boosted"]
     assert (
         f"`alie` {rows['alie'][3]}, `mimic` {rows['mimic'][3]} (the copy counted once), `bn_inflate` "
-        f"{rows['bn_inflate'][3]}, `backdoor_boosted` {boosted[3]} (success {float(boosted[5]):.1%} against the clean "
-        f"model's {float(rows['clean'][5]):.1%})"
+        f"{rows['bn_inflate'][3]}, `backdoor_boosted` {boosted[3]} (success "
+        f"{float(boosted[5].split(',')[0]):.1%} against the clean model's {float(rows['clean'][5].split(',')[0]):.1%})"
     ).replace("%", " %") in page
     breaking = {name: row[3] for name, row in attacks.items() if row[10] == "breaks through"}
     holding = sum(row[10] == "holds" for row in attacks.values())
@@ -340,11 +340,15 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
     )
     assert len(against_clean) == sum(against_clean.count(word) for word in ("holds", "fails closed", "breaks through",
                                                                            "did not take"))  # fmt: skip
-    breaking = [
-        f"{row[0]} {row[1]} {row[4]}{' (success ' + row[5] + ')' if row[0].startswith('backdoor') else ''}"
-        for row in attacks
-        if row[-1] == "breaks through"
-    ]
+    by_setting = {(run["attack"], suite.setting_of(run)): run for run in attacked}
+
+    def broke(row: list[str]) -> str:  # a backdoor by its success above the honest sites alone's, else by AUROC
+        run = by_setting[(row[0], row[1])]
+        if row[0].startswith("backdoor"):
+            return f"{row[0]} {row[1]} success {suite.backdoor_above(run, suite.alone_of(results, run)):+.3f}"
+        return f"{row[0]} {row[1]} {row[4]}"
+
+    breaking = [broke(row) for row in attacks if row[-1] == "breaks through"]
     assert f"Breaking through against the honest sites alone (open): {', '.join(breaking)}." in _readme()
     # the bold summary above names as many runs and each kind of them (a kind not named here fails: name it there)
     kinds = {  # a backdoor with any trigger is a backdoor
@@ -777,14 +781,18 @@ def test_the_backdoor_at_four_and_seven_sites_of_400_patients_is_the_pages_figur
     )
     shares = [f"{run['best_backdoor_success']:.1%}".replace("%", " %") for run in (backdoor, clean, alone)]
     assert (
-        f"{shares[0]} against {shares[1]} for the clean model and {shares[2]} for the honest sites alone, clean AUROC "
-        f"{suite.lowest_margin(backdoor, clean):+.3f}, nothing rejected or left out" in text
-    )
+        f"the best model {shares[0]} against {shares[1]} for the clean model's and {shares[2]} for the honest sites "
+        f"alone's, clean AUROC {suite.lowest_margin(backdoor, clean):+.3f}, nothing rejected or left out; but the "
+        f"final model (round {backdoor['rounds'] - 1}'s) {backdoor['final_backdoor_success']:.1%} against the clean "
+        f"run's final {clean['final_backdoor_success']:.1%}, "
+        f"{100 * (backdoor['final_backdoor_success'] - clean['final_backdoor_success']):.1f} points above"
+    ).replace("%", " %").replace("  %", " %") in text
     assert backdoor["rejected"] == backdoor["excluded"] == [] and backdoor["exit_code"] == 0
-    assert suite.verdict(backdoor, clean) == suite.verdict(backdoor, alone) == "holds"
+    assert suite.verdict(backdoor, clean) == suite.verdict(backdoor, alone) == "breaks through"  # its final model
+    assert backdoor["best_backdoor_success"] - clean["best_backdoor_success"] <= suite.BACKDOOR_TOLERANCE
     by_size = [results[f"backdoor-{sites}sites-1attackers-seed1-400p5r"] for sites in (3, 4, 7)]
     found = ", ".join(f"{run['best_backdoor_success']:.1%}".replace("%", " %") for run in by_size)
-    assert f"seven sites with the same data each: {found}" in text
+    assert f"seven sites with the same data each (best models): {found}" in text
 
 
 def test_flipping_and_pruning_stopped_on_held_out_images_are_the_pages_figures():
@@ -1207,11 +1215,11 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     below = max(-suite.lowest_margin(run, suite.alone_of(runs, run))
                 for run in attacks.values() if run["attack"] == "mimic_noised")  # fmt: skip
     assert (
-        f"From the stand-in (one seed) {len(attacks) - len(untaken) - len(broken)} of {len(attacks)} runs hold, the "
-        f"near-copy at most {below:.3f} below the honest sites alone; {len(untaken)} backdoors did not take "
-        f"({min(own):.1%} to {max(own):.1%} at the attacker), {len(broken)} with a glyph trigger "
-        f"{'breaks' if len(broken) == 1 else 'break'} through."
+        f"From the stand-in (one seed) {len(attacks) - len(untaken) - len(broken)} of {len(attacks)} runs hold, "
+        f"{len(untaken)} backdoors did not take ({min(own):.1%} to {max(own):.1%} at the attacker), {len(broken)} with "
+        f"a glyph trigger {'breaks' if len(broken) == 1 else 'break'} through."
     ).replace("%", " %").replace(" % to", " to") in " ".join(_readme().split())
+    assert below < suite.TOLERANCE  # the near-copy, the closest of the rest
     catalogue = {run["attack"] for run in attacks.values() if run["sites"] == 3 and suite._size(run)[0] == 100}
     assert catalogue == set(suite.ATTACKS)  # the whole catalogue
     for sites, quoted in ((3, "on commit 14564e8, {} to {} s a run"), (4, "on the same commit, {} to {} s a run")):
@@ -1280,7 +1288,7 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     with_them = margin(f"mimic_noised-{three}-stand-in")
     assert f"**The near-copy costs less without them** ({without:+.3f} against {with_them} with them)" in page
     seven = "7sites-1attackers-seed1-stand-in"
-    seven_runs = [run for run in stand_in.values() if run["sites"] == 7]
+    seven_runs = [run for run in stand_in.values() if run["sites"] == 7 and run["attack"] != "backdoor_glyph"]
     assert (
         f"the code of commit 3768d6c, {min(run['seconds'] for run in seven_runs):.0f} to "
         f"{max(run['seconds'] for run in seven_runs):.0f} s a run with short tests beside it). Leaving the seventh "
@@ -1340,7 +1348,9 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
         f"(`--settings 7:1 --attacks backdoor_glyph`, the same code, {glyph7['seconds']:.0f} s) it breaks through too: "
         f"the attacker's own model {own_success('backdoor_glyph-7sites-1attackers-seed1-stand-in')}, the honest sites' "
         f"best global model {percent(suite.success_of(glyph7, 'backdoor_glyph'))} against the clean model's "
-        f"{percent(suite.success_of(clean7, 'backdoor_glyph'))}, nothing refused or left out"
+        f"{percent(suite.success_of(clean7, 'backdoor_glyph'))}, nothing refused or left out (against the honest sites "
+        f"alone's {percent(suite.success_of(suite.alone_of(runs, glyph7), 'backdoor_glyph'))}, "
+        f"{100 * suite.backdoor_above(glyph7, suite.alone_of(runs, glyph7)):.1f} points: at the tolerance's edge"
     ) in page
     assert (
         f"the global model's success {success(f'backdoor_tuned-{large}')}, the clean model's "
