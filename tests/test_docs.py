@@ -1277,6 +1277,14 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
                 "robust_aggregation": "mean", "validation_guard": False}  # fmt: skip
     assert all(run["controller"] == controls and run["start"] == "stand-in" for run in off.values())
     flipped, copied_off = off[f"sign_flip-{three}-stand-in"], off[f"mimic_noised-{three}-stand-in"]
+    backdoor_off = off[f"backdoor-{three}-stand-in"]  # the rates, not the defences: it does not take without them
+    assert suite.verdict(backdoor_off, suite.clean_of(off, backdoor_off)) == "did not take"
+    assert (
+        f"`--attacks backdoor`, {backdoor_off['seconds']:.0f} s, the attacker's own model scored it at "
+        f"{max(backdoor_off['attackers_own_backdoor_success'].values()):.1%} and the global model at "
+        f"{backdoor_off['best_backdoor_success']:.1%} against that clean run's "
+        f"{suite.clean_of(off, backdoor_off)['best_backdoor_success']:.1%}: the rates, not the defences"
+    ).replace("%", " %") in page
     assert not flipped["rejected"] and suite.verdict(flipped, suite.clean_of(off, flipped)) == "breaks through"
     clean_off = suite.clean_of(off, flipped)
     assert (
