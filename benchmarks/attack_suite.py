@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 from hostile_site import run_simulator
-from suite_site import ADAPTED, ATTACKS, TARGET, TRIGGER_OF, TRIGGERS, Wrapped
+from suite_site import ADAPTED, ATTACKS, TARGET, TRIGGERS, Wrapped, trigger_of
 
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY, CHEXPERT_LABELS, NIH_LABELS, union_labels
 from surgical_aggregation.core.robust import DEFAULT_RULE
@@ -88,6 +88,7 @@ ATTACKER_TRAINING = {
     }
 }
 MARKER = "attack-suite"
+GLOBAL_MODELS = {"best": "best_FL_global_model.pt", "final": "FL_global_model.pt"}  # in a run's server app folder
 UNION = union_labels(NIH_LABELS, CHEXPERT_LABELS)
 BENCHMARKS = Path(__file__).resolve().parent
 
@@ -230,7 +231,7 @@ def scores(model: Path, test: dict[str, Any]) -> dict[str, Any] | None:
 def success_of(result: dict[str, Any], attack: str, label: str = "best") -> float:
     """A run's ``label`` (best or final) model's success with ``attack``'s trigger (NaN where it was not scored with
     it: runs recorded before the trigger existed)."""
-    trigger = TRIGGER_OF.get(attack, "square")
+    trigger = trigger_of(attack)
     if trigger == "square":
         return result[f"{label}_backdoor_success"]
     return result.get(f"{label}_backdoor_success_by_trigger", {}).get(trigger, math.nan)
@@ -296,8 +297,7 @@ def outcome(
         # client.py", when the machine is loaded): such a run is not the federation the case describes
         "absent": sorted(set(configs) - {site for entry in rounds for site in _sites_of(entry)}) if rounds else [],
     }
-    for label, file in (("best", "best_FL_global_model.pt"), ("final", "FL_global_model.pt")):
-        found = scores(server / file, test)
+    for label, found in global_scores(server, test).items():
         result[f"{label}_backdoor_success"] = found["backdoor_success"] if found else math.nan
         result[f"{label}_backdoor_success_by_trigger"] = found["by_trigger"] if found else {}
         result[f"{label}_auroc"] = {
@@ -309,6 +309,16 @@ def outcome(
     if trigger:  # whether the attack taught its own model the trigger: else no defence was tested
         result["attackers_own_backdoor_success"] = attackers_own_success(workspace, attackers, trigger, test)
     return result
+
+
+def global_scores(server: Path, test: dict) -> dict[str, dict[str, Any] | None]:
+    """:func:`scores` of a run's best and final global models (``server``: its server app folder), by label."""
+    return {label: scores(server / file, test) for label, file in GLOBAL_MODELS.items()}
+
+
+def backdoor_trigger(attack: str) -> str | None:
+    """The trigger a backdoor attack stamps, or None for any other attack."""
+    return trigger_of(attack) if attack.startswith("backdoor") else None
 
 
 def attackers_own_success(workspace: Path, attackers: list[str], trigger: str, test: dict) -> dict[str, float]:
@@ -679,11 +689,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         if name not in results or not (server / "FL_global_model.pt").is_file():
             parser.error(f"--rescore {name}: no such run in {store} with its workspace under {args.out / 'workspaces'}")
         test = test_config(args.out / "cache")
-        for label, file in (("best", "best_FL_global_model.pt"), ("final", "FL_global_model.pt")):
-            found = scores(server / file, test)
+        for label, found in global_scores(server, test).items():
             results[name][f"{label}_backdoor_success_by_trigger"] = found["by_trigger"] if found else {}
-        if results[name]["attack"].startswith("backdoor"):  # the attackers' own models, with their trigger
-            trigger = TRIGGER_OF.get(results[name]["attack"], "square")
+        trigger = backdoor_trigger(results[name]["attack"])
+        if trigger:  # the attackers' own models, with their trigger
             results[name]["attackers_own_backdoor_success"] = attackers_own_success(
                 workspace, results[name]["attacking_sites"], trigger, test
             )
@@ -709,8 +718,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 (args.out / f"{case.name}.log").write_text(log)
                 sized = site_configs(case.sites, case.seed, case.patients, case.start)
                 taking = taking_part(case, sized, attackers)
-                trigger = TRIGGER_OF.get(case.attack, "square") if case.attack.startswith("backdoor") else None
-                found = outcome(workspace, code, log, test, attackers, taking, trigger)
+                found = outcome(workspace, code, log, test, attackers, taking, backdoor_trigger(case.attack))
                 if not found["absent"]:
                     break
                 print(f"{case.name}: attempt {attempt}: {found['absent']} never took part; run again", flush=True)

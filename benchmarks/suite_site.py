@@ -52,6 +52,7 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -88,30 +89,36 @@ def stamp_glyph(images: Any) -> Any:
     """``backdoor_glyph``'s trigger: the stand-in pretraining's first shape (:data:`GLYPH_TRIGGER`), each of its 5x5
     cells a block of width // 16 pixels as the pretraining draws its shapes, brightened by :data:`GLYPH_BRIGHTNESS`
     (saturating) one cell in from the bottom-right corner, on a (..., H, W) uint8 array or tensor, in place."""
-    from surgical_aggregation.images.synthetic_pixels import pattern_glyphs
-
     cell = max(1, images.shape[-1] // 16)
-    drawn = np.kron(pattern_glyphs()[GLYPH_TRIGGER], np.ones((cell, cell), np.float32)) > 0
+    drawn = _glyph_mask(cell)
     size = drawn.shape[0]
     window = images[..., -size - cell : -cell, -size - cell : -cell]  # a view: written in place
     if isinstance(window, np.ndarray):
         lifted = np.minimum(window.astype(np.int64) + GLYPH_BRIGHTNESS, 255).astype(window.dtype)
     else:  # a torch tensor
+        import torch
+
         lifted = (window.long() + GLYPH_BRIGHTNESS).clamp(max=255).to(window.dtype)
-        drawn = torch_mask(drawn, window)
+        drawn = torch.as_tensor(drawn, device=window.device)
     window[..., drawn] = lifted[..., drawn]
     return images
 
 
-def torch_mask(mask: np.ndarray, like: Any) -> Any:
-    """``mask`` as a boolean tensor on ``like``'s device."""
-    import torch
+@functools.cache
+def _glyph_mask(cell: int) -> np.ndarray:
+    """:data:`GLYPH_TRIGGER`'s pixels at ``cell`` pixels a cell (made once: the trigger is stamped item by item)."""
+    from surgical_aggregation.images.synthetic_pixels import pattern_glyphs
 
-    return torch.from_numpy(mask).to(like.device)
+    return np.kron(pattern_glyphs()[GLYPH_TRIGGER], np.ones((cell, cell), np.float32)) > 0
 
 
 TRIGGERS = {"square": stamp, "glyph": stamp_glyph}  # each backdoor's trigger by name
 TRIGGER_OF = {"backdoor_glyph": "glyph"}  # the other backdoors stamp the square
+
+
+def trigger_of(attack: str) -> str:
+    """The name of the trigger ``attack`` stamps (of :data:`TRIGGERS`), were it a backdoor."""
+    return TRIGGER_OF.get(attack, "square")
 
 
 def alie_z(sites: int, attackers: int) -> float:
@@ -374,7 +381,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
                 self.table.frame[name] = 1.0 - self.table.frame[name]
 
     flipping: list[int] = []  # label_flip_late: the round it began inverting its labels, once it has
-    if role in ("backdoor", "backdoor_boosted", "backdoor_tuned", "backdoor_glyph", "label_flip_late"):
+    if role.startswith("backdoor") or role == "label_flip_late":
         original_rebuild = trainer_module.SiteTrainer._rebuild_train_loader
 
         def rebuild(trainer) -> None:
@@ -384,7 +391,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
             dataset = (
                 Inverted(trainer.train_loader.dataset)
                 if flipping
-                else Poisoned(trainer.train_loader.dataset, trainer.head_classes, TRIGGER_OF.get(role, "square"))
+                else Poisoned(trainer.train_loader.dataset, trainer.head_classes, trigger_of(role))
             )
             trainer.train_loader = make_loader(
                 dataset, trainer.config.batch_size, True, trainer.workers, trainer.config.seed
