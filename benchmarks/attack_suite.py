@@ -148,8 +148,11 @@ def client_script(role: str, exchange: Path, case: Case, rule: str) -> str:
     )
 
 
-def write_case_job(case: Case, folder: Path, cache: Path, exchange: Path, controller: dict) -> tuple[Path, list[str]]:
-    """The case's job folder, and its attacking sites."""
+def write_case_job(
+    case: Case, folder: Path, cache: Path, exchange: Path, controller: dict, honest: dict | None = None
+) -> tuple[Path, list[str]]:
+    """The case's job folder, and its attacking sites; ``honest``: site config settings over every honest site's
+    (a defence the sites run; an attacker trains as it likes)."""
     sized = site_configs(case.sites, case.seed, case.patients, case.start)
     configs = {site: {**config, "cache_dir": str(cache)} for site, config in sized.items()}
     _, persistor, backbone = start_settings(case.start)
@@ -158,6 +161,7 @@ def write_case_job(case: Case, folder: Path, cache: Path, exchange: Path, contro
     attackers = attackers_of(case, configs)
     tuned = ATTACKER_TRAINING.get(case.attack, {})  # the attacker's own rates, where the attack sets them
     configs = {site: {**config, **tuned} if site in attackers else config for site, config in configs.items()}
+    configs = {site: config if site in attackers else {**config, **(honest or {})} for site, config in configs.items()}
     if case.attack == PLACEBO:
         configs = {site: {**config, "seed": config["seed"] + PLACEBO_SEED} if site in attackers else config
                    for site, config in configs.items()}  # fmt: skip
@@ -627,6 +631,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     )
     parser.add_argument("--controller", type=json.loads, default={}, help="controller settings over the defaults")
     parser.add_argument(
+        "--honest-sites",
+        type=json.loads,
+        default={},
+        help='site config settings over every honest site\'s (a defence the sites run, e.g. {"patch_hardening": '
+        "0.5}; the attackers train as they like)",
+    )
+    parser.add_argument(
         "--start",
         choices=JOB_STARTS,
         default=SCRATCH,
@@ -710,7 +721,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             for attempt in range(1, ATTEMPTS + 1):
                 shutil.rmtree(exchange, ignore_errors=True)
                 job, attackers = write_case_job(
-                    case, args.out / "jobs" / case.name, args.out / "cache", exchange, args.controller
+                    case,
+                    args.out / "jobs" / case.name,
+                    args.out / "cache",
+                    exchange,
+                    args.controller,
+                    args.honest_sites,
                 )
                 workspace = args.out / "workspaces" / case.name
                 shutil.rmtree(workspace, ignore_errors=True)
@@ -731,6 +747,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 "job_rounds": case.rounds,  # planned ("rounds": those the job ran)
                 "start": case.start,
                 "controller": args.controller,
+                **({"honest_sites": args.honest_sites} if args.honest_sites else {}),
                 **found,
                 "seconds": round(time.perf_counter() - started, 1),
             }

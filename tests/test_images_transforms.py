@@ -102,3 +102,57 @@ def test_augmentation_is_per_image_seeded_and_keeps_shape():
     flip = ImageBatchTransform(8, imagenet_normalize=False, augmentation=_only(horizontal_flip=True, probability=0.5))
     flips = flip(_halves().expand(1000, -1, -1, -1))[:, 0, 0, 0] == 1  # a flipped image starts white
     assert 430 < int(flips.sum()) < 570
+
+
+def test_patch_hardening_draws_one_bounded_patch_a_chosen_image_and_nothing_else():
+    """Each chosen image gets one square patch inside the drawn bounds (side at most a third of the image, a grid of
+    at most 6 cells rounding it up by under half a cell each), its drawn pixels moved one way by 0.3-1.0 (saturating);
+    the share of images patched is the probability; brightened and darkened both occur."""
+    side, grey = 64, 128
+    images = torch.full((400, 1, side, side), grey, dtype=torch.uint8)
+    patched = ImageBatchTransform(
+        side, imagenet_normalize=False, augmentation=_only(probability=0.0, patch_probability=1.0)
+    )
+    out = patched(images)[:, 0]
+    signs = []
+    for image in out:
+        moved = (image - grey / 255).abs() > 1e-6
+        rows, columns = moved.any(1).nonzero().flatten(), moved.any(0).nonzero().flatten()
+        assert len(rows) and len(columns)
+        assert int(rows[-1] - rows[0]) + 1 <= side / 3 + 3 and int(columns[-1] - columns[0]) + 1 <= side / 3 + 3
+        values = image[moved].unique()
+        assert len(values) == 1  # one change for the whole patch
+        change = float(values[0]) - grey / 255
+        assert 0.3 - 1e-6 <= abs(change) <= 1.0 or float(values[0]) in (0.0, 1.0)
+        signs.append(change > 0)
+    assert 150 < sum(signs) < 250  # either way with probability 1/2
+    half = ImageBatchTransform(
+        side, imagenet_normalize=False, augmentation=_only(probability=0.0, patch_probability=0.5)
+    )
+    touched = ((half(images)[:, 0] - grey / 255).abs() > 1e-6).flatten(1).any(1)
+    assert 140 < int(touched.sum()) < 260
+    # off, it draws nothing: the papers' augmentation stream is the one it was before the hardening existed
+    plain, hardened_off = (
+        image_batch_transform(32, train=True),
+        image_batch_transform(32, train=True, augmentation=Augmentation(patch_probability=0.0)),
+    )
+    varied = torch.randint(0, 256, (6, 1, 32, 32), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    plain.reseed(3)
+    hardened_off.reseed(3)
+    for _ in range(2):  # two batches: the second starts where the first's draws left the generator
+        assert torch.equal(plain(varied), hardened_off(varied))
+
+
+def test_the_site_settings_choose_the_training_augmentation():
+    """``patch_hardening`` is the patch share of the training augmentation, beside the papers' augmentation or
+    alone; a share outside 0-1 is refused naming the field."""
+    from surgical_aggregation.core.errors import SiteConfigError
+    from surgical_aggregation.images.modality import training_augmentation
+    from surgical_aggregation.images.settings import ImageSettings
+
+    assert training_augmentation(ImageSettings()) == Augmentation()
+    assert training_augmentation(ImageSettings(patch_hardening=0.5)) == Augmentation(patch_probability=0.5)
+    alone = training_augmentation(ImageSettings(augment=False, patch_hardening=0.5))
+    assert alone.probability == 0.0 and alone.patch_probability == 0.5
+    with pytest.raises(SiteConfigError, match=r"site\.json: patch_hardening must be a share between 0 and 1, got 1.5"):
+        ImageSettings(patch_hardening=1.5).check("site.json")
