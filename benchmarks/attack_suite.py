@@ -384,6 +384,13 @@ def clean_of(results: dict[str, dict], case: dict[str, Any]) -> dict[str, Any] |
     return results.get(Case(CLEAN, case["sites"], 0, case["seed"], *_size(case)).name)
 
 
+def judged_against_alone(case: dict[str, Any]) -> bool:
+    """Whether a run is judged against its honest sites alone too: not at two sites, where no defence can leave the
+    attacker out (the server cannot tell which of two sites attacks) and the best it can do is fail closed; there the
+    clean run alone judges (holds or fails closed), and the honest site alone is one site training by itself."""
+    return case["sites"] > 2
+
+
 def alone_of(results: dict[str, dict], case: dict[str, Any]) -> dict[str, Any] | None:
     return results.get(Case(ALONE, case["sites"], case["attackers"], case["seed"], *_size(case)).name)
 
@@ -424,7 +431,7 @@ def table(results: dict[str, dict]) -> list[str]:
         if reference_run:
             said = ("runs" if result["exit_code"] == 0 else "false alarm", "")
         else:
-            said = (verdict(result, clean), verdict(result, alone))
+            said = (verdict(result, clean), verdict(result, alone) if judged_against_alone(result) else "")
         against = [
             "—" if reference_run or other is None else f"{lowest_margin(result, other):+.3f}"
             for other in (clean, alone)
@@ -534,7 +541,12 @@ def plot(results: dict[str, dict], path: Path) -> Path:
     attacks = sorted({result["attack"] for result in attacked})
     settings = sorted({(result["sites"], result["attackers"], *_size(result)) for result in attacked})
     references = (("clean run", clean_of), ("honest alone", alone_of))
-    columns = [(setting, label, find) for setting in settings for label, find in references]
+    columns = [
+        (setting, label, find)
+        for setting in settings
+        for label, find in references
+        if find is clean_of or judged_against_alone({"sites": setting[0]})
+    ]
     margins = np.full((len(attacks), len(columns)), np.nan)
     texts = [["" for _ in columns] for _ in attacks]
     short = {"holds": "H", "fails closed": "C", "breaks through": "X", "fails open": "X!", "no reference run": "?",

@@ -317,7 +317,16 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
     assert references and all(row[-2] == "runs" for row in references)  # no reference run raised an alarm
     assert all(row[-2] != "no reference run" for row in attacks)
     against_clean = [row[-2] for row in attacks]
-    against_alone = [row[-1] for row in attacks]
+    against_alone = [row[-1] for row in attacks if row[-1] != "—"]  # three or more sites
+    two_sites = [row for row in attacks if row[1].startswith("2 (")]
+    assert all(row[-1] == "—" for row in two_sites) and all(row[-1] != "—" for row in attacks if row not in two_sites)
+    two_broken = [row for row in two_sites if row[-2] == "breaks through"]
+    assert (
+        f"At two sites, where no defence can leave the attacker out, {len(two_broken)} of {len(two_sites)} break "
+        f"through and none fails closed (open): {', '.join(f'{row[0]} {row[3]}' for row in two_broken)}."
+        if not any(row[-2] == "fails closed" for row in two_sites)
+        else "fails closed"
+    ) in _readme()
     attacked = [run for run in results.values() if run["attack"] not in (*suite.REFERENCES, suite.PLACEBO)]
     assert len(attacked) == len(attacks)
 
@@ -333,7 +342,8 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
         f"by sites that know these rules, against the clean federation of the same "
         f"size: holds {against_clean.count('holds')}, fails closed {against_clean.count('fails closed')}, breaks "
         f"through {against_clean.count('breaks through')}, did not take {against_clean.count('did not take')}; "
-        f"against the honest sites training alone: holds {against_alone.count('holds')}, breaks through "
+        f"against the honest sites training alone (three or more sites): holds {against_alone.count('holds')}, "
+        f"breaks through "
         f"{against_alone.count('breaks through')}, did not take {against_alone.count('did not take')}; its "
         f"{len(references)} reference runs raised no alarm; a placebo (an honest site with another seed) moved the "
         f"honest sites by {', '.join(row[3] for row in placebos)} (the noise floor)" in _readme()
@@ -345,11 +355,18 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
     def broke(row: list[str]) -> str:  # a backdoor by its success above the honest sites alone's, else by AUROC
         run = by_setting[(row[0], row[1])]
         if row[0].startswith("backdoor"):
-            return f"{row[0]} {row[1]} success {suite.backdoor_above(run, suite.alone_of(results, run)):+.3f}"
-        return f"{row[0]} {row[1]} {row[4]}"
+            return f"{suite.backdoor_above(run, suite.alone_of(results, run)):+.3f}"
+        return row[4]
 
-    breaking = [broke(row) for row in attacks if row[-1] == "breaks through"]
-    assert f"Breaking through against the honest sites alone (open): {', '.join(breaking)}." in _readme()
+    breaking: dict[str, list[str]] = {}  # attack -> its runs' figures, in the table's order (the settings: the page)
+    for row in attacks:
+        if row[-1] == "breaks through":
+            breaking.setdefault(row[0], []).append(broke(row))
+    listed = "; ".join(
+        f"{attack}{' success' if attack.startswith('backdoor') else ''} {', '.join(figures)}"
+        for attack, figures in breaking.items()
+    )
+    assert f"Breaking through against the honest sites alone (open): {listed}." in _readme()
     # the bold summary above names as many runs and each kind of them (a kind not named here fails: name it there)
     kinds = {  # a backdoor with any trigger is a backdoor
         "backdoor": ("a backdoor", "backdoors"),
@@ -361,7 +378,10 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
     family = [kinds[kind][0] for kind in broken]
     named = [kinds[kind][family.count(kinds[kind][0]) > 1] for kind in dict.fromkeys(broken)]
     named = list(dict.fromkeys(named))
-    summary = f"except in the {len(broken)} attack runs named below ({', '.join(named)}).**"
+    summary = (
+        f"except in the {len(broken)} attack runs of three or more sites named below ({', '.join(named)}) and "
+        f"{len(two_broken)} of two sites.**"
+    )
     assert summary in _readme()
     assert (REPOSITORY / "docs" / "attack-suite" / "margins.png").is_file()
 
