@@ -1384,3 +1384,39 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
         f"the global model's success {success(f'backdoor_tuned-{large}')}, the clean model's "
         f"{success(clean_large)}; it holds"
     ) in page
+
+
+def test_patch_hardening_against_the_backdoors_is_the_pages_figures():
+    """docs/server-checks.md on patch hardening (docs/attack-suite/patch-hardening.json: runs with every honest site's
+    ``patch_hardening`` at 0.5, the attacker's off): the clean run's cost against the one without it, and each
+    backdoor's success against its hardened clean run and without the hardening, as the page gives them."""
+    suite = load_benchmark("attack_suite")
+    plain = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    hardened = json.loads((REPOSITORY / "docs" / "attack-suite" / "patch-hardening.json").read_text())
+    assert {json.dumps(run["honest_sites"]) for run in hardened.values()} == {'{"patch_hardening": 0.5}'}
+    text = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    clean, glyph = (f"{attack}-3sites-{count}attackers-seed1-400p5r-stand-in" for attack, count in
+                    (("clean", 0), ("backdoor_glyph", 1)))  # fmt: skip
+
+    def percent(value: float) -> str:
+        return f"{value:.1%}".replace("%", " %")
+
+    def aurocs(run: dict) -> str:
+        return " and ".join(f"{run['best_auroc'][site]:.3f}" for site in ("site-chexpert-1", "site-nih-1"))
+
+    assert (
+        f"the clean run lost at most {-suite.lowest_margin(hardened[clean], plain[clean]):.3f} "
+        f"(best models {aurocs(hardened[clean])} against {aurocs(plain[clean])} without it)"
+    ) in text
+    success = [suite.success_of(hardened[glyph], "backdoor_glyph", label) for label in ("best", "final")]
+    assert (
+        f"the glyph backdoor's success was {percent(success[0])} by the best model and {percent(success[1])} by the "
+        f"final one against that clean run's {percent(suite.success_of(hardened[clean], 'backdoor_glyph'))} (without "
+        f"hardening {percent(suite.success_of(plain[glyph], 'backdoor_glyph'))} and "
+        f"{percent(suite.success_of(plain[glyph], 'backdoor_glyph', 'final'))} against "
+        f"{percent(suite.success_of(plain[clean], 'backdoor_glyph'))}; the attacker's own model "
+        f"{percent(hardened[glyph]['attackers_own_backdoor_success']['site-nih-2'])} against "
+        f"{percent(plain[glyph]['attackers_own_backdoor_success']['site-nih-2'])}): it breaks through as before"
+    ) in text
+    assert suite.verdict(hardened[glyph], hardened[clean]) == "breaks through"
+    assert f"840e99f, {round(hardened[clean]['seconds'])} and {round(hardened[glyph]['seconds'])} s;" in text
