@@ -321,12 +321,18 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
     two_sites = [row for row in attacks if row[1].startswith("2 (")]
     assert all(row[-1] == "—" for row in two_sites) and all(row[-1] != "—" for row in attacks if row not in two_sites)
     two_broken = [row for row in two_sites if row[-2] == "breaks through"]
-    assert (
-        f"At two sites, where no defence can leave the attacker out, {len(two_broken)} of {len(two_sites)} break "
-        f"through and none fails closed (open): {', '.join(f'{row[0]} {row[3]}' for row in two_broken)}."
-        if not any(row[-2] == "fails closed" for row in two_sites)
-        else "fails closed"
-    ) in _readme()
+
+    def at_two_sites(start: str) -> str:  # each start's two-site runs: those breaking through, those failing closed
+        rows = [row for row in two_sites if ("from the stand-in" in row[1]) == (start == "from the stand-in")]
+        broken = [row[0] for row in rows if row[-2] == "breaks through"]
+        closed = [row[0] for row in rows if row[-2] == "fails closed"]
+        listed = [f" ({', '.join(names)})" if names else "" for names in (broken, closed)]
+        return (
+            f"{start} {len(broken)} of {len(rows)} break through{listed[0]}, {len(closed)} "
+            f"fail{'s' if len(closed) == 1 else ''} closed{listed[1]}"
+        )
+
+    assert (f"At two sites (open): {at_two_sites('from scratch')}; {at_two_sites('from the stand-in')}.") in _readme()
     attacked = [run for run in results.values() if run["attack"] not in (*suite.REFERENCES, suite.PLACEBO)]
     assert len(attacked) == len(attacks)
 
@@ -363,7 +369,7 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
         if row[-1] == "breaks through":
             breaking.setdefault(row[0], []).append(broke(row))
     listed = "; ".join(
-        f"{attack}{' success' if attack.startswith('backdoor') else ''} {', '.join(figures)}"
+        f"{attack} {', '.join(figures)}{' (success)' if attack.startswith('backdoor') else ''}"
         for attack, figures in breaking.items()
     )
     assert f"Breaking through against the honest sites alone (open): {listed}." in _readme()
@@ -1222,7 +1228,11 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     stand_in = {name: run for name, run in runs.items() if run.get("start") == "stand-in"}
-    attacks = {name: run for name, run in stand_in.items() if run["attack"] not in (*suite.REFERENCES, suite.PLACEBO)}
+    attacks = {  # three or more sites (two sites: the suite's table test)
+        name: run
+        for name, run in stand_in.items()
+        if run["attack"] not in (*suite.REFERENCES, suite.PLACEBO) and suite.judged_against_alone(run)
+    }
     assert {run["sites"] for run in attacks.values()} == {3, 4, 7}
     verdicts = {name: suite.verdict(run, suite.clean_of(runs, run)) for name, run in attacks.items()}
     assert set(verdicts.values()) == {"holds", "did not take", "breaks through"}
