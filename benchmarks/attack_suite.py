@@ -646,8 +646,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         "--honest-sites",
         type=json.loads,
         default={},
-        help='site config settings over every honest site\'s (a defence the sites run, e.g. {"patch_hardening": '
-        "0.5}; the attackers train as they like)",
+        help="site config settings over every honest site's (a defence the sites run; the attackers train as they "
+        "like); stop 91's patch hardening ran so, with the code of commit 840e99f",
     )
     parser.add_argument(
         "--start",

@@ -220,16 +220,16 @@ def test_the_glyph_backdoor_stamps_the_stand_ins_first_shape_and_is_judged_by_it
 
 
 def test_a_defence_the_honest_sites_run_reaches_them_and_not_the_attacker(tmp_path) -> None:
-    """``--honest-sites`` settings (here the patch hardening) go into every honest site's config and not the
-    attacker's, which trains as it likes; in a clean run every site is honest."""
+    """``--honest-sites`` settings (here a weight decay; stop 91 ran its patch hardening so) go into every honest
+    site's config and not the attacker's, which trains as it likes; in a clean run every site is honest."""
     from helpers import load_benchmark
 
     suite = load_benchmark("attack_suite")
-    hardening = {"patch_hardening": 0.5}
+    defence = {"weight_decay": 1e-4}
     for attack, expected_attackers in (("backdoor_glyph", ["site-nih-2"]), (suite.CLEAN, [])):
         case = suite.Case(attack, 3, 1 if attack != suite.CLEAN else 0, seed=1, start="stand-in")
         job, attackers = suite.write_case_job(
-            case, tmp_path / attack, tmp_path / "cache", tmp_path / "exchange", {}, hardening
+            case, tmp_path / attack, tmp_path / "cache", tmp_path / "exchange", {}, defence
         )
         configs = {
             path.stem: json.loads(path.read_text()) for path in job.glob("app_site-*/config/site_configs/*.json")
@@ -237,4 +237,4 @@ def test_a_defence_the_honest_sites_run_reaches_them_and_not_the_attacker(tmp_pa
         assert sorted(configs) == ["site-chexpert-1", "site-nih-1", "site-nih-2"]
         assert attackers == expected_attackers
         for site, config in configs.items():
-            assert config.get("patch_hardening", 0.0) == (0.0 if site in attackers else 0.5), (attack, site)
+            assert config["weight_decay"] == (0.0 if site in attackers else 1e-4), (attack, site)

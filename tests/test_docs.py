@@ -1397,9 +1397,9 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
 
 
 def test_patch_hardening_against_the_backdoors_is_the_pages_figures():
-    """docs/server-checks.md on patch hardening (docs/attack-suite/patch-hardening.json: runs with every honest site's
-    ``patch_hardening`` at 0.5, the attacker's off): the clean run's cost against the one without it, and each
-    backdoor's success against its hardened clean run and without the hardening, as the page gives them."""
+    """docs/server-checks.md on patch hardening, tried and withdrawn (docs/attack-suite/patch-hardening.json: runs
+    with every honest site's ``patch_hardening`` at 0.5, the attacker's off): the clean run's cost against the one
+    without it, and each backdoor's success against its hardened clean run and without the hardening."""
     suite = load_benchmark("attack_suite")
     plain = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
     hardened = json.loads((REPOSITORY / "docs" / "attack-suite" / "patch-hardening.json").read_text())
@@ -1429,4 +1429,16 @@ def test_patch_hardening_against_the_backdoors_is_the_pages_figures():
         f"{percent(plain[glyph]['attackers_own_backdoor_success']['site-nih-2'])}): it breaks through as before"
     ) in text
     assert suite.verdict(hardened[glyph], hardened[clean]) == "breaks through"
-    assert f"840e99f, {round(hardened[clean]['seconds'])} and {round(hardened[glyph]['seconds'])} s;" in text
+    assert f"840e99f, {round(hardened[clean]['seconds'])} and {round(hardened[glyph]['seconds'])} s," in text
+    square_clean, square = "clean-3sites-0attackers-seed1-400p5r", "backdoor-3sites-1attackers-seed1-400p5r"
+    assert (
+        f"From scratch the square backdoor's success was {percent(hardened[square]['best_backdoor_success'])} "
+        f"against the hardened clean run's {percent(hardened[square_clean]['best_backdoor_success'])} (without "
+        f"hardening {percent(plain[square]['best_backdoor_success'])} against "
+        f"{percent(plain[square_clean]['best_backdoor_success'])}; the attacker's own model "
+        f"{percent(hardened[square]['attackers_own_backdoor_success']['site-nih-2'])})"
+    ) in text
+    assert suite.verdict(hardened[square], hardened[square_clean]) == "breaks through"
+    assert (
+        f"commit e03487b, {round(hardened[square_clean]['seconds'])} and {round(hardened[square]['seconds'])} s;"
+    ) in text

@@ -25,19 +25,10 @@ from .layouts import check_options, load_table
 from .names import ARCHITECTURE, DENSENET121, KINDS, NETWORK_KEY, SHARED_ROWS
 from .settings import ACCEPT_NON_CHEST, ImageSettings
 from .synthetic import GENERATED, ensure_generated
-from .transforms import Augmentation, image_batch_transform
+from .transforms import image_batch_transform
 
 if TYPE_CHECKING:
     from ..data.bundle_parts import BundleParts
-
-
-def training_augmentation(settings: ImageSettings) -> Augmentation:
-    """The training images' augmentation a site's settings ask for: the papers' (``augment``) and the patch
-    hardening (``patch_hardening``), each off where the settings say."""
-    papers = Augmentation()
-    return Augmentation(
-        probability=papers.probability if settings.augment else 0.0, patch_probability=settings.patch_hardening
-    )
 
 
 @dataclass(frozen=True)
@@ -119,10 +110,9 @@ class ImageModality:
         def dataset(split: LabelTable, train: bool) -> ChestXrayDataset:
             transform = image_batch_transform(
                 settings.image_size,
-                train=train and (settings.augment or settings.patch_hardening > 0),
+                train=train and settings.augment,
                 in_channels=settings.in_channels,
                 imagenet_normalize=settings.imagenet_normalize,
-                augmentation=training_augmentation(settings),
             )
             return ChestXrayDataset(split, cache, transform, classes=kept.classes)
 

@@ -37,9 +37,6 @@ class ImageSettings:
     in_channels: int = 1
     imagenet_normalize: bool = True
     augment: bool = True
-    # the share of training images that get a random patch, their labels unchanged (transforms.Augmentation's patch
-    # hardening, against trigger backdoors; 0: off)
-    patch_hardening: float = 0.0
     cache_threads: int = 4  # threads decoding images into the preprocessing cache
     on_unreadable: str = "error"  # unreadable images: error (list them and stop) | skip (leave out, count)
     accept_non_chest: bool = False  # train on DICOMs whose Modality or BodyPartExamined is not a chest radiograph
@@ -65,8 +62,6 @@ class ImageSettings:
                 "image_size",
                 f"must be at least {MIN_IMAGE_SIZE} pixels (DenseNet121 downsamples 32x), got {self.image_size}",
             )
-        if not 0.0 <= self.patch_hardening <= 1.0:
-            raise fail("patch_hardening", f"must be a share between 0 and 1, got {self.patch_hardening}")
         if self.in_channels not in CHANNEL_COUNTS:
             raise fail("in_channels", f"must be 1 or 3, got {self.in_channels}")
         if self.network not in NETWORKS:

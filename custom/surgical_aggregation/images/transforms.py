@@ -35,14 +35,6 @@ class Augmentation:
     ``zoom`` (above 1 enlarges and crops, below 1 shrinks and repeats the border); contrast: the image
     rescaled to [0, 1] by its own minimum and maximum, raised to a gamma uniform in ``contrast_gamma`` and
     scaled back.
-
-    Patch hardening (off by default), a defence against trigger backdoors: with probability ``patch_probability`` an
-    image gets one random patch, its label unchanged, so that a small local pattern never means a finding. The patch
-    is a square of side uniform in ``patch_side`` (shares of the image's side) at a place uniform over the image, a
-    grid of g x g cells (g uniform in ``patch_grid``), each cell drawn on with probability 1/2 (at least one), the
-    drawn cells brightened or darkened (either with probability 1/2) by an amount uniform in ``patch_change``
-    (saturating at 0 and 1). A trigger like these (a white or black square, a glyph of a few cells) then meets honest
-    images that carry it without the finding.
     """
 
     rotate_degrees: float = 10.0
@@ -50,10 +42,6 @@ class Augmentation:
     zoom: tuple[float, float] = (0.9, 1.1)
     contrast_gamma: tuple[float, float] = (0.8, 1.2)
     probability: float = 0.5
-    patch_probability: float = 0.0
-    patch_side: tuple[float, float] = (1 / 16, 1 / 3)
-    patch_grid: tuple[int, int] = (1, 6)
-    patch_change: tuple[float, float] = (0.3, 1.0)
 
 
 class ImageBatchTransform:
@@ -134,35 +122,6 @@ class ImageBatchTransform:
             exponent = gamma.to(device, batch.dtype).view(-1, 1, 1, 1)
             curved = ((batch - low) / (spread + CONTRAST_EPSILON)).pow(exponent) * spread + low
             batch = torch.where(contrasted.to(device).view(-1, 1, 1, 1), curved, batch)
-        if aug.patch_probability > 0:  # no draws without it: the other augmentations' stream stays as it was
-            batch = self._patch(batch, aug)
-        return batch
-
-    def _uniform(self, low: float, high: float) -> float:
-        return low + (high - low) * float(torch.rand(1, generator=self.generator, dtype=torch.float64))
-
-    def _integer(self, low: int, high: int) -> int:
-        """Uniform in ``low``..``high``, both included."""
-        return int(torch.randint(low, high + 1, (1,), generator=self.generator))
-
-    def _patch(self, batch: torch.Tensor, aug: Augmentation) -> torch.Tensor:
-        """:class:`Augmentation`'s patch hardening: one random patch on each image chosen, labels unchanged."""
-        side = batch.shape[-1]
-        chosen = torch.rand(batch.shape[0], generator=self.generator) < aug.patch_probability
-        for index in chosen.nonzero().flatten().tolist():
-            grid = self._integer(*aug.patch_grid)
-            cell = max(1, round(self._uniform(*aug.patch_side) * side / grid))
-            size = min(cell * grid, side)
-            cells = torch.rand(grid, grid, generator=self.generator) < 0.5
-            cells.view(-1)[self._integer(0, grid * grid - 1)] = True
-            drawn = cells.repeat_interleave(cell, 0).repeat_interleave(cell, 1)[:size, :size].to(batch.device)
-            top, left = self._integer(0, side - size), self._integer(0, side - size)
-            sign = 1.0 if float(torch.rand(1, generator=self.generator)) < 0.5 else -1.0
-            change = sign * self._uniform(*aug.patch_change)
-            window = batch[index, :, top : top + size, left : left + size]
-            batch[index, :, top : top + size, left : left + size] = torch.where(
-                drawn, (window + change).clamp(0.0, 1.0), window
-            )
         return batch
 
 
