@@ -46,6 +46,8 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
   ``backdoor_glyph``    ``backdoor`` with another trigger (:func:`stamp_glyph`): the first shape the stand-in was
                         pretrained on, at the pretraining's cell size and within its brightness range, near the same
                         corner; an attacker who knows the public start picks a trigger its features already tell apart
+  ``sign_flip_quiet``   ``sign_flip``, reporting no validation figure: at two sites ``sign_flip``'s own honest
+                        validation stopped the job from the stand-in; an attacker who read that stays quiet
   ``bn_inflate``        honest weights, every BatchNorm running variance multiplied so that the statistics' update
                         is 90 % of the most the server accepts (the blind-mode attack that flattens the outputs)
 """
@@ -65,7 +67,9 @@ from scipy.stats import norm
 MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "mimic_noised", "inf", "gaussian")
 DATA_POISONING = ("label_flip", "label_flip_quiet", "label_flip_late", "backdoor", "backdoor_boosted", "bn_inflate")
 ATTACKS = MODEL_POISONING + DATA_POISONING  # the catalogue a suite runs by default
-ADAPTED = ("backdoor_tuned", "backdoor_glyph")  # beyond the catalogue: run when named
+ADAPTED = ("backdoor_tuned", "backdoor_glyph", "sign_flip_quiet")  # beyond the catalogue: run when named
+QUIET = {"label_flip_quiet": "label_flip", "sign_flip_quiet": "sign_flip"}  # attacks that report no validation: each
+# is the attack it names otherwise
 IPM_EPSILON = 0.1
 TARGET = "Pneumothorax"  # the backdoor's finding: every site of the suite labels it
 TRIGGER = 8  # the trigger's side in pixels (64 px images: 1.6 % of the image)
@@ -75,7 +79,7 @@ POISONED_SHARE = 0.5
 INSIDE = 0.9  # the share of a bound the BatchNorm attack uses
 WAIT_SECONDS = 1200  # how long an attacker waits for the honest updates of a round
 LINE_SEARCH = {"evals": 20, "start": 0.0, "delta": 10.0, "ratio": 0.8}  # ByzFL's defaults
-QUIET = ("val_", "local_val_")
+VALIDATION_PREFIXES = ("val_", "local_val_")
 
 
 def stamp(images: Any) -> Any:
@@ -234,6 +238,8 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
     from surgical_aggregation.training import trainer as trainer_module
     from surgical_aggregation.training.loops import make_loader
 
+    quiet = role in QUIET
+    role = QUIET.get(role, role)  # a quiet attack is the attack it names in all but its validation
     folder = Path(exchange)
     original_train, original_validate, original_init = (
         client.ClientSession.train,
@@ -364,19 +370,21 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
             answer.params = inflated(received, answer, round_number)
         if role == "backdoor_boosted" and answer.params:
             answer.params = boosted(received, answer, round_number)
-        if role == "label_flip_quiet":
-            answer.metrics = {name: value for name, value in answer.metrics.items() if not name.startswith(QUIET)}
+        if quiet:
+            answer.metrics = {
+                name: value for name, value in answer.metrics.items() if not name.startswith(VALIDATION_PREFIXES)
+            }
         return answer
 
     def validate(self, received):
         answer = original_validate(self, received)
-        if role == "label_flip_quiet":
+        if quiet:
             answer.metrics = {}
         return answer
 
     def init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        if role in ("label_flip", "label_flip_quiet"):
+        if role == "label_flip":
             for name in self.table.classes:
                 self.table.frame[name] = 1.0 - self.table.frame[name]
 
