@@ -385,9 +385,10 @@ def clean_of(results: dict[str, dict], case: dict[str, Any]) -> dict[str, Any] |
 
 
 def judged_against_alone(case: dict[str, Any]) -> bool:
-    """Whether a run is judged against its honest sites alone too: not at two sites, where no defence can leave the
-    attacker out (the server cannot tell which of two sites attacks) and the best it can do is fail closed; there the
-    clean run alone judges (holds or fails closed), and the honest site alone is one site training by itself."""
+    """Whether a run is judged against its honest sites alone too: not at two sites, where no rule comparing the two
+    can tell which attacks and the best the server can do where they disagree is fail closed; there the clean run
+    alone judges (holds or fails closed), the honest site alone being one site training by itself (from scratch at the
+    suite's size it beats the clean federation, so even the placebo would break through against it)."""
     return case["sites"] > 2
 
 

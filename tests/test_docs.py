@@ -1245,7 +1245,8 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     below = max(-suite.lowest_margin(run, suite.alone_of(runs, run))
                 for run in attacks.values() if run["attack"] == "mimic_noised")  # fmt: skip
     assert (
-        f"From the stand-in (one seed) {len(attacks) - len(untaken) - len(broken)} of {len(attacks)} runs hold, "
+        f"From the stand-in (one seed; three or more sites) {len(attacks) - len(untaken) - len(broken)} of "
+        f"{len(attacks)} runs hold, "
         f"{len(untaken)} backdoors did not take ({min(own):.1%} to {max(own):.1%} at the attacker), {len(broken)} with "
         f"a glyph trigger {'breaks' if len(broken) == 1 else 'break'} through."
     ).replace("%", " %").replace(" % to", " to") in " ".join(_readme().split())
@@ -1442,3 +1443,52 @@ def test_patch_hardening_against_the_backdoors_is_the_pages_figures():
     assert (
         f"commit e03487b, {round(hardened[square_clean]['seconds'])} and {round(hardened[square]['seconds'])} s;"
     ) in text
+
+
+def test_the_attack_suite_at_two_sites_is_its_record():
+    """docs/server-checks.md's two paragraphs on two sites, from scratch and from the stand-in: the catalogue's counts
+    of each verdict against the clean run, the runs' times, the honest site alone against the federation, and the
+    figures of each attack the prose names, from docs/attack-suite/results.json."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    text = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+
+    def margin(run: dict, clean: dict) -> str:  # the largest loss against the clean run, as the prose writes it
+        return f"{suite.lowest_margin(run, clean):+.3f}".replace("+", "")
+
+    for start in ("scratch", "stand-in"):
+        two = {run["attack"]: run for run in runs.values() if run["sites"] == 2 and run.get("start") == start}
+        clean, quiet = two[suite.CLEAN], two["sign_flip_quiet"]
+        verdicts = {attack: suite.verdict(run, clean) for attack, run in two.items() if attack in suite.ATTACKS}
+        assert len(verdicts) == len(suite.ATTACKS)
+        broken, closed = (list(verdicts.values()).count(word) for word in ("breaks through", "fails closed"))
+        heading = (
+            f"from scratch {broken} of the 15 attacks break through and none fails closed"
+            if start == "scratch"
+            else f"From the stand-in, at two sites, {broken} of the 15 break through and {closed} fails closed"
+        )
+        assert heading in text and (closed == 0) == (start == "scratch")
+        catalogue = [run["seconds"] for attack, run in two.items() if attack != "sign_flip_quiet"]
+        assert f"{round(min(catalogue))} to {round(max(catalogue))} s a run" in text, start
+        assert f"`--attacks sign_flip_quiet`, commit a60211a, {round(quiet['seconds'])} s)" in text
+        if start == "scratch":
+            alone = two[suite.ALONE]["best_auroc"]["site-nih"]
+            assert f"scores {alone:.3f} against the federation's {clean['best_auroc']['site-nih']:.3f}" in text
+            assert f"so even the placebo ({margin(two[suite.PLACEBO], clean)} against the clean run)" in text
+            for attack in ("sign_flip", "bn_inflate", "label_flip_late"):
+                assert f"`{attack}` ({margin(two[attack], clean)}" in text, attack
+            boosted = two["backdoor_boosted"]
+            assert (
+                f"`backdoor_boosted` ({margin(boosted, clean)}, success {boosted['best_backdoor_success']:.1%} "
+                f"against the clean model's {clean['best_backdoor_success']:.1%}"
+            ).replace("%", " %") in text
+            assert f"ends where `sign_flip` does ({margin(quiet, clean)})" in text
+            assert margin(quiet, clean) == margin(two["sign_flip"], clean)
+        else:
+            assert margin(two["label_flip"], clean) == margin(two["label_flip_quiet"], clean)
+            assert f"break through** ({margin(two['label_flip'], clean)} each" in text
+            assert (
+                f"costs site-nih {margin(quiet, clean)} ({quiet['best_auroc']['site-nih']:.3f} against "
+                f"{clean['best_auroc']['site-nih']:.3f}), exit 0"
+            ) in text
+            assert verdicts["sign_flip"] == "fails closed" and quiet["exit_code"] == 0
