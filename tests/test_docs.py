@@ -1492,3 +1492,19 @@ def test_the_attack_suite_at_two_sites_is_its_record():
                 f"{clean['best_auroc']['site-nih']:.3f}), exit 0"
             ) in text
             assert verdicts["sign_flip"] == "fails closed" and quiet["exit_code"] == 0
+    seed2 = json.loads((REPOSITORY / "docs" / "attack-suite" / "two-sites-stand-in-seed2.json").read_text())
+    second = {run["attack"]: run for run in seed2.values()}  # the stand-in's second seed, in its own record
+    clean = second.pop(suite.CLEAN)
+    assert {run["seed"] for run in second.values()} == {2} and clean["seed"] == 2
+    seconds = [run["seconds"] for run in (clean, *second.values())]
+    assert f"commit 916c557, {round(min(seconds))} to {round(max(seconds))} s a run;" in text
+    quiet = second["sign_flip_quiet"]
+    assert (
+        f"the placebo {suite.lowest_margin(second[suite.PLACEBO], clean):+.3f}, `label_flip` "
+        f"{margin(second['label_flip'], clean)}, `sign_flip` fails closed by its own validation, `sign_flip_quiet` "
+        f"{margin(quiet, clean)} ({quiet['best_auroc']['site-nih']:.3f} against "
+        f"{clean['best_auroc']['site-nih']:.3f}), exit 0."
+    ) in text
+    assert suite.verdict(second["sign_flip"], clean) == "fails closed"
+    broken = [suite.verdict(second[attack], clean) for attack in ("label_flip", "sign_flip_quiet")]
+    assert broken == ["breaks through"] * 2
