@@ -160,8 +160,7 @@ def write_case_job(
                 **controller}  # fmt: skip
     attackers = attackers_of(case, configs)
     tuned = ATTACKER_TRAINING.get(case.attack, {})  # the attacker's own rates, where the attack sets them
-    configs = {site: {**config, **tuned} if site in attackers else config for site, config in configs.items()}
-    configs = {site: config if site in attackers else {**config, **(honest or {})} for site, config in configs.items()}
+    configs = {site: {**config, **(tuned if site in attackers else honest or {})} for site, config in configs.items()}
     if case.attack == PLACEBO:
         configs = {site: {**config, "seed": config["seed"] + PLACEBO_SEED} if site in attackers else config
                    for site, config in configs.items()}  # fmt: skip
@@ -384,12 +383,12 @@ def clean_of(results: dict[str, dict], case: dict[str, Any]) -> dict[str, Any] |
     return results.get(Case(CLEAN, case["sites"], 0, case["seed"], *_size(case)).name)
 
 
-def judged_against_alone(case: dict[str, Any]) -> bool:
-    """Whether a run is judged against its honest sites alone too: not at two sites, where no rule comparing the two
-    can tell which attacks and the best the server can do where they disagree is fail closed; there the clean run
-    alone judges (holds or fails closed), the honest site alone being one site training by itself (from scratch at the
-    suite's size it beats the clean federation, so even the placebo would break through against it)."""
-    return case["sites"] > 2
+def judged_against_alone(sites: int) -> bool:
+    """Whether a run of ``sites`` sites is judged against its honest sites alone too: not at two sites, where no rule
+    comparing the two can tell which attacks and the best the server can do where they disagree is fail closed; there
+    the clean run alone judges (holds or fails closed), the honest site alone being one site training by itself (from
+    scratch at the suite's size it beats the clean federation, so even the placebo would break through against it)."""
+    return sites > 2
 
 
 def alone_of(results: dict[str, dict], case: dict[str, Any]) -> dict[str, Any] | None:
@@ -432,7 +431,7 @@ def table(results: dict[str, dict]) -> list[str]:
         if reference_run:
             said = ("runs" if result["exit_code"] == 0 else "false alarm", "")
         else:
-            said = (verdict(result, clean), verdict(result, alone) if judged_against_alone(result) else "")
+            said = (verdict(result, clean), verdict(result, alone) if judged_against_alone(result["sites"]) else "")
         against = [
             "—" if reference_run or other is None else f"{lowest_margin(result, other):+.3f}"
             for other in (clean, alone)
@@ -546,7 +545,7 @@ def plot(results: dict[str, dict], path: Path) -> Path:
         (setting, label, find)
         for setting in settings
         for label, find in references
-        if find is clean_of or judged_against_alone({"sites": setting[0]})
+        if find is clean_of or judged_against_alone(setting[0])
     ]
     margins = np.full((len(attacks), len(columns)), np.nan)
     texts = [["" for _ in columns] for _ in attacks]

@@ -1231,7 +1231,7 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     attacks = {  # three or more sites (two sites: the suite's table test)
         name: run
         for name, run in stand_in.items()
-        if run["attack"] not in (*suite.REFERENCES, suite.PLACEBO) and suite.judged_against_alone(run)
+        if run["attack"] not in (*suite.REFERENCES, suite.PLACEBO) and suite.judged_against_alone(run["sites"])
     }
     assert {run["sites"] for run in attacks.values()} == {3, 4, 7}
     verdicts = {name: suite.verdict(run, suite.clean_of(runs, run)) for name, run in attacks.items()}
