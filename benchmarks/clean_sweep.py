@@ -180,6 +180,8 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
         "row_agreement": {str(index): entry.get("row_agreement", {}) for index, entry in enumerate(rounds)},
         "shared_rows": {str(index): entry.get("shared_rows", {}) for index, entry in enumerate(rounds)},
         "row_turns": {str(index): entry.get("row_turns", {}) for index, entry in enumerate(rounds)},
+        "two_sites": {str(index): entry.get("two_sites", {}) for index, entry in enumerate(rounds)},
+        "update_sizes": {str(index): entry.get("update_sizes", {}) for index, entry in enumerate(rounds)},
         "screening": [entry.get("screening") for entry in history if entry.get("screening")],
         "published": (app / "best_FL_global_model.pt").is_file(),
     }

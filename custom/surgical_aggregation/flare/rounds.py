@@ -40,6 +40,7 @@ from ..core.checks.update import (
     consensus_cosines,
     free_riders,
     opposed_updates,
+    two_site_agreement,
     update_problems,
     update_sizes,
     weight_change,
@@ -132,6 +133,7 @@ class Round:
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
     duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
     closest_updates: float | None = None  # the smallest relative distance between two sites' backbone updates
+    two_sites: dict[str, float | int | None] = field(default_factory=dict)  # a round of two: how their updates compare
     privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # DP-SGD sites: their checked privacy report
     budget_spent: dict[str, str] = field(default_factory=dict)  # site -> why it did not train (its budget)
 
@@ -251,6 +253,14 @@ class Round:
                 self.rejected.update(opposed)
                 self.opposed_at_warmup = sorted(opposed)
                 candidates = [site for site in candidates if site not in self.rejected]
+        if len(candidates) == 2:
+            changes = {
+                site: weight_change(
+                    self.arrivals[site].contribution.state, self.arrivals[site].received, averaged, rules.head
+                )
+                for site in candidates
+            }
+            self.two_sites = two_site_agreement(changes, {site: sizes[site] for site in candidates})
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
             riders = set(free_riders({site: sizes[site] for site in candidates}))
             self.clipped = clip_factors(
@@ -457,6 +467,10 @@ class Round:
             entry["directions"] = {site: round(value, 4) for site, value in self.directions.items()}
         if self.closest_updates is not None:  # how near two sites' backbone updates came (duplicates: within 1e-3)
             entry["closest_updates"] = float(f"{self.closest_updates:.4g}")
+        if self.two_sites:  # a round of two sites: their backbone cosine, size ratios and shared rows' cosine
+            entry["two_sites"] = {
+                name: (round(value, 4) if isinstance(value, float) else value) for name, value in self.two_sites.items()
+            }
         if self.duplicates:
             entry["duplicates"] = [list(group) for group in self.duplicates]
         if self.robust_parts:  # the parts a robust rule aggregated: how many sites each
