@@ -477,6 +477,46 @@ def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path
     assert two.history[1]["aggregation"]["accepted"] == ["site-a", "site-y"]
 
 
+FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Effusion", "Atelectasis"]
+
+
+@pytest.mark.parametrize("flips_from", [0, 1])
+def test_two_sites_whose_shared_rows_point_apart_in_their_warm_up_stop_the_job(tmp_path, flips_from):
+    """Two sites sharing five findings, one sending its honest update negated (rows included): in their warm-up round
+    the rows both moved point apart (each cosine -1), the server cannot tell which site is hostile, and the job stops
+    non-zero with nothing published. A site that flips from the next round on is not judged by this rule."""
+    honest = FakeSite("site-a", FIVE_FINDINGS, [0.9, 0.5, 0.5])
+    flip = _flipped(1.0)
+    flipper = FakeSite(
+        "site-x",
+        list(reversed(FIVE_FINDINGS)),  # matched by name, not by position
+        [0.9, 0.5, 0.5],
+        lambda round_number, params: (
+            flip(round_number, params) if round_number >= flips_from else shifted(params, 0.01 * (1 + round_number))
+        ),
+    )
+    harness = Harness([honest, flipper], tmp_path, num_rounds=2, validation_guard=False)
+    if flips_from > 0:
+        harness.run()
+        assert [entry["aggregation"]["accepted"] for entry in harness.history[1:]] == [["site-a", "site-x"]] * 2
+        assert harness.history[1]["aggregation"]["two_sites"]["shared_rows_mean_cosine"] == pytest.approx(1.0)
+        return
+    with pytest.raises(RuntimeError) as stopped:
+        harness.run()
+    assert str(stopped.value).startswith(
+        "round 0: two sites made the round (['site-a', 'site-x']) and in their warm-up round their updates of the 5 "
+        "head rows both hold point apart (mean cosine -1.00): one of them reads those findings' labels the other way "
+        "round: further apart than any honest pair of the clean sweep's two-site federations: with two sites the "
+        "server cannot tell which result is hostile. Nothing is published"
+    )
+    aggregation = harness.history[1]["aggregation"]
+    assert aggregation["two_sites"]["shared_rows"] == 5
+    assert aggregation["two_sites"]["backbone_cosine"] == pytest.approx(-1.0)
+    assert len(aggregation["two_sites_apart"]) == 1
+    assert harness._federation.best is None
+    assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in (honest, flipper))
+
+
 @pytest.mark.parametrize(("setting", "rejected_in"), [(True, [0, 1]), ("first_round", [0])])
 def test_the_direction_check_judges_every_round_or_the_first_from_untrained_heads_only(tmp_path, setting, rejected_in):
     honest = [
@@ -620,7 +660,8 @@ def test_no_sample_count_buys_a_majority_of_the_aggregate(tmp_path):
     honest = FakeSite("site-a", ["Mass"], [0.9, 0.5])
     claimant = FakeSite("site-x", ["Mass"], [0.9, 0.5], _flipped(5.0))
     claimant.samples = 10**9  # declared at the handshake too, so no check can refuse it
-    harness = Harness([honest, claimant], tmp_path, num_rounds=1, weighting="samples")
+    # the weighting alone: in their warm-up round two sites whose shared rows point apart would stop this job
+    harness = Harness([honest, claimant], tmp_path, num_rounds=1, weighting="samples", reject_opposed_updates=False)
     harness.run()
     aggregation = harness.history[1]["aggregation"]
     assert aggregation["accepted"] == ["site-a", "site-x"]

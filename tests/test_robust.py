@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from surgical_aggregation.core.checks.update import STATISTICS, UpdateSizes
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.robust import (
     AGGREGATORS,
@@ -28,6 +29,8 @@ from surgical_aggregation.core.robust import (
     shared_row_agreement,
     shared_rows_against_consensus,
     trimmed_mean,
+    two_site_agreement,
+    two_sites_apart,
 )
 
 FIVE = np.array([[1.0], [2.0], [6.0], [7.0], [100.0]])
@@ -307,3 +310,42 @@ def test_only_sites_in_their_warm_up_round_with_five_or_more_opposed_shared_rows
     )
     assert opposed_at_warmup(against, judged=["h0", "h1", "h2", "x", "zero"]) == {}  # three of six: no one's consensus
     assert opposed_at_warmup(against, judged=[]) == {}
+
+
+def _sizes(statistics: float, rows: dict[str, list[float]]) -> UpdateSizes:
+    sizes = UpdateSizes(groups={STATISTICS: statistics})
+    sizes.row_changes = {name: np.array(row) for name, row in rows.items()}
+    return sizes
+
+
+def test_two_sites_whose_shared_rows_point_apart_are_named():
+    """A round of two: backbone updates (1, 2) and (-1, -1) have cosine -3 / sqrt(10); BatchNorm statistics 0.2
+    and 0.9 (4.5 times); five rows both moved point apart (each -1) and a sixth the same way (+1): mean -4/6. Only
+    the rows are judged."""
+    rows = {f"class-{index}": [1.0, 0.0] for index in range(6)}
+    flipped = {name: [-1.0, 0.0] for name in list(rows)[:5]} | {"class-5": [2.0, 0.0], "own": [0.0, 1.0]}
+    agreement = two_site_agreement(
+        {"site-a": np.array([1.0, 2.0]), "site-b": np.array([-1.0, -1.0])},
+        {"site-a": _sizes(0.2, rows), "site-b": _sizes(0.9, flipped | {"unmoved": [0.0, 0.0]})},
+    )
+    assert agreement == pytest.approx(
+        {
+            "backbone_cosine": -3 / math.sqrt(10),
+            "statistics_ratio": 4.5,
+            "shared_rows": 6,
+            "shared_rows_mean_cosine": -4 / 6,
+        }
+    )
+    assert two_sites_apart(agreement) == [
+        "in their warm-up round their updates of the 6 head rows both hold point apart (mean cosine -0.67): one of "
+        "them reads those findings' labels the other way round",
+    ]
+    # the backbone and the statistics are recorded, not judged: far apart, with rows that agree, nothing is named
+    agreeing = two_site_agreement(
+        {"site-a": np.array([1.0, 2.0]), "site-b": np.array([-1.0, -1.0])},
+        {"site-a": _sizes(0.2, rows), "site-b": _sizes(0.9, rows)},
+    )
+    assert agreeing["shared_rows_mean_cosine"] == pytest.approx(1.0) and two_sites_apart(agreeing) == []
+    four_rows = {name: [-1.0, 0.0] for name in list(rows)[:4]}  # fewer than five shared rows are not judged
+    few = two_site_agreement({"a": np.ones(2), "b": np.ones(2)}, {"a": _sizes(0.2, rows), "b": _sizes(0.2, four_rows)})
+    assert few["shared_rows"] == 4 and two_sites_apart(few) == []

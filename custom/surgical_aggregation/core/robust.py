@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .checks import server_check
-from .checks.update import WEIGHTS, consensus_cosines, row_part, update_group
+from .checks.update import STATISTICS, WEIGHTS, UpdateSizes, consensus_cosines, row_part, update_group
 from .head import NAMED_HEAD, HeadSpec, cast_like, to_numpy
 
 Aggregator = Callable[[np.ndarray, int], np.ndarray]  # (rows, f) -> the aggregate
@@ -508,6 +508,63 @@ def opposed_at_warmup(against: Mapping[str, SharedRows], judged: Collection[str]
         if site in judged and shared.rows >= MIN_SHARED_ROWS and shared.mean_cosine <= 0
     }
     return {} if 2 * len(opposed) >= len(against) else opposed
+
+
+# a round of exactly two results: the figures recorded (two_site_agreement) and judged (two_sites_apart)
+BACKBONE_COSINE, STATISTICS_RATIO, SHARED_ROWS, SHARED_ROWS_COSINE = (
+    "backbone_cosine",
+    "statistics_ratio",
+    "shared_rows",
+    "shared_rows_mean_cosine",
+)
+
+
+def two_site_agreement(changes: Mapping[str, np.ndarray], sizes: Mapping[str, UpdateSizes]) -> dict[str, Any]:
+    """How the two results of a round of two compare (``changes``: site -> its backbone update, ``sizes``: site -> its
+    :class:`UpdateSizes`): the cosine of their backbone updates, the larger over the smaller size of their
+    BatchNorm-statistics updates, and the mean cosine of the head rows both moved (each row alike) with their count.
+    None where a figure is undefined (a zero update, no BatchNorm statistics moved, no shared row)."""
+    first, second = sorted(changes)
+    agreement: dict[str, Any] = {
+        BACKBONE_COSINE: consensus_cosines({first: changes[first]}, changes[second]).get(first)
+    }
+    pair = sorted(sizes[site].groups.get(STATISTICS, 0.0) for site in (first, second))
+    agreement[STATISTICS_RATIO] = pair[1] / pair[0] if pair[0] > 0 else None
+    rows = [
+        (sizes[first].row_changes[name], sizes[second].row_changes[name])
+        for name in sorted(set(sizes[first].row_changes) & set(sizes[second].row_changes))
+        if np.any(sizes[first].row_changes[name]) and np.any(sizes[second].row_changes[name])
+    ]
+    cosines = [consensus_cosines({"row": own}, other).get("row", 0.0) for own, other in rows]
+    agreement[SHARED_ROWS] = len(cosines)
+    agreement[SHARED_ROWS_COSINE] = float(np.mean(cosines)) if cosines else None
+    return agreement
+
+
+@server_check(
+    "update",
+    "with `reject_opposed_updates` and exactly two results left (a federation of two, or a round that rejected the "
+    "rest), in the job's first round from untrained heads, when the head rows both sites moved "
+    f"({MIN_SHARED_ROWS} or more) point apart (a mean cosine of 0 or below, each row alike: one of them read the same "
+    "findings' labels the other way round, or negated its update), the job stops (non-zero, nothing published, the "
+    "last good model on disk): with two sites the server cannot tell which is hostile. Later rounds and the backbone "
+    "are not judged (honest pairs' rows pull apart later, and their backbone updates are nearly orthogonal)",
+    "in their warm-up round their updates of the 7 head rows both hold point apart (mean cosine -0.98): one of them "
+    "reads those findings' labels the other way round",
+)
+def two_sites_apart(agreement: Mapping[str, Any]) -> list[str]:
+    """Why the two results of the first round from untrained heads, in a round of two (``agreement``:
+    :func:`two_site_agreement`), point apart; empty when they do not. Set on the clean sweep's two-site federations
+    (seeds 300-325, from scratch and from the stand-in; ``docs/server-checks.md``): in that round honest pairs with
+    five or more shared rows read 0.98 or more; later they fell to 0.03 and below, and their backbone updates' cosine
+    was 0.02 to 0.13 in that round and -0.005 to 0.016 later, so neither is judged."""
+    rows, cosine = agreement.get(SHARED_ROWS, 0), agreement.get(SHARED_ROWS_COSINE)
+    if rows >= MIN_SHARED_ROWS and cosine is not None and cosine <= 0:
+        return [
+            f"in their warm-up round their updates of the {rows} head rows both hold point apart (mean cosine "
+            f"{cosine:.2f}): one of them reads those findings' labels the other way round"
+        ]
+    return []
 
 
 class SharedRows(NamedTuple):

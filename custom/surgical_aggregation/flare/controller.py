@@ -198,6 +198,7 @@ class SurgicalAggregatorShareable(ServerModels):
                 site: gathered.metrics[site] for site in aggregated.accepted if site in gathered.metrics
             },
             trained=sorted(set(gathered.arrivals) | set(gathered.rejected)),
+            two_sites_apart=list(gathered.two_sites_apart),
         )
 
     def _candidate(self, round_number: int, leave_out: frozenset[str] = frozenset()) -> SavedVersion | None:

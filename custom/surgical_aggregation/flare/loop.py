@@ -44,6 +44,12 @@ EXCLUDED = (
 FIRST = "the round's candidate"  # the key of a round's first candidate (leave-one-out ones: "without <site>")
 
 
+TWO_SITES_APART = (
+    "further apart than any honest pair of the clean sweep's two-site federations: with two sites the server cannot "
+    "tell which result is hostile"
+)
+
+
 class FederationCannotProceed(RuntimeError):
     """Why a job stops early (too few sites at the handshake, no progress, an unusable model, a saved federation
     that cannot be continued, a full disk, sites whose validation the server cannot reconcile)."""
@@ -59,6 +65,7 @@ class RoundResults:
     outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)  # site -> how its result fared (told later)
     received_validation: dict[str, dict[str, float]] = field(default_factory=dict)  # of the model they trained from
     trained: list[str] = field(default_factory=list)  # every site that sent a trained result, valid or rejected
+    two_sites_apart: list[str] = field(default_factory=list)  # a round of two further apart than honest pairs
 
 
 class FederationLoop(SiteTasks):
@@ -156,6 +163,9 @@ class FederationLoop(SiteTasks):
             decision, chosen = None, None
             entry = history_entry(federation.history, round_number)
             entry["aggregation"] = {**results.record, "trained_from": federation.latest.round}
+            if results.two_sites_apart:
+                self._checkpoint()
+                raise FederationCannotProceed(self._apart_message(round_number, results))
             if len(results.accepted) >= self.min_clients:
                 decision, chosen = self._screened(round_number, results)
             if chosen is not None:
@@ -380,6 +390,15 @@ class FederationLoop(SiteTasks):
             f"the global model {model_label(round_number)} harms a site{left}: {harmed}. {decision.why[:1].upper()}"
             f"{decision.why[1:]}. Nothing is published; the last good global model stays on disk. Compare the sites' "
             "logs and data; write-job --leave-out names a site the next job runs without"
+        )
+
+    @staticmethod
+    def _apart_message(round_number: int, results: RoundResults) -> str:
+        apart = "; ".join(results.two_sites_apart)
+        return (
+            f"round {round_number}: two sites made the round ({results.accepted}) and {apart}: {TWO_SITES_APART}. "
+            "Nothing is published; the last good global model stays on disk. Compare the sites' logs and data; "
+            "write-job --leave-out names a site the next job runs without"
         )
 
     def _judge(self, version: SavedVersion, figures: dict[str, dict[str, float]], judges: Sequence[str]) -> None:

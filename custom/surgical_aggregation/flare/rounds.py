@@ -40,7 +40,6 @@ from ..core.checks.update import (
     consensus_cosines,
     free_riders,
     opposed_updates,
-    two_site_agreement,
     update_problems,
     update_sizes,
     weight_change,
@@ -57,6 +56,8 @@ from ..core.robust import (
     opposed_at_warmup,
     robust_state,
     shared_rows_against_consensus,
+    two_site_agreement,
+    two_sites_apart,
 )
 from ..core.robust_lr import voted_state
 from ..training.privacy import UNITS as PRIVACY_UNITS
@@ -133,7 +134,8 @@ class Round:
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
     duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
     closest_updates: float | None = None  # the smallest relative distance between two sites' backbone updates
-    two_sites: dict[str, float | int | None] = field(default_factory=dict)  # a round of two: how their updates compare
+    two_sites: dict[str, Any] = field(default_factory=dict)  # a round of two: how their updates compare
+    two_sites_apart: list[str] = field(default_factory=list)  # why the two are further apart than honest pairs come
     privacy: dict[str, dict[str, Any]] = field(default_factory=dict)  # DP-SGD sites: their checked privacy report
     budget_spent: dict[str, str] = field(default_factory=dict)  # site -> why it did not train (its budget)
 
@@ -261,6 +263,8 @@ class Round:
                 for site in candidates
             }
             self.two_sites = two_site_agreement(changes, {site: sizes[site] for site in candidates})
+            if rules.reject_opposed_updates and warmup_round:  # the loop stops the job on it
+                self.two_sites_apart = two_sites_apart(self.two_sites)
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
             riders = set(free_riders({site: sizes[site] for site in candidates}))
             self.clipped = clip_factors(
@@ -471,6 +475,8 @@ class Round:
             entry["two_sites"] = {
                 name: (round(value, 4) if isinstance(value, float) else value) for name, value in self.two_sites.items()
             }
+        if self.two_sites_apart:  # the loop stops the job: two sites, and the server cannot tell which
+            entry["two_sites_apart"] = list(self.two_sites_apart)
         if self.duplicates:
             entry["duplicates"] = [list(group) for group in self.duplicates]
         if self.robust_parts:  # the parts a robust rule aggregated: how many sites each

@@ -282,26 +282,6 @@ def consensus_cosines(changes: Mapping[str, np.ndarray], consensus: np.ndarray) 
     return cosines
 
 
-def two_site_agreement(
-    changes: Mapping[str, np.ndarray], sizes: Mapping[str, UpdateSizes]
-) -> dict[str, float | int | None]:
-    """How two sites' updates of one round compare (a round of exactly two): the cosine of their backbone updates, the
-    larger over the smaller size of each part (the backbone weights, the BatchNorm statistics), and the mean cosine of
-    the head rows both moved (with their count). None where a figure is undefined (a zero update, no shared row)."""
-    first, second = sorted(changes)
-    cosine = consensus_cosines({first: changes[first]}, changes[second]).get(first)
-    agreement: dict[str, float | int | None] = {"backbone_cosine": cosine}
-    for part in (WEIGHTS, STATISTICS):
-        pair = sorted(sizes[site].groups.get(part, 0.0) for site in (first, second))
-        agreement[f"{part} ratio"] = pair[1] / pair[0] if pair[0] > 0 else None
-    shared = sorted(set(sizes[first].row_changes) & set(sizes[second].row_changes))
-    rows = {name: (sizes[first].row_changes[name], sizes[second].row_changes[name]) for name in shared}
-    row_cosines = [cosine for name, (a, b) in rows.items() for cosine in consensus_cosines({name: a}, b).values()]
-    agreement["shared_rows"] = len(row_cosines)
-    agreement["shared_rows_mean_cosine"] = float(np.mean(row_cosines)) if row_cosines else None
-    return agreement
-
-
 MIN_SITES_TO_CLIP = 3  # the round's median of a part's updates lies between honest values with 3 or more sites
 
 
