@@ -48,6 +48,8 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
                         corner; an attacker who knows the public start picks a trigger its features already tell apart
   ``sign_flip_quiet``   ``sign_flip``, reporting no validation figure: at two sites ``sign_flip``'s own honest
                         validation stopped the job from the stand-in; an attacker who read that stays quiet
+  ``sign_flip_late``    ``sign_flip_quiet``, honest in its first (warm-up) round: an attacker who read that two sites
+                        whose shared head rows point apart in that round stop the job
   ``bn_inflate``        honest weights, every BatchNorm running variance multiplied so that the statistics' update
                         is 90 % of the most the server accepts (the blind-mode attack that flattens the outputs)
 """
@@ -67,9 +69,11 @@ from scipy.stats import norm
 MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "mimic_noised", "inf", "gaussian")
 DATA_POISONING = ("label_flip", "label_flip_quiet", "label_flip_late", "backdoor", "backdoor_boosted", "bn_inflate")
 ATTACKS = MODEL_POISONING + DATA_POISONING  # the catalogue a suite runs by default
-ADAPTED = ("backdoor_tuned", "backdoor_glyph", "sign_flip_quiet")  # beyond the catalogue: run when named
-QUIET = {"label_flip_quiet": "label_flip", "sign_flip_quiet": "sign_flip"}  # attacks that report no validation: each
-# is the attack it names otherwise
+# beyond the catalogue: run when named
+ADAPTED = ("backdoor_tuned", "backdoor_glyph", "sign_flip_quiet", "sign_flip_late")
+# attacks that report no validation: each is the attack it names otherwise
+QUIET = {"label_flip_quiet": "label_flip", "sign_flip_quiet": "sign_flip", "sign_flip_late": "sign_flip"}
+LATE = ("sign_flip_late",)  # model poisoning honest in round 0 (the warm-up round), then the attack it names
 IPM_EPSILON = 0.1
 TARGET = "Pneumothorax"  # the backdoor's finding: every site of the suite labels it
 TRIGGER = 8  # the trigger's side in pixels (64 px images: 1.6 % of the image)
@@ -238,7 +242,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
     from surgical_aggregation.training import trainer as trainer_module
     from surgical_aggregation.training.loops import make_loader
 
-    quiet = role in QUIET
+    quiet, late = role in QUIET, role in LATE
     role = QUIET.get(role, role)  # a quiet attack is the attack it names in all but its validation
     folder = Path(exchange)
     original_train, original_validate, original_init = (
@@ -364,7 +368,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
                 update = exchange_update(received.params, answer.params, classes)
                 _atomic_save(folder / f"round-{round_number:03d}" / f"{self.site}.npz", update)
             return answer
-        if role in MODEL_POISONING and answer.params:
+        if role in MODEL_POISONING and answer.params and not (late and round_number == 0):
             answer.params = poisoned(self, received, answer, round_number)
         if role == "bn_inflate" and answer.params:
             answer.params = inflated(received, answer, round_number)
