@@ -7,6 +7,8 @@ alter what they send (``benchmarks/hostile_site.py``'s test doubles), held to wh
   the honest sites' mean update), for the rest of the job;
 * the default job's two sites, ``site-chexpert`` raising its rows' biases: the honest site's validation finds the
   model harmful and, with two sites, the job stops.
+* the default job's two sites, ``site-chexpert`` negating its head rows' updates: in their warm-up round the rows both
+  sites hold point apart, and with two sites the job stops.
 
 Its own module, so that its jobs are made beside ``test_defences_e2e``'s. Removing the defence makes its test fail
 (the closing note of issue 48 shows each).
@@ -50,7 +52,10 @@ def three_sites(tmp_path_factory):
 def two_sites(tmp_path_factory):
     def build(root: Path) -> tuple[int, str, Path]:
         cache = root / "cache"
-        recipe = tiny_recipe(nih_chexpert_recipe, cache, rounds=ROUNDS, controller={"min_clients": 1})
+        # the validation guard alone: its raised biases also turn its rows against site-nih's in the warm-up round,
+        # which stops a two-site job before any validation (the test below)
+        controller = {"min_clients": 1, "reject_opposed_updates": False}
+        recipe = tiny_recipe(nih_chexpert_recipe, cache, rounds=ROUNDS, controller=controller)
         job = load_benchmark("hostile_site").write_job_with_hostile_sites(
             recipe, root / "job", {"site-chexpert": "poisoned_rows"}
         )
@@ -58,6 +63,20 @@ def two_sites(tmp_path_factory):
         return code, output, root / "ws"
 
     return built_once(tmp_path_factory, "defences-two-sites", build)
+
+
+@pytest.fixture(scope="module")
+def two_sites_rows_apart(tmp_path_factory):
+    def build(root: Path) -> tuple[int, str, Path]:
+        cache = root / "cache"
+        recipe = tiny_recipe(nih_chexpert_recipe, cache, rounds=1)
+        job = load_benchmark("hostile_site").write_job_with_hostile_sites(
+            recipe, root / "job", {"site-chexpert": "rows_inverted"}
+        )
+        code, output = _simulate(job, root / "ws", cache)
+        return code, output, root / "ws"
+
+    return built_once(tmp_path_factory, "defences-two-sites-rows-apart", build)
 
 
 def test_a_contribution_both_other_sites_are_better_off_without_is_left_out(three_sites):
@@ -97,3 +116,19 @@ def test_with_two_sites_a_model_harmful_to_one_of_them_stops_the_job(two_sites):
     assert "Two sites made the model: the server cannot tell which result harms the other site's data" in output
     assert not list(workspace.glob(f"site-*/simulate_job/app_site-*/{PUBLISHED_MODEL_FILE}"))
     assert not any(entry.get("validation", {}).get("best") for entry in _history(workspace))
+
+
+def test_two_sites_whose_shared_rows_point_apart_in_their_warm_up_stop_the_job(two_sites_rows_apart):
+    """``site-chexpert`` negates its head rows' updates (what training on inverted labels does to them): in the
+    warm-up round the 7 rows both sites hold point apart on average, the server cannot tell which site is hostile,
+    and the job stops non-zero after round 0, naming the case; nothing is published."""
+    code, output, workspace = two_sites_rows_apart
+    assert code != 0, output[-4000:]
+    assert (
+        "round 0: two sites made the round (['site-chexpert', 'site-nih']) and in their warm-up round their updates "
+        "of the 7 head rows both hold point apart (mean cosine -"
+    ) in output
+    assert "with two sites the server cannot tell which result is hostile. Nothing is published" in output
+    aggregation = _history(workspace)[1]["aggregation"]
+    assert aggregation["two_sites"]["shared_rows"] == 7 and aggregation["two_sites"]["shared_rows_mean_cosine"] < 0
+    assert not list(workspace.glob(f"site-*/simulate_job/app_site-*/{PUBLISHED_MODEL_FILE}"))
