@@ -541,30 +541,42 @@ def two_site_agreement(changes: Mapping[str, np.ndarray], sizes: Mapping[str, Up
     return agreement
 
 
+# two honest sites' backbone updates are nearly orthogonal (clean sweep, seeds 300-322 from scratch: cosine -0.006 to
+# 0.134); one that cancels the other (the suite's sign flipper negates the honest update: -1.00) is far below
+TWO_SITES_LEAST_COSINE = -0.1
+
+
 @server_check(
     "update",
     "with `reject_opposed_updates` and exactly two results left (a federation of two, or a round that rejected the "
-    "rest), in the job's first round from untrained heads, when the head rows both sites moved "
+    "rest), the job stops (non-zero, nothing published, the last good model on disk; with two sites the server cannot "
+    "tell which is hostile) when their backbone updates point against each other (a cosine of "
+    f'{TWO_SITES_LEAST_COSINE:g} or below; every round, or with `"first_round"` the job\'s first round from untrained '
+    "heads only), or when, in the job's first round from untrained heads, the head rows both sites moved "
     f"({MIN_SHARED_ROWS} or more) point apart (a mean cosine of 0 or below, each row alike: one of them read the same "
-    "findings' labels the other way round, or negated its update), the job stops (non-zero, nothing published, the "
-    "last good model on disk): with two sites the server cannot tell which is hostile. Later rounds and the backbone "
-    "are not judged (honest pairs' rows pull apart later, and their backbone updates are nearly orthogonal)",
+    "findings' labels the other way round, or negated its update); later rounds' rows are not judged (honest pairs' "
+    "rows pull apart)",
     "in their warm-up round their updates of the 7 head rows both hold point apart (mean cosine -0.98): one of them "
     "reads those findings' labels the other way round",
 )
-def two_sites_apart(agreement: Mapping[str, Any]) -> list[str]:
-    """Why the two results of the first round from untrained heads, in a round of two (``agreement``:
-    :func:`two_site_agreement`), point apart; empty when they do not. Set on the clean sweep's two-site federations
-    (seeds 300-325, from scratch and from the stand-in; ``docs/server-checks.md``): in that round honest pairs with
-    five or more shared rows read 0.98 or more; later they fell to 0.03 and below, and their backbone updates' cosine
-    was 0.02 to 0.13 in that round and -0.005 to 0.016 later, so neither is judged."""
-    rows, cosine = agreement.get(SHARED_ROWS, 0), agreement.get(SHARED_ROWS_COSINE)
-    if rows >= MIN_SHARED_ROWS and cosine is not None and cosine <= 0:
-        return [
+def two_sites_apart(agreement: Mapping[str, Any], judge_direction: bool, warmup_round: bool) -> list[str]:
+    """Why the two results of a round of two (``agreement``: :func:`two_site_agreement`) point apart; empty when they
+    do not. ``judge_direction``: the backbone cosine is judged this round; ``warmup_round``: the job's first round from
+    untrained heads, the only one whose shared rows are judged. Set on the clean sweep's two-site federations (seeds
+    300-322 from scratch; ``docs/server-checks.md``): in that round honest pairs with five or more shared rows read
+    0.92 or more, later down to -0.08 (and -0.22 with fewer rows); their backbone updates' cosine was -0.006 to
+    0.134."""
+    reasons = []
+    cosine = agreement.get(BACKBONE_COSINE)
+    if judge_direction and cosine is not None and cosine <= TWO_SITES_LEAST_COSINE:
+        reasons.append(f"their updates of the backbone weights point against each other (cosine {cosine:.2f})")
+    rows, rows_cosine = agreement.get(SHARED_ROWS, 0), agreement.get(SHARED_ROWS_COSINE)
+    if warmup_round and rows >= MIN_SHARED_ROWS and rows_cosine is not None and rows_cosine <= 0:
+        reasons.append(
             f"in their warm-up round their updates of the {rows} head rows both hold point apart (mean cosine "
-            f"{cosine:.2f}): one of them reads those findings' labels the other way round"
-        ]
-    return []
+            f"{rows_cosine:.2f}): one of them reads those findings' labels the other way round"
+        )
+    return reasons
 
 
 class SharedRows(NamedTuple):
