@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from monai.networks.nets import DenseNet
 
-from surgical_aggregation.core import judging
+from surgical_aggregation.core import judging, robust
 from surgical_aggregation.core.checks.model import judged_loss
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.evaluation.run_summary import union_table_lines
@@ -1508,3 +1508,59 @@ def test_the_attack_suite_at_two_sites_is_its_record():
     assert suite.verdict(second["sign_flip"], clean) == "fails closed"
     broken = [suite.verdict(second[attack], clean) for attack in ("label_flip", "sign_flip_quiet")]
     assert broken == ["breaks through"] * 2
+
+
+def _two_site_rounds(results: dict) -> list[tuple[str, int, dict]]:
+    """Every round of two of a sweep record: (federation, round, its ``two_sites`` figures)."""
+    return [
+        (name, int(index), figures)
+        for name, result in sorted(results.items())
+        for index, figures in result.get("two_sites", {}).items()
+        if figures
+    ]
+
+
+def test_the_two_site_federations_figures_are_the_sweeps():
+    """docs/server-checks.md's figures of the two-site federations from scratch, from docs/clean-sweep/results.json:
+    the backbone cosines, the BatchNorm ratio, the shared rows in the first round and later; and that no honest pair
+    reached what the two-site rules judge (``core.robust.two_sites_apart``)."""
+    results = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    rounds = _two_site_rounds(results)
+    federations = {name for name, _, _ in rounds}
+    cosines = [figures["backbone_cosine"] for _, _, figures in rounds]
+    first = [figures["backbone_cosine"] for _, index, figures in rounds if index == 0]
+    later = [figures["backbone_cosine"] for _, index, figures in rounds if index > 0]
+    ratios = {(name, index): figures["statistics_ratio"] for name, index, figures in rounds}
+    largest = max(ratios, key=ratios.get)
+    warm = {name: figures["shared_rows_mean_cosine"] for name, index, figures in rounds
+            if index == 0 and figures["shared_rows"] >= robust.MIN_SHARED_ROWS}  # fmt: skip
+    later_rows = [
+        figures["shared_rows_mean_cosine"] for _, index, figures in rounds if index > 0 and figures["shared_rows"]
+    ]
+    later_five = [figures["shared_rows_mean_cosine"] for _, index, figures in rounds
+                  if index > 0 and figures["shared_rows"] >= robust.MIN_SHARED_ROWS]  # fmt: skip
+    assert len(federations) == 8
+    assert f"eight federations, {len(rounds)} rounds of two" in page
+    assert (
+        f"Over their {len(rounds)} rounds of two: the backbone updates' cosine lay between {min(cosines):.3f} and"
+        in page
+    )
+    assert f"and {max(cosines):.3f} (the first round's the largest: {min(first):.3f} to {max(first):.3f}; later" in page
+    assert f"{min(later):.3f} to {max(later):.3f})" in page
+    seed = results[largest[0]]["federation"]
+    patients = sorted((site["patients"] for site in seed["sites"].values()), reverse=True)
+    assert (
+        f"up to {ratios[largest]:.1f} times the other's (seed {seed['seed']}: {patients[0]} and {patients[1]} patients"
+        in page
+    )
+    assert (
+        f"had a mean cosine of {min(warm.values()):.2f} to {max(warm.values()):.2f} in the first round (seeds "
+        f"{', '.join(str(results[name]['federation']['seed']) for name in sorted(warm)[:-1])} and "
+        f"{results[sorted(warm)[-1]]['federation']['seed']}) and came as low as {min(later_five):.2f} later "
+        f"({min(later_rows):.2f} over fewer rows)"
+    ) in page
+    assert f"honest pairs' updates are nearly orthogonal, {min(cosines):.3f} to {max(cosines):.3f}" in page
+    assert min(cosines) > robust.TWO_SITES_LEAST_COSINE and min(warm.values()) > 0
+    for _, index, figures in rounds:
+        assert robust.two_sites_apart(figures, judge_direction=True, warmup_round=index == 0) == []

@@ -564,7 +564,7 @@ def two_sites_apart(agreement: Mapping[str, Any], judge_direction: bool, warmup_
     do not. ``judge_direction``: the backbone cosine is judged this round; ``warmup_round``: the job's first round from
     untrained heads, the only one whose shared rows are judged. Set on the clean sweep's two-site federations (seeds
     300-322 from scratch; ``docs/server-checks.md``): in that round honest pairs with five or more shared rows read
-    0.92 or more, later down to -0.08 (and -0.22 with fewer rows); their backbone updates' cosine was -0.006 to
+    0.92 or more, later down to -0.08 (and -0.21 with fewer rows); their backbone updates' cosine was -0.006 to
     0.134."""
     reasons = []
     cosine = agreement.get(BACKBONE_COSINE)
