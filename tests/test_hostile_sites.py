@@ -490,7 +490,7 @@ def test_two_sites_whose_updates_point_apart_stop_the_job(tmp_path, flips_from):
     """Two sites sharing five findings, one sending its honest update negated (rows included): the server cannot tell
     which site is hostile, and the job stops non-zero with nothing published. In the warm-up round both its backbone
     update (cosine -1) and the rows both moved (each -1) point apart; a site that flips from the next round on is
-    stopped by its backbone alone (later rows are not judged)."""
+    stopped there by both (later rows are judged at -0.5)."""
     honest = FakeSite("site-a", FIVE_FINDINGS, [0.9, 0.5, 0.5])
     flip = _flipped(1.0)
     flipper = FakeSite(
@@ -509,7 +509,11 @@ def test_two_sites_whose_updates_point_apart_stop_the_job(tmp_path, flips_from):
         "in their warm-up round their updates of the 5 head rows both hold point apart (mean cosine -1.00): one of "
         "them reads those findings' labels the other way round"
     )
-    apart = [backbone, rows] if flips_from == 0 else [backbone]
+    later_rows = (
+        "their updates of the 5 head rows both hold point against each other (mean cosine -1.00): one of them reads "
+        "those findings' labels the other way round"
+    )
+    apart = [backbone, rows] if flips_from == 0 else [backbone, later_rows]
     assert str(stopped.value).startswith(
         f"round {flips_from}: two sites made the round (['site-a', 'site-x']) and {'; '.join(apart)}: further apart "
         "than any honest pair of the clean sweep's two-site federations: with two sites the server cannot tell which "
