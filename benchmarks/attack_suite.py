@@ -433,19 +433,26 @@ def table(results: dict[str, dict]) -> list[str]:
         else:
             said = (verdict(result, clean), verdict(result, alone) if judged_against_alone(result["sites"]) else "")
         against = [
-            "—" if reference_run or other is None else f"{lowest_margin(result, other):+.3f}"
-            for other in (clean, alone)
+            "—" if reference_run or other is None else _shown(lowest_margin(result, other), "+.3f")
+            for other in (clean, alone if judged_against_alone(result["sites"]) else None)
         ]
         stopped = (result["stopped"] or "")[:80]
+        lowest = [_shown(_lowest(result, label), ".3f") for label in ("best", "final")]
+        success = [_shown(success_of(result, result["attack"], label), ".3f") for label in ("best", "final")]
         lines.append(
             f"| {result['attack']} | {setting_of(result)} "
-            f"| {_lowest(result, 'best'):.3f}, {_lowest(result, 'final'):.3f} | {against[0]} | {against[1]} "
-            f"| {success_of(result, result['attack']):.3f}, {success_of(result, result['attack'], 'final'):.3f} "
+            f"| {', '.join(lowest)} | {against[0]} | {against[1]} "
+            f"| {', '.join(success)} "
             f"| {result['exit_code']} "
             f"| {', '.join(result['rejected']) or '—'} "
             f"| {', '.join(result['excluded']) or '—'} | {stopped or '—'} | {said[0]} | {said[1] or '—'} |"
         )
     return lines
+
+
+def _shown(value: float, spec: str) -> str:
+    """A table's figure; "—" where there is none (a run that published nothing has no AUROC)."""
+    return "—" if math.isnan(value) else format(value, spec)
 
 
 PAIRED_MARKER = "paired-seeds"

@@ -326,10 +326,10 @@ def test_the_attack_suite_table_is_the_one_its_results_give():
         rows = [row for row in two_sites if ("from the stand-in" in row[1]) == (start == "from the stand-in")]
         broken = [row[0] for row in rows if row[-2] == "breaks through"]
         closed = [row[0] for row in rows if row[-2] == "fails closed"]
-        listed = [f" ({', '.join(names)})" if names else "" for names in (broken, closed)]
+        listed = f" ({', '.join(broken)})" if broken else ""
         return (
-            f"{start} {len(broken)} of {len(rows)} break through{listed[0]}, {len(closed)} "
-            f"fail{'s' if len(closed) == 1 else ''} closed{listed[1]}"
+            f"{start} {len(broken)} of {len(rows)} break through{listed}, {len(closed)} "
+            f"fail{'s' if len(closed) == 1 else ''} closed"
         )
 
     assert (f"At two sites (open): {at_two_sites('from scratch')}; {at_two_sites('from the stand-in')}.") in _readme()
@@ -1446,53 +1446,70 @@ def test_patch_hardening_against_the_backdoors_is_the_pages_figures():
 
 
 def test_the_attack_suite_at_two_sites_is_its_record():
-    """docs/server-checks.md's two paragraphs on two sites, from scratch and from the stand-in: the catalogue's counts
-    of each verdict against the clean run, the runs' times, the honest site alone against the federation, and the
-    figures of each attack the prose names, from docs/attack-suite/results.json."""
+    """docs/server-checks.md's paragraphs on two sites, from scratch and from the stand-in: the catalogue's counts of
+    each verdict against the clean run under the two-site rules, the runs' times, the figures of each attack the prose
+    names, from docs/attack-suite/results.json; the runs under the first round's rule alone and before any two-site
+    rule, from their own records."""
     suite = load_benchmark("attack_suite")
-    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    docs = REPOSITORY / "docs" / "attack-suite"
+    runs = json.loads((docs / "results.json").read_text())
     text = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    adapted = ("sign_flip_quiet", "sign_flip_late", "sign_flip_own")
+    again = ("sign_flip_late", "sign_flip_own", "label_flip_late")  # run again under the later rules
 
     def margin(run: dict, clean: dict) -> str:  # the largest loss against the clean run, as the prose writes it
         return f"{suite.lowest_margin(run, clean):+.3f}".replace("+", "")
 
     for start in ("scratch", "stand-in"):
         two = {run["attack"]: run for run in runs.values() if run["sites"] == 2 and run.get("start") == start}
-        clean, quiet = two[suite.CLEAN], two["sign_flip_quiet"]
+        clean = two[suite.CLEAN]
         verdicts = {attack: suite.verdict(run, clean) for attack, run in two.items() if attack in suite.ATTACKS}
         assert len(verdicts) == len(suite.ATTACKS)
         broken, closed = (list(verdicts.values()).count(word) for word in ("breaks through", "fails closed"))
         heading = (
-            f"from scratch {broken} of the 15 attacks break through and none fails closed"
+            f"from scratch {broken} of the 15 attacks break through and {closed} fail closed"
             if start == "scratch"
-            else f"From the stand-in, at two sites, {broken} of the 15 break through and {closed} fails closed"
+            else f"From the stand-in, at two sites, {broken or 'none'} of the 15 breaks through and "
+            f"{closed} fail closed"
         )
-        assert heading in text and (closed == 0) == (start == "scratch")
-        catalogue = [run["seconds"] for attack, run in two.items() if attack != "sign_flip_quiet"]
-        assert f"{round(min(catalogue))} to {round(max(catalogue))} s a run" in text, start
-        assert f"`--attacks sign_flip_quiet`, commit a60211a, {round(quiet['seconds'])} s)" in text
+        assert heading in text, heading
+        assert all(suite.verdict(two[attack], clean) == "fails closed" for attack in adapted), start
+        first = [round(run["seconds"]) for attack, run in two.items() if attack not in (*again, suite.ALONE)]
+        assert f"{min(first)} to {max(first)} s a run" in text, start
         if start == "scratch":
-            alone = two[suite.ALONE]["best_auroc"]["site-nih"]
-            assert f"scores {alone:.3f} against the federation's {clean['best_auroc']['site-nih']:.3f}" in text
+            later = [round(two[attack]["seconds"]) for attack in again]
+            assert f"on commit 3fd4eb6, {min(later)} to {max(later)} s a run" in text
             assert f"so even the placebo ({margin(two[suite.PLACEBO], clean)} against the clean run)" in text
-            for attack in ("sign_flip", "bn_inflate", "label_flip_late"):
-                assert f"`{attack}` ({margin(two[attack], clean)}" in text, attack
+            assert [attack for attack, verdict in verdicts.items() if verdict == "breaks through"] == [
+                "backdoor_boosted", "bn_inflate"]  # fmt: skip
+            assert f"`bn_inflate` ({margin(two['bn_inflate'], clean)}:" in text
             boosted = two["backdoor_boosted"]
             assert (
                 f"`backdoor_boosted` ({margin(boosted, clean)}, success {boosted['best_backdoor_success']:.1%} "
                 f"against the clean model's {clean['best_backdoor_success']:.1%}"
-            ).replace("%", " %") in text
-            assert f"ends where `sign_flip` does ({margin(quiet, clean)})" in text
-            assert margin(quiet, clean) == margin(two["sign_flip"], clean)
+            ).replace("%", " %") in " ".join(text.replace("%", " %").split())
         else:
-            assert margin(two["label_flip"], clean) == margin(two["label_flip_quiet"], clean)
-            assert f"break through** ({margin(two['label_flip'], clean)} each" in text
-            assert (
-                f"costs site-nih {margin(quiet, clean)} ({quiet['best_auroc']['site-nih']:.3f} against "
-                f"{clean['best_auroc']['site-nih']:.3f}), exit 0"
-            ) in text
-            assert verdicts["sign_flip"] == "fails closed" and quiet["exit_code"] == 0
-    seed2 = json.loads((REPOSITORY / "docs" / "attack-suite" / "two-sites-stand-in-seed2.json").read_text())
+            assert f"(the placebo {suite.lowest_margin(two[suite.PLACEBO], clean):+.3f})" in text.replace(
+                "run, 0.712 alone; the placebo", "(the placebo"
+            )
+    first_round = json.loads((docs / "two-sites-first-round-rule.json").read_text())
+    scratch_clean = next(run for run in runs.values() if run["sites"] == 2 and run["attack"] == suite.CLEAN
+                         and run["start"] == "scratch")  # fmt: skip
+    for attack in ("sign_flip_late", "label_flip_late"):
+        run = next(run for run in first_round.values() if run["attack"] == attack and run["start"] == "scratch")
+        assert suite.verdict(run, scratch_clean) == "breaks through"
+        assert f"`{attack}` broke through ({margin(run, scratch_clean)})" in text or (
+            f"so did `{attack}` ({margin(run, scratch_clean)})" in text
+        ), attack
+    stop91 = json.loads((docs / "two-sites-stop91.json").read_text())
+    before = {run["attack"]: run for run in stop91.values() if run["start"] == "scratch"}
+    old_clean = before[suite.CLEAN]
+    verdicts = {attack: suite.verdict(run, old_clean) for attack, run in before.items() if attack in suite.ATTACKS}
+    assert list(verdicts.values()).count("breaks through") == 4 and "fails closed" not in verdicts.values()
+    assert "4 of the 15 broke through and none failed closed" in text
+    for attack in ("sign_flip", "bn_inflate", "backdoor_boosted", "label_flip_late", "sign_flip_quiet"):
+        assert f"`{attack}` {margin(before[attack], old_clean)}" in text, attack
+    seed2 = json.loads((docs / "two-sites-stand-in-seed2.json").read_text())
     second = {run["attack"]: run for run in seed2.values()}  # the stand-in's second seed, in its own record
     clean = second.pop(suite.CLEAN)
     assert {run["seed"] for run in second.values()} == {2} and clean["seed"] == 2
@@ -1505,9 +1522,6 @@ def test_the_attack_suite_at_two_sites_is_its_record():
         f"{margin(quiet, clean)} ({quiet['best_auroc']['site-nih']:.3f} against "
         f"{clean['best_auroc']['site-nih']:.3f}), exit 0."
     ) in text
-    assert suite.verdict(second["sign_flip"], clean) == "fails closed"
-    broken = [suite.verdict(second[attack], clean) for attack in ("label_flip", "sign_flip_quiet")]
-    assert broken == ["breaks through"] * 2
 
 
 def _two_site_rounds(results: dict) -> list[tuple[str, int, dict]]:
