@@ -50,9 +50,6 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
                         validation stopped the job from the stand-in; an attacker who read that stays quiet
   ``sign_flip_late``    ``sign_flip_quiet``, honest in its first (warm-up) round: an attacker who read that two sites
                         whose shared head rows point apart in that round stop the job
-  ``sign_flip_own``     ``sign_flip_late`` negating its own honest update, not the others': an attacker who read that
-                        two sites whose backbone updates point against each other stop the job (the others' update is
-                        what the catalogue's sign flipper negates, which no site can read)
   ``bn_inflate``        honest weights, every BatchNorm running variance multiplied so that the statistics' update
                         is 90 % of the most the server accepts (the blind-mode attack that flattens the outputs)
 """
@@ -73,16 +70,10 @@ MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "
 DATA_POISONING = ("label_flip", "label_flip_quiet", "label_flip_late", "backdoor", "backdoor_boosted", "bn_inflate")
 ATTACKS = MODEL_POISONING + DATA_POISONING  # the catalogue a suite runs by default
 # beyond the catalogue: run when named
-ADAPTED = ("backdoor_tuned", "backdoor_glyph", "sign_flip_quiet", "sign_flip_late", "sign_flip_own")
+ADAPTED = ("backdoor_tuned", "backdoor_glyph", "sign_flip_quiet", "sign_flip_late")
 # attacks that report no validation: each is the attack it names otherwise
-QUIET = {
-    "label_flip_quiet": "label_flip",
-    "sign_flip_quiet": "sign_flip",
-    "sign_flip_late": "sign_flip",
-    "sign_flip_own": "sign_flip",
-}
-LATE = ("sign_flip_late", "sign_flip_own")  # model poisoning honest in round 0 (the warm-up round), then its attack
-OWN = ("sign_flip_own",)  # model poisoning of its own update alone (it does not read the honest sites')
+QUIET = {"label_flip_quiet": "label_flip", "sign_flip_quiet": "sign_flip", "sign_flip_late": "sign_flip"}
+LATE = ("sign_flip_late",)  # model poisoning honest in round 0 (the warm-up round), then the attack it names
 IPM_EPSILON = 0.1
 TARGET = "Pneumothorax"  # the backdoor's finding: every site of the suite labels it
 TRIGGER = 8  # the trigger's side in pixels (64 px images: 1.6 % of the image)
@@ -251,7 +242,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
     from surgical_aggregation.training import trainer as trainer_module
     from surgical_aggregation.training.loops import make_loader
 
-    quiet, late, own_only = role in QUIET, role in LATE, role in OWN
+    quiet, late = role in QUIET, role in LATE
     role = QUIET.get(role, role)  # a quiet attack is the attack it names in all but its validation
     folder = Path(exchange)
     original_train, original_validate, original_init = (
@@ -295,7 +286,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
                     noise = generator.normal(0.0, 1.0, value.shape)
                     out[key] = (received_params[key].astype(np.float64) + noise).astype(value.dtype)
             return out
-        honest = [] if own_only else honest_updates(round_number, self.site)
+        honest = honest_updates(round_number, self.site)
         own = exchange_update(received_params, sent, classes)
         keys = [key for key, value in sent.items() if learned(key, value)]
         if role in ("mimic", "mimic_noised"):

@@ -589,7 +589,9 @@ def test_the_withdrawn_turned_back_rules_figures_are_the_runs():
         f"{min(honest):.0%} to {max(honest):.0%}, and it was left out from round 1: at three sites "
         f"({margins(late[3])}), at four ({margins(late[4])}) and at seven ({margins(late[7])})"
     ) in page
-    recorded = {name: run for name, run in sweep_runs.items() if _judged_row_turns(run)}
+    recorded = {  # the seeds that section read (stop 92's two-site draws, 300 on, came after it)
+        name: run for name, run in sweep_runs.items() if _judged_row_turns(run) and run["federation"]["seed"] < 300
+    }
     seeds = sorted(run["federation"]["seed"] for run in recorded.values())
     assert seeds[0] == 174 and f"On the clean sweep's seeds {seeds[0]}-{seeds[-1]}" in page
     assert not any(
@@ -1014,7 +1016,15 @@ def test_the_consortium_from_the_stand_in_is_its_record():
     ran = {run["federation"]["seed"] for run in drawn}
     missing = " and ".join(str(seed) for seed in sorted(set(range(205, 236)) - ran))
     assert f"Seeds not run: {missing} (no time was left for a rerun; 226 is one of the largest draws" in page
-    stop89 = [run["seconds"] for run in drawn if run["machine"] == "AMD EPYC, family 25 model 1, AVX2 (2 cores)"]
+    stop89 = [  # stop 92's two-site draws (seeds 300 on) ran on the same machine
+        run["seconds"]
+        for run in drawn
+        if run["machine"] == "AMD EPYC, family 25 model 1, AVX2 (2 cores)" and run["federation"]["seed"] < 300
+    ]
+    stop92 = [run["seconds"] for run in drawn if run["federation"]["seed"] >= 300]
+    stopped = json.loads((REPOSITORY / "docs" / "clean-sweep" / "two-site-rules-withdrawn.json").read_text())
+    every = [*stop92, *(run["seconds"] for run in stopped.values())]
+    assert f"commit 3fd4eb6, {min(every):.0f} to {max(every):.0f} s a federation" in page
     assert f"for a while three, {min(stop89):,.0f} to {max(stop89):,.0f} seconds a federation)" in page
     stopped = sum(run["exit_code"] != 0 for run in runs.values())
     excluding = sum(any(run["excluded"].values()) for run in runs.values())
@@ -1447,60 +1457,60 @@ def test_patch_hardening_against_the_backdoors_is_the_pages_figures():
 
 def test_the_attack_suite_at_two_sites_is_its_record():
     """docs/server-checks.md's paragraphs on two sites, from scratch and from the stand-in: the catalogue's counts of
-    each verdict against the clean run under the two-site rules, the runs' times, the figures of each attack the prose
-    names, from docs/attack-suite/results.json; the runs under the first round's rule alone and before any two-site
-    rule, from their own records."""
+    each verdict against the clean run under the two-site rule, the runs' times, the figures of each attack the prose
+    names, from docs/attack-suite/results.json; the runs under the withdrawn rules and before any two-site rule, from
+    their own records."""
     suite = load_benchmark("attack_suite")
     docs = REPOSITORY / "docs" / "attack-suite"
     runs = json.loads((docs / "results.json").read_text())
     text = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
-    adapted = ("sign_flip_quiet", "sign_flip_late", "sign_flip_own")
-    again = ("sign_flip_late", "sign_flip_own", "label_flip_late")  # run again under the later rules
 
     def margin(run: dict, clean: dict) -> str:  # the largest loss against the clean run, as the prose writes it
         return f"{suite.lowest_margin(run, clean):+.3f}".replace("+", "")
 
+    cleans = {}
     for start in ("scratch", "stand-in"):
         two = {run["attack"]: run for run in runs.values() if run["sites"] == 2 and run.get("start") == start}
-        clean = two[suite.CLEAN]
+        clean = cleans[start] = two[suite.CLEAN]
         verdicts = {attack: suite.verdict(run, clean) for attack, run in two.items() if attack in suite.ATTACKS}
         assert len(verdicts) == len(suite.ATTACKS)
         broken, closed = (list(verdicts.values()).count(word) for word in ("breaks through", "fails closed"))
         heading = (
             f"from scratch {broken} of the 15 attacks break through and {closed} fail closed"
             if start == "scratch"
-            else f"From the stand-in, at two sites, {broken or 'none'} of the 15 breaks through and "
-            f"{closed} fail closed"
+            else f"From the stand-in, at two sites, {broken or 'none'} of the 15 breaks through and {closed} fail "
+            "closed"
         )
         assert heading in text, heading
-        assert all(suite.verdict(two[attack], clean) == "fails closed" for attack in adapted), start
-        first = [round(run["seconds"]) for attack, run in two.items() if attack not in (*again, suite.ALONE)]
-        assert f"{min(first)} to {max(first)} s a run" in text, start
+        assert suite.verdict(two["sign_flip_quiet"], clean) == "fails closed"
+        late = two["sign_flip_late"]
+        seconds = [round(run["seconds"]) for attack, run in two.items() if attack != suite.ALONE]
+        assert f"{min(seconds)} to {max(seconds)} s a run" in text, start
         if start == "scratch":
-            later = [round(two[attack]["seconds"]) for attack in again]
-            assert f"on commit 3fd4eb6, {min(later)} to {max(later)} s a run" in text
             assert f"so even the placebo ({margin(two[suite.PLACEBO], clean)} against the clean run)" in text
-            assert [attack for attack, verdict in verdicts.items() if verdict == "breaks through"] == [
-                "backdoor_boosted", "bn_inflate"]  # fmt: skip
-            assert f"`bn_inflate` ({margin(two['bn_inflate'], clean)}:" in text
+            assert sorted(attack for attack, verdict in verdicts.items() if verdict == "breaks through") == [
+                "backdoor_boosted", "bn_inflate", "label_flip_late"]  # fmt: skip
+            for attack in ("bn_inflate", "label_flip_late"):
+                assert f"`{attack}` ({margin(two[attack], clean)}:" in text, attack
             boosted = two["backdoor_boosted"]
             assert (
                 f"`backdoor_boosted` ({margin(boosted, clean)}, success {boosted['best_backdoor_success']:.1%} "
                 f"against the clean model's {clean['best_backdoor_success']:.1%}"
             ).replace("%", " %") in " ".join(text.replace("%", " %").split())
+            assert suite.verdict(late, clean) == "breaks through"
+            assert f"the reader of the rule) breaks through ({margin(late, clean)})" in text
         else:
+            assert "breaks through" not in verdicts.values()
             assert f"(the placebo {suite.lowest_margin(two[suite.PLACEBO], clean):+.3f})" in text.replace(
                 "run, 0.712 alone; the placebo", "(the placebo"
             )
-    first_round = json.loads((docs / "two-sites-first-round-rule.json").read_text())
-    scratch_clean = next(run for run in runs.values() if run["sites"] == 2 and run["attack"] == suite.CLEAN
-                         and run["start"] == "scratch")  # fmt: skip
-    for attack in ("sign_flip_late", "label_flip_late"):
-        run = next(run for run in first_round.values() if run["attack"] == attack and run["start"] == "scratch")
-        assert suite.verdict(run, scratch_clean) == "breaks through"
-        assert f"`{attack}` broke through ({margin(run, scratch_clean)})" in text or (
-            f"so did `{attack}` ({margin(run, scratch_clean)})" in text
-        ), attack
+            assert suite.verdict(late, clean) == "holds" and f"`sign_flip_late` holds ({margin(late, clean)})" in text
+            assert f"`label_flip_late` ({margin(two['label_flip_late'], clean)})" in text
+    withdrawn = json.loads((docs / "two-sites-withdrawn-rules.json").read_text())
+    assert {run["attack"] for run in withdrawn.values()} == {"sign_flip_late", "label_flip_late", "sign_flip_own"}
+    assert all(suite.verdict(run, cleans[run["start"]]) == "fails closed" for run in withdrawn.values())
+    scratch_seconds = [round(run["seconds"]) for run in withdrawn.values() if run["start"] == "scratch"]
+    assert f"commit 3fd4eb6, {min(scratch_seconds)} to {max(scratch_seconds)} s a run" in text
     stop91 = json.loads((docs / "two-sites-stop91.json").read_text())
     before = {run["attack"]: run for run in stop91.values() if run["start"] == "scratch"}
     old_clean = before[suite.CLEAN]
@@ -1535,12 +1545,20 @@ def _two_site_rounds(results: dict) -> list[tuple[str, int, dict]]:
 
 
 def test_the_two_site_federations_figures_are_the_sweeps():
-    """docs/server-checks.md's figures of the two-site federations from scratch, from docs/clean-sweep/results.json:
-    the backbone cosines, the BatchNorm ratio, the shared rows in the first round and later; and that no honest pair
-    reached what the two-site rules judge (``core.robust.two_sites_apart``)."""
-    results = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
+    """docs/server-checks.md's figures of the two-site federations, from scratch (docs/clean-sweep/results.json) and
+    from the stand-in (stand-in.json and the two the withdrawn rules stopped): the backbone cosines, the BatchNorm
+    ratio, the shared rows in the first round and later; and that no honest pair reached the rule kept
+    (``core.robust.two_sites_apart``)."""
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    scratch = json.loads((sweeps / "results.json").read_text())
+    stopped = json.loads((sweeps / "two-site-rules-withdrawn.json").read_text())
+    stand_in = json.loads((sweeps / "stand-in.json").read_text()) | stopped
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
-    rounds = _two_site_rounds(results)
+    rows_of = lambda rounds, first: [  # noqa: E731
+        figures["shared_rows_mean_cosine"] for _, index, figures in rounds
+        if (index == 0) == first and figures["shared_rows"] >= robust.MIN_SHARED_ROWS
+    ]  # fmt: skip
+    rounds = _two_site_rounds(scratch)
     federations = {name for name, _, _ in rounds}
     cosines = [figures["backbone_cosine"] for _, _, figures in rounds]
     first = [figures["backbone_cosine"] for _, index, figures in rounds if index == 0]
@@ -1549,20 +1567,15 @@ def test_the_two_site_federations_figures_are_the_sweeps():
     largest = max(ratios, key=ratios.get)
     warm = {name: figures["shared_rows_mean_cosine"] for name, index, figures in rounds
             if index == 0 and figures["shared_rows"] >= robust.MIN_SHARED_ROWS}  # fmt: skip
-    later_rows = [
-        figures["shared_rows_mean_cosine"] for _, index, figures in rounds if index > 0 and figures["shared_rows"]
-    ]
-    later_five = [figures["shared_rows_mean_cosine"] for _, index, figures in rounds
-                  if index > 0 and figures["shared_rows"] >= robust.MIN_SHARED_ROWS]  # fmt: skip
+    later_rows = [figures["shared_rows_mean_cosine"] for _, index, figures in rounds
+                  if index > 0 and figures["shared_rows"]]  # fmt: skip
     assert len(federations) == 8
-    assert f"eight federations, {len(rounds)} rounds of two" in page
+    assert f"(eight federations, {len(rounds)} rounds of two): the backbone updates' cosine lay between" in page
     assert (
-        f"Over their {len(rounds)} rounds of two: the backbone updates' cosine lay between {min(cosines):.3f} and"
-        in page
+        f"between {min(cosines):.3f} and {max(cosines):.3f} (the first round's the largest: {min(first):.3f} to" in page
     )
-    assert f"and {max(cosines):.3f} (the first round's the largest: {min(first):.3f} to {max(first):.3f}; later" in page
-    assert f"{min(later):.3f} to {max(later):.3f})" in page
-    seed = results[largest[0]]["federation"]
+    assert f"to {max(first):.3f}; later {min(later):.3f} to {max(later):.3f})" in page
+    seed = scratch[largest[0]]["federation"]
     patients = sorted((site["patients"] for site in seed["sites"].values()), reverse=True)
     assert (
         f"up to {ratios[largest]:.1f} times the other's (seed {seed['seed']}: {patients[0]} and {patients[1]} patients"
@@ -1570,11 +1583,25 @@ def test_the_two_site_federations_figures_are_the_sweeps():
     )
     assert (
         f"had a mean cosine of {min(warm.values()):.2f} to {max(warm.values()):.2f} in the first round (seeds "
-        f"{', '.join(str(results[name]['federation']['seed']) for name in sorted(warm)[:-1])} and "
-        f"{results[sorted(warm)[-1]]['federation']['seed']}) and came as low as {min(later_five):.2f} later "
-        f"({min(later_rows):.2f} over fewer rows)"
+        f"{', '.join(str(scratch[name]['federation']['seed']) for name in sorted(warm)[:-1])} and "
+        f"{scratch[sorted(warm)[-1]]['federation']['seed']}) and came as low as {min(rows_of(rounds, False)):.2f} "
+        f"later ({min(later_rows):.2f} over fewer rows)"
     ) in page
-    assert f"honest pairs' updates are nearly orthogonal, {min(cosines):.3f} to {max(cosines):.3f}" in page
-    assert min(cosines) > robust.TWO_SITES_LEAST_COSINE and min(warm.values()) > 0
-    for _, index, figures in rounds:
-        assert robust.two_sites_apart(figures, judge_direction=True, warmup_round=index == 0) == []
+    fine_tuned = _two_site_rounds(stand_in)
+    tuned_cosines = [figures["backbone_cosine"] for _, _, figures in fine_tuned]
+    tuned_warm = rows_of(fine_tuned, True)
+    assert len({name for name, _, _ in fine_tuned}) == 6 and len(tuned_warm) == 5
+    assert (
+        f"From the stand-in (six federations, FedBN+: the statistics stay each site's own): the backbone cosine lay "
+        f"between {min(tuned_cosines):.3f} and {max(tuned_cosines):.3f}, the first round's rows between "
+        f"{min(tuned_warm):.2f} and {max(tuned_warm):.2f} (five federations) and later rows came as low as "
+        f"{min(rows_of(fine_tuned, False)):.2f}."
+    ) in page
+    # the withdrawn rules stopped the two (and only those), after round 1; the rule kept passes every first round
+    assert sorted(stopped) == ["sweep-325", "sweep-331"] and all(run["exit_code"] == 2 for run in stopped.values())
+    backbone = stopped["sweep-325"]["two_sites"]["1"]["backbone_cosine"]
+    assert f"seed 325, a PadChest and an NIH site: backbone {backbone:.3f}" in page
+    assert f"rows {stopped['sweep-331']['two_sites']['1']['shared_rows_mean_cosine']:.2f} over 8 rows" in page
+    for _, index, figures in [*rounds, *fine_tuned]:
+        assert robust.two_sites_apart(figures) == [] or index > 0
+    assert min([*warm.values(), *tuned_warm]) > 0 and len(warm) + len(tuned_warm) == 9

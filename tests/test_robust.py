@@ -318,11 +318,10 @@ def _sizes(statistics: float, rows: dict[str, list[float]]) -> UpdateSizes:
     return sizes
 
 
-def test_two_sites_whose_updates_point_apart_are_named():
+def test_two_sites_whose_shared_rows_point_apart_are_named():
     """A round of two: backbone updates (1, 2) and (-1, -1) have cosine -3 / sqrt(10); BatchNorm statistics 0.2
-    and 0.9 (4.5 times); five rows both moved point apart (each -1) and a sixth the same way (+1): mean -4/6. The
-    backbone is judged where asked, the rows in the warm-up round at 0 and later (where asked) at -0.5, the
-    statistics never."""
+    and 0.9 (4.5 times); five rows both moved point apart (each -1) and a sixth the same way (+1): mean -4/6. Only
+    the rows are judged."""
     rows = {f"class-{index}": [1.0, 0.0] for index in range(6)}
     flipped = {name: [-1.0, 0.0] for name in list(rows)[:5]} | {"class-5": [2.0, 0.0], "own": [0.0, 1.0]}
     agreement = two_site_agreement(
@@ -337,33 +336,16 @@ def test_two_sites_whose_updates_point_apart_are_named():
             "shared_rows_mean_cosine": -4 / 6,
         }
     )
-    backbone = "their updates of the backbone weights point against each other (cosine -0.95)"
-    rows_apart = (
+    assert two_sites_apart(agreement) == [
         "in their warm-up round their updates of the 6 head rows both hold point apart (mean cosine -0.67): one of "
-        "them reads those findings' labels the other way round"
-    )
-    rows_against = (
-        "their updates of the 6 head rows both hold point against each other (mean cosine -0.67): one of them reads "
-        "those findings' labels the other way round"
-    )
-    assert two_sites_apart(agreement, judge_direction=True, warmup_round=True) == [backbone, rows_apart]
-    assert two_sites_apart(agreement, judge_direction=True, warmup_round=False) == [backbone, rows_against]
-    assert two_sites_apart(agreement, judge_direction=False, warmup_round=True) == [rows_apart]
-    assert two_sites_apart(agreement, judge_direction=False, warmup_round=False) == []
-    # after the first round rows are judged at -0.5: -0.49 passes (honest pairs pull apart), -0.5 does not
-    later = agreement | {"backbone_cosine": 0.0}
-    assert two_sites_apart(later | {"shared_rows_mean_cosine": -0.49}, judge_direction=True, warmup_round=False) == []
-    assert len(two_sites_apart(later | {"shared_rows_mean_cosine": -0.5}, True, warmup_round=False)) == 1
-    # nearly orthogonal backbone updates (cosine -0.1 is the bound; honest pairs came to -0.006) and rows that agree
-    near = two_site_agreement(
-        {"site-a": np.array([1.0, 0.0]), "site-b": np.array([-0.1, math.sqrt(0.99)])},
+        "them reads those findings' labels the other way round",
+    ]
+    # the backbone and the statistics are recorded, not judged: far apart, with rows that agree, nothing is named
+    agreeing = two_site_agreement(
+        {"site-a": np.array([1.0, 2.0]), "site-b": np.array([-1.0, -1.0])},
         {"site-a": _sizes(0.2, rows), "site-b": _sizes(0.9, rows)},
     )
-    assert near["backbone_cosine"] == pytest.approx(-0.1) and near["shared_rows_mean_cosine"] == pytest.approx(1.0)
-    assert two_sites_apart(near | {"backbone_cosine": -0.0999}, judge_direction=True, warmup_round=True) == []
-    assert two_sites_apart(near | {"backbone_cosine": -0.1}, judge_direction=True, warmup_round=True) == [
-        "their updates of the backbone weights point against each other (cosine -0.10)"
-    ]
+    assert agreeing["shared_rows_mean_cosine"] == pytest.approx(1.0) and two_sites_apart(agreeing) == []
     four_rows = {name: [-1.0, 0.0] for name in list(rows)[:4]}  # fewer than five shared rows are not judged
     few = two_site_agreement({"a": np.ones(2), "b": np.ones(2)}, {"a": _sizes(0.2, rows), "b": _sizes(0.2, four_rows)})
-    assert few["shared_rows"] == 4 and two_sites_apart(few, judge_direction=True, warmup_round=True) == []
+    assert few["shared_rows"] == 4 and two_sites_apart(few) == []

@@ -263,9 +263,8 @@ class Round:
                 for site in candidates
             }
             self.two_sites = two_site_agreement(changes, {site: sizes[site] for site in candidates})
-            if rules.reject_opposed_updates:  # the loop stops the job on it
-                every_round = rules.reject_opposed_updates is True
-                self.two_sites_apart = two_sites_apart(self.two_sites, every_round or warmup_round, warmup_round)
+            if rules.reject_opposed_updates and warmup_round:  # the loop stops the job on it
+                self.two_sites_apart = two_sites_apart(self.two_sites)
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
             riders = set(free_riders({site: sizes[site] for site in candidates}))
             self.clipped = clip_factors(
