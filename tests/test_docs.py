@@ -1509,8 +1509,17 @@ def test_the_attack_suite_at_two_sites_is_its_record():
     withdrawn = json.loads((docs / "two-sites-withdrawn-rules.json").read_text())
     assert {run["attack"] for run in withdrawn.values()} == {"sign_flip_late", "label_flip_late", "sign_flip_own"}
     assert all(suite.verdict(run, cleans[run["start"]]) == "fails closed" for run in withdrawn.values())
-    scratch_seconds = [round(run["seconds"]) for run in withdrawn.values() if run["start"] == "scratch"]
-    assert f"commit 3fd4eb6, {min(scratch_seconds)} to {max(scratch_seconds)} s a run" in text
+    for start, said in (
+        ("scratch", "commit 3fd4eb6, {} to {} s a run"),
+        ("stand-in", "from the stand-in ({} to {} s a run)"),
+    ):
+        seconds = [round(run["seconds"]) for run in withdrawn.values() if run["start"] == start]
+        assert said.format(min(seconds), max(seconds)) in text, start
+    cosines = [  # the backbone rule's figures in the stop messages of the two from the stand-in stopped in round 2
+        withdrawn[f"{attack}-2sites-1attackers-seed1-stand-in"]["stopped"].split("(cosine ")[1][:5]
+        for attack in ("sign_flip_own", "label_flip_late")
+    ]
+    assert f"after round 2 by the backbone rule ({cosines[0]}, {cosines[1]})" in text
     stop91 = json.loads((docs / "two-sites-stop91.json").read_text())
     before = {run["attack"]: run for run in stop91.values() if run["start"] == "scratch"}
     old_clean = before[suite.CLEAN]
