@@ -230,13 +230,12 @@ class Round:
                 self.rejected[site] = "; ".join(told)
                 self.rejection_details[site] = details
         candidates = [site for site in sorted(self.arrivals) if site not in self.rejected and site not in self.excluded]
+        changes = {}  # each backbone update, taken once: the direction checks and a round of two read them
+        if len(candidates) >= 2:
+            for site in candidates:
+                arrival = self.arrivals[site]
+                changes[site] = weight_change(arrival.contribution.state, arrival.received, averaged, rules.head)
         if len(candidates) >= MIN_SITES_FOR_DIRECTION:
-            changes = {
-                site: weight_change(
-                    self.arrivals[site].contribution.state, self.arrivals[site].received, averaged, rules.head
-                )
-                for site in candidates
-            }
             stacked = np.stack([changes[site] for site in candidates])
             groups, self.closest_updates = duplicates_and_closest(stacked)
             self.duplicates = [[candidates[index] for index in group] for group in groups]
@@ -255,14 +254,9 @@ class Round:
                 self.rejected.update(opposed)
                 self.opposed_at_warmup = sorted(opposed)
                 candidates = [site for site in candidates if site not in self.rejected]
-        if len(candidates) == 2:
-            changes = {
-                site: weight_change(
-                    self.arrivals[site].contribution.state, self.arrivals[site].received, averaged, rules.head
-                )
-                for site in candidates
-            }
-            self.two_sites = two_site_agreement(changes, {site: sizes[site] for site in candidates})
+        if len(candidates) == 2:  # the two left (the rest rejected above), their updates already taken
+            pair = {site: changes[site] for site in candidates}
+            self.two_sites = two_site_agreement(pair, {site: sizes[site] for site in candidates})
             if rules.reject_opposed_updates and warmup_round:  # the loop stops the job on it
                 self.two_sites_apart = two_sites_apart(self.two_sites)
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
