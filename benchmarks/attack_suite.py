@@ -296,6 +296,13 @@ def outcome(
         "row_agreement": {str(index): entry.get("row_agreement", {}) for index, entry in enumerate(rounds)},
         "shared_rows": {str(index): entry.get("shared_rows", {}) for index, entry in enumerate(rounds)},
         "row_turns": {str(index): entry.get("row_turns", {}) for index, entry in enumerate(rounds)},
+        "two_sites": {str(index): entry.get("two_sites", {}) for index, entry in enumerate(rounds)},
+        # every site's validation figures of each round's candidate (what the server's harm tests read), by round
+        "validations": {
+            str(entry["round"]): dict(entry["validation"].get("sites", {}))
+            for entry in history
+            if "validation" in entry
+        },
         # sites the job never heard from (FLARE's simulator can fail to start a site's script, "Can not find
         # client.py", when the machine is loaded): such a run is not the federation the case describes
         "absent": sorted(set(configs) - {site for entry in rounds for site in _sites_of(entry)}) if rounds else [],
