@@ -50,6 +50,10 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
                         validation stopped the job from the stand-in; an attacker who read that stays quiet
   ``sign_flip_late``    ``sign_flip_quiet``, honest in its first (warm-up) round: an attacker who read that two sites
                         whose shared head rows point apart in that round stop the job
+  ``sign_flip_inside``  ``sign_flip_late`` that cancels the other site's update and pads its own with noise
+                        orthogonal to it, so that at two sites the backbone and the shared rows each stand just inside
+                        the server's bounds on opposite updates (``core.robust.OPPOSED_BACKBONE``, ``OPPOSED_ROWS``):
+                        an attacker who read them
   ``bn_inflate``        honest weights, every BatchNorm running variance multiplied so that the statistics' update
                         is 90 % of the most the server accepts (the blind-mode attack that flattens the outputs)
 """
@@ -70,10 +74,17 @@ MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "
 DATA_POISONING = ("label_flip", "label_flip_quiet", "label_flip_late", "backdoor", "backdoor_boosted", "bn_inflate")
 ATTACKS = MODEL_POISONING + DATA_POISONING  # the catalogue a suite runs by default
 # beyond the catalogue: run when named
-ADAPTED = ("backdoor_tuned", "backdoor_glyph", "sign_flip_quiet", "sign_flip_late")
+ADAPTED = ("backdoor_tuned", "backdoor_glyph", "sign_flip_quiet", "sign_flip_late", "sign_flip_inside")
 # attacks that report no validation: each is the attack it names otherwise
-QUIET = {"label_flip_quiet": "label_flip", "sign_flip_quiet": "sign_flip", "sign_flip_late": "sign_flip"}
-LATE = ("sign_flip_late",)  # model poisoning honest in round 0 (the warm-up round), then the attack it names
+QUIET = {
+    "label_flip_quiet": "label_flip",
+    "sign_flip_quiet": "sign_flip",
+    "sign_flip_late": "sign_flip",
+    "sign_flip_inside": "sign_flip_inside",
+}
+# model poisoning honest in round 0 (the warm-up round), then the attack it names
+LATE = ("sign_flip_late", "sign_flip_inside")
+INSIDE_MARGIN = 0.05  # sign_flip_inside's cosines: this far inside the server's bounds
 IPM_EPSILON = 0.1
 TARGET = "Pneumothorax"  # the backdoor's finding: every site of the suite labels it
 TRIGGER = 8  # the trigger's side in pixels (64 px images: 1.6 % of the image)
@@ -173,12 +184,30 @@ def server_aggregate(rows: np.ndarray, rule_name: str) -> np.ndarray:
     return RobustRule.parse(rule_name)(rows)
 
 
-def attack_rows(attack: str, honest: np.ndarray, sites: int, attackers: int, rule: str, tau: float | None = None):
-    """The attack's vector from the honest rows (one per honest site); (vector, tau used)."""
+def attack_rows(
+    attack: str,
+    honest: np.ndarray,
+    sites: int,
+    attackers: int,
+    rule: str,
+    tau: float | None = None,
+    cosine: float | None = None,
+):
+    """The attack's vector from the honest rows (one per honest site); (vector, tau used). ``cosine``:
+    ``sign_flip_inside``'s cosine with the honest mean."""
     mean = honest.mean(axis=0)
     std = honest.std(axis=0, ddof=1) if honest.shape[0] > 1 else np.zeros_like(mean)
     if attack == "sign_flip":
         return -mean, None
+    if attack == "sign_flip_inside":  # -mean, plus noise orthogonal to it to the norm that makes the cosine
+        size = float(np.linalg.norm(mean))
+        noise = np.random.default_rng(honest.shape[1]).normal(size=mean.shape)
+        if size > 0:
+            noise -= (noise @ mean) / size**2 * mean
+        length = float(np.linalg.norm(noise))
+        if size == 0 or length == 0 or cosine is None:
+            return -mean, None
+        return -mean + size * math.sqrt(1 / cosine**2 - 1) / length * noise, None
     if attack == "ipm":
         return -IPM_EPSILON * mean, None
     if attack == "alie":
@@ -237,6 +266,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
     from surgical_aggregation.core.checks.update import DEFAULT_UPDATE_BOUND, STATISTICS, UPDATE_CAPS, update_group
     from surgical_aggregation.core.head import NAMED_HEAD
     from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
+    from surgical_aggregation.core.robust import OPPOSED_BACKBONE, OPPOSED_ROWS
     from surgical_aggregation.flare import client
     from surgical_aggregation.flare.protocol import META_CLASS_NAMES
     from surgical_aggregation.training import trainer as trainer_module
@@ -292,7 +322,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
         if role in ("mimic", "mimic_noised"):
             honest = honest[:1]
         rows = _flatten(honest or [own], keys)
-        vector, tau = attack_rows(role, rows, sites, attackers, rule)
+        vector, tau = attack_rows(role, rows, sites, attackers, rule, cosine=OPPOSED_BACKBONE + INSIDE_MARGIN)
         out = dict(sent)
         offset = 0
         for key in keys:
@@ -311,7 +341,9 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
                 if BUILTIN_VOCABULARY.canonical(other) == canonical
             ]
             rows = np.stack(others) if others else own[ROWS + name][None].astype(np.float64)
-            moved, _ = attack_rows(role, rows.astype(np.float64), sites, attackers, rule, tau)
+            moved, _ = attack_rows(
+                role, rows.astype(np.float64), sites, attackers, rule, tau, OPPOSED_ROWS + INSIDE_MARGIN
+            )
             weight[row] = old_weight[row] + moved[:-1]
             bias[row] = old_bias[row] + moved[-1]
         out[NAMED_HEAD.weight_key] = weight.astype(sent[NAMED_HEAD.weight_key].dtype)
@@ -368,7 +400,8 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
                 update = exchange_update(received.params, answer.params, classes)
                 _atomic_save(folder / f"round-{round_number:03d}" / f"{self.site}.npz", update)
             return answer
-        if role in MODEL_POISONING and answer.params and not (late and round_number == 0):
+        poisoning = role in MODEL_POISONING or role == "sign_flip_inside"
+        if poisoning and answer.params and not (late and round_number == 0):
             answer.params = poisoned(self, received, answer, round_number)
         if role == "bn_inflate" and answer.params:
             answer.params = inflated(received, answer, round_number)

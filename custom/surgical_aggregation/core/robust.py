@@ -541,32 +541,56 @@ def two_site_agreement(changes: Mapping[str, np.ndarray], sizes: Mapping[str, Up
     return agreement
 
 
+# after the warm-up round, a round of two stops only when the two point (nearly) opposite: honest pairs of the
+# two-site sweeps (seeds 300-331) came to a backbone cosine of -0.15 and shared rows of -0.54 at their lowest; the
+# figures were chosen with those records in view (not fitted to them: each is a round figure about three times as
+# far out) and then tested on two-site federations no rule had seen (seeds 335-366, docs/server-checks.md)
+OPPOSED_BACKBONE = -0.5
+OPPOSED_ROWS = -0.9
+
+
 @server_check(
     "update",
     "with `reject_opposed_updates` and exactly two results left (a federation of two, or a round that rejected the "
-    "rest), in the job's first round from untrained heads, when the head rows both sites moved "
-    f"({MIN_SHARED_ROWS} or more) point apart (a mean cosine of 0 or below, each row alike: one of them read the same "
-    "findings' labels the other way round, or negated its update), the job stops (non-zero, nothing published, the "
-    "last good model on disk): with two sites the server cannot tell which is hostile. Later rounds and the backbone "
-    "are not judged (honest pairs' rows pull apart later, and their backbone updates come to a cosine of -0.15)",
+    "rest), the job stops (non-zero, nothing published, the last good model on disk) when, in the job's first round "
+    f"from untrained heads, the head rows both sites moved ({MIN_SHARED_ROWS} or more) point apart (a mean cosine of "
+    "0 or below, each row alike: one of them read the same findings' labels the other way round, or negated its "
+    f"update), or, in any round, their backbone updates point opposite (a cosine of {OPPOSED_BACKBONE:g} or below) or "
+    f"those rows do (a mean cosine of {OPPOSED_ROWS:g} or below): with two sites the server cannot tell which is "
+    "hostile. Later rows are judged only so far out: honest pairs' rows pull apart later (to -0.54), and their "
+    "backbone updates come to a cosine of -0.15",
     "in their warm-up round their updates of the 7 head rows both hold point apart (mean cosine -0.98): one of them "
     "reads those findings' labels the other way round",
 )
-def two_sites_apart(agreement: Mapping[str, Any]) -> list[str]:
-    """Why the two results of the first round from untrained heads, in a round of two (``agreement``:
-    :func:`two_site_agreement`), point apart; empty when they do not. Its figures (five rows, 0) are the warm-up rows
-    rule's for three or more sites (:func:`opposed_at_warmup`); on the clean sweep's two-site federations (seeds
-    300-331, from scratch and from the stand-in; ``docs/server-checks.md``) honest pairs with five or more shared rows
-    read 0.92 to 0.99 in that round from scratch and 0.22 to 0.33 from the stand-in. Later rows and the backbone are not
-    judged: honest pairs from the stand-in reached -0.54 and -0.15 there (a rule at -0.5 and -0.1, set on the pairs
-    from scratch, stopped two of six honest federations from the stand-in and was withdrawn)."""
+def two_sites_apart(agreement: Mapping[str, Any], warmup_round: bool = True) -> list[str]:
+    """Why the two results of a round of two (``agreement``: :func:`two_site_agreement`) stand further apart than
+    honest pairs do; empty when they do not. In the first round from untrained heads (``warmup_round``), five or more
+    shared rows with a mean cosine of 0 or below (the warm-up rows rule's figures for three or more sites,
+    :func:`opposed_at_warmup`; honest pairs with five or more shared rows read 0.92 to 0.99 in that round from
+    scratch and 0.22 to 0.33 from the stand-in on the clean sweep's two-site federations). In every round, a backbone
+    cosine of :data:`OPPOSED_BACKBONE` or below, or shared rows of :data:`OPPOSED_ROWS` or below: one of the two
+    negates the other's update, or reads every shared finding the other way round. Between those bounds and the
+    honest pairs' extremes (-0.15, -0.54) an attacker who read them has room: one that cancels the other's update and
+    pads its own with noise to stay inside (the suite's ``sign_flip_inside``) is not stopped here."""
+    found = []
     rows, cosine = agreement.get(SHARED_ROWS, 0), agreement.get(SHARED_ROWS_COSINE)
-    if rows >= MIN_SHARED_ROWS and cosine is not None and cosine <= 0:
-        return [
+    backbone = agreement.get(BACKBONE_COSINE)
+    if warmup_round and rows >= MIN_SHARED_ROWS and cosine is not None and cosine <= 0:
+        found.append(
             f"in their warm-up round their updates of the {rows} head rows both hold point apart (mean cosine "
             f"{cosine:.2f}): one of them reads those findings' labels the other way round"
-        ]
-    return []
+        )
+    elif rows >= MIN_SHARED_ROWS and cosine is not None and cosine <= OPPOSED_ROWS:
+        found.append(
+            f"their updates of the {rows} head rows both hold point opposite (mean cosine {cosine:.2f}, at most "
+            f"{OPPOSED_ROWS:g}): one of them reads those findings' labels the other way round, or negates the other's"
+        )
+    if backbone is not None and backbone <= OPPOSED_BACKBONE:
+        found.append(
+            f"their backbone updates point opposite (cosine {backbone:.2f}, at most {OPPOSED_BACKBONE:g}): one of them "
+            "negates the other's update"
+        )
+    return found
 
 
 class SharedRows(NamedTuple):

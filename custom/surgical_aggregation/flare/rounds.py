@@ -257,8 +257,8 @@ class Round:
         if len(candidates) == 2:  # the two left (the rest rejected above), their updates already taken
             pair = {site: changes[site] for site in candidates}
             self.two_sites = two_site_agreement(pair, {site: sizes[site] for site in candidates})
-            if rules.reject_opposed_updates and warmup_round:  # the loop stops the job on it
-                self.two_sites_apart = two_sites_apart(self.two_sites)
+            if rules.reject_opposed_updates:  # the loop stops the job on it
+                self.two_sites_apart = two_sites_apart(self.two_sites, warmup_round)
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
             riders = set(free_riders({site: sizes[site] for site in candidates}))
             self.clipped = clip_factors(
