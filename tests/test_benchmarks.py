@@ -219,6 +219,26 @@ def test_the_glyph_backdoor_stamps_the_stand_ins_first_shape_and_is_judged_by_it
     assert suite.verdict(run, {**reference, "best_backdoor_success_by_trigger": {}}) == "no reference run"
 
 
+def test_sign_flip_inside_cancels_the_other_sites_update_just_inside_the_two_site_bounds() -> None:
+    """The reader of the two-site bounds: its update projects onto the honest one as exactly its negation (the mean
+    of the two moves nowhere along it) and stands at the bound's cosine plus the margin, honest in its warm-up round
+    and reporting no validation."""
+    import numpy as np
+
+    from surgical_aggregation.core.robust import OPPOSED_BACKBONE, OPPOSED_ROWS
+
+    from helpers import load_benchmark
+
+    site = load_benchmark("suite_site")
+    honest = np.random.default_rng(3).normal(size=(1, 40))
+    for bound in (OPPOSED_BACKBONE, OPPOSED_ROWS):
+        vector, _ = site.attack_rows("sign_flip_inside", honest, 2, 1, "mean", cosine=bound + site.INSIDE_MARGIN)
+        mean = honest[0]
+        assert vector @ mean == pytest.approx(-(mean @ mean))
+        assert vector @ mean / np.linalg.norm(vector) / np.linalg.norm(mean) == pytest.approx(bound + 0.05)
+    assert "sign_flip_inside" in site.LATE and site.QUIET["sign_flip_inside"] == "sign_flip_inside"
+
+
 def test_a_defence_the_honest_sites_run_reaches_them_and_not_the_attacker(tmp_path) -> None:
     """``--honest-sites`` settings (here a weight decay; stop 91 ran its patch hardening so) go into every honest
     site's config and not the attacker's, which trains as it likes; in a clean run every site is honest."""

@@ -473,18 +473,22 @@ def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path
 
     other = FakeSite("site-y", ["Mass"], [0.9, 0.5], _flipped(flip))
     two = Harness([honest[0], other], tmp_path / "two", num_rounds=1, reject_opposed_updates=True)
-    two.run()  # two sites: no consensus to oppose
+    with pytest.raises(RuntimeError, match="their backbone updates point opposite"):
+        two.run()  # two sites: no consensus to oppose, nothing rejected; opposite updates stop the job
     assert two.history[1]["aggregation"]["accepted"] == ["site-a", "site-y"]
+    assert not two.history[1]["aggregation"]["rejected"]
 
 
 FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Effusion", "Atelectasis"]
 
 
 @pytest.mark.parametrize("flips_from", [0, 1])
-def test_two_sites_whose_shared_rows_point_apart_in_their_warm_up_stop_the_job(tmp_path, flips_from):
-    """Two sites sharing five findings, one sending its honest update negated (rows included): in their warm-up round
-    the rows both moved point apart (each cosine -1), the server cannot tell which site is hostile, and the job stops
-    non-zero with nothing published. A site that flips from the next round on is not judged by this rule."""
+def test_two_sites_whose_updates_point_apart_stop_the_job(tmp_path, flips_from):
+    """Two sites sharing five findings, one sending the other's update negated (rows included): in their warm-up
+    round the rows both moved point apart (each cosine -1, judged against 0) and so do the backbones (-1, judged
+    against -0.5 in every round); a site that flips from the next round on is stopped there, by its rows (against -0.9
+    after the warm-up round) and its backbone. The server cannot tell which site is hostile: the job stops non-zero
+    with nothing published."""
     honest = FakeSite("site-a", FIVE_FINDINGS, [0.9, 0.5, 0.5])
     flip = _flipped(1.0)
     flipper = FakeSite(
@@ -496,24 +500,29 @@ def test_two_sites_whose_shared_rows_point_apart_in_their_warm_up_stop_the_job(t
         ),
     )
     harness = Harness([honest, flipper], tmp_path, num_rounds=2, validation_guard=False)
-    if flips_from > 0:
-        harness.run()
-        assert [entry["aggregation"]["accepted"] for entry in harness.history[1:]] == [["site-a", "site-x"]] * 2
-        assert harness.history[1]["aggregation"]["two_sites"]["shared_rows_mean_cosine"] == pytest.approx(1.0)
-        return
     with pytest.raises(RuntimeError) as stopped:
         harness.run()
-    assert str(stopped.value).startswith(
-        "round 0: two sites made the round (['site-a', 'site-x']) and in their warm-up round their updates of the 5 "
-        "head rows both hold point apart (mean cosine -1.00): one of them reads those findings' labels the other way "
-        "round: further apart than any honest pair of the clean sweep's two-site federations: with two sites the "
-        "server cannot tell which result is hostile. Nothing is published"
+    rows = (
+        "in their warm-up round their updates of the 5 head rows both hold point apart (mean cosine -1.00): one of "
+        "them reads those findings' labels the other way round"
+        if flips_from == 0
+        else "their updates of the 5 head rows both hold point opposite (mean cosine -1.00, at most -0.9): one of them "
+        "reads those findings' labels the other way round, or negates the other's"
     )
-    aggregation = harness.history[1]["aggregation"]
+    assert str(stopped.value).startswith(
+        f"round {flips_from}: two sites made the round (['site-a', 'site-x']) and {rows}; their backbone updates point "
+        "opposite (cosine -1.00, at most -0.5): one of them negates the other's update: further apart than any honest "
+        "pair of the clean sweep's two-site federations: with two sites the server cannot tell which result is "
+        "hostile. Nothing is published"
+    )
+    entries = [entry["aggregation"] for entry in harness.history[1:]]
+    assert len(entries) == flips_from + 1 and all("two_sites_apart" not in entry for entry in entries[:-1])
+    aggregation = entries[-1]
     assert aggregation["two_sites"]["shared_rows"] == 5
     assert aggregation["two_sites"]["backbone_cosine"] == pytest.approx(-1.0)
-    assert len(aggregation["two_sites_apart"]) == 1
-    assert harness._federation.best is None
+    assert len(aggregation["two_sites_apart"]) == 2
+    if flips_from:  # the honest round before it made the model, and it stays on disk
+        assert entries[0]["two_sites"]["shared_rows_mean_cosine"] == pytest.approx(1.0)
     assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in (honest, flipper))
 
 
