@@ -659,7 +659,13 @@ def test_a_part_two_of_three_sites_move_is_clipped_to_the_smaller_update_a_round
     for part, change in (("backbone.conv.weight", 0.01 / 3), ("Mass", 0.01 / 3), ("Edema", 0.0)):
         np.testing.assert_allclose(_round_zero_change(harness, sites[0], part), change, atol=1e-6, err_msg=part)
 
-    two = Harness([sites[0], FakeSite("site-y", ["Mass"], [0.9, 0.5], _flipped(3.0))], tmp_path / "two", num_rounds=1)
+    # the clipping alone: two sites whose backbone updates point opposite would stop this job
+    two = Harness(
+        [sites[0], FakeSite("site-y", ["Mass"], [0.9, 0.5], _flipped(3.0))],
+        tmp_path / "two",
+        num_rounds=1,
+        reject_opposed_updates=False,
+    )
     two.run()  # a round of two sites: nothing tells which update is typical, so nothing is clipped
     assert "clipped" not in two.history[1]["aggregation"]
     np.testing.assert_allclose(_round_zero_change(two, sites[0], "backbone.conv.weight"), -0.01, atol=1e-6)
@@ -969,7 +975,8 @@ def test_with_two_sites_a_harmful_model_stops_the_job_and_nothing_is_published(t
     """The same attack with two sites: the model is the mean of two results, and the server cannot tell which one
     harms the other site, or whose figures are false. The job stops non-zero, naming the case."""
     sites = _screened_sites("ax", attacker="x")
-    harness = Harness(sites, tmp_path, num_rounds=3, robust_aggregation="mean")
+    # the validation guard alone: the attacker's update points opposite to site-a's, which would stop the job first
+    harness = Harness(sites, tmp_path, num_rounds=3, robust_aggregation="mean", reject_opposed_updates=False)
     with pytest.raises(RuntimeError) as stopped:
         harness.run()
     harm = 200 * 57 * 0.01**2  # site-a's own model moved 0.01 on each of its 57 numbers; the mean did not move
