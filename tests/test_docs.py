@@ -1021,7 +1021,7 @@ def test_the_consortium_from_the_stand_in_is_its_record():
         for run in drawn
         if run["machine"] == "AMD EPYC, family 25 model 1, AVX2 (2 cores)" and run["federation"]["seed"] < 300
     ]
-    stop92 = [run["seconds"] for run in drawn if run["federation"]["seed"] >= 300]
+    stop92 = [run["seconds"] for run in drawn if 300 <= run["federation"]["seed"] <= 331]
     stopped = json.loads((REPOSITORY / "docs" / "clean-sweep" / "two-site-rules-withdrawn.json").read_text())
     every = [*stop92, *(run["seconds"] for run in stopped.values())]
     assert f"commit 3fd4eb6, {min(every):.0f} to {max(every):.0f} s a federation" in page
@@ -1543,14 +1543,75 @@ def test_the_attack_suite_at_two_sites_is_its_record():
     ) in text
 
 
-def _two_site_rounds(results: dict) -> list[tuple[str, int, dict]]:
-    """Every round of two of a sweep record: (federation, round, its ``two_sites`` figures)."""
+def _two_site_rounds(results: dict, seeds: range = range(300, 332)) -> list[tuple[str, int, dict]]:
+    """Every round of two of a sweep record's federations of ``seeds`` (default stop 92's, which the bounds on
+    opposite updates were chosen by): (federation, round, its ``two_sites`` figures)."""
     return [
         (name, int(index), figures)
         for name, result in sorted(results.items())
+        if result["federation"]["seed"] in seeds
         for index, figures in result.get("two_sites", {}).items()
         if figures
     ]
+
+
+def test_the_two_site_bounds_were_tested_on_federations_no_rule_had_seen():
+    """docs/server-checks.md's test of the two-site bounds (stop 93): eleven new two-site federations, their times,
+    none stopped, their figures; and that no round of any two-site federation recorded crossed the rule
+    (``core.robust.two_sites_apart``: rows against 0 in the first round, the bounds in every round)."""
+    clean_sweep = load_benchmark("clean_sweep")
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    scratch = json.loads((sweeps / "results.json").read_text())
+    stand_in = json.loads((sweeps / "stand-in.json").read_text())
+    stopped = json.loads((sweeps / "two-site-rules-withdrawn.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    new = range(332, 400)
+    tested = {
+        "stand-in": {name: run for name, run in stand_in.items() if run["federation"]["seed"] in new},
+        "scratch": {name: run for name, run in scratch.items() if run["federation"]["seed"] in new},
+    }
+    seeds = {start: [run["federation"]["seed"] for run in runs.values()] for start, runs in tested.items()}
+    assert sorted(seeds["stand-in"]) == [335, 340, 343, 356, 363, 365, 366]
+    assert sorted(seeds["scratch"]) == [335, 343, 363, 366]
+    assert f"--start stand-in --out results/r93/test-standin --seeds {' '.join(map(str, seeds['stand-in']))}`" in page
+    assert f"--out results/r93/test-scratch --seeds {' '.join(map(str, seeds['scratch']))}`" in page
+    for start, said in (("stand-in", "`, {} to {} s each"), ("scratch", "`, {} to {} s, commit 10abea0")):
+        times = [run["seconds"] for run in tested[start].values()]
+        assert said.format(f"{min(times):.0f}", f"{max(times):.0f}") in page, start
+    runs = [*tested["stand-in"].values(), *tested["scratch"].values()]
+    assert len(runs) == 11 and all(run["exit_code"] == 0 and not run["stopped"] for run in runs)
+    assert not any(any(run["excluded"].values()) or run["rejected"] for run in runs)
+    assert (
+        "None stopped, none left a site out, nothing was refused: over eleven, a false-alarm rate of at most " in page
+    )
+    assert f"at most {clean_sweep.upper_bound(0, 11):.0%}".replace("%", " %") + " a job (exact one-sided 95 %)" in page
+    every = [*_two_site_rounds(scratch, range(300, 400)), *_two_site_rounds(stand_in, range(300, 400))]
+    every += _two_site_rounds(stopped)
+    federations = {name for name, _, _ in _two_site_rounds(scratch, range(300, 400))}
+    federations |= {f"{name} (stand-in)" for name, _, _ in _two_site_rounds(stand_in, range(300, 400))}
+    federations |= {f"{name} (stand-in)" for name in stopped}
+    assert len(federations) == 25
+    assert f"at most {clean_sweep.upper_bound(0, 25):.0%}".replace("%", " %") + ", the fourteen seen included" in page
+    for _, index, figures in every:  # the rule kept, in each recorded round of an honest pair
+        assert robust.two_sites_apart(figures, warmup_round=index == 0) == []
+    tuned = [figures for _, _, figures in _two_site_rounds(stand_in, new)]
+    five = [figures["shared_rows_mean_cosine"] for figures in tuned if figures["shared_rows"] >= robust.MIN_SHARED_ROWS]
+    single = min(figures["shared_rows_mean_cosine"] for figures in tuned if figures["shared_rows"] == 1)
+    pair = min(figures["shared_rows_mean_cosine"] for figures in tuned if figures["shared_rows"] == 2)
+    backbone = [figures["backbone_cosine"] for figures in tuned]
+    assert (
+        f"from the stand-in the backbone cosine lay between {min(backbone):.3f} and {max(backbone):.3f} and rows over "
+        f"five or more (two federations) came as low as {min(five):.2f}, while a single shared row reached "
+        f"{single:.3f} (seed 356"
+    ) in page and f"and two rows {pair:.2f}" in page
+    fresh = [figures for _, _, figures in _two_site_rounds(scratch, new)]
+    backbone = [figures["backbone_cosine"] for figures in fresh]
+    rows = [figures["shared_rows_mean_cosine"] for figures in fresh if figures["shared_rows"] >= 5]
+    assert (
+        f"from scratch the backbone lay between {min(backbone):.3f} and {max(backbone):.3f} and the rows over "
+        f"fourteen no lower than {min(rows):.2f}."
+    ) in page
+    assert {figures["shared_rows"] for figures in fresh if figures["shared_rows"] >= 5} == {14}
 
 
 def test_the_two_site_federations_figures_are_the_sweeps():
