@@ -1482,30 +1482,92 @@ def test_the_attack_suite_at_two_sites_is_its_record():
             "closed"
         )
         assert heading in text, heading
-        assert suite.verdict(two["sign_flip_quiet"], clean) == "fails closed"
-        late = two["sign_flip_late"]
+        for attack in ("sign_flip_quiet", "sign_flip_late"):  # beyond the catalogue: stopped, after rounds 0 and 1
+            assert suite.verdict(two[attack], clean) == "fails closed", (start, attack)
+        assert two["sign_flip_quiet"]["stopped"].startswith("round 0: ")
+        assert two["sign_flip_late"]["stopped"].startswith("round 1: ")
+        inside = two["sign_flip_inside"]
+        for figures in list(inside["two_sites"].values())[1:]:  # inside both bounds, as built
+            assert -0.5 < figures["backbone_cosine"] <= -0.45 and figures["shared_rows_mean_cosine"] == -0.85
         seconds = [round(run["seconds"]) for attack, run in two.items() if attack != suite.ALONE]
         assert f"{min(seconds)} to {max(seconds)} s a run" in text, start
         if start == "scratch":
             assert f"so even the placebo ({margin(two[suite.PLACEBO], clean)} against the clean run)" in text
             assert sorted(attack for attack, verdict in verdicts.items() if verdict == "breaks through") == [
-                "backdoor_boosted", "bn_inflate", "label_flip_late"]  # fmt: skip
-            for attack in ("bn_inflate", "label_flip_late"):
-                assert f"`{attack}` ({margin(two[attack], clean)}:" in text, attack
+                "backdoor_boosted", "bn_inflate"]  # fmt: skip
+            assert f"`bn_inflate` ({margin(two['bn_inflate'], clean)}:" in text
             boosted = two["backdoor_boosted"]
             assert (
                 f"`backdoor_boosted` ({margin(boosted, clean)}, success {boosted['best_backdoor_success']:.1%} "
                 f"against the clean model's {clean['best_backdoor_success']:.1%}"
             ).replace("%", " %") in " ".join(text.replace("%", " %").split())
-            assert suite.verdict(late, clean) == "breaks through"
-            assert f"the reader of the rule) breaks through ({margin(late, clean)})" in text
+            assert verdicts["label_flip_late"] == "fails closed"
+            assert two["label_flip_late"]["stopped"].startswith("round 1: ")
+            assert suite.verdict(inside, clean) == "breaks through"
+            assert f"to a backbone cosine of -0.45 and rows of -0.85) breaks through ({margin(inside, clean)})" in text
+            # what the honest site's own validation ranked their candidates after the first round
+            drops = {
+                attack: max(
+                    -two[attack]["validations"][index]["site-nih"]["val_auroc_minus_own"] for index in ("1", "2")
+                )
+                for attack in ("bn_inflate", "backdoor_boosted", "sign_flip_inside", suite.PLACEBO)
+            }
+            assert max(drops, key=drops.get) == "bn_inflate"
+            assert (
+                f"at most {drops['bn_inflate']:.3f} below its own model (`bn_inflate`'s round 2; a placebo's " in text
+            )
+            assert f"a placebo's {-drops[suite.PLACEBO]:.3f})" in text
+            worst = two["bn_inflate"]["validations"]["2"]["site-nih"]
+            z = (-worst["val_auroc_minus_own"] - judging.AUROC_HARM) / worst["val_auroc_minus_own_se"]
+            level = judging.round_level(clean["job_rounds"]) / len(judging.TESTS)
+            assert (
+                f"(p = {judging.normal_upper_tail(z):.2f} against {level:.2g}, the round's level for one test" in text
+            )
         else:
             assert "breaks through" not in verdicts.values()
             assert f"(the placebo {suite.lowest_margin(two[suite.PLACEBO], clean):+.3f})" in text.replace(
                 "run, 0.712 alone; the placebo", "(the placebo"
             )
-            assert suite.verdict(late, clean) == "holds" and f"`sign_flip_late` holds ({margin(late, clean)})" in text
-            assert f"`label_flip_late` ({margin(two['label_flip_late'], clean)})" in text
+            assert (
+                suite.verdict(inside, clean) == "holds"
+                and f"`sign_flip_inside` holds ({margin(inside, clean)})" in text
+            )
+            late = two["label_flip_late"]
+            assert f"`label_flip_late` ({margin(late, clean)}: " in text
+            assert (
+                f"its rows and its backbone reach {late['two_sites']['2']['shared_rows_mean_cosine']:.2f} and " in text
+            )
+            assert f"and {late['two_sites']['2']['backbone_cosine']:.2f} in round 2" in text
+    second = {
+        run["attack"]: run for run in json.loads((docs / "two-sites-stand-in-seed2-bounds.json").read_text()).values()
+    }
+    seconds = [run["seconds"] for run in second.values()]
+    assert f"commit 10abea0, {min(seconds):.0f} to {max(seconds):.0f} s a run;" in text
+    assert {run["seed"] for run in second.values()} == {2} and {run["start"] for run in second.values()} == {"stand-in"}
+    clean = second[suite.CLEAN]
+    rows = [f"{second[attack]['two_sites']['0']['shared_rows_mean_cosine']:.2f}" for attack in ("sign_flip",
+            "sign_flip_quiet", "label_flip")]  # fmt: skip
+    assert (
+        f"the placebo {suite.lowest_margin(second[suite.PLACEBO], clean):+.3f}; `sign_flip`, `sign_flip_quiet` and "
+        f"`label_flip` fail closed after round 0 (rows {', '.join(rows)}), `sign_flip_late` after round 1; "
+        f"`sign_flip_inside` holds ({suite.lowest_margin(second['sign_flip_inside'], clean):+.3f})"
+    ) in text
+    for attack, stopped_in in (("sign_flip", 0), ("sign_flip_quiet", 0), ("label_flip", 0), ("sign_flip_late", 1)):
+        assert suite.verdict(second[attack], clean) == "fails closed"
+        assert second[attack]["stopped"].startswith(f"round {stopped_in}: "), attack
+    assert suite.verdict(second["sign_flip_inside"], clean) == "holds"
+    earlier = json.loads((docs / "two-sites-stop92.json").read_text())  # stop 92's runs, under its rule alone
+    for start, attack, verdict in (
+        ("scratch", "label_flip_late", "breaks through"),
+        ("scratch", "sign_flip_late", "breaks through"),
+        ("stand-in", "sign_flip_late", "holds"),
+    ):
+        before = {run["attack"]: run for run in earlier.values() if run.get("start") == start}
+        assert suite.verdict(before[attack], before[suite.CLEAN]) == verdict, (start, attack)
+        if start == "scratch":
+            assert f"`{attack}` ({margin(before[attack], before[suite.CLEAN])})" in text
+        else:
+            assert f"(under stop 92's rule it held, {margin(before[attack], before[suite.CLEAN])})" in text
     withdrawn = json.loads((docs / "two-sites-withdrawn-rules.json").read_text())
     assert {run["attack"] for run in withdrawn.values()} == {"sign_flip_late", "label_flip_late", "sign_flip_own"}
     assert all(suite.verdict(run, cleans[run["start"]]) == "fails closed" for run in withdrawn.values())
