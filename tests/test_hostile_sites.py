@@ -482,13 +482,14 @@ def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path
 FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Effusion", "Atelectasis"]
 
 
+@pytest.mark.parametrize("setting", [True, "first_round"])
 @pytest.mark.parametrize("flips_from", [0, 1])
-def test_two_sites_whose_updates_point_apart_stop_the_job(tmp_path, flips_from):
+def test_two_sites_whose_updates_point_apart_stop_the_job(tmp_path, flips_from, setting):
     """Two sites sharing five findings, one sending the other's update negated (rows included): in their warm-up
     round the rows both moved point apart (each cosine -1, judged against 0) and so do the backbones (-1, judged
     against -0.5 in every round); a site that flips from the next round on is stopped there, by its rows (against -0.9
     after the warm-up round) and its backbone. The server cannot tell which site is hostile: the job stops non-zero
-    with nothing published."""
+    with nothing published. ``"first_round"`` (the direction check in the first round only) judges two sites alike."""
     honest = FakeSite("site-a", FIVE_FINDINGS, [0.9, 0.5, 0.5])
     flip = _flipped(1.0)
     flipper = FakeSite(
@@ -499,7 +500,7 @@ def test_two_sites_whose_updates_point_apart_stop_the_job(tmp_path, flips_from):
             flip(round_number, params) if round_number >= flips_from else shifted(params, 0.01 * (1 + round_number))
         ),
     )
-    harness = Harness([honest, flipper], tmp_path, num_rounds=2, validation_guard=False)
+    harness = Harness([honest, flipper], tmp_path, num_rounds=2, validation_guard=False, reject_opposed_updates=setting)
     with pytest.raises(RuntimeError) as stopped:
         harness.run()
     rows = (

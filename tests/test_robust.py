@@ -340,7 +340,7 @@ def test_two_sites_whose_shared_rows_point_apart_are_named():
     backbone = (
         "their backbone updates point opposite (cosine -0.95, at most -0.5): one of them negates the other's update"
     )
-    assert two_sites_apart(agreement) == [
+    assert two_sites_apart(agreement, warmup_round=True) == [
         "in their warm-up round their updates of the 6 head rows both hold point apart (mean cosine -0.67): one of "
         "them reads those findings' labels the other way round",
         backbone,
@@ -353,6 +353,16 @@ def test_two_sites_whose_shared_rows_point_apart_are_named():
             {"site-a": _sizes(0.2, rows), "site-b": _sizes(0.9, rows)},
         )
         assert apart["backbone_cosine"] == pytest.approx(cosine) and apart["shared_rows_mean_cosine"] == 1.0
+        assert bool(two_sites_apart(apart, warmup_round=False)) is named
+    # shared rows at a mean cosine of -0.9 (the bound: named) and -0.89 (not) in a later round, the backbones agreeing
+    for cosine, named in ((-0.9, True), (-0.89, False)):
+        turned = {name: [cosine, math.sqrt(1 - cosine**2)] for name in rows}
+        apart = two_site_agreement(
+            {"site-a": np.ones(2), "site-b": np.ones(2)}, {"site-a": _sizes(0.2, rows), "site-b": _sizes(0.2, turned)}
+        )
+        assert apart["shared_rows_mean_cosine"] == pytest.approx(cosine) and apart["backbone_cosine"] == pytest.approx(
+            1
+        )
         assert bool(two_sites_apart(apart, warmup_round=False)) is named
     # every shared row reversed in a later round: named by the rows alone (the backbones agree)
     reversed_rows = {name: [-1.0, 0.0] for name in rows}
@@ -370,7 +380,10 @@ def test_two_sites_whose_shared_rows_point_apart_are_named():
         {"site-a": _sizes(0.2, rows), "site-b": _sizes(0.9, rows)},
     )
     assert agreeing["shared_rows_mean_cosine"] == pytest.approx(1.0)
-    assert two_sites_apart(agreeing) == two_sites_apart(agreeing, warmup_round=False) == []
+    assert two_sites_apart(agreeing, warmup_round=True) == two_sites_apart(agreeing, warmup_round=False) == []
     four_rows = {name: [-1.0, 0.0] for name in list(rows)[:4]}  # fewer than five shared rows are not judged
     few = two_site_agreement({"a": np.ones(2), "b": np.ones(2)}, {"a": _sizes(0.2, rows), "b": _sizes(0.2, four_rows)})
-    assert few["shared_rows"] == 4 and two_sites_apart(few) == two_sites_apart(few, warmup_round=False) == []
+    assert (
+        few["shared_rows"] == 4
+        and two_sites_apart(few, warmup_round=True) == two_sites_apart(few, warmup_round=False) == []
+    )

@@ -543,8 +543,8 @@ def two_site_agreement(changes: Mapping[str, np.ndarray], sizes: Mapping[str, Up
 
 # after the warm-up round, a round of two stops only when the two point (nearly) opposite: honest pairs of the
 # two-site sweeps (seeds 300-331) came to a backbone cosine of -0.15 and shared rows of -0.54 at their lowest; the
-# figures were chosen with those records in view (not fitted to them: each is a round figure about three times as
-# far out) and then tested on two-site federations no rule had seen (seeds 335-366, docs/server-checks.md)
+# figures were chosen with those records in view (not fitted to them: round figures, -0.5 against -0.15 and -0.9
+# against -0.54) and then tested on two-site federations no rule had seen (seeds 335-366, docs/server-checks.md)
 OPPOSED_BACKBONE = -0.5
 OPPOSED_ROWS = -0.9
 
@@ -562,12 +562,12 @@ OPPOSED_ROWS = -0.9
     "in their warm-up round their updates of the 7 head rows both hold point apart (mean cosine -0.98): one of them "
     "reads those findings' labels the other way round",
 )
-def two_sites_apart(agreement: Mapping[str, Any], warmup_round: bool = True) -> list[str]:
+def two_sites_apart(agreement: Mapping[str, Any], *, warmup_round: bool) -> list[str]:
     """Why the two results of a round of two (``agreement``: :func:`two_site_agreement`) stand further apart than
     honest pairs do; empty when they do not. In the first round from untrained heads (``warmup_round``), five or more
     shared rows with a mean cosine of 0 or below (the warm-up rows rule's figures for three or more sites,
     :func:`opposed_at_warmup`; honest pairs with five or more shared rows read 0.92 to 0.99 in that round from
-    scratch and 0.22 to 0.33 from the stand-in on the clean sweep's two-site federations). In every round, a backbone
+    scratch and 0.22 to 0.37 from the stand-in on the clean sweep's two-site federations). In every round, a backbone
     cosine of :data:`OPPOSED_BACKBONE` or below, or shared rows of :data:`OPPOSED_ROWS` or below: one of the two
     negates the other's update, or reads every shared finding the other way round. Between those bounds and the
     honest pairs' extremes (-0.15, -0.54) an attacker who read them has room: one that cancels the other's update and

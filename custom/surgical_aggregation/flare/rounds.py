@@ -258,7 +258,7 @@ class Round:
             pair = {site: changes[site] for site in candidates}
             self.two_sites = two_site_agreement(pair, {site: sizes[site] for site in candidates})
             if rules.reject_opposed_updates:  # the loop stops the job on it
-                self.two_sites_apart = two_sites_apart(self.two_sites, warmup_round)
+                self.two_sites_apart = two_sites_apart(self.two_sites, warmup_round=warmup_round)
         if rules.clip_updates:  # free-riders' near-zero updates would pull the median down: left out of it
             riders = set(free_riders({site: sizes[site] for site in candidates}))
             self.clipped = clip_factors(
