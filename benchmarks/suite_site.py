@@ -201,13 +201,11 @@ def attack_rows(
         return -mean, None
     if attack == "sign_flip_inside":  # -mean, plus noise orthogonal to it to the norm that makes the cosine
         size = float(np.linalg.norm(mean))
-        noise = np.random.default_rng(honest.shape[1]).normal(size=mean.shape)
-        if size > 0:
-            noise -= (noise @ mean) / size**2 * mean
-        length = float(np.linalg.norm(noise))
-        if size == 0 or length == 0 or cosine is None:
+        if size == 0 or cosine is None:
             return -mean, None
-        return -mean + size * math.sqrt(1 / cosine**2 - 1) / length * noise, None
+        noise = np.random.default_rng(honest.shape[1]).normal(size=mean.shape)
+        noise -= (noise @ mean) / size**2 * mean
+        return -mean + size * math.sqrt(1 / cosine**2 - 1) / np.linalg.norm(noise) * noise, None
     if attack == "ipm":
         return -IPM_EPSILON * mean, None
     if attack == "alie":

@@ -541,7 +541,7 @@ def two_site_agreement(changes: Mapping[str, np.ndarray], sizes: Mapping[str, Up
     return agreement
 
 
-# after the warm-up round, a round of two stops only when the two point (nearly) opposite: honest pairs of the
+# in every round, a round of two stops when the two point (nearly) opposite: honest pairs of the
 # two-site sweeps (seeds 300-331) came to a backbone cosine of -0.15 and shared rows of -0.54 at their lowest; the
 # figures were chosen with those records in view (not fitted to them: round figures, -0.5 against -0.15 and -0.9
 # against -0.54) and then tested on two-site federations no rule had seen (seeds 335-366, docs/server-checks.md)
