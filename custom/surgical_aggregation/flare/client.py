@@ -131,8 +131,9 @@ def _evaluation_from(payload: dict[str, Any]) -> Evaluation:
 
 
 def paired_figures(evaluation: Evaluation, reference: Evaluation, name: str, auroc: bool = True) -> dict[str, float]:
-    """``val_loss_minus_<name>`` (and ``val_auroc_minus_<name>``), with standard errors: ``evaluation`` against
-    ``reference``, paired over the site's validation images; what cannot be compared is left out."""
+    """``val_loss_minus_<name>`` (and ``val_auroc_minus_<name>``), with standard errors, and
+    ``val_batchnorm_minus_<name>``: ``evaluation`` against ``reference``, paired over the site's validation images;
+    what cannot be compared is left out."""
     figures = evaluation.compared_with(reference)
     metrics = {
         f"val_loss_minus_{name}": figures["loss"],
@@ -141,7 +142,10 @@ def paired_figures(evaluation: Evaluation, reference: Evaluation, name: str, aur
     if auroc:
         metrics |= {f"val_auroc_minus_{name}": figures["auroc"], f"val_auroc_minus_{name}_se": figures["auroc_se"]}
     pairs = [(key, f"{key}_se") for key in metrics if not key.endswith("_se")]
-    return {key: metrics[key] for pair in pairs if all(math.isfinite(metrics[key]) for key in pair) for key in pair}
+    kept = {key: metrics[key] for pair in pairs if all(math.isfinite(metrics[key]) for key in pair) for key in pair}
+    if math.isfinite(figures["batchnorm"]):  # a reading of the model's statistics, not a noisy mean: no error
+        kept[f"val_batchnorm_minus_{name}"] = figures["batchnorm"]
+    return kept
 
 
 class ClientSession:

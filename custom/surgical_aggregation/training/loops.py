@@ -41,6 +41,56 @@ def batchnorm_modules(model: nn.Module) -> Iterator[nn.modules.batchnorm._BatchN
             yield module
 
 
+class BatchNormReadings:
+    """What a model's BatchNorm layers read of the images passed through it (eval mode), against what they assume.
+
+    While open, each BatchNorm layer's inputs are summed per channel; :meth:`divergences` then gives, per layer, the
+    mean over its channels of KL(N(m, v) || N(mu, sigma^2)): the Gaussian of the channel's inputs over these images
+    (mean m, variance v, pooled over images and positions) against the layer's running statistics (mu, sigma^2),
+    each variance plus the layer's eps. 0 where the statistics fit the images; a variance inflated k times reads
+    (ln k + 1/k - 1) / 2, a mean moved d standard deviations d^2 / 2 more."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.layers = list(batchnorm_modules(model))
+        self._sums: list[list[torch.Tensor | float]] = [[0.0, 0.0, 0.0] for _ in self.layers]
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+
+    def __enter__(self) -> BatchNormReadings:
+        for index, layer in enumerate(self.layers):
+            self._hooks.append(layer.register_forward_hook(self._reader(index)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+
+    def _reader(self, index: int) -> Callable[..., None]:
+        def read(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+            values = inputs[0].detach().double()
+            dims = [0, *range(2, values.dim())]
+            sums = self._sums[index]
+            sums[0] += values.numel() / values.shape[1]
+            sums[1] = sums[1] + values.sum(dims)
+            sums[2] = sums[2] + values.square().sum(dims)
+
+        return read
+
+    def divergences(self) -> np.ndarray | None:
+        """(layers,) the mean KL of each layer's channels; None before any image (or for a model without any)."""
+        if not self.layers or not self._sums[0][0]:
+            return None
+        out = []
+        for layer, (count, total, squares) in zip(self.layers, self._sums, strict=True):
+            mean = total / count
+            variance = (squares / count - mean.square()).clamp_min(0) + layer.eps
+            assumed = layer.running_var.detach().double().to(variance.device) + layer.eps
+            shift = mean - layer.running_mean.detach().double().to(mean.device)
+            divergence = 0.5 * (torch.log(assumed / variance) + (variance + shift.square()) / assumed - 1)
+            out.append(float(divergence.mean()))
+        return np.asarray(out)
+
+
 def freeze_batchnorm(model: nn.Module, frozen: bool = True) -> None:
     """FedBN+: BatchNorm affine parameters stop learning (their statistics stay put via :func:`train_mode`)."""
     for module in batchnorm_modules(model):
@@ -415,12 +465,24 @@ class Evaluation:
     scores: np.ndarray | None = field(default=None, repr=False, compare=False)
     labels: np.ndarray | None = field(default=None, repr=False, compare=False)
     mask: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # per BatchNorm layer, how far its running statistics stand from what these images give
+    # (:class:`BatchNormReadings`); None for a model without BatchNorm
+    batchnorm_divergences: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def compared_with(self, other: Evaluation) -> dict[str, float]:
         """Paired over the same images: this model's loss minus ``other``'s (``loss``, ``loss_se``) and its mean AUROC
-        minus ``other``'s (``auroc``, ``auroc_se``), where both carry their per-image figures; NaN for what cannot be
-        compared."""
-        figures = {"loss": math.nan, "loss_se": math.nan, "auroc": math.nan, "auroc_se": math.nan}
+        minus ``other``'s (``auroc``, ``auroc_se``), where both carry their per-image figures, and the most any one
+        BatchNorm layer's divergence exceeds ``other``'s (``batchnorm``); NaN for what cannot be compared."""
+        figures = {
+            "loss": math.nan,
+            "loss_se": math.nan,
+            "auroc": math.nan,
+            "auroc_se": math.nan,
+            "batchnorm": math.nan,
+        }
+        layers = (self.batchnorm_divergences, other.batchnorm_divergences)
+        if all(value is not None for value in layers) and layers[0].shape == layers[1].shape:
+            figures["batchnorm"] = float(np.max(layers[0] - layers[1]))
         losses = (self.image_losses, other.image_losses)
         if all(value is not None for value in losses) and losses[0].shape == losses[1].shape:
             figures["loss"], figures["loss_se"] = paired_loss_difference(*losses)

@@ -22,6 +22,7 @@ from ..core.methods import SiteMethod, check_batchnorm, prior_vector
 from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, save_checkpoint
 from .config import SiteConfig
 from .loops import (
+    BatchNormReadings,
     Evaluation,
     GraphedStep,
     freeze_batchnorm,
@@ -465,11 +466,19 @@ class SiteTrainer(PrivateTraining):
 
     def _evaluate(self, model: torch.nn.Module, model_classes: Sequence[str], classes: Sequence[str]) -> Evaluation:
         """``model`` (head rows ``model_classes``) on the validation split, over ``classes`` (own ones)."""
-        probabilities, labels, mask = predict(
-            model, self.val_loader, self.device, self.autocast, description=f"{self.site_name} validation", log=self.log
-        )
+        with BatchNormReadings(model) as readings:
+            probabilities, labels, mask = predict(
+                model,
+                self.val_loader,
+                self.device,
+                self.autocast,
+                description=f"{self.site_name} validation",
+                log=self.log,
+            )
         own = self.class_names
         probabilities = probabilities[:, [list(model_classes).index(name) for name in classes]]
         columns = [own.index(name) for name in classes]
         labels, mask = labels[:, columns], mask[:, columns]
-        return Evaluation.of(labels, probabilities, classes, mask)
+        evaluation = Evaluation.of(labels, probabilities, classes, mask)
+        evaluation.batchnorm_divergences = readings.divergences()
+        return evaluation

@@ -27,6 +27,9 @@ PAIRED_AUROC_KEYS = (
     "val_auroc_minus_reference",
     "val_auroc_minus_reference_se",
 )
+# paired over the same images: the most any BatchNorm layer's running statistics stand further from what the site's
+# validation images give than the other model's do (training.loops.BatchNormReadings; a reading, no standard error)
+BATCHNORM_KEYS = ("val_batchnorm_minus_own", "val_batchnorm_minus_start", "val_batchnorm_minus_reference")
 # What a site reports: its validation of the model it received (the loss, its standard error across images, mean
 # AUROC), the same of its model after local training, its training loss, and per-class AUROC of its own classes.
 METRIC_KEYS = (
@@ -44,6 +47,7 @@ METRIC_KEYS = (
     # the bootstrap over its images)
     *PAIRED_LOSS_KEYS,
     *PAIRED_AUROC_KEYS,
+    *BATCHNORM_KEYS,
 )
 PER_CLASS_METRIC_PREFIXES = ("val_auroc/", "local_val_auroc/")
 
