@@ -56,6 +56,12 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
                         an attacker who read them
   ``bn_inflate``        honest weights, every BatchNorm running variance multiplied so that the statistics' update
                         is 90 % of the most the server accepts (the blind-mode attack that flattens the outputs)
+  ``bn_inside``         ``bn_inflate`` by an attacker who read the two-site BatchNorm bound
+                        (``core.judging.BATCHNORM_APART``): only the last BatchNorm layer's running variances (the
+                        features the head reads), multiplied by the largest factor whose candidate, as it estimates it
+                        (its update and the honest ones averaged alike) and reads it on its own validation images,
+                        stands ``INSIDE_MARGIN`` inside that bound and inside the statistics' size bound; it reports no
+                        validation figure
 """
 
 from __future__ import annotations
@@ -74,17 +80,18 @@ MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "
 DATA_POISONING = ("label_flip", "label_flip_quiet", "label_flip_late", "backdoor", "backdoor_boosted", "bn_inflate")
 ATTACKS = MODEL_POISONING + DATA_POISONING  # the catalogue a suite runs by default
 # beyond the catalogue: run when named
-ADAPTED = ("backdoor_tuned", "backdoor_glyph", "sign_flip_quiet", "sign_flip_late", "sign_flip_inside")
+ADAPTED = ("backdoor_tuned", "backdoor_glyph", "sign_flip_quiet", "sign_flip_late", "sign_flip_inside", "bn_inside")
 # attacks that report no validation: each is the attack it names otherwise
 QUIET = {
     "label_flip_quiet": "label_flip",
     "sign_flip_quiet": "sign_flip",
     "sign_flip_late": "sign_flip",
     "sign_flip_inside": "sign_flip_inside",
+    "bn_inside": "bn_inside",
 }
 # model poisoning honest in round 0 (the warm-up round), then the attack it names
 LATE = ("sign_flip_late", "sign_flip_inside")
-INSIDE_MARGIN = 0.05  # sign_flip_inside's cosines: this far inside the server's bounds
+INSIDE_MARGIN = 0.05  # sign_flip_inside's cosines and bn_inside's BatchNorm figure: this far inside the server's bounds
 IPM_EPSILON = 0.1
 TARGET = "Pneumothorax"  # the backdoor's finding: every site of the suite labels it
 TRIGGER = 8  # the trigger's side in pixels (64 px images: 1.6 % of the image)
@@ -231,6 +238,11 @@ def attack_rows(
     raise ValueError(attack)
 
 
+def norm_of(arrays: Any) -> float:
+    """The Euclidean norm of arrays taken together."""
+    return math.sqrt(sum(float(np.sum(np.square(array, dtype=np.float64))) for array in arrays))
+
+
 def _atomic_save(path: Path, arrays: dict[str, np.ndarray]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".part")
@@ -351,8 +363,19 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
     def inflated(received, answer, round_number: int) -> dict[str, np.ndarray]:
         sent = {key: np.asarray(value) for key, value in answer.params.items()}
         variances = [key for key in sent if key.endswith(".running_var")]
+        old = {key: np.asarray(received.params[key], dtype=np.float64) for key in variances}
+        target = statistics_bound(received, sent, round_number)
+        # running variances scaled by (1 + a): the statistics' update is a * |variances| (+ the honest means' part)
+        scale = target / max(norm_of([old[key] for key in variances]), 1e-12)
+        out = dict(sent)
+        for key in variances:
+            out[key] = (old[key] * (1.0 + scale)).astype(sent[key].dtype)
+        return out
+
+    def statistics_bound(received, sent: dict[str, np.ndarray], round_number: int) -> float:
+        """90 % of the largest BatchNorm-statistics update the server accepts of this site, in the norm of those
+        statistics."""
         statistics = [key for key in sent if update_group(key) == STATISTICS]
-        norm_of = lambda arrays: math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays))  # noqa: E731
         old = {key: np.asarray(received.params[key], dtype=np.float64) for key in statistics}
         honest_size = norm_of([sent[key] - old[key] for key in statistics]) / max(norm_of(old.values()), 1e-12)
         bound = (
@@ -360,13 +383,35 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
             if round_number == 0
             else min(UPDATE_CAPS[STATISTICS], DEFAULT_UPDATE_BOUND * honest_size)
         )
-        target = INSIDE * bound * norm_of(old.values())
-        # running variances scaled by (1 + a): the statistics' update is a * |variances| (+ the honest means' part)
-        scale = target / max(norm_of([old[key] for key in variances]), 1e-12)
-        out = dict(sent)
-        for key in variances:
-            out[key] = (old[key] * (1.0 + scale)).astype(sent[key].dtype)
-        return out
+        return INSIDE * bound * norm_of(old.values())
+
+    def inflated_inside(self, received, answer, round_number: int) -> dict[str, np.ndarray]:
+        from surgical_aggregation.core.judging import BATCHNORM_APART
+
+        sent = {key: np.asarray(value) for key, value in answer.params.items()}
+        old = {key: np.asarray(value) for key, value in received.params.items()}
+        classes = list(answer.meta[META_CLASS_NAMES])
+        updates = [exchange_update(old, sent, classes), *honest_updates(round_number, self.site)]
+        candidate = dict(sent)  # the backbone averaged alike (the suite's sites are of one size); its own head rows
+        for key in updates[0]:
+            if not key.startswith(ROWS):
+                candidate[key] = old[key].astype(np.float64) + np.mean([update[key] for update in updates], axis=0)
+        last = [key for key in sent if key.endswith(".running_var")][-1]
+        own = self.trainer.evaluate_state(sent, classes)
+        share = 1.0 / len(updates)
+
+        def figure(factor: float) -> float:
+            trial = {**candidate, last: candidate[last] + share * (factor - 1.0) * sent[last]}
+            return self.trainer.evaluate_state(trial, classes).compared_with(own)["batchnorm"]
+
+        goal = BATCHNORM_APART - INSIDE_MARGIN
+        low, high = 1.0, 1.0 + statistics_bound(received, sent, round_number) / max(norm_of([sent[last]]), 1e-12)
+        if figure(high) > goal:
+            for _ in range(16):  # bisection in the factor's logarithm
+                middle = math.sqrt(low * high)
+                low, high = (middle, high) if figure(middle) <= goal else (low, middle)
+            high = low
+        return {**sent, last: (sent[last].astype(np.float64) * high).astype(sent[last].dtype)}
 
     def boosted(received, answer, round_number: int) -> dict[str, np.ndarray]:
         """Its update scaled by the number of sites, each part at most 90 % of the server's bound for it."""
@@ -403,6 +448,8 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
             answer.params = poisoned(self, received, answer, round_number)
         if role == "bn_inflate" and answer.params:
             answer.params = inflated(received, answer, round_number)
+        if role == "bn_inside" and answer.params:
+            answer.params = inflated_inside(self, received, answer, round_number)
         if role == "backdoor_boosted" and answer.params:
             answer.params = boosted(received, answer, round_number)
         if quiet:

@@ -1284,3 +1284,33 @@ def test_a_site_with_more_samples_may_move_further_in_proportion(tmp_path, sampl
     else:
         assert rejected[0] == {}
         assert all("more than update_bound (10) times the typical" in later["site-c"] for later in rejected[1:])
+
+
+@pytest.mark.parametrize("sites", [2, 3])
+@pytest.mark.parametrize("above", [True, False])
+def test_a_site_reading_the_candidates_batchnorm_far_from_its_images_stops_a_job_of_two(tmp_path, sites, above):
+    """With two sites, one whose validation reads some BatchNorm layer of the round's candidate more than
+    ``BATCHNORM_APART`` further from its images than its own model's stops the job after that round's validation:
+    non-zero, nothing published, the reason in the round's screening. At the bound it does not; with three sites the
+    figure is not judged here."""
+    figure = judging.BATCHNORM_APART + (0.01 if above else 0.0)
+    reader = FakeSite("site-a", FIVE_FINDINGS, [0.9, 0.5, 0.5])
+    reader.validation_override = {"val_batchnorm_minus_own": figure}
+    others = [FakeSite(f"site-{name}", FIVE_FINDINGS[::-1], [0.9, 0.5, 0.5]) for name in "xyz"[: sites - 1]]
+    harness = Harness([reader, *others], tmp_path, num_rounds=2)
+    if not (above and sites == 2):
+        harness.run()
+        assert all(TASK_PUBLISH in [task for task, _, _ in site.tasks] for site in (reader, *others))
+        return
+    with pytest.raises(RuntimeError) as stopped:
+        harness.run()
+    reason = (
+        f"site-a reads a BatchNorm layer of the candidate {figure:.2f} further from its images than its own model's "
+        f"(more than {judging.BATCHNORM_APART:g}): one of the two sent statistics that no data of its gave"
+    )
+    assert str(stopped.value).startswith(
+        f"round 0: two sites made the candidate (['site-a', 'site-x']) and {reason}; with two sites the server cannot "
+        "tell which. Nothing is published"
+    )
+    assert harness.history[1]["screening"] == {"action": "stop", "batchnorm_apart": [reason]}
+    assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in (reader, *others))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from surgical_aggregation.core import judging
 from surgical_aggregation.core.head import NAMED_HEAD, slice_for_client
 from surgical_aggregation.core.methods import SiteMethod
 from surgical_aggregation.flare.audit import EXCHANGES_DIR, SiteAudit, exchange_file_name, read_audit
@@ -144,3 +145,24 @@ def test_epochs_are_reproducible_across_restarts_and_differ_from_each_other(trai
 
     assert torch.equal(first_batch(5), first_batch(5))  # what a restarted process would see
     assert not torch.equal(first_batch(5), first_batch(6))
+
+
+def test_a_candidate_whose_batchnorm_variances_were_inflated_reads_far_from_the_site_images(trainer):
+    """The site's paired BatchNorm figure (``val_batchnorm_minus_own``): 0 to the digit for its own model sent back,
+    past the two-site bound for the same model with every running variance multiplied by 10 (the suite's
+    ``bn_inflate``), and past it for one layer's running means moved (an attacker who read the docs and left the
+    variances alone)."""
+    state, classes = _union_model(3)
+    trainer.load_global(state, classes)
+    own = trainer.validate()
+    assert own.batchnorm_divergences is not None and own.batchnorm_divergences.shape == (
+        sum(key.endswith(".running_var") for key in state),
+    )
+    same = trainer.evaluate_state(state, classes)
+    assert same.compared_with(own)["batchnorm"] == 0.0
+    inflated = {key: value * 10 if key.endswith(".running_var") else value for key, value in state.items()}
+    assert trainer.evaluate_state(inflated, classes).compared_with(own)["batchnorm"] > judging.BATCHNORM_APART
+    last = [key for key in state if key.endswith(".running_mean")][-1]
+    spread = state[last.replace("running_mean", "running_var")].sqrt()
+    moved = {**state, last: state[last] + 3 * spread}
+    assert trainer.evaluate_state(moved, classes).compared_with(own)["batchnorm"] > judging.BATCHNORM_APART

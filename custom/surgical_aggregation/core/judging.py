@@ -290,6 +290,40 @@ MAJORITY = (
     "sites whose results were rejected find the model harmful: a colluding majority of the others, or sites whose data "
     "conflict; the server cannot decide which group to trust"
 )
+# a round of two: a BatchNorm layer of the candidate reads this much further from a site's validation images than the
+# same layer of the site's own model (nats per channel, `val_batchnorm_minus_own`; docs/server-checks.md says how it
+# was set and tested)
+BATCHNORM_APART = 1.0
+
+
+@server_check(
+    "screening",
+    "with exactly two contributions, a site whose validation reads some BatchNorm layer of the candidate further from "
+    "its images than the same layer of the model it trained itself that round (`val_batchnorm_minus_own`: the mean "
+    "over the layer's channels of KL(its images' Gaussian || the layer's running statistics), the candidate's minus "
+    f"its own model's) by more than {BATCHNORM_APART:g} stops the job (non-zero, nothing published): one of the two "
+    "sent statistics that no data of its gave, and with two sites the server cannot tell which",
+    "site-nih reads a BatchNorm layer of the candidate 4.21 further from its images than its own model's (more than "
+    "1): one of the two sent statistics that no data of its gave",
+)
+def batchnorm_apart(validation: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """Why the candidate of a round of two cannot be kept (``validation``: site -> its checked metrics of it): each
+    site that reads some BatchNorm layer of it more than :data:`BATCHNORM_APART` further from its validation images
+    than the same layer of its own model of the round. Averaging two honest sites' statistics moves each layer at
+    most as far as the two sites' data differ; inflated or shifted statistics (the suite's ``bn_inflate``) move it as
+    far as the sender likes. A site that reports no figure (a DP site's released validation, an older site) is not
+    judged."""
+    found = []
+    for site, metrics in sorted(validation.items()):
+        value = metrics.get("val_batchnorm_minus_own")
+        if value is not None and value > BATCHNORM_APART:
+            found.append(
+                f"{site} reads a BatchNorm layer of the candidate {value:.2f} further from its images than its own "
+                f"model's (more than {BATCHNORM_APART:g}): one of the two sent statistics that no data of its gave"
+            )
+    return found
+
+
 MIN_OBJECTORS = 2  # rejected sites whose flags stop a job (one rejected site cannot: it may have got itself rejected)
 # the share of the other judges that must be materially better off without a contribution to leave it out (more than
 # this): a majority. One judge's data conflict with one contribution (RSNA's opacity against CheXpert's, a 67-patient

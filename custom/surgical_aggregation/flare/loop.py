@@ -31,7 +31,16 @@ from nvflare.fuel.utils.log_utils import center_message
 
 from ..core.checks.metrics import check_metrics
 from ..core.errors import UserError
-from ..core.judging import Decision, after_exclusion, decide, flagged, improvement_of, round_level, verdict_of
+from ..core.judging import (
+    Decision,
+    after_exclusion,
+    batchnorm_apart,
+    decide,
+    flagged,
+    improvement_of,
+    round_level,
+    verdict_of,
+)
 from ..evaluation.run_summary import INITIAL_ROUND, model_label
 from .protocol import JOB_FAILED, META_COMPARE_TO, META_MODEL_KEY, META_ROUND, TASK_VALIDATE
 from .state import START_TIE, FederationState, SavedVersion, history_entry, judge
@@ -314,6 +323,15 @@ class FederationLoop(SiteTasks):
         if candidate is None:
             return Decision("accept", excluded=standing), None
         validation = self._validate(candidate, self._site_names())
+        if self.validation_guard and len(contributors) == 2 and (found := batchnorm_apart(validation)):
+            entry = history_entry(self._federation.history, round_number)
+            entry["screening"] = {"action": "stop", "batchnorm_apart": found}
+            self._checkpoint()
+            raise FederationCannotProceed(
+                f"round {round_number}: two sites made the candidate ({contributors}) and {'; '.join(found)}; with "
+                "two sites the server cannot tell which. Nothing is published; the last good global model stays on "
+                "disk. Compare the sites' logs and data; write-job --leave-out names a site the next job runs without"
+            )
         made: dict[str, tuple[SavedVersion, dict[str, dict[str, float]]]] = {FIRST: (candidate, validation)}
         decision, tests = Decision("accept"), {}
         if self.validation_guard:
