@@ -1314,3 +1314,21 @@ def test_a_site_reading_the_candidates_batchnorm_far_from_its_images_stops_a_job
     )
     assert harness.history[1]["screening"] == {"action": "stop", "batchnorm_apart": [reason]}
     assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in (reader, *others))
+
+
+def test_a_third_site_whose_results_are_rejected_cannot_stop_a_round_of_two_by_its_batchnorm_figure(tmp_path):
+    """Three sites, one rejected every round (it claims more samples than it declared) and reporting a BatchNorm
+    figure far above the bound: the round's candidate is the other two's, and only they judge it, so the job goes on
+    and publishes; the same figure from one of the two stops it."""
+    liar = InflatedSamples("site-c", FIVE_FINDINGS, [0.9, 0.5, 0.5])
+    liar.validation_override = {"val_batchnorm_minus_own": 50.0}
+    honest = [FakeSite(f"site-{name}", FIVE_FINDINGS, [0.9, 0.5, 0.5]) for name in "ab"]
+    harness = Harness([*honest, liar], tmp_path / "rejected", num_rounds=2)
+    harness.run()
+    assert all("site-c" in entry["aggregation"]["rejected"] for entry in harness.history[1:])
+    assert all(TASK_PUBLISH in [task for task, _, _ in site.tasks] for site in honest)
+    honest = [FakeSite(f"site-{name}", FIVE_FINDINGS, [0.9, 0.5, 0.5]) for name in "ab"]
+    honest[0].validation_override = {"val_batchnorm_minus_own": 50.0}
+    liar = InflatedSamples("site-c", FIVE_FINDINGS, [0.9, 0.5, 0.5])
+    with pytest.raises(RuntimeError, match=r"round 0: two sites made the candidate \(\['site-a', 'site-b'\]\)"):
+        Harness([*honest, liar], tmp_path / "judged", num_rounds=2).run()

@@ -323,7 +323,9 @@ class FederationLoop(SiteTasks):
         if candidate is None:
             return Decision("accept", excluded=standing), None
         validation = self._validate(candidate, self._site_names())
-        if self.validation_guard and len(contributors) == 2 and (found := batchnorm_apart(validation)):
+        # judged by the two whose results made it: a third site, rejected, cannot stop the job by its say
+        judges = {site: validation[site] for site in contributors if site in validation}
+        if self.validation_guard and len(contributors) == 2 and (found := batchnorm_apart(judges)):
             entry = history_entry(self._federation.history, round_number)
             entry["screening"] = {"action": "stop", "batchnorm_apart": found}
             self._checkpoint()
