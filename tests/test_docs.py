@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -1476,7 +1477,7 @@ def test_the_attack_suite_at_two_sites_is_its_record():
         assert len(verdicts) == len(suite.ATTACKS)
         broken, closed = (list(verdicts.values()).count(word) for word in ("breaks through", "fails closed"))
         heading = (
-            f"from scratch {broken} of the 15 attacks break through and {closed} fail closed"
+            f"from scratch {broken} of the 15 attacks break{'s' * (broken == 1)} through and {closed} fail closed"
             if start == "scratch"
             else f"From the stand-in, at two sites, {broken or 'none'} of the 15 breaks through and {closed} fail "
             "closed"
@@ -1494,8 +1495,38 @@ def test_the_attack_suite_at_two_sites_is_its_record():
         if start == "scratch":
             assert f"so even the placebo ({margin(two[suite.PLACEBO], clean)} against the clean run)" in text
             assert sorted(attack for attack, verdict in verdicts.items() if verdict == "breaks through") == [
-                "backdoor_boosted", "bn_inflate"]  # fmt: skip
-            assert f"`bn_inflate` ({margin(two['bn_inflate'], clean)}:" in text
+                "backdoor_boosted"]  # fmt: skip
+            stop93 = json.loads((docs / "two-sites-stop93.json").read_text())["bn_inflate-2sites-1attackers-seed1"]
+            assert suite.verdict(stop93, clean) == "breaks through"
+            assert f"Before stop 94 `bn_inflate` broke through too ({margin(stop93, clean)}, exit 0:" in text
+            inflated = two["bn_inflate"]
+            assert verdicts["bn_inflate"] == "fails closed" and inflated["stopped"].startswith("round 0: ")
+            pattern = r"(site-\w+) reads a BatchNorm layer of the candidate ([0-9.]+)"
+            read = {site: float(value) for site, value in re.findall(pattern, inflated["stopped"])}
+            assert all(value > judging.BATCHNORM_APART for value in read.values())
+            assert (
+                f"site-nih read a BatchNorm layer of the candidate {read['site-nih']:.2f} further from its images than "
+                f"its own model's, and the attacker's own honest validation {read['site-chexpert']:.2f})" in text
+            )
+            reader = two["bn_inside"]
+            assert suite.verdict(reader, clean) == "breaks through" and reader["exit_code"] == 0
+            readings = [reader["validations"][index]["site-nih"]["val_batchnorm_minus_own"] for index in "012"]
+            assert all(value <= judging.BATCHNORM_APART for value in readings)
+            losses = [reader["validations"][index]["site-nih"]["val_loss"] for index in "012"]
+            clean_losses = [clean["validations"][index]["site-nih"]["val_loss"] for index in "012"]
+            assert losses == sorted(losses) and clean_losses == sorted(clean_losses, reverse=True)
+            shown = margin(reader, clean)
+            read_at = ", ".join(f"{value:.2f}" for value in readings)
+            final, clean_final = reader["final_auroc"]["site-nih"], clean["final_auroc"]["site-nih"]
+            last = f"{final:.3f} against the clean run's {clean_final:.3f}"
+            for said in (
+                f"**`bn_inside`, the reader of the BatchNorm bound, breaks through** ({shown}, exit 0",
+                f"site-nih read its candidates at {read_at} in rounds 0, 1",
+                f"({reader['best_auroc']['site-nih']:.3f} on the test set; the last model {last})",
+                f"validation loss of the later candidates ({', '.join(f'{value:.3f}' for value in losses)} in rounds",
+                f"(the suite's `bn_inside`, [below](#attackers-who-know-the-rules): {shown} against",
+            ):
+                assert said in text, said
             boosted = two["backdoor_boosted"]
             assert (
                 f"`backdoor_boosted` ({margin(boosted, clean)}, success {boosted['best_backdoor_success']:.1%} "
@@ -1506,18 +1537,21 @@ def test_the_attack_suite_at_two_sites_is_its_record():
             assert suite.verdict(inside, clean) == "breaks through"
             assert f"to a backbone cosine of -0.45 and rows of -0.85) breaks through ({margin(inside, clean)})" in text
             # what the honest site's own validation ranked their candidates after the first round
+            stop93_runs = {**two, "bn_inflate": stop93}  # the inflated statistics as they ran before stop 94's rule
             drops = {
                 attack: max(
-                    -two[attack]["validations"][index]["site-nih"]["val_auroc_minus_own"] for index in ("1", "2")
+                    -stop93_runs[attack]["validations"][index]["site-nih"]["val_auroc_minus_own"]
+                    for index in ("1", "2")
                 )
                 for attack in ("bn_inflate", "backdoor_boosted", "sign_flip_inside", suite.PLACEBO)
             }
             assert max(drops, key=drops.get) == "bn_inflate"
             assert (
-                f"at most {drops['bn_inflate']:.3f} below its own model (`bn_inflate`'s round 2; a placebo's " in text
+                f"at most {drops['bn_inflate']:.3f} below its own model (`bn_inflate`'s round 2, before the BatchNorm "
+                "rule; a placebo's " in text
             )
             assert f"a placebo's {-drops[suite.PLACEBO]:.3f})" in text
-            worst = two["bn_inflate"]["validations"]["2"]["site-nih"]
+            worst = stop93["validations"]["2"]["site-nih"]
             z = (-worst["val_auroc_minus_own"] - judging.AUROC_HARM) / worst["val_auroc_minus_own_se"]
             level = judging.round_level(clean["job_rounds"]) / len(judging.TESTS)
             assert (
@@ -1780,3 +1814,68 @@ def test_the_two_site_federations_figures_are_the_sweeps():
     for _, index, figures in [*rounds, *fine_tuned]:
         assert robust.two_sites_apart(figures, warmup_round=True) == [] or index > 0
     assert min([*warm.values(), *tuned_warm]) > 0 and len(warm) + len(tuned_warm) == 9
+
+
+def _batchnorm_readings(runs: dict) -> list[tuple[str, int, str, float]]:
+    """(run, round, site, val_batchnorm_minus_own) of every site's validation of every round's candidate."""
+    return [
+        (name, int(index), site, figures["val_batchnorm_minus_own"])
+        for name, run in runs.items()
+        for index, sites in run["validations"].items()
+        for site, figures in sites.items()
+        if "val_batchnorm_minus_own" in figures
+    ]
+
+
+def test_the_batchnorm_bound_was_set_on_some_two_site_federations_and_tested_on_others():
+    """docs/server-checks.md's BatchNorm bound (stop 94): set on the calibration runs' readings, at about twice their
+    largest, then tested on every two-site draw of seeds 335-366, none stopped; the figures the page quotes, from the
+    records."""
+    clean_sweep = load_benchmark("clean_sweep")
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    calibration = json.loads((sweeps / "batchnorm-calibration.json").read_text())
+    tested = json.loads((sweeps / "batchnorm-test.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert sorted(run["federation"]["seed"] for run in calibration.values()) == [300, 301, 310, 312, 316, 317, 318, 322]
+    drawn = [seed for seed in range(335, 367) if len(clean_sweep.draw(seed).sites) == 2]
+    scratch = {name: run for name, run in tested.items() if run["federation"]["start"] == "scratch"}
+    assert sorted(run["federation"]["seed"] for run in scratch.values()) == drawn
+    assert f"--out results/r94/test-scratch --seeds {' '.join(map(str, drawn))}`" in page
+    for runs in (calibration, scratch):
+        assert all(
+            len(run["federation"]["sites"]) == 2 and run["federation"]["start"] == "scratch" for run in runs.values()
+        )
+    every = [*calibration.values(), *tested.values()]
+    assert all(run["exit_code"] == 0 and not run["stopped"] for run in every)
+    assert not any(any(run["excluded"].values()) or run["rejected"] for run in every)
+    for label, runs, said in (
+        ("calibration", calibration, "commit 02eb057, {} to {} s each"),
+        ("scratch", scratch, "366`, {} to {} s each"),
+    ):
+        times = [run["seconds"] for run in runs.values()]
+        assert said.format(f"{min(times):.0f}", f"{max(times):.0f}") in page, label
+    readings = {"calibration": _batchnorm_readings(calibration), "scratch": _batchnorm_readings(scratch)}
+    first = max(readings["calibration"], key=lambda reading: reading[3])
+    later = max(reading[3] for reading in readings["calibration"] if reading[1] > 0)
+    assert first[:3] == ("sweep-318", 0, "site-1-nih")
+    assert (
+        f"over their {len(readings['calibration'])} readings (each site, each round) it reached {first[3]:.2f} "
+        "(seed 318, round 0" in page
+    )
+    assert f"{later:.2f} at most after round 0. The bound was then set at 1, about twice that" in page
+    assert judging.BATCHNORM_APART == 1.0 and round(2 * first[3]) == judging.BATCHNORM_APART
+    top = max(readings["scratch"], key=lambda reading: reading[3])
+    assert top[:3] == ("sweep-366", 0, "site-2-padchest")
+    assert (
+        f"Their {len(readings['scratch'])} readings reached {top[3]:.2f} (seed 366, round 0: a 203-patient PadChest "
+        f"site and a 54-patient Google NIH one), {max(r[3] for r in readings['scratch'] if r[1] > 0):.2f} after round 0"
+        f": the largest honest reading yet, at {top[3] / judging.BATCHNORM_APART:.0%} of the bound"
+    ).replace("%", " %") in page
+    bound = f"{clean_sweep.upper_bound(0, len(scratch)):.0%}".replace("%", " %")
+    assert f"so a false-alarm rate of at most {bound} a job" in page
+    runs = {**calibration, **tested}
+    for name, _, site, value in readings["calibration"] + readings["scratch"]:
+        if value > 0.3:  # the larger site of its pair
+            sizes = {other: config["patients"] for other, config in runs[name]["federation"]["sites"].items()}
+            assert sizes[site] == max(sizes.values()), (name, site)
+    assert "Every reading above 0.3, here and in the calibration runs, was the larger site's of its pair." in page
