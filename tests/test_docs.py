@@ -1559,6 +1559,15 @@ def test_the_attack_suite_at_two_sites_is_its_record():
             )
         else:
             assert "breaks through" not in verdicts.values()
+            reader = two["bn_inside"]
+            most = max(
+                figures["site-nih"]["val_batchnorm_minus_own"] for figures in list(reader["validations"].values())[1:]
+            )
+            assert suite.verdict(reader, clean) == "holds"
+            assert (
+                f"so does `bn_inside`, {margin(reader, clean)}, site-nih reading its candidates {most:.2f} at most"
+                in text
+            )
             assert f"(the placebo {suite.lowest_margin(two[suite.PLACEBO], clean):+.3f})" in text.replace(
                 "run, 0.712 alone; the placebo", "(the placebo"
             )
