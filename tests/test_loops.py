@@ -88,3 +88,28 @@ def test_a_models_batchnorm_figure_against_another_is_its_largest_layer_differen
     assert other.compared_with(one)["batchnorm"] == pytest.approx(0.4)
     other.batchnorm_divergences = None
     assert math.isnan(one.compared_with(other)["batchnorm"])
+
+
+def test_a_sites_batchnorm_readings_survive_a_restart_and_leave_as_its_paired_figure(tmp_path):
+    """The site's round memory keeps each evaluation's BatchNorm readings (without them a restarted site would send no
+    figure and the two-site rule would not judge it); a memory written before they were kept reads them as None; and
+    the paired figure a site sends is the largest layer difference."""
+    from surgical_aggregation.flare.client import _evaluation_from, _evaluation_payload, paired_figures
+
+    def evaluated(readings: list[float]) -> Evaluation:
+        labels, probabilities = np.array([[1.0], [0.0], [1.0], [0.0]]), np.array([[0.8], [0.3], [0.6], [0.4]])
+        evaluation = Evaluation.of(labels, probabilities, ["Mass"], None)
+        evaluation.batchnorm_divergences = np.array(readings)
+        return evaluation
+
+    own, candidate = evaluated([0.1, 0.2, 0.3]), evaluated([0.15, 1.4, 0.2])
+    path = tmp_path / "memory.pt"
+    torch.save({"own": _evaluation_payload(own)}, path)
+    restored = _evaluation_from(torch.load(path, weights_only=True)["own"])
+    np.testing.assert_array_equal(restored.batchnorm_divergences, own.batchnorm_divergences)
+    figures = paired_figures(candidate, restored, "own")
+    assert figures["val_batchnorm_minus_own"] == pytest.approx(1.2)
+    assert figures["val_loss_minus_own"] == pytest.approx(0.0)
+    older = {key: value for key, value in _evaluation_payload(own).items() if key != "batchnorm_divergences"}
+    assert _evaluation_from(older).batchnorm_divergences is None
+    assert "val_batchnorm_minus_own" not in paired_figures(candidate, _evaluation_from(older), "own")

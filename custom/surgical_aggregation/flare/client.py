@@ -110,7 +110,9 @@ class TrainedRound:
     own: Evaluation
 
 
-_PER_IMAGE = ("image_losses", "scores", "labels", "mask")
+# an evaluation's arrays: per image, and per BatchNorm layer (a restart that lost them would leave the site's paired
+# figures unjudged: the BatchNorm rule fails open without its own model's readings)
+_ARRAYS = ("image_losses", "scores", "labels", "mask", "batchnorm_divergences")
 
 
 def _evaluation_payload(evaluation: Evaluation) -> dict[str, Any]:
@@ -118,15 +120,16 @@ def _evaluation_payload(evaluation: Evaluation) -> dict[str, Any]:
     payload = {
         name: getattr(evaluation, name) for name in ("loss", "per_class_auroc", "mean_auroc", "samples", "loss_se")
     }
-    for name in _PER_IMAGE:
+    for name in _ARRAYS:
         value = getattr(evaluation, name)
         payload[name] = None if value is None else torch.from_numpy(np.asarray(value))
     return payload
 
 
 def _evaluation_from(payload: dict[str, Any]) -> Evaluation:
-    values = {name: (None if payload[name] is None else payload[name].numpy()) for name in _PER_IMAGE}
-    plain = {name: value for name, value in payload.items() if name not in _PER_IMAGE}
+    """The evaluation :func:`_evaluation_payload` wrote (one written before an array was kept reads it as None)."""
+    values = {name: (None if payload.get(name) is None else payload[name].numpy()) for name in _ARRAYS}
+    plain = {name: value for name, value in payload.items() if name not in _ARRAYS}
     return Evaluation(**plain, **values)
 
 

@@ -52,7 +52,11 @@ class BatchNormReadings:
 
     def __init__(self, model: nn.Module) -> None:
         self.layers = list(batchnorm_modules(model))
-        self._sums: list[list[torch.Tensor | float]] = [[0.0, 0.0, 0.0] for _ in self.layers]
+        # per layer: images x positions read, and the running mean and sum of squared deviations per channel (float64
+        # on the host, merged batch by batch: Chan et al.'s pairwise update), each batch's own moments in float32
+        self._moments: list[tuple[float, torch.Tensor | None, torch.Tensor | None]] = [(0.0, None, None)] * len(
+            self.layers
+        )
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> BatchNormReadings:
@@ -67,25 +71,35 @@ class BatchNormReadings:
 
     def _reader(self, index: int) -> Callable[..., None]:
         def read(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-            values = inputs[0].detach().double()
+            values = inputs[0].detach()
             dims = [0, *range(2, values.dim())]
-            sums = self._sums[index]
-            sums[0] += values.numel() / values.shape[1]
-            sums[1] = sums[1] + values.sum(dims)
-            sums[2] = sums[2] + values.square().sum(dims)
+            variance, mean = torch.var_mean(values.float(), dim=dims, correction=0)
+            count = values.numel() / values.shape[1]
+            mean, squares = mean.cpu().double(), variance.cpu().double() * count
+            seen, old_mean, old_squares = self._moments[index]
+            if old_mean is not None:
+                total = seen + count
+                delta = mean - old_mean
+                mean = old_mean + delta * (count / total)
+                squares = old_squares + squares + delta.square() * (seen * count / total)
+                count = total
+            self._moments[index] = (count, mean, squares)
 
         return read
 
     def divergences(self) -> np.ndarray | None:
-        """(layers,) the mean KL of each layer's channels; None before any image (or for a model without any)."""
-        if not self.layers or not self._sums[0][0]:
+        """(layers,) the mean KL of each layer's channels (NaN for a layer no image reached); None before any image
+        (or for a model without BatchNorm)."""
+        if not any(count for count, _, _ in self._moments):
             return None
         out = []
-        for layer, (count, total, squares) in zip(self.layers, self._sums, strict=True):
-            mean = total / count
-            variance = (squares / count - mean.square()).clamp_min(0) + layer.eps
-            assumed = layer.running_var.detach().double().to(variance.device) + layer.eps
-            shift = mean - layer.running_mean.detach().double().to(mean.device)
+        for layer, (count, mean, squares) in zip(self.layers, self._moments, strict=True):
+            if not count:
+                out.append(math.nan)
+                continue
+            variance = squares / count + layer.eps
+            assumed = layer.running_var.detach().cpu().double() + layer.eps
+            shift = mean - layer.running_mean.detach().cpu().double()
             divergence = 0.5 * (torch.log(assumed / variance) + (variance + shift.square()) / assumed - 1)
             out.append(float(divergence.mean()))
         return np.asarray(out)
