@@ -1518,11 +1518,13 @@ def test_the_attack_suite_at_two_sites_is_its_record():
             shown = margin(reader, clean)
             read_at = ", ".join(f"{value:.2f}" for value in readings)
             final, clean_final = reader["final_auroc"]["site-nih"], clean["final_auroc"]["site-nih"]
-            last = f"{final:.3f} against the clean run's {clean_final:.3f}"
+            clean_first = clean["validations"]["0"]["site-nih"]["val_mean_auroc"]
             for said in (
                 f"**`bn_inside`, the reader of the BatchNorm bound, breaks through** ({shown}, exit 0",
                 f"site-nih read its candidates at {read_at} in rounds 0, 1",
-                f"({reader['best_auroc']['site-nih']:.3f} on the test set; the last model {last})",
+                f"({reader['best_auroc']['site-nih']:.3f} on the test set; the clean run's round-0 candidate was poor "
+                f"too, site-nih's validation AUROC {clean_first:.3f}), while "
+                f"the last model matches the clean run's ({final:.3f} against {clean_final:.3f})",
                 f"validation loss of the later candidates ({', '.join(f'{value:.3f}' for value in losses)} in rounds",
                 f"(the suite's `bn_inside`, [below](#attackers-who-know-the-rules): {shown} against",
             ):
@@ -1888,3 +1890,11 @@ def test_the_batchnorm_bound_was_set_on_some_two_site_federations_and_tested_on_
             sizes = {other: config["patients"] for other, config in runs[name]["federation"]["sites"].items()}
             assert sizes[site] == max(sizes.values()), (name, site)
     assert "Every reading above 0.3, here and in the calibration runs, was the larger site's of its pair." in page
+    patients = [config["patients"] for run in runs.values() for config in run["federation"]["sites"].values()]
+    assert f"come from pairs of {min(patients)} to {max(patients)} patients a site, none smaller" in page
+    assert "it is not part of the 1 % a job the validation rules above are designed for" in page
+    reader = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())[
+        "bn_inside-2sites-1attackers-seed1"
+    ]
+    ratchet = [reader["validations"][index]["site-nih"]["val_batchnorm_minus_start"] for index in "012"]
+    assert f"`bn_inside`'s candidates read {ratchet[0]:.2f}, {ratchet[1]:.2f} and {ratchet[2]:.2f} above" in page
