@@ -1884,6 +1884,24 @@ def test_the_batchnorm_bound_was_set_on_some_two_site_federations_and_tested_on_
     ).replace("%", " %") in page
     bound = f"{clean_sweep.upper_bound(0, len(scratch)):.0%}".replace("%", " %")
     assert f"so a false-alarm rate of at most {bound} a job" in page
+    stand_in = {name: run for name, run in tested.items() if run["federation"]["start"] == "stand-in"}
+    order = [343, 363, 366, 335, 356, 365, 340, 344, 353, 348, 339]  # the stand-in sweep's order at stop 93
+    assert sorted(order) == drawn == sorted(run["federation"]["seed"] for run in stand_in.values())
+    assert len(tested) == len(scratch) + len(stand_in)
+    times = [run["seconds"] for run in stand_in.values()]
+    assert (
+        f"--start stand-in --out results/r94/test-standin --seeds {' '.join(map(str, order))}`, "
+        f"{min(times):.0f} to {max(times):.0f} s each) stopped nowhere either" in page
+    )
+    held = _batchnorm_readings(stand_in)
+    top = max(held, key=lambda reading: reading[3])
+    assert top[:2] == ("sweep-343-stand-in", 0)
+    assert (
+        f"their {len(held)} readings reached {top[3]:.2f} (seed 343, round 0), "
+        f"{max(reading[3] for reading in held if reading[1] > 0):.2f} after round 0" in page
+    )
+    both = f"{clean_sweep.upper_bound(0, len(tested)):.0%}".replace("%", " %")
+    assert f"Over the {len(tested)} runs from both starts, a false-alarm rate of at most {both} a job" in page
     runs = {**calibration, **tested}
     for name, _, site, value in readings["calibration"] + readings["scratch"]:
         if value > 0.3:  # the larger site of its pair
