@@ -1529,6 +1529,23 @@ def test_the_attack_suite_at_two_sites_is_its_record():
                 f"(the suite's `bn_inside`, [below](#attackers-who-know-the-rules): {shown} against",
             ):
                 assert said in text, said
+            seed2 = json.loads((docs / "two-sites-batchnorm-seed2.json").read_text())
+            second = {run["attack"]: run for run in seed2.values()}
+            seconds = [run["seconds"] for run in second.values()]
+            first_clean = second[suite.CLEAN]
+            stopped = dict(re.findall(pattern, second["bn_inflate"]["stopped"]))
+            assert suite.verdict(second["bn_inflate"], first_clean) == "fails closed"
+            assert suite.verdict(second["bn_inside"], first_clean) == "breaks through"
+            kept = second["bn_inside"]["final_auroc"]["site-nih"]
+            for said in (
+                f"same command and commit, {min(seconds):.0f} to {max(seconds):.0f} s a run;",
+                f"`bn_inflate` fails closed after round 0 (site-nih read {float(stopped['site-nih']):.2f})",
+                f"`bn_inside` breaks through ({margin(second['bn_inside'], first_clean)}, the round-0 model kept "
+                "again, "
+                f"its last model {kept:.3f} against the clean run's {first_clean['final_auroc']['site-nih']:.3f}; "
+                f"the placebo {margin(second[suite.PLACEBO], first_clean)})",
+            ):
+                assert said in text, said
             boosted = two["backdoor_boosted"]
             assert (
                 f"`backdoor_boosted` ({margin(boosted, clean)}, success {boosted['best_backdoor_success']:.1%} "
