@@ -1529,6 +1529,28 @@ def test_the_attack_suite_at_two_sites_is_its_record():
                 f"(the suite's `bn_inside`, [below](#attackers-who-know-the-rules): {shown} against",
             ):
                 assert said in text, said
+            rerun = json.loads((docs / "two-sites-rerun-stop94.json").read_text())
+            assert sorted(run["attack"] for run in rerun.values()) == sorted(
+                set(two) - {"bn_inflate", "bn_inside", suite.ALONE}
+            )
+            for name, run in rerun.items():  # the rule on, each outcome as recorded
+                assert all(run[key] == runs[name][key] for key in ("best_auroc", "final_auroc", "exit_code", "stopped"))
+            rerun_readings = [
+                (figures["site-nih"]["val_batchnorm_minus_own"], run["attack"], index)
+                for run in rerun.values()
+                for index, figures in run["validations"].items()
+                if "val_batchnorm_minus_own" in figures.get("site-nih", {})
+            ]
+            top_reading = max(rerun_readings)
+            clean_first_reading = rerun["clean-2sites-0attackers-seed1"]["validations"]["0"]["site-nih"]
+            assert top_reading[0] == clean_first_reading["val_batchnorm_minus_own"]  # the clean run's round 0
+            rerun_seconds = [run["seconds"] for run in rerun.values()]
+            for said in (
+                f"`--out results/r94/suite-k2-all`, {min(rerun_seconds):.0f} to {max(rerun_seconds):.0f} s a run; "
+                f"[record](attack-suite/two-sites-rerun-stop94.json)), each of these {len(rerun)} runs",
+                f"site-nih read none of their candidates further than {top_reading[0]:.2f} (the clean run's round 0)",
+            ):
+                assert said in text, said
             seed2 = json.loads((docs / "two-sites-batchnorm-seed2.json").read_text())
             second = {run["attack"]: run for run in seed2.values()}
             seconds = [run["seconds"] for run in second.values()]
