@@ -1941,6 +1941,7 @@ def test_the_batchnorm_bound_was_set_on_some_two_site_federations_and_tested_on_
     )
     both = f"{clean_sweep.upper_bound(0, len(tested)):.0%}".replace("%", " %")
     assert f"Over the {len(tested)} runs from both starts, a false-alarm rate of at most {both} a job" in page
+    assert f"(at most {both} a job over the {len(tested)} test runs, {bound} from each start: few runs)" in page
     runs = {**calibration, **tested}
     for name, _, site, value in readings["calibration"] + readings["scratch"]:
         if value > 0.3:  # the larger site of its pair
