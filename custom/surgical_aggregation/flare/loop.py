@@ -59,6 +59,13 @@ TWO_SITES_APART = (
 )
 
 
+# the end of every message of a job the server stops: what is kept, and the operator's way out
+NOTHING_PUBLISHED = (
+    "Nothing is published; the last good global model stays on disk. Compare the sites' logs and data; write-job "
+    "--leave-out names a site the next job runs without"
+)
+
+
 class FederationCannotProceed(RuntimeError):
     """Why a job stops early (too few sites at the handshake, no progress, an unusable model, a saved federation
     that cannot be continued, a full disk, sites whose validation the server cannot reconcile)."""
@@ -331,8 +338,7 @@ class FederationLoop(SiteTasks):
             self._checkpoint()
             raise FederationCannotProceed(
                 f"round {round_number}: two sites made the candidate ({contributors}) and {'; '.join(found)}; with "
-                "two sites the server cannot tell which. Nothing is published; the last good global model stays on "
-                "disk. Compare the sites' logs and data; write-job --leave-out names a site the next job runs without"
+                f"two sites the server cannot tell which. {NOTHING_PUBLISHED}"
             )
         made: dict[str, tuple[SavedVersion, dict[str, dict[str, float]]]] = {FIRST: (candidate, validation)}
         decision, tests = Decision("accept"), {}
@@ -408,8 +414,7 @@ class FederationLoop(SiteTasks):
         left = f" (after leaving out {decision.excluded})" if decision.excluded else ""
         return (
             f"the global model {model_label(round_number)} harms a site{left}: {harmed}. {decision.why[:1].upper()}"
-            f"{decision.why[1:]}. Nothing is published; the last good global model stays on disk. Compare the sites' "
-            "logs and data; write-job --leave-out names a site the next job runs without"
+            f"{decision.why[1:]}. {NOTHING_PUBLISHED}"
         )
 
     @staticmethod
@@ -417,8 +422,7 @@ class FederationLoop(SiteTasks):
         apart = "; ".join(results.two_sites_apart)
         return (
             f"round {round_number}: two sites made the round ({results.accepted}) and {apart}: {TWO_SITES_APART}. "
-            "Nothing is published; the last good global model stays on disk. Compare the sites' logs and data; "
-            "write-job --leave-out names a site the next job runs without"
+            f"{NOTHING_PUBLISHED}"
         )
 
     def _judge(self, version: SavedVersion, figures: dict[str, dict[str, float]], judges: Sequence[str]) -> None:

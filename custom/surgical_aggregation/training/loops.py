@@ -52,8 +52,9 @@ class BatchNormReadings:
 
     def __init__(self, model: nn.Module) -> None:
         self.layers = list(batchnorm_modules(model))
-        # per layer: images x positions read, and the running mean and sum of squared deviations per channel (float64
-        # on the host, merged batch by batch: Chan et al.'s pairwise update), each batch's own moments in float32
+        # per layer: images x positions read, and the running mean and sum of squared deviations per channel, kept on
+        # the model's device (no host sync per batch) in float64, merged batch by batch (Chan et al.'s pairwise
+        # update); each batch's own moments in float32
         self._moments: list[tuple[float, torch.Tensor | None, torch.Tensor | None]] = [(0.0, None, None)] * len(
             self.layers
         )
@@ -74,8 +75,9 @@ class BatchNormReadings:
             values = inputs[0].detach()
             dims = [0, *range(2, values.dim())]
             variance, mean = torch.var_mean(values.float(), dim=dims, correction=0)
+            precise = torch.float32 if values.device.type == "mps" else torch.float64  # MPS has no float64
             count = values.numel() / values.shape[1]
-            mean, squares = mean.cpu().double(), variance.cpu().double() * count
+            mean, squares = mean.to(precise), variance.to(precise) * count
             seen, old_mean, old_squares = self._moments[index]
             if old_mean is not None:
                 total = seen + count
@@ -97,9 +99,9 @@ class BatchNormReadings:
             if not count:
                 out.append(math.nan)
                 continue
-            variance = squares / count + layer.eps
+            variance = squares.cpu().double() / count + layer.eps
             assumed = layer.running_var.detach().cpu().double() + layer.eps
-            shift = mean - layer.running_mean.detach().cpu().double()
+            shift = mean.cpu().double() - layer.running_mean.detach().cpu().double()
             divergence = 0.5 * (torch.log(assumed / variance) + (variance + shift.square()) / assumed - 1)
             out.append(float(divergence.mean()))
         return np.asarray(out)
