@@ -50,6 +50,7 @@ from surgical_aggregation.core.labels import BUILTIN_VOCABULARY, CHEXPERT_LABELS
 from surgical_aggregation.core.robust import DEFAULT_RULE
 from surgical_aggregation.evaluation.inference import predict_checkpoint, scoring_dataset
 from surgical_aggregation.evaluation.metrics import auroc
+from surgical_aggregation.experiments.grid_run import code_version, machine
 from surgical_aggregation.experiments.summary import rewrite_marked_block
 from surgical_aggregation.flare.recipe import (
     DEMO,
@@ -737,6 +738,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         print(f"{name}: rescored: {results[name]['best_backdoor_success_by_trigger']}", flush=True)
     if not args.table_only:
         test = test_config(args.out / "cache")
+        ran_on, version = machine(), code_version()  # each record names the machine and the code that made it
         for case in cases(
             args.seeds, args.attacks, args.settings, args.patients, args.rounds, args.references, args.start
         ):
@@ -776,6 +778,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 **({"honest_sites": args.honest_sites} if args.honest_sites else {}),
                 **found,
                 "seconds": round(time.perf_counter() - started, 1),
+                "machine": ran_on,
+                "commit": version,
             }
             shutil.rmtree(exchange, ignore_errors=True)
             print(f"{case.name}: {json.dumps(results[case.name])}", flush=True)

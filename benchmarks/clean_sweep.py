@@ -41,7 +41,7 @@ from hostile_site import run_simulator
 from scipy.stats import beta
 
 from surgical_aggregation.core.labels import NIH_LABELS
-from surgical_aggregation.experiments.grid_run import machine
+from surgical_aggregation.experiments.grid_run import code_version, machine
 from surgical_aggregation.experiments.grids import assign_label_sets
 from surgical_aggregation.experiments.summary import rewrite_marked_block
 from surgical_aggregation.flare.recipe import (
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             raise SystemExit(f"{store} holds runs of another start than {args.start} ({mixed[:3]}): another --out")
         if args.consortium:
             plans.append(Federation(CONSORTIUM, -1, "the consortium job", 3, {}, start=args.start))
-        began, lock, ran_on = time.perf_counter(), threading.Lock(), machine()
+        began, lock, ran_on, version = time.perf_counter(), threading.Lock(), machine(), code_version()
 
         def run(federation: Federation) -> None:
             if time.perf_counter() - began > args.stop_starting_after:
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             result = {"federation": asdict(federation), **outcome(app, code, log)}
             with lock:
                 seconds = round(time.perf_counter() - started, 1)
-                results[federation.name] = {**result, "seconds": seconds, "machine": ran_on}
+                results[federation.name] = {**result, "seconds": seconds, "machine": ran_on, "commit": version}
                 print(f"{federation.name}: exit {code}, {results[federation.name]['seconds']} s", flush=True)
                 store.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -370,3 +370,31 @@ def test_a_runs_machine_names_the_kernels_its_floats_came_from(monkeypatch, tmp_
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     kernels = torch.backends.cpu.get_cpu_capability()
     assert grid_run.machine() == f"AMD EPYC, family 25 model 17, {kernels} ({os.cpu_count()} cores)"
+
+
+def test_a_record_names_the_commit_of_the_code_that_made_it(tmp_path):
+    """Suite and sweep records name the commit they ran on, marked when the bundle's code differed from it, so that a
+    table can say which rules made a row; a folder outside git names none."""
+    import pathlib
+    import subprocess
+
+    from surgical_aggregation.experiments import grid_run
+
+    def git(*arguments: str) -> str:
+        done = subprocess.run(["git", "-C", str(tmp_path), *arguments], check=True, capture_output=True, text=True)
+        return done.stdout
+
+    assert grid_run.code_version(tmp_path) is None
+    git("init", "-q")
+    (tmp_path / "custom").mkdir()
+    (tmp_path / "custom" / "rules.py").write_text("BOUND = 1\n")
+    (tmp_path / "README.md").write_text("notes\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "rules")
+    commit = git("rev-parse", "HEAD").strip()
+    assert grid_run.code_version(tmp_path) == commit
+    (tmp_path / "README.md").write_text("other notes\n")  # not code: the rules are the commit's
+    assert grid_run.code_version(tmp_path) == commit
+    (tmp_path / "custom" / "rules.py").write_text("BOUND = 2\n")
+    assert grid_run.code_version(tmp_path) == f"{commit}+changes"
+    assert grid_run.code_version() == grid_run.code_version(pathlib.Path(grid_run.__file__).resolve().parents[3])

@@ -8,6 +8,7 @@ import logging
 import multiprocessing
 import os
 import re
+import subprocess
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -108,6 +109,30 @@ def machine() -> str:
     generation = f", family {field('cpu family')} model {field('model')}" if field("cpu family") else ""
     kernels = torch.backends.cpu.get_cpu_capability()
     return f"{field('model name') or 'CPU'}{generation}, {kernels} ({os.cpu_count()} cores)"
+
+
+def code_version(root: Path | None = None) -> str | None:
+    """The commit the bundle's checkout at ``root`` (by default this file's, when it runs from a checkout) is at, with
+    ``+changes`` when its code (``custom/``, ``benchmarks/``) differs from that commit; None outside a git checkout. A
+    record names it so that a table can say which rules made each of its rows."""
+    if root is None:
+        here = Path(__file__).resolve()
+        if here.parents[2].name != "custom":  # an installed copy: no checkout to name
+            return None
+        root = here.parents[3]
+
+    def git(*arguments: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *arguments], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "--verify", "HEAD")
+    if not commit:
+        return None
+    changed = git("status", "--porcelain", "--", "custom", "benchmarks")
+    return f"{commit}+changes" if changed else commit
 
 
 def save_trained(folder: Path, models: dict[str, dict[str, list[Path]]], record: dict, seconds: float) -> None:
