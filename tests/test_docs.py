@@ -83,6 +83,14 @@ def _four_sites(rows: list[list[str]]) -> dict[str, list[str]]:
     return {row[0]: row for row in rows if row[1].split(" ")[0] == "4" and ";" not in row[1]}
 
 
+def _before_stop_95(suite, references: bool = False) -> dict[str, dict]:
+    """The table's three-site runs from scratch (seed 1) as they were before stop 95 ran them again: its references
+    only with ``references``."""
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "three-sites-before-stop95.json").read_text())
+    wanted = (*suite.REFERENCES, suite.PLACEBO)
+    return {name: run for name, run in runs.items() if not references or run["attack"] in wanted}
+
+
 def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
     """docs/server-checks.md's label flips under the withdrawn shared-rows rule: each row's figures as the suite's table
     computes them from docs/attack-suite/shared-rows-rule.json against this page's references, beside the table's
@@ -92,6 +100,8 @@ def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
     table_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
     rule_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "shared-rows-rule.json").read_text())
     references = {name: run for name, run in table_runs.items() if run["attack"] in (*suite.REFERENCES, suite.PLACEBO)}
+    # its three-site runs are measured against the references they ran beside, before stop 95 ran that setting again
+    references.update(_before_stop_95(suite, references=True))
     assert rule_runs["label_flip-7sites-2attackers-seed1"]["absent"] == ["site-nih-1"]
     complete = {name: run for name, run in rule_runs.items() if not run["absent"]}
 
@@ -457,6 +467,7 @@ def _warmup_rule_figures() -> dict[str, str]:
     suite = load_benchmark("attack_suite")
     sweep = load_benchmark("clean_sweep")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    runs.update(_before_stop_95(suite))  # the section's three-site runs are those before stop 95 ran them again
     # the section's runs: the suite's default size (the three-site runs at 400 patients have their own section)
     flips = {
         name: run
@@ -562,6 +573,7 @@ def test_the_withdrawn_turned_back_rules_figures_are_the_runs():
     (docs/attack-suite/turned-back-rule.json, against the table's references) and the clean sweep's records."""
     suite = load_benchmark("attack_suite")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    runs.update(_before_stop_95(suite, references=True))  # the references its three-site run ran beside
     rule_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "turned-back-rule.json").read_text())
     sweep_runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
@@ -1956,3 +1968,90 @@ def test_the_batchnorm_bound_was_set_on_some_two_site_federations_and_tested_on_
     ]
     ratchet = [reader["validations"][index]["site-nih"]["val_batchnorm_minus_start"] for index in "012"]
     assert f"`bn_inside`'s candidates read {ratchet[0]:.2f}, {ratchet[1]:.2f} and {ratchet[2]:.2f} above" in page
+
+
+def test_the_three_site_suite_from_scratch_is_its_stop_95_record():
+    """docs/server-checks.md's account of the three-site suite from scratch (seed 1), run again at stop 95 under every
+    rule: each figure from docs/attack-suite/results.json, the runs it replaced kept beside it."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    before = _before_stop_95(suite)
+    three = {
+        run["attack"]: run for run in runs.values() if run["sites"] == 3 and suite._size(run) == (100, 3, "scratch")
+    }
+    assert sorted(three) == sorted((*suite.ATTACKS, *suite.REFERENCES, suite.PLACEBO))  # the whole catalogue
+    assert all(run["commit"].startswith("42af296") for run in three.values())
+    assert sorted(before) == sorted(
+        f"{attack}-3sites-{0 if attack == 'clean' else 1}attackers-seed1" for attack in three
+    )
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    seconds = [run["seconds"] for run in three.values()]
+    assert f"18 runs, {min(seconds):.0f} to {max(seconds):.0f} seconds each" in page
+    clean, alone, placebo = three["clean"], three["honest_alone"], three["placebo"]
+
+    def margin(attack: str, reference: dict) -> str:
+        return f"{suite.lowest_margin(three[attack], reference):+.3f}"
+
+    floor = -suite.lowest_margin(placebo, clean)
+    scores = {run: [f"{figures['best_auroc'][site]:.3f}" for site in ("site-chexpert-1", "site-nih-1")]
+              for run, figures in (("placebo", placebo), ("clean", clean))}  # fmt: skip
+    assert (
+        f"**The noise floor is {floor:.3f}.** The placebo's honest sites score {' and '.join(scores['placebo'])} "
+        f"against the clean run's {' and '.join(scores['clean'])}"
+    ) in page
+    cost = -suite.lowest_margin(alone, clean)
+    assert f"**Leaving one of three sites out costs this federation {cost:.3f} test AUROC by itself**" in page
+    refused = [attack for attack, run in three.items() if run["rejected"] == run["attacking_sites"] == ["site-nih-2"]]
+    assert sorted(refused) == ["gaussian", "inf", "ipm", "label_flip", "label_flip_quiet", "opt_alie", "opt_ipm",
+                               "sign_flip"]  # fmt: skip
+    for attack in refused:  # each ends at the honest sites alone, to the digit, and the pair left was never stopped
+        assert three[attack]["exit_code"] == 0 and three[attack]["best_auroc"] == alone["best_auroc"], attack
+    assert (
+        "defence that removes the attacker; against the honest sites alone each of them is +0.000. The honest pair "
+        "these eight runs" in page
+    )
+    own = three["backdoor"]["attackers_own_backdoor_success"]["site-nih-2"]
+    assert (
+        f"`alie` ({margin('alie', clean)}), `bn_inflate` ({margin('bn_inflate', clean)}) and `backdoor` "
+        f"({margin('backdoor', clean)}, success "
+        f"{100 * suite.backdoor_above(three['backdoor'], clean):.1f} points above the clean model's; its attacker's "
+        f"own model scored its trigger at {100 * own:.1f} %)"
+    ) in page
+    boosted = three["backdoor_boosted"]
+    assert suite.verdict(boosted, clean) == "breaks through" and suite.verdict(boosted, alone) == "did not take"
+    assert (
+        f"{100 * boosted['best_backdoor_success']:.1f} % of the triggered negatives against the clean model's "
+        f"{100 * clean['best_backdoor_success']:.1f} % ({100 * suite.backdoor_above(boosted, clean):.1f} points; AUROC "
+        f"{margin('backdoor_boosted', clean)}), where its attacker's own model scored "
+        f"{100 * boosted['attackers_own_backdoor_success']['site-nih-2']:.1f} %, the honest sites alone "
+        f"{100 * alone['best_backdoor_success']:.1f} % and the placebo {100 * placebo['best_backdoor_success']:.1f} %"
+    ) in page
+    old = before["backdoor_boosted-3sites-1attackers-seed1"], before["clean-3sites-0attackers-seed1"]
+    assert (
+        f"(the runs before stop 95: {100 * old[0]['best_backdoor_success']:.1f} % against "
+        f"{100 * old[1]['best_backdoor_success']:.1f} %, a hold)" in page
+    )
+    assert suite.verdict(old[0], old[1]) == "holds"
+    said_of = {
+        "mimic": "**`mimic` holds against the honest sites alone ({alone}), not against the clean run ({clean}).**",
+        "mimic_noised": "(-{clean_abs} against the clean run, {alone} against the honest sites alone)",
+        "label_flip_late": "**`label_flip_late` breaks through** ({clean} against the clean run, {alone} against the "
+        "honest sites alone)",
+    }
+    for attack, mark in said_of.items():
+        clean_margin, alone_margin = margin(attack, clean), margin(attack, alone)
+        said = mark.format(clean=clean_margin, alone=alone_margin, clean_abs=clean_margin.lstrip("-"))
+        assert said in page, said
+    assert (
+        "Run again at stop 95 under every rule since, the flipper is left out from round 0 again and the honest sites "
+        f"end at the honest sites alone to the digit ({margin('label_flip', clean)} against the clean run, "
+        f"{margin('label_flip', alone)} against the honest sites alone)" in page
+    )
+    lowest = sorted(three["mimic_noised"]["best_auroc"].values(), reverse=True)
+    assert f"{lowest[0]:.3f} and {lowest[1]:.3f} (-" in page
+    late_before = before["label_flip_late-3sites-1attackers-seed1"]
+    old_references = _before_stop_95(suite, references=True)
+    assert (
+        f"as before stop 95 ({suite.lowest_margin(late_before, suite.clean_of(old_references, late_before)):+.3f} and "
+        f"{suite.lowest_margin(late_before, suite.alone_of(old_references, late_before)):+.3f})"
+    ) in page
