@@ -2055,3 +2055,60 @@ def test_the_three_site_suite_from_scratch_is_its_stop_95_record():
         f"as before stop 95 ({suite.lowest_margin(late_before, suite.clean_of(old_references, late_before)):+.3f} and "
         f"{suite.lowest_margin(late_before, suite.alone_of(old_references, late_before)):+.3f})"
     ) in page
+
+
+def test_the_three_site_suite_on_a_second_seed_is_its_record():
+    """docs/server-checks.md's three-site runs of seed 2 (stop 95): the table as ``attack_suite.py --table-only
+    --write-doc --marker three-sites-seed2`` writes it from docs/attack-suite/three-sites-seed2.json, and the figures of
+    the paragraph above it."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "three-sites-seed2.json").read_text())
+    assert _marked_block(REPOSITORY / "docs" / "server-checks.md", "three-sites-seed2") == "\n".join(suite.table(runs))
+    by_attack = {run["attack"]: run for run in runs.values()}
+    assert all(
+        run["seed"] == 2 and run["sites"] == 3 and suite._size(run) == (100, 3, "scratch") for run in runs.values()
+    )
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    seconds = [run["seconds"] for run in runs.values()]
+    attacks = [attack for attack in by_attack if attack not in (*suite.REFERENCES, suite.PLACEBO)]
+    assert f"--seeds 2 --settings 3:1 --attacks {' '.join(attacks)}`, commit 42af296, " in page
+    assert f"{min(seconds):.0f} to {max(seconds):.0f} s a run" in page
+    clean, alone = by_attack["clean"], by_attack["honest_alone"]
+
+    def margin(attack: str, reference: dict) -> str:
+        return f"{suite.lowest_margin(by_attack[attack], reference):+.3f}"
+
+    def success(attack: str) -> str:
+        return f"{100 * by_attack[attack]['best_backdoor_success']:.1f} %"
+
+    def own(attack: str) -> str:
+        return f"{100 * by_attack[attack]['attackers_own_backdoor_success']['site-nih-2']:.1f} %"
+
+    verdicts = {attack: (suite.verdict(by_attack[attack], clean), suite.verdict(by_attack[attack], alone))
+                for attack in attacks}  # fmt: skip
+    assert verdicts == {
+        "label_flip_late": ("breaks through", "breaks through"),
+        "mimic_noised": ("breaks through", "breaks through"),
+        "backdoor": ("holds", "holds"),
+        "backdoor_boosted": ("did not take", "breaks through"),
+        "bn_inflate": ("holds", "holds"),
+        "alie": ("holds", "holds"),
+        "label_flip": ("holds", "holds"),
+    }
+    assert by_attack["label_flip"]["excluded"] == ["site-nih-2"]
+    for said in (
+        f"leaving the third site out costs {-suite.lowest_margin(alone, clean):.3f}",
+        f"the placebo moved the honest sites by {margin('placebo', clean)}",
+        f"and holds ({margin('label_flip', clean)}); `alie` ({margin('alie', clean)}) and `bn_inflate` "
+        f"({margin('bn_inflate', clean)}) hold; the late label flip ({margin('label_flip_late', clean)} against the "
+        f"clean run, {margin('label_flip_late', alone)} against the honest sites alone) and the near-copy "
+        f"({margin('mimic_noised', clean)}, {margin('mimic_noised', alone)}) break through",
+        f"the clean model's success with the trigger is {success('clean')} (the honest sites alone's "
+        f"{success('honest_alone')}, the placebo's {success('placebo')}), `backdoor` holds ({success('backdoor')}, its "
+        f"attacker's own model {own('backdoor')})",
+        f"`backdoor_boosted`'s {success('backdoor_boosted')} is "
+        f"{100 * suite.backdoor_above(by_attack['backdoor_boosted'], clean):.1f} points above the clean model's and "
+        f"{100 * suite.backdoor_above(by_attack['backdoor_boosted'], alone):.1f} above the honest sites alone's",
+        f"(its attacker's own model {own('backdoor_boosted')}, within 5 points of {success('clean')})",
+    ):
+        assert said in page, said
