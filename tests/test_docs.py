@@ -1724,7 +1724,7 @@ def test_the_two_site_bounds_were_tested_on_federations_no_rule_had_seen():
     stand_in = json.loads((sweeps / "stand-in.json").read_text())
     stopped = json.loads((sweeps / "two-site-rules-withdrawn.json").read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
-    new = range(332, 400)
+    new = range(332, 367)  # stop 95 tested them again on later seeds: its own test
     tested = {
         "stand-in": {name: run for name, run in stand_in.items() if run["federation"]["seed"] in new},
         "scratch": {name: run for name, run in scratch.items() if run["federation"]["seed"] in new},
@@ -1776,8 +1776,8 @@ def test_the_two_site_bounds_were_tested_on_federations_no_rule_had_seen():
         robust.MIN_SHARED_ROWS <= figures["shared_rows"] <= 6 for run in runs for figures in run["two_sites"].values()
     )  # "a pair with five or six shared rows ... was not among them"
     recorded = {  # every round of two of each start's honest two-site federations (stop 92's and stop 93's)
-        "scratch": _two_site_rounds(scratch, range(300, 400)),
-        "stand-in": [*_two_site_rounds(stand_in, range(300, 400)), *_two_site_rounds(stopped)],
+        "scratch": _two_site_rounds(scratch, range(300, 367)),
+        "stand-in": [*_two_site_rounds(stand_in, range(300, 367)), *_two_site_rounds(stopped)],
     }
     federations = {(start, name) for start, rounds in recorded.items() for name, _, _ in rounds}
     assert len(federations) == 29 and "In no round of the 29 two-site federations recorded so far" in page
@@ -2112,3 +2112,65 @@ def test_the_three_site_suite_on_a_second_seed_is_its_record():
         f"(its attacker's own model {own('backdoor_boosted')}, within 5 points of {success('clean')})",
     ):
         assert said in page, said
+
+
+def test_the_two_site_rules_were_tested_again_on_new_draws():
+    """docs/server-checks.md's second test of the two-site rules (stop 95): every two-site draw of seeds 367-429, never
+    run before, from scratch and (those started within the sweep's time) from the stand-in, none stopped; the
+    BatchNorm readings and direction figures the page quotes, from docs/clean-sweep/batchnorm-test-2.json."""
+    clean_sweep = load_benchmark("clean_sweep")
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    tested = json.loads((sweeps / "batchnorm-test-2.json").read_text())
+    earlier = json.loads((sweeps / "batchnorm-test.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    drawn = [seed for seed in range(367, 430) if len(clean_sweep.draw(seed).sites) == 2]
+    scratch = {name: run for name, run in tested.items() if run["federation"]["start"] == "scratch"}
+    stand_in = {name: run for name, run in tested.items() if run["federation"]["start"] == "stand-in"}
+    assert sorted(run["federation"]["seed"] for run in scratch.values()) == drawn
+    assert [run["federation"]["seed"] for run in stand_in.values()] == drawn[: len(stand_in)]  # in the sweep's order
+    assert len(tested) == len(scratch) + len(stand_in) and stand_in
+    assert all(run["exit_code"] == 0 and not run["stopped"] for run in scratch.values())
+    stopped = {run["federation"]["seed"]: run["stopped"] for run in stand_in.values() if run["exit_code"] != 0}
+    assert sorted(stopped) == [384, 389]  # two false alarms from the stand-in, neither by the BatchNorm rule
+    assert stopped[384].startswith("the global model after round 0 harms a site: for site-1-siim, its validation loss")
+    assert (
+        stopped[389].startswith("round 3: two sites made the round")
+        and "backbone updates point opposite" in stopped[389]
+    )
+    assert not any("BatchNorm" in reason for reason in stopped.values())
+    assert not any(any(run["excluded"].values()) or run["rejected"] for run in tested.values())
+    backbone_389 = [two["backbone_cosine"] for two in stand_in["sweep-389-stand-in"]["two_sites"].values()]
+    assert f"the honest pair's backbone updates came to {', '.join(f'{c:.2f}' for c in backbone_389[1:])}" in page
+    harm = re.search(r"its validation loss is ([0-9.]+) above its own model's, more than the ([0-9.]+)", stopped[384])
+    assert f"SIIM's validation loss of the candidate {harm[1]} above its own model's (the margin {harm[2]}" in page
+    for label, runs, said in (
+        ("scratch", scratch, f"--seeds {' '.join(map(str, drawn))}`, {{}} to {{}} s each"),
+        ("stand-in", stand_in, f"{len(stand_in)} of them started within its 20 minutes, {{}} to {{}} s each"),
+    ):
+        times = [run["seconds"] for run in runs.values()]
+        assert said.format(f"{min(times):.0f}", f"{max(times):.0f}") in page, label
+    for label, runs in (("from scratch", scratch), ("from the stand-in", stand_in)):
+        readings = _batchnorm_readings(runs)
+        top = max(readings, key=lambda reading: reading[3])
+        later = max(reading[3] for reading in readings if reading[1] > 0)
+        seed = runs[top[0]]["federation"]["seed"]
+        said = f"{label} their {len(readings)} readings reached {top[3]:.2f} (seed {seed}, round {top[1]}), {later:.2f}"
+        assert f"{said} after round 0" in page, said
+        assert top[3] < judging.BATCHNORM_APART
+    rounds = [
+        (name, number, two) for name, run in scratch.items() for number, two in run["two_sites"].items() if two
+    ]  # every round of a two-site run records its directions
+    backbone = min(two["backbone_cosine"] for _, _, two in rounds)
+    rows = min(
+        ((two["shared_rows_mean_cosine"], name, number, two["shared_rows"]) for name, number, two in rounds
+         if two["shared_rows"] >= robust.MIN_SHARED_ROWS), key=lambda found: found[0]
+    )  # fmt: skip
+    assert backbone > robust.OPPOSED_BACKBONE and rows[0] > robust.OPPOSED_ROWS
+    assert f"the two backbone updates no lower than a cosine of {backbone:.3f}" in page
+    assert (
+        f"the rows both sites moved no lower than a mean cosine of {rows[0]:.2f} (seed "
+        f"{tested[rows[1]]['federation']['seed']}, round {rows[2]}, {rows[3]} rows" in page
+    )
+    every = len(earlier) + len(tested)  # the BatchNorm rule stopped none of them
+    bound = f"{clean_sweep.upper_bound(0, every):.1%}".replace("%", " %")
+    assert f"over the {every} runs of both tests, from both starts, a false-alarm rate of at most {bound} a job" in page
