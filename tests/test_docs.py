@@ -2141,6 +2141,8 @@ def test_the_two_site_rules_were_tested_again_on_new_draws():
     assert not any(any(run["excluded"].values()) or run["rejected"] for run in tested.values())
     backbone_389 = [two["backbone_cosine"] for two in stand_in["sweep-389-stand-in"]["two_sites"].values()]
     assert f"the honest pair's backbone updates came to {', '.join(f'{c:.2f}' for c in backbone_389[1:])}" in page
+    later_382 = [two["backbone_cosine"] for two in stand_in["sweep-382-stand-in"]["two_sites"].values()][1:]
+    assert f"stayed between {min(later_382):.2f} and {max(later_382):.2f} in rounds 1 to {len(later_382)}," in page
     harm = re.search(r"its validation loss is ([0-9.]+) above its own model's, more than the ([0-9.]+)", stopped[384])
     assert f"SIIM's validation loss of the candidate {harm[1]} above its own model's (the margin {harm[2]}" in page
     for label, runs, said in (
