@@ -2117,15 +2117,20 @@ def test_the_three_site_suite_on_a_second_seed_is_its_record():
 def test_the_two_site_rules_were_tested_again_on_new_draws():
     """docs/server-checks.md's second test of the two-site rules (stop 95): every two-site draw of seeds 367-429, never
     run before, from scratch and (those started within the sweep's time) from the stand-in, none stopped; the
-    BatchNorm readings and direction figures the page quotes, from docs/clean-sweep/batchnorm-test-2.json."""
+    BatchNorm readings and direction figures the page quotes, from those runs' rows of the sweep records."""
     clean_sweep = load_benchmark("clean_sweep")
     sweeps = REPOSITORY / "docs" / "clean-sweep"
-    tested = json.loads((sweeps / "batchnorm-test-2.json").read_text())
     earlier = json.loads((sweeps / "batchnorm-test.json").read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     drawn = [seed for seed in range(367, 430) if len(clean_sweep.draw(seed).sites) == 2]
-    scratch = {name: run for name, run in tested.items() if run["federation"]["start"] == "scratch"}
-    stand_in = {name: run for name, run in tested.items() if run["federation"]["start"] == "stand-in"}
+    scratch, stand_in = (
+        {name: run for name, run in json.loads((sweeps / record).read_text()).items()
+         if 367 <= run["federation"].get("seed", -1) < 430}
+        for record in ("results.json", "stand-in.json")
+    )  # fmt: skip
+    assert {run["federation"]["start"] for run in scratch.values()} == {"scratch"}
+    assert {run["federation"]["start"] for run in stand_in.values()} == {"stand-in"}
+    tested = {**scratch, **{f"{name}-stand-in": run for name, run in stand_in.items()}}
     assert sorted(run["federation"]["seed"] for run in scratch.values()) == drawn
     assert [run["federation"]["seed"] for run in stand_in.values()] == drawn[: len(stand_in)]  # in the sweep's order
     assert len(tested) == len(scratch) + len(stand_in) and stand_in
@@ -2139,9 +2144,9 @@ def test_the_two_site_rules_were_tested_again_on_new_draws():
     )
     assert not any("BatchNorm" in reason for reason in stopped.values())
     assert not any(any(run["excluded"].values()) or run["rejected"] for run in tested.values())
-    backbone_389 = [two["backbone_cosine"] for two in stand_in["sweep-389-stand-in"]["two_sites"].values()]
+    backbone_389 = [two["backbone_cosine"] for two in stand_in["sweep-389"]["two_sites"].values()]
     assert f"the honest pair's backbone updates came to {', '.join(f'{c:.2f}' for c in backbone_389[1:])}" in page
-    later_382 = [two["backbone_cosine"] for two in stand_in["sweep-382-stand-in"]["two_sites"].values()][1:]
+    later_382 = [two["backbone_cosine"] for two in stand_in["sweep-382"]["two_sites"].values()][1:]
     assert f"stayed between {min(later_382):.2f} and {max(later_382):.2f} in rounds 1 to {len(later_382)}," in page
     harm = re.search(r"its validation loss is ([0-9.]+) above its own model's, more than the ([0-9.]+)", stopped[384])
     assert f"SIIM's validation loss of the candidate {harm[1]} above its own model's (the margin {harm[2]}" in page
