@@ -154,6 +154,13 @@ def write_job_with_hostile_sites(recipe: SurgicalAggregationRecipe, folder: Path
     return job
 
 
+# FLARE's simulator starts each site's process, then must connect to it within 60 s on a port it found free a moment
+# before (``simulator_runner.do_one_task``; ``nvflare simulator`` offers no way to lengthen it). On a loaded machine,
+# or when another run takes that port, the site's thread ends with one of these lines and the job goes on without
+# the site: a different federation from the one asked for.
+CLIENT_START_FAILURES = ("run_client_thread error", "Failed to create connection to the child process")
+
+
 def run_simulator(
     job: Path, workspace: Path, *extra: str, timeout: int = 1800, cache: Path | None = None
 ) -> tuple[int, str]:
@@ -166,14 +173,22 @@ def run_simulator(
     env = {**os.environ, "PATH": f"{nvflare.parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
     if cache is not None:
         env[CACHE_ENV] = str(cache)
-    result = subprocess.run(
-        [*command, "simulator", str(job), "-w", str(workspace), "-t", threads, *extra],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    return result.returncode, result.stdout + result.stderr
+    for attempt in range(2):
+        result = subprocess.run(
+            [*command, "simulator", str(job), "-w", str(workspace), "-t", threads, *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        output = result.stdout + result.stderr
+        lost = [line for line in output.splitlines() if any(sign in line for sign in CLIENT_START_FAILURES)]
+        if not lost or attempt:
+            break
+        # not the job's doing: the same job again, once, in a fresh workspace (the failed one kept beside it)
+        workspace.rename(workspace.with_name(f"{workspace.name}.client-start-failed"))
+        print(f"FLARE's simulator lost a site at its start ({lost[0].strip()}): running {job.name} again", flush=True)
+    return result.returncode, output
 
 
 def outcome(workspace: Path, code: int, site: str = HOSTILE_SITE) -> dict:

@@ -117,6 +117,13 @@ def require_reference(name: str) -> Path:
     return path
 
 
+def errors_and_tail(output: str, tail: int = 3000) -> str:
+    """What a failed simulator run's assertion shows: each ERROR line of its output (a site lost at its start, a
+    refused handshake: often long before its end), then its last ``tail`` characters."""
+    errors = [line for line in output.splitlines() if " - ERROR - " in line]
+    return "\n".join([*errors[:40], "...", output[-tail:]])
+
+
 def tiny_sites(sites: dict[str, dict], cache: Path, network: str = SMOKE_DENSENET) -> dict[str, dict]:
     """Site configs shrunk for tests: 30 patients of 32 px per site, 2 batches of 8 per epoch, the smoke network
     (``network``: DenseNet121 where a test needs the papers' network)."""

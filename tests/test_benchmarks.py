@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,27 @@ def test_a_defence_the_honest_sites_run_reaches_them_and_not_the_attacker(tmp_pa
         assert attackers == expected_attackers
         for site, config in configs.items():
             assert config["weight_decay"] == (0.0 if site in attackers else 1e-4), (attack, site)
+
+
+def test_a_run_whose_site_flare_never_started_is_made_again_once_and_only_once(tmp_path, monkeypatch) -> None:
+    """FLARE's simulator that lost a site at its start (its thread's error line) ran a smaller federation than the job
+    asks for: the run is made again in a fresh workspace, the lost one kept beside it; a run that loses a site twice
+    is returned as it ended, and a run that lost none is never repeated."""
+    hostile_site = _load("hostile_site")
+    job = tmp_path / "job"
+    (job / "app_site-1").mkdir(parents=True)
+    lost = "2026-12-05 15:18:30,001 - ERROR - run_client_thread error: Failed to create connection to the child process"
+    for outputs, runs, kept in (([lost, "fine"], 2, True), ([lost, lost], 2, True), (["fine"], 1, False)):
+        workspace = tmp_path / f"ws-{len(outputs)}-{runs}-{outputs[-1]}"
+        made: list[str] = []
+
+        def simulate(command, outputs=outputs, made=made, workspace=workspace, **options):
+            assert command[command.index("-w") + 1] == str(workspace)
+            workspace.mkdir()
+            made.append(outputs[len(made)])
+            return subprocess.CompletedProcess(command, 0, made[-1], "")
+
+        monkeypatch.setattr(hostile_site.subprocess, "run", simulate)
+        code, output = hostile_site.run_simulator(job, workspace)
+        assert (code, output, len(made)) == (0, outputs[runs - 1], runs)
+        assert workspace.with_name(f"{workspace.name}.client-start-failed").is_dir() is kept

@@ -18,7 +18,7 @@ from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe
 from surgical_aggregation.flare.results import HISTORY_FILE as HISTORY
 from test_blind_e2e import BLIND_RUN, _app, _server, _with_secret, build_blind_run
 
-from helpers import REPOSITORY, built_once, load_benchmark, tiny_sites
+from helpers import REPOSITORY, built_once, errors_and_tail, load_benchmark, tiny_sites
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +97,7 @@ def test_the_sites_validation_leaves_out_a_harmful_blind_contribution_and_a_sile
     ciphertexts (added again without them) materially better, so the round is made without it, and the job goes on
     to publish. ``site-3`` sends no metric at all: nothing waits for it."""
     code, output, workspace = poisoned
-    assert code == 0, output[-4000:]
+    assert code == 0, errors_and_tail(output)
     assert "Traceback" not in output
     history = json.loads((_server(workspace) / "round_history.json").read_text())
     excluded = [entry for entry in history if "site-3" in entry.get("aggregation", {}).get("excluded", {})]
@@ -133,7 +133,7 @@ def test_plain_and_blind_modes_judge_the_same_poisoned_federation_alike(poisoned
     leaves the same site out in the same rounds, with the same screening action, judges and best models, and both
     jobs end the same way. The sums differ only by the ciphertexts' rounding, far below what the judging tells."""
     (blind_code, blind_output, blind_workspace), (plain_code, plain_output, plain_workspace) = poisoned, poisoned_plain
-    assert (plain_code, blind_code) == (0, 0), (plain_output[-3000:], blind_output[-3000:])
+    assert (plain_code, blind_code) == (0, 0), (errors_and_tail(plain_output), errors_and_tail(blind_output))
     plain, blind = _decisions(plain_workspace), _decisions(blind_workspace)
     assert plain == blind
     assert [round_["round"] for round_ in plain if round_["excluded"] == ["site-3"]] == [1, 2]
