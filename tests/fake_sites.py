@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -149,6 +150,8 @@ class Harness(SurgicalAggregatorShareable):
         self.dead: set[str] = set()  # sites FLARE deems disconnected
         self.unanswered: set[str] = set()  # tasks sent to sites that never answered (standing until cancelled)
         self.cancelled = 0
+        # FLARE's engine: the job's sites, answering or not
+        self.engine = SimpleNamespace(get_clients=lambda: [SimpleNamespace(name=name) for name in self.sites])
 
     @property
     def history(self) -> list[dict]:

@@ -279,9 +279,7 @@ class BlindSurgicalAggregator(FederationLoop):
         """Every site's ciphertext count, the parts it asks for and the public context; no class name is asked for,
         and an answer that carries one is refused without being logged."""
         asked = {META_BLIND: {"weighting": self.weighting}, META_METHOD: self._method()}
-        results = self.send_model_and_wait(
-            task_name=TASK_DESCRIBE, data=FLModel(params={}, meta=asked), timeout=self.handshake_timeout
-        )
+        results = self.ask_every_site(TASK_DESCRIBE, FLModel(params={}, meta=asked), self.handshake_timeout)
         admitted, refused, consortia = {}, {}, {}
         for result in results:
             meta = result.meta or {}

@@ -330,10 +330,8 @@ class SurgicalAggregatorShareable(ServerModels):
     def _handshake(self, initial_classes: list[str]) -> dict[str, SiteInfo]:
         """Ask every site for its class names; at least ``min_clients`` must pass the handshake's checks (a class
         must not look like one of ``initial_classes``, the model's, either)."""
-        results = self.send_model_and_wait(
-            task_name=TASK_DESCRIBE,
-            data=FLModel(params={}, meta={META_WANT_LABEL_COUNTS: self.label_prior}),
-            timeout=self.handshake_timeout,
+        results = self.ask_every_site(
+            TASK_DESCRIBE, FLModel(params={}, meta={META_WANT_LABEL_COUNTS: self.label_prior}), self.handshake_timeout
         )
         rules = HandshakeRules(self.vocabulary, self.max_classes_per_site, self.max_class_name_length, self.label_prior)
         answers = {result.meta.get("client_name", "?"): result.meta or {} for result in results}

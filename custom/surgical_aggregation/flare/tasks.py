@@ -81,6 +81,15 @@ class SiteTasks(ModelController):
             self.send_model(task_name=task, data=model, targets=[site], timeout=timeout, callback=one_at_a_time)
         return self._wait(timeout)
 
+    def ask_every_site(self, task: str, data: FLModel, timeout: int) -> list[FLModel]:
+        """``task`` with the same ``data`` to every site of the job; the answers within ``timeout``. A site that gave
+        none (its process never started, or it is down) is named in the log: it takes no part in the job."""
+        results = self.send_model_and_wait(task_name=task, data=data, timeout=timeout)
+        answered = {(result.meta or {}).get("client_name") for result in results}
+        for site in sorted({client.name for client in self.engine.get_clients()} - answered):
+            self.error(f"{site} did not answer the {task} task within {timeout} s: it takes no part in this job")
+        return results
+
     def _prepare_task(self, data: FLModel, task_name: str, timeout: int, callback: Callable) -> Any:
         task = super()._prepare_task(data=data, task_name=task_name, timeout=timeout, callback=callback)
         task.client_tasks = _ClientTasks()  # see _ClientTasks: one site's task, sent again, is listed once
