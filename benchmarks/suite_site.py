@@ -52,8 +52,8 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
                         whose shared head rows point apart in that round stop the job
   ``sign_flip_inside``  ``sign_flip_late`` that cancels the other site's update and pads its own with noise
                         orthogonal to it, so that at two sites the backbone and the shared rows each stand just inside
-                        the server's bounds on opposite updates (``core.robust.OPPOSED_BACKBONE``, ``OPPOSED_ROWS``):
-                        an attacker who read them
+                        the later-round bounds on opposite updates of stop 93 (:data:`STOP_93_BOUNDS`, withdrawn at
+                        stop 96: honest pairs reach them): an attacker who read them
   ``bn_inflate``        honest weights, every BatchNorm running variance multiplied so that the statistics' update
                         is 90 % of the most the server accepts (the blind-mode attack that flattens the outputs)
   ``bn_inside``         ``bn_inflate`` by an attacker who read the two-site BatchNorm bound
@@ -91,6 +91,8 @@ QUIET = {
 }
 # model poisoning honest in round 0 (the warm-up round), then the attack it names
 LATE = ("sign_flip_late", "sign_flip_inside")
+# the backbone's and the shared rows' cosines below which stop 93's server stopped a round of two in any round
+STOP_93_BOUNDS = {"backbone": -0.5, "rows": -0.9}
 INSIDE_MARGIN = 0.05  # sign_flip_inside's cosines and bn_inside's BatchNorm figure: this far inside the server's bounds
 IPM_EPSILON = 0.1
 TARGET = "Pneumothorax"  # the backdoor's finding: every site of the suite labels it
@@ -276,7 +278,6 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
     from surgical_aggregation.core.checks.update import DEFAULT_UPDATE_BOUND, STATISTICS, UPDATE_CAPS, update_group
     from surgical_aggregation.core.head import NAMED_HEAD
     from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
-    from surgical_aggregation.core.robust import OPPOSED_BACKBONE, OPPOSED_ROWS
     from surgical_aggregation.flare import client
     from surgical_aggregation.flare.protocol import META_CLASS_NAMES
     from surgical_aggregation.training import trainer as trainer_module
@@ -332,7 +333,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
         if role in ("mimic", "mimic_noised"):
             honest = honest[:1]
         rows = _flatten(honest or [own], keys)
-        vector, tau = attack_rows(role, rows, sites, attackers, rule, cosine=OPPOSED_BACKBONE + INSIDE_MARGIN)
+        vector, tau = attack_rows(role, rows, sites, attackers, rule, cosine=STOP_93_BOUNDS["backbone"] + INSIDE_MARGIN)
         out = dict(sent)
         offset = 0
         for key in keys:
@@ -352,7 +353,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
             ]
             rows = np.stack(others) if others else own[ROWS + name][None].astype(np.float64)
             moved, _ = attack_rows(
-                role, rows.astype(np.float64), sites, attackers, rule, tau, OPPOSED_ROWS + INSIDE_MARGIN
+                role, rows.astype(np.float64), sites, attackers, rule, tau, STOP_93_BOUNDS["rows"] + INSIDE_MARGIN
             )
             weight[row] = old_weight[row] + moved[:-1]
             bias[row] = old_bias[row] + moved[-1]

@@ -221,18 +221,16 @@ def test_the_glyph_backdoor_stamps_the_stand_ins_first_shape_and_is_judged_by_it
 
 
 def test_sign_flip_inside_cancels_the_other_sites_update_just_inside_the_two_site_bounds() -> None:
-    """The reader of the two-site bounds: its update projects onto the honest one as exactly its negation (the mean
-    of the two moves nowhere along it) and stands at the bound's cosine plus the margin, honest in its warm-up round
-    and reporting no validation."""
+    """The reader of stop 93's later-round two-site bounds: its update projects onto the honest one as exactly its
+    negation (the mean of the two moves nowhere along it) and stands at the bound's cosine plus the margin, honest in
+    its warm-up round and reporting no validation."""
     import numpy as np
-
-    from surgical_aggregation.core.robust import OPPOSED_BACKBONE, OPPOSED_ROWS
 
     from helpers import load_benchmark
 
     site = load_benchmark("suite_site")
     honest = np.random.default_rng(3).normal(size=(1, 40))
-    for bound in (OPPOSED_BACKBONE, OPPOSED_ROWS):
+    for bound in site.STOP_93_BOUNDS.values():
         vector, _ = site.attack_rows("sign_flip_inside", honest, 2, 1, "mean", cosine=bound + site.INSIDE_MARGIN)
         mean = honest[0]
         assert vector @ mean == pytest.approx(-(mean @ mean))

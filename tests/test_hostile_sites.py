@@ -484,12 +484,14 @@ FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Effusion", "Atelectasis"]
 
 @pytest.mark.parametrize("setting", [True, "first_round"])
 @pytest.mark.parametrize("flips_from", [0, 1])
-def test_two_sites_whose_updates_point_apart_stop_the_job(tmp_path, flips_from, setting):
+def test_two_sites_whose_updates_point_apart_in_their_first_round_stop_the_job(tmp_path, flips_from, setting):
     """Two sites sharing five findings, one sending the other's update negated (rows included): in their warm-up
     round the rows both moved point apart (each cosine -1, judged against 0) and so do the backbones (-1, judged
-    against -0.5 in every round); a site that flips from the next round on is stopped there, by its rows (against -0.9
-    after the warm-up round) and its backbone. The server cannot tell which site is hostile: the job stops non-zero
-    with nothing published. ``"first_round"`` (the direction check in the first round only) judges two sites alike."""
+    against -0.5): the server cannot tell which site is hostile, and the job stops non-zero with nothing published.
+    A site that flips from the next round on is not judged by direction there (two honest updates come to cancel as
+    averaging nears its fixed point): only the sites' validation judges it, off here, so the job runs to its end with
+    the round's figures on record. ``"first_round"`` (the direction check in the first round only) judges two sites
+    alike."""
     honest = FakeSite("site-a", FIVE_FINDINGS, [0.9, 0.5, 0.5])
     flip = _flipped(1.0)
     flipper = FakeSite(
@@ -501,30 +503,27 @@ def test_two_sites_whose_updates_point_apart_stop_the_job(tmp_path, flips_from, 
         ),
     )
     harness = Harness([honest, flipper], tmp_path, num_rounds=2, validation_guard=False, reject_opposed_updates=setting)
-    with pytest.raises(RuntimeError) as stopped:
+    if flips_from:
         harness.run()
-    rows = (
-        "in their warm-up round their updates of the 5 head rows both hold point apart (mean cosine -1.00): one of "
-        "them reads those findings' labels the other way round"
-        if flips_from == 0
-        else "their updates of the 5 head rows both hold point opposite (mean cosine -1.00, at most -0.9): one of them "
-        "reads those findings' labels the other way round, or negates the other's"
-    )
-    assert str(stopped.value).startswith(
-        f"round {flips_from}: two sites made the round (['site-a', 'site-x']) and {rows}; their backbone updates point "
-        "opposite (cosine -1.00, at most -0.5): one of them negates the other's update: further apart than any honest "
-        "pair of the clean sweep's two-site federations: with two sites the server cannot tell which result is "
-        "hostile. Nothing is published"
-    )
+    else:
+        with pytest.raises(RuntimeError) as stopped:
+            harness.run()
+        assert str(stopped.value).startswith(
+            "round 0: two sites made the round (['site-a', 'site-x']) and in their warm-up round their updates of the "
+            "5 head rows both hold point apart (mean cosine -1.00): one of them reads those findings' labels the other "
+            "way round; in their warm-up round their backbone updates point opposite (cosine -1.00, at most -0.5): one "
+            "of them negates the other's update: further apart than any honest pair of the clean sweep's two-site "
+            "federations: with two sites the server cannot tell which result is hostile. Nothing is published"
+        )
     entries = [entry["aggregation"] for entry in harness.history[1:]]
-    assert len(entries) == flips_from + 1 and all("two_sites_apart" not in entry for entry in entries[:-1])
+    assert len(entries) == flips_from + 1
     aggregation = entries[-1]
     assert aggregation["two_sites"]["shared_rows"] == 5
     assert aggregation["two_sites"]["backbone_cosine"] == pytest.approx(-1.0)
-    assert len(aggregation["two_sites_apart"]) == 2
-    if flips_from:  # the honest round before it made the model, and it stays on disk
-        assert entries[0]["two_sites"]["shared_rows_mean_cosine"] == pytest.approx(1.0)
-    assert all(TASK_PUBLISH not in [task for task, _, _ in site.tasks] for site in (honest, flipper))
+    assert aggregation["two_sites"]["shared_rows_mean_cosine"] == pytest.approx(-1.0)
+    assert len(aggregation.get("two_sites_apart", [])) == (0 if flips_from else 2)
+    published = [TASK_PUBLISH in [task for task, _, _ in site.tasks] for site in (honest, flipper)]
+    assert published == [bool(flips_from)] * 2
 
 
 @pytest.mark.parametrize(("setting", "rejected_in"), [(True, [0, 1]), ("first_round", [0])])

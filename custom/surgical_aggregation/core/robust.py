@@ -541,12 +541,13 @@ def two_site_agreement(changes: Mapping[str, np.ndarray], sizes: Mapping[str, Up
     return agreement
 
 
-# in every round, a round of two stops when the two point (nearly) opposite: honest pairs of the
-# two-site sweeps (seeds 300-331) came to a backbone cosine of -0.15 and shared rows of -0.54 at their lowest; the
-# figures were chosen with those records in view (not fitted to them: round figures, -0.5 against -0.15 and -0.9
-# against -0.54) and then tested on two-site federations no rule had seen (seeds 335-366, docs/server-checks.md)
+# a round of two is judged by its direction in the job's first round from untrained heads only. There, honest pairs
+# of the clean sweeps' two-site federations (46, from scratch and from the stand-in) came to a backbone cosine of
+# -0.03 at their lowest and shared rows of 0.24. Later, nothing tells a site that negates the other's update from two
+# honest ones: as averaging nears its fixed point, the mean of the two updates tends to zero, so their systematic
+# parts cancel and the cosine falls towards -1 (honest pairs reached -0.54 for the backbone and -0.56 for the rows
+# within five rounds; stop 93's later-round bounds of -0.5 and -0.9 stopped an honest pair of the stand-in sweep)
 OPPOSED_BACKBONE = -0.5
-OPPOSED_ROWS = -0.9
 
 
 @server_check(
@@ -554,41 +555,34 @@ OPPOSED_ROWS = -0.9
     "with `reject_opposed_updates` and exactly two results left (a federation of two, or a round that rejected the "
     "rest), the job stops (non-zero, nothing published, the last good model on disk) when, in the job's first round "
     f"from untrained heads, the head rows both sites moved ({MIN_SHARED_ROWS} or more) point apart (a mean cosine of "
-    "0 or below, each row alike: one of them read the same findings' labels the other way round, or negated its "
-    f"update), or, in any round, their backbone updates point opposite (a cosine of {OPPOSED_BACKBONE:g} or below) or "
-    f"those rows do (a mean cosine of {OPPOSED_ROWS:g} or below): with two sites the server cannot tell which is "
-    "hostile. Later rows are judged only so far out: honest pairs' rows pull apart later (to -0.54), and their "
-    "backbone updates come to a cosine of -0.15",
+    f"0 or below, each row alike) or their backbone updates point opposite (a cosine of {OPPOSED_BACKBONE:g} or "
+    "below): one of them read the same findings' labels the other way round, or negated its update, and with two "
+    "sites the server cannot tell which. Later rounds are not judged by direction: two honest updates come to cancel "
+    "as averaging nears its fixed point, as a negating site's does",
     "in their warm-up round their updates of the 7 head rows both hold point apart (mean cosine -0.98): one of them "
     "reads those findings' labels the other way round",
 )
 def two_sites_apart(agreement: Mapping[str, Any], *, warmup_round: bool) -> list[str]:
     """Why the two results of a round of two (``agreement``: :func:`two_site_agreement`) stand further apart than
-    honest pairs do; empty when they do not. In the first round from untrained heads (``warmup_round``), five or more
-    shared rows with a mean cosine of 0 or below (the warm-up rows rule's figures for three or more sites,
-    :func:`opposed_at_warmup`; honest pairs with five or more shared rows read 0.92 to 0.99 in that round from
-    scratch and 0.22 to 0.37 from the stand-in on the clean sweep's two-site federations). In every round, a backbone
-    cosine of :data:`OPPOSED_BACKBONE` or below, or shared rows of :data:`OPPOSED_ROWS` or below: one of the two
-    negates the other's update, or reads every shared finding the other way round. Between those bounds and the
-    honest pairs' extremes (-0.15, -0.54) an attacker who read them has room: one that cancels the other's update and
-    pads its own with noise to stay inside (the suite's ``sign_flip_inside``) is not stopped here."""
+    honest pairs do in the job's first round from untrained heads (``warmup_round``); empty when they do not, and in
+    every later round. There: five or more shared rows with a mean cosine of 0 or below (the warm-up rows rule's
+    figures for three or more sites, :func:`opposed_at_warmup`), or a backbone cosine of :data:`OPPOSED_BACKBONE` or
+    below. A site honest in that round and hostile later (the suite's ``sign_flip_late``, ``label_flip_late``) is not
+    stopped here: only the sites' validation judges it (``core.judging``)."""
+    if not warmup_round:
+        return []
     found = []
     rows, cosine = agreement.get(SHARED_ROWS, 0), agreement.get(SHARED_ROWS_COSINE)
     backbone = agreement.get(BACKBONE_COSINE)
-    if warmup_round and rows >= MIN_SHARED_ROWS and cosine is not None and cosine <= 0:
+    if rows >= MIN_SHARED_ROWS and cosine is not None and cosine <= 0:
         found.append(
             f"in their warm-up round their updates of the {rows} head rows both hold point apart (mean cosine "
             f"{cosine:.2f}): one of them reads those findings' labels the other way round"
         )
-    elif rows >= MIN_SHARED_ROWS and cosine is not None and cosine <= OPPOSED_ROWS:
-        found.append(
-            f"their updates of the {rows} head rows both hold point opposite (mean cosine {cosine:.2f}, at most "
-            f"{OPPOSED_ROWS:g}): one of them reads those findings' labels the other way round, or negates the other's"
-        )
     if backbone is not None and backbone <= OPPOSED_BACKBONE:
         found.append(
-            f"their backbone updates point opposite (cosine {backbone:.2f}, at most {OPPOSED_BACKBONE:g}): one of them "
-            "negates the other's update"
+            f"in their warm-up round their backbone updates point opposite (cosine {backbone:.2f}, at most "
+            f"{OPPOSED_BACKBONE:g}): one of them negates the other's update"
         )
     return found
 

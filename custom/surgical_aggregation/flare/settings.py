@@ -39,9 +39,9 @@ clip_updates: with three or more sites moving a part of the model (backbone weig
 reject_opposed_updates: with three or more results left in a round, reject a result whose update of the backbone
     weights points against the round's consensus (a cosine of 0 or below with the robust aggregate of all the
     round's updates, a copy counted once), head rows and all, unless half or more of the round's updates do. With
-    exactly two results (``core.robust.two_sites_apart``), stop the job when their shared head rows point apart in
-    that first round, or their backbone updates or shared rows point opposite in any round. On by default;
-    "first_round": the direction check only in the job's first round from untrained heads (the two-site rule as
+    exactly two results (``core.robust.two_sites_apart``), stop the job when, in its first round from untrained
+    heads, their shared head rows point apart or their backbone updates point opposite (later rounds are not judged
+    by direction). On by default; "first_round": the direction check only in that first round (the two-site rule as
     with on).
 robust_aggregation: how the server aggregates each part of the model (the backbone weights, the BatchNorm
     statistics, a head row) that three or more sites moved in a round, after the size checks and the clipping:
