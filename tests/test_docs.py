@@ -91,6 +91,16 @@ def _before_stop_95(suite, references: bool = False) -> dict[str, dict]:
     return {name: run for name, run in runs.items() if not references or run["attack"] in wanted}
 
 
+def _with_two_sites_before_stop_96() -> dict[str, dict]:
+    """docs/attack-suite/results.json with its two-site runs (seed 1, both starts) as they were before stop 96 ran them
+    again under the first-round direction rule: what the page's accounts of stops 93 to 95 describe."""
+    folder = REPOSITORY / "docs" / "attack-suite"
+    runs = json.loads((folder / "results.json").read_text())
+    before = json.loads((folder / "two-sites-before-stop96.json").read_text())
+    assert set(before) == {name for name, run in runs.items() if run["sites"] == 2 and run["seed"] == 1}
+    return {**runs, **before}
+
+
 def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
     """docs/server-checks.md's label flips under the withdrawn shared-rows rule: each row's figures as the suite's table
     computes them from docs/attack-suite/shared-rows-rule.json against this page's references, beside the table's
@@ -1469,13 +1479,14 @@ def test_patch_hardening_against_the_backdoors_is_the_pages_figures():
 
 
 def test_the_attack_suite_at_two_sites_is_its_record():
-    """docs/server-checks.md's paragraphs on two sites, from scratch and from the stand-in: the catalogue's counts of
-    each verdict against the clean run under the two-site rule, the runs' times, the figures of each attack the prose
-    names, from docs/attack-suite/results.json; the runs under the withdrawn rules and before any two-site rule, from
+    """docs/server-checks.md's paragraphs on two sites under the rules of stops 93 to 95, from scratch and from the
+    stand-in: the catalogue's counts of each verdict against the clean run under the two-site rule, the runs' times,
+    the figures of each attack the prose names, from docs/attack-suite/two-sites-before-stop96.json (the table's rows
+    before stop 96 ran them again); the runs under the withdrawn rules and before any two-site rule, from
     their own records."""
     suite = load_benchmark("attack_suite")
     docs = REPOSITORY / "docs" / "attack-suite"
-    runs = json.loads((docs / "results.json").read_text())
+    runs = _with_two_sites_before_stop_96()  # the rules of stops 93 to 95, under which these paragraphs' runs ran
     text = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
 
     def margin(run: dict, clean: dict) -> str:  # the largest loss against the clean run, as the prose writes it
@@ -1491,8 +1502,8 @@ def test_the_attack_suite_at_two_sites_is_its_record():
         heading = (
             f"from scratch {broken} of the 15 attacks break{'s' * (broken == 1)} through and {closed} fail closed"
             if start == "scratch"
-            else f"From the stand-in, at two sites, {broken or 'none'} of the 15 breaks through and {closed} fail "
-            "closed"
+            else f"Before stop 96, from the stand-in, at two sites, {broken or 'none'} of the 15 breaks through and "
+            f"{closed} fail closed"
         )
         assert heading in text, heading
         for attack in ("sign_flip_quiet", "sign_flip_late"):  # beyond the catalogue: stopped, after rounds 0 and 1
@@ -1963,9 +1974,7 @@ def test_the_batchnorm_bound_was_set_on_some_two_site_federations_and_tested_on_
     patients = [config["patients"] for run in runs.values() for config in run["federation"]["sites"].values()]
     assert f"come from pairs of {min(patients)} to {max(patients)} patients a site, none smaller" in page
     assert "it is not part of the 1 % a job the validation rules above are designed for" in page
-    reader = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())[
-        "bn_inside-2sites-1attackers-seed1"
-    ]
+    reader = _with_two_sites_before_stop_96()["bn_inside-2sites-1attackers-seed1"]
     ratchet = [reader["validations"][index]["site-nih"]["val_batchnorm_minus_start"] for index in "012"]
     assert f"`bn_inside`'s candidates read {ratchet[0]:.2f}, {ratchet[1]:.2f} and {ratchet[2]:.2f} above" in page
 
@@ -2114,6 +2123,9 @@ def test_the_three_site_suite_on_a_second_seed_is_its_record():
         assert said in page, said
 
 
+STOP_95_COMMIT = "42af296a8988476cd5918dcd96c1607674c95c5d"  # the rules stop 95 tested (stop 96 ran more)
+
+
 def test_the_two_site_rules_were_tested_again_on_new_draws():
     """docs/server-checks.md's second test of the two-site rules (stop 95): every two-site draw of seeds 367-429, never
     run before, from scratch and (those started within the sweep's time) from the stand-in, none stopped; the
@@ -2123,9 +2135,14 @@ def test_the_two_site_rules_were_tested_again_on_new_draws():
     earlier = json.loads((sweeps / "batchnorm-test.json").read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     drawn = [seed for seed in range(367, 430) if len(clean_sweep.draw(seed).sites) == 2]
+    # seed 389 from the stand-in as it ran under stop 93's later-round bounds (stop 96 ran it again without them: the
+    # sweep's row now), in its place
+    earlier_389 = json.loads((sweeps / "stand-in-389-stop95.json").read_text())
     scratch, stand_in = (
-        {name: run for name, run in json.loads((sweeps / record).read_text()).items()
-         if 367 <= run["federation"].get("seed", -1) < 430}
+        {name: earlier_389.get(name, run) if record == "stand-in.json" else run
+         for name, run in json.loads((sweeps / record).read_text()).items()
+         if 367 <= run["federation"].get("seed", -1) < 430
+         and earlier_389.get(name, run).get("commit") == STOP_95_COMMIT}
         for record in ("results.json", "stand-in.json")
     )  # fmt: skip
     assert {run["federation"]["start"] for run in scratch.values()} == {"scratch"}
@@ -2181,3 +2198,127 @@ def test_the_two_site_rules_were_tested_again_on_new_draws():
     every = len(earlier) + len(tested)  # the BatchNorm rule stopped none of them
     bound = f"{clean_sweep.upper_bound(0, every):.1%}".replace("%", " %")
     assert f"over the {every} runs of both tests, from both starts, a false-alarm rate of at most {bound} a job" in page
+
+
+def test_the_two_site_direction_figures_the_page_quotes_are_the_sweeps():
+    """docs/server-checks.md's reason for judging two sites' directions in their first round only (stop 96): over every
+    two-site federation of the clean sweeps (from scratch and from the stand-in) the first round's lowest backbone
+    cosine and lowest mean cosine of five or more shared rows, both far from the rule, and the later rounds' lowest,
+    which reach what a negating site sends; every round of a two-site run records them."""
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    runs = [
+        run
+        for record in ("results.json", "stand-in.json")
+        for run in json.loads((sweeps / record).read_text()).values()
+        if len(run["federation"]["sites"]) == 2 and "two_sites" in run  # the runs since stop 92 record them
+    ]
+    first, later = {"backbone": [], "rows": []}, {"backbone": [], "rows": []}
+    for run in runs:
+        for number, two in run["two_sites"].items():
+            figures = first if number == "0" else later
+            figures["backbone"].append(two["backbone_cosine"])
+            if two["shared_rows"] >= robust.MIN_SHARED_ROWS:
+                figures["rows"].append(two["shared_rows_mean_cosine"])
+    assert all(run["two_sites"].get("0") for run in runs)  # every two-site run recorded its first round
+    assert min(first["backbone"]) > robust.OPPOSED_BACKBONE and min(first["rows"]) > 0
+    text = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert (
+        f"honest pairs' first-round backbone updates came no lower than {min(first['backbone']):.2f} over the "
+        f"{len(runs)} two-site federations of the clean sweeps that record them, from both starts" in text
+    )
+    assert (
+        f"honest pairs came to {min(later['backbone']):.2f} for the backbone and {min(later['rows']):.2f} for the rows"
+        in text
+    )
+
+
+def test_the_two_site_suite_under_the_first_round_rule_is_its_record():
+    """docs/server-checks.md's account of the two-site suite run again at stop 96, when later rounds stopped being
+    judged by direction: the catalogue's verdicts against each start's clean run, the attacks beyond it, the figures
+    named, the command's times and the machine, from docs/attack-suite/results.json; the rows it replaced kept in
+    docs/attack-suite/two-sites-before-stop96.json."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    text = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    before = json.loads((REPOSITORY / "docs" / "attack-suite" / "two-sites-before-stop96.json").read_text())
+    assert set(before) == {name for name, run in runs.items() if run["sites"] == 2 and run["seed"] == 1}
+    said = []
+    for start, label in (("scratch", "from scratch"), ("stand-in", "from the stand-in")):
+        two = {run["attack"]: run for run in runs.values() if run["sites"] == 2 and run.get("start") == start}
+        clean = two[suite.CLEAN]
+        assert {run["commit"] for run in two.values()} == {"824725af137cb5b53bae32c9181a9f1f7f5df389"}
+        assert {run["machine"] for run in two.values()} == {"AMD EPYC, family 26 model 2, AVX512 (2 cores)"}
+        verdicts = {attack: suite.verdict(run, clean) for attack, run in two.items() if attack in suite.ATTACKS}
+        beyond = {attack: suite.verdict(run, clean) for attack, run in two.items() if attack in suite.ADAPTED}
+        assert len(verdicts) == 15 and len(beyond) == 4
+        count = {word: list(verdicts.values()).count(word) for word in ("breaks through", "fails closed")}
+        broken_beyond = sorted(attack for attack, verdict in beyond.items() if verdict == "breaks through")
+        said.append(
+            f"{label} {count['breaks through']} of the 15 attacks break{'s' * (count['breaks through'] == 1)} "
+            f"through and {count['fails closed']} fail closed, and {len(broken_beyond)} of the 4 beyond it"
+        )
+        every = {**verdicts, **beyond}
+        closed = [attack for attack, verdict in every.items() if verdict == "fails closed"]
+        assert all(two[attack]["stopped"].startswith("round 0: ") for attack in closed)  # all in the first round
+        said.append(f"failing closed after round 0 {label}: {', '.join(f'`{attack}`' for attack in closed)};")
+        broken = [attack for attack, verdict in every.items() if verdict == "breaks through"]
+        margins = {attack: f"{suite.lowest_margin(two[attack], clean):+.3f}" for attack in every}
+        said.append(
+            f"breaking through {label}: {', '.join(f'`{attack}` ({margins[attack]})' for attack in broken) or 'none'}"
+        )
+        for attack in ("sign_flip_late", "label_flip_late"):  # the two the withdrawn bounds stopped
+            said.append(f"`{attack}` {every[attack]} {label} ({margins[attack]}")
+        old = {run["attack"]: run for run in before.values() if run.get("start") == start}
+        for attack, verdict in every.items():  # the rest as the earlier CPU gave them, under the earlier rules
+            if attack not in ("sign_flip_late", "label_flip_late"):
+                assert suite.verdict(old[attack], old[suite.CLEAN]) == verdict, (start, attack)
+        alone = two[suite.ALONE]["best_auroc"]["site-nih"]
+        said.append(f"site-nih alone {'reached ' if start == 'scratch' else ''}{alone:.3f}")
+        placebo = f"{suite.lowest_margin(two[suite.PLACEBO], clean):+.3f}"
+        seconds = [run["seconds"] for run in two.values()]
+        said.append(f"{label}: the clean run's site-nih {clean['best_auroc']['site-nih']:.3f}, the placebo {placebo}")
+        said.append(f"{min(seconds):.0f} to {max(seconds):.0f} s a run {label}")
+    old_clean = before["clean-2sites-0attackers-seed1"]["best_auroc"]["site-nih"]
+    said.append(f"(site-nih's best 0.568 where the earlier CPU gave {old_clean:.3f}:")
+    late = runs["sign_flip_late-2sites-1attackers-seed1"]["two_sites"]
+    assert [late[index]["backbone_cosine"] for index in "12"] == [late[index]["shared_rows_mean_cosine"] for index in
+                                                                  "12"] == [-1.0, -1.0]  # fmt: skip
+    flipped = runs["label_flip_late-2sites-1attackers-seed1"]["two_sites"]
+    assert {f"{flipped[index]['shared_rows_mean_cosine']:.2f}" for index in "12"} == {"-0.99"}
+    boosted, clean = (runs[f"{name}-2sites-{count}attackers-seed1"] for name, count in (("backdoor_boosted", 1),
+                                                                                         ("clean", 0)))  # fmt: skip
+    success = [f"{run['best_backdoor_success']:.1%}".replace("%", " %") for run in (boosted, clean)]
+    said.append(f"by its success ({success[0]} against the clean model's {success[1]})")
+    own = runs["backdoor_boosted-2sites-1attackers-seed1-stand-in"]["attackers_own_backdoor_success"]["site-chexpert"]
+    said.append(f"from the stand-in it did not take (its attacker's own model {own:.1%})".replace("%", " %"))
+    for sentence in said:
+        assert sentence in text, sentence
+
+
+def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are_their_record():
+    """docs/server-checks.md's stop 96 runs of the clean sweep from the stand-in: seed 389 again (stopped at stop 95 by
+    a later-round bound), whole, with its backbone cosines; the rest of stop 95's draws, none stopped; the table's
+    count of stops and its bound, from docs/clean-sweep/stand-in.json."""
+    clean_sweep = load_benchmark("clean_sweep")
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    stand_in = json.loads((sweeps / "stand-in.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    ran = {run["federation"]["seed"]: run for run in stand_in.values() if run.get("commit", "").startswith("824725a")}
+    assert sorted(ran) == [389, 417, 421, 425, 426, 429]
+    assert all(run["exit_code"] == 0 and not run["stopped"] and not run["rejected"] for run in ran.values())
+    assert not any(any(run["excluded"].values()) for run in ran.values())
+    again = ran.pop(389)
+    before = json.loads((sweeps / "stand-in-389-stop95.json").read_text())["sweep-389"]
+    assert before["exit_code"] == 2 and "backbone updates point opposite" in before["stopped"]
+    cosines = ", ".join(f"{figures['backbone_cosine']:.2f}" for figures in list(again["two_sites"].values())[1:])
+    assert f"--seeds 389`, commit 824725a, {again['seconds']:.0f} s on this task's" in page
+    assert f"its backbone cosines {cosines} in rounds 1 to {len(again['two_sites']) - 1}" in page
+    times = [run["seconds"] for run in ran.values()]
+    assert f"--seeds {' '.join(map(str, ran))}`, {min(times):.0f} to {max(times):.0f} s each): none stopped" in page
+    stopped = [run["federation"]["seed"] for run in stand_in.values() if run["exit_code"] != 0]
+    assert stopped == [384]
+    bound = f"{clean_sweep.upper_bound(1, len(stand_in)):.0%}".replace("%", " %")
+    assert (
+        f"The sweep table's stand-in rows: 1 of {len(stand_in)} stopped (seed 384, by the harm rule above: open), a "
+        f"false-alarm rate of at most {bound} a job" in page
+    )
