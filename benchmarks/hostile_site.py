@@ -36,6 +36,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -186,7 +187,9 @@ def run_simulator(
         if not lost or attempt:
             break
         # not the job's doing: the same job again, once, in a fresh workspace (the failed one kept beside it)
-        workspace.rename(workspace.with_name(f"{workspace.name}.client-start-failed"))
+        kept = workspace.with_name(f"{workspace.name}.client-start-failed")
+        shutil.rmtree(kept, ignore_errors=True)  # an earlier run's, of the same workspace
+        workspace.rename(kept)
         print(f"FLARE's simulator lost a site at its start ({lost[0].strip()}): running {job.name} again", flush=True)
     return result.returncode, output
 

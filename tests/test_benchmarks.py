@@ -269,6 +269,7 @@ def test_a_run_whose_site_flare_never_started_is_made_again_once_and_only_once(t
     lost = "2026-12-05 15:18:30,001 - ERROR - run_client_thread error: Failed to create connection to the child process"
     for outputs, runs, kept in (([lost, "fine"], 2, True), ([lost, lost], 2, True), (["fine"], 1, False)):
         workspace = tmp_path / f"ws-{len(outputs)}-{runs}-{outputs[-1]}"
+        (workspace.with_name(f"{workspace.name}.client-start-failed") / "an earlier run's").mkdir(parents=True)
         made: list[str] = []
 
         def simulate(command, outputs=outputs, made=made, workspace=workspace, **options):
@@ -280,4 +281,5 @@ def test_a_run_whose_site_flare_never_started_is_made_again_once_and_only_once(t
         monkeypatch.setattr(hostile_site.subprocess, "run", simulate)
         code, output = hostile_site.run_simulator(job, workspace)
         assert (code, output, len(made)) == (0, outputs[runs - 1], runs)
-        assert workspace.with_name(f"{workspace.name}.client-start-failed").is_dir() is kept
+        lost_one = workspace.with_name(f"{workspace.name}.client-start-failed")
+        assert (lost_one / "an earlier run's").exists() is not kept  # replaced by this run's lost workspace
