@@ -2238,9 +2238,10 @@ def test_the_two_site_suite_under_the_first_round_rule_is_its_record():
     named, the command's times and the machine, from docs/attack-suite/results.json; the rows it replaced kept in
     docs/attack-suite/two-sites-before-stop96.json."""
     suite = load_benchmark("attack_suite")
-    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    docs = REPOSITORY / "docs" / "attack-suite"
+    runs = json.loads((docs / "results.json").read_text())
     text = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
-    before = json.loads((REPOSITORY / "docs" / "attack-suite" / "two-sites-before-stop96.json").read_text())
+    before = json.loads((docs / "two-sites-before-stop96.json").read_text())
     assert set(before) == {name for name, run in runs.items() if run["sites"] == 2 and run["seed"] == 1}
     said = []
     for start, label in (("scratch", "from scratch"), ("stand-in", "from the stand-in")):
@@ -2291,6 +2292,21 @@ def test_the_two_site_suite_under_the_first_round_rule_is_its_record():
     said.append(f"by its success ({success[0]} against the clean model's {success[1]})")
     own = runs["backdoor_boosted-2sites-1attackers-seed1-stand-in"]["attackers_own_backdoor_success"]["site-chexpert"]
     said.append(f"from the stand-in it did not take (its attacker's own model {own:.1%})".replace("%", " %"))
+    seed2 = {run["attack"]: run for run in json.loads((docs / "two-sites-seed2-stop96.json").read_text()).values()}
+    assert {run["seed"] for run in seed2.values()} == {2} and {run["commit"] for run in seed2.values()} == {
+        "824725af137cb5b53bae32c9181a9f1f7f5df389"
+    }
+    second = {attack: f"{suite.lowest_margin(run, seed2[suite.CLEAN]):+.3f}" for attack, run in seed2.items()}
+    assert [suite.verdict(seed2[attack], seed2[suite.CLEAN]) for attack in ("sign_flip_late", "label_flip_late")] == [
+        "breaks through",
+        "holds",
+    ]
+    seconds = [run["seconds"] for run in seed2.values()]
+    said.append(
+        f"{min(seconds):.0f} to {max(seconds):.0f} s a run; [record](attack-suite/two-sites-seed2-stop96.json)): "
+        f"`sign_flip_late` breaks through again ({second['sign_flip_late']}), `label_flip_late` holds "
+        f"({second['label_flip_late']}), the placebo {second[suite.PLACEBO]}."
+    )
     for sentence in said:
         assert sentence in text, sentence
 
