@@ -157,9 +157,10 @@ def write_job_with_hostile_sites(recipe: SurgicalAggregationRecipe, folder: Path
 
 # FLARE's simulator starts each site's process, then must connect to it within 60 s on a port it found free a moment
 # before (``simulator_runner.do_one_task``; ``nvflare simulator`` offers no way to lengthen it). On a loaded machine,
-# or when another run takes that port, the site's thread ends with one of these lines and the job goes on without
-# the site: a different federation from the one asked for.
-CLIENT_START_FAILURES = ("run_client_thread error", "Failed to create connection to the child process")
+# or when another run takes that port, the site's thread ends with this error and the job goes on without the site: a
+# different federation from the one asked for. (The thread's other errors, ``run_client_thread error: ...``, are not
+# this one: the run is not repeated for them.)
+CLIENT_START_FAILURES = ("Failed to create connection to the child process",)
 
 
 def run_simulator(

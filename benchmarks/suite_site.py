@@ -91,7 +91,7 @@ QUIET = {
 }
 # model poisoning honest in round 0 (the warm-up round), then the attack it names
 LATE = ("sign_flip_late", "sign_flip_inside")
-# the backbone's and the shared rows' cosines below which stop 93's server stopped a round of two in any round
+# the backbone's and the shared rows' cosines at or below which stop 93's server stopped a round of two in any round
 STOP_93_BOUNDS = {"backbone": -0.5, "rows": -0.9}
 INSIDE_MARGIN = 0.05  # sign_flip_inside's cosines and bn_inside's BatchNorm figure: this far inside the server's bounds
 IPM_EPSILON = 0.1

@@ -159,8 +159,11 @@ class Harness(SurgicalAggregatorShareable):
 
     # transport
     def send_model_and_wait(self, task_name="train", data=None, targets=None, min_responses=None, timeout=0):
-        answers = [site.answer(task_name, data) for site in self.sites.values()]
-        return [answer for answer in answers if answer is not None]
+        answers = {name: site.answer(task_name, data) for name, site in self.sites.items()}
+        for name, answer in answers.items():
+            if answer == FAILS:  # FLARE's path for an error: no result, its return code seen on the way
+                self._accept_train_result(name, make_reply(ReturnCode.EXECUTION_EXCEPTION), self.fl_ctx)
+        return [answer for answer in answers.values() if answer is not None and answer != FAILS]
 
     def send_model(self, task_name="train", data=None, targets=None, min_responses=None, timeout=0, callback=None):
         site = targets[0]

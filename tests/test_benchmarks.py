@@ -266,15 +266,21 @@ def test_a_run_whose_site_flare_never_started_is_made_again_once_and_only_once(t
     hostile_site = _load("hostile_site")
     job = tmp_path / "job"
     (job / "app_site-1").mkdir(parents=True)
-    lost = "2026-12-05 15:18:30,001 - ERROR - run_client_thread error: Failed to create connection to the child process"
-    for outputs, runs, kept in (([lost, "fine"], 2, True), ([lost, lost], 2, True), (["fine"], 1, False)):
-        workspace = tmp_path / f"ws-{len(outputs)}-{runs}-{outputs[-1]}"
+    lost = (
+        "2026-12-05 15:18:30,001 - ERROR - run_client_thread error: Failed to create connection to the child process "
+        "in SimulatorClientRunner, timeout: 60"
+    )
+    other = "2026-12-05 15:30:00,001 - ERROR - run_client_thread error: a site's END_RUN failed"  # not a lost start
+    cases = (([lost, "fine"], 2, True), ([lost, lost], 2, True), (["fine"], 1, False), ([other], 1, False))
+    for outputs, runs, kept in cases:
+        workspace = tmp_path / f"ws-{len(outputs)}-{runs}-{outputs[-1][:4]}"
         (workspace.with_name(f"{workspace.name}.client-start-failed") / "an earlier run's").mkdir(parents=True)
         made: list[str] = []
 
         def simulate(command, outputs=outputs, made=made, workspace=workspace, **options):
             assert command[command.index("-w") + 1] == str(workspace)
             workspace.mkdir()
+            (workspace / f"attempt-{len(made)}").touch()
             made.append(outputs[len(made)])
             return subprocess.CompletedProcess(command, 0, made[-1], "")
 
@@ -283,3 +289,4 @@ def test_a_run_whose_site_flare_never_started_is_made_again_once_and_only_once(t
         assert (code, output, len(made)) == (0, outputs[runs - 1], runs)
         lost_one = workspace.with_name(f"{workspace.name}.client-start-failed")
         assert (lost_one / "an earlier run's").exists() is not kept  # replaced by this run's lost workspace
+        assert (lost_one / "attempt-0").exists() is kept and (workspace / f"attempt-{runs - 1}").exists()

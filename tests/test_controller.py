@@ -586,13 +586,18 @@ def test_one_preprocessing_per_federation(tmp_path):
 
 def test_a_site_that_never_answers_the_handshake_is_named_and_the_job_goes_on_without_it(tmp_path):
     """A site whose process never started (FLARE's simulator can lose one at its start) or that is down gives no
-    answer at all: the log names it, and the job goes on with the others where ``min_clients`` allows."""
-    silent = FakeSite("site-b", ["Edema"], [0.5, 0.4])
+    answer at all, and one whose handshake raised answers with an error: the log names each, as what it is, and the
+    job goes on with the others where ``min_clients`` allows."""
+    silent, failing = FakeSite("site-b", ["Edema"], [0.5, 0.4]), FakeSite("site-c", ["Nodule"], [0.5, 0.4])
     silent.answer = lambda task, data: None
-    harness = Harness([FakeSite("site-a", ["Mass"], [0.5, 0.4]), silent], tmp_path, num_rounds=1, min_clients=1)
+    failing.answer = lambda task, data: FAILS
+    sites = [FakeSite("site-a", ["Mass"], [0.5, 0.4]), silent, failing]
+    harness = Harness(sites, tmp_path, num_rounds=1, min_clients=1)
     harness.run()
     assert messages(harness, "error") == (
-        f"site-b did not answer the describe task within {harness.handshake_timeout} s: it takes no part in this job"
+        f"site-b did not answer the describe task within {harness.handshake_timeout} s: it takes no part in this job\n"
+        "site-c answered the describe task with an error (EXECUTION_EXCEPTION): its log names the cause; it takes no "
+        "part in this job"
     )
     assert [entry["aggregation"]["accepted"] for entry in harness.history if "aggregation" in entry] == [["site-a"]]
 

@@ -2202,9 +2202,9 @@ def test_the_two_site_rules_were_tested_again_on_new_draws():
 
 def test_the_two_site_direction_figures_the_page_quotes_are_the_sweeps():
     """docs/server-checks.md's reason for judging two sites' directions in their first round only (stop 96): over every
-    two-site federation of the clean sweeps (from scratch and from the stand-in) the first round's lowest backbone
-    cosine and lowest mean cosine of five or more shared rows, both far from the rule, and the later rounds' lowest,
-    which reach what a negating site sends; every round of a two-site run records them."""
+    two-site federation of the clean sweeps that records them (from scratch and from the stand-in) the first round's
+    lowest backbone cosine, quoted, and lowest mean cosine of five or more shared rows, both far from the rule; the
+    later rounds' lowest, quoted, within the five rounds the longest of them ran."""
     sweeps = REPOSITORY / "docs" / "clean-sweep"
     runs = [
         run
@@ -2220,6 +2220,7 @@ def test_the_two_site_direction_figures_the_page_quotes_are_the_sweeps():
             if two["shared_rows"] >= robust.MIN_SHARED_ROWS:
                 figures["rows"].append(two["shared_rows_mean_cosine"])
     assert all(run["two_sites"].get("0") for run in runs)  # every two-site run recorded its first round
+    assert max(int(number) for run in runs for number in run["two_sites"]) == 4  # "within five rounds"
     assert min(first["backbone"]) > robust.OPPOSED_BACKBONE and min(first["rows"]) > 0
     text = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     assert (

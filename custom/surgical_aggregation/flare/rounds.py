@@ -203,7 +203,8 @@ class Round:
         checks); ``reference`` learns the accepted updates' sizes. The results of ``excluded`` sites (left out of an
         earlier round by the screening, for the rest of the job) take no part: not in the consensus, the clipping,
         the typical update or the mean. ``warmup_round``: the job's first round from untrained heads, the one in which
-        the sites' shared head rows are judged (``opposed_at_warmup``)."""
+        the sites' shared head rows are judged (``opposed_at_warmup``) and a round of two by its directions
+        (``two_sites_apart``)."""
         self.excluded = sorted(set(excluded) & set(self.arrivals))
 
         averaged = rules.aggregator(state, classes).averaged_keys

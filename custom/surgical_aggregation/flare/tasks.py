@@ -82,12 +82,20 @@ class SiteTasks(ModelController):
         return self._wait(timeout)
 
     def ask_every_site(self, task: str, data: FLModel, timeout: int) -> list[FLModel]:
-        """``task`` with the same ``data`` to every site of the job; the answers within ``timeout``. A site that gave
-        none (its process never started, or it is down) is named in the log: it takes no part in the job."""
+        """``task`` with the same ``data`` to every site of the job; the answers within ``timeout``. A site whose
+        answer was an error, or that gave none (in the simulator: its process never started; else it is down), is
+        named in the log: it takes no part in the job."""
+        with self._task_lock:
+            self._failed = {}
         results = self.send_model_and_wait(task_name=task, data=data, timeout=timeout)
         answered = {(result.meta or {}).get("client_name") for result in results}
+        failed = self.failed_answers()
         for site in sorted({client.name for client in self.engine.get_clients()} - answered):
-            self.error(f"{site} did not answer the {task} task within {timeout} s: it takes no part in this job")
+            if site in failed:
+                self.error(f"{site} answered the {task} task with an error ({failed[site]}): its log names the cause; "
+                           "it takes no part in this job")  # fmt: skip
+            else:
+                self.error(f"{site} did not answer the {task} task within {timeout} s: it takes no part in this job")
         return results
 
     def _prepare_task(self, data: FLModel, task_name: str, timeout: int, callback: Callable) -> Any:
