@@ -2332,6 +2332,27 @@ def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are
     assert f"its backbone cosines {cosines} in rounds 1 to {len(again['two_sites']) - 1}" in page
     times = [run["seconds"] for run in ran.values()]
     assert f"--seeds {' '.join(map(str, ran))}`, {min(times):.0f} to {max(times):.0f} s each): none stopped" in page
+    later = {run["federation"]["seed"]: run for run in stand_in.values() if run.get("commit", "").startswith("2292fbe")}
+    drawn = [seed for seed in range(430, 470) if len(clean_sweep.draw(seed).sites) == 2]
+    assert list(later) == drawn and len(drawn) == 11  # every draw, in order
+    assert all(run["exit_code"] == 0 and not run["rejected"] for run in later.values())
+    assert not any(any(run["excluded"].values()) for run in later.values())
+    times = [run["seconds"] for run in later.values()]
+    lowest = min((figures["backbone_cosine"], run["federation"]["seed"]) for run in later.values()
+                 for number, figures in run["two_sites"].items() if number != "0")  # fmt: skip
+    assert (
+        f"--seeds {' '.join(map(str, drawn))} --stop-starting-after 1200`, commit 2292fbe, the same rules; all "
+        f"{len(drawn)} started within its 20 minutes, {min(times):.0f} to {max(times):.0f} s each): none stopped"
+        in page
+    )
+    assert f"their later backbone cosines came as low as {lowest[0]:.2f} (seed {lowest[1]})" in page
+    untouched = len(ran) + len(later)  # not 389, which withdrew the later-round bounds
+    assert (
+        f"Over the {untouched} two-site runs from the stand-in that no rule was set or withdrawn on (417-469), none "
+        f"stopped: a false-alarm rate of the two-site rules from the stand-in of at most "
+        f"{clean_sweep.upper_bound(0, untouched):.0%} a job".replace("%", " %")
+        in page
+    )
     stopped = [run["federation"]["seed"] for run in stand_in.values() if run["exit_code"] != 0]
     assert stopped == [384]
     bound = f"{clean_sweep.upper_bound(1, len(stand_in)):.0%}".replace("%", " %")

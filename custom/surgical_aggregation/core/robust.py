@@ -542,8 +542,8 @@ def two_site_agreement(changes: Mapping[str, np.ndarray], sizes: Mapping[str, Up
 
 
 # a round of two is judged by its direction in the job's first round from untrained heads only. There, honest pairs
-# of the clean sweeps' two-site federations (51, from scratch and from the stand-in) came to a backbone cosine of
-# -0.03 at their lowest and shared rows of 0.22. Later, nothing tells a site that negates the other's update from two
+# of the clean sweeps' two-site federations (62, from scratch and from the stand-in) came to a backbone cosine of
+# -0.06 at their lowest and shared rows of 0.15. Later, nothing tells a site that negates the other's update from two
 # honest ones: as averaging nears its fixed point, the mean of the two updates tends to zero, so their systematic
 # parts cancel and the cosine falls towards -1 (honest pairs reached -0.54 for the backbone and -0.56 for the rows
 # within five rounds; stop 93's later-round bounds of -0.5 and -0.9 stopped an honest pair of the stand-in sweep)
