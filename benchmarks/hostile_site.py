@@ -160,7 +160,7 @@ def write_job_with_hostile_sites(recipe: SurgicalAggregationRecipe, folder: Path
 # or when another run takes that port, the site's thread ends with this error and the job goes on without the site: a
 # different federation from the one asked for. (The thread's other errors, ``run_client_thread error: ...``, are not
 # this one: the run is not repeated for them.)
-CLIENT_START_FAILURES = ("Failed to create connection to the child process",)
+CLIENT_START_FAILURE = "Failed to create connection to the child process"
 
 
 def run_simulator(
@@ -184,14 +184,13 @@ def run_simulator(
             timeout=timeout,
         )
         output = result.stdout + result.stderr
-        lost = [line for line in output.splitlines() if any(sign in line for sign in CLIENT_START_FAILURES)]
-        if not lost or attempt:
+        if CLIENT_START_FAILURE not in output or attempt:
             break
         # not the job's doing: the same job again, once, in a fresh workspace (the failed one kept beside it)
         kept = workspace.with_name(f"{workspace.name}.client-start-failed")
         shutil.rmtree(kept, ignore_errors=True)  # an earlier run's, of the same workspace
         workspace.rename(kept)
-        print(f"FLARE's simulator lost a site at its start ({lost[0].strip()}): running {job.name} again", flush=True)
+        print(f"FLARE's simulator lost a site at its start: running {job.name} again", flush=True)
     return result.returncode, output
 
 
