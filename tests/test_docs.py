@@ -91,6 +91,18 @@ def _before_stop_95(suite, references: bool = False) -> dict[str, dict]:
     return {name: run for name, run in runs.items() if not references or run["attack"] in wanted}
 
 
+def _before_stop_97(references: bool = False) -> dict[str, dict]:
+    """The table's four-site runs from scratch (seed 1, 100 patients) as they were before stop 97 ran them again under
+    the rules of its day: what the page's earlier accounts of four sites describe; its references only with
+    ``references``."""
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "four-sites-before-stop97.json").read_text())
+    assert all(
+        run["sites"] == 4 and run["seed"] == 1 and run.get("start", "scratch") == "scratch" for run in runs.values()
+    )
+    wanted = ("clean", "honest_alone", "placebo")
+    return {name: run for name, run in runs.items() if not references or run["attack"] in wanted}
+
+
 def _with_two_sites_before_stop_96() -> dict[str, dict]:
     """docs/attack-suite/results.json with its two-site runs (seed 1, both starts) as they were before stop 96 ran them
     again under the first-round direction rule: what the page's accounts of stops 93 to 95 describe."""
@@ -112,6 +124,7 @@ def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
     references = {name: run for name, run in table_runs.items() if run["attack"] in (*suite.REFERENCES, suite.PLACEBO)}
     # its three-site runs are measured against the references they ran beside, before stop 95 ran that setting again
     references.update(_before_stop_95(suite, references=True))
+    references.update(_before_stop_97(references=True))  # and its four-site ones, before stop 97 ran that again
     assert rule_runs["label_flip-7sites-2attackers-seed1"]["absent"] == ["site-nih-1"]
     complete = {name: run for name, run in rule_runs.items() if not run["absent"]}
 
@@ -140,6 +153,7 @@ def test_the_centered_clipping_table_and_figures_are_the_ones_its_runs_give():
     assert _marked_block(REPOSITORY / "docs" / "server-checks.md", "centered-clipping") == "\n".join(suite.table(runs))
     clipped = _four_sites(_suite_rows(suite, runs))
     median_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    median_runs.update(_before_stop_97())  # the four-site runs these were compared with, before stop 97's
     median = _four_sites(_suite_rows(suite, median_runs))
     attacks = sorted(name for name in clipped if name not in (*suite.REFERENCES, suite.PLACEBO, "clean"))
     assert attacks == ["backdoor", "label_flip", "label_flip_late", "mimic_noised"]  # those that had run at four sites
@@ -182,6 +196,7 @@ def test_the_centered_clipping_table_and_figures_are_the_ones_its_runs_give():
 RULE_FILES = {
     "geometric_median": [
         "results.json",
+        "four-sites-before-stop97.json",
         "four-sites-seed2-geometric-median.json",
         "three-sites-seed1-geometric-median.json",
         "seven-sites-seed1-geometric-median.json",
@@ -268,6 +283,7 @@ def test_the_four_site_catalogue_figures_are_the_suite_tables():
     table gives it from docs/attack-suite/results.json, the clean run's rerun from its own file, and the count."""
     suite = load_benchmark("attack_suite")
     results = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    results.update(_before_stop_97())  # the bullet's runs, before stop 97 ran them again
     rows = _four_sites(_suite_rows(suite, results))
     attacks = {name: row for name, row in rows.items() if name not in (*suite.REFERENCES, suite.PLACEBO, "clean")}
     assert sorted(attacks) == sorted(suite.ATTACKS)
@@ -478,6 +494,7 @@ def _warmup_rule_figures() -> dict[str, str]:
     sweep = load_benchmark("clean_sweep")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
     runs.update(_before_stop_95(suite))  # the section's three-site runs are those before stop 95 ran them again
+    runs.update(_before_stop_97())  # and its four-site ones, before stop 97's
     # the section's runs: the suite's default size (the three-site runs at 400 patients have their own section)
     flips = {
         name: run
@@ -584,6 +601,7 @@ def test_the_withdrawn_turned_back_rules_figures_are_the_runs():
     suite = load_benchmark("attack_suite")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
     runs.update(_before_stop_95(suite, references=True))  # the references its three-site run ran beside
+    runs.update(_before_stop_97(references=True))  # and its four-site one
     rule_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "turned-back-rule.json").read_text())
     sweep_runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
@@ -1259,6 +1277,7 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     four sites, each attack's verdict, the cost of leaving a site out, and the figures the prose quotes."""
     suite = load_benchmark("attack_suite")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    runs.update(_before_stop_97())  # the four-site runs from scratch the section compares with, before stop 97's
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     stand_in = {name: run for name, run in runs.items() if run.get("start") == "stand-in"}
     attacks = {  # three or more sites (two sites: the suite's table test)
@@ -2360,3 +2379,77 @@ def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are
         f"The sweep table's stand-in rows: 1 of {len(stand_in)} stopped (seed 384, by the harm rule above: open), a "
         f"false-alarm rate of at most {bound} a job" in page
     )
+
+
+def test_the_four_site_catalogue_under_todays_rules_is_its_record():
+    """docs/server-checks.md's paragraph on stop 97's four-site catalogue from scratch: the verdicts' counts and each
+    figure it quotes, from docs/attack-suite/results.json, against the rows it replaced
+    (docs/attack-suite/four-sites-before-stop97.json)."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    before = {**runs, **_before_stop_97()}
+    four = {run["attack"]: run for run in runs.values() if suite.setting_of(run) in ("4 (0)", "4 (1)")}
+    assert set(four) == {"clean", *suite.REFERENCES, suite.PLACEBO, *suite.ATTACKS}
+    assert {run["commit"][:7] for run in four.values()} == {"5ea9005"}
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    seconds = [run["seconds"] for run in four.values()]
+    assert f"(commit 5ea9005, {min(seconds):.0f} to {max(seconds):.0f} s a run" in page
+    clean, alone = four["clean"], four["honest_alone"]
+    verdicts = {attack: suite.verdict(four[attack], clean) for attack in suite.ATTACKS}
+    counts = {word: list(verdicts.values()).count(word) for word in ("holds", "did not take", "breaks through")}
+    assert sum(counts.values()) == 15
+
+    def margin(attack: str, source: dict | None = None, reference=suite.clean_of) -> str:
+        run = (source or runs)[f"{attack}-4sites-1attackers-seed1"]
+        return f"{suite.lowest_margin(run, reference(source or runs, run)):+.3f}"
+
+    broken = sorted(attack for attack, found in verdicts.items() if found == "breaks through")
+    assert broken == ["label_flip_late", "mimic_noised"]
+    assert (
+        f"{counts['holds']} of the 15 attacks hold against the clean run, {counts['did not take']} did not take and "
+        f"{counts['breaks through']} break through, as before: `mimic_noised` ({margin('mimic_noised')}) and "
+        f"`label_flip_late` ({margin('label_flip_late')})"
+    ) in page
+    earlier = {attack: before[f"{attack}-4sites-1attackers-seed1"] for attack in suite.ATTACKS}
+    old_verdicts = {attack: suite.verdict(run, suite.clean_of(before, run)) for attack, run in earlier.items()}
+    assert sorted(attack for attack, found in old_verdicts.items() if found == "breaks through") == broken
+    changed = {attack for attack in suite.ATTACKS if old_verdicts[attack] != verdicts[attack]}
+    assert changed == {"backdoor", "backdoor_boosted"} and {old_verdicts[a] for a in changed} == {"holds"}
+    nih = "site-nih-1"
+    old_clean, old_alone = (
+        before[f"{name}-4sites-{n}attackers-seed1"] for name, n in (("clean", 0), ("honest_alone", 1))
+    )
+    assert (
+        f"costs {-suite.lowest_margin(alone, clean):.3f}** ({nih}: {alone['best_auroc'][nih]:.3f} against "
+        f"{clean['best_auroc'][nih]:.3f} in the clean run; the earlier rows: {old_alone['best_auroc'][nih]:.3f} "
+        f"against {old_clean['best_auroc'][nih]:.3f}), and the placebo moved the honest sites by {margin('placebo')}"
+    ) in page
+    refused = ["sign_flip", "ipm", "opt_ipm", "opt_alie", "inf", "gaussian"]
+    left_out = ["label_flip", "label_flip_quiet"]
+    assert all(four[a]["rejected"] == ["site-nih-2"] and not four[a]["excluded"] for a in refused)
+    assert all(four[a]["excluded"] == ["site-nih-2"] for a in left_out)
+    assert all(four[a]["best_auroc"] == alone["best_auroc"] for a in refused + left_out)  # to the digit
+    assert f"ends at the honest sites alone to the digit: {margin('sign_flip')} against the clean run" in page
+    assert f"`alie` holds by {suite.TOLERANCE + float(margin('alie')):.3f} ({margin('alie')}), `mimic` " \
+        f"{margin('mimic')} (the copy counted once), `bn_inflate` {margin('bn_inflate')}." in page  # fmt: skip
+
+    def percent(value: float) -> str:
+        return f"{value:.1%}".replace("%", " %")
+
+    own = {a: four[a]["attackers_own_backdoor_success"]["site-nih-2"] for a in ("backdoor", "backdoor_boosted")}
+    assert (
+        f"scores its trigger at {percent(own['backdoor'])} (`backdoor`) and {percent(own['backdoor_boosted'])} "
+        f"(`backdoor_boosted`) against the clean model's {percent(clean['best_backdoor_success'])}"
+    ) in page
+    copy = four["mimic_noised"]
+    assert not copy["rejected"] and not copy["excluded"] and not four["label_flip_late"]["excluded"]
+    assert (
+        f"{nih} ends at {copy['best_auroc'][nih]:.3f}, {margin('mimic_noised')} against the clean run and "
+        f"{margin('mimic_noised', reference=suite.alone_of)} against the honest sites alone (earlier "
+        f"{margin('mimic_noised', before)} and {margin('mimic_noised', before, suite.alone_of)})"
+    ) in page
+    assert (
+        f"The late label flip breaks through against the clean run** ({margin('label_flip_late')}; earlier "
+        f"{margin('label_flip_late', before)}) and holds against the honest sites alone "
+        f"({margin('label_flip_late', reference=suite.alone_of)})"
+    ) in page
