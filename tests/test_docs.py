@@ -92,12 +92,16 @@ def _before_stop_95(suite, references: bool = False) -> dict[str, dict]:
 
 
 def _before_stop_97(references: bool = False) -> dict[str, dict]:
-    """The table's four-site runs from scratch (seed 1, 100 patients) as they were before stop 97 ran them again under
-    the rules of its day: what the page's earlier accounts of four sites describe; its references only with
-    ``references``."""
-    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "four-sites-before-stop97.json").read_text())
+    """The table's four- and seven-site runs from scratch (seed 1, 100 patients) as they were before stop 97 ran them
+    again under the rules of its day: what the page's earlier accounts of four and seven sites describe; their
+    references only with ``references``."""
+    folder = REPOSITORY / "docs" / "attack-suite"
+    runs = {}
+    for record in ("four-sites-before-stop97.json", "seven-sites-before-stop97.json"):
+        runs.update(json.loads((folder / record).read_text()))
     assert all(
-        run["sites"] == 4 and run["seed"] == 1 and run.get("start", "scratch") == "scratch" for run in runs.values()
+        run["sites"] in (4, 7) and run["seed"] == 1 and run.get("start", "scratch") == "scratch"
+        for run in runs.values()
     )
     wanted = ("clean", "honest_alone", "placebo")
     return {name: run for name, run in runs.items() if not references or run["attack"] in wanted}
@@ -2381,6 +2385,21 @@ def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are
     )
 
 
+def _percent(value: float) -> str:
+    """A share as the page writes it: one decimal, a space before the percent sign."""
+    return f"{value:.1%}".replace("%", " %")
+
+
+def _backdoors_own_sentence(runs: dict[str, dict], attacker: str) -> str:
+    """The page's sentence on a setting's two backdoors that did not take: the attacker's own model's success with its
+    trigger, each, against the clean model's."""
+    own = {name: runs[name]["attackers_own_backdoor_success"][attacker] for name in ("backdoor", "backdoor_boosted")}
+    return (
+        f"scores its trigger at {_percent(own['backdoor'])} (`backdoor`) and {_percent(own['backdoor_boosted'])} "
+        f"(`backdoor_boosted`) against the clean model's {_percent(runs['clean']['best_backdoor_success'])}"
+    )
+
+
 def test_the_four_site_catalogue_under_todays_rules_is_its_record():
     """docs/server-checks.md's paragraph on stop 97's four-site catalogue from scratch: the verdicts' counts and each
     figure it quotes, from docs/attack-suite/results.json, against the rows it replaced
@@ -2432,15 +2451,7 @@ def test_the_four_site_catalogue_under_todays_rules_is_its_record():
     assert f"ends at the honest sites alone to the digit: {margin('sign_flip')} against the clean run" in page
     assert f"`alie` holds by {suite.TOLERANCE + float(margin('alie')):.3f} ({margin('alie')}), `mimic` " \
         f"{margin('mimic')} (the copy counted once), `bn_inflate` {margin('bn_inflate')}." in page  # fmt: skip
-
-    def percent(value: float) -> str:
-        return f"{value:.1%}".replace("%", " %")
-
-    own = {a: four[a]["attackers_own_backdoor_success"]["site-nih-2"] for a in ("backdoor", "backdoor_boosted")}
-    assert (
-        f"scores its trigger at {percent(own['backdoor'])} (`backdoor`) and {percent(own['backdoor_boosted'])} "
-        f"(`backdoor_boosted`) against the clean model's {percent(clean['best_backdoor_success'])}"
-    ) in page
+    assert _backdoors_own_sentence(four, "site-nih-2") in page
     copy = four["mimic_noised"]
     assert not copy["rejected"] and not copy["excluded"] and not four["label_flip_late"]["excluded"]
     assert (
@@ -2453,3 +2464,89 @@ def test_the_four_site_catalogue_under_todays_rules_is_its_record():
         f"{margin('label_flip_late', before)}) and holds against the honest sites alone "
         f"({margin('label_flip_late', reference=suite.alone_of)})"
     ) in page
+
+
+def test_the_seven_site_catalogue_under_todays_rules_is_its_record():
+    """docs/server-checks.md's paragraph on stop 97's seven-site rows from scratch (one attacker and two): the verdicts'
+    counts and each figure it quotes, from docs/attack-suite/results.json, against the rows it replaced
+    (docs/attack-suite/seven-sites-before-stop97.json)."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    before = {**runs, **_before_stop_97()}
+    one = {run["attack"]: run for run in runs.values() if suite.setting_of(run) in ("7 (0)", "7 (1)")}
+    two = {run["attack"]: run for run in runs.values() if suite.setting_of(run) == "7 (2)"}
+    assert set(one) == {"clean", *suite.REFERENCES, suite.PLACEBO, *suite.ATTACKS}
+    pair_attacks = ["label_flip", "alie", "backdoor", "sign_flip", "mimic_noised", "ipm"]
+    assert set(two) == {*suite.REFERENCES, suite.PLACEBO, *pair_attacks} - {"clean"}
+    assert {run["commit"][:7] for run in (*one.values(), *two.values())} == {"5ea9005"}
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    seconds = {setting: [run["seconds"] for name, run in runs_.items() if name != "clean"]
+               for setting, runs_ in (("one", one), ("two", two))}  # fmt: skip
+    seconds["one"].append(one["clean"]["seconds"])
+    assert f"(commit 5ea9005, {min(seconds['one']):.0f} to {max(seconds['one']):.0f} s a run" in page
+    assert f"({min(seconds['two']):.0f} to {max(seconds['two']):.0f} s a run)" in page
+    clean = one["clean"]
+
+    def margin(run: dict, reference=suite.clean_of, source: dict | None = None) -> str:
+        return f"{suite.lowest_margin(run, reference(source or runs, run)):+.3f}"
+
+    verdicts = {attack: suite.verdict(one[attack], clean) for attack in suite.ATTACKS}
+    pair = {attack: suite.verdict(two[attack], clean) for attack in pair_attacks}
+    assert list(verdicts.values()).count("holds") == 13 and list(verdicts.values()).count("did not take") == 2
+    assert [a for a, found in verdicts.items() if found == "did not take"] == ["backdoor", "backdoor_boosted"]
+    assert list(pair.values()).count("holds") == 4 and pair["backdoor"] == "did not take"
+    assert pair["mimic_noised"] == "breaks through"
+    copies = two["mimic_noised"]
+    assert suite.verdict(copies, suite.alone_of(runs, copies)) == "holds"
+    assert (
+        f"`mimic_noised` (two near-copies) breaks through against the clean run ({margin(copies)}) and holds against "
+        f"the honest sites alone ({margin(copies, suite.alone_of)}).**"
+    ) in page
+    alone, alone_two = one["honest_alone"], two["honest_alone"]
+
+    def best(run: dict, site: str) -> str:
+        return f"{run['best_auroc'][site]:.3f}"
+
+    assert (
+        f"Leaving one of seven out costs {-suite.lowest_margin(alone, clean):.3f}** (the CheXpert-layout sites "
+        f"{best(alone, 'site-chexpert-1')} against {best(clean, 'site-chexpert-1')}, the NIH-layout ones "
+        f"{best(alone, 'site-nih-1')} against {best(clean, 'site-nih-1')}), and the placebo moved the honest sites by "
+        f"{margin(one['placebo'])}"
+    ) in page
+    refused = ["sign_flip", "ipm", "opt_ipm", "opt_alie", "inf", "gaussian"]
+    assert all(one[a]["rejected"] == ["site-nih-4"] and not one[a]["excluded"] for a in refused)
+    assert all(one[a]["excluded"] == ["site-nih-4"] for a in ("label_flip", "label_flip_quiet"))
+    assert all(one[a]["best_auroc"] == alone["best_auroc"] for a in [*refused, "label_flip", "label_flip_quiet"])
+    assert f"ends at the honest sites alone to the digit ({margin(one['sign_flip'])})" in page
+    earlier_copy = before["mimic_noised-7sites-1attackers-seed1"]
+    assert (
+        f"The near-copy {margin(one['mimic_noised'])} (earlier {margin(earlier_copy, source=before)}), the late label "
+        f"flip {margin(one['label_flip_late'])}, `mimic` {margin(one['mimic'])}, `alie` {margin(one['alie'])} and "
+        f"`bn_inflate` {margin(one['bn_inflate'])}"
+    ) in page
+    assert _backdoors_own_sentence(one, "site-nih-4") in page
+    earlier = before["backdoor-7sites-1attackers-seed1"]
+    earlier_clean = suite.clean_of(before, earlier)
+    assert suite.verdict(earlier, earlier_clean) == "holds"
+    assert suite.verdict(earlier, suite.alone_of(before, earlier)) == "breaks through"
+    assert (
+        f"held against the clean run ({_percent(earlier['best_backdoor_success'])} against "
+        f"{_percent(earlier_clean['best_backdoor_success'])})"
+    ) in page
+    nih = "site-nih-1"
+    assert (
+        f"leaving both out costs {-suite.lowest_margin(alone_two, clean):.3f} (the NIH-layout sites "
+        f"{best(alone_two, nih)} against {best(clean, nih)}) and the placebo moved the honest sites by "
+        f"{margin(two['placebo'])}"
+    ) in page
+    assert all(two[a]["rejected"] == ["site-nih-3", "site-nih-4"] for a in ("sign_flip", "ipm", "label_flip"))
+    assert two["label_flip"]["excluded"] == ["site-nih-3", "site-nih-4"]
+    assert f"end at the honest sites alone ({margin(two['sign_flip'])}), `alie` {margin(two['alie'])}" in page
+    pair_own = set(two["backdoor"]["attackers_own_backdoor_success"].values())
+    assert len(pair_own) == 1 and f"(each attacker's own model {_percent(pair_own.pop())} against" in page
+    earlier_pair = before["mimic_noised-7sites-2attackers-seed1"]
+    assert (
+        f"{margin(copies)}, where the earlier run held by "
+        f"{suite.TOLERANCE + float(margin(earlier_pair, source=before)):.3f} ({margin(earlier_pair, source=before)})"
+    ) in page
+    assert not copies["rejected"] and not copies["excluded"]
