@@ -2550,3 +2550,57 @@ def test_the_seven_site_catalogue_under_todays_rules_is_its_record():
         f"{suite.TOLERANCE + float(margin(earlier_pair, source=before)):.3f} ({margin(earlier_pair, source=before)})"
     ) in page
     assert not copies["rejected"] and not copies["excluded"]
+
+
+def test_centered_clipping_at_four_sites_on_todays_code_is_its_record():
+    """docs/server-checks.md's stop-97 runs of four sites under centered clipping: the table as ``attack_suite.py
+    --table-only --write-doc --marker centered-clipping-stop97`` writes it from
+    docs/attack-suite/four-sites-centered-clipping-stop97.json, and each figure of the paragraph that compares it with
+    the geometric median's four-site rows of the same commit in docs/attack-suite/results.json."""
+    suite = load_benchmark("attack_suite")
+    folder = REPOSITORY / "docs" / "attack-suite"
+    clipped = json.loads((folder / "four-sites-centered-clipping-stop97.json").read_text())
+    median = json.loads((folder / "results.json").read_text())
+    assert {run["controller"]["robust_aggregation"] for run in clipped.values()} == {"centered_clipping"}
+    assert {run["commit"][:7] for run in clipped.values()} == {"5ea9005"}
+    assert all(median[name]["commit"][:7] == "5ea9005" and not median[name]["controller"] for name in clipped)
+    block = _marked_block(REPOSITORY / "docs" / "server-checks.md", "centered-clipping-stop97")
+    assert block == "\n".join(suite.table(clipped))
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    seconds = [run["seconds"] for run in clipped.values()]
+    assert f"commit 5ea9005, {min(seconds):.0f} to {max(seconds):.0f} s a run" in page
+
+    def margins(runs: dict, attack: str) -> tuple[str, str]:
+        run = runs[f"{attack}-4sites-{0 if attack == 'clean' else 1}attackers-seed1"]
+        return tuple(f"{suite.lowest_margin(run, of(runs, run)):+.3f}" for of in (suite.clean_of, suite.alone_of))
+
+    def verdict(runs: dict, attack: str, of=suite.clean_of) -> str:
+        run = runs[f"{attack}-4sites-1attackers-seed1"]
+        return suite.verdict(run, of(runs, run))
+
+    copy, copy_median = margins(clipped, "mimic_noised"), margins(median, "mimic_noised")
+    assert f"cuts the near-copy's cost from {copy_median[0]} to {copy[0]}.**" in page
+    cleans = [runs["clean-4sites-0attackers-seed1"] for runs in (clipped, median)]
+    chexpert = " against ".join(f"{run['best_auroc']['site-chexpert-1']:.3f}" for run in cleans)
+    assert f"CheXpert-layout sites ({chexpert});" in page
+    assert (
+        f"the near-copy {copy[0]} against the clean run and {copy[1]} against the honest sites alone, where the median "
+        f"gave {copy_median[0]} and {copy_median[1]} (it breaks through by {-float(copy[0]) - suite.TOLERANCE:.3f}"
+    ) in page
+    assert verdict(clipped, "mimic_noised") == "breaks through"
+    assert verdict(clipped, "mimic_noised", suite.alone_of) == "holds"
+    alone = [margins(runs, "honest_alone")[0] for runs in (clipped, median)]
+    flips = [margins(runs, "label_flip")[0] for runs in (clipped, median)]
+    assert flips == alone  # left out in round 0: the honest sites alone under either rule
+    assert f"the label flip, left out in round 0 under both, {flips[0]} against {flips[1]}" in page
+    assert f"(the honest sites alone: {alone[0]} against {alone[1]})" in page
+    late, late_median = margins(clipped, "label_flip_late")[0], margins(median, "label_flip_late")[0]
+    assert f"the late label flip {late} against {late_median} (both break through)" in page
+    assert verdict(clipped, "label_flip_late") == verdict(median, "label_flip_late") == "breaks through"
+    backdoor = clipped["backdoor-4sites-1attackers-seed1"]
+    assert verdict(clipped, "backdoor") == "holds" and verdict(median, "backdoor") == "did not take"
+    assert (
+        f"the backdoor holds ({_percent(backdoor['best_backdoor_success'])} against the clean model's "
+        f"{_percent(cleans[0]['best_backdoor_success'])}, where the attacker's own model took it, "
+        f"{_percent(backdoor['attackers_own_backdoor_success']['site-nih-2'])}"
+    ) in page
