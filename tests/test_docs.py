@@ -83,28 +83,32 @@ def _four_sites(rows: list[list[str]]) -> dict[str, list[str]]:
     return {row[0]: row for row in rows if row[1].split(" ")[0] == "4" and ";" not in row[1]}
 
 
-def _before_stop_95(suite, references: bool = False) -> dict[str, dict]:
-    """The table's three-site runs from scratch (seed 1) as they were before stop 95 ran them again: its references
-    only with ``references``."""
-    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "three-sites-before-stop95.json").read_text())
+def _replaced_rows(suite, records: tuple[str, ...], references: bool) -> dict[str, dict]:
+    """The suite's rows kept in ``records`` (docs/attack-suite) when a stop ran them again; only the references (the
+    clean run, the honest sites alone, the placebo) with ``references``."""
+    runs = {}
+    for record in records:
+        runs.update(json.loads((REPOSITORY / "docs" / "attack-suite" / record).read_text()))
     wanted = (*suite.REFERENCES, suite.PLACEBO)
     return {name: run for name, run in runs.items() if not references or run["attack"] in wanted}
 
 
-def _before_stop_97(references: bool = False) -> dict[str, dict]:
+def _before_stop_95(suite, references: bool = False) -> dict[str, dict]:
+    """The table's three-site runs from scratch (seed 1) as they were before stop 95 ran them again: its references
+    only with ``references``."""
+    return _replaced_rows(suite, ("three-sites-before-stop95.json",), references)
+
+
+def _before_stop_97(suite, references: bool = False) -> dict[str, dict]:
     """The table's four- and seven-site runs from scratch (seed 1, 100 patients) as they were before stop 97 ran them
     again under the rules of its day: what the page's earlier accounts of four and seven sites describe; their
     references only with ``references``."""
-    folder = REPOSITORY / "docs" / "attack-suite"
-    runs = {}
-    for record in ("four-sites-before-stop97.json", "seven-sites-before-stop97.json"):
-        runs.update(json.loads((folder / record).read_text()))
+    runs = _replaced_rows(suite, ("four-sites-before-stop97.json", "seven-sites-before-stop97.json"), references)
     assert all(
         run["sites"] in (4, 7) and run["seed"] == 1 and run.get("start", "scratch") == "scratch"
         for run in runs.values()
     )
-    wanted = ("clean", "honest_alone", "placebo")
-    return {name: run for name, run in runs.items() if not references or run["attack"] in wanted}
+    return runs
 
 
 def _with_two_sites_before_stop_96() -> dict[str, dict]:
@@ -128,7 +132,7 @@ def test_the_withdrawn_shared_rows_rule_table_is_the_one_its_runs_give():
     references = {name: run for name, run in table_runs.items() if run["attack"] in (*suite.REFERENCES, suite.PLACEBO)}
     # its three-site runs are measured against the references they ran beside, before stop 95 ran that setting again
     references.update(_before_stop_95(suite, references=True))
-    references.update(_before_stop_97(references=True))  # and its four-site ones, before stop 97 ran that again
+    references.update(_before_stop_97(suite, references=True))  # and its four-site ones, before stop 97 ran that again
     assert rule_runs["label_flip-7sites-2attackers-seed1"]["absent"] == ["site-nih-1"]
     complete = {name: run for name, run in rule_runs.items() if not run["absent"]}
 
@@ -157,7 +161,7 @@ def test_the_centered_clipping_table_and_figures_are_the_ones_its_runs_give():
     assert _marked_block(REPOSITORY / "docs" / "server-checks.md", "centered-clipping") == "\n".join(suite.table(runs))
     clipped = _four_sites(_suite_rows(suite, runs))
     median_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
-    median_runs.update(_before_stop_97())  # the four-site runs these were compared with, before stop 97's
+    median_runs.update(_before_stop_97(suite))  # the four-site runs these were compared with, before stop 97's
     median = _four_sites(_suite_rows(suite, median_runs))
     attacks = sorted(name for name in clipped if name not in (*suite.REFERENCES, suite.PLACEBO, "clean"))
     assert attacks == ["backdoor", "label_flip", "label_flip_late", "mimic_noised"]  # those that had run at four sites
@@ -287,7 +291,7 @@ def test_the_four_site_catalogue_figures_are_the_suite_tables():
     table gives it from docs/attack-suite/results.json, the clean run's rerun from its own file, and the count."""
     suite = load_benchmark("attack_suite")
     results = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
-    results.update(_before_stop_97())  # the bullet's runs, before stop 97 ran them again
+    results.update(_before_stop_97(suite))  # the bullet's runs, before stop 97 ran them again
     rows = _four_sites(_suite_rows(suite, results))
     attacks = {name: row for name, row in rows.items() if name not in (*suite.REFERENCES, suite.PLACEBO, "clean")}
     assert sorted(attacks) == sorted(suite.ATTACKS)
@@ -498,7 +502,7 @@ def _warmup_rule_figures() -> dict[str, str]:
     sweep = load_benchmark("clean_sweep")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
     runs.update(_before_stop_95(suite))  # the section's three-site runs are those before stop 95 ran them again
-    runs.update(_before_stop_97())  # and its four-site ones, before stop 97's
+    runs.update(_before_stop_97(suite))  # and its four-site ones, before stop 97's
     # the section's runs: the suite's default size (the three-site runs at 400 patients have their own section)
     flips = {
         name: run
@@ -605,7 +609,7 @@ def test_the_withdrawn_turned_back_rules_figures_are_the_runs():
     suite = load_benchmark("attack_suite")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
     runs.update(_before_stop_95(suite, references=True))  # the references its three-site run ran beside
-    runs.update(_before_stop_97(references=True))  # and its four-site one
+    runs.update(_before_stop_97(suite, references=True))  # and its four-site one
     rule_runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "turned-back-rule.json").read_text())
     sweep_runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
@@ -1281,7 +1285,7 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     four sites, each attack's verdict, the cost of leaving a site out, and the figures the prose quotes."""
     suite = load_benchmark("attack_suite")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
-    runs.update(_before_stop_97())  # the four-site runs from scratch the section compares with, before stop 97's
+    runs.update(_before_stop_97(suite))  # the four-site runs from scratch the section compares with, before stop 97's
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     stand_in = {name: run for name, run in runs.items() if run.get("start") == "stand-in"}
     attacks = {  # three or more sites (two sites: the suite's table test)
@@ -2406,7 +2410,7 @@ def test_the_four_site_catalogue_under_todays_rules_is_its_record():
     (docs/attack-suite/four-sites-before-stop97.json)."""
     suite = load_benchmark("attack_suite")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
-    before = {**runs, **_before_stop_97()}
+    before = {**runs, **_before_stop_97(suite)}
     four = {run["attack"]: run for run in runs.values() if suite.setting_of(run) in ("4 (0)", "4 (1)")}
     assert set(four) == {"clean", *suite.REFERENCES, suite.PLACEBO, *suite.ATTACKS}
     assert {run["commit"][:7] for run in four.values()} == {"5ea9005"}
@@ -2472,7 +2476,7 @@ def test_the_seven_site_catalogue_under_todays_rules_is_its_record():
     (docs/attack-suite/seven-sites-before-stop97.json)."""
     suite = load_benchmark("attack_suite")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
-    before = {**runs, **_before_stop_97()}
+    before = {**runs, **_before_stop_97(suite)}
     one = {run["attack"]: run for run in runs.values() if suite.setting_of(run) in ("7 (0)", "7 (1)")}
     two = {run["attack"]: run for run in runs.values() if suite.setting_of(run) == "7 (2)"}
     assert set(one) == {"clean", *suite.REFERENCES, suite.PLACEBO, *suite.ATTACKS}

@@ -61,8 +61,7 @@ class SiteTasks(ModelController):
     def to_each_site(self, task: str, sites: list[str], data: TaskData, timeout: int, callback: Callback) -> bool:
         """One ``task`` per live site of ``sites``, each with its own data (and how its last result fared); False when
         aborted while waiting."""
-        with self._task_lock:
-            self._outstanding, self._failed = set(), {}
+        self._start_task()
         answering = threading.Lock()
 
         def one_at_a_time(result: FLModel) -> None:  # FLARE calls back on its threads: answers are handled in turn
@@ -81,12 +80,16 @@ class SiteTasks(ModelController):
             self.send_model(task_name=task, data=model, targets=[site], timeout=timeout, callback=one_at_a_time)
         return self._wait(timeout)
 
+    def _start_task(self) -> None:
+        """A new task: no site is awaited yet and no answer has failed."""
+        with self._task_lock:
+            self._outstanding, self._failed = set(), {}
+
     def ask_every_site(self, task: str, data: FLModel, timeout: int) -> list[FLModel]:
         """``task`` with the same ``data`` to every site of the job; the answers within ``timeout``. A site whose
         answer was an error, or that gave none (in the simulator: its process never started; else it is down), is
         named in the log: it takes no part in the job."""
-        with self._task_lock:
-            self._failed = {}
+        self._start_task()
         results = self.send_model_and_wait(task_name=task, data=data, timeout=timeout)
         answered = {(result.meta or {}).get("client_name") for result in results}
         failed = self.failed_answers()
