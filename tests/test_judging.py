@@ -1,6 +1,7 @@
 """The server's statistical rules (core.judging): the harm test on a site's paired figures, Holm's procedure over the
 sites of a round, the round's share of the job's false-alarm rate, and what a flag makes the server do."""
 
+import numpy as np
 import pytest
 from scipy.stats import norm
 
@@ -233,3 +234,74 @@ def test_a_round_from_untrained_heads_is_judged_by_the_loss_alone():
     better_ranked = {"val_loss": 0.4, "val_auroc_minus_reference": 0.3, "val_auroc_minus_reference_se": 0.01}
     assert judging.verdict_of(better_ranked, None, 0.01) == B
     assert judging.verdict_of(better_ranked, None, 0.01, ranking=False) == N
+
+
+# the same site's figures once each model is recalibrated in the large to its images: the candidate 0.01 above its own
+# model (SE 0.004), 0.02 below the round's start (SE 0.003), its recalibrated loss 0.45
+RECALIBRATED = {
+    "val_recalibrated_loss": 0.45,
+    "val_recalibrated_loss_minus_own": 0.01,
+    "val_recalibrated_loss_minus_own_se": 0.004,
+    "val_recalibrated_loss_minus_start": -0.02,
+    "val_recalibrated_loss_minus_start_se": 0.003,
+}
+
+
+def test_a_harm_that_recalibration_in_the_large_undoes_flags_no_one():
+    base_rate = {**FIGURES, "val_loss_minus_own": 1.6, "val_loss_minus_start": 1.4, **RECALIBRATED}
+    raw = harm_of({key: value for key, value in base_rate.items() if "recalibrated" not in key})
+    harm = harm_of(base_rate)
+    # by hand: gain 0.03, the site's own recalibrated loss 0.44, the margin 0.03 + c * 0.44, the start's error
+    margin = 0.03 + judging.HARM_LOSS_SHARE * 0.44
+    assert harm.recalibrated.margin == pytest.approx(margin, abs=1e-12)
+    assert harm.recalibrated.z == pytest.approx((0.01 - margin) / 0.003, abs=1e-9)
+    assert raw.p < 1e-10 and harm.p == pytest.approx(harm.recalibrated.p) and harm.p > 0.5
+    assert (harm.difference, harm.margin) == (raw.difference, raw.margin)  # the figures as they are stay on record
+    assert flagged({"a": base_rate}, {}, 0.01) == {}
+    ranked_worse = {"val_recalibrated_loss_minus_own": 0.5, "val_recalibrated_loss_minus_start": 0.48}
+    assert list(flagged({"a": {**base_rate, **ranked_worse}}, {}, 0.01)) == ["a"]
+
+
+def test_the_harm_test_flags_only_what_the_test_on_the_losses_as_they_are_flags():
+    """An intersection-union test: with the recalibrated figures the p-value is never below the one without them, so
+    no clean run that the loss test did not stop is stopped by it, whatever the recalibrated figures say."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        figures = {**FIGURES, "val_loss_minus_own": rng.normal(0.1, 0.3), "val_loss_minus_start": rng.normal(0, 0.3)}
+        figures |= {key: abs(rng.normal(value, 0.3)) for key, value in RECALIBRATED.items()}
+        for key in ("val_recalibrated_loss_minus_own", "val_recalibrated_loss_minus_start"):
+            figures[key] = rng.normal(0.0, 0.5)
+        both, alone = harm_of(figures), harm_of({k: v for k, v in figures.items() if "recalibrated" not in k})
+        assert both.p == max(alone.p, both.recalibrated.p) and both.p >= alone.p
+    both_reason = harm_of({**FIGURES, "val_loss_minus_own": 1.6, **RECALIBRATED}).reason()
+    assert "above once each model is recalibrated to its images" in both_reason
+
+
+def test_a_site_whose_candidate_only_moves_a_findings_base_rate_is_not_harmed_and_a_reversed_one_is():
+    """From the site's own scores: a candidate whose logits are its own model's shifted down by 6 (the base rate of a
+    finding averaged with a site where it is rare) costs the loss as it is far more than the margin, and nothing once
+    recalibrated; a candidate that ranks the images the other way is harmed both ways."""
+    from surgical_aggregation.flare.client import paired_figures
+    from surgical_aggregation.training.loops import Evaluation
+
+    rng = np.random.default_rng(5)
+    labels = (rng.random((300, 1)) < 0.22).astype(float)
+    own_logits = 2.0 * labels - 1.5 + rng.normal(0.0, 1.0, labels.shape)
+    start_logits = rng.normal(-1.2, 0.3, labels.shape)
+
+    def evaluated(logits: np.ndarray) -> Evaluation:
+        return Evaluation.of(labels, 1.0 / (1.0 + np.exp(-logits)), ["Pneumothorax"], None)
+
+    own, start = evaluated(own_logits), evaluated(start_logits)
+
+    def figures_of(candidate: Evaluation) -> dict[str, float]:
+        paired = paired_figures(candidate, own, "own", recalibrated=True)
+        paired |= paired_figures(candidate, start, "start", recalibrated=True)
+        return paired | {"val_loss": candidate.loss, "val_recalibrated_loss": candidate.recalibrated_loss()}
+
+    shifted, reversed_ = figures_of(evaluated(own_logits - 6.0)), figures_of(evaluated(-own_logits))
+    alone = {key: value for key, value in shifted.items() if "recalibrated" not in key}
+    assert shifted["val_loss_minus_own"] > 0.8 and abs(shifted["val_recalibrated_loss_minus_own"]) < 1e-9
+    assert list(flagged({"site": alone}, {"site": 300}, 0.01)) == ["site"]
+    assert flagged({"site": shifted}, {"site": 300}, 0.01) == {}
+    assert list(flagged({"site": reversed_}, {"site": 300}, 0.01)) == ["site"]

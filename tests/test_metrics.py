@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import optimize, special, stats
 from sklearn.metrics import log_loss, roc_auc_score
 
 from surgical_aggregation.evaluation.metrics import (
@@ -19,6 +19,7 @@ from surgical_aggregation.evaluation.metrics import (
     paired_loss_difference,
     paired_t_test,
     per_class_auroc,
+    recalibrated_probabilities,
 )
 
 RNG = np.random.default_rng(7)
@@ -150,6 +151,44 @@ def test_image_losses_and_their_paired_difference_by_hand():
     assert mean == pytest.approx(differences.mean(), rel=1e-12)
     assert error == pytest.approx(differences.std(ddof=1) / math.sqrt(3), rel=1e-12)
     assert np.isnan(image_losses(np.array([[np.nan]]), np.array([[0.5]]))[0])  # an image with no label
+
+
+def _logit(probabilities: np.ndarray) -> np.ndarray:
+    return np.log(probabilities) - np.log1p(-probabilities)
+
+
+def test_recalibration_in_the_large_shifts_each_class_to_its_smoothed_prevalence():
+    labels = Y.copy()
+    labels[:10, 1] = np.nan  # unlabelled entries count for nothing
+    mask = np.ones_like(labels, dtype=bool)
+    mask[10:15, 2] = False
+    recalibrated = recalibrated_probabilities(labels, P, mask)
+    for column in range(3):
+        kept = ~np.isnan(labels[:, column]) & mask[:, column]
+        cases, count = labels[kept, column].sum(), kept.sum()
+        assert recalibrated[kept, column].mean() == pytest.approx((cases + 0.5) / (count + 1), abs=1e-12)
+        # one shift of the logits per class, found independently by Brent's method on the same equation
+        logits = _logit(np.clip(P[kept, column], 1e-7, 1 - 1e-7))
+        target = (cases + 0.5) / (count + 1)
+        shift = optimize.brentq(lambda b, x=logits, t=target: special.expit(x + b).mean() - t, -40, 40)
+        np.testing.assert_allclose(
+            _logit(recalibrated[:, column]) - _logit(np.clip(P[:, column], 1e-7, 1 - 1e-7)), shift, atol=1e-9
+        )
+        # the ranking is the model's own
+        assert per_class_auroc(labels[kept, column : column + 1], recalibrated[kept, column : column + 1], ["c"])[
+            "c"
+        ] == (
+            pytest.approx(per_class_auroc(labels[kept, column : column + 1], P[kept, column : column + 1], ["c"])["c"])
+        )
+
+
+def test_a_model_shifted_in_its_base_rate_recalibrates_to_the_same_probabilities():
+    shifted = special.expit(_logit(np.clip(P, 1e-7, 1 - 1e-7)) + np.array([-4.0, 2.5, 0.7]))
+    np.testing.assert_allclose(recalibrated_probabilities(Y, shifted), recalibrated_probabilities(Y, P), atol=1e-9)
+    # a finding without a case in the images keeps a finite intercept: its mean is half a case in n + 1
+    none = recalibrated_probabilities(np.zeros((4, 1)), np.full((4, 1), 0.9))
+    np.testing.assert_allclose(none, 0.1, atol=1e-12)
+    np.testing.assert_allclose(recalibrated_probabilities(Y[:, 0], P[:, 0]), recalibrated_probabilities(Y, P)[:, 0])
 
 
 @pytest.mark.slow

@@ -12,7 +12,11 @@ margin, one-sided on the z-score of the paired difference minus the margin:
 * loss: H0: ``H <= m * max(G, 0) + c * own loss`` (m = :data:`HARM_GAIN_SHARE`, c = :data:`HARM_LOSS_SHARE`): with
   m = 1, the round may cost the site all its own gain and c of its own loss more, i.e. for G > 0 the test is on
   ``D - c * own loss`` with the standard error of D (``(1 - m) SE(H) + m SE(D)`` in general, the bound that holds for
-  any correlation of the two paired figures);
+  any correlation of the two paired figures); the same test on the losses once each model is recalibrated in the
+  large to the site's images (each finding's logits shifted to its prevalence there) must reject too (an
+  intersection-union test, p the larger): averaging a finding's row over sites whose prevalences of it differ by
+  orders of magnitude moves its intercept far from every one of them (a clean two-site federation was stopped so,
+  its loss 1.62 higher, its AUROC 0.05 lower), which the site's own data set right and no ranking shows;
 * ranking: H0: ``-A <= max(G_A, 0) + AUROC_HARM``, with ``A`` the candidate's mean AUROC minus its own model's
   (``val_auroc_minus_own``) and ``G_A`` what its own training gained in mean AUROC (``val_auroc_minus_start`` minus
   ``A``): as the loss, the round may cost the site all its own gain and :data:`AUROC_HARM` more, i.e. the candidate
@@ -68,7 +72,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .checks import server_check
 
@@ -88,6 +92,7 @@ AUROC_HARM = 0.05  # ranking: the candidate's mean AUROC may be this much below 
 SE_FLOOR_SD = 0.02
 AUROC_SE_FLOOR_SD = 0.05
 OWN, START = "val_loss_minus_own", "val_loss_minus_start"
+RECALIBRATED = "val_recalibrated_loss"  # the candidate's loss recalibrated in the large (paired: OWN's names)
 AUROC_OWN, AUROC_START = "val_auroc_minus_own", "val_auroc_minus_start"
 TESTS = ("loss", "AUROC")  # each harm and each improvement is tested on both, each at half the rate
 
@@ -103,13 +108,23 @@ class Harm:
     z: float
     p: float
     kind: str = "loss"  # "loss" or "AUROC"
+    # the loss test's second half: the same test once each model is recalibrated in the large to the site's images
+    # (None without its figures); ``z`` and ``p`` are then the weaker of the two (an intersection-union test)
+    recalibrated: Harm | None = None
 
     def reason(self) -> str:
         if self.kind == "AUROC":
             said = f"its validation mean AUROC is {self.difference:.4f} below its own model's"
         else:
             said = f"its validation loss is {self.difference:.4f} above its own model's"
-        return f"{said}, more than the {self.margin:.4f} averaging may cost it (z = {self.z:.1f}, p = {self.p:.2g})"
+        said = f"{said}, more than the {self.margin:.4f} averaging may cost it"
+        if self.recalibrated is not None:
+            again = self.recalibrated
+            said = (
+                f"{said}, and {again.difference:.4f} above once each model is recalibrated to its images, more than "
+                f"{again.margin:.4f}"
+            )
+        return f"{said} (z = {self.z:.1f}, p = {self.p:.2g})"
 
 
 def standard_error_floor(validation_size: int | None, spread: float = SE_FLOOR_SD) -> float:
@@ -156,13 +171,34 @@ def auroc_harm_of(metrics: Mapping[str, float], validation_size: int | None = No
     f"{HARM_LOSS_SHARE:g} of its own model's loss (paired over its images: `val_loss_minus_own` and "
     "`val_loss_minus_start`), tested one-sided at the job's false-alarm rate "
     f"({FALSE_ALARM_RATE:g} per job, shared by the planned rounds, Holm over the sites; the loss and the AUROC tests "
-    "each at half), flags it",
-    "its validation loss is 0.4210 above its own model's, more than the 0.3550 averaging may cost it (z = 4.1, "
-    "p = 2e-05)",
+    "each at half), flags it when the same test rejects too on its losses once each model's logits of each finding "
+    "are shifted to the finding's prevalence in its images (`val_recalibrated_loss...`: recalibration in the large; "
+    "a site that sends no such figures is judged by its losses as they are)",
+    "its validation loss is 0.4210 above its own model's, more than the 0.3550 averaging may cost it, and 0.3920 above "
+    "once each model is recalibrated to its images, more than 0.3100 (z = 3.9, p = 5e-05)",
 )
 def harm_of(metrics: Mapping[str, float], validation_size: int | None = None) -> Harm | None:
-    """The site's harm test of a candidate from its checked metrics (None without the paired figures)."""
-    names = (OWN, f"{OWN}_se", START, f"{START}_se", "val_loss")
+    """The site's harm test of a candidate from its checked metrics (None without the paired figures): the loss test
+    on the losses as they are and, where the site sent them, on the losses once each model is recalibrated in the
+    large to its images (``val_recalibrated_loss...``); the site is harmed only when both reject (an
+    intersection-union test: its p is the larger of the two, so its false-alarm rate is at most the level and every
+    candidate it flags the test on the losses alone flags too). A candidate whose harm is only its base rate of a
+    finding (the intercept averaging takes from sites whose prevalences of it differ, which the site's own data
+    undo) is not harmful to the site's ranking or to the spread of its scores, and is not flagged."""
+    raw = _loss_test(metrics, (OWN, f"{OWN}_se", START, f"{START}_se", "val_loss"), validation_size)
+    if raw is None:
+        return None
+    names = tuple(name.replace("val_loss", RECALIBRATED) for name in (OWN, f"{OWN}_se", START, f"{START}_se"))
+    recalibrated = _loss_test(metrics, (*names, RECALIBRATED), validation_size)
+    if recalibrated is None:
+        return raw
+    weaker = max((raw, recalibrated), key=lambda test: test.p)
+    return replace(raw, z=weaker.z, p=weaker.p, recalibrated=recalibrated)
+
+
+def _loss_test(metrics: Mapping[str, float], names: Sequence[str], validation_size: int | None) -> Harm | None:
+    """The non-inferiority test of one loss (``names``: its paired figures against the site's own model and the
+    round's start, their standard errors, and the candidate's loss)."""
     if any(metrics.get(name) is None for name in names):
         return None
     own_difference, own_error, start_difference, start_error, loss = (float(metrics[name]) for name in names)

@@ -158,6 +158,47 @@ def image_losses(
         return np.where(counts > 0, losses.sum(axis=1) / np.maximum(counts, 1), np.nan)
 
 
+INTERCEPT_SEARCH = (-40.0, 40.0, 80)  # logit shifts searched (low, high) and bisection steps: 80 / 2**80 apart
+SMOOTHING_CASES = 0.5  # each way: a finding with no case (or no non-case) in the validation keeps a finite intercept
+
+
+def recalibrated_probabilities(
+    y_true: np.ndarray, y_prob: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-7
+) -> np.ndarray:
+    """``y_prob`` recalibrated in the large to these labels: each class's logits shifted by the one intercept that
+    makes its mean probability over the labelled images equal their prevalence of it, smoothed by half a case each
+    way ((k + 1/2) / (n + 1) for k cases of n; without the smoothing it is the intercept that minimises the class's
+    mean BCE). Shifting one class's logits by a constant leaves its ranking (AUROC) as it is and its recalibrated
+    probabilities too: what is left of a loss after it is the model's ranking and the spread of its scores, not its
+    base rate, which sites whose prevalences differ pull apart (the intercept update of clinical prediction models,
+    "recalibration in the large")."""
+    y_true = np.asarray(y_true, dtype=np.float64)
+    y_prob = np.clip(np.asarray(y_prob, dtype=np.float64), eps, 1 - eps)
+    squeeze = y_true.ndim == 1
+    if squeeze:
+        y_true, y_prob = y_true[:, None], y_prob[:, None]
+        mask = None if mask is None else np.asarray(mask)[:, None]
+    valid = _valid_mask(y_true, mask)
+    counts = valid.sum(axis=0)
+    cases = np.where(valid, np.nan_to_num(y_true), 0.0).sum(axis=0)
+    target = (cases + SMOOTHING_CASES) / (counts + 2 * SMOOTHING_CASES)
+    logits = np.log(y_prob) - np.log1p(-y_prob)
+    low, high, steps = INTERCEPT_SEARCH
+    low, high = np.full(counts.shape, low), np.full(counts.shape, high)
+    for _ in range(steps):  # the mean probability rises with the shift: bisection, every class at once
+        middle = (low + high) / 2
+        mean = np.where(valid, _sigmoid(logits + middle), 0.0).sum(axis=0) / np.maximum(counts, 1)
+        above = mean > target
+        high, low = np.where(above, middle, high), np.where(above, low, middle)
+    shift = np.where(counts > 0, (low + high) / 2, 0.0)
+    recalibrated = _sigmoid(logits + shift)
+    return recalibrated[:, 0] if squeeze else recalibrated
+
+
+def _sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * logits))  # no overflow for any logit
+
+
 def bce_loss_standard_error(
     y_true: np.ndarray, y_prob: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-7
 ) -> float:

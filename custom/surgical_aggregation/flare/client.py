@@ -133,15 +133,22 @@ def _evaluation_from(payload: dict[str, Any]) -> Evaluation:
     return Evaluation(**plain, **values)
 
 
-def paired_figures(evaluation: Evaluation, reference: Evaluation, name: str, auroc: bool = True) -> dict[str, float]:
-    """``val_loss_minus_<name>`` (and ``val_auroc_minus_<name>``), with standard errors, and
-    ``val_batchnorm_minus_<name>``: ``evaluation`` against ``reference``, paired over the site's validation images;
-    what cannot be compared is left out."""
+def paired_figures(
+    evaluation: Evaluation, reference: Evaluation, name: str, auroc: bool = True, recalibrated: bool = False
+) -> dict[str, float]:
+    """``val_loss_minus_<name>`` (and ``val_auroc_minus_<name>``; with ``recalibrated``, the harm test's
+    ``val_recalibrated_loss_minus_<name>``), with standard errors, and ``val_batchnorm_minus_<name>``: ``evaluation``
+    against ``reference``, paired over the site's validation images; what cannot be compared is left out."""
     figures = evaluation.compared_with(reference)
     metrics = {
         f"val_loss_minus_{name}": figures["loss"],
         f"val_loss_minus_{name}_se": figures["loss_se"],
     }
+    if recalibrated:
+        metrics |= {
+            f"val_recalibrated_loss_minus_{name}": figures["recalibrated_loss"],
+            f"val_recalibrated_loss_minus_{name}_se": figures["recalibrated_loss_se"],
+        }
     if auroc:
         metrics |= {f"val_auroc_minus_{name}": figures["auroc"], f"val_auroc_minus_{name}_se": figures["auroc_se"]}
     pairs = [(key, f"{key}_se") for key in metrics if not key.endswith("_se")]
@@ -456,12 +463,17 @@ class ClientSession:
         """Paired over this site's validation images, when ``evaluation`` is of the global model that the round this
         site last trained in made (``model_round``): its loss and mean AUROC minus those of the model the site trained
         itself in that round (``..._minus_own``), and minus those of the model the round started from
-        (``..._minus_start``), each with its standard error. Nothing for another model."""
+        (``..._minus_start``), each with its standard error, and the same of the loss once each model is recalibrated
+        in the large to this site's images (``val_recalibrated_loss...``). Nothing for another model."""
         trained = self.trained
         if trained is None or model_round != trained.round:
             return {}
-        own = paired_figures(evaluation, trained.own, "own")
-        return own | paired_figures(evaluation, trained.start, "start")
+        own = paired_figures(evaluation, trained.own, "own", recalibrated=True)
+        figures = own | paired_figures(evaluation, trained.start, "start", recalibrated=True)
+        recalibrated_loss = evaluation.recalibrated_loss()
+        if math.isfinite(recalibrated_loss):  # the margin of the harm test's recalibrated half
+            figures["val_recalibrated_loss"] = recalibrated_loss
+        return figures
 
     def validated_before(self, meta: dict) -> Evaluation | None:
         """This site's validation of the model a task carries, when it validated that very candidate of that round

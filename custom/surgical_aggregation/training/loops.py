@@ -27,6 +27,7 @@ from ..evaluation.metrics import (
     paired_auroc_difference,
     paired_loss_difference,
     per_class_auroc,
+    recalibrated_probabilities,
 )
 from .parallel import RowShard
 
@@ -486,12 +487,15 @@ class Evaluation:
     batchnorm_divergences: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def compared_with(self, other: Evaluation) -> dict[str, float]:
-        """Paired over the same images: this model's loss minus ``other``'s (``loss``, ``loss_se``) and its mean AUROC
-        minus ``other``'s (``auroc``, ``auroc_se``), where both carry their per-image figures, and the most any one
-        BatchNorm layer's divergence exceeds ``other``'s (``batchnorm``); NaN for what cannot be compared."""
+        """Paired over the same images: this model's loss minus ``other``'s (``loss``, ``loss_se``), the same once each
+        model is recalibrated in the large to these images (``recalibrated_loss``, ``recalibrated_loss_se``) and its
+        mean AUROC minus ``other``'s (``auroc``, ``auroc_se``), where both carry their per-image figures, and the most
+        any one BatchNorm layer's divergence exceeds ``other``'s (``batchnorm``); NaN for what cannot be compared."""
         figures = {
             "loss": math.nan,
             "loss_se": math.nan,
+            "recalibrated_loss": math.nan,
+            "recalibrated_loss_se": math.nan,
             "auroc": math.nan,
             "auroc_se": math.nan,
             "batchnorm": math.nan,
@@ -502,11 +506,29 @@ class Evaluation:
         losses = (self.image_losses, other.image_losses)
         if all(value is not None for value in losses) and losses[0].shape == losses[1].shape:
             figures["loss"], figures["loss_se"] = paired_loss_difference(*losses)
+        recalibrated = (self.recalibrated_losses(), other.recalibrated_losses())
+        if all(value is not None for value in recalibrated) and recalibrated[0].shape == recalibrated[1].shape:
+            figures["recalibrated_loss"], figures["recalibrated_loss_se"] = paired_loss_difference(*recalibrated)
         if self.scores is not None and other.scores is not None and self.scores.shape == other.scores.shape:
             figures["auroc"], figures["auroc_se"] = paired_auroc_difference(
                 self.labels, self.scores, other.scores, self.mask
             )
         return figures
+
+    def recalibrated_losses(self) -> np.ndarray | None:
+        """Each image's loss once each class's logits are shifted to these images' prevalence
+        (:func:`evaluation.metrics.recalibrated_probabilities`): what a model's ranking and spread cost, its base rate
+        aside; None without the scores and labels. From the kept scores, so a restored evaluation has it too."""
+        if self.scores is None or self.labels is None:
+            return None
+        return image_losses(self.labels, recalibrated_probabilities(self.labels, self.scores, self.mask), self.mask)
+
+    def recalibrated_loss(self) -> float:
+        """The mean of :meth:`recalibrated_losses` over the images with a label (NaN without)."""
+        losses = self.recalibrated_losses()
+        if losses is None or not np.isfinite(losses).any():
+            return math.nan
+        return float(np.nanmean(losses))
 
     @classmethod
     def of(

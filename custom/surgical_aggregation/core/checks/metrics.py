@@ -18,6 +18,12 @@ PAIRED_LOSS_KEYS = (
     "val_loss_minus_start_se",
     "val_loss_minus_reference",
     "val_loss_minus_reference_se",
+    # the same once each model's logits are recalibrated in the large to the site's images (the harm test's second
+    # half: core.judging.harm_of)
+    "val_recalibrated_loss_minus_own",
+    "val_recalibrated_loss_minus_own_se",
+    "val_recalibrated_loss_minus_start",
+    "val_recalibrated_loss_minus_start_se",
 )
 PAIRED_AUROC_KEYS = (
     "val_auroc_minus_own",
@@ -30,11 +36,13 @@ PAIRED_AUROC_KEYS = (
 # paired over the same images: the most any BatchNorm layer's running statistics stand further from what the site's
 # validation images give than the other model's do (training.loops.BatchNormReadings; a reading, no standard error)
 BATCHNORM_KEYS = ("val_batchnorm_minus_own", "val_batchnorm_minus_start", "val_batchnorm_minus_reference")
-# What a site reports: its validation of the model it received (the loss, its standard error across images, mean
-# AUROC), the same of its model after local training, its training loss, and per-class AUROC of its own classes.
+# What a site reports: its validation of the model it received (the loss, its standard error across images, the loss
+# recalibrated in the large, mean AUROC), the same of its model after local training, its training loss, and
+# per-class AUROC of its own classes.
 METRIC_KEYS = (
     "val_loss",
     "val_loss_se",
+    "val_recalibrated_loss",
     "val_mean_auroc",
     "local_val_loss",
     "local_val_loss_se",
