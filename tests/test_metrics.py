@@ -189,6 +189,12 @@ def test_a_model_shifted_in_its_base_rate_recalibrates_to_the_same_probabilities
     none = recalibrated_probabilities(np.zeros((4, 1)), np.full((4, 1), 0.9))
     np.testing.assert_allclose(none, 0.1, atol=1e-12)
     np.testing.assert_allclose(recalibrated_probabilities(Y[:, 0], P[:, 0]), recalibrated_probabilities(Y, P)[:, 0])
+    # an entry without a score counts for nothing: the class is recalibrated on the others, as if it were unlabelled
+    unscored, unlabelled = P.copy(), Y.copy()
+    unscored[0, 0], unlabelled[0, 0] = np.nan, np.nan
+    recalibrated = recalibrated_probabilities(Y, unscored)
+    assert np.isnan(recalibrated[0, 0])
+    np.testing.assert_allclose(recalibrated[1:], recalibrated_probabilities(unlabelled, P)[1:], atol=1e-12)
 
 
 @pytest.mark.slow

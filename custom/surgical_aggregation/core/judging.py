@@ -109,7 +109,8 @@ class Harm:
     p: float
     kind: str = "loss"  # "loss" or "AUROC"
     # the loss test's second half: the same test once each model is recalibrated in the large to the site's images
-    # (None without its figures); ``z`` and ``p`` are then the weaker of the two (an intersection-union test)
+    # (None without its figures); ``p`` is then the larger of the two tests' (an intersection-union test), the other
+    # figures stay the losses' as they are
     recalibrated: Harm | None = None
 
     def reason(self) -> str:
@@ -118,13 +119,13 @@ class Harm:
         else:
             said = f"its validation loss is {self.difference:.4f} above its own model's"
         said = f"{said}, more than the {self.margin:.4f} averaging may cost it"
-        if self.recalibrated is not None:
-            again = self.recalibrated
-            said = (
-                f"{said}, and {again.difference:.4f} above once each model is recalibrated to its images, more than "
-                f"{again.margin:.4f}"
-            )
-        return f"{said} (z = {self.z:.1f}, p = {self.p:.2g})"
+        if self.recalibrated is None:
+            return f"{said} (z = {self.z:.1f}, p = {self.p:.2g})"
+        again = self.recalibrated
+        return (
+            f"{said} (z = {self.z:.1f}), and {again.difference:.4f} above once each model is recalibrated to its "
+            f"images, more than {again.margin:.4f} (z = {again.z:.1f}); p = {self.p:.2g}"
+        )
 
 
 def standard_error_floor(validation_size: int | None, spread: float = SE_FLOOR_SD) -> float:
@@ -174,8 +175,8 @@ def auroc_harm_of(metrics: Mapping[str, float], validation_size: int | None = No
     "each at half), flags it when the same test rejects too on its losses once each model's logits of each finding "
     "are shifted to the finding's prevalence in its images (`val_recalibrated_loss...`: recalibration in the large; "
     "a site that sends no such figures is judged by its losses as they are)",
-    "its validation loss is 0.4210 above its own model's, more than the 0.3550 averaging may cost it, and 0.3920 above "
-    "once each model is recalibrated to its images, more than 0.3100 (z = 3.9, p = 5e-05)",
+    "its validation loss is 0.4210 above its own model's, more than the 0.3550 averaging may cost it (z = 4.1), and "
+    "0.3920 above once each model is recalibrated to its images, more than 0.3100 (z = 3.9); p = 5e-05",
 )
 def harm_of(metrics: Mapping[str, float], validation_size: int | None = None) -> Harm | None:
     """The site's harm test of a candidate from its checked metrics (None without the paired figures): the loss test
@@ -192,8 +193,7 @@ def harm_of(metrics: Mapping[str, float], validation_size: int | None = None) ->
     recalibrated = _loss_test(metrics, (*names, RECALIBRATED), validation_size)
     if recalibrated is None:
         return raw
-    weaker = max((raw, recalibrated), key=lambda test: test.p)
-    return replace(raw, z=weaker.z, p=weaker.p, recalibrated=recalibrated)
+    return replace(raw, p=max(raw.p, recalibrated.p), recalibrated=recalibrated)
 
 
 def _loss_test(metrics: Mapping[str, float], names: Sequence[str], validation_size: int | None) -> Harm | None:

@@ -178,7 +178,9 @@ def recalibrated_probabilities(
     if squeeze:
         y_true, y_prob = y_true[:, None], y_prob[:, None]
         mask = None if mask is None else np.asarray(mask)[:, None]
-    valid = _valid_mask(y_true, mask)
+    valid = _valid_mask(y_true, mask) & np.isfinite(
+        y_prob
+    )  # an image without a score counts for nothing, as in the loss
     counts = valid.sum(axis=0)
     cases = np.where(valid, np.nan_to_num(y_true), 0.0).sum(axis=0)
     target = (cases + SMOOTHING_CASES) / (counts + 2 * SMOOTHING_CASES)

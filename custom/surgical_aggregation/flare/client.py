@@ -139,7 +139,7 @@ def paired_figures(
     """``val_loss_minus_<name>`` (and ``val_auroc_minus_<name>``; with ``recalibrated``, the harm test's
     ``val_recalibrated_loss_minus_<name>``), with standard errors, and ``val_batchnorm_minus_<name>``: ``evaluation``
     against ``reference``, paired over the site's validation images; what cannot be compared is left out."""
-    figures = evaluation.compared_with(reference)
+    figures = evaluation.compared_with(reference, recalibrated)
     metrics = {
         f"val_loss_minus_{name}": figures["loss"],
         f"val_loss_minus_{name}_se": figures["loss_se"],

@@ -486,9 +486,10 @@ class Evaluation:
     # (:class:`BatchNormReadings`); None for a model without BatchNorm
     batchnorm_divergences: np.ndarray | None = field(default=None, repr=False, compare=False)
 
-    def compared_with(self, other: Evaluation) -> dict[str, float]:
-        """Paired over the same images: this model's loss minus ``other``'s (``loss``, ``loss_se``), the same once each
-        model is recalibrated in the large to these images (``recalibrated_loss``, ``recalibrated_loss_se``) and its
+    def compared_with(self, other: Evaluation, recalibrated: bool = False) -> dict[str, float]:
+        """Paired over the same images: this model's loss minus ``other``'s (``loss``, ``loss_se``), with
+        ``recalibrated`` the same once each model is recalibrated in the large to these images (``recalibrated_loss``,
+        ``recalibrated_loss_se``), and its
         mean AUROC minus ``other``'s (``auroc``, ``auroc_se``), where both carry their per-image figures, and the most
         any one BatchNorm layer's divergence exceeds ``other``'s (``batchnorm``); NaN for what cannot be compared."""
         figures = {
@@ -506,9 +507,9 @@ class Evaluation:
         losses = (self.image_losses, other.image_losses)
         if all(value is not None for value in losses) and losses[0].shape == losses[1].shape:
             figures["loss"], figures["loss_se"] = paired_loss_difference(*losses)
-        recalibrated = (self.recalibrated_losses(), other.recalibrated_losses())
-        if all(value is not None for value in recalibrated) and recalibrated[0].shape == recalibrated[1].shape:
-            figures["recalibrated_loss"], figures["recalibrated_loss_se"] = paired_loss_difference(*recalibrated)
+        both = (self.recalibrated_losses(), other.recalibrated_losses()) if recalibrated else (None, None)
+        if all(value is not None for value in both) and both[0].shape == both[1].shape:
+            figures["recalibrated_loss"], figures["recalibrated_loss_se"] = paired_loss_difference(*both)
         if self.scores is not None and other.scores is not None and self.scores.shape == other.scores.shape:
             figures["auroc"], figures["auroc_se"] = paired_auroc_difference(
                 self.labels, self.scores, other.scores, self.mask
