@@ -2153,6 +2153,17 @@ def test_the_three_site_suite_on_a_second_seed_is_its_record():
 STOP_95_COMMIT = "42af296a8988476cd5918dcd96c1607674c95c5d"  # the rules stop 95 tested (stop 96 ran more)
 
 
+def _stand_in_before_stop_96() -> dict[str, dict]:
+    """The clean sweep's runs from the stand-in that later stops ran again, as they ran under stop 95's rules: seed 389
+    (stop 96 ran it without the later-round bounds) and seed 384 (stop 98, on the recalibrated harm test)."""
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    return {
+        name: run
+        for record in ("stand-in-389-stop95.json", "stand-in-384-stop95.json")
+        for name, run in json.loads((sweeps / record).read_text()).items()
+    }
+
+
 def test_the_two_site_rules_were_tested_again_on_new_draws():
     """docs/server-checks.md's second test of the two-site rules (stop 95): every two-site draw of seeds 367-429, never
     run before, from scratch and (those started within the sweep's time) from the stand-in, none stopped; the
@@ -2162,14 +2173,14 @@ def test_the_two_site_rules_were_tested_again_on_new_draws():
     earlier = json.loads((sweeps / "batchnorm-test.json").read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     drawn = [seed for seed in range(367, 430) if len(clean_sweep.draw(seed).sites) == 2]
-    # seed 389 from the stand-in as it ran under stop 93's later-round bounds (stop 96 ran it again without them: the
-    # sweep's row now), in its place
-    earlier_389 = json.loads((sweeps / "stand-in-389-stop95.json").read_text())
+    # seeds 389 and 384 from the stand-in as they ran under stop 95's rules (stops 96 and 98 ran them again: the
+    # sweep's rows now), in their place
+    replaced = _stand_in_before_stop_96()
     scratch, stand_in = (
-        {name: earlier_389.get(name, run) if record == "stand-in.json" else run
+        {name: replaced.get(name, run) if record == "stand-in.json" else run
          for name, run in json.loads((sweeps / record).read_text()).items()
          if 367 <= run["federation"].get("seed", -1) < 430
-         and earlier_389.get(name, run).get("commit") == STOP_95_COMMIT}
+         and replaced.get(name, run).get("commit") == STOP_95_COMMIT}
         for record in ("results.json", "stand-in.json")
     )  # fmt: skip
     assert {run["federation"]["start"] for run in scratch.values()} == {"scratch"}
@@ -2380,11 +2391,15 @@ def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are
         f"{clean_sweep.upper_bound(0, untouched):.0%} a job".replace("%", " %")
         in page
     )
-    stopped = [run["federation"]["seed"] for run in stand_in.values() if run["exit_code"] != 0]
+    # the table's rows as stop 96 left them: without the draws of stop 98, seed 384 as it ran under stop 95's rules
+    earlier = json.loads((sweeps / "stand-in-384-stop95.json").read_text())
+    later = {name for name, run in stand_in.items() if run.get("commit", "").startswith(RECALIBRATED_COMMIT)}
+    then = {name: earlier.get(name, run) for name, run in stand_in.items() if name not in later or name in earlier}
+    stopped = [run["federation"]["seed"] for run in then.values() if run["exit_code"] != 0]
     assert stopped == [384]
-    bound = f"{clean_sweep.upper_bound(1, len(stand_in)):.0%}".replace("%", " %")
+    bound = f"{clean_sweep.upper_bound(1, len(then)):.0%}".replace("%", " %")
     assert (
-        f"The sweep table's stand-in rows: 1 of {len(stand_in)} stopped (seed 384, by the harm rule above: open), a "
+        f"The sweep table's stand-in rows then: 1 of {len(then)} stopped (seed 384, by the harm rule above), a "
         f"false-alarm rate of at most {bound} a job" in page
     )
 
@@ -2608,3 +2623,114 @@ def test_centered_clipping_at_four_sites_on_todays_code_is_its_record():
         f"{_percent(cleans[0]['best_backdoor_success'])}, where the attacker's own model took it, "
         f"{_percent(backdoor['attackers_own_backdoor_success']['site-nih-2'])}"
     ) in page
+
+
+RECALIBRATED_COMMIT = "dd70a3f"  # stop 98: the harm test also on the losses recalibrated in the large
+
+
+def test_the_label_flips_on_the_recalibrated_harm_test_are_the_rows_they_ran_again():
+    """docs/server-checks.md's stop 98 runs of the rows a flag decided (the label flippers left out in their warm-up
+    round) at four and seven sites, on the recalibrated harm test: the same rows to the last digit as the table's
+    (docs/attack-suite/label-flips-stop98.json against docs/attack-suite/results.json)."""
+    folder = REPOSITORY / "docs" / "attack-suite"
+    runs = json.loads((folder / "results.json").read_text())
+    again = json.loads((folder / "label-flips-stop98.json").read_text())
+    assert sorted(again) == sorted([
+        "clean-4sites-0attackers-seed1",
+        *(f"{attack}-{setting}-seed1" for attack in ("label_flip", "label_flip_quiet")
+          for setting in ("4sites-1attackers", "7sites-1attackers")),
+        "label_flip-7sites-2attackers-seed1",
+    ])  # fmt: skip
+    assert {run["commit"][:7] for run in again.values()} == {RECALIBRATED_COMMIT}
+    for name, run in again.items():
+        kept = runs[name]
+        assert kept["commit"][:7] != RECALIBRATED_COMMIT
+        for field in ("exit_code", "excluded", "rejected", "best_auroc", "final_auroc", "stopped"):
+            assert run[field] == kept[field], (name, field)
+    flippers = [run for run in again.values() if run["attack"] != "clean"]
+    assert all(run["excluded"] == run["attacking_sites"] for run in flippers)
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    times = [run["seconds"] for run in again.values()]
+    assert (
+        f"commit {RECALIBRATED_COMMIT}, {min(times):.0f} to {max(times):.0f} s a run): every one of the "
+        f"{len(flippers)} flippers was left out in its warm-up round again" in page
+    )
+
+
+def test_the_harm_test_recalibrated_in_the_large_is_its_record():
+    """docs/server-checks.md's stop 98 runs of the clean sweep from the stand-in: seed 384 again (stopped at stop 95 by
+    the harm rule), whole, with SIIM's figures recomputed by the harm test itself; every two-site draw of seeds 470-559,
+    in order, with the one stopped by the initial model's bar (529) and its figures; the table's count of stops."""
+    clean_sweep = load_benchmark("clean_sweep")
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    stand_in = json.loads((sweeps / "stand-in.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    ran = {run["federation"]["seed"]: run for run in stand_in.values()
+           if run.get("commit", "").startswith(RECALIBRATED_COMMIT)}  # fmt: skip
+    again = ran.pop(384)
+    before = json.loads((sweeps / "stand-in-384-stop95.json").read_text())["sweep-384"]
+    assert before["exit_code"] == 2 and "harms a site: for site-1-siim" in before["stopped"]
+    assert again["exit_code"] == 0 and again["published"] and 384 in clean_sweep.CALIBRATION_SEEDS
+    rounds = again["federation"]["rounds"]
+    assert f"--seeds 384`, commit {RECALIBRATED_COMMIT}, {again['seconds']:.0f} s on this task's" in page
+    assert f"it ran its {rounds} rounds whole and published" in page
+    first, last = (again["validations"][str(number)]["site-1-siim"] for number in (0, rounds - 1))
+    harm = judging.harm_of(first)
+    assert harm.p > 0.5 and harm.recalibrated.difference < harm.recalibrated.margin
+
+    def own(figures: dict, name: str, against: str) -> float:
+        return figures[name] - figures[against]
+
+    assert (
+        f"its loss of the candidate {harm.difference:.4f} above its own model's ({first['val_loss']:.4f} against "
+        f"{own(first, 'val_loss', 'val_loss_minus_own'):.4f}), {harm.recalibrated.difference:.4f} above once both are "
+        f"recalibrated (standard error {harm.recalibrated.error:.4f}, against a margin of "
+        f"{harm.recalibrated.margin:.4f}), its mean AUROC {first['val_mean_auroc']:.3f} against its own model's "
+        f"{own(first, 'val_mean_auroc', 'val_auroc_minus_own'):.3f}; in the last round its loss of the global model "
+        f"{last['val_loss']:.4f} against its own model's {own(last, 'val_loss', 'val_loss_minus_own'):.4f}, "
+        f"{last['val_recalibrated_loss']:.4f} against "
+        f"{own(last, 'val_recalibrated_loss', 'val_recalibrated_loss_minus_own'):.4f} recalibrated, its AUROC "
+        f"{last['val_mean_auroc']:.3f} against {own(last, 'val_mean_auroc', 'val_auroc_minus_own'):.3f}" in page
+    )
+    drawn = [seed for seed in range(470, 560) if len(clean_sweep.draw(seed).sites) == 2]
+    assert list(ran) == drawn  # every draw, in order
+    times = [run["seconds"] for run in ran.values()]
+    assert f"--seeds {' '.join(map(str, drawn))} --stop-starting-after 1500`" in page
+    assert f"all {len(drawn)} started within its 25 minutes, {min(times):.0f} to {max(times):.0f} s each" in page
+    for run in ran.values():  # no harm test flagged a site, on the losses as they are or recalibrated
+        for number, validation in run["validations"].items():
+            if number == "-1":
+                continue
+            level = judging.round_level(run["federation"]["rounds"])
+            as_they_are = {site: {key: value for key, value in figures.items() if "recalibrated" not in key}
+                           for site, figures in validation.items()}  # fmt: skip
+            assert not judging.flagged(validation, {}, level) and not judging.flagged(as_they_are, {}, level)
+    assert not any(any(run["excluded"].values()) or run["rejected"] for run in ran.values())
+    stopped = {seed: run for seed, run in ran.items() if run["exit_code"] != 0}
+    assert list(stopped) == [529] and len(ran) - len(stopped) == 17
+    assert stopped[529]["stopped"].startswith("no trained global model was judged at least as good as the initial")
+    initial = re.search(r"the initial model's: ([0-9.]+)\)", stopped[529]["stopped"])[1]
+    assert f"the initial model's judged loss {initial})" in page
+    figures = stopped[529]["validations"]
+    siim = [figures[str(number)]["site-2-siim"] for number in range(stopped[529]["federation"]["rounds"])]
+    losses, aurocs = [round(one["val_loss"], 4) for one in siim], [one["val_mean_auroc"] for one in siim]
+    start = figures["-1"]
+    assert min(losses) > start["site-2-siim"]["local_val_loss"] > start["site-2-siim"]["val_loss"]
+    assert (
+        f"(its own model {start['site-2-siim']['local_val_loss']:.4f}, the global models {min(losses):.4f} to "
+        f"{max(losses):.4f}, the start {start['site-2-siim']['val_loss']:.4f}), while its mean AUROC rose from "
+        f"{start['site-2-siim']['val_mean_auroc']:.3f} to {min(aurocs):.3f}-{max(aurocs):.3f} and PadChest's loss "
+        f"fell from {start['site-1-padchest']['val_loss']:.4f} to {figures['0']['site-1-padchest']['val_loss']:.3f}"
+    ) in page
+    everyone = [run for run in stand_in.values()]
+    table_stops = [run["federation"].get("seed") for run in everyone if run["exit_code"] != 0]
+    assert table_stops == [529]
+
+    def bound(stops: int, runs: int) -> str:
+        return f"{clean_sweep.upper_bound(stops, runs):.0%}".replace("%", " %")
+
+    assert (
+        f"The sweep table's stand-in rows: 1 of {len(everyone)} stopped (529), a false-alarm rate of at most "
+        f"{bound(1, len(everyone))} a job (exact one-sided 95 %); of the {len(drawn)} new draws 1, at most "
+        f"{bound(1, len(drawn))}." in page
+    )
