@@ -111,6 +111,14 @@ def _before_stop_97(suite, references: bool = False) -> dict[str, dict]:
     return runs
 
 
+def _before_stop_98(suite, references: bool = False) -> dict[str, dict]:
+    """The table's three-site runs from scratch (seed 1, 100 patients) as stop 95 ran them, before stop 98 ran them
+    again on this task's machine and the recalibrated harm test; their references only with ``references``."""
+    runs = _replaced_rows(suite, ("three-sites-before-stop98.json",), references)
+    assert all(run["sites"] == 3 and run["seed"] == 1 and run["commit"].startswith("42af296") for run in runs.values())
+    return runs
+
+
 def _with_two_sites_before_stop_96() -> dict[str, dict]:
     """docs/attack-suite/results.json with its two-site runs (seed 1, both starts) as they were before stop 96 ran them
     again under the first-round direction rule: what the page's accounts of stops 93 to 95 describe."""
@@ -2011,6 +2019,7 @@ def test_the_three_site_suite_from_scratch_is_its_stop_95_record():
     rule: each figure from docs/attack-suite/results.json, the runs it replaced kept beside it."""
     suite = load_benchmark("attack_suite")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    runs.update(_before_stop_98(suite))  # stop 95's rows, as they were before stop 98 ran them again
     before = _before_stop_95(suite)
     three = {
         run["attack"]: run for run in runs.values() if run["sites"] == 3 and suite._size(run) == (100, 3, "scratch")
@@ -2733,4 +2742,80 @@ def test_the_harm_test_recalibrated_in_the_large_is_its_record():
         f"The sweep table's stand-in rows: 1 of {len(everyone)} stopped (529), a false-alarm rate of at most "
         f"{bound(1, len(everyone))} a job (exact one-sided 95 %); of the {len(drawn)} new draws 1, at most "
         f"{bound(1, len(drawn))}." in page
+    )
+
+
+def test_the_three_site_catalogue_under_todays_rules_is_its_record():
+    """docs/server-checks.md's paragraph on stop 98's three-site rows from scratch: the verdicts' counts and each figure
+    it quotes, from docs/attack-suite/results.json, against the rows it replaced
+    (docs/attack-suite/three-sites-before-stop98.json)."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    three = {run["attack"]: run for name, run in runs.items()
+             if run["sites"] == 3 and run["seed"] == 1 and suite._size(run) == (100, 3, "scratch")}  # fmt: skip
+    assert set(three) == {"clean", *suite.REFERENCES, suite.PLACEBO, *suite.ATTACKS}
+    assert {run["commit"][:7] for run in three.values()} == {RECALIBRATED_COMMIT}
+    before = _before_stop_98(suite, references=True)
+    assert set(before) == {f"{attack}-3sites-{0 if attack == 'clean' else 1}attackers-seed1"
+                           for attack in ("clean", "honest_alone", "placebo")}  # fmt: skip
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    seconds = [run["seconds"] for run in three.values()]
+    assert f"(commit {RECALIBRATED_COMMIT}, {min(seconds):.0f} to {max(seconds):.0f} s a run on this task's" in page
+    clean, alone, placebo = three["clean"], three["honest_alone"], three["placebo"]
+
+    def margin(attack: str, reference: dict = clean) -> str:
+        return f"{suite.lowest_margin(three[attack], reference):+.3f}"
+
+    verdicts = {attack: suite.verdict(three[attack], clean) for attack in suite.ATTACKS}
+    against_alone = {attack: suite.verdict(three[attack], alone) for attack in suite.ATTACKS}
+    counted = {
+        verdict: list(verdicts.values()).count(verdict) for verdict in ("holds", "did not take", "breaks through")
+    }
+    refused = [attack for attack, run in three.items() if run["rejected"] == run["attacking_sites"] == ["site-nih-2"]]
+    assert sorted(refused) == sorted(["sign_flip", "ipm", "opt_ipm", "opt_alie", "inf", "gaussian", "label_flip",
+                                      "label_flip_quiet"])  # fmt: skip
+    assert all(three[attack]["best_auroc"] == alone["best_auroc"] for attack in refused)
+    cost = -suite.lowest_margin(alone, clean)
+    assert cost > suite.TOLERANCE and all(verdicts[attack] == "breaks through" for attack in refused)
+    broken_alone = [attack for attack, verdict in against_alone.items() if verdict == "breaks through"]
+    assert broken_alone == ["mimic_noised", "label_flip_late", "backdoor"]
+    alone_counted = {verdict: list(against_alone.values()).count(verdict) for verdict in ("holds", "did not take")}
+    backdoor, boosted = three["backdoor"], three["backdoor_boosted"]
+
+    def share(value: float) -> str:
+        return f"{100 * value:.1f} %"
+
+    assert (
+        f"against the clean run {counted['holds']} of the 15 attacks hold, {counted['did not take']} did not take and "
+        f"{counted['breaks through']} break through, {len(refused)} of them by no more than leaving the attacker out "
+        f"costs here ({cost:.3f}, past the tolerance); against the honest sites alone {alone_counted['holds']} hold, "
+        f"{alone_counted['did not take']} did not take and {len(broken_alone)} break through: `mimic_noised` "
+        f"({margin('mimic_noised', alone)}), `label_flip_late` ({margin('label_flip_late', alone)}) and `backdoor` "
+        f"({share(backdoor['best_backdoor_success'])} of the triggered negatives against the clean model's "
+        f"{share(clean['best_backdoor_success'])}).**" in page
+    )
+    old_cost = -suite.lowest_margin(before["honest_alone-3sites-1attackers-seed1"],
+                                    before["clean-3sites-0attackers-seed1"])  # fmt: skip
+    assert (
+        f"**Leaving the third site out costs {cost:.3f}** (site-nih-1: {alone['best_auroc']['site-nih-1']:.3f} against "
+        f"{clean['best_auroc']['site-nih-1']:.3f} in the clean run; stop 95's rows: {old_cost:.3f}), and the placebo "
+        f"moved the honest sites by {suite.lowest_margin(placebo, clean):+.3f}" in page
+    )
+    assert verdicts["alie"] == verdicts["bn_inflate"] == "holds" and against_alone["mimic"] == "holds"
+    assert (
+        f"`alie` ({margin('alie')}) and `bn_inflate` ({margin('bn_inflate')}) hold; `mimic` {margin('mimic')} against "
+        f"the clean run, {margin('mimic', alone)} against the honest sites alone" in page
+    )
+    for attack, said in (("mimic_noised", "the honest sites end at {} and {} ({} against the clean run, {} against"),
+                         ("label_flip_late", "the late label flip at {} and {} ({} and {})")):  # fmt: skip
+        ends = sorted(f"{value:.3f}" for value in three[attack]["best_auroc"].values())
+        assert not three[attack]["rejected"] and not three[attack]["excluded"]
+        assert said.format(*ends, margin(attack), margin(attack, alone)) in page, attack
+    own = backdoor["attackers_own_backdoor_success"]["site-nih-2"]
+    assert verdicts["backdoor"] == "breaks through" and verdicts["backdoor_boosted"] == "did not take"
+    assert (
+        f"{share(backdoor['best_backdoor_success'])} of their triggered negatives against the clean model's "
+        f"{share(clean['best_backdoor_success'])} (the attacker's own model {share(own)}), AUROC {margin('backdoor')}; "
+        f"the boosted one did not take ({share(boosted['best_backdoor_success'])}, its attacker's own "
+        f"{share(boosted['attackers_own_backdoor_success']['site-nih-2'])})" in page
     )
