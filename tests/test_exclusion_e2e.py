@@ -5,8 +5,9 @@ alter what they send (``benchmarks/hostile_site.py``'s test doubles), held to wh
   update and reporting no metric (``test_blind_defences_e2e``'s plain run, made once for both): from round 1 both
   other sites are materially better off without ``site-3``'s result, and the round is made without it (to 1e-4 of
   the honest sites' mean update), for the rest of the job;
-* the default job's two sites, ``site-chexpert`` raising its rows' biases: the honest site's validation finds the
-  model harmful and, with two sites, the job stops.
+* the default job's two sites, ``site-chexpert`` raising its rows' biases: the honest site's loss rises far, its
+  ranking and its recalibrated loss do not, so the harm test flags nothing, and the job fails closed by the initial
+  model's bar.
 * the default job's two sites, ``site-chexpert`` negating its head rows' updates: in their warm-up round the rows both
   sites hold point apart, and with two sites the job stops.
 
@@ -105,17 +106,25 @@ def test_a_contribution_both_other_sites_are_better_off_without_is_left_out(thre
     assert list(_app(workspace, "site-1").glob(PUBLISHED_MODEL_FILE))
 
 
-def test_with_two_sites_a_model_harmful_to_one_of_them_stops_the_job(two_sites):
-    """``site-chexpert`` raises its rows' biases: the mean of two results is harmful to site-nih's data. With two
-    sites the server cannot tell which result harms, or whose figures are false: the job stops non-zero naming the
-    case, no model became the best, and nothing is published."""
+def test_with_two_sites_raised_biases_fail_closed_by_the_initial_models_bar_not_by_the_harm_test(two_sites):
+    """``site-chexpert`` raises its rows' biases: the mean of two results moves every finding's base rate at
+    site-nih, its loss far above its own model's, its ranking untouched. The harm test judges the losses recalibrated
+    in the large too (stop 98), so no site is flagged (a base rate is the site's to set right); the job still fails
+    closed, non-zero, nothing published: no trained model's judged loss (the mean of the two raw losses) is at most
+    the initial model's."""
     code, output, workspace = two_sites
     assert code != 0, output[-4000:]
-    assert "the global model after round 0 harms a site: " in output
-    assert "for site-nih, its validation loss is" in output
-    assert "Two sites made the model: the server cannot tell which result harms the other site's data" in output
+    assert "harms a site" not in output
+    assert "no trained global model was judged at least as good as the initial model by the sites" in output
+    history = _history(workspace)
+    trained = [entry for entry in history if entry["round"] >= 0]
+    for entry in trained:
+        figures = entry["validation"]["sites"]["site-nih"]
+        assert entry["screening"]["flags"] == {}
+        assert figures["val_loss_minus_own"] > 0.5 and figures["val_recalibrated_loss_minus_own"] < 0.01
+        assert abs(figures["val_auroc_minus_own"]) < 0.1
     assert not list(workspace.glob(f"site-*/simulate_job/app_site-*/{PUBLISHED_MODEL_FILE}"))
-    assert not any(entry.get("validation", {}).get("best") for entry in _history(workspace))
+    assert not any(entry.get("validation", {}).get("best") for entry in history)
 
 
 def test_two_sites_whose_shared_rows_point_apart_in_their_warm_up_stop_the_job(two_sites_rows_apart):

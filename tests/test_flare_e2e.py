@@ -30,6 +30,7 @@ import torch
 from nvflare.app_common.aggregators.weighted_aggregation_helper import WeightedAggregationHelper
 
 from surgical_aggregation.core.head import NAMED_HEAD, extend_head
+from surgical_aggregation.core.judging import harm_of
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.evaluation.inference import score
 from surgical_aggregation.experiments.federation import federate
@@ -189,6 +190,11 @@ def test_rows_are_means_over_holders_and_slices_follow_the_global_model(main_run
             np.testing.assert_allclose(row, after_round_0[name], atol=TOL, err_msg=f"{site} {name}")
 
 
+def _as_they_are(metrics: dict[str, float]) -> dict[str, float]:
+    """A site's figures without those recalibrated in the large."""
+    return {name: value for name, value in metrics.items() if "recalibrated" not in name}
+
+
 def test_run_artefacts(main_run):
     workspace, server = main_run
     history = json.loads((server / "app_server" / "round_history.json").read_text())
@@ -196,6 +202,11 @@ def test_run_artefacts(main_run):
     assert history[0]["initial_model"] == {"origin": "random initialisation (seed 0)", "backbone_strategy": "fedavg"}
     assert all(set(r["validation"]["sites"]) == set(SITES) for r in history)  # round 1's by the final validation
     assert all(set(r["aggregation"]["accepted"]) == set(SITES) for r in history[1:])
+    for entry in history[1:]:  # each site's harm test of a trained round's model, on its losses both ways
+        for site, metrics in entry["validation"]["sites"].items():
+            harm = harm_of(metrics)
+            assert harm is not None and harm.recalibrated is not None, (entry["round"], site)
+            assert harm.p == max(harm_of(_as_they_are(metrics)).p, harm.recalibrated.p)
     assert (server / "app_server" / "training_curves.png").stat().st_size > 10_000
     cross = json.loads((server / "cross_site_val" / "cross_val_results.json").read_text())
     for site in SITES:  # the server's models, each site on its own slice; no site's model goes to another
