@@ -1063,8 +1063,8 @@ def test_the_consortium_from_the_stand_in_is_its_record():
     assert min(from_scratch) > 0 and min(lowest) > 0  # "none of them pointed against it"
     assert (
         f"One federation of {len(runs)} with an honest site refused (at most "
-        f"{sweep.upper_bound(refusing, len(runs)):.0%}, exact one-sided 95 % bound; of the {len(drawn)} drawn, none, "
-        f"at most {sweep.upper_bound(0, len(drawn)):.0%})"
+        f"{_bound_up(sweep.upper_bound(refusing, len(runs)))}, exact one-sided 95 % bound; of the {len(drawn)} drawn, "
+        f"none, at most {_bound_up(sweep.upper_bound(0, len(drawn)))})"
         in page
         and refusing == 1
     )
@@ -2413,6 +2413,11 @@ def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are
     )
 
 
+def _bound_up(value: float) -> str:
+    """An upper bound as the page writes it: rounded up to one decimal of a percent, a space before the sign."""
+    return f"{math.ceil(1000 * value) / 10:.1f} %"
+
+
 def _percent(value: float) -> str:
     """A share as the page writes it: one decimal, a space before the percent sign."""
     return f"{value:.1%}".replace("%", " %")
@@ -2661,8 +2666,9 @@ def test_the_label_flips_on_the_recalibrated_harm_test_are_the_rows_they_ran_aga
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     times = [run["seconds"] for run in again.values()]
     assert (
-        f"commit {RECALIBRATED_COMMIT}, {min(times):.0f} to {max(times):.0f} s a run): every one of the "
-        f"{len(flippers)} flippers was left out in its warm-up round again" in page
+        f"commit {RECALIBRATED_COMMIT}, {min(times):.0f} to {max(times):.0f} s a run): in every one of the "
+        f"{len(flippers)} runs each flipper ({sum(len(run['attacking_sites']) for run in flippers)} sites) was left "
+        "out again (the round is not recorded)" in page
     )
 
 
@@ -2726,17 +2732,18 @@ def test_the_harm_test_recalibrated_in_the_large_is_its_record():
     start = figures["-1"]
     assert min(losses) > start["site-2-siim"]["local_val_loss"] > start["site-2-siim"]["val_loss"]
     assert (
-        f"(its own model {start['site-2-siim']['local_val_loss']:.4f}, the global models {min(losses):.4f} to "
-        f"{max(losses):.4f}, the start {start['site-2-siim']['val_loss']:.4f}), while its mean AUROC rose from "
-        f"{start['site-2-siim']['val_mean_auroc']:.3f} to {min(aurocs):.3f}-{max(aurocs):.3f} and PadChest's loss "
-        f"fell from {start['site-1-padchest']['val_loss']:.4f} to {figures['0']['site-1-padchest']['val_loss']:.3f}"
+        f"(its own model of round 0 {start['site-2-siim']['local_val_loss']:.4f}, the global models "
+        f"{min(losses):.4f} to {max(losses):.4f}, the start {start['site-2-siim']['val_loss']:.4f}), while its mean "
+        f"AUROC rose from {start['site-2-siim']['val_mean_auroc']:.3f} to {min(aurocs):.3f}-{max(aurocs):.3f} and "
+        f"PadChest's loss fell from {start['site-1-padchest']['val_loss']:.4f} to "
+        f"{figures['0']['site-1-padchest']['val_loss']:.3f}"
     ) in page
     everyone = [run for run in stand_in.values()]
     table_stops = [run["federation"].get("seed") for run in everyone if run["exit_code"] != 0]
     assert table_stops == [529]
 
     def bound(stops: int, runs: int) -> str:
-        return f"{clean_sweep.upper_bound(stops, runs):.0%}".replace("%", " %")
+        return _bound_up(clean_sweep.upper_bound(stops, runs))
 
     assert (
         f"The sweep table's stand-in rows: 1 of {len(everyone)} stopped (529), a false-alarm rate of at most "
@@ -2791,8 +2798,8 @@ def test_the_three_site_catalogue_under_todays_rules_is_its_record():
         f"costs here ({cost:.3f}, past the tolerance); against the honest sites alone {alone_counted['holds']} hold, "
         f"{alone_counted['did not take']} did not take and {len(broken_alone)} break through: `mimic_noised` "
         f"({margin('mimic_noised', alone)}), `label_flip_late` ({margin('label_flip_late', alone)}) and `backdoor` "
-        f"({share(backdoor['best_backdoor_success'])} of the triggered negatives against the clean model's "
-        f"{share(clean['best_backdoor_success'])}).**" in page
+        f"({share(backdoor['best_backdoor_success'])} of the triggered negatives against "
+        f"{share(alone['best_backdoor_success'])} for the honest sites alone).**" in page
     )
     old_cost = -suite.lowest_margin(before["honest_alone-3sites-1attackers-seed1"],
                                     before["clean-3sites-0attackers-seed1"])  # fmt: skip
@@ -2814,8 +2821,10 @@ def test_the_three_site_catalogue_under_todays_rules_is_its_record():
     own = backdoor["attackers_own_backdoor_success"]["site-nih-2"]
     assert verdicts["backdoor"] == "breaks through" and verdicts["backdoor_boosted"] == "did not take"
     assert (
-        f"{share(backdoor['best_backdoor_success'])} of their triggered negatives against the clean model's "
-        f"{share(clean['best_backdoor_success'])} (the attacker's own model {share(own)}), AUROC {margin('backdoor')}; "
+        f"{share(backdoor['best_backdoor_success'])} of the honest sites' triggered negatives against the clean "
+        f"model's {share(clean['best_backdoor_success'])} ({100 * suite.backdoor_above(backdoor, clean):.1f} points, "
+        f"where {100 * suite.BACKDOOR_TOLERANCE:.0f} are allowed; the attacker's own model {share(own)}), AUROC "
+        f"{margin('backdoor')}; "
         f"the boosted one did not take ({share(boosted['best_backdoor_success'])}, its attacker's own "
         f"{share(boosted['attackers_own_backdoor_success']['site-nih-2'])})" in page
     )
