@@ -12,7 +12,12 @@ import pytest
 from surgical_aggregation.core.checks import STAGES, document_checks, registered_checks
 from surgical_aggregation.core.checks.handshake import confusable_skeleton
 from surgical_aggregation.core.checks.metrics import check_metrics
-from surgical_aggregation.core.checks.model import blame_for_failing_model, judged_loss, model_problems
+from surgical_aggregation.core.checks.model import (
+    blame_for_failing_model,
+    judged_loss,
+    losses_against_the_bar,
+    model_problems,
+)
 from surgical_aggregation.core.checks.update import (
     MAX_SIZE_SCALE,
     ROWS,
@@ -215,6 +220,22 @@ def test_metrics_keep_documented_keys_of_the_sites_own_classes():
         "val_mean_auroc = 1.5 is outside [0, 1]",
         "2 undocumented metric key(s) dropped, e.g. ['val_auroc/Hernia', 'extra']",
     ]
+
+
+def test_a_site_whose_own_training_did_not_lower_its_loss_abstains_from_the_bar():
+    initial = {
+        "a": {"val_loss": 0.71, "local_val_loss": 0.06},
+        "b": {"val_loss": 0.66, "local_val_loss": 1.52},  # its own model worse than the start: abstains
+        "c": {"val_loss": 0.5, "local_val_loss": 0.5},  # no lower: abstains too
+        "d": {"val_loss": 0.5},  # sent no own-model loss: judges as before
+        "e": {"val_loss": 0.5, "local_val_loss": math.nan},
+    }
+    losses = {"a": 0.05, "b": 2.3, "c": 0.7, "d": 0.4, "e": 0.45}
+    judged, abstaining = losses_against_the_bar(losses, initial, tie=0.01)
+    assert abstaining == ["b", "c"]
+    assert judged == {"a": 0.05, "b": pytest.approx(0.68), "c": pytest.approx(0.52), "d": 0.4, "e": 0.45}
+    assert losses_against_the_bar({"b": 2.3, "c": 0.7}, initial, tie=0.01) == ({"b": 2.3, "c": 0.7}, [])  # all abstain
+    assert losses_against_the_bar({"a": 0.05, "x": 0.3}, initial, tie=0.01) == ({"a": 0.05, "x": 0.3}, [])
 
 
 def test_the_judged_loss_is_the_mean_of_two_and_the_median_of_three_or_more():

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.checks.model import judged_loss
+from ..core.checks.model import judged_loss, losses_against_the_bar
 from ..core.errors import ModelFileError, StateFileError
 from ..core.head import HeadSpec, extend_head, slice_for_client, to_numpy
 from ..core.methods import head_classes_for_site
@@ -179,19 +179,27 @@ def load_state(path: Path, resume: str = RESUME_LATEST) -> FederationState | Non
 START_TIE = 1e-9  # a trained model whose judged loss equals the initial model's may be the best
 
 
-def select(federation: FederationState, version: SavedVersion, judged_loss: float, min_delta: float) -> bool:
+def select(
+    federation: FederationState,
+    version: SavedVersion,
+    judged_loss: float,
+    min_delta: float,
+    bar_loss: float | None = None,
+) -> bool:
     """Best-model selection and early stopping on the judged validation loss of ``version``: True when it becomes the
     best (lower than the best so far by more than ``min_delta``); otherwise one more round without improvement. A
     model no aggregation went into (the initial one) and a model without a judged loss are never the best; before any
     trained model is the best, the initial model's judged loss is the bar: the first best is no worse than where
-    training started (a trained model worse than the initial one is never published as the best)."""
+    training started (a trained model worse than the initial one is never published as the best). ``bar_loss``: the
+    judged loss the bar weighs instead, where sites abstain from it (``core.checks.model.losses_against_the_bar``)."""
     if math.isnan(judged_loss):
         return False
     if not version.trained:
         if federation.best is None:  # "lower by more than min_delta" than this bar: at most the initial model's loss
             federation.best_loss = min(federation.best_loss, judged_loss + min_delta + START_TIE)
         return False
-    if judged_loss < federation.best_loss - min_delta:
+    weighed = bar_loss if federation.best is None and bar_loss is not None else judged_loss
+    if weighed < federation.best_loss - min_delta:
         federation.best_loss, federation.best = judged_loss, version
         federation.rounds_without_improvement = 0
         return True
@@ -279,7 +287,9 @@ def judge(
 ) -> Judgement:
     """Record the sites' validation of ``version`` in the history, then select on it (:func:`select`): the judged
     validation loss is the mean of two judging sites', the median of three or more (``judging_sites``: None, every
-    site that reported one). Whether the model harms a site is the screening's (``core.judging``), before this."""
+    site that reported one); before any trained model is the best, the sites whose own training did not lower their
+    loss abstain from the initial model's bar (recorded as the validation's ``bar``). Whether the model harms a site
+    is the screening's (``core.judging``), before this."""
     judges = {
         site: metrics["val_loss"]
         for site, metrics in site_metrics.items()
@@ -297,7 +307,15 @@ def judge(
         "judged_by": {"statistic": statistic, "sites": sorted(judges)},
     }
     history_entry(federation.history, version.round)["validation"] = validation
-    best = select(federation, version, judged, min_delta)
+    bar_loss = None
+    if version.trained and federation.best is None:
+        entry = next((entry for entry in federation.history if entry["round"] == INITIAL_ROUND), {})
+        initial = entry.get("validation", {}).get("sites", {})
+        against, abstaining = losses_against_the_bar(judges, initial, START_TIE)
+        if abstaining:
+            bar_loss = judged_loss(against)[0]
+            validation["bar"] = {"judged_val_loss": bar_loss, "abstaining": abstaining}
+    best = select(federation, version, judged, min_delta, bar_loss)
     if best:
         validation["best"] = True
     return Judgement(judged, statistic, sorted(judges), mean_auroc, best)
