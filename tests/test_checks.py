@@ -222,19 +222,24 @@ def test_metrics_keep_documented_keys_of_the_sites_own_classes():
     ]
 
 
-def test_a_site_whose_own_training_did_not_lower_its_loss_abstains_from_the_bar():
+def test_a_site_whose_own_training_did_not_lower_its_loss_cannot_veto_the_bar():
     initial = {
         "a": {"val_loss": 0.71, "local_val_loss": 0.06},
-        "b": {"val_loss": 0.66, "local_val_loss": 1.52},  # its own model worse than the start: abstains
-        "c": {"val_loss": 0.5, "local_val_loss": 0.5},  # no lower: abstains too
+        "b": {"val_loss": 0.66, "local_val_loss": 1.52},  # its own model worse than the start: no veto
+        "c": {"val_loss": 0.5, "local_val_loss": 0.5},  # no lower: no veto either
         "d": {"val_loss": 0.5},  # sent no own-model loss: judges as before
         "e": {"val_loss": 0.5, "local_val_loss": math.nan},
     }
     losses = {"a": 0.05, "b": 2.3, "c": 0.7, "d": 0.4, "e": 0.45}
-    judged, abstaining = losses_against_the_bar(losses, initial, tie=0.01)
-    assert abstaining == ["b", "c"]
+    judged, without_veto = losses_against_the_bar(losses, initial, tie=0.01)
+    assert without_veto == ["b", "c"]
     assert judged == {"a": 0.05, "b": pytest.approx(0.68), "c": pytest.approx(0.52), "d": 0.4, "e": 0.45}
-    assert losses_against_the_bar({"b": 2.3, "c": 0.7}, initial, tie=0.01) == ({"b": 2.3, "c": 0.7}, [])  # all abstain
+    lower = losses_against_the_bar({**losses, "b": 0.3}, initial, tie=0.01)[0]  # below its start: vouches as before
+    assert lower["b"] == 0.3 and lower["c"] == pytest.approx(0.52)
+    assert losses_against_the_bar({"b": 2.3, "c": 0.7}, initial, tie=0.01) == (
+        {"b": 2.3, "c": 0.7},
+        [],
+    )  # none can veto
     assert losses_against_the_bar({"a": 0.05, "x": 0.3}, initial, tie=0.01) == ({"a": 0.05, "x": 0.3}, [])
 
 

@@ -731,13 +731,13 @@ def _judged(harness: Harness, round_number: int) -> dict:
 
 
 @pytest.mark.parametrize("abstention", [True, False])
-def test_a_site_whose_own_training_did_not_lower_its_loss_abstains_from_the_initial_models_bar(
+def test_a_site_whose_own_training_did_not_lower_its_loss_cannot_veto_the_initial_models_bar(
     tmp_path, monkeypatch, abstention
 ):
     """Seed 529 from the stand-in, in small: a 102-patient SIIM site's own model of round 0 had a validation loss of
     1.52 against 0.66 for the untrained start, every global model 2.3 to 2.6, while PadChest's fell from 0.71 to 0.05;
     the mean of the two vetoed every model (exit 2, nothing published). Its loss cannot tell a trained model from the
-    start, so it abstains: its loss counts as the start's, PadChest's decides."""
+    start, so it cannot veto: its loss counts as at most the start's, PadChest's decides."""
     if not abstention:  # the rule removed: every judging site's loss counts as it is
         monkeypatch.setattr(state_module, "losses_against_the_bar", lambda losses, initial, tie: (dict(losses), []))
     padchest = FakeSite("site-padchest", ["Mass"], [0.71, 0.05, 0.05])
@@ -753,29 +753,29 @@ def test_a_site_whose_own_training_did_not_lower_its_loss_abstains_from_the_init
     assert TASK_PUBLISH in [task for task, _, _ in padchest.tasks]
     first = _judged(harness, 0)
     assert first["best"] and first["judged_val_loss"] == pytest.approx((0.05 + 2.3) / 2, abs=1e-12)
-    assert first["bar"]["abstaining"] == ["site-siim"]
+    assert first["bar"]["no_veto"] == ["site-siim"]
     assert first["bar"]["judged_val_loss"] == pytest.approx((0.05 + 0.66 + 2 * state_module.START_TIE) / 2, abs=1e-12)
     assert "bar" not in _judged(harness, 1)  # a best exists: the models are compared on the losses as they are
     assert "bar" not in _judged(harness, -1)
 
 
-def test_an_abstaining_site_lets_no_wrecked_model_past_the_bar_at_three_sites(tmp_path):
+def test_a_site_without_veto_lets_no_wrecked_model_past_the_bar_at_three_sites(tmp_path):
     """An attacker reports low losses for a wrecked model that the one honest site able to judge sees as worse than
-    the start; the other honest site abstains (its own training raised its loss). The bar's median is the abstaining
+    the start; the other honest site cannot veto (its own training raised its loss). The bar's median is that
     site's loss of the start and a hair more: the wrecked model does not pass, nothing is published."""
     attacker = FakeSite("site-x", ["Mass"], [0.6, 0.1, 0.1])
     judging = FakeSite("site-a", ["Mass"], [0.6, 0.9, 0.9])
-    abstaining = FakeSite("site-b", ["Mass"], [0.6, 0.95, 0.95])
+    no_veto = FakeSite("site-b", ["Mass"], [0.6, 0.95, 0.95])
     attacker.metrics_override, judging.metrics_override = {"local_val_loss": 0.05}, {"local_val_loss": 0.4}
-    abstaining.metrics_override = {"local_val_loss": 0.7}
-    harness = Harness([attacker, judging, abstaining], tmp_path, num_rounds=2, validation_guard=False)
+    no_veto.metrics_override = {"local_val_loss": 0.7}
+    harness = Harness([attacker, judging, no_veto], tmp_path, num_rounds=2, validation_guard=False)
     with pytest.raises(RuntimeError, match=r"initial model's: 0\.6000\), or none"):
         harness.run()
     assert TASK_PUBLISH not in [task for task, _, _ in judging.tasks]
     bar = _judged(harness, 0)["bar"]
     assert bar == {
         "judged_val_loss": pytest.approx(0.6 + 2 * state_module.START_TIE, abs=1e-15),
-        "abstaining": ["site-b"],
+        "no_veto": ["site-b"],
     }
 
 

@@ -226,8 +226,8 @@ class FederationLoop(SiteTasks):
                 "no trained global model was judged at least as good as the initial model by the sites: none had a "
                 f"judged validation loss at most the initial model's{bar}, or none had a validation loss of a site "
                 "whose result made it (a site whose own model of the first round had a loss at least its loss of the "
-                "initial model abstains, unless all do). Nothing is published; the initial model stays. See the round "
-                "history and the sites' logs"
+                "initial model cannot veto, unless none can). Nothing is published; the initial model stays. See the "
+                "round history and the sites' logs"
             )
         self._finish(latest)
         federation.finished = True

@@ -191,7 +191,8 @@ def select(
     model no aggregation went into (the initial one) and a model without a judged loss are never the best; before any
     trained model is the best, the initial model's judged loss is the bar: the first best is no worse than where
     training started (a trained model worse than the initial one is never published as the best). ``bar_loss``: the
-    judged loss the bar weighs instead, where sites abstain from it (``core.checks.model.losses_against_the_bar``)."""
+    judged loss the bar weighs instead, where some sites cannot veto
+    (``core.checks.model.losses_against_the_bar``)."""
     if math.isnan(judged_loss):
         return False
     if not version.trained:
@@ -288,7 +289,7 @@ def judge(
     """Record the sites' validation of ``version`` in the history, then select on it (:func:`select`): the judged
     validation loss is the mean of two judging sites', the median of three or more (``judging_sites``: None, every
     site that reported one); before any trained model is the best, the sites whose own training did not lower their
-    loss abstain from the initial model's bar (recorded as the validation's ``bar``). Whether the model harms a site
+    loss cannot veto the initial model's bar (recorded as the validation's ``bar``). Whether the model harms a site
     is the screening's (``core.judging``), before this."""
     judges = {
         site: metrics["val_loss"]
@@ -311,10 +312,10 @@ def judge(
     if version.trained and federation.best is None:
         entry = next((entry for entry in federation.history if entry["round"] == INITIAL_ROUND), {})
         initial = entry.get("validation", {}).get("sites", {})
-        against, abstaining = losses_against_the_bar(judges, initial, START_TIE)
-        if abstaining:
+        against, without_veto = losses_against_the_bar(judges, initial, START_TIE)
+        if without_veto:
             bar_loss = judged_loss(against)[0]
-            validation["bar"] = {"judged_val_loss": bar_loss, "abstaining": abstaining}
+            validation["bar"] = {"judged_val_loss": bar_loss, "no_veto": without_veto}
     best = select(federation, version, judged, min_delta, bar_loss)
     if best:
         validation["best"] = True

@@ -94,26 +94,28 @@ def judged_loss(losses: Mapping[str, float]) -> tuple[float, str]:
 def losses_against_the_bar(
     losses: Mapping[str, float], initial: Mapping[str, Mapping[str, float]], tie: float
 ) -> tuple[dict[str, float], list[str]]:
-    """The judging sites' losses of a trained model as the initial model's bar judges them, and the sites that
-    abstain from it.
+    """The judging sites' losses of a trained model as the initial model's bar weighs them, and the sites that
+    cannot veto it.
 
-    A site abstains when its own model of the first round (``local_val_loss`` in its validation of the initial model,
-    ``initial``) had a validation loss at least its loss of the initial model: its own training did not lower its
-    loss, so its loss cannot tell a trained model from the untrained start (a small site's own model made
-    overconfident on its few images), and on its own scale it would veto every trained model. An abstaining site's
-    loss counts as its loss of the initial model and ``2 * tie`` more, so that it neither vetoes a model nor lets one
-    through: with two judges the other site decides; with three or more the median needs a majority of the sites
-    that can judge. A site that sent no own-model loss judges as before; when every judge abstains, nobody can tell,
-    and the losses count as they are."""
-    abstaining = []
+    A site cannot veto when its own model of the first round (``local_val_loss`` in its validation of the initial
+    model, ``initial``) had a validation loss at least its loss of the initial model: its own training did not lower
+    its loss, so its loss does not tell a trained model from the untrained start (a small site's own model made
+    overconfident on its few images), and on its own scale it would veto every trained model. Its loss counts as at
+    most its loss of the initial model and ``2 * tie`` more: no veto, and no vote for a model it finds no better than
+    the start; where its loss is lower, it vouches for the model as before. Every loss counts as it is or lower, so
+    the bar passes every model it passed before. With two judges the other site then decides; with three or more the
+    median needs a majority of the sites that can judge. A site that sent no own-model loss judges as before; when
+    every judge cannot veto, nobody can tell, and the losses count as they are."""
+    without_veto = []
     for site in losses:
         figures = initial.get(site, {})
         start, own = figures.get("val_loss"), figures.get("local_val_loss")
         if start is not None and own is not None and math.isfinite(start) and own >= start:
-            abstaining.append(site)
-    if not abstaining or len(abstaining) == len(losses):
+            without_veto.append(site)
+    if not without_veto or len(without_veto) == len(losses):
         return dict(losses), []
     judged = {
-        site: initial[site]["val_loss"] + 2 * tie if site in abstaining else loss for site, loss in losses.items()
+        site: min(loss, initial[site]["val_loss"] + 2 * tie) if site in without_veto else loss
+        for site, loss in losses.items()
     }
-    return judged, sorted(abstaining)
+    return judged, sorted(without_veto)
