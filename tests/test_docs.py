@@ -14,9 +14,10 @@ import pytest
 from monai.networks.nets import DenseNet
 
 from surgical_aggregation.core import judging, robust
-from surgical_aggregation.core.checks.model import judged_loss
+from surgical_aggregation.core.checks.model import judged_loss, losses_against_the_bar
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.evaluation.run_summary import union_table_lines
+from surgical_aggregation.flare.state import START_TIE
 from surgical_aggregation.images.names import NETWORK_ARGUMENTS, SMOKE_DENSENET
 from surgical_aggregation.training.checkpoint import load_checkpoint
 
@@ -2402,7 +2403,8 @@ def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are
     )
     # the table's rows as stop 96 left them: without the draws of stop 98, seed 384 as it ran under stop 95's rules
     earlier = json.loads((sweeps / "stand-in-384-stop95.json").read_text())
-    later = {name for name, run in stand_in.items() if run.get("commit", "").startswith(RECALIBRATED_COMMIT)}
+    stop98 = {**stand_in, **json.loads((sweeps / "stand-in-529-stop98.json").read_text())}  # as stop 98 left them
+    later = {name for name, run in stop98.items() if run.get("commit", "").startswith(RECALIBRATED_COMMIT)}
     then = {name: earlier.get(name, run) for name, run in stand_in.items() if name not in later or name in earlier}
     stopped = [run["federation"]["seed"] for run in then.values() if run["exit_code"] != 0]
     assert stopped == [384]
@@ -2680,8 +2682,9 @@ def test_the_harm_test_recalibrated_in_the_large_is_its_record():
     sweeps = REPOSITORY / "docs" / "clean-sweep"
     stand_in = json.loads((sweeps / "stand-in.json").read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
-    ran = {run["federation"]["seed"]: run for run in stand_in.values()
-           if run.get("commit", "").startswith(RECALIBRATED_COMMIT)}  # fmt: skip
+    stopped_then = json.loads((sweeps / "stand-in-529-stop98.json").read_text())  # run again at stop 99
+    ran = {run["federation"]["seed"]: stopped_then.get(name, run) for name, run in stand_in.items()
+           if stopped_then.get(name, run).get("commit", "").startswith(RECALIBRATED_COMMIT)}  # fmt: skip
     again = ran.pop(384)
     before = json.loads((sweeps / "stand-in-384-stop95.json").read_text())["sweep-384"]
     assert before["exit_code"] == 2 and "harms a site: for site-1-siim" in before["stopped"]
@@ -2738,17 +2741,70 @@ def test_the_harm_test_recalibrated_in_the_large_is_its_record():
         f"PadChest's loss fell from {start['site-1-padchest']['val_loss']:.4f} to "
         f"{figures['0']['site-1-padchest']['val_loss']:.3f}"
     ) in page
-    everyone = [run for run in stand_in.values()]
-    table_stops = [run["federation"].get("seed") for run in everyone if run["exit_code"] != 0]
-    assert table_stops == [529]
-
-    def bound(stops: int, runs: int) -> str:
-        return _bound_up(clean_sweep.upper_bound(stops, runs))
-
     assert (
-        f"The sweep table's stand-in rows: 1 of {len(everyone)} stopped (529), a false-alarm rate of at most "
-        f"{bound(1, len(everyone))} a job (exact one-sided 95 %); of the {len(drawn)} new draws 1, at most "
-        f"{bound(1, len(drawn))}." in page
+        f"Of the {len(drawn)} new draws 1 stopped, a false-alarm rate of at most "
+        f"{_bound_up(clean_sweep.upper_bound(1, len(drawn)))} a job (exact one-sided 95 %)." in page
+    )
+
+
+NO_VETO_COMMIT = "f60d190"  # stop 99: the initial model's bar without a veto for a site its own training did not help
+
+
+def test_the_initial_models_bar_without_a_veto_is_its_record():
+    """docs/server-checks.md's stop 99 section: how many sites of the clean sweeps' records had no veto, seed 529 from
+    the stand-in again (stopped at stop 98 by the bar) with the bar's figures recomputed by the rule itself, and the
+    stand-in table's count of stops."""
+    clean_sweep = load_benchmark("clean_sweep")
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    counted = []
+    for record in ("results.json", "stand-in.json"):
+        runs = json.loads((sweeps / record).read_text()).values()
+        initial = [figures for run in runs for figures in run["validations"]["-1"].values()]
+        counted.append((sum(one["local_val_loss"] >= one["val_loss"] for one in initial), len(initial)))
+        without_veto = [run for run in runs if any(one["local_val_loss"] >= one["val_loss"]
+                                                   for one in run["validations"]["-1"].values())]  # fmt: skip
+        assert all(run["exit_code"] == 0 for run in without_veto)  # "every run of them passed the bar"
+    (scratch, scratch_sites), (stand_in_count, stand_in_sites) = counted
+    assert (
+        f"at {scratch} of the {scratch_sites} sites from scratch and {stand_in_count} of the {stand_in_sites} from the "
+        "stand-in" in page
+    )
+    runs = json.loads((sweeps / "stand-in.json").read_text())
+    before = json.loads((sweeps / "stand-in-529-stop98.json").read_text())["sweep-529"]
+    again = runs["sweep-529"]
+    assert before["exit_code"] == 2 and before["stopped"].startswith("no trained global model was judged")
+    assert again["exit_code"] == 0 and again["published"] and again["commit"].startswith(NO_VETO_COMMIT)
+    assert 529 in clean_sweep.CALIBRATION_SEEDS
+    assert f"--seeds 529`, commit {NO_VETO_COMMIT}, {again['seconds']:.0f} s on this task's 2-core Intel Xeon" in page
+    figures, rounds = again["validations"], again["federation"]["rounds"]
+    start = figures["-1"]
+    first = {site: one["val_loss"] for site, one in figures["0"].items()}
+    weighed, without_veto = losses_against_the_bar(first, start, START_TIE)
+    assert without_veto == ["site-2-siim"]
+    trained = [figures[str(number)] for number in range(rounds)]
+    judged = [judged_loss({site: one["val_loss"] for site, one in sites.items()})[0] for sites in trained]
+    siim = [sites["site-2-siim"]["val_loss"] for sites in trained]
+    padchest = [sites["site-1-padchest"]["val_loss"] for sites in trained]
+    initial_judged = judged_loss({site: one["val_loss"] for site, one in start.items()})[0]
+    assert judged_loss(weighed)[0] <= initial_judged < min(judged)  # the bar passed it; the old bar passed none
+    assert (
+        f"(its own model of round 0 {start['site-2-siim']['local_val_loss']:.4f} against the start's "
+        f"{start['site-2-siim']['val_loss']:.4f}), so the bar weighed round 0's model at {judged_loss(weighed)[0]:.4f} "
+        f"(the mean of PadChest's {first['site-1-padchest']:.4f} and SIIM's loss of the start) against the initial "
+        f"model's {initial_judged:.4f}; it ran its {rounds} rounds whole and published, exit 0, the trained models "
+        f"judged at {min(judged):.4f} to {max(judged):.4f} on the losses as they are (SIIM's {min(siim):.4f} to "
+        f"{max(siim):.4f}, PadChest's {min(padchest):.4f} to {max(padchest):.4f})" in page
+    )
+    stops = sum(run["exit_code"] != 0 for run in runs.values())
+    fresh = [run for name, run in runs.items() if clean_sweep.out_of_sample(name, run)]
+    fresh_stops = sum(run["exit_code"] != 0 for run in fresh)
+    assert stops == fresh_stops == 0
+    assert (
+        f"The sweep table's stand-in rows: {stops} of {len(runs)} stopped (at most "
+        f"{_bound_up(clean_sweep.upper_bound(stops, len(runs)))} a job, exact one-sided 95 %), and of the {len(fresh)} "
+        f"never used to set a rule {fresh_stops} (at most "
+        f"{_bound_up(clean_sweep.upper_bound(fresh_stops, len(fresh)))})" in page
     )
 
 

@@ -731,9 +731,7 @@ def _judged(harness: Harness, round_number: int) -> dict:
 
 
 @pytest.mark.parametrize("abstention", [True, False])
-def test_a_site_whose_own_training_did_not_lower_its_loss_cannot_veto_the_initial_models_bar(
-    tmp_path, monkeypatch, abstention
-):
+def test_a_site_whose_own_training_did_not_lower_its_loss_cannot_veto_the_bar(tmp_path, monkeypatch, abstention):
     """Seed 529 from the stand-in, in small: a 102-patient SIIM site's own model of round 0 had a validation loss of
     1.52 against 0.66 for the untrained start, every global model 2.3 to 2.6, while PadChest's fell from 0.71 to 0.05;
     the mean of the two vetoed every model (exit 2, nothing published). Its loss cannot tell a trained model from the
