@@ -230,10 +230,11 @@ def table(results: dict[str, dict]) -> list[str]:
         excluded = sum(1 for result in chosen.values() if any(result["excluded"].values()))
         rejected = sum(1 for result in chosen.values() if result["rejected"])
         total = len(chosen)
+        at_most = {count: bound_text(upper_bound(count, total)) for count in (stops, excluded, rejected)}
         lines.append(
-            f"| **{total} {title}** | | | | | | **{stops} stopped** (at most {upper_bound(stops, total):.0%}) | "
-            f"| **{excluded} with an exclusion** (at most {upper_bound(excluded, total):.0%}) "
-            f"| **{rejected} with a result rejected** (at most {upper_bound(rejected, total):.0%}) |"
+            f"| **{total} {title}** | | | | | | **{stops} stopped** (at most {at_most[stops]}) | "
+            f"| **{excluded} with an exclusion** (at most {at_most[excluded]}) "
+            f"| **{rejected} with a result rejected** (at most {at_most[rejected]}) |"
         )
     return lines
 
@@ -257,6 +258,11 @@ def upper_bound(events: int, trials: int, confidence: float = 0.95) -> float:
     if events >= trials:
         return 1.0
     return float(beta.ppf(confidence, events + 1, trials - events))
+
+
+def bound_text(bound: float) -> str:
+    """An upper bound as the docs write it: rounded up, never down, to a tenth of a percent ("3.4 %")."""
+    return f"{math.ceil(round(1000 * bound, 6)) / 10:.1f} %"
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict]:

@@ -231,16 +231,15 @@ def test_a_site_whose_own_training_did_not_lower_its_loss_cannot_veto_the_bar():
         "e": {"val_loss": 0.5, "local_val_loss": math.nan},
     }
     losses = {"a": 0.05, "b": 2.3, "c": 0.7, "d": 0.4, "e": 0.45}
-    judged, without_veto = losses_against_the_bar(losses, initial, tie=0.01)
+    judged, without_veto = losses_against_the_bar(losses, initial, bar=0.6, tie=0.01)
     assert without_veto == ["b", "c"]
-    assert judged == {"a": 0.05, "b": pytest.approx(0.68), "c": pytest.approx(0.52), "d": 0.4, "e": 0.45}
-    lower = losses_against_the_bar({**losses, "b": 0.3}, initial, tie=0.01)[0]  # below its start: vouches as before
-    assert lower["b"] == 0.3 and lower["c"] == pytest.approx(0.52)
-    assert losses_against_the_bar({"b": 2.3, "c": 0.7}, initial, tie=0.01) == (
-        {"b": 2.3, "c": 0.7},
-        [],
-    )  # none can veto
-    assert losses_against_the_bar({"a": 0.05, "x": 0.3}, initial, tie=0.01) == ({"a": 0.05, "x": 0.3}, [])
+    # the larger of its start and the bar, and two ties more: b's start 0.66, c's 0.5 under the bar 0.6
+    assert judged == {"a": 0.05, "b": pytest.approx(0.68), "c": pytest.approx(0.62), "d": 0.4, "e": 0.45}
+    lower = losses_against_the_bar({**losses, "b": 0.3}, initial, bar=0.6, tie=0.01)[0]  # under its start: vouches
+    assert lower["b"] == 0.3 and lower["c"] == pytest.approx(0.62)
+    none_can = losses_against_the_bar({"b": 2.3, "c": 0.7}, initial, bar=0.6, tie=0.01)
+    assert none_can == ({"b": 2.3, "c": 0.7}, [])
+    assert losses_against_the_bar({"a": 0.05, "x": 0.3}, initial, bar=0.6, tie=0.01) == ({"a": 0.05, "x": 0.3}, [])
 
 
 def test_the_judged_loss_is_the_mean_of_two_and_the_median_of_three_or_more():

@@ -463,7 +463,8 @@ def test_the_clean_sweep_table_is_the_one_its_results_give():
         f"of {len(results)} honest ones drawn at random (the consortium job among them), "
         f"{stops} stopped and {excluded} left a site out; of the {len(fresh)} on which no rule was set, "
         f"{fresh_stops} stopped and {fresh_excluded} left a site out (at most "
-        f"{sweep.upper_bound(fresh_stops, len(fresh)):.0%} and {sweep.upper_bound(fresh_excluded, len(fresh)):.0%}, "
+        f"{_bound_up(sweep.upper_bound(fresh_stops, len(fresh)))} and "
+        f"{_bound_up(sweep.upper_bound(fresh_excluded, len(fresh)))}, "
         f"95 % exact bounds), and in {fresh_rejected} the update checks refused an honest site's results" in _readme()
     )
 
@@ -488,7 +489,7 @@ def test_the_clean_sweeps_reading_is_its_results():
     assert (
         f"Of the {len(fresh)} federations that set no rule (seven-site public ones among them: the consortium job and "
         f"seeds {', '.join(public_seven[:-1])} and {public_seven[-1]}), none stopped, none left an honest site out and "
-        f"none had an honest site's result refused: at most {sweep.upper_bound(0, len(fresh)):.0%} each" in page
+        f"none had an honest site's result refused: at most {_bound_up(sweep.upper_bound(0, len(fresh)))} each" in page
     )
     min_delta = json.loads((REPOSITORY / "jobs" / "cxr_consortium" / "app_server" / "config" / "config_fed_server.json")
                            .read_text())["workflows"][0]["args"]["min_delta"]  # fmt: skip
@@ -568,7 +569,7 @@ def _warmup_rule_figures() -> dict[str, str]:
         "AGREECOUNT": str(len(both)),
         "JUDGED": str(len(judged)),
         "SPREAD": spread(judged),
-        "BOUND": f"{sweep.upper_bound(rejected, len(judged)):.0%}",
+        "BOUND": f"{_bound_up(sweep.upper_bound(rejected, len(judged)))}",
         "FLIPPERS": spread([value for run in early for value in warmup(run, True)]),
         "HONEST": spread([value for run in early for value in warmup(run, False)]),
         "FOUR": margins("label_flip", 4, 1),
@@ -1806,7 +1807,7 @@ def test_the_two_site_bounds_were_tested_on_federations_no_rule_had_seen():
     assert "every one of the eleven two-site draws among seeds 335-366 from the stand-in" in page
     not_run = sorted(set(drawn) - set(seeds["scratch"]))
     assert f"not run from scratch: {', '.join(map(str, not_run[:-1]))} and {not_run[-1]}." in page
-    bounds = [f"{clean_sweep.upper_bound(0, len(tested[start])):.0%}".replace("%", " %") for start in tested]
+    bounds = [_bound_up(clean_sweep.upper_bound(0, len(tested[start]))) for start in tested]
     assert (
         f"over the eleven draws from the stand-in a false-alarm rate of at most {bounds[0]} a job, over the four "
         f"from scratch at most {bounds[1]} (exact one-sided 95 %: few runs)"
@@ -1817,7 +1818,7 @@ def test_the_two_site_bounds_were_tested_on_federations_no_rule_had_seen():
         if any(figures.get("shared_rows", 0) >= robust.MIN_SHARED_ROWS for figures in run["two_sites"].values())
     )
     assert judged == [("scratch", 343), ("stand-in", 340), ("stand-in", 343), ("stand-in", 344), ("stand-in", 353)]
-    five = f"{clean_sweep.upper_bound(0, 5):.0%}".replace("%", " %")
+    five = _bound_up(clean_sweep.upper_bound(0, 5))
     assert f"five of these runs (340, 343, 344 and 353 from the stand-in, 343 from scratch: at most {five})" in page
     assert not any(
         robust.MIN_SHARED_ROWS <= figures["shared_rows"] <= 6 for run in runs for figures in run["two_sites"].values()
@@ -1980,7 +1981,7 @@ def test_the_batchnorm_bound_was_set_on_some_two_site_federations_and_tested_on_
         f"site and a 54-patient Google NIH one), {max(r[3] for r in readings['scratch'] if r[1] > 0):.2f} after round 0"
         f": the largest honest reading yet, at {top[3] / judging.BATCHNORM_APART:.0%} of the bound"
     ).replace("%", " %") in page
-    bound = f"{clean_sweep.upper_bound(0, len(scratch)):.0%}".replace("%", " %")
+    bound = _bound_up(clean_sweep.upper_bound(0, len(scratch)))
     assert f"so a false-alarm rate of at most {bound} a job" in page
     stand_in = {name: run for name, run in tested.items() if run["federation"]["start"] == "stand-in"}
     order = [343, 363, 366, 335, 356, 365, 340, 344, 353, 348, 339]  # the stand-in sweep's order at stop 93
@@ -1998,7 +1999,7 @@ def test_the_batchnorm_bound_was_set_on_some_two_site_federations_and_tested_on_
         f"their {len(held)} readings reached {top[3]:.2f} (seed 343, round 0), "
         f"{max(reading[3] for reading in held if reading[1] > 0):.2f} after round 0" in page
     )
-    both = f"{clean_sweep.upper_bound(0, len(tested)):.0%}".replace("%", " %")
+    both = _bound_up(clean_sweep.upper_bound(0, len(tested)))
     assert f"Over the {len(tested)} runs from both starts, a false-alarm rate of at most {both} a job" in page
     assert f"(at most {both} a job over the {len(tested)} test runs, {bound} from each start: few runs)" in page
     runs = {**calibration, **tested}
@@ -2244,7 +2245,7 @@ def test_the_two_site_rules_were_tested_again_on_new_draws():
         f"{tested[rows[1]]['federation']['seed']}, round {rows[2]}, {rows[3]} rows" in page
     )
     every = len(earlier) + len(tested)  # the BatchNorm rule stopped none of them
-    bound = f"{clean_sweep.upper_bound(0, every):.1%}".replace("%", " %")
+    bound = _bound_up(clean_sweep.upper_bound(0, every))
     assert f"over the {every} runs of both tests, from both starts, a false-alarm rate of at most {bound} a job" in page
 
 
@@ -2398,8 +2399,7 @@ def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are
     assert (
         f"Over the {untouched} two-site runs from the stand-in that no rule was set or withdrawn on (417-469), none "
         f"stopped: a false-alarm rate of the two-site rules from the stand-in of at most "
-        f"{clean_sweep.upper_bound(0, untouched):.0%} a job".replace("%", " %")
-        in page
+        f"{_bound_up(clean_sweep.upper_bound(0, untouched))} a job" in page
     )
     # the table's rows as stop 96 left them: without the draws of stop 98, seed 384 as it ran under stop 95's rules
     earlier = json.loads((sweeps / "stand-in-384-stop95.json").read_text())
@@ -2408,7 +2408,7 @@ def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are
     then = {name: earlier.get(name, run) for name, run in stand_in.items() if name not in later or name in earlier}
     stopped = [run["federation"]["seed"] for run in then.values() if run["exit_code"] != 0]
     assert stopped == [384]
-    bound = f"{clean_sweep.upper_bound(1, len(then)):.0%}".replace("%", " %")
+    bound = _bound_up(clean_sweep.upper_bound(1, len(then)))
     assert (
         f"The sweep table's stand-in rows then: 1 of {len(then)} stopped (seed 384, by the harm rule above), a "
         f"false-alarm rate of at most {bound} a job" in page
@@ -2416,8 +2416,8 @@ def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are
 
 
 def _bound_up(value: float) -> str:
-    """An upper bound as the page writes it: rounded up to one decimal of a percent, a space before the sign."""
-    return f"{math.ceil(1000 * value) / 10:.1f} %"
+    """An upper bound as the docs write it (``benchmarks/clean_sweep.py``'s ``bound_text``)."""
+    return load_benchmark("clean_sweep").bound_text(value)
 
 
 def _percent(value: float) -> str:
@@ -2750,28 +2750,52 @@ def test_the_harm_test_recalibrated_in_the_large_is_its_record():
 NO_VETO_COMMIT = "f60d190"  # stop 99: the initial model's bar without a veto for a site its own training did not help
 
 
+def _first_past_the_bar(run: dict, without_veto: bool) -> int | None:
+    """Replayed from a clean-sweep record: the first trained round whose model passes the initial model's bar, judged
+    by that round's sites (those neither rejected nor left out), with sites without a veto or without that rule."""
+    assert "rejections" in run or not run["rejected"]  # a record without the rounds of its rejections has none
+    figures = run["validations"]
+    initial = figures["-1"]
+    bar = judged_loss({site: one["val_loss"] for site, one in initial.items()})[0]
+    for number in sorted(int(key) for key in figures if key != "-1"):
+        left = {*run.get("rejections", {}).get(str(number), {}), *run["excluded"].get(str(number), {})}
+        losses = {site: one["val_loss"] for site, one in figures[str(number)].items() if site not in left}
+        if without_veto:
+            losses = losses_against_the_bar(losses, initial, bar, START_TIE)[0]
+        if judged_loss(losses)[0] < bar + START_TIE:
+            return number
+    return None
+
+
 def test_the_initial_models_bar_without_a_veto_is_its_record():
-    """docs/server-checks.md's stop 99 section: how many sites of the clean sweeps' records had no veto, seed 529 from
-    the stand-in again (stopped at stop 98 by the bar) with the bar's figures recomputed by the rule itself, and the
-    stand-in table's count of stops."""
+    """docs/server-checks.md's stop 99 section: how many sites of the clean sweeps' records had no veto, the replay of
+    every run's first best under the rule and without it, seed 529 from the stand-in again (stopped at stop 98 by the
+    bar) with the bar's figures recomputed by the rule itself, and the stand-in table's count of stops."""
     clean_sweep = load_benchmark("clean_sweep")
     sweeps = REPOSITORY / "docs" / "clean-sweep"
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
-    counted = []
+    counted, changed = [], []
+    before = json.loads((sweeps / "stand-in-529-stop98.json").read_text())["sweep-529"]
     for record in ("results.json", "stand-in.json"):
-        runs = json.loads((sweeps / record).read_text()).values()
-        initial = [figures for run in runs for figures in run["validations"]["-1"].values()]
+        runs = json.loads((sweeps / record).read_text())
+        initial = [figures for run in runs.values() for figures in run["validations"]["-1"].values()]
         counted.append((sum(one["local_val_loss"] >= one["val_loss"] for one in initial), len(initial)))
-        without_veto = [run for run in runs if any(one["local_val_loss"] >= one["val_loss"]
-                                                   for one in run["validations"]["-1"].values())]  # fmt: skip
+        without_veto = [run for run in runs.values() if any(one["local_val_loss"] >= one["val_loss"]
+                                                            for one in run["validations"]["-1"].values())]  # fmt: skip
         assert all(run["exit_code"] == 0 for run in without_veto)  # "every run of them passed the bar"
+        for name, run in runs.items():
+            replayed = _first_past_the_bar(run, True), _first_past_the_bar(run, False)
+            assert replayed[0] is not None  # every run of the records passes the bar under the rule
+            if replayed[0] != replayed[1]:
+                changed.append((record, name, *replayed))
+    assert changed == [("stand-in.json", "sweep-529", 0, None)]
+    assert (_first_past_the_bar(before, True), _first_past_the_bar(before, False)) == (0, None)
     (scratch, scratch_sites), (stand_in_count, stand_in_sites) = counted
     assert (
         f"at {scratch} of the {scratch_sites} sites from scratch and {stand_in_count} of the {stand_in_sites} from the "
         "stand-in" in page
     )
     runs = json.loads((sweeps / "stand-in.json").read_text())
-    before = json.loads((sweeps / "stand-in-529-stop98.json").read_text())["sweep-529"]
     again = runs["sweep-529"]
     assert before["exit_code"] == 2 and before["stopped"].startswith("no trained global model was judged")
     assert again["exit_code"] == 0 and again["published"] and again["commit"].startswith(NO_VETO_COMMIT)
@@ -2779,22 +2803,22 @@ def test_the_initial_models_bar_without_a_veto_is_its_record():
     assert f"--seeds 529`, commit {NO_VETO_COMMIT}, {again['seconds']:.0f} s on this task's 2-core Intel Xeon" in page
     figures, rounds = again["validations"], again["federation"]["rounds"]
     start = figures["-1"]
+    initial_judged = judged_loss({site: one["val_loss"] for site, one in start.items()})[0]
     first = {site: one["val_loss"] for site, one in figures["0"].items()}
-    weighed, without_veto = losses_against_the_bar(first, start, START_TIE)
-    assert without_veto == ["site-2-siim"]
+    weighed, without_veto = losses_against_the_bar(first, start, initial_judged, START_TIE)
+    assert without_veto == ["site-2-siim"] and start["site-2-siim"]["val_loss"] < initial_judged  # "under it"
     trained = [figures[str(number)] for number in range(rounds)]
     judged = [judged_loss({site: one["val_loss"] for site, one in sites.items()})[0] for sites in trained]
     siim = [sites["site-2-siim"]["val_loss"] for sites in trained]
     padchest = [sites["site-1-padchest"]["val_loss"] for sites in trained]
-    initial_judged = judged_loss({site: one["val_loss"] for site, one in start.items()})[0]
     assert judged_loss(weighed)[0] <= initial_judged < min(judged)  # the bar passed it; the old bar passed none
     assert (
-        f"(its own model of round 0 {start['site-2-siim']['local_val_loss']:.4f} against the start's "
-        f"{start['site-2-siim']['val_loss']:.4f}), so the bar weighed round 0's model at {judged_loss(weighed)[0]:.4f} "
-        f"(the mean of PadChest's {first['site-1-padchest']:.4f} and SIIM's loss of the start) against the initial "
-        f"model's {initial_judged:.4f}; it ran its {rounds} rounds whole and published, exit 0, the trained models "
-        f"judged at {min(judged):.4f} to {max(judged):.4f} on the losses as they are (SIIM's {min(siim):.4f} to "
-        f"{max(siim):.4f}, PadChest's {min(padchest):.4f} to {max(padchest):.4f})" in page
+        f"(its own model of round 0 {start['site-2-siim']['local_val_loss']:.4f} against its start's "
+        f"{start['site-2-siim']['val_loss']:.4f}), so the bar weighs round 0's model at {judged_loss(weighed)[0]:.4f} "
+        f"(the mean of PadChest's {first['site-1-padchest']:.4f} and the bar, SIIM's loss of the start being under "
+        f"it) against the initial model's {initial_judged:.4f}; it ran its {rounds} rounds whole and published, exit "
+        f"0, the trained models judged at {min(judged):.4f} to {max(judged):.4f} on the losses as they are (SIIM's "
+        f"{min(siim):.4f} to {max(siim):.4f}, PadChest's {min(padchest):.4f} to {max(padchest):.4f})" in page
     )
     stops = sum(run["exit_code"] != 0 for run in runs.values())
     fresh = [run for name, run in runs.items() if clean_sweep.out_of_sample(name, run)]

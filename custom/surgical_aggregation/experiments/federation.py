@@ -132,6 +132,8 @@ def federate(
             learner.load_global(*slice_of(latest, site))
             validation[site] = evaluation_metrics(learner.validate(), "val")
             report = learner.fit(round_number, warmup=round_number == 0)
+            if round_number == 0:  # its own model of the first round: whether it may veto the initial model's bar
+                validation[site]["local_val_loss"] = float(learner.validate().loss)
             contributions.append(Contribution(site, learner.state_dict(), list(learner.head_classes), report.samples))
         aggregating = aggregator(latest.state, latest.class_names, backbone, weighting)
         for contribution in contributions:

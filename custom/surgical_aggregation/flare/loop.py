@@ -226,8 +226,8 @@ class FederationLoop(SiteTasks):
                 "no trained global model was judged at least as good as the initial model by the sites: none had a "
                 f"judged validation loss at most the initial model's{bar}, or none had a validation loss of a site "
                 "whose result made it (a site whose own model of the first round had a loss at least its loss of the "
-                "initial model cannot veto, unless none can). Nothing is published; the initial model stays. See the "
-                "round history and the sites' logs"
+                "initial model cannot veto: the round history's bar). Nothing is published; the initial model stays. "
+                "See the round history and the sites' logs"
             )
         self._finish(latest)
         federation.finished = True
@@ -430,7 +430,7 @@ class FederationLoop(SiteTasks):
         """Best-model selection and early stopping on ``version``'s validation (``state.judge``): by the
         ``judging_sites`` among ``judges`` (the sites whose results made it)."""
         chosen = [site for site in (self.judging_sites or judges) if site in judges]
-        verdict = judge(self._federation, version, figures, chosen, self.min_delta)
+        verdict = judge(self._federation, version, figures, chosen, self.min_delta, not self._started_trained)
         if math.isnan(verdict.judged_loss):
             self.warning(f"global model {model_label(version.round)}: no validation loss of a judging site")
             return
@@ -448,7 +448,14 @@ class FederationLoop(SiteTasks):
         or the one a resumed job starts from): recorded, and judged only if trained (a model no aggregation went
         into is never the best)."""
         if results.received_validation:
-            judge(self._federation, version, results.received_validation, list(results.accepted), self.min_delta)
+            judge(
+                self._federation,
+                version,
+                results.received_validation,
+                list(results.accepted),
+                self.min_delta,
+                not self._started_trained,
+            )
 
 
 def no_progress(outcomes: Mapping[str, Mapping[str, Any] | None], min_clients: int) -> dict[str, str]:

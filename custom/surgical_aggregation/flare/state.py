@@ -189,10 +189,10 @@ def select(
     """Best-model selection and early stopping on the judged validation loss of ``version``: True when it becomes the
     best (lower than the best so far by more than ``min_delta``); otherwise one more round without improvement. A
     model no aggregation went into (the initial one) and a model without a judged loss are never the best; before any
-    trained model is the best, the initial model's judged loss is the bar: the first best is no worse than where
-    training started (a trained model worse than the initial one is never published as the best). ``bar_loss``: the
-    judged loss the bar weighs instead, where some sites cannot veto
-    (``core.checks.model.losses_against_the_bar``)."""
+    trained model is the best, the initial model's judged loss is the bar: the first best is judged no worse than where
+    training started (a trained model the judging sites find worse than the initial one is never published as the
+    best). ``bar_loss``: the judged loss the bar weighs instead, where some sites cannot veto
+    (``core.checks.model.losses_against_the_bar``): then the sites that can judge decide."""
     if math.isnan(judged_loss):
         return False
     if not version.trained:
@@ -285,12 +285,14 @@ def judge(
     site_metrics: Mapping[str, Mapping[str, float]],
     judging_sites: Sequence[str] | None,
     min_delta: float,
+    untrained_start: bool = True,
 ) -> Judgement:
     """Record the sites' validation of ``version`` in the history, then select on it (:func:`select`): the judged
     validation loss is the mean of two judging sites', the median of three or more (``judging_sites``: None, every
-    site that reported one); before any trained model is the best, the sites whose own training did not lower their
-    loss cannot veto the initial model's bar (recorded as the validation's ``bar``). Whether the model harms a site
-    is the screening's (``core.judging``), before this."""
+    site that reported one); before any trained model is the best, when the job started from untrained heads
+    (``untrained_start``), the sites whose own training did not lower their loss cannot veto the initial model's bar
+    (recorded as the validation's ``bar``). Whether the model harms a site is the screening's (``core.judging``),
+    before this."""
     judges = {
         site: metrics["val_loss"]
         for site, metrics in site_metrics.items()
@@ -309,10 +311,11 @@ def judge(
     }
     history_entry(federation.history, version.round)["validation"] = validation
     bar_loss = None
-    if version.trained and federation.best is None:
+    if version.trained and federation.best is None and untrained_start and math.isfinite(federation.best_loss):
         entry = next((entry for entry in federation.history if entry["round"] == INITIAL_ROUND), {})
         initial = entry.get("validation", {}).get("sites", {})
-        against, without_veto = losses_against_the_bar(judges, initial, START_TIE)
+        bar = federation.best_loss - min_delta - START_TIE  # the initial model's judged loss
+        against, without_veto = losses_against_the_bar(judges, initial, bar, START_TIE)
         if without_veto:
             bar_loss = judged_loss(against)[0]
             validation["bar"] = {"judged_val_loss": bar_loss, "no_veto": without_veto}

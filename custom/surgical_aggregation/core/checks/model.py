@@ -92,20 +92,22 @@ def judged_loss(losses: Mapping[str, float]) -> tuple[float, str]:
 
 
 def losses_against_the_bar(
-    losses: Mapping[str, float], initial: Mapping[str, Mapping[str, float]], tie: float
+    losses: Mapping[str, float], initial: Mapping[str, Mapping[str, float]], bar: float, tie: float
 ) -> tuple[dict[str, float], list[str]]:
     """The judging sites' losses of a trained model as the initial model's bar weighs them, and the sites that
     cannot veto it.
 
-    A site cannot veto when its own model of the first round (``local_val_loss`` in its validation of the initial
-    model, ``initial``) had a validation loss at least its loss of the initial model: its own training did not lower
-    its loss, so its loss does not tell a trained model from the untrained start (a small site's own model made
-    overconfident on its few images), and on its own scale it would veto every trained model. Its loss counts as at
-    most its loss of the initial model and ``2 * tie`` more: no veto, and no vote for a model it finds no better than
-    the start; where its loss is lower, it vouches for the model as before. Every loss counts as it is or lower, so
-    the bar passes every model it passed before. With two judges the other site then decides; with three or more the
-    median needs a majority of the sites that can judge. A site that sent no own-model loss judges as before; when
-    every judge cannot veto, nobody can tell, and the losses count as they are."""
+    ``bar``: the initial model's judged loss, which the judged statistic of these losses (the mean of two, the median
+    of three or more) must not exceed by more than ``tie``. A site cannot veto when its own model of the first round
+    (``local_val_loss`` in its validation of the initial model, ``initial``) had a validation loss at least its loss
+    of the initial model: its own training did not lower its loss, so its loss does not tell a trained model from the
+    untrained start (a small site's own model made overconfident on its few images), and on its own scale it would
+    veto every trained model. Its loss counts as at most the larger of its loss of the initial model and ``bar``, and
+    ``2 * tie`` more: no veto, and never a vote for a model it finds no better than the start (at the median a value at
+    or under the bar would be one; with two sites, its own start makes the other site decide on its own start). Where
+    its loss is lower it vouches for the model as before. Every loss counts as it is or lower, so the bar passes every
+    model it passed before. A site that sent no own-model loss judges as before; when every judge cannot veto, nobody
+    can tell, and the losses count as they are."""
     without_veto = []
     for site in losses:
         figures = initial.get(site, {})
@@ -115,7 +117,7 @@ def losses_against_the_bar(
     if not without_veto or len(without_veto) == len(losses):
         return dict(losses), []
     judged = {
-        site: min(loss, initial[site]["val_loss"] + 2 * tie) if site in without_veto else loss
+        site: min(loss, max(initial[site]["val_loss"], bar) + 2 * tie) if site in without_veto else loss
         for site, loss in losses.items()
     }
     return judged, sorted(without_veto)
