@@ -2404,7 +2404,7 @@ def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are
     # the table's rows as stop 96 left them: without the draws of stop 98, seed 384 as it ran under stop 95's rules
     earlier = json.loads((sweeps / "stand-in-384-stop95.json").read_text())
     stop98 = {**stand_in, **json.loads((sweeps / "stand-in-529-stop98.json").read_text())}  # as stop 98 left them
-    later = {name for name, run in stop98.items() if run.get("commit", "").startswith(RECALIBRATED_COMMIT)}
+    later = {name for name, run in stop98.items() if run.get("commit", "").startswith((RECALIBRATED_COMMIT, "f60d190"))}
     then = {name: earlier.get(name, run) for name, run in stand_in.items() if name not in later or name in earlier}
     stopped = [run["federation"]["seed"] for run in then.values() if run["exit_code"] != 0]
     assert stopped == [384]
@@ -2750,9 +2750,10 @@ def test_the_harm_test_recalibrated_in_the_large_is_its_record():
 NO_VETO_COMMIT = "f60d190"  # stop 99: the initial model's bar without a veto for a site its own training did not help
 
 
-def _first_past_the_bar(run: dict, without_veto: bool) -> int | None:
+def _first_past_the_bar(run: dict, without_veto) -> int | None:
     """Replayed from a clean-sweep record: the first trained round whose model passes the initial model's bar, judged
-    by that round's sites (those neither rejected nor left out), with sites without a veto or without that rule."""
+    by that round's sites (those neither rejected nor left out), with sites without a veto (True), without that rule
+    (False), or as a given rule weighs the losses (``without_veto(run, losses, initial, bar)``)."""
     assert "rejections" in run or not run["rejected"]  # a record without the rounds of its rejections has none
     figures = run["validations"]
     initial = figures["-1"]
@@ -2760,7 +2761,9 @@ def _first_past_the_bar(run: dict, without_veto: bool) -> int | None:
     for number in sorted(int(key) for key in figures if key != "-1"):
         left = {*run.get("rejections", {}).get(str(number), {}), *run["excluded"].get(str(number), {})}
         losses = {site: one["val_loss"] for site, one in figures[str(number)].items() if site not in left}
-        if without_veto:
+        if callable(without_veto):
+            losses = without_veto(run, losses, initial, bar)
+        elif without_veto:
             losses = losses_against_the_bar(losses, initial, bar, START_TIE)[0]
         if judged_loss(losses)[0] < bar + START_TIE:
             return number
@@ -2820,15 +2823,54 @@ def test_the_initial_models_bar_without_a_veto_is_its_record():
         f"0, the trained models judged at {min(judged):.4f} to {max(judged):.4f} on the losses as they are (SIIM's "
         f"{min(siim):.4f} to {max(siim):.4f}, PadChest's {min(padchest):.4f} to {max(padchest):.4f})" in page
     )
+    # the two-site draws of 561-656, run on the first version of the rule (a site without a veto at its own start)
+    ran = {run["federation"]["seed"]: run for name, run in runs.items()
+           if run.get("commit", "").startswith(NO_VETO_COMMIT) and name != "sweep-529"}  # fmt: skip
+    drawn = [seed for seed in range(561, 657) if len(clean_sweep.draw(seed).sites) == 2]
+    assert list(ran) == drawn[: len(ran)] and len(ran) == 23  # the first 23 of them, in order
+    times = [run["seconds"] for run in ran.values()]
+    assert f"--seeds {' '.join(map(str, drawn))} --stop-starting-after 3600`" in page
+    assert f"{min(times):.0f} to {max(times):.0f} s each" in page
+    assert f"the first {len(ran)} of the {len(drawn)} started within its hour, and all {len(ran)} ran whole" in page
+    assert all(run["exit_code"] == 0 and run["published"] and not run["rejected"] for run in ran.values())
+    assert not any(any(run["excluded"].values()) for run in ran.values())
+    for run in ran.values():  # no harm test flagged a site, on the losses as they are or recalibrated
+        level = judging.round_level(run["federation"]["rounds"])
+        assert not any(judging.flagged(validation, {}, level)
+                       for number, validation in run["validations"].items() if number != "-1")  # fmt: skip
+
+    def as_first_run(run: dict, losses: dict[str, float], initial: dict, bar: float) -> dict[str, float]:
+        """The bar as commit f60d190 weighed it: a site without a veto at its own loss of the start."""
+        unable = [site for site in losses if initial[site]["local_val_loss"] >= initial[site]["val_loss"]]
+        if not unable or len(unable) == len(losses):
+            return losses
+        return {site: min(loss, initial[site]["val_loss"] + 2 * START_TIE) if site in unable else loss
+                for site, loss in losses.items()}  # fmt: skip
+
+    unable = [(run["federation"]["seed"], site) for run in ran.values()
+              for site, one in run["validations"]["-1"].items()
+              if one["local_val_loss"] >= one["val_loss"]]  # fmt: skip
+    assert unable == [(585, "site-1-siim")]
+    assert "One site had no veto (seed 585's site-1-siim)" in page
+    for run in ran.values():  # "the same round under the rule of their commit, today's and none"
+        replayed = {
+            _first_past_the_bar(run, True),
+            _first_past_the_bar(run, False),
+            _first_past_the_bar(run, as_first_run),
+        }
+        assert len(replayed) == 1 and None not in replayed
+    assert (
+        f"Of the {len(ran)} new draws 0 stopped, a false-alarm rate of at most "
+        f"{_bound_up(clean_sweep.upper_bound(0, len(ran)))} a job (exact one-sided 95 %)." in page
+    )
     stops = sum(run["exit_code"] != 0 for run in runs.values())
     fresh = [run for name, run in runs.items() if clean_sweep.out_of_sample(name, run)]
     fresh_stops = sum(run["exit_code"] != 0 for run in fresh)
     assert stops == fresh_stops == 0
     assert (
         f"The sweep table's stand-in rows: {stops} of {len(runs)} stopped (at most "
-        f"{_bound_up(clean_sweep.upper_bound(stops, len(runs)))} a job, exact one-sided 95 %), and of the {len(fresh)} "
-        f"never used to set a rule {fresh_stops} (at most "
-        f"{_bound_up(clean_sweep.upper_bound(fresh_stops, len(fresh)))})" in page
+        f"{_bound_up(clean_sweep.upper_bound(stops, len(runs)))}), and of the {len(fresh)} never used to set a rule "
+        f"{fresh_stops} (at most {_bound_up(clean_sweep.upper_bound(fresh_stops, len(fresh)))})" in page
     )
 
 
