@@ -2404,7 +2404,11 @@ def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are
     # the table's rows as stop 96 left them: without the draws of stop 98, seed 384 as it ran under stop 95's rules
     earlier = json.loads((sweeps / "stand-in-384-stop95.json").read_text())
     stop98 = {**stand_in, **json.loads((sweeps / "stand-in-529-stop98.json").read_text())}  # as stop 98 left them
-    later = {name for name, run in stop98.items() if run.get("commit", "").startswith((RECALIBRATED_COMMIT, "f60d190"))}
+    later = {
+        name
+        for name, run in stop98.items()
+        if run.get("commit", "").startswith((RECALIBRATED_COMMIT, "f60d190", WIDE_COMMIT))
+    }
     then = {name: earlier.get(name, run) for name, run in stand_in.items() if name not in later or name in earlier}
     stopped = [run["federation"]["seed"] for run in then.values() if run["exit_code"] != 0]
     assert stopped == [384]
@@ -2871,6 +2875,44 @@ def test_the_initial_models_bar_without_a_veto_is_its_record():
         f"The sweep table's stand-in rows: {stops} of {len(runs)} stopped (at most "
         f"{_bound_up(clean_sweep.upper_bound(stops, len(runs)))}), and of the {len(fresh)} never used to set a rule "
         f"{fresh_stops} (at most {_bound_up(clean_sweep.upper_bound(fresh_stops, len(fresh)))})" in page
+    )
+
+
+WIDE_COMMIT = "56003b1"  # stop 99: the draws of three or more sites from the stand-in under today's rules
+
+
+def test_the_wider_draws_from_the_stand_in_under_todays_rules_are_their_record():
+    """docs/server-checks.md's stop 99 runs of three or more sites from the stand-in: every such draw of seeds 562-579
+    in order, the first that started within the command's time; none stopped, left a site out, had a result refused
+    or a harm flag; the sites without a veto, and the first best replayed with the rule and without it."""
+    clean_sweep = load_benchmark("clean_sweep")
+    runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "stand-in.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    ran = {run["federation"]["seed"]: run for run in runs.values() if run.get("commit", "").startswith(WIDE_COMMIT)}
+    drawn = [seed for seed in range(562, 580) if len(clean_sweep.draw(seed).sites) >= 3]
+    assert list(ran) == drawn[: len(ran)]  # the first of them, in order
+    times = [run["seconds"] for run in ran.values()]
+    assert f"--seeds {' '.join(map(str, drawn))} --stop-starting-after 1500`, commit {WIDE_COMMIT}" in page
+    assert f"{min(times):.0f} to {max(times):.0f} s each" in page
+    sizes = sorted({len(run["federation"]["sites"]) for run in ran.values()})
+    assert f"the first {len(ran)} of the {len(drawn)} ({' and '.join(map(str, sizes))} sites) started" in page
+    assert all(run["exit_code"] == 0 and run["published"] and not run["rejected"] for run in ran.values())
+    assert not any(any(run["excluded"].values()) for run in ran.values())
+    for run in ran.values():
+        level = judging.round_level(run["federation"]["rounds"])
+        assert not any(judging.flagged(validation, {}, level)
+                       for number, validation in run["validations"].items() if number != "-1")  # fmt: skip
+        assert _first_past_the_bar(run, True) == _first_past_the_bar(run, False) is not None
+    unable = [f"{run['federation']['seed']}'s {site}" for run in ran.values()
+              for site, one in run["validations"]["-1"].items()
+              if one["local_val_loss"] >= one["val_loss"]]  # fmt: skip
+    assert f"Sites without a veto: {', '.join(unable) or 'none'}" in page
+    lowest = min((min(sites.values()), run["federation"]["seed"]) for run in ran.values()
+                 for sites in run["directions"].values() if sites)  # fmt: skip
+    assert f"the robust aggregate was {lowest[0]:.2f} (seed {lowest[1]})" in page
+    assert (
+        f"0 of {len(ran)} stopped, at most {_bound_up(clean_sweep.upper_bound(0, len(ran)))} a job (exact one-sided "
+        "95 %: few runs)" in page
     )
 
 
