@@ -43,7 +43,7 @@ from ..core.judging import (
 )
 from ..evaluation.run_summary import INITIAL_ROUND, model_label
 from .protocol import JOB_FAILED, META_COMPARE_TO, META_MODEL_KEY, META_ROUND, TASK_VALIDATE
-from .state import START_TIE, FederationState, SavedVersion, history_entry, judge
+from .state import FederationState, SavedVersion, history_entry, initial_bar, judge
 from .tasks import SiteTasks
 
 EXCLUDED = (
@@ -220,7 +220,7 @@ class FederationLoop(SiteTasks):
         if federation.best is None and federation.aggregated_rounds:
             federation.finished = True
             self._checkpoint()
-            initial = federation.best_loss - self.min_delta - START_TIE
+            initial = initial_bar(federation, self.min_delta)
             bar = "" if math.isinf(initial) else f" (the initial model's: {initial:.4f})"
             raise FederationCannotProceed(
                 "no trained global model was judged at least as good as the initial model by the sites: none had a "

@@ -179,6 +179,12 @@ def load_state(path: Path, resume: str = RESUME_LATEST) -> FederationState | Non
 START_TIE = 1e-9  # a trained model whose judged loss equals the initial model's may be the best
 
 
+def initial_bar(federation: FederationState, min_delta: float) -> float:
+    """The initial model's judged loss, the bar the first best must not exceed (inf: none was judged), from the
+    ``best_loss`` that :func:`select` keeps until a trained model is the best."""
+    return federation.best_loss - min_delta - START_TIE
+
+
 def select(
     federation: FederationState,
     version: SavedVersion,
@@ -314,8 +320,7 @@ def judge(
     if version.trained and federation.best is None and untrained_start and math.isfinite(federation.best_loss):
         entry = next((entry for entry in federation.history if entry["round"] == INITIAL_ROUND), {})
         initial = entry.get("validation", {}).get("sites", {})
-        bar = federation.best_loss - min_delta - START_TIE  # the initial model's judged loss
-        against, without_veto = losses_against_the_bar(judges, initial, bar, START_TIE)
+        against, without_veto = losses_against_the_bar(judges, initial, initial_bar(federation, min_delta), START_TIE)
         if without_veto:
             bar_loss = judged_loss(against)[0]
             validation["bar"] = {"judged_val_loss": bar_loss, "no_veto": without_veto}
