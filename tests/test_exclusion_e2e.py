@@ -17,6 +17,7 @@ Its own module, so that its jobs are made beside ``test_defences_e2e``'s. Removi
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,23 @@ def test_a_contribution_both_other_sites_are_better_off_without_is_left_out(thre
     assert excluded, "site-3 was never left out"
     first = excluded[0]
     assert first["round"] == 1 and first["screening"]["action"] == "exclude"
-    assert set(first["screening"]["left_out"][f"without {POISONING}"]) == {"site-1", "site-2"}
+    judged = first["screening"]["left_out"][f"without {POISONING}"]
+    assert set(judged) == {"site-1", "site-2"}
+    for figures in judged.values():
+        # better off by its loss, nearly all of it a base rate: the attack stops the honest sites' intercepts from
+        # learning their prevalences, which is most of what this small network learns in a round. So the verdicts
+        # judge the losses as they are: on the losses recalibrated in the large site-3 stays in and the job fails
+        # closed by the initial model's bar (docs/server-checks.md)
+        loss = figures["loss"]
+        assert figures["verdict"] == "better" and 0 < loss["recalibrated_better_by"] < 0.1 * loss["better_by"], figures
+    page = (Path(__file__).parents[1] / "docs" / "server-checks.md").read_text()
+    said = re.search(
+        r"better off without it in round 1 by ([\d.]+) of loss and by ([\d.]+) once", " ".join(page.split())
+    )
+    assert said, "the page no longer quotes this run"
+    for figures in judged.values():  # as the page says, to the run's own figures on another CPU
+        assert float(said[1]) == pytest.approx(figures["loss"]["better_by"], abs=2e-3)
+        assert float(said[2]) == pytest.approx(figures["loss"]["recalibrated_better_by"], abs=2e-3)
     assert [entry["round"] for entry in excluded] == list(range(first["round"], ROUNDS))  # out for the rest of the job
     for entry in excluded:
         round_number = entry["round"]

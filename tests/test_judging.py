@@ -305,3 +305,20 @@ def test_a_site_whose_candidate_only_moves_a_findings_base_rate_is_not_harmed_an
     assert list(flagged({"site": alone}, {"site": 300}, 0.01)) == ["site"]
     assert flagged({"site": shifted}, {"site": 300}, 0.01) == {}
     assert list(flagged({"site": reversed_}, {"site": 300}, 0.01)) == ["site"]
+
+
+def test_a_verdict_of_better_off_judges_the_losses_as_they_are_whatever_the_recalibrated_figures_say():
+    """A leave-one-out candidate better by a base rate alone (its recalibrated loss no lower) is better: an attack
+    that keeps the honest sites' intercepts from learning their prevalences shows in the losses as they are only
+    (test_exclusion_e2e's three sites)."""
+    base_rate_only = {
+        "val_loss": 0.4,
+        "val_loss_minus_reference": -0.1,
+        "val_loss_minus_reference_se": 0.01,
+        judging.RECALIBRATED_REFERENCE: 0.0,
+        f"{judging.RECALIBRATED_REFERENCE}_se": 0.01,
+    }
+    assert judging.verdict_of(base_rate_only, None, 0.01, ranking=False) == B
+    assert improvement_of(base_rate_only) == improvement_of(
+        {"val_loss": 0.4, "val_loss_minus_reference": -0.1, "val_loss_minus_reference_se": 0.01}
+    )

@@ -497,7 +497,7 @@ class ClientSession:
         self.candidates[key] = evaluation
         self.remember()
         earlier = self.candidates.get(reference) if isinstance(reference, str) else None
-        return {} if earlier is None else paired_figures(evaluation, earlier, "reference")
+        return {} if earlier is None else paired_figures(evaluation, earlier, "reference", recalibrated=True)
 
     def refused(self, outcome: dict) -> FLModel:
         """The server left this site out at the handshake: why, in the site's log and audit."""

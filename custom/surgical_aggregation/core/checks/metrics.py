@@ -19,11 +19,13 @@ PAIRED_LOSS_KEYS = (
     "val_loss_minus_reference",
     "val_loss_minus_reference_se",
     # the same once each model's logits are recalibrated in the large to the site's images (the harm test's second
-    # half: core.judging.harm_of)
+    # half: core.judging.harm_of; against a leave-one-out candidate's reference, on record only)
     "val_recalibrated_loss_minus_own",
     "val_recalibrated_loss_minus_own_se",
     "val_recalibrated_loss_minus_start",
     "val_recalibrated_loss_minus_start_se",
+    "val_recalibrated_loss_minus_reference",
+    "val_recalibrated_loss_minus_reference_se",
 )
 PAIRED_AUROC_KEYS = (
     "val_auroc_minus_own",
