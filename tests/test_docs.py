@@ -2992,3 +2992,38 @@ def test_the_three_site_catalogue_under_todays_rules_is_its_record():
         f"the boosted one did not take ({share(boosted['best_backdoor_success'])}, its attacker's own "
         f"{share(boosted['attackers_own_backdoor_success']['site-nih-2'])})" in page
     )
+
+
+def test_the_recalibrated_halfs_standard_error_is_its_record():
+    """The page's figures of the harm test's two halves under a true null are those of
+    ``docs/harm-test/recalibrated-null.json`` (``benchmarks/recalibrated_null.py``), and the server's test, the larger
+    p of the two, rejects in no setting more often than either half."""
+    record = json.loads((REPOSITORY / "docs" / "harm-test" / "recalibrated-null.json").read_text())["rates"]
+    levels = ("0.05", "0.01", "0.001")
+
+    def most(test: str, keep) -> list[float]:
+        return [max(rates[test][level] for name, rates in record.items() if keep(name)) for level in levels]
+
+    recalibrated = most("recalibrated", lambda name: name.startswith("20x7@"))
+    as_they_are = most("as they are", lambda name: name.endswith("/same"))
+    both = most("both (the server's)", lambda name: True)
+    for rates in record.values():
+        for level in levels:
+            half = min(rates["recalibrated"][level], rates["as they are"][level])
+            assert rates["both (the server's)"][level] <= half
+
+    def up(rates: list[float]) -> list[str]:  # the most, rounded up: a tenth of a percent, a hundredth at 0.1 %
+        return [
+            f"{math.ceil(100 * value * 10**digits - 1e-9) / 10**digits:.{digits}f} %"
+            for value, digits in zip(rates, (1, 1, 2))
+        ]
+
+    shown, raw, server = up(recalibrated), up(as_they_are), up(both)
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert (
+        f"that half alone rejected a true null in up to {shown[0]} of the draws at the 5 % level, {shown[1]} at 1 % "
+        f"and {shown[2]} at 0.1 %, with 20 images of seven findings"
+    ) in page
+    assert f"in up to {raw[0]}, {raw[1]} and {raw[2]} where their null holds" in page
+    assert f"rejected in at most {server[0]}, {server[1]} and {server[2]} of the draws of any setting" in page
+    assert len(record) == 12
