@@ -4,12 +4,13 @@ and the intersection-union test the server runs on them (``core.judging.harm_of`
 
 Not a test. Two models of one site are drawn alike (the same ranking signal, independent noise), so that neither
 ranks better in expectation, and each draw gives the one-sided p of each paired difference (``paired_loss_difference``
-and the normal approximation the server uses). With ``same`` intercepts the two models share one miscalibration of
-each finding, and no test's null is false; with ``own`` intercepts each model has its own, so the losses as they are
-differ (that null is false) and only the recalibrated null holds. The recalibrated half's standard error takes each
-model's fitted intercepts as known; the table shows what that does at small validation sizes beside what the normal
-approximation does to the losses as they are, and that the test the server runs rejects no more often than either half
-(an intersection-union test never rejects where a half does not).
+and the normal approximation the server uses), at a difference of 0: the server's margins move where a null lies, not
+the standard errors. With ``same`` intercepts the two models share one miscalibration of each finding, and no test's
+null is false; with ``own`` intercepts each model has its own, so the losses as they are differ (that null is false)
+and only the recalibrated null holds; ``shifted``: the first model's intercepts 2.5 logits above the second's, so the
+losses as they are always tell it worse and the recalibrated half decides the server's test alone. The recalibrated
+half's standard error takes each model's fitted intercepts as known; the table shows what that does at small
+validation sizes, beside what the normal approximation does to the losses as they are.
 
     python benchmarks/recalibrated_null.py --draws 2000
 """
@@ -29,8 +30,12 @@ SETTINGS = ((20, 1, 0.1), (20, 7, 0.15), (50, 1, 0.1), (50, 7, 0.15), (200, 7, 0
 LEVELS = (0.05, 0.01, 0.001)
 
 
+INTERCEPTS = ("same", "own", "shifted")
+SHIFT = 2.5  # logits: the first model's intercepts above the second's under ``shifted``
+
+
 def null_rates(
-    images: int, classes: int, prevalence: float, draws: int, rng: np.random.Generator, own_intercepts: bool
+    images: int, classes: int, prevalence: float, draws: int, rng: np.random.Generator, intercepts: str
 ) -> dict:
     """Rejection rates at each of :data:`LEVELS` of the test on the losses as they are, recalibrated, and both."""
     p_values = {"as they are": [], "recalibrated": []}
@@ -38,20 +43,12 @@ def null_rates(
         labels = (rng.random((images, classes)) < prevalence).astype(float)
         signal = 1.5 * (2.0 * labels - 1.0)
         shared = rng.normal(-1.0, 0.5, classes)
-        scores = [
-            1.0
-            / (
-                1.0
-                + np.exp(
-                    -(
-                        signal
-                        + rng.normal(0.0, 1.5, labels.shape)
-                        + (rng.normal(-1.0, 0.5, classes) if own_intercepts else shared)
-                    )
-                )
-            )
-            for _ in range(2)
-        ]
+        offsets = {
+            "same": (shared, shared),
+            "own": (rng.normal(-1.0, 0.5, classes), rng.normal(-1.0, 0.5, classes)),
+            "shifted": (shared + SHIFT, shared),
+        }[intercepts]
+        scores = [1.0 / (1.0 + np.exp(-(signal + rng.normal(0.0, 1.5, labels.shape) + offset))) for offset in offsets]
         pairs = {
             "as they are": [image_losses(labels, score) for score in scores],
             "recalibrated": [image_losses(labels, recalibrated_probabilities(labels, score)) for score in scores],
@@ -79,11 +76,11 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"| images | findings | prevalence | intercepts | test | {levels} |")
     print("| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in LEVELS) + " |")
     for images, classes, prevalence in SETTINGS:
-        for intercepts in ("same", "own"):
-            rates = null_rates(images, classes, prevalence, args.draws, rng, intercepts == "own")
+        for intercepts in INTERCEPTS:
+            rates = null_rates(images, classes, prevalence, args.draws, rng, intercepts)
             results[f"{images}x{classes}@{prevalence}/{intercepts}"] = rates
             for name, by_level in rates.items():
-                if intercepts == "own" and name == "as they are":
+                if intercepts != "same" and name == "as they are":
                     continue  # its null is false: the models' base rates differ
                 shown = " | ".join(f"{by_level[str(level)]:.4f}" for level in LEVELS)
                 print(f"| {images} | {classes} | {prevalence:g} | {intercepts} | {name} | {shown} |", flush=True)

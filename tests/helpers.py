@@ -318,3 +318,15 @@ def audit_exchange(app: Path, round_number: int, direction: str, task: str = "tr
     ]
     payload = torch.load(app / record["tensors"], weights_only=False)
     return payload["state"], record["class_names"]
+
+
+def better_off_by_a_base_rate(judged: dict[str, dict]) -> None:
+    """Each judge of a leave-one-out candidate (a round history's ``screening.left_out[...]``) was materially better
+    off by its loss as it is, and by nearly nothing once each model is recalibrated in the large: its test on those
+    (on record, ``recalibrated``) does not reject, so a verdict on both losses would have left the contribution in.
+    What a site negating and doubling its update under the plain mean takes from the others in these small runs is
+    their base rates (docs/server-checks.md: why the verdicts judge the losses as they are)."""
+    for figures in judged.values():
+        loss = figures["loss"]
+        assert figures["verdict"] == "better" and loss["p"] < 1e-3, figures
+        assert 0 < loss["recalibrated"]["better_by"] < 0.1 * loss["better_by"] and loss["recalibrated"]["p"] > 0.5

@@ -18,7 +18,7 @@ from surgical_aggregation.flare.recipe import DEMO, SurgicalAggregationRecipe
 from surgical_aggregation.flare.results import HISTORY_FILE as HISTORY
 from test_blind_e2e import BLIND_RUN, _app, _server, _with_secret, build_blind_run
 
-from helpers import REPOSITORY, built_once, errors_and_tail, load_benchmark, tiny_sites
+from helpers import REPOSITORY, better_off_by_a_base_rate, built_once, errors_and_tail, load_benchmark, tiny_sites
 
 pytestmark = pytest.mark.slow
 
@@ -104,6 +104,7 @@ def test_the_sites_validation_leaves_out_a_harmful_blind_contribution_and_a_sile
     assert excluded, "site-3 was never left out"
     first, *later = excluded
     assert set(first["screening"]["left_out"]["without site-3"]) == {"site-1", "site-2"}
+    better_off_by_a_base_rate(first["screening"]["left_out"]["without site-3"])
     assert [entry["round"] for entry in excluded] == list(range(first["round"], 3))  # out for the rest of the job
     for entry in excluded:
         assert "site-3" not in entry["validation"]["judged_by"]["sites"]

@@ -3015,7 +3015,7 @@ def test_the_recalibrated_halfs_standard_error_is_its_record():
     def up(rates: list[float]) -> list[str]:  # the most, rounded up: a tenth of a percent, a hundredth at 0.1 %
         return [
             f"{math.ceil(100 * value * 10**digits - 1e-9) / 10**digits:.{digits}f} %"
-            for value, digits in zip(rates, (1, 1, 2))
+            for value, digits in zip(rates, (1, 1, 2), strict=True)
         ]
 
     shown, raw, server = up(recalibrated), up(as_they_are), up(both)

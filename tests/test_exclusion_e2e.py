@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from surgical_aggregation.core import judging
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
 from surgical_aggregation.flare.recipe import nih_chexpert_recipe
@@ -38,7 +39,7 @@ from test_defences_e2e import (
     _weight_keys,
 )
 
-from helpers import built_once, load_benchmark, tiny_recipe
+from helpers import better_off_by_a_base_rate, built_once, load_benchmark, tiny_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -97,21 +98,19 @@ def test_a_contribution_both_other_sites_are_better_off_without_is_left_out(thre
     assert first["round"] == 1 and first["screening"]["action"] == "exclude"
     judged = first["screening"]["left_out"][f"without {POISONING}"]
     assert set(judged) == {"site-1", "site-2"}
-    for figures in judged.values():
-        # better off by its loss, nearly all of it a base rate: the attack stops the honest sites' intercepts from
-        # learning their prevalences, which is most of what this small network learns in a round. So the verdicts
-        # judge the losses as they are: on the losses recalibrated in the large site-3 stays in and the job fails
-        # closed by the initial model's bar (docs/server-checks.md)
-        loss = figures["loss"]
-        assert figures["verdict"] == "better" and 0 < loss["recalibrated_better_by"] < 0.1 * loss["better_by"], figures
+    better_off_by_a_base_rate(judged)
     page = (Path(__file__).parents[1] / "docs" / "server-checks.md").read_text()
     said = re.search(
-        r"better off without it in round 1 by ([\d.]+) of loss and by ([\d.]+) once", " ".join(page.split())
+        r"better off without it in round 1 by ([\d.]+) of loss \(p ([\de.+-]+)\) and by ([\d.]+) once each model is "
+        r"recalibrated in the large, far inside that test's 10 % margin \(p above 0.5\)",
+        " ".join(page.split()),
     )
     assert said, "the page no longer quotes this run"
     for figures in judged.values():  # as the page says, to the run's own figures on another CPU
-        assert float(said[1]) == pytest.approx(figures["loss"]["better_by"], abs=2e-3)
-        assert float(said[2]) == pytest.approx(figures["loss"]["recalibrated_better_by"], abs=2e-3)
+        assert float(said[1]) == pytest.approx(figures["loss"]["better_by"], abs=5e-4)
+        assert said[2] == f"{figures['loss']['p']:.0e}"
+        assert float(said[3]) == pytest.approx(figures["loss"]["recalibrated"]["better_by"], abs=5e-4)
+    assert judging.IMPROVEMENT_SHARE == 0.10
     assert [entry["round"] for entry in excluded] == list(range(first["round"], ROUNDS))  # out for the rest of the job
     for entry in excluded:
         round_number = entry["round"]

@@ -322,3 +322,8 @@ def test_a_verdict_of_better_off_judges_the_losses_as_they_are_whatever_the_reca
     assert improvement_of(base_rate_only) == improvement_of(
         {"val_loss": 0.4, "val_loss_minus_reference": -0.1, "val_loss_minus_reference_se": 0.01}
     )
+    assert judging.recalibrated_improvement_of(base_rate_only) is None  # without the recalibrated loss: no test
+    # on record: the same test on the recalibrated losses, by hand (the round's candidate recalibrated: 0.3)
+    again = judging.recalibrated_improvement_of({**base_rate_only, "val_recalibrated_loss": 0.3})
+    assert (again.difference, again.margin) == (0.0, pytest.approx(judging.IMPROVEMENT_SHARE * 0.3))
+    assert again.z == pytest.approx(-judging.IMPROVEMENT_SHARE * 0.3 / 0.01) and again.p > 0.99

@@ -264,7 +264,7 @@ class Decision:
 IMPROVEMENT_SHARE = 0.10
 AUROC_IMPROVEMENT = 0.05
 REFERENCE, AUROC_REFERENCE = "val_loss_minus_reference", "val_auroc_minus_reference"
-# the same once each model is recalibrated in the large: recorded, not tested (docs/server-checks.md says why)
+# the same once each model is recalibrated in the large: its test is recorded, not part of a verdict
 RECALIBRATED_REFERENCE = "val_recalibrated_loss_minus_reference"
 
 
@@ -299,6 +299,17 @@ def improvement_of(metrics: Mapping[str, float], validation_size: int | None = N
         z = (gain - AUROC_IMPROVEMENT) / error
         tests.append(Harm(gain, 0.0, AUROC_IMPROVEMENT, error, z, normal_upper_tail(z), "AUROC"))
     return tests
+
+
+def recalibrated_improvement_of(metrics: Mapping[str, float], validation_size: int | None = None) -> Harm | None:
+    """:func:`improvement_of`'s loss test on the site's losses once each model is recalibrated in the large to its
+    images (``val_recalibrated_loss_minus_reference``; None without them): on record beside the verdict, which judges
+    the losses as they are (``docs/server-checks.md`` says why), so that a record shows how much of a verdict a
+    finding's base rate is."""
+    names = {REFERENCE: RECALIBRATED_REFERENCE, f"{REFERENCE}_se": f"{RECALIBRATED_REFERENCE}_se"}
+    renamed = {name: metrics.get(source) for name, source in {**names, "val_loss": RECALIBRATED}.items()}
+    tests = improvement_of({name: value for name, value in renamed.items() if value is not None}, validation_size)
+    return next((test for test in tests if test.kind == "loss"), None)
 
 
 BETTER, WORSE, NEITHER = "better", "worse", "neither"  # a judge without a contribution: materially so, or neither

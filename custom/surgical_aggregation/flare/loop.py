@@ -32,13 +32,13 @@ from nvflare.fuel.utils.log_utils import center_message
 from ..core.checks.metrics import check_metrics
 from ..core.errors import UserError
 from ..core.judging import (
-    RECALIBRATED_REFERENCE,
     Decision,
     after_exclusion,
     batchnorm_apart,
     decide,
     flagged,
     improvement_of,
+    recalibrated_improvement_of,
     round_level,
     verdict_of,
 )
@@ -371,9 +371,9 @@ class FederationLoop(SiteTasks):
                     recorded = tests.setdefault(key, {}).setdefault(judge, {"verdict": verdicts[judge]})
                     for test in improvement_of(figures.get(judge, {}), sizes.get(judge)):
                         recorded[test.kind] = {"better_by": round(test.difference, 5), "p": test.p}
-                    recalibrated = figures.get(judge, {}).get(RECALIBRATED_REFERENCE)
-                    if recalibrated is not None and "loss" in recorded:  # how much of it a base rate is: on record
-                        recorded["loss"]["recalibrated_better_by"] = round(-float(recalibrated), 5)
+                    again = recalibrated_improvement_of(figures.get(judge, {}), sizes.get(judge))
+                    if again is not None and "loss" in recorded:  # how much of it a base rate is: on record
+                        recorded["loss"]["recalibrated"] = {"better_by": round(again.difference, 5), "p": again.p}
                 return verdicts
 
             decision = decide(
