@@ -2407,7 +2407,7 @@ def test_the_two_site_draws_from_the_stand_in_without_the_later_round_bounds_are
     later = {
         name
         for name, run in stop98.items()
-        if run.get("commit", "").startswith((RECALIBRATED_COMMIT, "f60d190", WIDE_COMMIT))
+        if run.get("commit", "").startswith((RECALIBRATED_COMMIT, "f60d190", WIDE_COMMIT, NEXT_WIDE_COMMIT))
     }
     then = {name: earlier.get(name, run) for name, run in stand_in.items() if name not in later or name in earlier}
     stopped = [run["federation"]["seed"] for run in then.values() if run["exit_code"] != 0]
@@ -2879,23 +2879,24 @@ def test_the_initial_models_bar_without_a_veto_is_its_record():
 
 
 WIDE_COMMIT = "56003b1"  # stop 99: the draws of three or more sites from the stand-in under today's rules
+NEXT_WIDE_COMMIT = "bab048d"  # stop 100: the next such draws, 7-site ones among them
 
 
-def test_the_wider_draws_from_the_stand_in_under_todays_rules_are_their_record():
-    """docs/server-checks.md's stop 99 runs of three or more sites from the stand-in: every such draw of seeds 562-579
-    in order, the first that started within the command's time; none stopped, left a site out, had a result refused
-    or a harm flag; the sites without a veto, and the first best replayed with the rule and without it."""
+def _wide_draws(commit: str, seeds: range, command_seeds: list[int], stop_after: int) -> tuple[dict[int, dict], str]:
+    """The draws of three or more sites from the stand-in that ran at ``commit``: the first of those of ``seeds`` in
+    order (the command's ``command_seeds``, each started within ``stop_after`` seconds), each run whole and published
+    with nothing stopped, left out, refused or flagged, its first best the same with the bar's rule and without; and
+    the page, whitespace joined, which quotes the command and the times."""
     clean_sweep = load_benchmark("clean_sweep")
     runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "stand-in.json").read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
-    ran = {run["federation"]["seed"]: run for run in runs.values() if run.get("commit", "").startswith(WIDE_COMMIT)}
-    drawn = [seed for seed in range(562, 580) if len(clean_sweep.draw(seed).sites) >= 3]
-    assert list(ran) == drawn[: len(ran)]  # the first of them, in order
+    ran = {run["federation"]["seed"]: run for run in runs.values() if run.get("commit", "").startswith(commit)}
+    drawn = [seed for seed in seeds if len(clean_sweep.draw(seed).sites) >= 3]
+    assert drawn[: len(command_seeds)] == command_seeds
+    assert list(ran) == command_seeds[: len(ran)]  # the first of them, in order
     times = [run["seconds"] for run in ran.values()]
-    assert f"--seeds {' '.join(map(str, drawn))} --stop-starting-after 1500`, commit {WIDE_COMMIT}" in page
+    assert f"--seeds {' '.join(map(str, command_seeds))} --stop-starting-after {stop_after}`, commit {commit}" in page
     assert f"{min(times):.0f} to {max(times):.0f} s each" in page
-    sizes = sorted({len(run["federation"]["sites"]) for run in ran.values()})
-    assert f"the first {len(ran)} of the {len(drawn)} ({' and '.join(map(str, sizes))} sites) started" in page
     assert all(run["exit_code"] == 0 and run["published"] and not run["rejected"] for run in ran.values())
     assert not any(any(run["excluded"].values()) for run in ran.values())
     for run in ran.values():
@@ -2903,17 +2904,33 @@ def test_the_wider_draws_from_the_stand_in_under_todays_rules_are_their_record()
         assert not any(judging.flagged(validation, {}, level)
                        for number, validation in run["validations"].items() if number != "-1")  # fmt: skip
         assert _first_past_the_bar(run, True) == _first_past_the_bar(run, False) is not None
+    return ran, page
+
+
+def _unable_and_lowest(ran: dict[int, dict]) -> tuple[str, tuple[float, int]]:
+    """The sites without a veto (their own model of round 0 no better than the start by loss), and the lowest cosine
+    of an honest site's update with the robust aggregate, with its seed."""
     unable = [f"{run['federation']['seed']}'s {site}" for run in ran.values()
               for site, one in run["validations"]["-1"].items()
               if one["local_val_loss"] >= one["val_loss"]]  # fmt: skip
-    assert f"Sites without a veto: {', '.join(unable) or 'none'}" in page
     lowest = min((min(sites.values()), run["federation"]["seed"]) for run in ran.values()
                  for sites in run["directions"].values() if sites)  # fmt: skip
+    return ", ".join(unable) or "none", lowest
+
+
+def test_the_wider_draws_from_the_stand_in_under_todays_rules_are_their_record():
+    """docs/server-checks.md's stop 99 runs of three or more sites from the stand-in: every such draw of seeds 562-579
+    in order, the first that started within the command's time; none stopped, left a site out, had a result refused
+    or a harm flag; the sites without a veto, and the first best replayed with the rule and without it."""
+    command = [562, 565, 566, 567, 568, 569, 571, 572, 573, 575, 577, 578, 579]
+    ran, page = _wide_draws(WIDE_COMMIT, range(562, 580), command, 1500)
+    sizes = sorted({len(run["federation"]["sites"]) for run in ran.values()})
+    assert f"the first {len(ran)} of the {len(command)} ({' and '.join(map(str, sizes))} sites) started" in page
+    unable, lowest = _unable_and_lowest(ran)
+    assert f"Sites without a veto: {unable}" in page
     assert f"the robust aggregate was {lowest[0]:.2f} (seed {lowest[1]})" in page
-    assert (
-        f"0 of {len(ran)} stopped, at most {_bound_up(clean_sweep.upper_bound(0, len(ran)))} a job (exact one-sided "
-        "95 %: few runs)" in page
-    )
+    bound = _bound_up(load_benchmark("clean_sweep").upper_bound(0, len(ran)))
+    assert f"0 of {len(ran)} stopped, at most {bound} a job (exact one-sided 95 %: few runs)" in page
 
 
 def test_the_three_site_catalogue_under_todays_rules_is_its_record():
