@@ -14,8 +14,8 @@ from surgical_aggregation.core.checks.handshake import confusable_skeleton
 from surgical_aggregation.core.checks.metrics import check_metrics
 from surgical_aggregation.core.checks.model import (
     blame_for_failing_model,
+    changes_against_the_bar,
     judged_loss,
-    losses_against_the_bar,
     model_problems,
 )
 from surgical_aggregation.core.checks.update import (
@@ -230,16 +230,18 @@ def test_a_site_whose_own_training_did_not_lower_its_loss_cannot_veto_the_bar():
         "d": {"val_loss": 0.5},  # sent no own-model loss: judges as before
         "e": {"val_loss": 0.5, "local_val_loss": math.nan},
     }
-    losses = {"a": 0.05, "b": 2.3, "c": 0.7, "d": 0.4, "e": 0.45}
-    judged, without_veto = losses_against_the_bar(losses, initial, bar=0.6, tie=0.01)
+    losses = {"a": 0.05, "b": 2.3, "c": 0.7, "d": 0.4, "e": 0.45, "x": 0.1}  # x did not validate the initial model
+    changes, without_veto = changes_against_the_bar(losses, initial, tie=0.01, vetoes=True)
     assert without_veto == ["b", "c"]
-    # the larger of its start and the bar, and two ties more: b's start 0.66, c's 0.5 under the bar 0.6
-    assert judged == {"a": 0.05, "b": pytest.approx(0.68), "c": pytest.approx(0.62), "d": 0.4, "e": 0.45}
-    lower = losses_against_the_bar({**losses, "b": 0.3}, initial, bar=0.6, tie=0.01)[0]  # under its start: vouches
-    assert lower["b"] == 0.3 and lower["c"] == pytest.approx(0.62)
-    none_can = losses_against_the_bar({"b": 2.3, "c": 0.7}, initial, bar=0.6, tie=0.01)
-    assert none_can == ({"b": 2.3, "c": 0.7}, [])
-    assert losses_against_the_bar({"a": 0.05, "x": 0.3}, initial, bar=0.6, tie=0.01) == ({"a": 0.05, "x": 0.3}, [])
+    # each against its own start; b and c count as two ties at most; x has no start: not a judge of the bar
+    assert changes == pytest.approx({"a": -0.66, "b": 0.02, "c": 0.02, "d": -0.1, "e": -0.05})
+    lower = changes_against_the_bar({**losses, "b": 0.3}, initial, tie=0.01, vetoes=True)[0]  # under its start: vouches
+    assert lower["b"] == pytest.approx(-0.36) and lower["c"] == pytest.approx(0.02)
+    none_can = changes_against_the_bar({"b": 2.3, "c": 0.7}, initial, tie=0.01, vetoes=True)
+    assert none_can == (pytest.approx({"b": 1.64, "c": 0.2}), [])
+    # a job from trained heads: every site keeps its veto
+    assert changes_against_the_bar(losses, initial, tie=0.01)[0]["b"] == pytest.approx(1.64)
+    assert changes_against_the_bar({"x": 0.3}, initial, tie=0.01, vetoes=True) == ({}, [])
 
 
 def test_the_judged_loss_is_the_mean_of_two_and_the_median_of_three_or_more():

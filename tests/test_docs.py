@@ -14,7 +14,7 @@ import pytest
 from monai.networks.nets import DenseNet
 
 from surgical_aggregation.core import judging, robust
-from surgical_aggregation.core.checks.model import judged_loss, losses_against_the_bar
+from surgical_aggregation.core.checks.model import changes_against_the_bar, judged_loss
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.evaluation.run_summary import union_table_lines
 from surgical_aggregation.flare.state import START_TIE
@@ -2754,21 +2754,38 @@ def test_the_harm_test_recalibrated_in_the_large_is_its_record():
 NO_VETO_COMMIT = "f60d190"  # stop 99: the initial model's bar without a veto for a site its own training did not help
 
 
-def _first_past_the_bar(run: dict, without_veto) -> int | None:
+def _as_stop_99(run: dict, losses: dict[str, float], initial: dict, bar: float) -> dict[str, float]:
+    """The bar's losses as stop 99 weighed them (``losses_against_the_bar``, until stop 100): a site without a veto at
+    most the larger of its loss of the start and the bar, and two ties more; each loss on its own scale."""
+    unable = [site for site in losses if site in initial and initial[site].get("local_val_loss") is not None
+              and initial[site]["local_val_loss"] >= initial[site]["val_loss"]]  # fmt: skip
+    if not unable or len(unable) == len(losses):
+        return losses
+    return {site: min(loss, max(initial[site]["val_loss"], bar) + 2 * START_TIE) if site in unable else loss
+            for site, loss in losses.items()}  # fmt: skip
+
+
+def _first_past_the_bar(run: dict, rule) -> int | None:
     """Replayed from a clean-sweep record: the first trained round whose model passes the initial model's bar, judged
-    by that round's sites (those neither rejected nor left out), with sites without a veto (True), without that rule
-    (False), or as a given rule weighs the losses (``without_veto(run, losses, initial, bar)``)."""
+    by that round's sites (those neither rejected nor left out): by today's rule (True: each site's change against its
+    own loss of the initial model, a site without a veto counted as two ties at most), by the losses as they are
+    against the initial model's judged loss (False: the bar before stop 99), or as a given rule weighs the losses
+    (``rule(run, losses, initial, bar)``, against the initial model's judged loss)."""
     assert "rejections" in run or not run["rejected"]  # a record without the rounds of its rejections has none
     figures = run["validations"]
-    initial = figures["-1"]
+    initial = {site: one for site, one in figures["-1"].items() if "val_loss" in one}
     bar = judged_loss({site: one["val_loss"] for site, one in initial.items()})[0]
     for number in sorted(int(key) for key in figures if key != "-1"):
         left = {*run.get("rejections", {}).get(str(number), {}), *run["excluded"].get(str(number), {})}
-        losses = {site: one["val_loss"] for site, one in figures[str(number)].items() if site not in left}
-        if callable(without_veto):
-            losses = without_veto(run, losses, initial, bar)
-        elif without_veto:
-            losses = losses_against_the_bar(losses, initial, bar, START_TIE)[0]
+        losses = {site: one["val_loss"] for site, one in figures[str(number)].items()
+                  if site not in left and "val_loss" in one}  # fmt: skip
+        if rule is True:
+            changes = changes_against_the_bar(losses, initial, START_TIE, vetoes=True)[0]
+            if judged_loss(changes)[0] < START_TIE:
+                return number
+            continue
+        if callable(rule):
+            losses = rule(run, losses, initial, bar)
         if judged_loss(losses)[0] < bar + START_TIE:
             return number
     return None
@@ -2812,7 +2829,8 @@ def test_the_initial_models_bar_without_a_veto_is_its_record():
     start = figures["-1"]
     initial_judged = judged_loss({site: one["val_loss"] for site, one in start.items()})[0]
     first = {site: one["val_loss"] for site, one in figures["0"].items()}
-    weighed, without_veto = losses_against_the_bar(first, start, initial_judged, START_TIE)
+    weighed = _as_stop_99(again, first, start, initial_judged)
+    without_veto = changes_against_the_bar(first, start, START_TIE, vetoes=True)[1]
     assert without_veto == ["site-2-siim"] and start["site-2-siim"]["val_loss"] < initial_judged  # "under it"
     trained = [figures[str(number)] for number in range(rounds)]
     judged = [judged_loss({site: one["val_loss"] for site, one in sites.items()})[0] for sites in trained]
@@ -3055,3 +3073,29 @@ def test_the_recalibrated_halfs_standard_error_is_its_record():
                for level in levels)  # fmt: skip
     assert f"tell it worse in {math.floor(1000 * told) / 10:.1f} % of the draws or more" in page
     assert round(recalibrated[2] / 0.001) == 4
+
+
+def test_the_initial_models_bar_each_site_against_its_own_start_is_its_record():
+    """docs/server-checks.md's stop 100 section: replayed from every record of the clean sweeps and the attack suite
+    that keeps each site's losses by round, the first best is the same round under today's bar (each site's change
+    against its own start) as under stop 99's (losses on their own scales), and the page counts the runs. The suite's
+    records say who was rejected or left out, not in which rounds: their replay leaves those sites out of every
+    round."""
+    replayed = []
+    for folder in ("clean-sweep", "attack-suite"):
+        for path in sorted((REPOSITORY / "docs" / folder).glob("*.json")):
+            runs = json.loads(path.read_text())
+            for name, run in runs.items() if isinstance(runs, dict) else ():
+                figures = run.get("validations", {}) if isinstance(run, dict) else {}
+                if "-1" not in figures or len(figures) < 2:
+                    continue  # no losses by round: nothing to replay
+                if not isinstance(run.get("excluded"), dict):  # the suite's records: who was left out, not when
+                    out = dict.fromkeys([*run.get("rejected", []), *run.get("excluded", [])])  # taken as every round
+                    run = {**run, "excluded": {number: out for number in figures}, "rejections": {}, "rejected": []}
+                replayed.append(
+                    (path.name, name, _first_past_the_bar(run, True), _first_past_the_bar(run, _as_stop_99))
+                )
+    assert all(today == before for *_, today, before in replayed), [run for run in replayed if run[2] != run[3]]
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert f"keeps each site's losses by round ({len(replayed)} runs; an attack run's rejected and left-out" in page
+    assert "sites left out of every round, its record saying not which), the first best is the same round" in page

@@ -718,7 +718,7 @@ def test_a_trained_model_worse_than_the_initial_one_is_never_the_best(tmp_path, 
     sites = [FakeSite(f"site-{name}", ["Mass"], [0.6, 0.9, 0.8]) for name in "ab"]
     harness = Harness(sites, tmp_path, num_rounds=2, validation_guard=False)
     if bar:
-        with pytest.raises(RuntimeError, match=r"initial model's: 0\.6000\), or none"):
+        with pytest.raises(RuntimeError, match=r"initial model's judged loss: 0\.6000\), or none"):
             harness.run()
         assert TASK_PUBLISH not in [task for task, _, _ in sites[0].tasks]
     else:
@@ -736,14 +736,15 @@ def test_a_site_whose_own_training_did_not_lower_its_loss_cannot_veto_the_bar(tm
     1.52 against 0.66 for the untrained start, every global model 2.3 to 2.6, while PadChest's fell from 0.71 to 0.05;
     the mean of the two vetoed every model (exit 2, nothing published). Its loss cannot tell a trained model from the
     start, so it cannot veto: its loss counts as at most the start's, PadChest's decides."""
-    if not abstention:  # the rule removed: every judging site's loss counts as it is
-        monkeypatch.setattr(state_module, "losses_against_the_bar", lambda losses, *_: (dict(losses), []))
+    if not abstention:  # the rule removed: every judging site's change counts as it is
+        original = state_module.changes_against_the_bar
+        monkeypatch.setattr(state_module, "changes_against_the_bar", lambda *args, **_: original(*args))
     padchest = FakeSite("site-padchest", ["Mass"], [0.71, 0.05, 0.05])
     siim = FakeSite("site-siim", ["Pneumothorax"], [0.66, 2.3, 2.6])
     padchest.metrics_override, siim.metrics_override = {"local_val_loss": 0.06}, {"local_val_loss": 1.52}
     harness = Harness([padchest, siim], tmp_path, num_rounds=2)
     if not abstention:
-        with pytest.raises(RuntimeError, match=r"initial model's: 0\.6850\), or none"):
+        with pytest.raises(RuntimeError, match=r"initial model's judged loss: 0\.6850\), or none"):
             harness.run()
         assert TASK_PUBLISH not in [task for task, _, _ in padchest.tasks]
         return
@@ -752,8 +753,12 @@ def test_a_site_whose_own_training_did_not_lower_its_loss_cannot_veto_the_bar(tm
     first = _judged(harness, 0)
     assert first["best"] and first["judged_val_loss"] == pytest.approx((0.05 + 2.3) / 2, abs=1e-12)
     assert first["bar"]["no_veto"] == ["site-siim"]
-    bar = (0.71 + 0.66) / 2  # SIIM counts as the larger of its start (0.66) and the bar, and a hair more
-    assert first["bar"]["judged_val_loss"] == pytest.approx((0.05 + bar + 2 * state_module.START_TIE) / 2, abs=1e-12)
+    # each site against its own start: PadChest -0.66, SIIM +1.64 counted as two ties (no veto, no vote)
+    tie = state_module.START_TIE
+    assert first["bar"]["changes"] == {"site-padchest": pytest.approx(0.05 - 0.71), "site-siim": pytest.approx(2 * tie)}
+    assert first["bar"]["judged_change"] == pytest.approx((0.05 - 0.71 + 2 * tie) / 2, abs=1e-12)
+    bar = (0.71 + 0.66) / 2  # the initial model's judged loss, and the judged change on it
+    assert first["bar"]["judged_val_loss"] == pytest.approx(bar + first["bar"]["judged_change"], abs=1e-12)
     assert "bar" not in _judged(harness, 1)  # a best exists: the models are compared on the losses as they are
     assert "bar" not in _judged(harness, -1)
 
@@ -772,11 +777,15 @@ def test_a_site_without_veto_lets_no_wrecked_model_past_the_bar_at_three_sites(
     attacker.metrics_override, judging.metrics_override = {"local_val_loss": 0.05}, {"local_val_loss": 0.4}
     no_veto.metrics_override = {"local_val_loss": 0.7}
     harness = Harness([attacker, judging, no_veto], tmp_path, num_rounds=2, validation_guard=False)
-    with pytest.raises(RuntimeError, match=r"initial model's: 0\.6000\), or none"):
+    with pytest.raises(RuntimeError, match=r"initial model's judged loss: 0\.6000\), or none"):
         harness.run()
     assert TASK_PUBLISH not in [task for task, _, _ in judging.tasks]
     bar = _judged(harness, 0)["bar"]
-    assert bar == {"judged_val_loss": pytest.approx(0.6 + 2 * state_module.START_TIE, abs=1e-15), "no_veto": ["site-b"]}
+    tie = state_module.START_TIE
+    # the median of the changes: the attacker's -0.5, site-a's +0.3, site-b's counted as two ties
+    assert bar["changes"] == {"site-a": pytest.approx(0.3), "site-b": 2 * tie, "site-x": pytest.approx(-0.5)}
+    assert (bar["judged_change"], bar["no_veto"]) == (2 * tie, ["site-b"])
+    assert bar["judged_val_loss"] == pytest.approx(0.6 + 2 * tie, abs=1e-15)
 
 
 def test_a_job_from_a_trained_model_keeps_every_sites_veto(tmp_path):
@@ -789,9 +798,36 @@ def test_a_job_from_a_trained_model_keeps_every_sites_veto(tmp_path):
     harness = Harness(
         [padchest, siim], tmp_path, initial=(toy_state(2, seed=0), ["Mass", "Pneumothorax"]), num_rounds=2
     )
-    with pytest.raises(RuntimeError, match=r"initial model's: 0\.6850\)"):
+    with pytest.raises(RuntimeError, match=r"initial model's judged loss: 0\.6850\)"):
         harness.run()
-    assert "bar" not in _judged(harness, 0)
+    assert _judged(harness, 0)["bar"]["no_veto"] == []
+
+
+@pytest.mark.parametrize("paired", [True, False])
+def test_one_liar_cannot_carry_a_model_every_honest_site_finds_worse_past_the_bar(tmp_path, monkeypatch, paired):
+    """The attack of an attacker who read the page (stop 100): with its validation of the initial model it reports a
+    loss of 100 (the range allows it), so that the median of the initial model's losses is the highest honest start
+    (0.90), and 0 for every trained model, so that their median is the lowest honest loss (0.37): both honest sites
+    worse off than their own start (0.30 -> 0.37, 0.90 -> 1.10), and the model past a bar of losses compared across
+    sites. Each site compared with its own start, the median change is the lower honest one, +0.07: nothing passes."""
+    if not paired:  # the defence removed: no paired change, the losses as they are against the initial model's
+        monkeypatch.setattr(state_module, "changes_against_the_bar", lambda *_, **__: ({}, []))
+    liar = FakeSite("site-x", ["Mass"], [100.0, 0.0, 0.0])
+    honest = [FakeSite("site-a", ["Mass"], [0.30, 0.37, 0.37]), FakeSite("site-b", ["Mass"], [0.90, 1.10, 1.10])]
+    for site, own in zip([liar, *honest], (0.0, 0.2, 0.7), strict=True):
+        site.metrics_override = {"local_val_loss": own}  # every site's own training lowered its loss: every veto
+    harness = Harness([liar, *honest], tmp_path, num_rounds=2, validation_guard=False)
+    if not paired:
+        harness.run()
+        assert TASK_PUBLISH in [task for task, _, _ in honest[0].tasks]  # the model every honest site found worse
+        assert _judged(harness, 0)["best"] and _judged(harness, 0)["judged_val_loss"] == pytest.approx(0.37)
+        return
+    with pytest.raises(RuntimeError, match=r"initial model's judged loss: 0\.9000\), or none"):
+        harness.run()
+    assert TASK_PUBLISH not in [task for task, _, _ in honest[0].tasks]
+    bar = _judged(harness, 0)["bar"]
+    assert bar["changes"] == {"site-a": pytest.approx(0.07), "site-b": pytest.approx(0.2), "site-x": -100.0}
+    assert bar["judged_change"] == pytest.approx(0.07) and bar["no_veto"] == []
 
 
 def test_what_a_class_squatting_site_learns_from_the_rows_it_gets_back(tmp_path):

@@ -222,10 +222,11 @@ class FederationLoop(SiteTasks):
             federation.finished = True
             self._checkpoint()
             initial = initial_bar(federation, self.min_delta)
-            bar = "" if math.isinf(initial) else f" (the initial model's: {initial:.4f})"
+            bar = "" if math.isinf(initial) else f" (the initial model's judged loss: {initial:.4f})"
             raise FederationCannotProceed(
-                "no trained global model was judged at least as good as the initial model by the sites: none had a "
-                f"judged validation loss at most the initial model's{bar}, or none had a validation loss of a site "
+                "no trained global model was judged at least as good as the initial model by the sites: for none "
+                "was the judging sites' change of validation loss against their own loss of the initial model (the "
+                f"median of three or more, the mean of two) at most 0{bar}, or none had a validation loss of a site "
                 "whose result made it (a site whose own model of the first round had a loss at least its loss of the "
                 "initial model cannot veto: the round history's bar). Nothing is published; the initial model stays. "
                 "See the round history and the sites' logs"

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.checks.model import judged_loss, losses_against_the_bar
+from ..core.checks.model import changes_against_the_bar, judged_loss
 from ..core.errors import ModelFileError, StateFileError
 from ..core.head import HeadSpec, extend_head, slice_for_client, to_numpy
 from ..core.methods import head_classes_for_site
@@ -197,8 +197,9 @@ def select(
     model no aggregation went into (the initial one) and a model without a judged loss are never the best; before any
     trained model is the best, the initial model's judged loss is the bar: the first best is judged no worse than where
     training started (a trained model the judging sites find worse than the initial one is never published as the
-    best). ``bar_loss``: the judged loss the bar weighs instead, where some sites cannot veto
-    (``core.checks.model.losses_against_the_bar``): then the sites that can judge decide."""
+    best). ``bar_loss``: the judged loss the bar weighs instead: the initial model's judged loss plus the judging
+    sites' judged change of loss against their own loss of it (``core.checks.model.changes_against_the_bar``), so that
+    each site is compared with itself."""
     if math.isnan(judged_loss):
         return False
     if not version.trained:
@@ -295,10 +296,10 @@ def judge(
 ) -> Judgement:
     """Record the sites' validation of ``version`` in the history, then select on it (:func:`select`): the judged
     validation loss is the mean of two judging sites', the median of three or more (``judging_sites``: None, every
-    site that reported one); before any trained model is the best, when the job started from untrained heads
-    (``untrained_start``), the sites whose own training did not lower their loss cannot veto the initial model's bar
-    (recorded as the validation's ``bar``). Whether the model harms a site is the screening's (``core.judging``),
-    before this."""
+    site that reported one); before any trained model is the best, the initial model's bar weighs each judging site's
+    change of loss against its own loss of the initial model (recorded as the validation's ``bar``), and when the job
+    started from untrained heads (``untrained_start``) the sites whose own training did not lower their loss cannot
+    veto it. Whether the model harms a site is the screening's (``core.judging``), before this."""
     judges = {
         site: metrics["val_loss"]
         for site, metrics in site_metrics.items()
@@ -317,13 +318,19 @@ def judge(
     }
     history_entry(federation.history, version.round)["validation"] = validation
     bar_loss = None
-    if version.trained and federation.best is None and untrained_start and math.isfinite(federation.best_loss):
+    if version.trained and federation.best is None and math.isfinite(federation.best_loss):
         entry = next((entry for entry in federation.history if entry["round"] == INITIAL_ROUND), {})
         initial = entry.get("validation", {}).get("sites", {})
-        against, without_veto = losses_against_the_bar(judges, initial, initial_bar(federation, min_delta), START_TIE)
-        if without_veto:
-            bar_loss = judged_loss(against)[0]
-            validation["bar"] = {"judged_val_loss": bar_loss, "no_veto": without_veto}
+        changes, without_veto = changes_against_the_bar(judges, initial, START_TIE, vetoes=untrained_start)
+        if changes:  # judges that validated the initial model too; without one, the losses as they are
+            change = judged_loss(changes)[0]
+            bar_loss = initial_bar(federation, min_delta) + change
+            validation["bar"] = {
+                "judged_change": change,
+                "judged_val_loss": bar_loss,
+                "changes": dict(sorted(changes.items())),
+                "no_veto": without_veto,
+            }
     best = select(federation, version, judged, min_delta, bar_loss)
     if best:
         validation["best"] = True

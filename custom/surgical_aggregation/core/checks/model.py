@@ -91,33 +91,37 @@ def judged_loss(losses: Mapping[str, float]) -> tuple[float, str]:
     return float(np.mean(values)), "mean"
 
 
-def losses_against_the_bar(
-    losses: Mapping[str, float], initial: Mapping[str, Mapping[str, float]], bar: float, tie: float
+def changes_against_the_bar(
+    losses: Mapping[str, float], initial: Mapping[str, Mapping[str, float]], tie: float, vetoes: bool = False
 ) -> tuple[dict[str, float], list[str]]:
-    """The judging sites' losses of a trained model as the initial model's bar weighs them, and the sites that
-    cannot veto it.
+    """The initial model's bar on a trained model, paired per site: each judging site's loss of the model minus its
+    own loss of the initial model (``initial``: the sites' validation of it), for the judges that validated both. The
+    model passes when the judged statistic of these changes (the mean of two, the median of three or more) is below
+    ``tie``: the median judge finds it no worse than where training started, each on its own scale. Losses compared
+    across sites would let one liar set both sides (a loss of 100 for the initial model raises the median bar to the
+    highest honest start, a loss of 0 for the model lowers its median to the lowest honest loss: every honest site
+    worse off, and the model past the bar); paired, a liar supplies one change of the median's inputs.
 
-    ``bar``: the initial model's judged loss, which the judged statistic of these losses (the mean of two, the median
-    of three or more) must not exceed by more than ``tie``. A site cannot veto when its own model of the first round
-    (``local_val_loss`` in its validation of the initial model, ``initial``) had a validation loss at least its loss
-    of the initial model: its own training did not lower its loss, so its loss does not tell a trained model from the
-    untrained start (a small site's own model made overconfident on its few images), and on its own scale it would
-    veto every trained model. Its loss counts as at most the larger of its loss of the initial model and ``bar``, and
-    ``2 * tie`` more: no veto, and never a vote for a model it finds no better than the start (at the median a value at
-    or under the bar would be one; with two sites, its own start makes the other site decide on its own start). Where
-    its loss is lower it vouches for the model as before. Every loss counts as it is or lower, so the bar passes every
-    model it passed before. A site that sent no own-model loss judges as before; when every judge cannot veto, nobody
-    can tell, and the losses count as they are."""
-    without_veto = []
-    for site in losses:
-        figures = initial.get(site, {})
-        start, own = figures.get("val_loss"), figures.get("local_val_loss")
-        if start is not None and own is not None and math.isfinite(start) and own >= start:
-            without_veto.append(site)
-    if not without_veto or len(without_veto) == len(losses):
-        return dict(losses), []
-    judged = {
-        site: min(loss, max(initial[site]["val_loss"], bar) + 2 * tie) if site in without_veto else loss
+    With ``vetoes`` (a job from untrained heads), a site cannot veto when its own model of the first round
+    (``local_val_loss``) had a validation loss at least its loss of the initial model: its own training did not lower
+    its loss, so its loss does not tell a trained model from the untrained start (a small site's own model made
+    overconfident on its few images), and on its own scale it would veto every trained model. Its change counts as at
+    most ``2 * tie``: no veto, and never a vote for a model it finds no better than the start. Where its change is
+    lower it vouches for the model as before. A site that sent no own-model loss judges as before; when every judge
+    cannot veto, nobody can tell, and the changes count as they are. Returns (site -> change as the bar weighs it, the
+    sites without a veto)."""
+    changes = {
+        site: loss - initial[site]["val_loss"]
         for site, loss in losses.items()
+        if site in initial and math.isfinite(initial[site].get("val_loss", math.nan)) and math.isfinite(loss)
     }
-    return judged, sorted(without_veto)
+    without_veto = []
+    for site in changes if vetoes else ():
+        own = initial[site].get("local_val_loss")
+        if own is not None and own >= initial[site]["val_loss"]:
+            without_veto.append(site)
+    if not without_veto or len(without_veto) == len(changes):
+        return changes, []
+    return {site: min(change, 2 * tie) if site in without_veto else change for site, change in changes.items()}, sorted(
+        without_veto
+    )
