@@ -1435,3 +1435,24 @@ def test_a_third_site_whose_results_are_rejected_cannot_stop_a_round_of_two_by_i
     liar = InflatedSamples("site-c", FIVE_FINDINGS, [0.9, 0.5, 0.5])
     with pytest.raises(RuntimeError, match=r"round 0: two sites made the candidate \(\['site-a', 'site-b'\]\)"):
         Harness([*honest, liar], tmp_path / "judged", num_rounds=2).run()
+
+
+def test_after_the_first_best_one_liar_picks_a_later_model_every_honest_site_finds_worse(tmp_path):
+    """A limit, not a defence (docs/server-checks.md, stop 100): after the first best, a model is the best when its
+    judged loss (the median of three or more, each loss on its own site's scale) is lower than the best's. A liar that
+    reports 100 for round 0's model (the median is then the highest honest loss, 0.80) and 0 for round 1's (the lowest
+    honest one, 0.50) makes round 1's model the best, though both honest sites find it worse than round 0's (0.25 ->
+    0.50, 0.80 -> 1.30) and than the start: with the sites' validation off, it is published. This test fails if that
+    ever changes without the docs."""
+    liar = FakeSite("site-x", ["Mass"], [0.6, 100.0, 0.0, 0.0])
+    honest = [
+        FakeSite("site-a", ["Mass"], [0.30, 0.25, 0.50, 0.50]),
+        FakeSite("site-b", ["Mass"], [0.90, 0.80, 1.30, 1.30]),
+    ]
+    for site, own in zip([liar, *honest], (0.0, 0.2, 0.7), strict=True):
+        site.metrics_override = {"local_val_loss": own}
+    harness = Harness([liar, *honest], tmp_path, num_rounds=2, validation_guard=False)
+    harness.run()
+    assert _judged(harness, 0)["best"] and _judged(harness, 0)["judged_val_loss"] == pytest.approx(0.80)
+    assert _judged(harness, 1)["best"] and _judged(harness, 1)["judged_val_loss"] == pytest.approx(0.50)
+    assert TASK_PUBLISH in [task for task, _, _ in honest[0].tasks]
