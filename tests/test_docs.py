@@ -1072,7 +1072,8 @@ def test_the_consortium_from_the_stand_in_is_its_record():
     assert (
         f"none of the clean sweep's {len(from_scratch)} recorded honest site-round cosines was at or below 0 (the "
         f"lowest {min(from_scratch):.3f}); of the {len(drawn)} drawn federations from the stand-in, {len(refused)} "
-        f"refused an honest site's results, both of seven sites drawn at stop 100 (seed 575: its PadChest site of "
+        f"refused an honest site's results, both of seven sites run at stop 100 under stop 99's rules (seed 575: its "
+        f"PadChest site of "
         f"{refusals(575)}; seed 578: its VinDr site of {refusals(578)}), the two kinds the consortium job refused; the "
         f"lowest cosines of the {len(judged)} with three or more sites ran from {min(lowest):.2f} to {max(lowest):.2f} "
         f"({sum(cosine < min(from_scratch) for cosine in lowest)} of them below every cosine from scratch" in page
@@ -1088,6 +1089,9 @@ def test_the_consortium_from_the_stand_in_is_its_record():
     assert (
         f"({refusing_seven} of the {len(seven)} seven-site federations from the stand-in, the consortium among" in page
     )
+    kinds = [{site["kind"] for site in run["federation"]["sites"].values()} for run in seven]
+    such = sum(bool(kind & {"padchest", "vindr"}) for kind in kinds)
+    assert f"the consortium among them; {refusing_seven} of the {such} with such a site)" in page
     assert (
         "The rule is left as it is at this stop: the stand-in's attack rows of three or more sites rely on it" in page
     )
