@@ -2778,6 +2778,14 @@ def test_the_harm_test_recalibrated_in_the_large_is_its_record():
 NO_VETO_COMMIT = "f60d190"  # stop 99: the initial model's bar without a veto for a site its own training did not help
 
 
+def _judging_losses(run: dict, number: int) -> dict[str, float]:
+    """A record's validation losses of round ``number``'s model by the sites that judged it (neither rejected nor left
+    out that round)."""
+    left = {*run.get("rejections", {}).get(str(number), {}), *run["excluded"].get(str(number), {})}
+    return {site: one["val_loss"] for site, one in run["validations"][str(number)].items()
+            if site not in left and "val_loss" in one}  # fmt: skip
+
+
 def _as_stop_99(run: dict, losses: dict[str, float], initial: dict, bar: float) -> dict[str, float]:
     """The bar's losses as stop 99 weighed them (``losses_against_the_bar``, until stop 100): a site without a veto at
     most the larger of its loss of the start and the bar, and two ties more; each loss on its own scale."""
@@ -2800,9 +2808,7 @@ def _first_past_the_bar(run: dict, rule) -> int | None:
     initial = {site: one for site, one in figures["-1"].items() if "val_loss" in one}
     bar = judged_loss({site: one["val_loss"] for site, one in initial.items()})[0]
     for number in sorted(int(key) for key in figures if key != "-1"):
-        left = {*run.get("rejections", {}).get(str(number), {}), *run["excluded"].get(str(number), {})}
-        losses = {site: one["val_loss"] for site, one in figures[str(number)].items()
-                  if site not in left and "val_loss" in one}  # fmt: skip
+        losses = _judging_losses(run, number)
         if rule is True:
             changes = changes_against_the_bar(losses, initial, START_TIE, vetoes=True)[0]
             if judged_loss(changes)[0] < START_TIE:
@@ -3139,9 +3145,7 @@ def _best_round(run: dict, paired: bool) -> int | None:
     initial = {site: one for site, one in figures["-1"].items() if "val_loss" in one}
     best, reference = None, {}
     for number in sorted(int(key) for key in figures if key != "-1"):
-        left = {*run.get("rejections", {}).get(str(number), {}), *run["excluded"].get(str(number), {})}
-        losses = {site: one["val_loss"] for site, one in figures[str(number)].items()
-                  if site not in left and "val_loss" in one}  # fmt: skip
+        losses = _judging_losses(run, number)
         changes = {site: loss - reference[site] for site, loss in losses.items() if site in reference}
         if best is None:
             better = judged_loss(changes_against_the_bar(losses, initial, START_TIE, vetoes=True)[0])[0] < START_TIE

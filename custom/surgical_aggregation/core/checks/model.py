@@ -122,6 +122,5 @@ def changes_against_the_bar(
             without_veto.append(site)
     if not without_veto or len(without_veto) == len(changes):
         return changes, []
-    return {site: min(change, 2 * tie) if site in without_veto else change for site, change in changes.items()}, sorted(
-        without_veto
-    )
+    weighed = {site: min(change, 2 * tie) if site in without_veto else change for site, change in changes.items()}
+    return weighed, sorted(without_veto)
