@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hostile_site import run_simulator
+from hostile_site import direction_check, run_simulator
 from suite_site import ADAPTED, ATTACKS, TARGET, TRIGGERS, Wrapped, trigger_of
 
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY, CHEXPERT_LABELS, NIH_LABELS, union_labels
@@ -156,8 +156,8 @@ def write_case_job(
     (a defence the sites run; an attacker trains as it likes)."""
     sized = site_configs(case.sites, case.seed, case.patients, case.start)
     configs = {site: {**config, "cache_dir": str(cache)} for site, config in sized.items()}
-    _, persistor, backbone = start_settings(case.start)
-    settings = {"num_rounds": case.rounds, "patience": case.rounds, "min_clients": 1, "backbone_strategy": backbone,
+    _, persistor, started = start_settings(case.start)
+    settings = {"num_rounds": case.rounds, "patience": case.rounds, "min_clients": 1, **started,
                 **controller}  # fmt: skip
     attackers = attackers_of(case, configs)
     tuned = ATTACKER_TRAINING.get(case.attack, {})  # the attacker's own rates, where the attack sets them
@@ -289,6 +289,8 @@ def outcome(
         "exit_code": code,
         "attacking_sites": attackers,
         "rejected": sorted({site for entry in rounds for site in entry.get("rejected", {})}),
+        "rejections": {str(index): entry.get("rejected", {}) for index, entry in enumerate(rounds)},
+        "direction_check": direction_check(server),
         "excluded": sorted({site for entry in rounds for site in entry.get("excluded", {})}),
         "published": any(workspace.glob("site-*/*/app_site-*/published_global_model.pt")),
         "stopped": (re.search(r"the job cannot go on: ([^\n]*)", log) or [None, None])[1],

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hostile_site import run_simulator
+from hostile_site import direction_check, run_simulator
 from scipy.stats import beta
 
 from surgical_aggregation.core.labels import NIH_LABELS
@@ -125,12 +125,12 @@ def site_configs(federation: Federation, cache: Path) -> dict[str, dict[str, Any
 
 
 def write_federation_job(federation: Federation, folder: Path, cache: Path, settings: dict) -> Path:
-    _, persistor, backbone = start_settings(federation.start)
+    _, persistor, started = start_settings(federation.start)
     controller = {
         "num_rounds": federation.rounds,
         "patience": federation.rounds,
         "min_clients": len(federation.sites),
-        "backbone_strategy": backbone,
+        **started,
         **settings,
     }
     recipe = SurgicalAggregationRecipe(
@@ -172,6 +172,7 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
         "excluded": {str(entry_round): entry.get("excluded", {}) for entry_round, entry in enumerate(rounds)},
         "rejected": sorted({site for entry in rounds for site in entry.get("rejected", {})}),
         "rejections": {str(entry_round): entry.get("rejected", {}) for entry_round, entry in enumerate(rounds)},
+        "direction_check": direction_check(app),
         "validations": validations,
         "directions": directions,
         # how near two honest sites' backbone updates came (duplicates: core.robust.DUPLICATE_DISTANCE), and each

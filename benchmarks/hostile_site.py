@@ -194,6 +194,16 @@ def run_simulator(
     return result.returncode, output
 
 
+def direction_check(app_server: Path) -> bool | str | None:
+    """The run's ``reject_opposed_updates`` as its server ran it (``app_server``: the server's app folder; the
+    controller's default where the job leaves it out), so that a record says which rule judged it; None: no job."""
+    config = app_server / "config" / "config_fed_server.json"
+    if not config.is_file():
+        return None
+    workflow = json.loads(config.read_text())["workflows"][0]["args"]
+    return workflow.get("reject_opposed_updates", True)
+
+
 def outcome(workspace: Path, code: int, site: str = HOSTILE_SITE) -> dict:
     """What a finished run left: how the site's results fared, the published model and its validation loss."""
     server = workspace / "server" / "simulate_job" / "app_server"

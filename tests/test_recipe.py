@@ -15,6 +15,7 @@ from nvflare.app_common.abstract.model import ModelLearnableKey
 
 import surgical_aggregation
 from surgical_aggregation.cli import main
+from surgical_aggregation.core.checks.update import OPPOSED_FIRST_ROUND
 from surgical_aggregation.core.methods import batchnorm_at_defaults
 from surgical_aggregation.data.storage import CACHE_ENV
 from surgical_aggregation.experiments import pretraining
@@ -100,6 +101,11 @@ def test_the_main_job_starts_from_the_stand_in_with_fedbn_plus_or_from_scratch_w
     scratch = nih_chexpert_recipe(start=SCRATCH)
     assert "pretrained_weights" not in scratch.persistor_args
     assert scratch.controller_args["backbone_strategy"] == "fedavg"
+    # the direction check: every round from scratch (the controller's default), the first round from pretrained weights
+    assert "reject_opposed_updates" not in scratch.controller_args
+    assert standard.controller_args["reject_opposed_updates"] == OPPOSED_FIRST_ROUND
+    assert imagenet.controller_args["reject_opposed_updates"] == OPPOSED_FIRST_ROUND
+    assert nih_chexpert_recipe(controller={"reject_opposed_updates": True}).controller_args["reject_opposed_updates"]
     for recipe, rates, patients in (
         (standard, PAPERS_FINE_TUNING, STAND_IN_JOB_PATIENTS),
         (imagenet, PAPERS_FINE_TUNING, STAND_IN_JOB_PATIENTS),
@@ -113,6 +119,7 @@ def test_the_main_job_starts_from_the_stand_in_with_fedbn_plus_or_from_scratch_w
     persistor = next(c for c in server["components"] if c["path"].endswith("SurgicalModelPersistor"))
     assert persistor["args"]["pretrained_weights"] == STAND_IN
     assert server["workflows"][0]["args"]["backbone_strategy"] == "fedbn_plus"
+    assert server["workflows"][0]["args"]["reject_opposed_updates"] == OPPOSED_FIRST_ROUND
 
 
 def test_the_stand_in_is_refused_for_another_network_and_start_for_another_job(tmp_path, capsys):
@@ -149,6 +156,8 @@ def test_the_consortium_starts_from_scratch_or_where_it_is_told(tmp_path):
     assert scratch.controller_args["backbone_strategy"] == "fedavg"
     assert standing.persistor_args["pretrained_weights"] == STAND_IN
     assert standing.controller_args["backbone_strategy"] == "fedbn_plus"
+    assert standing.controller_args["reject_opposed_updates"] == OPPOSED_FIRST_ROUND
+    assert "reject_opposed_updates" not in scratch.controller_args
     for site, values in standing.site_configs.items():
         assert {name: values[name] for name in PAPERS_FINE_TUNING} == dict(PAPERS_FINE_TUNING)
         assert values["embedded"] == scratch.site_configs[site]["embedded"]

@@ -48,6 +48,7 @@ from nvflare.job_config.defs import FilterType
 from nvflare.recipe.spec import Recipe
 
 from ..core.checks.handshake import preprocessing_problem
+from ..core.checks.update import OPPOSED_FIRST_ROUND
 from ..core.errors import SiteConfigError
 from ..core.labels import job_vocabulary
 from ..core.labels import label_aliases as load_label_aliases
@@ -445,18 +446,22 @@ JOB_TIMEOUTS = {"handshake_timeout": 300, "train_timeout": 900, "validate_timeou
 CHECKPOINT_SUFFIXES = (".pth", ".pt")  # a start given as a path: torchvision's and this bundle's weight files
 
 
-def start_settings(start: str) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """Where a job's backbone starts, as its sites' rates, the persistor's arguments and the backbone strategy: from
-    the stand-in or a local ImageNet checkpoint, the papers' fine-tuning rates and FedBN+; from scratch, the demo
-    profile's rates and FedAvg's backbone (FedBN+ needs learned BatchNorm statistics)."""
+def start_settings(start: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Where a job's backbone starts, as its sites' rates, the persistor's arguments and the controller's settings:
+    from the stand-in or a local ImageNet checkpoint, the papers' fine-tuning rates, FedBN+ and the direction check in
+    the first round only (fine-tuned from pretrained weights, honest sites of other vocabularies come to point against
+    the consensus in later rounds: docs/server-checks.md, clean federations from the stand-in); from scratch, the demo
+    profile's rates, FedAvg's backbone (FedBN+ needs learned BatchNorm statistics) and the direction check every
+    round."""
     if start not in JOB_STARTS and not str(start).endswith(CHECKPOINT_SUFFIXES):
         raise SiteConfigError(
             f"start must be {STAND_IN!r}, {SCRATCH!r} or the path of a DenseNet121 checkpoint ending in "
             f"{' or '.join(CHECKPOINT_SUFFIXES)}, got {start!r}"
         )
     if start == SCRATCH:
-        return {}, {}, "fedavg"
-    return dict(PAPERS_FINE_TUNING), {"pretrained_weights": start}, "fedbn_plus"
+        return {}, {}, {"backbone_strategy": "fedavg"}
+    pretrained = {"backbone_strategy": "fedbn_plus", "reject_opposed_updates": OPPOSED_FIRST_ROUND}
+    return dict(PAPERS_FINE_TUNING), {"pretrained_weights": start}, pretrained
 
 
 def nih_chexpert_recipe(
@@ -472,7 +477,7 @@ def nih_chexpert_recipe(
     DenseNet121 checkpoint (as the server sees it), the same otherwise. ``scratch``: a randomly initialised
     DenseNet121 with FedAvg's backbone (FedBN+ needs learned BatchNorm statistics), the demo profile on its 400
     patients a site: minutes on a CPU, for smoke runs and tests; its best model learns one generic score."""
-    rates, persistor, backbone = start_settings(start)
+    rates, persistor, started = start_settings(start)
     embedded = {"patients": DEMO.embedded_patients if start == SCRATCH else STAND_IN_JOB_PATIENTS}
     defaults = {
         "site-nih": DEMO.site_config({"kind": "nih"}, embedded=embedded, **rates),
@@ -481,7 +486,7 @@ def nih_chexpert_recipe(
     controller = {
         "num_rounds": DEMO.rounds,
         "patience": DEMO.patience,
-        "backbone_strategy": backbone,
+        **started,
         **JOB_TIMEOUTS,
         **options.pop("controller", {}),
     }
@@ -558,7 +563,7 @@ def cxr_consortium_recipe(
     (199 classes, tests/test_flare_e2e.py). 3 rounds, embedded data unless a site config names real data; ``start``
     as for :func:`nih_chexpert_recipe`, on the sites' own embedded sizes. From scratch by default: from the stand-in
     the direction check has refused honest sites (docs/server-checks.md, clean federations from the stand-in)."""
-    rates, persistor, backbone = start_settings(start)
+    rates, persistor, started = start_settings(start)
     defaults = {
         site: DEMO.site_config({"kind": kind}, embedded={"patients": CONSORTIUM_PATIENTS.get(kind, 100)}, **rates)
         for site, kind in CONSORTIUM_SITES.items()
@@ -566,7 +571,7 @@ def cxr_consortium_recipe(
     controller = {
         "num_rounds": CONSORTIUM_ROUNDS,
         "patience": DEMO.patience,
-        "backbone_strategy": backbone,
+        **started,
         **JOB_TIMEOUTS,
         **options.pop("controller", {}),
     }
