@@ -131,6 +131,13 @@ def test_the_attack_suite_from_the_stand_in_is_measured_against_its_own_referenc
     arguments = json.dumps(server)
     assert '"pretrained_weights": "stand-in"' in arguments and '"backbone_strategy": "fedbn_plus"' in arguments
     assert attackers == ["site-nih-2"]
+    # the record names the direction check that judged the run: the first round only from the stand-in, as the jobs do
+    hostile_site = load_benchmark("hostile_site")
+    assert hostile_site.direction_check(job / "app_server") == "first_round"
+    scratch = suite.Case("sign_flip", 3, 1, 1)  # from scratch: the controller's default, every round
+    scratch_job, _ = suite.write_case_job(scratch, tmp_path / "scratch", tmp_path / "cache", tmp_path / "exchange", {})
+    assert hostile_site.direction_check(scratch_job / "app_server") is True
+    assert hostile_site.direction_check(tmp_path / "no-such-app") is None
 
 
 def test_the_tuned_backdoor_trains_at_its_own_rates_and_the_honest_sites_at_the_papers(tmp_path) -> None:

@@ -42,7 +42,8 @@ reject_opposed_updates: with three or more results left in a round, reject a res
     exactly two results (``core.robust.two_sites_apart``), stop the job when, in its first round from untrained
     heads, their shared head rows point apart or their backbone updates point opposite (later rounds are not judged
     by direction). On by default; "first_round": the direction check only in that first round (the two-site rule as
-    with on).
+    with on), which the bundle's jobs set when they start from pretrained weights (``recipe.start_settings``: fine-tuned
+    from them, honest sites of other vocabularies have pointed against the consensus in later rounds).
 robust_aggregation: how the server aggregates each part of the model (the backbone weights, the BatchNorm
     statistics, a head row) that three or more sites moved in a round, after the size checks and the clipping:
     "mean" (the papers' plain mean), or a rule of :mod:`surgical_aggregation.core.robust` ("median",

@@ -241,13 +241,13 @@ OPPOSED_FIRST_ROUND = "first_round"
 
 @server_check(
     "update",
-    'with `reject_opposed_updates` (on by default: every round; `"first_round"`: only in the job\'s first round from '
-    "untrained heads) and three or more results left, an update of the backbone weights "
-    "that points against the round's consensus (a cosine of 0 or below with the robust aggregate of every result's "
-    "update, a copy counted once: the job's robust rule, or the coordinate-wise median where the rule is the mean) is "
-    "rejected, and with "
-    "it all the site sent this round (its head rows included: a row only it and one other site hold has no other "
-    "protection), unless half or more of the round's updates do (the consensus is then no one's)",
+    'with `reject_opposed_updates` (on: every round, the default from scratch; `"first_round"`: only in the job\'s '
+    "first round from untrained heads, the bundle's jobs' setting from pretrained weights) and three or more results "
+    "left, an update of the backbone weights that points against the round's consensus (a cosine of 0 or below with "
+    "the robust aggregate of every result's update, a copy counted once: the job's robust rule, or the coordinate-wise "
+    "median where the rule is the mean) is rejected, and with it all the site sent this round (its head rows included: "
+    "a row only it and one other site hold has no other protection), unless half or more of the round's updates do "
+    "(the consensus is then no one's)",
     "its update of the backbone weights points against the round's consensus (cosine -0.97 with the robust aggregate)",
 )
 def opposed_updates(changes: Mapping[str, np.ndarray], consensus: np.ndarray) -> dict[str, str]:
