@@ -40,6 +40,7 @@ import numpy as np
 from hostile_site import direction_check, run_simulator
 from scipy.stats import beta
 
+from surgical_aggregation.core.checks.update import OPPOSED_FIRST_ROUND
 from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.experiments.grid_run import code_version, machine
 from surgical_aggregation.experiments.grids import assign_label_sets
@@ -200,8 +201,18 @@ CALIBRATION_SEEDS = frozenset(
 )
 
 
+# the draws from the stand-in whose refused honest sites chose the direction check in the first round only for jobs
+# from pretrained weights (stop 101), with the consortium job's run from the stand-in: in-sample for that rule
+FIRST_ROUND_CHOSEN_ON = frozenset([575, 578])
+
+
 def out_of_sample(name: str, result: dict) -> bool:
-    """Whether no rule was set on this federation's seed (the consortium job: its run of this sweep, not the first)."""
+    """Whether no rule that judged this run was set on its federation: its seed (the consortium job: its run of this
+    sweep, not the first), and under the direction check in the first round only, the federations that chose it."""
+    if result.get("direction_check") == OPPOSED_FIRST_ROUND and (
+        name == CONSORTIUM or result["federation"]["seed"] in FIRST_ROUND_CHOSEN_ON
+    ):
+        return False
     return name == CONSORTIUM or result["federation"]["seed"] not in CALIBRATION_SEEDS
 
 

@@ -3184,3 +3184,87 @@ def test_the_initial_models_bar_each_site_against_its_own_start_is_its_record():
     assert f"keeps each site's losses by round ({len(replayed)} runs; an attack run's rejected and left-out" in page
     assert "sites left out of every round, its record saying not which), the first best is the same round" in page
     assert f"would pick another best round in {sum(paired)} of the {len(replayed)} runs replayed" in page
+
+
+FIRST_ROUND_COMMIT = "4e832d0"  # stop 101: the jobs from pretrained weights judge direction in the first round only
+
+
+def test_the_direction_check_from_pretrained_weights_in_the_first_round_only_is_its_record():
+    """docs/server-checks.md's stop 101 section: the premise of the direction check by round, from scratch and from the
+    stand-in (the sweep tables' records); the three federations it refused, run again with the first round only, each
+    whole, published, nothing refused, and its best model against the one the rule every round kept; the table."""
+    clean_sweep = load_benchmark("clean_sweep")
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    from_scratch = [cosine for run in json.loads((sweeps / "results.json").read_text()).values()
+                    for sites in (run.get("directions") or {}).values() for cosine in sites.values()]  # fmt: skip
+    assert f"(the clean sweep's {len(from_scratch)} recorded honest site-rounds, the lowest cosine " in page
+    assert f"the lowest cosine {min(from_scratch):.3f})" in page and min(from_scratch) > 0
+    every = json.loads((sweeps / "stand-in.json").read_text())
+    wide = [run for run in every.values() if len(run["federation"]["sites"]) >= 3]
+    first = [cosine for run in wide for cosine in run["directions"]["0"].values()]
+    later = [(run, number, site, cosine) for run in wide for number, sites in run["directions"].items()
+             if number != "0" for site, cosine in sites.items()]  # fmt: skip
+    opposed = [(run, number, site) for run, number, site, cosine in later if cosine <= 0]
+    assert all(len(run["federation"]["sites"]) == 7 and re.search("padchest|vindr", site) for run, _, site in opposed)
+
+    def first_refusal(run: dict, site: str) -> int:
+        return min(int(number) for number, sites in run["rejections"].items() if site in sites)
+
+    after = sum(int(number) > first_refusal(run, site) for run, number, site in opposed)
+    assert (
+        f"(the {len(first)} honest site-rounds of the {len(wide)} federations of three or more sites in the table "
+        f"[above](#clean-federations-from-the-stand-in), the consortium job among them, the lowest {min(first):.3f}) "
+        f"and failed after it ({len(opposed)} of the {len(later)} honest site-rounds of later rounds at or below 0, "
+        f"all at a PadChest or VinDr site of seven, {after} of them after that site's first refusal)"
+    ) in page
+    assert min(first) > 0 and clean_sweep.CONSORTIUM in every
+    runs = json.loads((sweeps / "stand-in-first-round.json").read_text())
+    assert all(run["direction_check"] == "first_round" and run["federation"]["start"] == "stand-in"
+               and run["commit"].startswith(FIRST_ROUND_COMMIT) for run in runs.values())  # fmt: skip
+    reruns = {name: runs[name] for name in ("sweep-575", "sweep-578", clean_sweep.CONSORTIUM)}
+    assert all(not clean_sweep.out_of_sample(name, run) for name, run in reruns.items())  # they chose the rule
+    assert clean_sweep.out_of_sample(clean_sweep.CONSORTIUM, every[clean_sweep.CONSORTIUM])  # not for the old rule
+    seconds = [run["seconds"] for run in reruns.values()]
+    assert (
+        f"--seeds 575 578 --consortium`, commit {FIRST_ROUND_COMMIT}, {min(seconds):.0f} to {max(seconds):.0f} s"
+        in page
+    )
+    for run in reruns.values():
+        assert run["exit_code"] == 0 and run["published"] and not run["rejected"]
+        assert not any(run["excluded"].values()) and len(run["validations"]) == run["federation"]["rounds"] + 1
+
+    def best(run: dict) -> tuple[int, str, str]:  # the best round, its judged loss and the sites' mean validation AUROC
+        number = _best_round(run, False)
+        sites = run["validations"][str(number)]
+        loss = judged_loss({site: one["val_loss"] for site, one in sites.items()})[0]
+        return number, f"{loss:.3f}", f"{np.mean([one['val_mean_auroc'] for one in sites.values()]):.3f}"
+
+    quoted = []
+    for name, run in reruns.items():
+        (kept, kept_loss, kept_auroc), (now, loss, auroc) = best(every[name]), best(run)
+        figures = (
+            f"({kept_loss}, {kept_auroc})"
+            if quoted
+            else (f"model (judged loss {kept_loss}, the sites' mean validation AUROC {kept_auroc})")
+        )
+        quoted.append(f"from round {kept}'s {figures} to round {now}'s ({loss}, {auroc})")  # fmt: skip
+        assert int(max(every[name]["validations"], key=int)) == kept < now  # the rule every round threw the rest away
+    assert f"went on {quoted[0]}; seed 578" in page
+    assert f"every later round) {quoted[1]}; the consortium job {quoted[2]}, as with the check off" in page
+    padchest = reruns["sweep-575"]["directions"]
+    vindr = reruns["sweep-578"]["directions"]
+    assert (
+        f"(its PadChest site's lowest cosine {min(sites['site-1-padchest'] for sites in padchest.values()):.2f}, "
+        in page
+    )
+    assert f"(its VinDr site's {vindr['1']['site-7-vindr']:.2f} in round 1, positive in every later round)" in page
+    assert all(sites["site-7-vindr"] > 0 for number, sites in vindr.items() if int(number) > 1)
+    gains = [float(best(every[name])[1]) - float(best(run)[1]) for name, run in reruns.items()]
+    moves = [float(best(run)[2]) - float(best(every[name])[2]) for name, run in reruns.items()]
+    assert (
+        f"lowered the judged loss by {min(gains):.3f} to {max(gains):.3f} and moved the mean AUROC by "
+        f"{min(moves):+.3f} to {max(moves):+.3f}"
+    ) in page
+    table = _marked_block(REPOSITORY / "docs" / "server-checks.md", "clean-sweep-first-round")
+    assert table == "\n".join(clean_sweep.table(runs))

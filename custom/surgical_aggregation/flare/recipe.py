@@ -561,8 +561,8 @@ def cxr_consortium_recipe(
     """``jobs/cxr_consortium``: seven sites, one per dataset (NIH, CheXpert, PadChest, VinDr-CXR, Google's NIH
     labels, RSNA, SIIM), each with its own label scheme; the union head covers every finding any site labels
     (199 classes, tests/test_flare_e2e.py). 3 rounds, embedded data unless a site config names real data; ``start``
-    as for :func:`nih_chexpert_recipe`, on the sites' own embedded sizes. From scratch by default: from the stand-in
-    the direction check has refused honest sites (docs/server-checks.md, clean federations from the stand-in)."""
+    as for :func:`nih_chexpert_recipe`, on the sites' own embedded sizes. From scratch by default, the start of
+    docs/cxr-consortium.md's runs and the clean sweep's; from the stand-in it learns more (the same page)."""
     rates, persistor, started = start_settings(start)
     defaults = {
         site: DEMO.site_config({"kind": kind}, embedded={"patients": CONSORTIUM_PATIENTS.get(kind, 100)}, **rates)
