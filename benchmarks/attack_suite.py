@@ -289,7 +289,9 @@ def outcome(
         "exit_code": code,
         "attacking_sites": attackers,
         "rejected": sorted({site for entry in rounds for site in entry.get("rejected", {})}),
-        "rejections": {str(index): entry.get("rejected", {}) for index, entry in enumerate(rounds)},
+        "rejections": {
+            str(entry["round"]): entry["aggregation"].get("rejected", {}) for entry in history if "aggregation" in entry
+        },
         "direction_check": direction_check(server),
         "excluded": sorted({site for entry in rounds for site in entry.get("excluded", {})}),
         "published": any(workspace.glob("site-*/*/app_site-*/published_global_model.pt")),

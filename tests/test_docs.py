@@ -120,6 +120,19 @@ def _before_stop_98(suite, references: bool = False) -> dict[str, dict]:
     return runs
 
 
+def _before_stop_101() -> tuple[dict[str, dict], dict[str, dict]]:
+    """docs/attack-suite/results.json's runs from the stand-in with every run stop 101 made (the direction check in the
+    first round only) left out and the runs it replaced put back: what the page's accounts before stop 101 describe;
+    and stop 101's runs."""
+    folder = REPOSITORY / "docs" / "attack-suite"
+    runs = json.loads((folder / "results.json").read_text())
+    made = {name: run for name, run in runs.items() if run.get("direction_check") == "first_round"}
+    before = json.loads((folder / "stand-in-before-stop101.json").read_text())
+    assert set(before) <= set(made) and all("direction_check" not in run for run in before.values())
+    kept = {name: run for name, run in runs.items() if name not in made}
+    return {**kept, **before}, made
+
+
 def _with_two_sites_before_stop_96() -> dict[str, dict]:
     """docs/attack-suite/results.json with its two-site runs (seed 1, both starts) as they were before stop 96 ran them
     again under the first-round direction rule: what the page's accounts of stops 93 to 95 describe."""
@@ -1318,33 +1331,39 @@ def test_the_attack_suite_from_the_stand_in_is_its_record():
     """docs/server-checks.md and the README: the suite's runs from the stand-in (the main job's start) at three and
     four sites, each attack's verdict, the cost of leaving a site out, and the figures the prose quotes."""
     suite = load_benchmark("attack_suite")
-    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    current = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    runs, _ = _before_stop_101()  # the section's runs, before stop 101 ran some again (its own test)
     runs.update(_before_stop_97(suite))  # the four-site runs from scratch the section compares with, before stop 97's
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     stand_in = {name: run for name, run in runs.items() if run.get("start") == "stand-in"}
-    attacks = {  # three or more sites (two sites: the suite's table test)
-        name: run
-        for name, run in stand_in.items()
-        if run["attack"] not in (*suite.REFERENCES, suite.PLACEBO) and suite.judged_against_alone(run["sites"])
-    }
-    assert {run["sites"] for run in attacks.values()} == {3, 4, 7}
-    verdicts = {name: suite.verdict(run, suite.clean_of(runs, run)) for name, run in attacks.items()}
-    assert set(verdicts.values()) == {"holds", "did not take", "breaks through"}
-    untaken = [name for name, found in verdicts.items() if found == "did not take"]
-    assert all(runs[name]["attack"].startswith("backdoor") for name in untaken)
-    broken = [name for name, found in verdicts.items() if found == "breaks through"]
-    assert {runs[name]["attack"] for name in broken} == {"backdoor_glyph"}
-    assert all(suite.verdict(runs[name], suite.alone_of(runs, runs[name])) == "breaks through" for name in broken)
-    own = [value for name in untaken for value in runs[name]["attackers_own_backdoor_success"].values()]
-    below = max(-suite.lowest_margin(run, suite.alone_of(runs, run))
-                for run in attacks.values() if run["attack"] == "mimic_noised")  # fmt: skip
-    assert (
-        f"From the stand-in (one seed; three or more sites) {len(attacks) - len(untaken) - len(broken)} of "
-        f"{len(attacks)} runs hold, "
-        f"{len(untaken)} backdoors did not take ({min(own):.1%} to {max(own):.1%} at the attacker), {len(broken)} with "
-        f"a glyph trigger {'breaks' if len(broken) == 1 else 'break'} through."
-    ).replace("%", " %").replace(" % to", " to") in " ".join(_readme().split())
-    assert below < suite.TOLERANCE  # the near-copy, the closest of the rest
+    for records, readme in ((current, True), (runs, False)):  # the README counts today's table
+        attacks = {  # three or more sites (two sites: the suite's table test)
+            name: run
+            for name, run in records.items()
+            if run.get("start") == "stand-in"
+            and run["attack"] not in (*suite.REFERENCES, suite.PLACEBO)
+            and suite.judged_against_alone(run["sites"])
+        }
+        assert {run["sites"] for run in attacks.values()} == {3, 4, 7}
+        verdicts = {name: suite.verdict(run, suite.clean_of(records, run)) for name, run in attacks.items()}
+        assert set(verdicts.values()) == {"holds", "did not take", "breaks through"}
+        untaken = [name for name, found in verdicts.items() if found == "did not take"]
+        assert all(records[name]["attack"].startswith("backdoor") for name in untaken)
+        broken = [name for name, found in verdicts.items() if found == "breaks through"]
+        assert {records[name]["attack"] for name in broken} == {"backdoor_glyph"}
+        assert all(suite.verdict(records[name], suite.alone_of(records, records[name])) == "breaks through"
+                   for name in broken)  # fmt: skip
+        own = [value for name in untaken for value in records[name]["attackers_own_backdoor_success"].values()]
+        below = max(-suite.lowest_margin(run, suite.alone_of(records, run))
+                    for run in attacks.values() if run["attack"] == "mimic_noised")  # fmt: skip
+        assert below < suite.TOLERANCE  # the near-copy, the closest of the rest
+        if readme:
+            assert (
+                f"From the stand-in (one seed; three or more sites) {len(attacks) - len(untaken) - len(broken)} of "
+                f"{len(attacks)} runs hold, {len(untaken)} backdoors did not take ({min(own):.1%} to {max(own):.1%} "
+                f"at the attacker), {len(broken)} with a glyph trigger {'breaks' if len(broken) == 1 else 'break'} "
+                "through."
+            ).replace("%", " %").replace(" % to", " to") in " ".join(_readme().split())
     catalogue = {run["attack"] for run in attacks.values() if run["sites"] == 3 and suite._size(run)[0] == 100}
     assert catalogue == set(suite.ATTACKS)  # the whole catalogue
     for sites, quoted in ((3, "on commit 14564e8, {} to {} s a run"), (4, "on the same commit, {} to {} s a run")):
@@ -2931,16 +2950,22 @@ NEXT_WIDE_COMMIT = "bab048d"  # stop 100: the next such draws, 7-site ones among
 
 
 def _wide_draws(
-    commit: str, seeds: range, command_seeds: list[int], stop_after: int, refused: tuple[int, ...] = ()
+    commit: str,
+    seeds: range,
+    command_seeds: list[int],
+    stop_after: int,
+    refused: tuple[int, ...] = (),
+    record: str = "stand-in.json",
 ) -> tuple[dict[int, dict], str]:
     """The draws of three or more sites from the stand-in that ran at ``commit``: the first of those of ``seeds`` in
     order (the command's ``command_seeds``, each started within ``stop_after`` seconds), each run whole and published
     with nothing stopped, left out or flagged, and nothing refused but in the ``refused`` seeds, its first best the
     same with the bar's rule and without; and the page, whitespace joined, which quotes the command and the times."""
     clean_sweep = load_benchmark("clean_sweep")
-    runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "stand-in.json").read_text())
+    runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / record).read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
-    ran = {run["federation"]["seed"]: run for run in runs.values() if run.get("commit", "").startswith(commit)}
+    ran = {run["federation"]["seed"]: run for run in runs.values()
+           if run.get("commit", "").startswith(commit) and run["federation"]["seed"] in seeds}  # fmt: skip
     drawn = [seed for seed in seeds if len(clean_sweep.draw(seed).sites) >= 3]
     assert drawn[: len(command_seeds)] == command_seeds
     assert list(ran) == command_seeds[: len(ran)]  # the first of them, in order
@@ -3187,6 +3212,7 @@ def test_the_initial_models_bar_each_site_against_its_own_start_is_its_record():
 
 
 FIRST_ROUND_COMMIT = "4e832d0"  # stop 101: the jobs from pretrained weights judge direction in the first round only
+NEXT_STOP_AFTER = 3146  # stop 101's next draws: seconds after which none started (the time left until 12:10 that day)
 
 
 def test_the_direction_check_from_pretrained_weights_in_the_first_round_only_is_its_record():
@@ -3266,5 +3292,120 @@ def test_the_direction_check_from_pretrained_weights_in_the_first_round_only_is_
         f"lowered the judged loss by {min(gains):.3f} to {max(gains):.3f} and moved the mean AUROC by "
         f"{min(moves):+.3f} to {max(moves):+.3f}"
     ) in page
+
+    def mean_auroc(run: dict) -> float:  # unrounded, of the best round
+        return float(
+            np.mean([one["val_mean_auroc"] for one in run["validations"][str(_best_round(run, False))].values()])
+        )
+
+    moved = [name for name, run in reruns.items() if mean_auroc(run) - mean_auroc(every[name]) > 0.001]
+    assert moved == ["sweep-575"] and "the AUROC by more than 0.001 only at seed 575" in page
     table = _marked_block(REPOSITORY / "docs" / "server-checks.md", "clean-sweep-first-round")
     assert table == "\n".join(clean_sweep.table(runs))
+
+
+def test_the_attack_rows_from_the_stand_in_under_the_first_round_only_are_their_record():
+    """docs/server-checks.md's stop 101 section: the suite's runs from the stand-in that the direction check judged
+    after round 0, run again with it in the first round only, and the late sign flip at three sites and the update
+    attacks at seven: each holds, who was refused in which round, and the figures the page quotes."""
+    suite = load_benchmark("attack_suite")
+    before, made = _before_stop_101()
+    current = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    three, four, seven = (f"{sites}sites-1attackers-seed1-stand-in" for sites in (3, 4, 7))
+    expected = [f"{attack}-{three}" for attack in ("sign_flip", "ipm", "opt_ipm", "opt_alie", "sign_flip_late")]
+    expected += [f"sign_flip-{four}", f"mimic_noised-{four}", f"sign_flip-{seven}", f"ipm-{seven}"]
+    assert sorted(made) == sorted(expected) and all(
+        run["commit"].startswith(FIRST_ROUND_COMMIT) for run in made.values()
+    )
+    assert sorted(before.keys() & made.keys()) == sorted(expected[:4] + expected[5:7])  # the runs they replaced
+    seconds = [run["seconds"] for run in made.values()]
+    assert f"commit {FIRST_ROUND_COMMIT}, {min(seconds):.0f} to {max(seconds):.0f} s a run;" in page
+    for name, run in made.items():
+        assert suite.verdict(run, suite.clean_of(current, run)) == "holds", name
+        assert suite.verdict(run, suite.alone_of(current, run)) == "holds", name
+        assert run["exit_code"] == 0 and not run["excluded"]
+    assert f"All {len(made)} hold, against the clean run and against the honest sites alone." in page
+
+    def refused_in(name: str) -> dict[str, list[str]]:
+        return {number: sorted(sites) for number, sites in made[name]["rejections"].items() if sites}
+
+    def alone(name: str) -> float:
+        return suite.lowest_margin(made[name], suite.alone_of(current, made[name]))
+
+    judged = [f"{attack}-{three}" for attack in ("sign_flip", "ipm", "opt_ipm")]
+    judged += [f"sign_flip-{four}", f"sign_flip-{seven}", f"ipm-{seven}"]
+    for name in judged:  # refused in round 0 only, the attacker alone
+        assert refused_in(name) == {"0": made[name]["attacking_sites"]}, name
+    for name in judged[:3]:  # the old rule: refused every round, the honest sites alone exactly
+        assert before[name]["best_auroc"] == suite.alone_of(before, before[name])["best_auroc"]
+    at_three = [alone(name) for name in judged[:3]]
+    assert f"end {min(at_three):+.3f} to {max(at_three):+.3f} from the honest sites alone at three sites" in page
+    assert (
+        f"`sign_flip` {alone(judged[3]):+.3f} at four, `sign_flip` and `ipm` {alone(judged[4]):+.3f} at seven" in page
+        and f"{alone(judged[5]):+.3f}" == f"{alone(judged[4]):+.3f}"
+    )
+    opt_alie = made[f"opt_alie-{three}"]
+    assert set(refused_in(f"opt_alie-{three}")) == {"0", "1", "2"}
+    assert all("times their size" in opt_alie["rejections"][number]["site-nih-2"] for number in ("1", "2"))
+    late = f"sign_flip_late-{three}"
+    assert not refused_in(late)
+    clean = suite.lowest_margin(made[late], suite.clean_of(current, made[late]))
+    assert f"ends {alone(late):+.3f} from the honest sites alone ({clean:+.3f} from the clean run)" in page
+    copied, copied_before = made[f"mimic_noised-{four}"], before[f"mimic_noised-{four}"]
+    assert not copied["rejected"] and copied_before["rejected"] == ["site-chexpert-2", "site-nih-1"]
+    cost = suite.lowest_margin(copied, suite.clean_of(current, copied))
+    assert f"{suite.lowest_margin(copied_before, suite.clean_of(before, copied_before)):+.3f}" == f"{cost:+.3f}"
+    assert (
+        f"and costs {cost:+.3f} against the clean run as before ({alone(f'mimic_noised-{four}'):+.3f} against the "
+        "honest sites alone)"
+    ) in page
+    earlier = json.loads((REPOSITORY / "docs" / "attack-suite" / "direction-first-round.json").read_text())[
+        "first_round"
+    ]
+    for name in (f"sign_flip-{three}", f"ipm-{three}"):  # the same rule on the AMD EPYC: the same to four places
+        assert {site: f"{value:.4f}" for site, value in earlier[name]["best_auroc"].items()} == {
+            site: f"{value:.4f}" for site, value in made[name]["best_auroc"].items()
+        }
+    assert "gave the same honest AUROCs to four places as stop 96's runs of the same rule on the AMD EPYC" in page
+    worst = max(-alone(name) for name in judged)
+    leaving = -suite.lowest_margin(suite.alone_of(current, made[judged[0]]), suite.clean_of(current, made[judged[0]]))
+    assert f"cost the honest sites at most {worst:.3f} more without it after round 0" in page
+    assert f"from a start whose third site is itself worth {leaving:.3f}" in page
+
+
+def test_the_next_draws_from_the_stand_in_under_the_first_round_only_are_their_record():
+    """docs/server-checks.md's stop 101 section and the README: the next draws of three or more sites from the stand-in
+    in order, none run before, under the direction check in the first round only: none stopped, left a site out, had a
+    result refused or a harm flag; the sizes, the lowest cosine, the bounds, and the README's counts."""
+    command = [589, 590, 592, 593, 594, 595, 596, 597, 599, 600]
+    ran, page = _wide_draws(FIRST_ROUND_COMMIT, range(589, 601), command, NEXT_STOP_AFTER,
+                            record="stand-in-first-round.json")  # fmt: skip
+    clean_sweep = load_benchmark("clean_sweep")
+    assert all(run["direction_check"] == "first_round" and clean_sweep.out_of_sample("", run) for run in ran.values())
+    sizes = sorted({len(run["federation"]["sites"]) for run in ran.values()})
+    seven = sum(len(run["federation"]["sites"]) == 7 for run in ran.values())
+    listed = ", ".join(map(str, sizes[:-1])) + f" and {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
+    assert f"the first {len(ran)} of the {len(command)} ({listed} sites; {seven} of seven) started" in page
+    assert f"and all {len(ran)} ran whole and published" in page
+    _, (lowest, seed) = _unable_and_lowest(ran)
+    (number,) = [number for number, sites in ran[seed]["directions"].items() if sites and min(sites.values()) == lowest]
+    assert f"the robust aggregate was {lowest:.2f} (seed {seed}, round {number})" in page
+    later = [(run["federation"]["seed"], cosine) for run in ran.values() for number, sites in run["directions"].items()
+             if number != "0" for cosine in sites.values()]  # fmt: skip
+    opposed = [seed for seed, cosine in later if cosine <= 0]
+    assert (
+        f"{len(opposed)} of the {len(later)} honest site-rounds after the first round came at or below 0 "
+        f"({len(set(opposed))} of the {len(ran)} federations had one: what the rule every round would have refused)"
+    ) in page
+    runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "stand-in-first-round.json").read_text())
+    assert (
+        f"0 of {len(ran)} with an honest site refused, at most {_bound_up(clean_sweep.upper_bound(0, len(ran)))}"
+        in page
+    )
+    assert (
+        f"with the three above, 0 of {len(runs)} (at most {_bound_up(clean_sweep.upper_bound(0, len(runs)))})" in page
+    )
+    assert not any(run["rejected"] for run in runs.values())
+    readme = " ".join(_readme().split())
+    assert f"now the rule from pretrained weights: 0 of those 3 (in-sample), 0 of {len(ran)} new draws." in readme

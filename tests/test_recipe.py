@@ -105,7 +105,13 @@ def test_the_main_job_starts_from_the_stand_in_with_fedbn_plus_or_from_scratch_w
     assert "reject_opposed_updates" not in scratch.controller_args
     assert standard.controller_args["reject_opposed_updates"] == OPPOSED_FIRST_ROUND
     assert imagenet.controller_args["reject_opposed_updates"] == OPPOSED_FIRST_ROUND
-    assert nih_chexpert_recipe(controller={"reject_opposed_updates": True}).controller_args["reject_opposed_updates"]
+    operators = nih_chexpert_recipe(controller={"reject_opposed_updates": True})  # the operator's setting wins
+    assert operators.controller_args["reject_opposed_updates"] is True
+    # a blind job judges no direction (its server reads no update): the start adds nothing it would refuse
+    for blind in (nih_chexpert_recipe(blind=True), cxr_consortium_recipe(start=STAND_IN, blind=True)):
+        assert "reject_opposed_updates" not in blind.controller_args and blind.blind
+    with pytest.raises(SiteConfigError, match=r"blind mode cannot run \['reject_opposed_updates'\]"):
+        nih_chexpert_recipe(blind=True, controller={"reject_opposed_updates": True})
     for recipe, rates, patients in (
         (standard, PAPERS_FINE_TUNING, STAND_IN_JOB_PATIENTS),
         (imagenet, PAPERS_FINE_TUNING, STAND_IN_JOB_PATIENTS),

@@ -464,6 +464,12 @@ def start_settings(start: str) -> tuple[dict[str, Any], dict[str, Any], dict[str
     return dict(PAPERS_FINE_TUNING), {"pretrained_weights": start}, pretrained
 
 
+def _start_controller(started: Mapping[str, Any], blind: bool) -> dict[str, Any]:
+    """The start's controller settings (:func:`start_settings`) the job's workflow takes: a blind one reads no update,
+    so it judges no direction, and an operator's own blind refusals stay the operator's."""
+    return {name: value for name, value in started.items() if not (blind and name in BLIND_REFUSED)}
+
+
 def nih_chexpert_recipe(
     sites: Mapping[str, Mapping[str, Any]] | None = None, start: str = STAND_IN, **options: Any
 ) -> SurgicalAggregationRecipe:
@@ -486,7 +492,7 @@ def nih_chexpert_recipe(
     controller = {
         "num_rounds": DEMO.rounds,
         "patience": DEMO.patience,
-        **started,
+        **_start_controller(started, options.get("blind", False)),
         **JOB_TIMEOUTS,
         **options.pop("controller", {}),
     }
@@ -571,7 +577,7 @@ def cxr_consortium_recipe(
     controller = {
         "num_rounds": CONSORTIUM_ROUNDS,
         "patience": DEMO.patience,
-        **started,
+        **_start_controller(started, options.get("blind", False)),
         **JOB_TIMEOUTS,
         **options.pop("controller", {}),
     }
