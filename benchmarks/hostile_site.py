@@ -33,6 +33,7 @@ with a finite published model whose loss is no worse than the withheld run's by 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -46,6 +47,7 @@ import numpy as np
 
 from surgical_aggregation.data.storage import CACHE_ENV
 from surgical_aggregation.flare.client import PUBLISHED_MODEL_FILE
+from surgical_aggregation.flare.controller import SurgicalAggregatorShareable
 from surgical_aggregation.flare.recipe import SurgicalAggregationRecipe, nih_chexpert_recipe, write_job
 from surgical_aggregation.flare.results import HISTORY_FILE
 from surgical_aggregation.training.checkpoint import load_checkpoint
@@ -201,7 +203,8 @@ def direction_check(app_server: Path) -> bool | str | None:
     if not config.is_file():
         return None
     workflow = json.loads(config.read_text())["workflows"][0]["args"]
-    return workflow.get("reject_opposed_updates", True)
+    default = inspect.signature(SurgicalAggregatorShareable).parameters["reject_opposed_updates"].default
+    return workflow.get("reject_opposed_updates", default)
 
 
 def outcome(workspace: Path, code: int, site: str = HOSTILE_SITE) -> dict:
