@@ -3402,10 +3402,21 @@ def test_the_next_draws_from_the_stand_in_under_the_first_round_only_are_their_r
         f"{len(opposed)} of the {len(later)} honest site-rounds after the first round came at or below 0 "
         f"({len(set(opposed))} of the {len(ran)} federations had one: what the rule every round would have refused)"
     ) in page
+    (seed, number, site), *others = [(run["federation"]["seed"], number, site) for run in ran.values()
+                                     for number, sites in run["directions"].items() if number != "0"
+                                     for site, cosine in sites.items() if cosine <= 0]  # fmt: skip
+    small = ran[seed]["federation"]["sites"][site]
+    assert not others and small["kind"] == "nih"
+    assert small["patients"] == min(drawn["patients"] for drawn in ran[seed]["federation"]["sites"].values())
+    cosine = ran[seed]["directions"][number][site]
+    assert (
+        f"seed {seed}'s {site} in round {number} ({cosine:.2f}; {small['patients']} patients, the smallest of" in page
+    )
+    assert all(sites[site] > 0 for other, sites in ran[seed]["directions"].items() if other != number)
     such = [run for run in ran.values()
             if {site["kind"] for site in run["federation"]["sites"].values()} & {"padchest", "vindr"}]  # fmt: skip
     seven_such = sum(len(run["federation"]["sites"]) == 7 for run in such)
-    assert f"Of these draws {len(such)} had a PadChest or VinDr site ({seven_such} of seven sites), the kinds" in page
+    assert f"Of these draws {len(such)} had a PadChest or VinDr site ({seven_such} of seven sites)." in page
     runs = json.loads((REPOSITORY / "docs" / "clean-sweep" / "stand-in-first-round.json").read_text())
     assert (
         f"0 of {len(ran)} with an honest site refused, at most {_bound_up(clean_sweep.upper_bound(0, len(ran)))}"
