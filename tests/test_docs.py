@@ -3413,6 +3413,8 @@ def test_the_next_draws_from_the_stand_in_under_the_first_round_only_are_their_r
         f"seed {seed}'s {site} in round {number} ({cosine:.2f}; {small['patients']} patients, the smallest of" in page
     )
     assert all(sites[site] > 0 for other, sites in ran[seed]["directions"].items() if other != number)
+    assert all(cosine > 0 for run in ran.values() for cosine in run["directions"]["0"].values())  # the premise held
+    assert "and the first round's premise held here too" in page
     such = [run for run in ran.values()
             if {site["kind"] for site in run["federation"]["sites"].values()} & {"padchest", "vindr"}]  # fmt: skip
     seven_such = sum(len(run["federation"]["sites"]) == 7 for run in such)
