@@ -50,6 +50,10 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
                         validation stopped the job from the stand-in; an attacker who read that stays quiet
   ``sign_flip_late``    ``sign_flip_quiet``, honest in its first (warm-up) round: an attacker who read that two sites
                         whose shared head rows point apart in that round stop the job
+  ``sign_flip_absent``  ``sign_flip_quiet``, its first round's result broken (one weight not a number: rejected on
+                        arrival, as a site that missed the round): an attacker who read that from pretrained weights
+                        direction is judged in the job's first round only (stop 101's rule; stop 102 judges each site
+                        in the first round that measures its direction)
   ``sign_flip_inside``  ``sign_flip_late`` that cancels the other site's update and pads its own with noise
                         orthogonal to it, so that at two sites the backbone and the shared rows each stand just inside
                         the later-round bounds on opposite updates of stop 93 (:data:`STOP_93_BOUNDS`, withdrawn at
@@ -80,17 +84,28 @@ MODEL_POISONING = ("sign_flip", "ipm", "opt_ipm", "alie", "opt_alie", "mimic", "
 DATA_POISONING = ("label_flip", "label_flip_quiet", "label_flip_late", "backdoor", "backdoor_boosted", "bn_inflate")
 ATTACKS = MODEL_POISONING + DATA_POISONING  # the catalogue a suite runs by default
 # beyond the catalogue: run when named
-ADAPTED = ("backdoor_tuned", "backdoor_glyph", "sign_flip_quiet", "sign_flip_late", "sign_flip_inside", "bn_inside")
+ADAPTED = (
+    "backdoor_tuned",
+    "backdoor_glyph",
+    "sign_flip_quiet",
+    "sign_flip_late",
+    "sign_flip_absent",
+    "sign_flip_inside",
+    "bn_inside",
+)
 # attacks that report no validation: each is the attack it names otherwise
 QUIET = {
     "label_flip_quiet": "label_flip",
     "sign_flip_quiet": "sign_flip",
     "sign_flip_late": "sign_flip",
+    "sign_flip_absent": "sign_flip",
     "sign_flip_inside": "sign_flip_inside",
     "bn_inside": "bn_inside",
 }
 # model poisoning honest in round 0 (the warm-up round), then the attack it names
 LATE = ("sign_flip_late", "sign_flip_inside")
+# model poisoning whose round-0 result is broken (rejected on arrival), then the attack it names
+ABSENT = ("sign_flip_absent",)
 # the backbone's and the shared rows' cosines at or below which stop 93's server stopped a round of two in any round
 STOP_93_BOUNDS = {"backbone": -0.5, "rows": -0.9}
 INSIDE_MARGIN = 0.05  # sign_flip_inside's cosines and bn_inside's BatchNorm figure: this far inside the server's bounds
@@ -283,7 +298,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
     from surgical_aggregation.training import trainer as trainer_module
     from surgical_aggregation.training.loops import make_loader
 
-    quiet, late = role in QUIET, role in LATE
+    quiet, late, absent = role in QUIET, role in LATE, role in ABSENT
     role = QUIET.get(role, role)  # a quiet attack is the attack it names in all but its validation
     folder = Path(exchange)
     original_train, original_validate, original_init = (
@@ -359,6 +374,13 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
             bias[row] = old_bias[row] + moved[-1]
         out[NAMED_HEAD.weight_key] = weight.astype(sent[NAMED_HEAD.weight_key].dtype)
         out[NAMED_HEAD.bias_key] = bias.astype(sent[NAMED_HEAD.bias_key].dtype)
+        return out
+
+    def broken(params) -> dict[str, np.ndarray]:
+        """The result with its first learned weight's first value not a number (the server rejects it on arrival)."""
+        out = {key: np.array(value) for key, value in params.items()}
+        first = next(key for key, value in out.items() if learned(key, value))
+        out[first].flat[0] = np.nan
         return out
 
     def inflated(received, answer, round_number: int) -> dict[str, np.ndarray]:
@@ -445,7 +467,9 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
                 _atomic_save(folder / f"round-{round_number:03d}" / f"{self.site}.npz", update)
             return answer
         poisoning = role in MODEL_POISONING or role == "sign_flip_inside"
-        if poisoning and answer.params and not (late and round_number == 0):
+        if absent and round_number == 0 and answer.params:
+            answer.params = broken(answer.params)
+        elif poisoning and answer.params and not (late and round_number == 0):
             answer.params = poisoned(self, received, answer, round_number)
         if role == "bn_inflate" and answer.params:
             answer.params = inflated(received, answer, round_number)

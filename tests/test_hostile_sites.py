@@ -36,7 +36,7 @@ from surgical_aggregation.flare.protocol import (
 )
 from surgical_aggregation.flare.state import BACKUP_FILE, STATUS_FILE, load_state
 
-from fake_sites import FakeSite, Harness, messages, shifted
+from fake_sites import FAILS, FakeSite, Harness, messages, shifted
 from helpers import toy_state
 
 
@@ -540,6 +540,39 @@ def test_the_direction_check_judges_every_round_or_the_first_from_untrained_head
     rounds = [entry["aggregation"] for entry in harness.history if "aggregation" in entry]
     assert [index for index, entry in enumerate(rounds) if "site-x" in entry["rejected"]] == rejected_in
     assert all(entry["directions"]["site-x"] < 0 for entry in rounds)  # opposed in both rounds all the same
+
+
+@pytest.mark.parametrize(
+    ("setting", "rejected_in", "missed"), [(True, [1, 2], [0]), ("first_round", [1], [0]), ("first_round", [2], [0, 1])]
+)
+def test_a_site_that_misses_the_first_rounds_is_judged_by_direction_when_it_comes(
+    tmp_path, setting, rejected_in, missed
+):
+    """An attacker who read that the first round alone is judged fails its task in that round (and in round 1 too,
+    in the last case), then flips: ``"first_round"`` judges each site in the first round that measures its direction,
+    so it is rejected when it comes, and not after (one judgment a site, honest or not: its later rounds are the
+    late flipper's, clipped to the median)."""
+    honest = [
+        FakeSite(
+            f"site-{name}", ["Mass", "Edema"], [0.9, 0.5], lambda round_number, params, size=size: shifted(params, size)
+        )
+        for name, size in zip("abc", (0.0102, 0.0098, 0.01), strict=True)
+    ]
+    flip = _flipped(1.0)
+
+    def comes_late(number: int, params: dict) -> dict | str:
+        return FAILS if number in missed else flip(number, params)
+
+    attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], comes_late)
+    harness = Harness([*honest, attacker], tmp_path, num_rounds=3, reject_opposed_updates=setting, clip_updates=False)
+    harness.run()
+    rounds = [entry["aggregation"] for entry in harness.history if "aggregation" in entry]
+    assert [index for index, entry in enumerate(rounds) if "site-x" in entry["rejected"]] == rejected_in
+    assert [index for index, entry in enumerate(rounds) if "site-x" in entry["directions"]] == [
+        number for number in range(3) if number not in missed
+    ]
+    assert all(entry["directions"]["site-x"] < 0 for entry in rounds if "site-x" in entry["directions"])
+    assert all(entry["rejected"].keys() <= {"site-x"} for entry in rounds)  # the honest sites judged once, and kept
 
 
 FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Atelectasis", "Pneumothorax"]

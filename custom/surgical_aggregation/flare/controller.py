@@ -458,7 +458,13 @@ class SurgicalAggregatorShareable(ServerModels):
         on_arrival = list(gathered.rejected)
         excluded = self._excluded_since(gathered.number)  # left out of an earlier round: out for the rest of the job
         aggregated = gathered.aggregate(
-            latest.state, latest.class_names, self._rules(), self._reference, excluded, self._from_untrained_heads()
+            latest.state,
+            latest.class_names,
+            self._rules(),
+            self._reference,
+            excluded,
+            self._from_untrained_heads(),
+            self._judged_by_direction(gathered.number),
         )
         for level, line in gathered.report(aggregated, on_arrival):
             getattr(self, level)(line)

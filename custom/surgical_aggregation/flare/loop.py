@@ -260,6 +260,16 @@ class FederationLoop(SiteTasks):
         """Whether the round now training starts from untrained heads: the job's first, from no earlier model."""
         return self._federation.latest.round == INITIAL_ROUND and not self._started_trained
 
+    def _judged_by_direction(self, round_number: int) -> set[str]:
+        """The sites whose update's direction a round before ``round_number`` measured (its ``directions``), read
+        from the history, so a resumed job judges no site twice under the first-round direction check."""
+        return {
+            site
+            for entry in self._federation.history
+            if entry["round"] < round_number
+            for site in (entry.get("aggregation") or {}).get("directions", {})
+        }
+
     def _excluded_since(self, round_number: int) -> dict[str, int]:
         """site -> the round its contribution was first left out, for the rounds before ``round_number`` and the
         sites whose warm-up rows the aggregation of ``round_number`` itself rejected (``opposed_at_warmup``): read

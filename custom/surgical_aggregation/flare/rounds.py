@@ -87,8 +87,8 @@ class RoundRules:
     update_bound: float | None
     outputs: ModelOutputs | None  # the model's outputs on the probe input (the model check)
     clip_updates: bool = True  # each part of an update at most the round's median (three or more sites)
-    # a backbone update against the others' median direction is rejected: every round (True), or only in the job's
-    # first round from untrained heads (OPPOSED_FIRST_ROUND)
+    # a backbone update against the others' median direction is rejected: every round (True), or only in the first
+    # round that measures each site's direction (OPPOSED_FIRST_ROUND)
     reject_opposed_updates: bool | str = False
     robust: RobustRule = field(default_factory=lambda: RobustRule("mean"))  # parts three or more sites moved
     update_noise: float = 0.0  # FLAME's lambda: noise of lambda x the median update norm on the aggregate (0: none)
@@ -198,13 +198,16 @@ class Round:
         reference: UpdateReference,
         excluded: Collection[str] = (),
         warmup_round: bool = False,
+        judged_by_direction: Collection[str] = (),
     ) -> AggregationResult:
         """The round's global model from its valid results (see the module's docstring for the order of the
         checks); ``reference`` learns the accepted updates' sizes. The results of ``excluded`` sites (left out of an
         earlier round by the screening, for the rest of the job) take no part: not in the consensus, the clipping,
         the typical update or the mean. ``warmup_round``: the job's first round from untrained heads, the one in which
         the sites' shared head rows are judged (``opposed_at_warmup``) and a round of two by its directions
-        (``two_sites_apart``)."""
+        (``two_sites_apart``). ``judged_by_direction``: the sites whose update's direction an earlier round measured;
+        under ``OPPOSED_FIRST_ROUND`` the direction check judges the others only, so each site once, in the first
+        round its update reaches it (a site that misses the job's first round is judged when it comes)."""
         self.excluded = sorted(set(excluded) & set(self.arrivals))
 
         averaged = rules.aggregator(state, classes).averaged_keys
@@ -244,8 +247,11 @@ class Round:
             # nearly orthogonal to it (another label set) reads as opposed and is rejected (the suite's mimic)
             consensus = rules.consensus(merged_rows(stacked, groups))
             self.directions = consensus_cosines(changes, consensus)
-            if rules.reject_opposed_updates is True or (rules.reject_opposed_updates and warmup_round):
-                self.rejected.update(opposed_updates(changes, consensus))
+            if rules.reject_opposed_updates:
+                opposed = opposed_updates(changes, consensus)
+                if rules.reject_opposed_updates is not True:  # first round only: each site's first measured one
+                    opposed = {site: why for site, why in opposed.items() if site not in judged_by_direction}
+                self.rejected.update(opposed)
                 candidates = [site for site in candidates if site not in self.rejected]
             rows = {site: sizes[site].row_changes for site in candidates}
             self.shared_rows = shared_rows_against_consensus(rows, rules.consensus)
