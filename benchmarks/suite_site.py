@@ -54,8 +54,9 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
                         arrival, as a site that missed the round): an attacker who read that from pretrained weights
                         direction is judged in the job's first round only (stop 101's rule; stop 102 judges each site
                         in the first round that measures its direction)
-  ``absent``            an honest site whose first round's result is broken as ``sign_flip_absent``'s: the control
-                        that measures what judging a site that missed the first round costs an honest one
+  ``late_joiner``       an honest site whose first round's result is broken as ``sign_flip_absent``'s (to the server,
+                        a site that joined after the first round): the control that measures what judging a site
+                        that missed the first round costs an honest one
   ``sign_flip_inside``  ``sign_flip_late`` that cancels the other site's update and pads its own with noise
                         orthogonal to it, so that at two sites the backbone and the shared rows each stand just inside
                         the later-round bounds on opposite updates of stop 93 (:data:`STOP_93_BOUNDS`, withdrawn at
@@ -92,7 +93,7 @@ ADAPTED = (
     "sign_flip_quiet",
     "sign_flip_late",
     "sign_flip_absent",
-    "absent",
+    "late_joiner",
     "sign_flip_inside",
     "bn_inside",
 )
@@ -108,7 +109,7 @@ QUIET = {
 # model poisoning honest in round 0 (the warm-up round), then the attack it names
 LATE = ("sign_flip_late", "sign_flip_inside")
 # sites whose round-0 result is broken (rejected on arrival): then the attack the role names, or honest
-ABSENT = ("sign_flip_absent", "absent")
+ABSENT = ("sign_flip_absent", "late_joiner")
 # the backbone's and the shared rows' cosines at or below which stop 93's server stopped a round of two in any round
 STOP_93_BOUNDS = {"backbone": -0.5, "rows": -0.9}
 INSIDE_MARGIN = 0.05  # sign_flip_inside's cosines and bn_inside's BatchNorm figure: this far inside the server's bounds
