@@ -302,6 +302,12 @@ def outcome(
         "shared_rows": {str(index): entry.get("shared_rows", {}) for index, entry in enumerate(rounds)},
         "row_turns": {str(index): entry.get("row_turns", {}) for index, entry in enumerate(rounds)},
         "two_sites": {str(index): entry.get("two_sites", {}) for index, entry in enumerate(rounds)},
+        # each site's backbone update against the round's consensus (cosine), by round: what the direction check read
+        "directions": {
+            str(entry["round"]): entry["aggregation"].get("directions", {})
+            for entry in history
+            if "aggregation" in entry
+        },
         # every site's validation figures of each round's candidate (what the server's harm tests read), by round
         "validations": {
             str(entry["round"]): dict(entry["validation"].get("sites", {}))
