@@ -121,15 +121,20 @@ def _before_stop_98(suite, references: bool = False) -> dict[str, dict]:
 
 
 def _before_stop_101() -> tuple[dict[str, dict], dict[str, dict]]:
-    """docs/attack-suite/results.json's runs from the stand-in with every run stop 101 made (the direction check in the
-    first round only) left out and the runs it replaced put back: what the page's accounts before stop 101 describe;
-    and stop 101's runs."""
+    """docs/attack-suite/results.json's runs with every run stop 101 made (the direction check in the first round
+    only) left out and the runs it replaced put back, and stop 102's left out: what the page's accounts before stop 101
+    describe; and stop 101's runs."""
     folder = REPOSITORY / "docs" / "attack-suite"
     runs = json.loads((folder / "results.json").read_text())
-    made = {name: run for name, run in runs.items() if run.get("direction_check") == "first_round"}
+    made = {
+        name: run
+        for name, run in runs.items()
+        if run.get("direction_check") == "first_round" and run.get("commit", "").startswith(FIRST_ROUND_COMMIT)
+    }
     before = json.loads((folder / "stand-in-before-stop101.json").read_text())
     assert set(before) <= set(made) and all("direction_check" not in run for run in before.values())
-    kept = {name: run for name, run in runs.items() if name not in made}
+    later = {name for name, run in runs.items() if run.get("commit", "").startswith(STOP_102)}
+    kept = {name: run for name, run in runs.items() if name not in made and name not in later}
     return {**kept, **before}, made
 
 
@@ -3428,3 +3433,145 @@ def test_the_next_draws_from_the_stand_in_under_the_first_round_only_are_their_r
     assert not any(run["rejected"] for run in runs.values())
     readme = " ".join(_readme().split())
     assert f"now the rule from pretrained weights: 0 of those 3 (in-sample), 0 of {len(ran)} new draws." in readme
+
+
+LATE_JOINER_COMMITS = STOP_102 = ("9444d7d", "1f33fc1")  # stop 102's runs: e5661f9's server, the suite's roles after it
+BEFORE_STOP_102 = "091c35b"  # the code that judged direction in the job's first round only
+
+
+def _refused_by_round(run: dict) -> dict[str, list[str]]:
+    return {number: sorted(sites) for number, sites in run["rejections"].items() if sites}
+
+
+def test_a_site_that_misses_the_first_round_is_judged_when_it_comes_as_its_record_says():
+    """docs/server-checks.md's stop 102 section: ``sign_flip_absent`` (its first round's result broken, then flipping)
+    refused on arrival in round 0 and by direction in round 1 only, at three, four and seven sites, holding; on the
+    code before, refused in round 0 only; the honest late joiner judged in round 1 and never refused after round 0;
+    and the rate the page gives for such a judgment of an honest site, from the clean sweeps' later rounds."""
+    suite, clean_sweep = load_benchmark("attack_suite"), load_benchmark("clean_sweep")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    record = json.loads((REPOSITORY / "docs" / "attack-suite" / "late-joiners.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    absent = sorted((run for run in runs.values() if run["attack"] == "sign_flip_absent"), key=lambda run: run["sites"])
+    joiners = sorted(record["late_joiner"].values(), key=lambda run: run["sites"])
+    assert [run["sites"] for run in absent] == [run["sites"] for run in joiners] == [3, 4, 7]
+    made = [*absent, *joiners]
+    assert all(run["commit"].startswith(LATE_JOINER_COMMITS) and run["direction_check"] == "first_round"
+               and run["start"] == "stand-in" and run["exit_code"] == 0 for run in made)  # fmt: skip
+    seconds = [run["seconds"] for run in made]
+    assert f"commits {' and '.join(LATE_JOINER_COMMITS)}, whose server code is e5661f9's" in page
+    assert f"{min(seconds):.0f} to {max(seconds):.0f} s a run on this task's Intel Xeon;" in page
+    cosines, margins = [], []
+    for run in absent:
+        (attacker,) = run["attacking_sites"]
+        assert _refused_by_round(run) == {"0": [attacker], "1": [attacker]}
+        assert "non-finite" in run["rejections"]["0"][attacker]
+        assert "points against the round's consensus" in run["rejections"]["1"][attacker]
+        cosines.append(re.search(r"cosine (-?[0-9.]+) with", run["rejections"]["1"][attacker]).group(1))
+        for reference in (suite.clean_of(runs, run), suite.alone_of(runs, run)):
+            assert suite.verdict(run, reference) == "holds"
+        margins.append(f"{suite.lowest_margin(run, suite.alone_of(runs, run)):+.3f}")
+    assert (
+        f"it was refused in round 1 by direction at three, four and seven sites (cosines {', '.join(cosines)} with "
+        f"the robust aggregate) and accepted, clipped, in round 2 (judged once); all {len(absent)} hold, against the "
+        f"clean run and the honest sites alone ({', '.join(margins)} from the honest sites alone)"
+    ) in page
+    (before,) = record["sign_flip_absent_before_stop_102"].values()
+    assert before["commit"].startswith(BEFORE_STOP_102) and before["sites"] == 3
+    assert _refused_by_round(before) == {"0": before["attacking_sites"]}
+    assert (
+        f"refused in round 0 only (the broken result) and never after, and ended "
+        f"{suite.lowest_margin(before, suite.alone_of(runs, before)):+.3f} from the honest sites alone"
+    ) in page
+    first, joined = [], []
+    for run in joiners:
+        (site,) = run["attacking_sites"]
+        assert _refused_by_round(run) == {"0": [site]} and "non-finite" in run["rejections"]["0"][site]
+        assert site not in run["directions"]["0"] and all(site in run["directions"][n] for n in ("1", "2"))
+        first.append(f"{run['directions']['1'][site]:.2f}")
+        joined.append(f"{suite.lowest_margin(run, suite.alone_of(runs, run)):+.3f}")
+        assert suite.verdict(run, suite.clean_of(runs, run)) == "holds"
+    assert (
+        f"The honest late joiner was judged in round 1 and accepted at all three sizes (cosines {', '.join(first)}); "
+        f"none of its results was refused after round 0, and the other honest sites ended {', '.join(joined)} from "
+        "the honest sites alone"
+    ) in page
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    every = json.loads((sweeps / "stand-in.json").read_text())
+    wide = [run for run in every.values() if len(run["federation"]["sites"]) >= 3]
+    drawn, _ = _wide_draws(FIRST_ROUND_COMMIT, range(589, 601), [589, 590, 592, 593, 594, 595, 596, 597, 599, 600],
+                           NEXT_STOP_AFTER, record="stand-in-first-round.json")  # fmt: skip
+    later = [cosine for run in [*wide, *drawn.values()] for number, sites in run["directions"].items()
+             if number != "0" for cosine in sites.values()]  # fmt: skip
+    opposed = sum(cosine <= 0 for cosine in later)
+    bound = _bound_up(clean_sweep.upper_bound(opposed, len(later)))
+    assert (
+        f"in {opposed} of the {len(later)} honest later-round site-rounds recorded (stop 100's table and stop 101's "
+        f"next draws), {100 * opposed / len(later):.1f} %, at most {bound}"
+    ) in page
+    rows = {run["sites"]: suite.verdict(run, suite.alone_of(runs, run)) for run in runs.values()
+            if run["attack"] == "label_flip_late" and run.get("start") == "stand-in" and run["sites"] >= 3}  # fmt: skip
+    assert rows == {3: "holds", 4: "holds", 7: "holds"}
+    assert "as `label_flip_late` does, which holds from the stand-in at three, four and seven sites" in page
+
+
+STOP_102_ATTACKS = {  # the stand-in's rows stop 101 left open: (--settings, --rounds) -> attacks
+    ("7:2", 3): ("sign_flip", "ipm"),
+    ("4:1", 3): ("sign_flip_late", "opt_ipm", "opt_alie"),
+    ("7:1", 3): ("sign_flip_late", "opt_ipm", "opt_alie"),
+    ("3:1", 8): ("sign_flip", "sign_flip_late"),
+}
+
+
+def test_the_attacks_stop_101_left_open_from_the_stand_in_are_their_record():
+    """docs/server-checks.md's stop 102 section: two attackers of seven, the late and optimised attacks at four and
+    seven sites and three attacks over eight rounds, from the stand-in under the first-round direction check: the
+    command's runs, each one's verdicts against the clean run and the honest sites alone, and who was refused when."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    made = {}
+    for (setting, rounds), attacks in STOP_102_ATTACKS.items():
+        sites, attackers = setting.split(":")
+        size = "" if rounds == suite.ROUNDS else f"-{suite.PATIENTS}p{rounds}r"
+        for attack in attacks:
+            made[attack, setting, rounds] = runs[f"{attack}-{sites}sites-{attackers}attackers-seed1{size}-stand-in"]
+    assert all(run["commit"].startswith(LATE_JOINER_COMMITS[-1]) and run["direction_check"] == "first_round"
+               and run["exit_code"] == 0 and not run["excluded"] for run in made.values())  # fmt: skip
+    seconds = [run["seconds"] for run in made.values()]
+    assert f"commit {LATE_JOINER_COMMITS[-1]}, {min(seconds):.0f} to {max(seconds):.0f} s a run" in page
+    for run in made.values():  # each against its own references: eight rounds against eight rounds
+        assert suite._size(suite.clean_of(runs, run)) == suite._size(run) == suite._size(suite.alone_of(runs, run))
+    verdicts = {key: (suite.verdict(run, suite.clean_of(runs, run)), suite.verdict(run, suite.alone_of(runs, run)))
+                for key, run in made.items()}  # fmt: skip
+    held = [key for key, pair in verdicts.items() if pair == ("holds", "holds")]
+    assert f"{len(held)} of the {len(made)} hold against the clean run and against the honest sites alone" in page
+    worst = min(suite.lowest_margin(run, suite.alone_of(runs, run)) for run in made.values())
+    assert f"the lowest {worst:+.3f} from the honest sites alone" in page
+
+    assert all(set(run["rejected"]) <= set(run["attacking_sites"]) for run in made.values())  # no honest site
+
+    def refused(key: tuple) -> str:
+        rounds = [number for number, sites in made[key]["rejections"].items() if sites]
+        return "never" if not rounds else f"in round{'s' * (len(rounds) > 1)} " + ", ".join(rounds)
+
+    listed = "; ".join(f"`{attack}` at {setting}{'' if rounds == suite.ROUNDS else f' over {rounds} rounds'} "
+                       f"{refused((attack, setting, rounds))}" for attack, setting, rounds in made)  # fmt: skip
+    assert f"No honest site's result was refused; the attackers' were: {listed}." in page
+    eight, three = made["sign_flip", "3:1", 8], runs["sign_flip-3sites-1attackers-seed1-stand-in"]
+    (attacker,) = eight["attacking_sites"]
+    pulls = [sites[attacker] for sites in eight["directions"].values()]
+    assert len(pulls) == 8 and max(pulls) < 0
+    late = made["sign_flip_late", "3:1", 8]
+    (flipper,) = late["attacking_sites"]
+    assert late["directions"]["0"][flipper] > 0 and all(late["directions"][str(n)][flipper] < 0 for n in range(1, 8))
+    assert (
+        f"Over eight rounds `sign_flip`, refused in round 0 and accepted, clipped, in the seven after (its cosine "
+        f"{min(pulls):.2f} to {max(pulls):.2f} every round), cost the honest sites "
+        f"{suite.lowest_margin(eight, suite.alone_of(runs, eight)):+.3f} against the honest sites alone, where over "
+        f"three rounds it cost {suite.lowest_margin(three, suite.alone_of(runs, three)):+.3f}"
+    ) in page
+    assert (
+        f"`sign_flip_late`, honest in round 0 ({late['directions']['0'][flipper]:.2f}) and flipping in every round "
+        f"after, ended {suite.lowest_margin(late, suite.alone_of(runs, late)):+.3f}."
+    ) in page
