@@ -479,6 +479,44 @@ def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path
     assert not two.history[1]["aggregation"]["rejected"]
 
 
+@pytest.mark.parametrize(("reject_opposed_updates", "rejected_in"), [(True, [2]), ("first_round", [2])])
+def test_a_round_whose_consensus_is_no_ones_judges_nobody_by_direction(tmp_path, reject_opposed_updates, rejected_in):
+    """site-y is honest in round 0 (judged then) and a flipper after; site-x misses round 0 and flips after; site-c
+    misses round 1, so there two of four updates point against the consensus: nobody is rejected and nobody is judged
+    (not x either: the round recorded no judgment of it), and in round 2 x is judged and rejected. Every round the
+    flipper y is rejected too where it is judged (every round); under ``"first_round"`` it was judged in round 0."""
+
+    def honest(size: float, missed: tuple[int, ...] = ()):
+        return lambda number, params: FAILS if number in missed else shifted(params, size)
+
+    flip = _flipped(1.0)
+    sites = [FakeSite(f"site-{name}", ["Mass", "Edema"], [0.9, 0.5], honest(size, missed))
+             for name, size, missed in (("a", 0.0102, ()), ("b", 0.0098, ()), ("c", 0.01, (1,)))]  # fmt: skip
+    sites += [
+        FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], lambda n, params: FAILS if n == 0 else flip(n, params)),
+        FakeSite(
+            "site-y", ["Edema", "Mass"], [0.9, 0.5], lambda n, params: flip(n, params) if n else shifted(params, 0.01)
+        ),
+    ]
+    harness = Harness(sites, tmp_path, num_rounds=3, reject_opposed_updates=reject_opposed_updates, clip_updates=False)
+    harness.run()
+    rounds = [entry["aggregation"] for entry in harness.history if "aggregation" in entry]
+    assert sorted(site for site, cosine in rounds[1]["directions"].items() if cosine <= 0) == ["site-x", "site-y"]
+    assert not rounds[1]["rejected"] and "direction_judged" not in rounds[1]  # half opposed: the consensus no one's
+    assert [index for index, entry in enumerate(rounds) if "site-x" in entry["rejected"]] == rejected_in
+    judged = [entry.get("direction_judged", []) for entry in rounds]
+    if reject_opposed_updates is True:
+        assert judged == [
+            ["site-a", "site-b", "site-c", "site-y"],
+            [],
+            ["site-a", "site-b", "site-c", "site-x", "site-y"],
+        ]
+        assert "site-y" in rounds[2]["rejected"]
+    else:
+        assert judged == [["site-a", "site-b", "site-c", "site-y"], [], ["site-x"]]
+        assert "site-y" not in rounds[2]["rejected"]
+
+
 FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Effusion", "Atelectasis"]
 
 

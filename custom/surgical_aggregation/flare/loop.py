@@ -261,13 +261,14 @@ class FederationLoop(SiteTasks):
         return self._federation.latest.round == INITIAL_ROUND and not self._started_trained
 
     def _judged_by_direction(self, round_number: int) -> set[str]:
-        """The sites whose update's direction a round before ``round_number`` measured (its ``directions``), read
-        from the history, so a resumed job judges no site twice under the first-round direction check."""
+        """The sites the direction check judged in a round before ``round_number`` (its ``direction_judged``), read
+        from the history, so a resumed job judges no site twice under the first-round direction check; rounds run
+        with the check off, or by code before stop 102, judged no one."""
         return {
             site
             for entry in self._federation.history
             if entry["round"] < round_number
-            for site in (entry.get("aggregation") or {}).get("directions", {})
+            for site in (entry.get("aggregation") or {}).get("direction_judged", [])
         }
 
     def _excluded_since(self, round_number: int) -> dict[str, int]:

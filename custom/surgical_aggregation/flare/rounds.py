@@ -132,6 +132,7 @@ class Round:
     row_turns: dict[str, dict[str, float]] = field(default_factory=dict)  # site -> class -> its row's turn
     contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
+    direction_judged: list[str] = field(default_factory=list)  # sites the direction check judged (could reject) now
     duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
     closest_updates: float | None = None  # the smallest relative distance between two sites' backbone updates
     two_sites: dict[str, Any] = field(default_factory=dict)  # a round of two: how their updates compare
@@ -205,9 +206,10 @@ class Round:
         earlier round by the screening, for the rest of the job) take no part: not in the consensus, the clipping,
         the typical update or the mean. ``warmup_round``: the job's first round from untrained heads, the one in which
         the sites' shared head rows are judged (``opposed_at_warmup``) and a round of two by its directions
-        (``two_sites_apart``). ``judged_by_direction``: the sites whose update's direction an earlier round measured;
-        under ``OPPOSED_FIRST_ROUND`` the direction check judges the others only, so each site once, in the first
-        round its update reaches it (a site that misses the job's first round is judged when it comes)."""
+        (``two_sites_apart``). ``judged_by_direction``: the sites an earlier round's direction check judged; under
+        ``OPPOSED_FIRST_ROUND`` it judges the others only, so each site once, in the first round that measures its
+        update's direction and judges it (a site that misses the job's first round is judged when it comes; a round
+        in which half or more of the updates point against the consensus judges nobody)."""
         self.excluded = sorted(set(excluded) & set(self.arrivals))
 
         averaged = rules.aggregator(state, classes).averaged_keys
@@ -249,8 +251,12 @@ class Round:
             self.directions = consensus_cosines(changes, consensus)
             if rules.reject_opposed_updates:
                 opposed = opposed_updates(changes, consensus)
-                if rules.reject_opposed_updates is not True:  # first round only: each site's first measured one
+                # none opposed though some point against: half or more do, the consensus is no one's, nobody judged
+                spared = not opposed and any(cosine <= 0 for cosine in self.directions.values())
+                self.direction_judged = [] if spared else sorted(self.directions)
+                if rules.reject_opposed_updates is not True:  # first round only: each site's first judged one
                     opposed = {site: why for site, why in opposed.items() if site not in judged_by_direction}
+                    self.direction_judged = [site for site in self.direction_judged if site not in judged_by_direction]
                 self.rejected.update(opposed)
                 candidates = [site for site in candidates if site not in self.rejected]
             rows = {site: sizes[site].row_changes for site in candidates}
@@ -470,6 +476,8 @@ class Round:
             entry["model_check"] = list(self.model_check)
         if self.directions:  # each backbone update's cosine with the round's consensus (its robust aggregate)
             entry["directions"] = {site: round(value, 4) for site, value in self.directions.items()}
+        if self.direction_judged:  # judged by direction: under "first_round", not again (the loop reads it back)
+            entry["direction_judged"] = list(self.direction_judged)
         if self.closest_updates is not None:  # how near two sites' backbone updates came (duplicates: within 1e-3)
             entry["closest_updates"] = float(f"{self.closest_updates:.4g}")
         if self.two_sites:  # a round of two sites: their backbone cosine, size ratios and shared rows' cosine

@@ -41,7 +41,7 @@ reject_opposed_updates: with three or more results left in a round, reject a res
     round's updates, a copy counted once), head rows and all, unless half or more of the round's updates do. With
     exactly two results (``core.robust.two_sites_apart``), stop the job when, in its first round from untrained
     heads, their shared head rows point apart or their backbone updates point opposite (later rounds are not judged
-    by direction). On by default; "first_round": the direction check once a site, in the first round that measures
+    by direction). On by default; "first_round": the direction check once a site, in the first round that judges
     its direction (the job's first, or the one a site that missed it comes in; the two-site rule as with on), which
     the bundle's jobs set when they start from pretrained weights (``recipe.start_settings``: fine-tuned from them,
     honest sites of other vocabularies have pointed against the consensus in later rounds).

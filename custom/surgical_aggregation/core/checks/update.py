@@ -242,13 +242,13 @@ OPPOSED_FIRST_ROUND = "first_round"
 @server_check(
     "update",
     'with `reject_opposed_updates` (on: every round, the default from scratch; `"first_round"`: once a site, in the '
-    "first round that measures its update's direction, the job's first or the one a site that missed it comes in: the "
-    "bundle's jobs' setting from pretrained weights) and three or more results left, an update of the backbone "
-    "weights that points against the round's consensus (a cosine of 0 or below with the robust aggregate of every "
-    "result's update, a copy counted once: the job's robust rule, or the coordinate-wise median where the rule is the "
-    "mean) is rejected, and with it all the site sent this round (its head rows included: a row only it and one other "
-    "site hold has no other protection), unless half or more of the round's updates do "
-    "(the consensus is then no one's)",
+    "first round that judges its update's direction, the job's first or the one a site that missed it comes in, "
+    "recorded as `direction_judged`: the bundle's jobs' setting from pretrained weights) and three or more results "
+    "left, an update of the backbone weights that points against the round's consensus (a cosine of 0 or below with "
+    "the robust aggregate of every result's update, a copy counted once: the job's robust rule, or the coordinate-wise"
+    " median where the rule is the mean) is rejected, and with it all the site sent this round (its head rows "
+    "included: a row only it and one other site hold has no other protection), unless half or more of the round's "
+    "updates do (the consensus is then no one's: nobody is judged)",
     "its update of the backbone weights points against the round's consensus (cosine -0.97 with the robust aggregate)",
 )
 def opposed_updates(changes: Mapping[str, np.ndarray], consensus: np.ndarray) -> dict[str, str]:
