@@ -479,6 +479,43 @@ def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path
     assert not two.history[1]["aggregation"]["rejected"]
 
 
+def test_a_resumed_job_judges_no_site_twice_by_direction(tmp_path):
+    """Under ``"first_round"`` site-x, honest in round 0 (judged then) and a flipper after, is not rejected in round 1;
+    the server crashes in round 2 and the job resumes: the judged sites come back from the round history, so x is
+    not judged again in rounds 2 and 3 (an in-memory record would judge it afresh and reject it)."""
+    flip = _flipped(1.0)
+
+    def crashes_in_round_2(number: int, params: dict) -> dict:
+        if number == 2:
+            raise ConnectionError("the server went down")
+        return shifted(params, 0.01)
+
+    def sites(first) -> list[FakeSite]:
+        honest = [FakeSite(f"site-{name}", ["Mass", "Edema"], [0.9, 0.5], first if name == "a" else None)
+                  for name in "abc"]  # fmt: skip
+
+        def flips_after_round_0(number: int, params: dict) -> dict:
+            return flip(number, params) if number else shifted(params, 0.01)
+
+        return [*honest, FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], flips_after_round_0)]
+
+    settings = {"num_rounds": 4, "reject_opposed_updates": "first_round", "clip_updates": False}
+    with pytest.raises(ConnectionError):
+        Harness(sites(crashes_in_round_2), tmp_path, **settings).run()
+    harness = Harness(sites(lambda number, params: shifted(params, 0.01)), tmp_path, **settings)
+    harness.run()
+    assert "resuming the federation saved by job" in messages(harness, "info")
+    rounds = [entry["aggregation"] for entry in harness.history if "aggregation" in entry]
+    assert len(rounds) == 4 and all(entry["directions"]["site-x"] < 0 for entry in rounds[1:])
+    assert [entry.get("direction_judged", []) for entry in rounds] == [
+        ["site-a", "site-b", "site-c", "site-x"],
+        [],
+        [],
+        [],
+    ]
+    assert not any(entry["rejected"] for entry in rounds)
+
+
 @pytest.mark.parametrize(("reject_opposed_updates", "rejected_in"), [(True, [2]), ("first_round", [2])])
 def test_a_round_whose_consensus_is_no_ones_judges_nobody_by_direction(tmp_path, reject_opposed_updates, rejected_in):
     """site-y is honest in round 0 (judged then) and a flipper after; site-x misses round 0 and flips after; site-c
