@@ -3331,16 +3331,13 @@ def test_the_attack_rows_from_the_stand_in_under_the_first_round_only_are_their_
         assert run["exit_code"] == 0 and not run["excluded"]
     assert f"All {len(made)} hold, against the clean run and against the honest sites alone." in page
 
-    def refused_in(name: str) -> dict[str, list[str]]:
-        return {number: sorted(sites) for number, sites in made[name]["rejections"].items() if sites}
-
     def alone(name: str) -> float:
         return suite.lowest_margin(made[name], suite.alone_of(current, made[name]))
 
     judged = [f"{attack}-{three}" for attack in ("sign_flip", "ipm", "opt_ipm")]
     judged += [f"sign_flip-{four}", f"sign_flip-{seven}", f"ipm-{seven}"]
     for name in judged:  # refused in round 0 only, the attacker alone
-        assert refused_in(name) == {"0": made[name]["attacking_sites"]}, name
+        assert _refused_by_round(made[name]) == {"0": made[name]["attacking_sites"]}, name
     for name in judged[:3]:  # the old rule: refused every round, the honest sites alone exactly
         assert before[name]["best_auroc"] == suite.alone_of(before, before[name])["best_auroc"]
     at_three = [alone(name) for name in judged[:3]]
@@ -3350,10 +3347,10 @@ def test_the_attack_rows_from_the_stand_in_under_the_first_round_only_are_their_
         and f"{alone(judged[5]):+.3f}" == f"{alone(judged[4]):+.3f}"
     )
     opt_alie = made[f"opt_alie-{three}"]
-    assert set(refused_in(f"opt_alie-{three}")) == {"0", "1", "2"}
+    assert set(_refused_by_round(made[f"opt_alie-{three}"])) == {"0", "1", "2"}
     assert all("times their size" in opt_alie["rejections"][number]["site-nih-2"] for number in ("1", "2"))
     late = f"sign_flip_late-{three}"
-    assert not refused_in(late)
+    assert not _refused_by_round(made[late])
     clean = suite.lowest_margin(made[late], suite.clean_of(current, made[late]))
     assert f"ends {alone(late):+.3f} from the honest sites alone ({clean:+.3f} from the clean run)" in page
     copied, copied_before = made[f"mimic_noised-{four}"], before[f"mimic_noised-{four}"]
@@ -3552,7 +3549,7 @@ def test_the_attacks_stop_101_left_open_from_the_stand_in_are_their_record():
     assert all(set(run["rejected"]) <= set(run["attacking_sites"]) for run in made.values())  # no honest site
 
     def refused(key: tuple) -> str:
-        rounds = [number for number, sites in made[key]["rejections"].items() if sites]
+        rounds = list(_refused_by_round(made[key]))
         return "never" if not rounds else f"in round{'s' * (len(rounds) > 1)} " + ", ".join(rounds)
 
     listed = "; ".join(f"`{attack}` at {setting}{'' if rounds == suite.ROUNDS else f' over {rounds} rounds'} "

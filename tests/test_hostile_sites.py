@@ -403,6 +403,16 @@ def _flipped(factor: float):
     return lambda round_number, params: shifted(params, -factor * 0.01 * (1 + round_number))
 
 
+def _three_honest_sites() -> list[FakeSite]:
+    """site-a, -b and -c, labelling Mass and Edema, each moving every entry by about 0.01 a round (a little apart)."""
+    return [
+        FakeSite(
+            f"site-{name}", ["Mass", "Edema"], [0.9, 0.5], lambda round_number, params, size=size: shifted(params, size)
+        )
+        for name, size in zip("abc", (0.0102, 0.0098, 0.01), strict=True)
+    ]
+
+
 def _round_zero_change(harness: Harness, site: FakeSite, part: str) -> np.ndarray:
     """How round 0's global model differs from what ``site`` received in round 0: a backbone entry, or the head row
     (weights) of the class ``part``."""
@@ -453,12 +463,7 @@ def test_a_defence_is_on_or_off_nothing_else(setting, allowed):
 @pytest.mark.parametrize("flip", [1.0, 3.0])
 def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path, flip):
     # three honest updates 2 % apart (equal ones would be one update sent three times, counted once)
-    honest = [
-        FakeSite(
-            f"site-{name}", ["Mass", "Edema"], [0.9, 0.5], lambda round_number, params, size=size: shifted(params, size)
-        )
-        for name, size in zip("abc", (0.0102, 0.0098, 0.01), strict=True)
-    ]
+    honest = _three_honest_sites()
     attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], _flipped(flip))
     harness = Harness([*honest, attacker], tmp_path, num_rounds=1, reject_opposed_updates=True, clip_updates=False)
     harness.run()
@@ -603,12 +608,7 @@ def test_two_sites_whose_updates_point_apart_in_their_first_round_stop_the_job(t
 
 @pytest.mark.parametrize(("setting", "rejected_in"), [(True, [0, 1]), ("first_round", [0])])
 def test_the_direction_check_judges_every_round_or_the_first_from_untrained_heads_only(tmp_path, setting, rejected_in):
-    honest = [
-        FakeSite(
-            f"site-{name}", ["Mass", "Edema"], [0.9, 0.5], lambda round_number, params, size=size: shifted(params, size)
-        )
-        for name, size in zip("abc", (0.0102, 0.0098, 0.01), strict=True)
-    ]
+    honest = _three_honest_sites()
     attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], _flipped(1.0))
     harness = Harness([*honest, attacker], tmp_path, num_rounds=2, reject_opposed_updates=setting, clip_updates=False)
     harness.run()
@@ -627,12 +627,7 @@ def test_a_site_that_misses_the_first_rounds_is_judged_by_direction_when_it_come
     in the last case), then flips: ``"first_round"`` judges each site in the first round that measures its direction,
     so it is rejected when it comes, and not after (one judgment a site, honest or not: its later rounds are the
     late flipper's, clipped to the median)."""
-    honest = [
-        FakeSite(
-            f"site-{name}", ["Mass", "Edema"], [0.9, 0.5], lambda round_number, params, size=size: shifted(params, size)
-        )
-        for name, size in zip("abc", (0.0102, 0.0098, 0.01), strict=True)
-    ]
+    honest = _three_honest_sites()
     flip = _flipped(1.0)
 
     def comes_late(number: int, params: dict) -> dict | str:

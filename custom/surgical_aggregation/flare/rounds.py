@@ -38,6 +38,7 @@ from ..core.checks.update import (
     clip_factors,
     clipped_state,
     consensus_cosines,
+    consensus_is_no_ones,
     free_riders,
     opposed_updates,
     update_problems,
@@ -88,7 +89,7 @@ class RoundRules:
     outputs: ModelOutputs | None  # the model's outputs on the probe input (the model check)
     clip_updates: bool = True  # each part of an update at most the round's median (three or more sites)
     # a backbone update against the others' median direction is rejected: every round (True), or only in the first
-    # round that measures each site's direction (OPPOSED_FIRST_ROUND)
+    # round that judges each site's direction (OPPOSED_FIRST_ROUND)
     reject_opposed_updates: bool | str = False
     robust: RobustRule = field(default_factory=lambda: RobustRule("mean"))  # parts three or more sites moved
     update_noise: float = 0.0  # FLAME's lambda: noise of lambda x the median update norm on the aggregate (0: none)
@@ -251,8 +252,8 @@ class Round:
             self.directions = consensus_cosines(changes, consensus)
             if rules.reject_opposed_updates:
                 opposed = opposed_updates(changes, consensus)
-                # none opposed though some point against: half or more do, the consensus is no one's, nobody judged
-                spared = not opposed and any(cosine <= 0 for cosine in self.directions.values())
+                pointing_against = [site for site, cosine in self.directions.items() if cosine <= 0]
+                spared = consensus_is_no_ones(pointing_against, len(changes))
                 self.direction_judged = [] if spared else sorted(self.directions)
                 if rules.reject_opposed_updates is not True:  # first round only: each site's first judged one
                     opposed = {site: why for site, why in opposed.items() if site not in judged_by_direction}

@@ -4,7 +4,7 @@ round's updates are clipped and weighted."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,9 +266,13 @@ def opposed_updates(changes: Mapping[str, np.ndarray], consensus: np.ndarray) ->
                 "its update of the backbone weights points against the round's consensus "
                 f"(cosine {cosine:.2f} with the robust aggregate)"
             )
-    if 2 * len(opposed) >= len(changes):  # half or more "opposed": the consensus is no one's
-        return {}
-    return opposed
+    return {} if consensus_is_no_ones(opposed, len(changes)) else opposed
+
+
+def consensus_is_no_ones(opposed: Collection[str], results: int) -> bool:
+    """Whether half or more of a round's ``results`` point against its consensus (``opposed``): it is then no one's,
+    and the direction check judges nobody that round."""
+    return 2 * len(opposed) >= results
 
 
 def consensus_cosines(changes: Mapping[str, np.ndarray], consensus: np.ndarray) -> dict[str, float]:
