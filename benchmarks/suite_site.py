@@ -61,6 +61,10 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
                         orthogonal to it, so that at two sites the backbone and the shared rows each stand just inside
                         the later-round bounds on opposite updates of stop 93 (:data:`STOP_93_BOUNDS`, withdrawn at
                         stop 96: honest pairs reach them): an attacker who read them
+  ``sign_flip_persistent``  ``sign_flip_late`` by an attacker who read the running opposition (stop 103): its
+                        backbone update stands just inside the CUSUM's reference value (``sign_flip_inside``'s noise
+                        orthogonal to the honest mean, to a cosine of ``INSIDE_MARGIN`` above -``OPPOSITION_REFERENCE``
+                        with it), so that its running opposition stays 0; its head rows flipped in full
   ``bn_inflate``        honest weights, every BatchNorm running variance multiplied so that the statistics' update
                         is 90 % of the most the server accepts (the blind-mode attack that flattens the outputs)
   ``bn_inside``         ``bn_inflate`` by an attacker who read the two-site BatchNorm bound
@@ -95,6 +99,7 @@ ADAPTED = (
     "sign_flip_absent",
     "late_joiner",
     "sign_flip_inside",
+    "sign_flip_persistent",
     "bn_inside",
 )
 # attacks that report no validation: each is the attack it names otherwise
@@ -104,10 +109,11 @@ QUIET = {
     "sign_flip_late": "sign_flip",
     "sign_flip_absent": "sign_flip",
     "sign_flip_inside": "sign_flip_inside",
+    "sign_flip_persistent": "sign_flip_persistent",
     "bn_inside": "bn_inside",
 }
 # model poisoning honest in round 0 (the warm-up round), then the attack it names
-LATE = ("sign_flip_late", "sign_flip_inside")
+LATE = ("sign_flip_late", "sign_flip_inside", "sign_flip_persistent")
 # sites whose round-0 result is broken (rejected on arrival): then the attack the role names, or honest
 ABSENT = ("sign_flip_absent", "late_joiner")
 # the backbone's and the shared rows' cosines at or below which stop 93's server stopped a round of two in any round
@@ -294,7 +300,13 @@ def exchange_update(received: dict, sent: dict, classes: list[str]) -> dict[str,
 
 def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> None:
     """Run the bundle's site script as ``role`` (``honest`` or an attack of :data:`ATTACKS` or :data:`ADAPTED`)."""
-    from surgical_aggregation.core.checks.update import DEFAULT_UPDATE_BOUND, STATISTICS, UPDATE_CAPS, update_group
+    from surgical_aggregation.core.checks.update import (
+        DEFAULT_UPDATE_BOUND,
+        OPPOSITION_REFERENCE,
+        STATISTICS,
+        UPDATE_CAPS,
+        update_group,
+    )
     from surgical_aggregation.core.head import NAMED_HEAD
     from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
     from surgical_aggregation.flare import client
@@ -352,7 +364,12 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
         if role in ("mimic", "mimic_noised"):
             honest = honest[:1]
         rows = _flatten(honest or [own], keys)
-        vector, tau = attack_rows(role, rows, sites, attackers, rule, cosine=STOP_93_BOUNDS["backbone"] + INSIDE_MARGIN)
+        if role == "sign_flip_persistent":  # the backbone inside the running opposition, the rows flipped in full
+            cosine = -OPPOSITION_REFERENCE + INSIDE_MARGIN
+            vector, tau = attack_rows("sign_flip_inside", rows, sites, attackers, rule, cosine=cosine)
+        else:
+            cosine = STOP_93_BOUNDS["backbone"] + INSIDE_MARGIN
+            vector, tau = attack_rows(role, rows, sites, attackers, rule, cosine=cosine)
         out = dict(sent)
         offset = 0
         for key in keys:
@@ -371,8 +388,9 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
                 if BUILTIN_VOCABULARY.canonical(other) == canonical
             ]
             rows = np.stack(others) if others else own[ROWS + name][None].astype(np.float64)
+            row_attack = "sign_flip" if role == "sign_flip_persistent" else role
             moved, _ = attack_rows(
-                role, rows.astype(np.float64), sites, attackers, rule, tau, STOP_93_BOUNDS["rows"] + INSIDE_MARGIN
+                row_attack, rows.astype(np.float64), sites, attackers, rule, tau, STOP_93_BOUNDS["rows"] + INSIDE_MARGIN
             )
             weight[row] = old_weight[row] + moved[:-1]
             bias[row] = old_bias[row] + moved[-1]
@@ -470,7 +488,7 @@ def main(role: str, exchange: str, sites: int, attackers: int, rule: str) -> Non
                 update = exchange_update(received.params, answer.params, classes)
                 _atomic_save(folder / f"round-{round_number:03d}" / f"{self.site}.npz", update)
             return answer
-        poisoning = role in MODEL_POISONING or role == "sign_flip_inside"
+        poisoning = role in MODEL_POISONING or role in ("sign_flip_inside", "sign_flip_persistent")
         if absent and round_number == 0 and answer.params:
             answer.params = broken(answer.params)
         elif poisoning and answer.params and not (late and round_number == 0):

@@ -245,6 +245,26 @@ def test_sign_flip_inside_cancels_the_other_sites_update_just_inside_the_two_sit
     assert "sign_flip_inside" in site.LATE and site.QUIET["sign_flip_inside"] == "sign_flip_inside"
 
 
+def test_sign_flip_persistent_keeps_its_running_opposition_at_zero_against_the_honest_mean() -> None:
+    """The reader of the running opposition: its backbone update's cosine with the honest sites' mean stands the
+    margin inside the CUSUM's reference value, so a round of it leaves the running opposition at 0; honest in its
+    warm-up round and reporting no validation."""
+    import numpy as np
+
+    from helpers import load_benchmark
+    from surgical_aggregation.core.checks.update import OPPOSITION_REFERENCE, persistently_opposed
+
+    site = load_benchmark("suite_site")
+    honest = np.random.default_rng(4).normal(size=(2, 40))
+    cosine = -OPPOSITION_REFERENCE + site.INSIDE_MARGIN
+    vector, _ = site.attack_rows("sign_flip_inside", honest, 3, 1, "mean", cosine=cosine)
+    mean = honest.mean(axis=0)
+    reached = float(vector @ mean / np.linalg.norm(vector) / np.linalg.norm(mean))
+    assert reached == pytest.approx(-0.20)
+    assert persistently_opposed({"x": reached}, {"x": 0.0}) == ({"x": 0.0}, {})
+    assert "sign_flip_persistent" in site.LATE and site.QUIET["sign_flip_persistent"] == "sign_flip_persistent"
+
+
 def test_a_defence_the_honest_sites_run_reaches_them_and_not_the_attacker(tmp_path) -> None:
     """``--honest-sites`` settings (here a weight decay; stop 91 ran its patch hardening so) go into every honest
     site's config and not the attacker's, which trains as it likes; in a clean run every site is honest."""

@@ -31,6 +31,7 @@ from surgical_aggregation.core.checks.update import (
     consensus_cosines,
     free_riders,
     opposed_updates,
+    persistently_opposed,
     size_scale,
     update_problems,
     update_sizes,
@@ -289,6 +290,20 @@ def test_opposed_updates_reject_a_minority_against_the_rounds_consensus_and_nobo
     assert opposed_updates(orthogonal, mean) == {}
     assert opposed_updates({"a": honest, "x": -honest}, honest) == {}  # two sites: no consensus to oppose
     assert opposed_updates({"a": honest, "b": -honest, "c": -honest}, honest) == {}  # half or more: no one's
+
+
+def test_persistently_opposed_is_pages_cusum_of_each_judged_sites_cosines():
+    """Running opposition after = max(0, before - cosine - 0.25); above 0.5 the update is rejected. Sites not judged
+    before (not in ``running``) are left to the first-round check."""
+    cosines = {"a": 0.6, "b": -0.2, "c": -0.6, "d": -0.9, "new": -1.0}
+    after, refused = persistently_opposed(cosines, {"a": 0.3, "b": 0.5, "c": 0.1, "d": 0.0})
+    assert after == {"a": 0.0, "b": pytest.approx(0.45), "c": pytest.approx(0.45), "d": pytest.approx(0.65)}
+    assert list(refused) == ["d"]
+    assert refused["d"] == (
+        "its updates of the backbone weights keep pointing against the rounds' consensus (running opposition 0.65 "
+        "above 0.5; cosine -0.90 with the robust aggregate this round)"
+    )
+    assert persistently_opposed({"a": -0.75}, {"a": 0.0}) == ({"a": 0.5}, {})  # at the limit, not above it
 
 
 def test_a_rounds_means_over_sites_do_not_depend_on_the_order_their_results_arrived_in():

@@ -403,6 +403,23 @@ def _flipped(factor: float):
     return lambda round_number, params: shifted(params, -factor * 0.01 * (1 + round_number))
 
 
+def _pointing(cosine: float):
+    """A site whose update of the backbone weights has ``cosine`` with the honest sites' (+0.01 on every entry): 0.01 x
+    (cosine x 1 + sqrt(1 - cosine^2) x s) on each backbone weight, s alternating +1 and -1 (orthogonal to the honest
+    update, each key even-sized); its BatchNorm statistics and head rows move as an honest site's."""
+    other = math.sqrt(1 - cosine**2)
+
+    def sends(round_number: int, params: dict) -> dict:
+        sent = shifted(params, 0.01)
+        for key in ("backbone.conv.weight", "backbone.bn.weight", "backbone.bn.bias"):
+            received = torch.as_tensor(params[key])
+            signs = torch.tensor([1.0, -1.0]).repeat(received.numel() // 2)
+            sent[key] = received + 0.01 * (cosine + other * signs.reshape(received.shape))
+        return sent
+
+    return sends
+
+
 def _three_honest_sites() -> list[FakeSite]:
     """site-a, -b and -c, labelling Mass and Edema, each moving every entry by about 0.01 a round (a little apart)."""
     return [
@@ -484,11 +501,13 @@ def test_an_update_against_the_rounds_consensus_is_rejected_at_any_size(tmp_path
     assert not two.history[1]["aggregation"]["rejected"]
 
 
-def test_a_resumed_job_judges_no_site_twice_by_direction(tmp_path):
-    """Under ``"first_round"`` site-x, honest in round 0 (judged then) and a flipper after, is not rejected in round 1;
-    the server crashes in round 2 and the job resumes: the judged sites come back from the round history, so x is
-    not judged again in rounds 2 and 3 (an in-memory record would judge it afresh and reject it)."""
-    flip = _flipped(1.0)
+def test_a_resumed_job_judges_no_site_twice_by_direction_and_keeps_each_sites_running_opposition(tmp_path):
+    """Under ``"first_round"`` site-x, honest in round 0 (judged then), sends updates at a cosine of -0.6 with the
+    others' after: its running opposition reaches 0.35 in round 1 (accepted); the server crashes in round 2 and the
+    job resumes: the judged sites and their running opposition come back from the round history, so x is not judged
+    afresh and its opposition goes on from 0.35 to 0.70, above the limit: rejected in round 2 for it, and in round 3
+    (1.05). An in-memory record would judge x afresh in round 2, or start its opposition at 0 and accept it."""
+    opposes = _pointing(-0.6)
 
     def crashes_in_round_2(number: int, params: dict) -> dict:
         if number == 2:
@@ -499,10 +518,10 @@ def test_a_resumed_job_judges_no_site_twice_by_direction(tmp_path):
         honest = [FakeSite(f"site-{name}", ["Mass", "Edema"], [0.9, 0.5], first if name == "a" else None)
                   for name in "abc"]  # fmt: skip
 
-        def flips_after_round_0(number: int, params: dict) -> dict:
-            return flip(number, params) if number else shifted(params, 0.01)
+        def opposes_after_round_0(number: int, params: dict) -> dict:
+            return opposes(number, params) if number else shifted(params, 0.01)
 
-        return [*honest, FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], flips_after_round_0)]
+        return [*honest, FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], opposes_after_round_0)]
 
     settings = {"num_rounds": 4, "reject_opposed_updates": "first_round", "clip_updates": False}
     with pytest.raises(ConnectionError):
@@ -518,7 +537,15 @@ def test_a_resumed_job_judges_no_site_twice_by_direction(tmp_path):
         [],
         [],
     ]
-    assert not any(entry["rejected"] for entry in rounds)
+    assert [entry["opposition"]["site-x"] for entry in rounds[1:]] == [
+        pytest.approx(value, abs=1e-3) for value in (0.35, 0.7, 1.05)
+    ]
+    assert all(entry["opposition"][site] == 0 for entry in rounds[1:] for site in ("site-a", "site-b", "site-c"))
+    assert [sorted(entry["rejected"]) for entry in rounds] == [[], [], ["site-x"], ["site-x"]]
+    assert (
+        "keep pointing against the rounds' consensus (running opposition 0.70 above 0.5"
+        in rounds[2]["rejected"]["site-x"]
+    )
 
 
 @pytest.mark.parametrize(("reject_opposed_updates", "rejected_in"), [(True, [2]), ("first_round", [2])])
@@ -554,9 +581,38 @@ def test_a_round_whose_consensus_is_no_ones_judges_nobody_by_direction(tmp_path,
             ["site-a", "site-b", "site-c", "site-x", "site-y"],
         ]
         assert "site-y" in rounds[2]["rejected"]
-    else:
+    else:  # y's flip in round 1 is carried, not counted: round 2's alone takes its running opposition to 0.75
         assert judged == [["site-a", "site-b", "site-c", "site-y"], [], ["site-x"]]
-        assert "site-y" not in rounds[2]["rejected"]
+        assert "opposition" not in rounds[1] and rounds[2]["opposition"]["site-y"] == pytest.approx(0.75, abs=1e-3)
+        assert "running opposition 0.75 above 0.5" in rounds[2]["rejected"]["site-y"]
+
+
+def test_a_site_whose_opposition_persists_after_its_judged_round_is_rejected_once_it_passes_the_limit(tmp_path):
+    """Under ``"first_round"`` site-x, honest in round 0 (judged then), sends updates at a cosine of -0.45 with the
+    others' in rounds 1 to 3 and of +0.5 in round 4: its running opposition (Page's CUSUM, reference 0.25) goes 0.20,
+    0.40 (accepted), 0.60 (above the limit of 0.5: rejected), then back to 0 (accepted again); the honest sites' stays
+    0. Without the running opposition x is accepted every round after its judgment."""
+    late = {number: _pointing(cosine) for number, cosine in ((1, -0.45), (2, -0.45), (3, -0.45), (4, 0.5))}
+
+    def opposes_after_round_0(number: int, params: dict) -> dict:
+        return late[number](number, params) if number else shifted(params, 0.01)
+
+    sites = [*_three_honest_sites(), FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], opposes_after_round_0)]
+    harness = Harness(sites, tmp_path, num_rounds=5, reject_opposed_updates="first_round", clip_updates=False)
+    harness.run()
+    rounds = [entry["aggregation"] for entry in harness.history if "aggregation" in entry]
+    assert [entry["directions"]["site-x"] for entry in rounds[1:]] == [
+        pytest.approx(cosine, abs=0.01) for cosine in (-0.45, -0.45, -0.45, 0.5)
+    ]
+    assert [entry["opposition"]["site-x"] for entry in rounds[1:]] == [
+        pytest.approx(value, abs=1e-3) for value in (0.2, 0.4, 0.6, 0.0)
+    ]
+    assert all(entry["opposition"][site] == 0 for entry in rounds[1:] for site in ("site-a", "site-b", "site-c"))
+    assert [sorted(entry["rejected"]) for entry in rounds] == [[], [], [], ["site-x"], []]
+    assert rounds[3]["rejected"]["site-x"] == (
+        "its updates of the backbone weights keep pointing against the rounds' consensus (running opposition 0.60 "
+        "above 0.5; cosine -0.45 with the robust aggregate this round)"
+    )
 
 
 FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Effusion", "Atelectasis"]
@@ -608,13 +664,16 @@ def test_two_sites_whose_updates_point_apart_in_their_first_round_stop_the_job(t
 
 @pytest.mark.parametrize(("setting", "rejected_in"), [(True, [0, 1]), ("first_round", [0])])
 def test_the_direction_check_judges_every_round_or_the_first_from_untrained_heads_only(tmp_path, setting, rejected_in):
+    """site-x's update has a cosine of -0.2 with the others' every round: rejected every round, or under
+    ``"first_round"`` in the first only (after it, -0.2 is inside the running opposition's reference value)."""
     honest = _three_honest_sites()
-    attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], _flipped(1.0))
+    attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], _pointing(-0.2))
     harness = Harness([*honest, attacker], tmp_path, num_rounds=2, reject_opposed_updates=setting, clip_updates=False)
     harness.run()
     rounds = [entry["aggregation"] for entry in harness.history if "aggregation" in entry]
     assert [index for index, entry in enumerate(rounds) if "site-x" in entry["rejected"]] == rejected_in
-    assert all(entry["directions"]["site-x"] < 0 for entry in rounds)  # opposed in both rounds all the same
+    assert [entry["directions"]["site-x"] for entry in rounds] == [pytest.approx(-0.2, abs=1e-4)] * 2
+    assert rounds[1].get("opposition", {}) == ({} if setting is True else {site: 0.0 for site in harness.sites})
 
 
 @pytest.mark.parametrize(
@@ -624,14 +683,14 @@ def test_a_site_that_misses_the_first_rounds_is_judged_by_direction_when_it_come
     tmp_path, setting, rejected_in, missed
 ):
     """An attacker who read that the first round alone is judged fails its task in that round (and in round 1 too,
-    in the last case), then flips: ``"first_round"`` judges each site in the first round that measures its direction,
-    so it is rejected when it comes, and not after (one judgment a site, honest or not: its later rounds are the
-    late flipper's, clipped to the median)."""
+    in the last case), then sends updates against the others' (cosine -0.2): ``"first_round"`` judges each site in
+    the first round that measures its direction, so it is rejected when it comes, and not after (one judgment a
+    site, honest or not: after it, an opposition inside the running bound is clipped to the median)."""
     honest = _three_honest_sites()
-    flip = _flipped(1.0)
+    opposes = _pointing(-0.2)
 
     def comes_late(number: int, params: dict) -> dict | str:
-        return FAILS if number in missed else flip(number, params)
+        return FAILS if number in missed else opposes(number, params)
 
     attacker = FakeSite("site-x", ["Edema", "Mass"], [0.9, 0.5], comes_late)
     harness = Harness([*honest, attacker], tmp_path, num_rounds=3, reject_opposed_updates=setting, clip_updates=False)

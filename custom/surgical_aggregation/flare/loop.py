@@ -260,16 +260,21 @@ class FederationLoop(SiteTasks):
         """Whether the round now training starts from untrained heads: the job's first, from no earlier model."""
         return self._federation.latest.round == INITIAL_ROUND and not self._started_trained
 
-    def _judged_by_direction(self, round_number: int) -> set[str]:
-        """The sites the direction check judged in a round before ``round_number`` (its ``direction_judged``), read
-        from the history, so a resumed job judges no site twice under the first-round direction check; rounds run
-        with the check off, or by code before stop 102, judged no one."""
-        return {
-            site
-            for entry in self._federation.history
-            if entry["round"] < round_number
-            for site in (entry.get("aggregation") or {}).get("direction_judged", [])
-        }
+    def _judged_by_direction(self, round_number: int) -> dict[str, float]:
+        """The sites the direction check judged in a round before ``round_number`` (its ``direction_judged``), each
+        with its running opposition since (the last round's ``opposition`` that has it; 0 before any), read from the
+        history, so a resumed job judges no site twice under the first-round direction check and keeps each one's
+        running opposition; rounds run with the check off, or by code before stop 102, judged no one."""
+        earlier = sorted(
+            (entry for entry in self._federation.history if entry["round"] < round_number),
+            key=lambda entry: entry["round"],
+        )
+        judged: dict[str, float] = {}
+        for entry in earlier:
+            aggregation = entry.get("aggregation") or {}
+            judged.update({site: 0.0 for site in aggregation.get("direction_judged", [])})
+            judged.update({site: float(value) for site, value in aggregation.get("opposition", {}).items()})
+        return judged
 
     def _excluded_since(self, round_number: int) -> dict[str, int]:
         """site -> the round its contribution was first left out, for the rounds before ``round_number`` and the

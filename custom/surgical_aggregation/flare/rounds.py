@@ -41,6 +41,7 @@ from ..core.checks.update import (
     consensus_is_no_ones,
     free_riders,
     opposed_updates,
+    persistently_opposed,
     update_problems,
     update_sizes,
     weight_change,
@@ -134,6 +135,7 @@ class Round:
     contributors: list[str] = field(default_factory=list)  # the accepted results the mean is made of
     directions: dict[str, float] = field(default_factory=dict)  # site -> cosine of its update with the consensus
     direction_judged: list[str] = field(default_factory=list)  # sites the direction check judged (could reject) now
+    opposition: dict[str, float] = field(default_factory=dict)  # judged before: site -> its running opposition (CUSUM)
     duplicates: list[list[str]] = field(default_factory=list)  # sites whose backbone updates are one update (robust)
     closest_updates: float | None = None  # the smallest relative distance between two sites' backbone updates
     two_sites: dict[str, Any] = field(default_factory=dict)  # a round of two: how their updates compare
@@ -200,17 +202,19 @@ class Round:
         reference: UpdateReference,
         excluded: Collection[str] = (),
         warmup_round: bool = False,
-        judged_by_direction: Collection[str] = (),
+        judged_by_direction: Mapping[str, float] | None = None,
     ) -> AggregationResult:
         """The round's global model from its valid results (see the module's docstring for the order of the
         checks); ``reference`` learns the accepted updates' sizes. The results of ``excluded`` sites (left out of an
         earlier round by the screening, for the rest of the job) take no part: not in the consensus, the clipping,
         the typical update or the mean. ``warmup_round``: the job's first round from untrained heads, the one in which
         the sites' shared head rows are judged (``opposed_at_warmup``) and a round of two by its directions
-        (``two_sites_apart``). ``judged_by_direction``: the sites an earlier round's direction check judged; under
-        ``OPPOSED_FIRST_ROUND`` it judges the others only, so each site once, in the first round that measures its
-        update's direction and judges it (a site that misses the job's first round is judged when it comes; a round
-        in which half or more of the updates point against the consensus judges nobody)."""
+        (``two_sites_apart``). ``judged_by_direction``: the sites an earlier round's direction check judged, each
+        with its running opposition; under ``OPPOSED_FIRST_ROUND`` it judges the others only, so each site once, in
+        the first round that measures its update's direction and judges it (a site that misses the job's first round
+        is judged when it comes; a round in which half or more of the updates point against the consensus judges
+        nobody), and holds the sites judged before to their running opposition (``persistently_opposed``)."""
+        judged_by_direction = judged_by_direction or {}
         self.excluded = sorted(set(excluded) & set(self.arrivals))
 
         averaged = rules.aggregator(state, classes).averaged_keys
@@ -258,6 +262,9 @@ class Round:
                 if rules.reject_opposed_updates is not True:  # first round only: each site's first judged one
                     opposed = {site: why for site, why in opposed.items() if site not in judged_by_direction}
                     self.direction_judged = [site for site in self.direction_judged if site not in judged_by_direction]
+                    if not spared:  # after it, an opposition that persists (a round that is no one's carries it)
+                        self.opposition, persistent = persistently_opposed(self.directions, judged_by_direction)
+                        opposed.update(persistent)
                 self.rejected.update(opposed)
                 candidates = [site for site in candidates if site not in self.rejected]
             rows = {site: sizes[site].row_changes for site in candidates}
@@ -479,6 +486,8 @@ class Round:
             entry["directions"] = {site: round(value, 4) for site, value in self.directions.items()}
         if self.direction_judged:  # judged by direction: under "first_round", not again (the loop reads it back)
             entry["direction_judged"] = list(self.direction_judged)
+        if self.opposition:  # the sites judged before: each one's running opposition (the loop reads it back)
+            entry["opposition"] = {site: round(value, 4) for site, value in self.opposition.items()}
         if self.closest_updates is not None:  # how near two sites' backbone updates came (duplicates: within 1e-3)
             entry["closest_updates"] = float(f"{self.closest_updates:.4g}")
         if self.two_sites:  # a round of two sites: their backbone cosine, size ratios and shared rows' cosine

@@ -275,6 +275,45 @@ def consensus_is_no_ones(opposed: Collection[str], results: int) -> bool:
     return 2 * len(opposed) >= results
 
 
+# Page's CUSUM (1954) over a site's rounds after its first-round judgment: its running opposition to the rounds'
+# consensus grows by -cosine - OPPOSITION_REFERENCE a round (at least 0), and an update that takes it above
+# OPPOSITION_LIMIT is refused. The reference value is halfway between the honest sites' mean later-round opposition
+# from the stand-in (-0.48: their cosines' mean 0.48 in the clean sweep) and a flipped update's (1), as Page's rule
+# sets it; the limit is half a flipped update, above any one honest later round recorded (the lowest cosine -0.32).
+OPPOSITION_REFERENCE = 0.25
+OPPOSITION_LIMIT = 0.5
+
+
+@server_check(
+    "update",
+    'under `"first_round"`, in each later round with three or more results left whose consensus is someone\'s, a '
+    "site judged before has a running opposition to the rounds' consensus, Page's CUSUM of its update's "
+    f"cosines: it grows by -cosine - {OPPOSITION_REFERENCE} (at least 0), and an update that takes it above "
+    f"{OPPOSITION_LIMIT} is rejected, with all the site sent that round; recorded as `opposition`, so over any run of "
+    f"rounds the opposition a site's accepted updates add up to is at most {OPPOSITION_LIMIT} + "
+    f"{OPPOSITION_REFERENCE} a round, however long the job (a flipped update is 1 a round)",
+    "its updates of the backbone weights keep pointing against the rounds' consensus (running opposition 0.71 above "
+    f"{OPPOSITION_LIMIT}; cosine -0.96 with the robust aggregate this round)",
+)
+def persistently_opposed(
+    cosines: Mapping[str, float], running: Mapping[str, float]
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Page's CUSUM of each site in ``running`` (site -> its running opposition before this round) that has a cosine
+    in ``cosines`` (site -> its update's cosine with the round's consensus): (site -> its running opposition after
+    this round, site -> why, for those taken above :data:`OPPOSITION_LIMIT`)."""
+    after, refused = {}, {}
+    for site, cosine in sorted(cosines.items()):
+        if site not in running:
+            continue
+        after[site] = max(0.0, running[site] - cosine - OPPOSITION_REFERENCE)
+        if after[site] > OPPOSITION_LIMIT:
+            refused[site] = (
+                "its updates of the backbone weights keep pointing against the rounds' consensus (running opposition "
+                f"{after[site]:.2f} above {OPPOSITION_LIMIT}; cosine {cosine:.2f} with the robust aggregate this round)"
+            )
+    return after, refused
+
+
 def consensus_cosines(changes: Mapping[str, np.ndarray], consensus: np.ndarray) -> dict[str, float]:
     """site -> the cosine of its update with ``consensus`` (sites with a zero update, or a zero consensus, left out)."""
     reference = consensus.astype(np.float64)
