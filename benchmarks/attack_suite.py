@@ -308,6 +308,12 @@ def outcome(
             for entry in history
             if "aggregation" in entry
         },
+        # each site judged before: its running opposition (the CUSUM of its cosines) after the round, by round
+        "opposition": {
+            str(entry["round"]): entry["aggregation"].get("opposition", {})
+            for entry in history
+            if "aggregation" in entry
+        },
         # every site's validation figures of each round's candidate (what the server's harm tests read), by round
         "validations": {
             str(entry["round"]): dict(entry["validation"].get("sites", {}))

@@ -176,6 +176,8 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
         "direction_check": direction_check(app),
         "validations": validations,
         "directions": directions,
+        # each site judged before: its running opposition (the CUSUM of its cosines) after the round, by round
+        "opposition": {str(index): entry.get("opposition", {}) for index, entry in enumerate(rounds)},
         # how near two honest sites' backbone updates came (duplicates: core.robust.DUPLICATE_DISTANCE), and each
         # site's shared head rows (three or more holders) against their consensus (a cosine), each round
         "closest_updates": {str(index): entry.get("closest_updates") for index, entry in enumerate(rounds)},
