@@ -449,8 +449,9 @@ CHECKPOINT_SUFFIXES = (".pth", ".pt")  # a start given as a path: torchvision's 
 def start_settings(start: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Where a job's backbone starts, as its sites' rates, the persistor's arguments and the controller's settings: from
     the stand-in or a local ImageNet checkpoint, the papers' fine-tuning rates, FedBN+ and the direction check in each
-    site's first round only (fine-tuned from pretrained weights, honest sites of other vocabularies come to point
-    against the consensus in later rounds: docs/server-checks.md, clean federations from the stand-in); from scratch,
+    site's first round, then its running opposition (fine-tuned from pretrained weights, honest sites of other
+    vocabularies come to point against the consensus in later rounds, by a little: docs/server-checks.md, clean
+    federations from the stand-in); from scratch,
     the demo profile's rates, FedAvg's backbone (FedBN+ needs learned BatchNorm statistics) and the direction check
     every round."""
     if start not in JOB_STARTS and not str(start).endswith(CHECKPOINT_SUFFIXES):

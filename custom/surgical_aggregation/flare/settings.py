@@ -42,9 +42,11 @@ reject_opposed_updates: with three or more results left in a round, reject a res
     exactly two results (``core.robust.two_sites_apart``), stop the job when, in its first round from untrained
     heads, their shared head rows point apart or their backbone updates point opposite (later rounds are not judged
     by direction). On by default; "first_round": the direction check once a site, in the first round that judges
-    its direction (the job's first, or the one a site that missed it comes in; the two-site rule as with on), which
-    the bundle's jobs set when they start from pretrained weights (``recipe.start_settings``: fine-tuned from them,
-    honest sites of other vocabularies have pointed against the consensus in later rounds).
+    its direction (the job's first, or the one a site that missed it comes in; the two-site rule as with on), and
+    after it a running opposition (``core.checks.update.persistently_opposed``: Page's CUSUM of the site's cosines,
+    an update that takes it above its limit rejected), which the bundle's jobs set when they start from pretrained
+    weights (``recipe.start_settings``: fine-tuned from them, honest sites of other vocabularies have pointed against
+    the consensus in later rounds, by a little).
 robust_aggregation: how the server aggregates each part of the model (the backbone weights, the BatchNorm
     statistics, a head row) that three or more sites moved in a round, after the size checks and the clipping:
     "mean" (the papers' plain mean), or a rule of :mod:`surgical_aggregation.core.robust` ("median",
