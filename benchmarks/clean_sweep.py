@@ -40,7 +40,7 @@ import numpy as np
 from hostile_site import direction_check, run_simulator
 from scipy.stats import beta
 
-from surgical_aggregation.core.checks.update import OPPOSED_FIRST_ROUND
+from surgical_aggregation.core.checks.update import OPPOSED_FIRST_ROUND, consensus_is_no_ones, persistently_opposed
 from surgical_aggregation.core.labels import NIH_LABELS
 from surgical_aggregation.experiments.grid_run import code_version, machine
 from surgical_aggregation.experiments.grids import assign_label_sets
@@ -262,6 +262,24 @@ def rejected_rounds(result: dict) -> str:
     if not rounds and result["rejected"]:  # a result written before the rounds were kept
         return ", ".join(result["rejected"])
     return "; ".join(f"{site} (rounds {', '.join(numbers)})" for site, numbers in rounds.items())
+
+
+def replayed_opposition(directions: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """The running opposition the first-round direction check would give each site, replayed on a run's recorded
+    cosines (round -> site -> cosine): a site is judged in the first round that has its cosine and a consensus that is
+    someone's, and each later such round takes its CUSUM (``persistently_opposed``); round -> site -> its running
+    opposition after it. Exact up to the first update the rule would refuse, after which the run would differ."""
+    running: dict[str, float] = {}
+    replayed = {}
+    for number in sorted(directions, key=int):
+        cosines = directions[number]
+        if consensus_is_no_ones([site for site, cosine in cosines.items() if cosine <= 0], len(cosines)):
+            continue
+        after, _ = persistently_opposed(cosines, running)
+        running.update(after)
+        running.update({site: 0.0 for site in cosines if site not in running})  # judged now
+        replayed[number] = after
+    return replayed
 
 
 def upper_bound(events: int, trials: int, confidence: float = 0.95) -> float:

@@ -265,6 +265,26 @@ def test_sign_flip_persistent_keeps_its_running_opposition_at_zero_against_the_h
     assert "sign_flip_persistent" in site.LATE and site.QUIET["sign_flip_persistent"] == "sign_flip_persistent"
 
 
+def test_the_running_opposition_replayed_on_recorded_cosines_follows_the_rule() -> None:
+    """Judged in the first round with its cosine and a consensus that is someone's, then Page's CUSUM; a round whose
+    consensus is no one's (here two of three opposed) is skipped and carries each site's value."""
+    from helpers import load_benchmark
+
+    sweep = load_benchmark("clean_sweep")
+    directions = {
+        "0": {"a": 0.5, "b": 0.5},  # x misses round 0
+        "1": {"a": 0.5, "b": 0.1, "x": -0.9},  # x judged now
+        "2": {"a": 0.4, "b": 0.2, "x": -0.9},
+        "3": {"a": -0.2, "b": 0.3, "x": -0.9},  # two of three opposed: no one's
+        "4": {"a": 0.5, "b": 0.5, "x": -0.4},
+    }
+    replayed = sweep.replayed_opposition(directions)
+    assert list(replayed) == ["0", "1", "2", "4"]
+    assert replayed["0"] == {} and replayed["1"] == {"a": 0.0, "b": 0.0}
+    assert replayed["2"] == {"a": 0.0, "b": 0.0, "x": pytest.approx(0.65)}
+    assert replayed["4"] == {"a": 0.0, "b": 0.0, "x": pytest.approx(0.8)}
+
+
 def test_a_defence_the_honest_sites_run_reaches_them_and_not_the_attacker(tmp_path) -> None:
     """``--honest-sites`` settings (here a weight decay; stop 91 ran its patch hardening so) go into every honest
     site's config and not the attacker's, which trains as it likes; in a clean run every site is honest."""
