@@ -251,8 +251,9 @@ def test_sign_flip_persistent_keeps_its_running_opposition_at_zero_against_the_h
     warm-up round and reporting no validation."""
     import numpy as np
 
-    from helpers import load_benchmark
     from surgical_aggregation.core.checks.update import OPPOSITION_REFERENCE, persistently_opposed
+
+    from helpers import load_benchmark
 
     site = load_benchmark("suite_site")
     honest = np.random.default_rng(4).normal(size=(2, 40))
