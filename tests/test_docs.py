@@ -122,8 +122,8 @@ def _before_stop_98(suite, references: bool = False) -> dict[str, dict]:
 
 def _before_stop_101() -> tuple[dict[str, dict], dict[str, dict]]:
     """docs/attack-suite/results.json's runs with every run stop 101 made (the direction check in the first round
-    only) left out and the runs it replaced put back, and stop 102's left out: what the page's accounts before stop 101
-    describe; and stop 101's runs."""
+    only) left out and the runs it replaced put back, and stop 102's and stop 103's left out: what the page's accounts
+    before stop 101 describe; and stop 101's runs."""
     folder = REPOSITORY / "docs" / "attack-suite"
     runs = json.loads((folder / "results.json").read_text())
     made = {
@@ -133,7 +133,7 @@ def _before_stop_101() -> tuple[dict[str, dict], dict[str, dict]]:
     }
     before = json.loads((folder / "stand-in-before-stop101.json").read_text())
     assert set(before) <= set(made) and all("direction_check" not in run for run in before.values())
-    later = {name for name, run in runs.items() if run.get("commit", "").startswith(STOP_102)}
+    later = {name for name, run in runs.items() if run.get("commit", "").startswith((*STOP_102, *AT_STOP_103))}
     kept = {name: run for name, run in runs.items() if name not in made and name not in later}
     return {**kept, **before}, made
 
@@ -3571,4 +3571,142 @@ def test_the_attacks_stop_101_left_open_from_the_stand_in_are_their_record():
     assert (
         f"`sign_flip_late`, honest in round 0 ({late['directions']['0'][flipper]:.2f}) and flipping in every round "
         f"after, ended {suite.lowest_margin(late, suite.alone_of(runs, late)):+.3f}."
+    ) in page
+
+
+BEFORE_STOP_103 = "209b638"  # the first-round direction check without the running opposition
+STOP_103 = "bf08b81"  # the running opposition's runs: 2a8f0ad's server, the suite's records of each round's opposition
+AT_STOP_103 = (BEFORE_STOP_103, STOP_103)  # stop 103's runs: its references ran on the code before
+TWELVE_ROUNDS = ("sign_flip", "sign_flip_late", "sign_flip_persistent")
+
+
+def _honest_later_rounds_from_the_stand_in() -> list[dict]:
+    """The clean sweep's federations of three or more sites from the stand-in whose later rounds the page counts:
+    stop 100's table and stop 101's next draws."""
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    wide = [run for run in json.loads((sweeps / "stand-in.json").read_text()).values()
+            if len(run["federation"]["sites"]) >= 3]  # fmt: skip
+    drawn, _ = _wide_draws(FIRST_ROUND_COMMIT, range(589, 601), [589, 590, 592, 593, 594, 595, 596, 597, 599, 600],
+                           NEXT_STOP_AFTER, record="stand-in-first-round.json")  # fmt: skip
+    return [*wide, *drawn.values()]
+
+
+def test_the_running_opposition_is_its_record():
+    """docs/server-checks.md's stop 103 section: twelve rounds of the flippers on the code before (accepted, clipped,
+    after round 0) and under the running opposition (refused in every round after their judgment), the reader of the
+    rule, its reference value from the clean sweep's later rounds, and its replay on the honest and hostile records."""
+    suite, clean_sweep = load_benchmark("attack_suite"), load_benchmark("clean_sweep")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    before = json.loads((REPOSITORY / "docs" / "attack-suite" / "running-opposition.json").read_text())[
+        "before_stop_103"
+    ]
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    size = f"-{suite.PATIENTS}p12r"
+    old = {run["attack"]: run for run in before.values()}
+    new = {attack: runs[f"{attack}-3sites-1attackers-seed1{size}-stand-in"] for attack in TWELVE_ROUNDS}
+    references = [runs[f"{name}-3sites-{n}attackers-seed1{size}-stand-in"] for name, n in (("clean", 0),
+                  ("honest_alone", 1))]  # fmt: skip
+    assert sorted(old) == ["sign_flip", "sign_flip_late"]
+    assert all(run["commit"].startswith(BEFORE_STOP_103) for run in [*old.values(), *references])
+    assert all(run["commit"].startswith(STOP_103) for run in new.values())
+    made = [*old.values(), *new.values(), *references]
+    assert all(run["direction_check"] == "first_round" and run["exit_code"] == 0 and run["job_rounds"] == 12
+               and not run["excluded"] for run in made)  # fmt: skip
+    for run in [*old.values(), *new.values()]:
+        assert suite._size(suite.clean_of(runs, run)) == suite._size(run) == suite._size(suite.alone_of(runs, run))
+    seconds = [run["seconds"] for run in [*old.values(), *references]]
+    assert (
+        f"commit {BEFORE_STOP_103}, {min(seconds):.0f} to {max(seconds):.0f} s a run on this task's Intel Xeon" in page
+    )
+    flip, late = old["sign_flip"], old["sign_flip_late"]
+    (attacker,) = flip["attacking_sites"]
+    assert _refused_by_round(flip) == {"0": [attacker]} and _refused_by_round(late) == {}
+    pulls = [flip["directions"][str(n)][attacker] for n in range(1, 12)]
+    alone = suite.alone_of(runs, flip)
+    assert (
+        f"refused in round 0 and accepted, clipped, in the eleven rounds after at cosines of {min(pulls):.2f} to "
+        f"{max(pulls):.2f}, it ended {suite.lowest_margin(flip, alone):+.3f} from the honest sites alone "
+        f"({suite.lowest_margin(flip, suite.clean_of(runs, flip)):+.3f} from the clean run), and `sign_flip_late` "
+        f"{suite.lowest_margin(late, alone):+.3f}"
+    ) in page
+
+    later = [cosine for run in _honest_later_rounds_from_the_stand_in() for number, sites in run["directions"].items()
+             if number != "0" for cosine in sites.values()]  # fmt: skip
+    assert (
+        f"the honest sites' later-round opposition from the stand-in, -{sum(later) / len(later):.2f} (their cosines' "
+        f"mean over the {len(later)} honest later-round site-rounds recorded"
+    ) in page
+    assert abs(0.25 - (1 - sum(later) / len(later)) / 2) < 0.01  # Page's reference value: halfway between the means
+    assert f"adds is {-min(later) - 0.25:.2f} (its cosine {min(later):.2f})" in page
+    replayed = [(value, run["federation"]["name"], int(number), site)
+                for run in _honest_later_rounds_from_the_stand_in()
+                for number, sites in clean_sweep.replayed_opposition(run["directions"]).items()
+                for site, value in sites.items()]  # fmt: skip
+    highest, federation, number, site = max(replayed)
+    assert highest <= 0.5 and federation == clean_sweep.CONSORTIUM and site == "site-padchest"
+    assert (
+        f"the highest running opposition an honest site reached was {highest:.2f} (the consortium job's PadChest "
+        f"site, in round {number})"
+    ) in page
+
+    seconds = [run["seconds"] for run in new.values()]
+    assert f"commit {STOP_103}, {min(seconds):.0f} to {max(seconds):.0f} s a run;" in page
+    assert min(cosine for run in references for number, sites in run["directions"].items() if number != "0"
+               for cosine in sites.values()) >= 0.40  # fmt: skip
+    for run in new.values():
+        assert set(run["rejected"]) <= set(run["attacking_sites"])  # no honest site
+        assert all(
+            suite.verdict(run, reference(runs, run)) == "holds" for reference in (suite.clean_of, suite.alone_of)
+        )
+
+    def margins(run: dict) -> str:
+        return (f"{suite.lowest_margin(run, suite.alone_of(runs, run)):+.3f} from the honest sites alone "
+                f"({suite.lowest_margin(run, suite.clean_of(runs, run)):+.3f} from the clean run)")  # fmt: skip
+
+    flip, late, reader = (new[attack] for attack in TWELVE_ROUNDS)
+    assert _refused_by_round(flip) == {str(n): [attacker] for n in range(12)}
+    assert _refused_by_round(late) == {str(n): [attacker] for n in range(1, 12)}
+    assert not _refused_by_round(reader)
+    assert all(
+        "running opposition" in run["rejections"][str(n)][attacker] for run in (flip, late) for n in range(1, 12)
+    )
+    assert (
+        f"`sign_flip` was refused in every round, by direction in round 0 and by its running opposition after "
+        f"({flip['opposition']['1'][attacker]:.2f} in round 1, {flip['opposition']['11'][attacker]:.2f} by round "
+        f"11), and ended {margins(flip)}; `sign_flip_late`, judged in round 0 and flipping after, was refused in "
+        f"rounds 1 to 11 ({late['opposition']['1'][attacker]:.2f}, then {late['opposition']['11'][attacker]:.2f}) "
+        f"and ended {margins(late)}."
+    ) in page
+    aimed = [reader["directions"][str(n)][attacker] for n in range(1, 12)]
+    rows = [reader["shared_rows"][str(n)][attacker]["cosine"] for n in range(1, 12)]
+    assert all(reader["opposition"][str(n)][attacker] == 0 for n in range(1, 12))
+    assert (
+        f"its backbone update's cosine with the round's consensus came to {min(aimed):+.2f} to {max(aimed):+.2f}, "
+        f"not the -0.20 it aimed at with the honest sites' mean"
+    ) in page
+    assert (
+        f"its flipped head rows read {min(rows):.2f} to {max(rows):.2f} against theirs, and it ended {margins(reader)}"
+        in page
+    )
+
+    hostile, pulls = [], []
+    for name, run in runs.items():
+        if not run.get("commit", "").startswith(STOP_102[-1]) or run["direction_check"] != "first_round":
+            continue
+        replayed = clean_sweep.replayed_opposition(run["directions"])
+        assert all(value == 0 for sites in replayed.values() for site, value in sites.items()
+                   if site not in run["attacking_sites"])  # fmt: skip
+        for attacker in run["attacking_sites"]:
+            measured = [
+                number for number in sorted(run["directions"], key=int) if attacker in run["directions"][number]
+            ]
+            accepted = [number for number in measured[1:] if attacker not in run["rejections"].get(number, {})]
+            if accepted:
+                hostile.append(name)
+                pulls += [run["directions"][number][attacker] for number in accepted]
+                refused = [number for number, sites in replayed.items() if sites.get(attacker, 0) > 0.5]
+                assert refused == measured[1:]  # from its first round after its judgment
+    assert (
+        f"each of the {len(hostile)} attackers of {len(set(hostile))} runs accepted after its judged round (cosines "
+        f"{min(pulls):.2f} to {max(pulls):.2f} in those rounds) would have been refused from the first round after it"
     ) in page

@@ -243,7 +243,8 @@ OPPOSED_FIRST_ROUND = "first_round"
     "update",
     'with `reject_opposed_updates` (on: every round, the default from scratch; `"first_round"`: once a site, in the '
     "first round that judges its update's direction, the job's first or the one a site that missed it comes in, "
-    "recorded as `direction_judged`: the bundle's jobs' setting from pretrained weights) and three or more results "
+    "recorded as `direction_judged`, after it its running opposition, below: the bundle's jobs' setting from "
+    "pretrained weights) and three or more results "
     "left, an update of the backbone weights that points against the round's consensus (a cosine of 0 or below with "
     "the robust aggregate of every result's update, a copy counted once: the job's robust rule, or the coordinate-wise"
     " median where the rule is the mean) is rejected, and with it all the site sent this round (its head rows "
