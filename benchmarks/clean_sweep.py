@@ -268,7 +268,8 @@ def replayed_opposition(directions: dict[str, dict[str, float]]) -> dict[str, di
     """The running opposition the first-round direction check would give each site, replayed on a run's recorded
     cosines (round -> site -> cosine): a site is judged in the first round that has its cosine and a consensus that is
     someone's, and each later such round takes its CUSUM (``persistently_opposed``); round -> site -> its running
-    opposition after it. Exact up to the first update the rule would refuse, after which the run would differ."""
+    opposition after it. Exact up to the first update the rule would refuse, after which the run would differ, and
+    as long as every result had a cosine (a zero update has none, yet counts among a round's results)."""
     running: dict[str, float] = {}
     replayed = {}
     for number in sorted(directions, key=int):

@@ -245,9 +245,10 @@ def test_sign_flip_inside_cancels_the_other_sites_update_just_inside_the_two_sit
     assert "sign_flip_inside" in site.LATE and site.QUIET["sign_flip_inside"] == "sign_flip_inside"
 
 
-def test_sign_flip_persistent_keeps_its_running_opposition_at_zero_against_the_honest_mean() -> None:
-    """The reader of the running opposition: its backbone update's cosine with the honest sites' mean stands the
-    margin inside the CUSUM's reference value, so a round of it leaves the running opposition at 0; honest in its
+def test_sign_flip_persistent_aims_just_inside_the_running_oppositions_reference_with_the_honest_mean() -> None:
+    """The reader of the running opposition aims its backbone update at a cosine with the honest sites' mean the margin
+    inside the CUSUM's reference value (a round at that cosine would leave the running opposition at 0; the server
+    reads it against the consensus of every update, its own included, which its size drags its way); honest in its
     warm-up round and reporting no validation."""
     import numpy as np
 

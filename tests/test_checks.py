@@ -304,6 +304,16 @@ def test_persistently_opposed_is_pages_cusum_of_each_judged_sites_cosines():
         "above 0.5; cosine -0.90 with the robust aggregate this round)"
     )
     assert persistently_opposed({"a": -0.75}, {"a": 0.0}) == ({"a": 0.5}, {})  # at the limit, not above it
+    assert "(running opposition 0.5001 above 0.5;" in persistently_opposed({"a": -0.7501}, {"a": 0.0})[1]["a"]
+    after, refused = persistently_opposed({"a": -1.0}, {"a": 1.2})  # at most one flipped round past the limit
+    assert after == {"a": 1.25} and list(refused) == ["a"]
+    # a round whose consensus is no one's: nothing measured or changed, and a site still above the limit stays out
+    after, refused = persistently_opposed({"a": 0.9, "b": -0.9, "c": -0.9}, {"a": 0.3, "b": 0.8, "c": 0.2}, False)
+    assert after == {} and list(refused) == ["b"]
+    assert refused["b"] == (
+        "its running opposition to the rounds' consensus, 0.80, is still above 0.5 (this round's consensus is no "
+        "one's: not measured)"
+    )
 
 
 def test_a_rounds_means_over_sites_do_not_depend_on_the_order_their_results_arrived_in():

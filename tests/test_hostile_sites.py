@@ -615,6 +615,34 @@ def test_a_site_whose_opposition_persists_after_its_judged_round_is_rejected_onc
     )
 
 
+def test_two_flippers_above_the_limit_stay_out_of_a_round_whose_consensus_is_no_ones(tmp_path):
+    """site-x and site-y, honest in round 0 (judged then), flip after: refused in round 1 by their running opposition
+    (0.75 each); in round 2 site-c misses its task, so two of the four updates point against the consensus (the
+    honest two: the median of two and two sides with the flippers) and it is no one's: nothing is measured there,
+    and the two, still above the limit, stay out. Judging nobody in such a round would let both flips in."""
+    flip = _flipped(1.0)
+
+    def flips_after_round_0(number: int, params: dict) -> dict:
+        return flip(number, params) if number else shifted(params, 0.01)
+
+    sites = [FakeSite(f"site-{name}", ["Mass", "Edema"], [0.9, 0.5],
+                      (lambda n, params: FAILS if n == 2 else shifted(params, 0.01)) if name == "c" else None)
+             for name in "abc"]  # fmt: skip
+    sites += [FakeSite(f"site-{name}", ["Edema", "Mass"], [0.9, 0.5], flips_after_round_0) for name in "xy"]
+    harness = Harness(sites, tmp_path, num_rounds=3, reject_opposed_updates="first_round", clip_updates=False)
+    harness.run()
+    rounds = [entry["aggregation"] for entry in harness.history if "aggregation" in entry]
+    assert [sorted(entry["rejected"]) for entry in rounds] == [[], ["site-x", "site-y"], ["site-x", "site-y"]]
+    assert rounds[1]["opposition"]["site-x"] == pytest.approx(0.75, abs=1e-3) and "opposition" not in rounds[2]
+    # two against two: the median sides with the flippers' larger updates, so the honest two read as opposed
+    assert sorted(site for site, cosine in rounds[2]["directions"].items() if cosine <= 0) == ["site-a", "site-b"]
+    assert rounds[2]["rejected"]["site-x"] == (
+        "its running opposition to the rounds' consensus, 0.75, is still above 0.5 (this round's consensus is no "
+        "one's: not measured)"
+    )
+    assert rounds[2]["accepted"] == ["site-a", "site-b"]
+
+
 FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Effusion", "Atelectasis"]
 
 

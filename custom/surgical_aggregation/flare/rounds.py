@@ -262,9 +262,11 @@ class Round:
                 if rules.reject_opposed_updates is not True:  # first round only: each site's first judged one
                     opposed = {site: why for site, why in opposed.items() if site not in judged_by_direction}
                     self.direction_judged = [site for site in self.direction_judged if site not in judged_by_direction]
-                    if not spared:  # after it, an opposition that persists (a round that is no one's carries it)
-                        self.opposition, persistent = persistently_opposed(self.directions, judged_by_direction)
-                        opposed.update(persistent)
+                    # after it, an opposition that persists (a round that is no one's carries it)
+                    self.opposition, persistent = persistently_opposed(
+                        self.directions, judged_by_direction, consensus_is_someones=not spared
+                    )
+                    opposed.update(persistent)
                 self.rejected.update(opposed)
                 candidates = [site for site in candidates if site not in self.rejected]
             rows = {site: sizes[site].row_changes for site in candidates}

@@ -281,36 +281,59 @@ def consensus_is_no_ones(opposed: Collection[str], results: int) -> bool:
 # OPPOSITION_LIMIT is refused. The reference value is halfway between the honest sites' mean later-round opposition
 # from the stand-in (-0.48: their cosines' mean 0.48 in the clean sweep) and a flipped update's (1), as Page's rule
 # sets it; the limit is half a flipped update, above any one honest later round recorded (the lowest cosine -0.32).
+# It never exceeds one flipped round past the limit: refused rounds count, and a site that comes back honest is
+# readmitted within a round or two (a flipped update from there is refused again: it adds 0.75 to any value).
 OPPOSITION_REFERENCE = 0.25
 OPPOSITION_LIMIT = 0.5
+OPPOSITION_CAP = OPPOSITION_LIMIT + 1 - OPPOSITION_REFERENCE
+
+
+def _opposition_shown(value: float) -> str:
+    """A running opposition above the limit, as a reason shows it (never rounded down to the limit)."""
+    for digits in range(2, 8):
+        shown = f"{value:.{digits}f}"
+        if float(shown) > OPPOSITION_LIMIT:
+            return shown
+    return repr(value)
 
 
 @server_check(
     "update",
-    'under `"first_round"`, in each later round with three or more results left whose consensus is someone\'s, a '
-    "site judged before has a running opposition to the rounds' consensus, Page's CUSUM of its update's "
-    f"cosines: it grows by -cosine - {OPPOSITION_REFERENCE} (at least 0), and an update that takes it above "
-    f"{OPPOSITION_LIMIT} is rejected, with all the site sent that round; recorded as `opposition`, so over any run of "
-    f"rounds the opposition a site's accepted updates add up to is at most {OPPOSITION_LIMIT} + "
-    f"{OPPOSITION_REFERENCE} a round, however long the job (a flipped update is 1 a round)",
+    'under `"first_round"`, in each later round with three or more results left, a site judged before has a running '
+    "opposition to the rounds' consensus, Page's CUSUM of its update's cosines: in a round whose consensus is "
+    f"someone's it grows by -cosine - {OPPOSITION_REFERENCE} (at least 0, at most {OPPOSITION_CAP}), and an update "
+    f"that takes it above {OPPOSITION_LIMIT} is rejected, with all the site sent that round; in a round whose "
+    f"consensus is no one's it is carried, and a site still above {OPPOSITION_LIMIT} is rejected. Recorded as "
+    "`opposition`. Over any run of consecutive judged rounds in which a site's updates are accepted, their "
+    f"opposition (-cosine with each round's consensus) adds up to at most {OPPOSITION_LIMIT} + "
+    f"{OPPOSITION_REFERENCE} a round, where a flipped update adds 1 a round",
     "its updates of the backbone weights keep pointing against the rounds' consensus (running opposition 0.71 above "
     f"{OPPOSITION_LIMIT}; cosine -0.96 with the robust aggregate this round)",
 )
 def persistently_opposed(
-    cosines: Mapping[str, float], running: Mapping[str, float]
+    cosines: Mapping[str, float], running: Mapping[str, float], consensus_is_someones: bool = True
 ) -> tuple[dict[str, float], dict[str, str]]:
     """Page's CUSUM of each site in ``running`` (site -> its running opposition before this round) that has a cosine
     in ``cosines`` (site -> its update's cosine with the round's consensus): (site -> its running opposition after
-    this round, site -> why, for those taken above :data:`OPPOSITION_LIMIT`)."""
+    this round, site -> why, for those taken above :data:`OPPOSITION_LIMIT`). In a round whose consensus is no one's
+    nothing is measured and nothing changes, but a site still above the limit stays out."""
     after, refused = {}, {}
     for site, cosine in sorted(cosines.items()):
         if site not in running:
             continue
-        after[site] = max(0.0, running[site] - cosine - OPPOSITION_REFERENCE)
+        if not consensus_is_someones:
+            if running[site] > OPPOSITION_LIMIT:
+                refused[site] = (
+                    f"its running opposition to the rounds' consensus, {_opposition_shown(running[site])}, is still "
+                    f"above {OPPOSITION_LIMIT} (this round's consensus is no one's: not measured)"
+                )
+            continue
+        after[site] = min(OPPOSITION_CAP, max(0.0, running[site] - cosine - OPPOSITION_REFERENCE))
         if after[site] > OPPOSITION_LIMIT:
             refused[site] = (
                 "its updates of the backbone weights keep pointing against the rounds' consensus (running opposition "
-                f"{after[site]:.2f} above {OPPOSITION_LIMIT}; cosine {cosine:.2f} with the robust aggregate this round)"
+                f"{_opposition_shown(after[site])} above {OPPOSITION_LIMIT}; cosine {cosine:.2f} with the robust "
+                "aggregate this round)"
             )
     return after, refused
 
