@@ -3677,6 +3677,11 @@ def test_the_running_opposition_is_its_record():
         f"rounds 1 to 11 ({late['opposition']['1'][attacker]:.2f}, then {late['opposition']['11'][attacker]:.2f}) "
         f"and ended {margins(late)}."
     ) in page
+    for run in (flip, late):  # run before the cap and the carry: each flipped round alone takes it past the limit
+        assert all(-run["directions"][str(n)][attacker] - 0.25 > 0.5 for n in range(1, 12))
+        assert not any(2 * sum(cosine <= 0 for cosine in sites.values()) >= len(sites)
+                       for sites in run["directions"].values())  # fmt: skip
+    assert "These ran before the cap and the carry through rounds that are no one's (commit fdd25ee)" in page
     aimed = [reader["directions"][str(n)][attacker] for n in range(1, 12)]
     rows = [reader["shared_rows"][str(n)][attacker]["cosine"] for n in range(1, 12)]
     assert all(reader["opposition"][str(n)][attacker] == 0 for n in range(1, 12))

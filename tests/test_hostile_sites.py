@@ -730,6 +730,10 @@ def test_a_site_that_misses_the_first_rounds_is_judged_by_direction_when_it_come
     ]
     assert all(entry["directions"]["site-x"] < 0 for entry in rounds if "site-x" in entry["directions"])
     assert all(entry["rejected"].keys() <= {"site-x"} for entry in rounds)  # the honest sites judged once, and kept
+    if setting == "first_round":  # x's running opposition starts after its judged round (-0.2 keeps it at 0)
+        assert [entry.get("opposition", {}).get("site-x") for entry in rounds] == [
+            None if number <= rejected_in[0] else 0.0 for number in range(3)
+        ]
 
 
 FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Atelectasis", "Pneumothorax"]
