@@ -3429,7 +3429,7 @@ def test_the_next_draws_from_the_stand_in_under_the_first_round_only_are_their_r
     )
     assert not any(run["rejected"] for run in runs.values())
     readme = " ".join(_readme().split())
-    assert f"now the rule from pretrained weights: 0 of those 3 (in-sample), 0 of {len(ran)} new draws." in readme
+    assert f"the rule from pretrained weights: 0 of those 3 (in-sample), 0 of {len(ran)} new draws;" in readme
 
 
 LATE_JOINER_COMMITS = STOP_102 = ("9444d7d", "1f33fc1")  # stop 102's runs: e5661f9's server, the suite's roles after it
@@ -3715,3 +3715,84 @@ def test_the_running_opposition_is_its_record():
         f"each of the {len(hostile)} attackers of {len(set(hostile))} runs accepted after its judged round (cosines "
         f"{min(pulls):.2f} to {max(pulls):.2f} in those rounds) would have been refused from the first round after it"
     ) in page
+
+
+RUNNING_OPPOSITION_SEEDS = [623, 626, 627, 638]  # the first draws after 600 with a PadChest or VinDr site among seven
+
+
+def test_the_running_opposition_on_draws_it_was_not_set_on_is_their_record():
+    """docs/server-checks.md's stop 103 section, out of sample: the first four draws after seed 600 with a PadChest or
+    VinDr site among seven sites, from the stand-in under the running opposition: each whole, published, nothing
+    refused, stopped or left out; each honest site's running opposition and later-round cosines as quoted; the
+    table."""
+    clean_sweep = load_benchmark("clean_sweep")
+    drawn = {seed: list(clean_sweep.draw(seed).sites) for seed in range(601, 700)}
+    chosen = [seed for seed, sites in drawn.items()
+              if len(sites) == 7 and any(kind in site for site in sites for kind in ("padchest", "vindr"))]  # fmt: skip
+    assert chosen[:4] == RUNNING_OPPOSITION_SEEDS
+    record = json.loads((REPOSITORY / "docs" / "clean-sweep" / "stand-in-running-opposition.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert sorted(run["federation"]["seed"] for run in record.values()) == RUNNING_OPPOSITION_SEEDS
+    runs = list(record.values())
+    assert all(run["commit"].startswith(STOP_103) and run["direction_check"] == "first_round"
+               and run["federation"]["start"] == "stand-in" and len(run["directions"]) == run["federation"]["rounds"]
+               and not run["rejected"] and not any(run["excluded"].values()) for run in runs)  # fmt: skip
+    stopped = {run["federation"]["seed"]: run for run in runs if run["exit_code"] != 0}
+    assert list(stopped) == [626] and all(run["published"] for run in runs if run["exit_code"] == 0)
+    bar = stopped[626]
+    assert not bar["published"] and bar["stopped"].startswith("no trained global model was judged at least as good")
+    figures = bar["validations"]
+    single = [site for site in bar["federation"]["sites"] if "siim" in site or "rsna" in site]
+    assert all(figures[number][site]["val_loss"] > figures["-1"][site]["val_loss"]
+               for number in ("0", "1", "2") for site in single)  # fmt: skip
+    rises = [figures[number][site]["val_mean_auroc"] for number in ("0", "1", "2") for site in single]
+    starts = [figures["-1"][site]["val_mean_auroc"] for site in single]
+    recalibrated = [figures["0"][site]["val_recalibrated_loss_minus_start"] for site in single]
+    assert all(figures["-1"][site]["local_val_loss"] < figures["-1"][site]["val_loss"] for site in single)  # vetoes
+    assert (
+        f"while their mean validation AUROC rose from {min(starts):.2f}-{max(starts):.2f} to {min(rises):.2f}-"
+        f"{max(rises):.2f}, and recalibrated in the large their round-0 loss fell ({max(recalibrated):.2f} to "
+        f"{min(recalibrated):.2f} against the stand-in"
+    ) in page
+    first, second = (
+        [f"{figures[number][site]['val_loss']:.2f}" for number in ("-1", "0", "1", "2")] for site in single[:2]
+    )
+    assert (
+        f"({single[0]} {first[1]}, {first[2]} and {first[3]} against {first[0]}; {single[1]} {second[1]}, "
+        f"{second[2]}, {second[3]} against {second[0]})"
+    ) in page
+    assert (
+        f"An honest federation stopped: 1 of these 4 (at most {_bound_up(clean_sweep.upper_bound(1, len(runs)))})"
+    ) in page
+    seconds = [run["seconds"] for run in runs]
+    assert (
+        f"--seeds {' '.join(map(str, RUNNING_OPPOSITION_SEEDS))}`, commit {STOP_103}, {min(seconds):.0f} to "
+        f"{max(seconds):.0f} s each on this task's Intel Xeon"
+    ) in page
+    highest = max((value, run["federation"]["seed"], site) for run in runs for sites in run["opposition"].values()
+                  for site, value in sites.items())  # fmt: skip
+    assert highest[0] < 0.5
+    for run in runs:  # the replay gives what the server recorded
+        replayed = clean_sweep.replayed_opposition(run["directions"])
+        assert {number: {site: round(value, 4) for site, value in sites.items()}
+                for number, sites in replayed.items() if sites} == {
+            number: sites for number, sites in run["opposition"].items() if sites}  # fmt: skip
+    later = [(cosine, run["federation"]["seed"], site) for run in runs for number, sites in run["directions"].items()
+             if number != "0" for site, cosine in sites.items()]  # fmt: skip
+    lowest, seed, site = min(later)
+    assert (highest[1], highest[2]) == (seed, site)
+    opposed = sum(cosine <= 0 for cosine, *_ in later)
+    sites = sum(len(run["federation"]["sites"]) for run in runs)
+    assert (
+        f"the lowest cosine of an honest update with the consensus after the first round was {lowest:.2f} ({site} of "
+        f"seed {seed}), {opposed} of the {len(later)} honest later-round site-rounds came at or below 0, and the "
+        f"highest running opposition was {highest[0]:.2f} (the same site, after that round): 0 of the {sites} honest "
+        f"sites refused by it (at most "
+        f"{_bound_up(clean_sweep.upper_bound(0, sites))}, exact one-sided 95 %)"
+    ) in page
+    table = _marked_block(REPOSITORY / "docs" / "server-checks.md", "clean-sweep-running-opposition")
+    assert table == "\n".join(clean_sweep.table(record))
+    assert (
+        f"then running opposition: {sum(bool(run['rejected']) for run in runs)} of {len(runs)} seven-site "
+        f"PadChest/VinDr draws; the initial model's bar stopped {len(stopped)} (open)."
+    ) in _readme()
