@@ -3493,13 +3493,7 @@ def test_a_site_that_misses_the_first_round_is_judged_when_it_comes_as_its_recor
         f"none of its results was refused after round 0, and the other honest sites ended {', '.join(joined)} from "
         "the honest sites alone"
     ) in page
-    sweeps = REPOSITORY / "docs" / "clean-sweep"
-    every = json.loads((sweeps / "stand-in.json").read_text())
-    wide = [run for run in every.values() if len(run["federation"]["sites"]) >= 3]
-    drawn, _ = _wide_draws(FIRST_ROUND_COMMIT, range(589, 601), [589, 590, 592, 593, 594, 595, 596, 597, 599, 600],
-                           NEXT_STOP_AFTER, record="stand-in-first-round.json")  # fmt: skip
-    later = [cosine for run in [*wide, *drawn.values()] for number, sites in run["directions"].items()
-             if number != "0" for cosine in sites.values()]  # fmt: skip
+    later = _later_round_cosines(_honest_later_rounds_from_the_stand_in())
     opposed = sum(cosine <= 0 for cosine in later)
     bound = _bound_up(clean_sweep.upper_bound(opposed, len(later)))
     assert (
@@ -3591,6 +3585,12 @@ def _honest_later_rounds_from_the_stand_in() -> list[dict]:
     return [*wide, *drawn.values()]
 
 
+def _later_round_cosines(runs: list[dict]) -> list[float]:
+    """Every site's cosine with the consensus in the rounds after the first, over ``runs``."""
+    return [cosine for run in runs for number, sites in run["directions"].items() if number != "0"
+            for cosine in sites.values()]  # fmt: skip
+
+
 def test_the_running_opposition_is_its_record():
     """docs/server-checks.md's stop 103 section: twelve rounds of the flippers on the code before (accepted, clipped,
     after round 0) and under the running opposition (refused in every round after their judgment), the reader of the
@@ -3630,8 +3630,8 @@ def test_the_running_opposition_is_its_record():
         f"{suite.lowest_margin(late, alone):+.3f}"
     ) in page
 
-    later = [cosine for run in _honest_later_rounds_from_the_stand_in() for number, sites in run["directions"].items()
-             if number != "0" for cosine in sites.values()]  # fmt: skip
+    honest = _honest_later_rounds_from_the_stand_in()
+    later = _later_round_cosines(honest)
     assert (
         f"the honest sites' later-round opposition from the stand-in, -{sum(later) / len(later):.2f} (their cosines' "
         f"mean over the {len(later)} honest later-round site-rounds recorded"
@@ -3639,7 +3639,7 @@ def test_the_running_opposition_is_its_record():
     assert abs(0.25 - (1 - sum(later) / len(later)) / 2) < 0.01  # Page's reference value: halfway between the means
     assert f"adds is {-min(later) - 0.25:.2f} (its cosine {min(later):.2f})" in page
     replayed = [(value, run["federation"]["name"], int(number), site)
-                for run in _honest_later_rounds_from_the_stand_in()
+                for run in honest
                 for number, sites in clean_sweep.replayed_opposition(run["directions"]).items()
                 for site, value in sites.items()]  # fmt: skip
     highest, federation, number, site = max(replayed)
