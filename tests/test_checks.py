@@ -316,6 +316,26 @@ def test_persistently_opposed_is_pages_cusum_of_each_judged_sites_cosines():
     )
 
 
+def test_the_running_opposition_bounds_what_any_run_of_accepted_rounds_adds_up_to():
+    """The page's bound, against sequences an attacker might send (random, alternating, just past the reference): over
+    any run of consecutive rounds in which the site is accepted, its opposition (-cosine) adds up to at most 0.5 +
+    0.25 a round."""
+    generator = np.random.default_rng(0)
+    sequences = [generator.uniform(-1, 1, 200), generator.uniform(-1, 0.2, 200), np.tile([-1.0, 0.6], 100),
+                 np.full(200, -0.26), np.tile([-0.74, -0.1, 0.9], 67)]  # fmt: skip
+    for cosines in sequences:
+        running, accepted = {"x": 0.0}, []
+        for cosine in cosines:
+            after, refused = persistently_opposed({"x": float(cosine)}, running)
+            running = after
+            accepted.append("x" not in refused)
+        for start in range(len(cosines)):
+            for end in range(start, len(cosines)):
+                if not accepted[end]:
+                    break
+                assert -cosines[start : end + 1].sum() <= 0.5 + 0.25 * (end - start + 1) + 1e-9
+
+
 def test_a_rounds_means_over_sites_do_not_depend_on_the_order_their_results_arrived_in():
     """Four sites' figures whose float sum depends on its order: the round's record is the same either way."""
     from surgical_aggregation.flare.state import INITIAL_ROUND, FederationState, SavedVersion, judge
