@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.checks.model import changes_against_the_bar, judged_loss
+from ..core.checks.model import changes_against_the_bar, judged_loss, recalibrated_changes
 from ..core.errors import ModelFileError, StateFileError
 from ..core.head import HeadSpec, extend_head, slice_for_client, to_numpy
 from ..core.methods import head_classes_for_site
@@ -299,7 +299,9 @@ def judge(
     site that reported one); before any trained model is the best, the initial model's bar weighs each judging site's
     change of loss against its own loss of the initial model (recorded as the validation's ``bar``), and when the job
     started from untrained heads (``untrained_start``) the sites whose own training did not lower their loss cannot
-    veto it. Whether the model harms a site is the screening's (``core.judging``), before this."""
+    veto it; from trained heads, a site's change counts as the lower of its change as it is and once recalibrated in
+    the large, where the model ranks its images no worse than the initial one (recorded as the bar's
+    ``recalibrated``). Whether the model harms a site is the screening's (``core.judging``), before this."""
     judges = {
         site: metrics["val_loss"]
         for site, metrics in site_metrics.items()
@@ -321,7 +323,16 @@ def judge(
     if version.trained and federation.best is None and math.isfinite(federation.best_loss):
         entry = next((entry for entry in federation.history if entry["round"] == INITIAL_ROUND), {})
         initial = entry.get("validation", {}).get("sites", {})
-        changes, without_veto = changes_against_the_bar(judges, initial, START_TIE, vetoes=untrained_start)
+        # from trained heads, each site's change once recalibrated too: its validation of round 0's model, which it
+        # trained from the initial one, gives its recalibrated loss of the initial model
+        first = next((entry for entry in federation.history if entry["round"] == INITIAL_ROUND + 1), {})
+        again = {}
+        if not untrained_start:
+            judged_figures = {site: site_metrics[site] for site in judges}
+            again = recalibrated_changes(judged_figures, first.get("validation", {}).get("sites", {}), initial)
+        changes, without_veto = changes_against_the_bar(
+            judges, initial, START_TIE, vetoes=untrained_start, recalibrated=again
+        )
         if changes:  # judges that validated the initial model too; without one, the losses as they are
             change = judged_loss(changes)[0]
             bar_loss = initial_bar(federation, min_delta) + change
@@ -331,6 +342,8 @@ def judge(
                 "changes": dict(sorted(changes.items())),
                 "no_veto": without_veto,
             }
+            if again:
+                validation["bar"]["recalibrated"] = dict(sorted(again.items()))
     best = select(federation, version, judged, min_delta, bar_loss)
     if best:
         validation["best"] = True

@@ -91,8 +91,40 @@ def judged_loss(losses: Mapping[str, float]) -> tuple[float, str]:
     return float(np.mean(values)), "mean"
 
 
+def recalibrated_changes(
+    metrics: Mapping[str, Mapping[str, float]],
+    first: Mapping[str, Mapping[str, float]],
+    initial: Mapping[str, Mapping[str, float]],
+) -> dict[str, float]:
+    """Each site's change of loss against its own loss of the initial model once each model is recalibrated in the
+    large to its images, for the initial model's bar (:func:`changes_against_the_bar`): its recalibrated loss of the
+    model (``metrics``: ``val_recalibrated_loss``) minus that of the initial model, which its validation of the first
+    trained round's model gives (``first``: its ``val_recalibrated_loss`` minus ``val_recalibrated_loss_minus_start``,
+    the paired change against the model that round started from, the initial one). Only for a site whose mean AUROC
+    of the model is at least its mean AUROC of the initial model (``initial``): recalibration forgives intercepts, not
+    a ranking that got worse, so a model with constant outputs, whose recalibrated loss is the base rate's, gains
+    nothing from it where the start ranked its images better than chance. A site without these figures has none."""
+    changes = {}
+    for site, figures in metrics.items():
+        start = first.get(site, {})
+        auroc, initial_auroc = figures.get("val_mean_auroc", math.nan), initial.get(site, {}).get("val_mean_auroc")
+        if initial_auroc is None or not auroc >= initial_auroc:
+            continue
+        initial_loss = start.get("val_recalibrated_loss", math.nan) - start.get(
+            "val_recalibrated_loss_minus_start", math.nan
+        )
+        change = figures.get("val_recalibrated_loss", math.nan) - initial_loss
+        if math.isfinite(change):
+            changes[site] = change
+    return changes
+
+
 def changes_against_the_bar(
-    losses: Mapping[str, float], initial: Mapping[str, Mapping[str, float]], tie: float, vetoes: bool = False
+    losses: Mapping[str, float],
+    initial: Mapping[str, Mapping[str, float]],
+    tie: float,
+    vetoes: bool = False,
+    recalibrated: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, float], list[str]]:
     """The initial model's bar on a trained model, paired per site: each judging site's loss of the model minus its
     own loss of the initial model (``initial``: the sites' validation of it), for the judges that validated both. The
@@ -108,13 +140,21 @@ def changes_against_the_bar(
     overconfident on its few images), and on its own scale it would veto every trained model. Its change counts as at
     most ``2 * tie``: no veto, and never a vote for a model it finds no better than the start. Where its change is
     lower it vouches for the model as before. A site that sent no own-model loss judges as before; when every judge
-    cannot veto, nobody can tell, and the changes count as they are. Returns (site -> change as the bar weighs it, the
-    sites without a veto)."""
+    cannot veto, nobody can tell, and the changes count as they are.
+
+    ``recalibrated`` (a job from trained heads: :func:`recalibrated_changes`): a site's change counts as the lower of
+    its change as it is and its change once each model is recalibrated in the large to its images, so that a model
+    which ranks its images no worse than the start and is worse only by its intercepts (a finding's row averaged over
+    sites whose prevalences of it differ, which the site's own data set right) is no veto, as the harm test asks both.
+    Returns (site -> change as the bar weighs it, the sites without a veto)."""
     changes = {
         site: loss - initial[site]["val_loss"]
         for site, loss in losses.items()
         if site in initial and math.isfinite(initial[site].get("val_loss", math.nan)) and math.isfinite(loss)
     }
+    for site, change in (recalibrated or {}).items():
+        if site in changes and math.isfinite(change):
+            changes[site] = min(changes[site], change)
     without_veto = []
     for site in changes if vetoes else ():
         own = initial[site].get("local_val_loss")
