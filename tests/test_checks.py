@@ -15,9 +15,9 @@ from surgical_aggregation.core.checks.metrics import check_metrics
 from surgical_aggregation.core.checks.model import (
     blame_for_failing_model,
     changes_against_the_bar,
-    recalibrated_changes,
     judged_loss,
     model_problems,
+    recalibrated_changes,
 )
 from surgical_aggregation.core.checks.update import (
     MAX_SIZE_SCALE,
@@ -246,37 +246,47 @@ def test_a_site_whose_own_training_did_not_lower_its_loss_cannot_veto_the_bar():
     assert changes_against_the_bar({"x": 0.3}, initial, tie=0.01, vetoes=True) == ({}, [])
 
 
-def test_from_trained_heads_a_site_whose_model_ranks_no_worse_weighs_its_recalibrated_change_too():
-    """Seed 626 from the stand-in, in numbers: a site of one finding found round 0's model worse than the stand-in
-    (0.70 -> 2.03) while it ranked its images better (AUROC 0.33 -> 0.90) and, recalibrated in the large, was better
-    (0.70 -> 0.52). Its recalibrated loss of the initial model comes from its validation of round 0's model (0.52
-    minus its change against the start, -0.18); a site whose AUROC fell, or that sent no such figures, has none."""
+def test_a_site_whose_model_ranks_no_worse_than_its_start_and_its_own_weighs_its_recalibrated_change_too():
+    """Seed 626 from the stand-in, in numbers: a site of one finding found round 0's model worse than the untrained
+    start (0.70 -> 2.03) while it ranked its images better than the start and than the site's own first-round model
+    (AUROC 0.33 and 0.87 -> 0.90) and, recalibrated in the large, was better (0.70 -> 0.52). Its recalibrated loss of
+    the initial model comes from its validation of round 0's model (0.52 minus its change against the start, -0.18); a
+    site whose model ranks worse than its start or its own model, or that sent no such figures, has none."""
     initial = {
-        "siim": {"val_loss": 0.70, "val_mean_auroc": 0.33},
-        "chexpert": {"val_loss": 0.71, "val_mean_auroc": 0.43},
-        "padchest": {"val_loss": 0.71, "val_mean_auroc": 0.70},
-        "quiet": {"val_loss": 0.70, "val_mean_auroc": 0.60},
+        "siim": {"val_loss": 0.70, "val_mean_auroc": 0.33, "local_val_mean_auroc": 0.87},
+        "chexpert": {"val_loss": 0.71, "val_mean_auroc": 0.43, "local_val_mean_auroc": 0.43},
+        "padchest": {"val_loss": 0.71, "val_mean_auroc": 0.52, "local_val_mean_auroc": 0.70},
+        "rsna": {"val_loss": 0.66, "val_mean_auroc": 0.70, "local_val_mean_auroc": 0.60},
+        "quiet": {"val_loss": 0.70, "val_mean_auroc": 0.60, "local_val_mean_auroc": 0.60},
+        "private": {"val_loss": 0.70, "val_mean_auroc": 0.60},  # sent no own-model AUROC
     }
+    start = {"val_recalibrated_loss": 0.06, "val_recalibrated_loss_minus_start": -0.6}  # the start's: 0.66
     first = {
         "siim": {"val_recalibrated_loss": 0.52, "val_recalibrated_loss_minus_start": -0.18},
         "chexpert": {"val_recalibrated_loss": 0.37, "val_recalibrated_loss_minus_start": -0.05},
-        "padchest": {"val_recalibrated_loss": 0.06, "val_recalibrated_loss_minus_start": -0.6},
+        "padchest": start,
+        "rsna": start,
+        "private": start,
     }
     later = {
         "siim": {"val_loss": 1.48, "val_recalibrated_loss": 0.53, "val_mean_auroc": 0.89},
-        "chexpert": {"val_loss": 0.46, "val_recalibrated_loss": 0.30, "val_mean_auroc": 0.43},  # a tie of AUROC
-        "padchest": {"val_loss": 0.90, "val_recalibrated_loss": 0.10, "val_mean_auroc": 0.65},  # ranks worse: none
+        "chexpert": {"val_loss": 0.46, "val_recalibrated_loss": 0.30, "val_mean_auroc": 0.43},  # ties both: counts
+        "padchest": {"val_loss": 0.90, "val_recalibrated_loss": 0.10, "val_mean_auroc": 0.65},  # under its own 0.70
+        "rsna": {"val_loss": 0.90, "val_recalibrated_loss": 0.10, "val_mean_auroc": 0.65},  # under its start's 0.70
         "quiet": {"val_loss": 0.90, "val_recalibrated_loss": 0.10, "val_mean_auroc": 0.90},  # no round-0 figures
+        "private": {"val_loss": 0.90, "val_recalibrated_loss": 0.10, "val_mean_auroc": 0.90},
     }
     again = recalibrated_changes(later, first, initial)
     assert again == pytest.approx({"siim": 0.53 - 0.70, "chexpert": 0.30 - 0.42})
-    assert recalibrated_changes(first | {"siim": {**later["siim"], **first["siim"]}}, first, initial) == (
+    assert recalibrated_changes({"siim": {**later["siim"], **first["siim"]}}, first, initial) == (
         pytest.approx({"siim": -0.18})  # round 0's own model: its change against the start, exactly
     )
     losses = {site: figures["val_loss"] for site, figures in later.items()}
     changes, _ = changes_against_the_bar(losses, initial, tie=0.01, recalibrated=again)
-    # each the lower of its two changes; padchest and quiet as they are
-    assert changes == pytest.approx({"siim": -0.17, "chexpert": -0.25, "padchest": 0.19, "quiet": 0.2})
+    # each the lower of its two changes; the others as they are
+    assert changes == pytest.approx(
+        {"siim": -0.17, "chexpert": -0.25, "padchest": 0.19, "rsna": 0.24, "quiet": 0.2, "private": 0.2}
+    )
     assert changes_against_the_bar(losses, initial, tie=0.01)[0]["siim"] == pytest.approx(0.78)
     # a recalibrated change never raises a change: the lower of the two counts
     assert changes_against_the_bar({"siim": 0.5}, initial, tie=0.01, recalibrated={"siim": 0.3})[0] == (

@@ -299,9 +299,9 @@ def judge(
     site that reported one); before any trained model is the best, the initial model's bar weighs each judging site's
     change of loss against its own loss of the initial model (recorded as the validation's ``bar``), and when the job
     started from untrained heads (``untrained_start``) the sites whose own training did not lower their loss cannot
-    veto it; from trained heads, a site's change counts as the lower of its change as it is and once recalibrated in
-    the large, where the model ranks its images no worse than the initial one (recorded as the bar's
-    ``recalibrated``). Whether the model harms a site is the screening's (``core.judging``), before this."""
+    veto it; a site's change counts as the lower of its change as it is and once recalibrated in the large, where the
+    model ranks its images no worse than the initial model and its own model of the first round (recorded as the
+    bar's ``recalibrated``). Whether the model harms a site is the screening's (``core.judging``), before this."""
     judges = {
         site: metrics["val_loss"]
         for site, metrics in site_metrics.items()
@@ -323,13 +323,11 @@ def judge(
     if version.trained and federation.best is None and math.isfinite(federation.best_loss):
         entry = next((entry for entry in federation.history if entry["round"] == INITIAL_ROUND), {})
         initial = entry.get("validation", {}).get("sites", {})
-        # from trained heads, each site's change once recalibrated too: its validation of round 0's model, which it
-        # trained from the initial one, gives its recalibrated loss of the initial model
+        # each site's change once recalibrated too: its validation of round 0's model, which it trained from the
+        # initial one, gives its recalibrated loss of the initial model
         first = next((entry for entry in federation.history if entry["round"] == INITIAL_ROUND + 1), {})
-        again = {}
-        if not untrained_start:
-            judged_figures = {site: site_metrics[site] for site in judges}
-            again = recalibrated_changes(judged_figures, first.get("validation", {}).get("sites", {}), initial)
+        judged_figures = {site: site_metrics[site] for site in judges}
+        again = recalibrated_changes(judged_figures, first.get("validation", {}).get("sites", {}), initial)
         changes, without_veto = changes_against_the_bar(
             judges, initial, START_TIE, vetoes=untrained_start, recalibrated=again
         )

@@ -101,14 +101,17 @@ def recalibrated_changes(
     model (``metrics``: ``val_recalibrated_loss``) minus that of the initial model, which its validation of the first
     trained round's model gives (``first``: its ``val_recalibrated_loss`` minus ``val_recalibrated_loss_minus_start``,
     the paired change against the model that round started from, the initial one). Only for a site whose mean AUROC
-    of the model is at least its mean AUROC of the initial model (``initial``): recalibration forgives intercepts, not
-    a ranking that got worse, so a model with constant outputs, whose recalibrated loss is the base rate's, gains
-    nothing from it where the start ranked its images better than chance. A site without these figures has none."""
+    of the model is at least both its mean AUROC of the initial model and that of its own model of the first round
+    (``initial``: ``val_mean_auroc``, ``local_val_mean_auroc``): recalibration forgives intercepts, not a ranking worse
+    than the site's own training reached, so a wrecked model (constant outputs rank at 0.5, and their recalibrated loss
+    is the base rate's, below that of an untrained start's random scores) gains nothing from it where the site's own
+    training learned to rank at all. A site without these figures has none."""
     changes = {}
     for site, figures in metrics.items():
-        start = first.get(site, {})
-        auroc, initial_auroc = figures.get("val_mean_auroc", math.nan), initial.get(site, {}).get("val_mean_auroc")
-        if initial_auroc is None or not auroc >= initial_auroc:
+        start, before = first.get(site, {}), initial.get(site, {})
+        auroc = figures.get("val_mean_auroc", math.nan)
+        yardsticks = (before.get("val_mean_auroc", math.nan), before.get("local_val_mean_auroc", math.nan))
+        if not all(auroc >= yardstick for yardstick in yardsticks):  # False with a figure missing (NaN)
             continue
         initial_loss = start.get("val_recalibrated_loss", math.nan) - start.get(
             "val_recalibrated_loss_minus_start", math.nan
@@ -142,10 +145,11 @@ def changes_against_the_bar(
     lower it vouches for the model as before. A site that sent no own-model loss judges as before; when every judge
     cannot veto, nobody can tell, and the changes count as they are.
 
-    ``recalibrated`` (a job from trained heads: :func:`recalibrated_changes`): a site's change counts as the lower of
-    its change as it is and its change once each model is recalibrated in the large to its images, so that a model
-    which ranks its images no worse than the start and is worse only by its intercepts (a finding's row averaged over
-    sites whose prevalences of it differ, which the site's own data set right) is no veto, as the harm test asks both.
+    ``recalibrated`` (:func:`recalibrated_changes`): a site's change counts as the lower of its change as it is and
+    its change once each model is recalibrated in the large to its images, so that a model which ranks its images no
+    worse than the start and than the site's own training did, and is worse only by its intercepts (a finding's row
+    averaged over sites whose prevalences of it differ, which the site's own data set right), is no veto: the harm
+    test asks both too.
     Returns (site -> change as the bar weighs it, the sites without a veto)."""
     changes = {
         site: loss - initial[site]["val_loss"]
