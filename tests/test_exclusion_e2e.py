@@ -7,7 +7,7 @@ alter what they send (``benchmarks/hostile_site.py``'s test doubles), held to wh
   the honest sites' mean update), for the rest of the job;
 * the default job's two sites, ``site-chexpert`` raising its rows' biases: the honest site's loss rises far, its
   ranking and its recalibrated loss do not, so the harm test flags nothing, and the job fails closed by the initial
-  model's bar.
+  model's bar (the mean of the two sites' changes against their start).
 * the default job's two sites, ``site-chexpert`` negating its head rows' updates: in their warm-up round the rows both
   sites hold point apart, and with two sites the job stops.
 
@@ -126,19 +126,30 @@ def test_with_two_sites_raised_biases_fail_closed_by_the_initial_models_bar_not_
     """``site-chexpert`` raises its rows' biases: the mean of two results moves every finding's base rate at
     site-nih, its loss far above its own model's, its ranking untouched. The harm test judges the losses recalibrated
     in the large too (stop 98), so no site is flagged (a base rate is the site's to set right); the job still fails
-    closed, non-zero, nothing published: no trained model's judged loss (the mean of the two raw losses) is at most
-    the initial model's."""
+    closed, non-zero, nothing published: no trained model's judged change against the initial model (the mean of the
+    two sites') is at most 0. In round 0 the model ranks site-nih's images as its own model did, so its change counts
+    recalibrated (stop 104: about 0) and the hostile site's own loss vetoes; from round 1 site-nih's ranking falls
+    below its own model's and its loss as it is vetoes."""
     code, output, workspace = two_sites
     assert code != 0, output[-4000:]
     assert "harms a site" not in output
     assert "no trained global model was judged at least as good as the initial model by the sites" in output
     history = _history(workspace)
     trained = [entry for entry in history if entry["round"] >= 0]
+    start = history[0]["validation"]["sites"]["site-nih"]
+    yardstick = max(start["val_mean_auroc"], start["local_val_mean_auroc"])  # the start's ranking, its own model's
+    forgiven = []
     for entry in trained:
-        figures = entry["validation"]["sites"]["site-nih"]
+        figures, bar = entry["validation"]["sites"]["site-nih"], entry["validation"]["bar"]
         assert entry["screening"]["flags"] == {}
         assert figures["val_loss_minus_own"] > 0.5 and figures["val_recalibrated_loss_minus_own"] < 0.01
         assert abs(figures["val_auroc_minus_own"]) < 0.1
+        # the bar forgives site-nih its intercepts where the model ranks its images at least as well as its start and
+        # its own first-round model did (stop 104); elsewhere its loss as it is vetoes
+        ranks = figures["val_mean_auroc"] >= yardstick
+        assert ("site-nih" in bar.get("recalibrated", {})) == ranks and bar["judged_change"] > 0
+        forgiven += [entry["round"]] * ranks
+    assert forgiven == [0]  # there the hostile site's own validation vetoed (the mean of two: a liar's to move)
     assert not list(workspace.glob(f"site-*/simulate_job/app_site-*/{PUBLISHED_MODEL_FILE}"))
     assert not any(entry.get("validation", {}).get("best") for entry in history)
 

@@ -643,7 +643,7 @@ def test_two_flippers_above_the_limit_stay_out_of_a_round_whose_consensus_is_no_
     assert rounds[2]["accepted"] == ["site-a", "site-b"]
 
 
-FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Effusion", "Atelectasis"]
+FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Atelectasis", "Pneumothorax"]  # the sites' findings in these tests
 
 
 @pytest.mark.parametrize("setting", [True, "first_round"])
@@ -734,9 +734,6 @@ def test_a_site_that_misses_the_first_rounds_is_judged_by_direction_when_it_come
         assert [entry.get("opposition", {}).get("site-x") for entry in rounds] == [
             None if number <= rejected_in[0] else 0.0 for number in range(3)
         ]
-
-
-FIVE_FINDINGS = ["Mass", "Edema", "Nodule", "Atelectasis", "Pneumothorax"]
 
 
 def _rows_inverted(round_number: int, params: dict) -> dict:
