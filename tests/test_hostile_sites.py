@@ -374,7 +374,7 @@ def test_with_two_sites_the_job_names_the_sites_whose_metrics_judge(tmp_path):
     forger = FakeSite("site-b", ["Edema"], [0.9, 5.0, 5.0, 0.0])  # would pick round 2's with the mean
     harness = Harness([honest, forger], tmp_path, num_rounds=3, judging_sites=["site-a"])
     harness.run()
-    assert harness._federation.best.round == 0
+    assert harness.best_rounds() == [0]
     assert harness.history[1]["validation"]["judged_by"] == {"statistic": "mean", "sites": ["site-a"]}
     assert "after round 0: mean of site-a's validation loss 0.5000" in summary_lines(harness.history, {})[1]
 
@@ -1664,13 +1664,18 @@ def test_a_third_site_whose_results_are_rejected_cannot_stop_a_round_of_two_by_i
         Harness([*honest, liar], tmp_path / "judged", num_rounds=2).run()
 
 
-def test_after_the_first_best_one_liar_picks_a_later_model_every_honest_site_finds_worse(tmp_path):
-    """A limit, not a defence (docs/server-checks.md, stop 100): after the first best, a model is the best when its
-    judged loss (the median of three or more, each loss on its own site's scale) is lower than the best's. A liar that
-    reports 100 for round 0's model (the median is then the highest honest loss, 0.80) and 0 for round 1's (the lowest
-    honest one, 0.50) makes round 1's model the best, though both honest sites find it worse than round 0's (0.25 ->
-    0.50, 0.80 -> 1.30) and than the start: with the sites' validation off, it is published. This test fails if that
-    ever changes without the docs."""
+@pytest.mark.parametrize("paired", [True, False])
+def test_after_the_first_best_one_liar_cannot_pick_a_later_model_every_honest_site_finds_worse(
+    tmp_path, monkeypatch, paired
+):
+    """The attack stop 100 left open (docs/server-checks.md): after the first best, a model was the best when its
+    judged loss (the median of three or more, each loss on its own site's scale) was lower than the best's. A liar
+    that reports 100 for round 0's model (the median is then the highest honest loss, 0.80) and 0 for round 1's (the
+    lowest honest one, 0.50) made round 1's model the best, though both honest sites find it worse than round 0's
+    (0.25 -> 0.50, 0.80 -> 1.30): with the sites' validation off, it was published. Each site compared with its own
+    loss of the best, the median change is the lower honest one, +0.25: round 0's model stays the best."""
+    if not paired:  # the defence removed: the losses as they are against the best's judged loss
+        monkeypatch.setattr(state_module, "changes_against_the_best", lambda *_: {})
     liar = FakeSite("site-x", ["Mass"], [0.6, 100.0, 0.0, 0.0])
     honest = [
         FakeSite("site-a", ["Mass"], [0.30, 0.25, 0.50, 0.50]),
@@ -1681,5 +1686,16 @@ def test_after_the_first_best_one_liar_picks_a_later_model_every_honest_site_fin
     harness = Harness([liar, *honest], tmp_path, num_rounds=2, validation_guard=False)
     harness.run()
     assert _judged(harness, 0)["best"] and _judged(harness, 0)["judged_val_loss"] == pytest.approx(0.80)
-    assert _judged(harness, 1)["best"] and _judged(harness, 1)["judged_val_loss"] == pytest.approx(0.50)
     assert TASK_PUBLISH in [task for task, _, _ in honest[0].tasks]
+    later = _judged(harness, 1)
+    assert later["judged_val_loss"] == pytest.approx(0.50)
+    if not paired:
+        assert later["best"] and "against_best" not in later  # the model every honest site finds worse
+        return
+    assert "best" not in later
+    assert later["against_best"] == {
+        "round": 0,
+        "judged_change": pytest.approx(0.25),
+        "changes": {"site-a": pytest.approx(0.25), "site-b": pytest.approx(0.5), "site-x": -100.0},
+    }
+    assert harness.best_rounds() == [0]

@@ -197,16 +197,17 @@ def select(
     model no aggregation went into (the initial one) and a model without a judged loss are never the best; before any
     trained model is the best, the initial model's judged loss is the bar: the first best is judged no worse than where
     training started (a trained model the judging sites find worse than the initial one is never published as the
-    best). ``bar_loss``: the judged loss the bar weighs instead: the initial model's judged loss plus the judging
-    sites' judged change of loss against their own loss of it (``core.checks.model.changes_against_the_bar``), so that
-    each site is compared with itself."""
+    best). ``bar_loss``: the judged loss weighed instead, so that each site is compared with itself: before the first
+    best, the initial model's judged loss plus the judging sites' judged change of loss against their own loss of it
+    (``core.checks.model.changes_against_the_bar``); after it, the best's judged loss plus their judged change against
+    their own loss of the best."""
     if math.isnan(judged_loss):
         return False
     if not version.trained:
         if federation.best is None:  # "lower by more than min_delta" than this bar: at most the initial model's loss
             federation.best_loss = min(federation.best_loss, judged_loss + min_delta + START_TIE)
         return False
-    weighed = bar_loss if federation.best is None and bar_loss is not None else judged_loss
+    weighed = judged_loss if bar_loss is None else bar_loss
     if weighed < federation.best_loss - min_delta:
         federation.best_loss, federation.best = judged_loss, version
         federation.rounds_without_improvement = 0
@@ -281,6 +282,23 @@ class Judgement:
     best: bool  # it became the best global model
 
 
+def changes_against_the_best(federation: FederationState, losses: Mapping[str, float]) -> dict[str, float]:
+    """Each judging site's loss of a model (``losses``) minus its own loss of the best model so far, for the sites that
+    judged the best too: a later model becomes the best when the judged statistic of these changes (the mean of two,
+    the median of three or more) is below ``-min_delta``, each site compared with itself. On losses compared across
+    sites one liar sets both sides (100 for the best's round, 0 for a later one: the later model the best, though
+    every honest site finds it worse); paired, it supplies one change of the median's inputs."""
+    entry = next((entry for entry in federation.history if entry["round"] == federation.best.round), {})
+    validation = entry.get("validation", {})
+    sites = validation.get("sites", {})
+    best = {site: sites[site].get("val_loss", math.nan) for site in validation.get("judged_by", {}).get("sites", [])}
+    return {
+        site: loss - best[site]
+        for site, loss in losses.items()
+        if site in best and math.isfinite(best[site]) and math.isfinite(loss)
+    }
+
+
 def _mean(values: list[float | None]) -> float:
     values = [value for value in values if value is not None and not math.isnan(value)]
     return float(np.mean(values)) if values else math.nan
@@ -342,6 +360,16 @@ def judge(
             }
             if again:
                 validation["bar"]["recalibrated"] = dict(sorted(again.items()))
+    elif version.trained and federation.best is not None:
+        changes = changes_against_the_best(federation, judges)
+        if changes:  # judges of the best too; without one, the losses as they are
+            change = judged_loss(changes)[0]
+            bar_loss = federation.best_loss + change
+            validation["against_best"] = {
+                "round": federation.best.round,
+                "judged_change": change,
+                "changes": dict(sorted(changes.items())),
+            }
     best = select(federation, version, judged, min_delta, bar_loss)
     if best:
         validation["best"] = True
