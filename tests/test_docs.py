@@ -14,7 +14,7 @@ import pytest
 from monai.networks.nets import DenseNet
 
 from surgical_aggregation.core import judging, robust
-from surgical_aggregation.core.checks.model import changes_against_the_bar, judged_loss
+from surgical_aggregation.core.checks.model import changes_against_the_bar, judged_loss, recalibrated_changes
 from surgical_aggregation.core.labels import CHEXPERT_LABELS, NIH_LABELS
 from surgical_aggregation.evaluation.run_summary import union_table_lines
 from surgical_aggregation.flare.state import START_TIE
@@ -2822,10 +2822,29 @@ def _as_stop_99(run: dict, losses: dict[str, float], initial: dict, bar: float) 
             for site, loss in losses.items()}  # fmt: skip
 
 
+RECALIBRATED_BAR = "recalibrated"  # stop 104's bar: a site's change also once recalibrated, where the model ranks
+
+
+def _past_the_bar(run: dict, number: int, recalibrated: bool) -> bool:
+    """Whether round ``number``'s model passes the initial model's bar, replayed from a record: each judging site's
+    change against its own loss of the initial model (a site without a veto counted as two ties at most: stop 100),
+    with ``recalibrated`` the lower of it and its recalibrated change where the model ranks its images no worse than
+    the initial model and its own first-round model (stop 104)."""
+    figures = run["validations"]
+    initial = {site: one for site, one in figures["-1"].items() if "val_loss" in one}
+    losses = _judging_losses(run, number)
+    judges = {site: figures[str(number)][site] for site in losses}
+    again = recalibrated_changes(judges, figures.get("0", {}), initial) if recalibrated else {}
+    changes = changes_against_the_bar(losses, initial, START_TIE, vetoes=True, recalibrated=again)[0]
+    return judged_loss(changes)[0] < START_TIE
+
+
 def _first_past_the_bar(run: dict, rule) -> int | None:
     """Replayed from a clean-sweep record: the first trained round whose model passes the initial model's bar, judged
-    by that round's sites (those neither rejected nor left out): by today's rule (True: each site's change against its
-    own loss of the initial model, a site without a veto counted as two ties at most), by the losses as they are
+    by that round's sites (those neither rejected nor left out): by stop 100's rule (True: each site's change against
+    its own loss of the initial model, a site without a veto counted as two ties at most), by stop 104's
+    (``RECALIBRATED_BAR``: each change the lower of it and the site's recalibrated change, where the model ranks the
+    site's images no worse than the initial model and its own first-round model), by the losses as they are
     against the initial model's judged loss (False: the bar before stop 99), or as a given rule weighs the losses
     (``rule(run, losses, initial, bar)``, against the initial model's judged loss)."""
     assert "rejections" in run or not run["rejected"]  # a record without the rounds of its rejections has none
@@ -2834,9 +2853,8 @@ def _first_past_the_bar(run: dict, rule) -> int | None:
     bar = judged_loss({site: one["val_loss"] for site, one in initial.items()})[0]
     for number in sorted(int(key) for key in figures if key != "-1"):
         losses = _judging_losses(run, number)
-        if rule is True:
-            changes = changes_against_the_bar(losses, initial, START_TIE, vetoes=True)[0]
-            if judged_loss(changes)[0] < START_TIE:
+        if rule in (True, RECALIBRATED_BAR):
+            if _past_the_bar(run, number, rule == RECALIBRATED_BAR):
                 return number
             continue
         if callable(rule):
@@ -3167,19 +3185,18 @@ def test_the_recalibrated_halfs_standard_error_is_its_record():
     assert round(recalibrated[2] / 0.001) == 4
 
 
-def _best_round(run: dict, paired: bool) -> int | None:
+def _best_round(run: dict, paired: bool, recalibrated: bool = False) -> int | None:
     """Replayed from a record (its ``excluded`` by round): the round whose model is the best at the end, past the
-    initial model's bar (today's), then each later model the best when its judged loss is lower than the best's by
-    more than the controller's default ``min_delta`` (1e-4), or, ``paired``, when the judged statistic of each judge's
-    change of loss against its own loss of the best is below -1e-4."""
+    initial model's bar (stop 100's; ``recalibrated``, stop 104's), then each later model the best when its judged
+    loss is lower than the best's by more than the controller's default ``min_delta`` (1e-4), or, ``paired`` (stop
+    104), when the judged statistic of each judge's change of loss against its own loss of the best is below -1e-4."""
     figures = run["validations"]
-    initial = {site: one for site, one in figures["-1"].items() if "val_loss" in one}
     best, reference = None, {}
     for number in sorted(int(key) for key in figures if key != "-1"):
         losses = _judging_losses(run, number)
         changes = {site: loss - reference[site] for site, loss in losses.items() if site in reference}
         if best is None:
-            better = judged_loss(changes_against_the_bar(losses, initial, START_TIE, vetoes=True)[0])[0] < START_TIE
+            better = _past_the_bar(run, number, recalibrated)
         elif paired and changes:
             better = judged_loss(changes)[0] < -1e-4
         else:
@@ -3189,6 +3206,25 @@ def _best_round(run: dict, paired: bool) -> int | None:
     return best
 
 
+def _replayable_runs() -> list[tuple[str, str, dict]]:
+    """Every record of the clean sweeps and the attack suite that keeps each site's losses by round: (file, run,
+    record); the suite's records say who was rejected or left out, not in which rounds: those sites are left out of
+    every round."""
+    runs = []
+    for folder in ("clean-sweep", "attack-suite"):
+        for path in sorted((REPOSITORY / "docs" / folder).glob("*.json")):
+            stored = json.loads(path.read_text())
+            for name, run in stored.items() if isinstance(stored, dict) else ():
+                figures = run.get("validations", {}) if isinstance(run, dict) else {}
+                if "-1" not in figures or len(figures) < 2:
+                    continue  # no losses by round: nothing to replay
+                if not isinstance(run.get("excluded"), dict):  # the suite's records: who was left out, not when
+                    out = dict.fromkeys([*run.get("rejected", []), *run.get("excluded", [])])  # taken as every round
+                    run = {**run, "excluded": {number: out for number in figures}, "rejections": {}, "rejected": []}
+                runs.append((path.name, name, run))
+    return runs
+
+
 def test_the_initial_models_bar_each_site_against_its_own_start_is_its_record():
     """docs/server-checks.md's stop 100 section: replayed from every record of the clean sweeps and the attack suite
     that keeps each site's losses by round, the first best is the same round under today's bar (each site's change
@@ -3196,20 +3232,9 @@ def test_the_initial_models_bar_each_site_against_its_own_start_is_its_record():
     records say who was rejected or left out, not in which rounds: their replay leaves those sites out of every
     round. A choice of the best on paired changes would pick another round in as many runs as the page says."""
     replayed, paired = [], []
-    for folder in ("clean-sweep", "attack-suite"):
-        for path in sorted((REPOSITORY / "docs" / folder).glob("*.json")):
-            runs = json.loads(path.read_text())
-            for name, run in runs.items() if isinstance(runs, dict) else ():
-                figures = run.get("validations", {}) if isinstance(run, dict) else {}
-                if "-1" not in figures or len(figures) < 2:
-                    continue  # no losses by round: nothing to replay
-                if not isinstance(run.get("excluded"), dict):  # the suite's records: who was left out, not when
-                    out = dict.fromkeys([*run.get("rejected", []), *run.get("excluded", [])])  # taken as every round
-                    run = {**run, "excluded": {number: out for number in figures}, "rejections": {}, "rejected": []}
-                replayed.append(
-                    (path.name, name, _first_past_the_bar(run, True), _first_past_the_bar(run, _as_stop_99))
-                )
-                paired.append(_best_round(run, True) != _best_round(run, False))
+    for file, name, run in _replayable_runs():
+        replayed.append((file, name, _first_past_the_bar(run, True), _first_past_the_bar(run, _as_stop_99)))
+        paired.append(_best_round(run, True) != _best_round(run, False))
     assert all(today == before for *_, today, before in replayed), [run for run in replayed if run[2] != run[3]]
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     assert f"keeps each site's losses by round ({len(replayed)} runs; an attack run's rejected and left-out" in page
@@ -3794,5 +3819,96 @@ def test_the_running_opposition_on_draws_it_was_not_set_on_is_their_record():
     assert table == "\n".join(clean_sweep.table(record))
     assert (
         f"then running opposition: {sum(bool(run['rejected']) for run in runs)} of {len(runs)} seven-site "
-        f"PadChest/VinDr draws; the initial model's bar stopped {len(stopped)} (open)."
+        f"PadChest/VinDr draws, the initial model's bar stopping {len(stopped)};"
+    ) in _readme()
+
+
+STOP_104 = "7db6e37"  # the bar on recalibrated losses where the model ranks a site's images no worse: its runs
+RECALIBRATED_BAR_SEEDS = [706, 708, 722, 723]  # the first draws after 700 with half their sites of one finding or more
+
+
+def test_the_initial_models_bar_on_recalibrated_losses_is_its_record():
+    """docs/server-checks.md's stop 104 section: seed 626 run again (the same figures, past the bar now), the first
+    four draws after seed 700 with half their sites or more of one finding (each whole, published, nothing refused or
+    left out), the replay of every record under the bar before and after, the table and the README's count."""
+    clean_sweep = load_benchmark("clean_sweep")
+    drawn = {seed: list(clean_sweep.draw(seed).sites) for seed in range(701, 800)}
+    one_finding = [seed for seed, sites in drawn.items()
+                   if 2 * sum("siim" in site or "rsna" in site for site in sites) >= len(sites)]  # fmt: skip
+    assert one_finding[:4] == RECALIBRATED_BAR_SEEDS
+    sweeps = REPOSITORY / "docs" / "clean-sweep"
+    record = json.loads((sweeps / "stand-in-recalibrated-bar.json").read_text())
+    runs = {run["federation"]["seed"]: run for run in record.values()}
+    assert sorted(runs) == [626, *RECALIBRATED_BAR_SEEDS]
+    for seed, run in runs.items():
+        assert run["commit"].startswith(STOP_104) and run["federation"]["start"] == "stand-in"
+        assert run["exit_code"] == 0 and run["published"] and not run["rejected"]
+        assert not any(run["excluded"].values()) and len(run["validations"]) == run["federation"]["rounds"] + 1
+        assert clean_sweep.out_of_sample(f"sweep-{seed}", run) == (seed != 626)  # 626 chose the rule
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    before = json.loads((sweeps / "stand-in-running-opposition.json").read_text())["sweep-626"]
+    again = runs[626]
+    assert again["validations"] == before["validations"] and again["directions"] == before["directions"]
+    assert "every figure of its record is the same as stop 103's run" in page
+    assert _first_past_the_bar(before, True) is None and _first_past_the_bar(again, RECALIBRATED_BAR) == 0
+    figures = again["validations"]
+    initial = figures["-1"]
+    counted = recalibrated_changes(figures["0"], figures["0"], initial)
+    sites = sorted(figures["0"])
+    as_they_are = {site: figures["0"][site]["val_loss"] - initial[site]["val_loss"] for site in sites}
+    stood = [site for site in sites if site not in counted]
+    weighed = changes_against_the_bar(_judging_losses(again, 0), initial, START_TIE, vetoes=True, recalibrated=counted)
+    ranked = ", ".join(
+        f"{figures['0'][site]['val_mean_auroc']:.2f} against {initial[site]['local_val_mean_auroc']:.2f}"
+        for site in stood
+    )
+    first = counted["site-1-siim"], as_they_are["site-1-siim"]
+    assert (
+        f"{len(counted)} of the {len(sites)} sites' changes counted recalibrated (site-1-siim's {first[0]:.2f} for "
+        f"{first[1]:+.2f} as it is); the model ranked the images of {stood[0]} and {stood[1]} below their own models "
+        f"(AUROC {ranked}), so their changes stood as they were ({as_they_are[stood[0]]:.2f}, "
+        f"{as_they_are[stood[1]]:+.2f}), and the median change was {judged_loss(weighed[0])[0]:.2f}"
+    ) in page
+    seconds = [run["seconds"] for run in runs.values()]
+    assert (
+        f"--seeds 626 708 722 723 706`, commit {STOP_104}, {min(seconds):.0f} to {max(seconds):.0f} s each on this "
+        "task's Intel Xeon"
+    ) in page
+    fresh = [runs[seed] for seed in RECALIBRATED_BAR_SEEDS]
+    assert max(value for run in runs.values() for sites in run["opposition"].values() for value in sites.values()) == 0
+    assert all(_first_past_the_bar(run, True) is not None for run in fresh)  # the bar before would have stopped none
+    firsts = {seed: (_first_past_the_bar(runs[seed], True), _first_past_the_bar(runs[seed], RECALIBRATED_BAR))
+              for seed in RECALIBRATED_BAR_SEEDS}  # fmt: skip
+    assert firsts == {706: (1, 0), 708: (0, 0), 722: (1, 0), 723: (0, 0)}
+    single = [site for site in runs[706]["federation"]["sites"] if "siim" in site or "rsna" in site]
+    starts = [runs[706]["validations"]["-1"][site]["val_loss"] for site in single]
+    rises = [runs[706]["validations"]["0"][site]["val_loss"] for site in single]
+    assert (
+        f"0 of 4 stopped (at most {_bound_up(clean_sweep.upper_bound(0, len(fresh)))})" in page
+        and f"(706: {len(single)} sites of one finding, their losses up from {min(starts):.2f}-{max(starts):.2f} to "
+        f"{min(rises):.2f}-{max(rises):.2f} in round 0)".replace("706: 4 sites", "706: four sites")
+        in page
+    )
+    # every record, replayed under the bar before and after
+    replayed = _replayable_runs()
+    changed = [(file, name, _first_past_the_bar(run, True), _first_past_the_bar(run, RECALIBRATED_BAR))
+               for file, name, run in replayed]  # fmt: skip
+    changed = [entry for entry in changed if entry[2] != entry[3]]
+    assert sorted(changed) == [
+        ("stand-in-recalibrated-bar.json", "sweep-626", None, 0),
+        ("stand-in-recalibrated-bar.json", "sweep-706", 1, 0),
+        ("stand-in-recalibrated-bar.json", "sweep-722", 1, 0),
+        ("stand-in-running-opposition.json", "sweep-626", None, 0),
+        ("stand-in.json", "sweep-524", 1, 0),
+        ("stand-in.json", "sweep-591", 1, 0),
+    ]
+    assert f"(the {len(replayed)} runs of" in page and f"bar moves in {len(changed)} of them" in page
+    paired = sum(_best_round(run, True, True) != _best_round(run, False, True) for *_, run in replayed)
+    assert f"Replayed, it picks another best round in {paired} of the {len(replayed)} runs" in page
+    assert all(_best_round(run, True, True) == _best_round(run, False, True) for run in runs.values())
+    table = _marked_block(REPOSITORY / "docs" / "server-checks.md", "clean-sweep-recalibrated-bar")
+    assert table == "\n".join(clean_sweep.table(record))
+    assert (
+        f"that bar on recalibrated losses: {sum(run['exit_code'] != 0 for run in fresh)} of {len(fresh)} new draws "
+        "with half their sites of one finding."
     ) in _readme()
