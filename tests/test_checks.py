@@ -385,6 +385,29 @@ def test_the_running_opposition_bounds_what_any_run_of_accepted_rounds_adds_up_t
                 assert -cosines[start : end + 1].sum() <= 0.5 + 0.25 * (end - start + 1) + 1e-9
 
 
+def test_a_judge_that_did_not_judge_the_best_counts_as_no_improvement():
+    """A review's attack on the paired choice of the best (stop 104): round 0's model is the best, judged by a, b and
+    a liar x; round 1's is judged by x, which reports 0, and two sites that did not judge the best (c, d). Paired over
+    the judges of both, the liar alone would have decided (-0.55); each judge without a loss of the best counts as a
+    change of 0, and the median is 0: round 0's model stays the best. Where no judge judged the best, the losses as
+    they are decide."""
+    from surgical_aggregation.flare.state import INITIAL_ROUND, FederationState, SavedVersion, judge
+
+    federation = FederationState({}, SavedVersion(INITIAL_ROUND, {}, []), None, math.inf, 0, [], [], {}, [])
+    judge(federation, SavedVersion(0, {}, [], trained=True), {"a": {"val_loss": 0.5}, "b": {"val_loss": 0.6},
+          "x": {"val_loss": 0.55}}, None, 1e-4)  # fmt: skip
+    assert federation.best.round == 0
+    later = {"x": {"val_loss": 0.0}, "c": {"val_loss": 2.0}, "d": {"val_loss": 2.5}}
+    assert not judge(federation, SavedVersion(1, {}, [], trained=True), later, None, 1e-4).best
+    record = federation.history[-1]["validation"]["against_best"]
+    assert record == {"round": 0, "judged_change": 0.0, "changes": {"c": 0.0, "d": 0.0, "x": -0.55},
+                      "not_judges_of_the_best": ["c", "d"]}  # fmt: skip
+    assert federation.best.round == 0 and federation.rounds_without_improvement == 1
+    strangers = {"c": {"val_loss": 0.1}, "d": {"val_loss": 0.2}, "e": {"val_loss": 0.3}}  # none judged the best
+    assert judge(federation, SavedVersion(2, {}, [], trained=True), strangers, None, 1e-4).best
+    assert "against_best" not in federation.history[-1]["validation"]  # 0.2 < 0.55: on the losses as they are
+
+
 def test_a_rounds_means_over_sites_do_not_depend_on_the_order_their_results_arrived_in():
     """Four sites' figures whose float sum depends on its order: the round's record is the same either way."""
     from surgical_aggregation.flare.state import INITIAL_ROUND, FederationState, SavedVersion, judge

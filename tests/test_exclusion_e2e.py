@@ -149,7 +149,11 @@ def test_with_two_sites_raised_biases_fail_closed_by_the_initial_models_bar_not_
         ranks = figures["val_mean_auroc"] >= yardstick
         assert ("site-nih" in bar.get("recalibrated", {})) == ranks and bar["judged_change"] > 0
         forgiven += [entry["round"]] * ranks
-    assert forgiven == [0]  # there the hostile site's own validation vetoed (the mean of two: a liar's to move)
+    assert forgiven == [0]
+    # there site-nih's change counted about 0 and the hostile site's own validation vetoed, as it reported it: a change
+    # at or under 0 from it would have carried the mean of two (a liar's to move, as the mean of two raw changes was)
+    first = trained[0]["validation"]["bar"]
+    assert abs(first["changes"]["site-nih"]) < 0.01 and first["changes"]["site-chexpert"] > 0.5
     assert not list(workspace.glob(f"site-*/simulate_job/app_site-*/{PUBLISHED_MODEL_FILE}"))
     assert not any(entry.get("validation", {}).get("best") for entry in history)
 

@@ -917,8 +917,12 @@ def test_a_trained_model_worse_than_the_initial_one_is_never_the_best(tmp_path, 
         assert TASK_PUBLISH in [task for task, _, _ in sites[0].tasks]  # the wrecked model went out
 
 
+def _judged_entry(harness: Harness, round_number: int) -> dict:
+    return next((entry for entry in harness.history if entry["round"] == round_number), {})
+
+
 def _judged(harness: Harness, round_number: int) -> dict:
-    return next(entry for entry in harness.history if entry["round"] == round_number)["validation"]
+    return _judged_entry(harness, round_number)["validation"]
 
 
 @pytest.mark.parametrize("abstention", [True, False])
@@ -1028,6 +1032,29 @@ def test_a_site_whose_model_is_worse_only_by_its_intercepts_is_no_veto_of_the_ba
     assert bar["recalibrated"] == {"site-siim": pytest.approx(-0.18)} and bar["no_veto"] == []
     assert bar["changes"] == {"site-padchest": pytest.approx(0.05 - 0.71), "site-siim": pytest.approx(-0.18)}
     assert _judged(harness, 0)["best"] and bar["judged_change"] == pytest.approx((0.05 - 0.71 - 0.18) / 2)
+
+
+def test_where_round_0_made_no_model_the_recalibrated_bar_reads_the_round_that_trained_from_the_start_again(tmp_path):
+    """A review's finding (stop 104): the bar read the sites' recalibrated loss of the initial model from round 0's
+    validation only; where round 0 made no model (here: every result fails), round 1 trains from the initial model
+    again, the initial model's figures are those of round 1's sites, and the bar must read round 1's validation: seed
+    626 in small then publishes as it does when round 0 made the model."""
+    fails_first = lambda number, params: FAILS if number == 0 else shifted(params, 0.01 * (1 + number))  # noqa: E731
+    padchest = FakeSite("site-padchest", ["Mass"], [0.71, 0.71, 0.05, 0.05], fails_first)
+    siim = FakeSite("site-siim", ["Pneumothorax"], [0.66, 0.66, 2.3, 2.6], fails_first)
+    padchest.metrics_override = {"local_val_loss": 0.06}
+    siim.metrics_override = {"local_val_loss": 0.5, "local_val_mean_auroc": 0.85}
+    siim.validation_override = {
+        "val_recalibrated_loss": 0.48,
+        "val_recalibrated_loss_minus_start": -0.18,
+        "val_mean_auroc": 0.9,
+    }
+    harness = Harness([padchest, siim], tmp_path, num_rounds=3)
+    harness.run()
+    assert "validation" not in _judged_entry(harness, 0)
+    bar = _judged(harness, 1)["bar"]
+    assert bar["recalibrated"] == {"site-siim": pytest.approx(-0.18)} and _judged(harness, 1)["best"]
+    assert TASK_PUBLISH in [task for task, _, _ in padchest.tasks]
 
 
 @pytest.mark.parametrize("paired", [True, False])
@@ -1675,7 +1702,7 @@ def test_after_the_first_best_one_liar_cannot_pick_a_later_model_every_honest_si
     (0.25 -> 0.50, 0.80 -> 1.30): with the sites' validation off, it was published. Each site compared with its own
     loss of the best, the median change is the lower honest one, +0.25: round 0's model stays the best."""
     if not paired:  # the defence removed: the losses as they are against the best's judged loss
-        monkeypatch.setattr(state_module, "changes_against_the_best", lambda *_: {})
+        monkeypatch.setattr(state_module, "changes_against_the_best", lambda *_: ({}, []))
     liar = FakeSite("site-x", ["Mass"], [0.6, 100.0, 0.0, 0.0])
     honest = [
         FakeSite("site-a", ["Mass"], [0.30, 0.25, 0.50, 0.50]),
@@ -1697,5 +1724,6 @@ def test_after_the_first_best_one_liar_cannot_pick_a_later_model_every_honest_si
         "round": 0,
         "judged_change": pytest.approx(0.25),
         "changes": {"site-a": pytest.approx(0.25), "site-b": pytest.approx(0.5), "site-x": -100.0},
+        "not_judges_of_the_best": [],
     }
     assert harness.best_rounds() == [0]

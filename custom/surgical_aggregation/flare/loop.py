@@ -460,6 +460,13 @@ class FederationLoop(SiteTasks):
             f"{verdict.judged_loss:.4f} of {verdict.judges}, mean validation AUROC {verdict.mean_auroc:.4f} over "
             f"{len(figures)} site(s)"
         )
+        against = history_entry(self._federation.history, version.round)["validation"].get("against_best")
+        if against is not None:
+            self.info(
+                f"global model {model_label(version.round)}: the judging sites' {verdict.statistic} change of "
+                f"validation loss against their own loss of the best so far ({model_label(against['round'])}): "
+                f"{against['judged_change']:+.4f}"
+            )
         if verdict.best:
             self._became_best(version)
             self.info(f"new best global model: {model_label(version.round)}")

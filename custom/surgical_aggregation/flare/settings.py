@@ -12,8 +12,8 @@ weighting: "uniform" (the papers' unweighted mean) or "samples" (by training ima
 label_prior: FedSLD: sites share per-class training counts once, and re-weight their loss
     by the federation's label prior the server computes from them.
 proximal_mu: FedProx's proximal term weight (0 = off).
-patience: stop after this many validated rounds without improvement of the judged
-    validation loss by more than ``min_delta``.
+patience: stop after this many validated rounds without a new best: a model whose judging sites'
+    judged change of validation loss against their own loss of the best is below ``-min_delta``.
 handshake_timeout / train_timeout / validate_timeout: seconds a site may take per task
     (0 waits forever; a dropped site then hangs the run).
 final_validation: validate the last global model (and the best) after the last round.

@@ -282,21 +282,27 @@ class Judgement:
     best: bool  # it became the best global model
 
 
-def changes_against_the_best(federation: FederationState, losses: Mapping[str, float]) -> dict[str, float]:
-    """Each judging site's loss of a model (``losses``) minus its own loss of the best model so far, for the sites that
-    judged the best too: a later model becomes the best when the judged statistic of these changes (the mean of two,
-    the median of three or more) is below ``-min_delta``, each site compared with itself. On losses compared across
-    sites one liar sets both sides (100 for the best's round, 0 for a later one: the later model the best, though
-    every honest site finds it worse); paired, it supplies one change of the median's inputs."""
+def changes_against_the_best(
+    federation: FederationState, losses: Mapping[str, float]
+) -> tuple[dict[str, float], list[str]]:
+    """Each judging site's loss of a model (``losses``) minus its own loss of the best model so far: a later model
+    becomes the best when the judged statistic of these changes (the mean of two, the median of three or more) is
+    below ``-min_delta``, each site compared with itself. On losses compared across sites one liar sets both sides
+    (100 for the best's round, 0 for a later one: the later model the best, though every honest site finds it worse);
+    paired, it supplies one change of the median's inputs. A judge that did not judge the best (it joined later, or
+    was left out of that round) counts as a change of 0, no improvement: otherwise the sites that judged both could
+    dwindle to the liar alone. Returns (site -> change, the judges without a loss of the best); none when no judge
+    judged the best (the losses as they are then decide)."""
     entry = next((entry for entry in federation.history if entry["round"] == federation.best.round), {})
     validation = entry.get("validation", {})
     sites = validation.get("sites", {})
     best = {site: sites[site].get("val_loss", math.nan) for site in validation.get("judged_by", {}).get("sites", [])}
-    return {
-        site: loss - best[site]
-        for site, loss in losses.items()
-        if site in best and math.isfinite(best[site]) and math.isfinite(loss)
-    }
+    best = {site: loss for site, loss in best.items() if math.isfinite(loss)}
+    judges = {site: loss for site, loss in losses.items() if math.isfinite(loss)}
+    if not set(judges) & set(best):
+        return {}, []
+    unpaired = sorted(site for site in judges if site not in best)
+    return {site: loss - best[site] if site in best else 0.0 for site, loss in judges.items()}, unpaired
 
 
 def _mean(values: list[float | None]) -> float:
@@ -341,9 +347,16 @@ def judge(
     if version.trained and federation.best is None and math.isfinite(federation.best_loss):
         entry = next((entry for entry in federation.history if entry["round"] == INITIAL_ROUND), {})
         initial = entry.get("validation", {}).get("sites", {})
-        # each site's change once recalibrated too: its validation of round 0's model, which it trained from the
-        # initial one, gives its recalibrated loss of the initial model
-        first = next((entry for entry in federation.history if entry["round"] == INITIAL_ROUND + 1), {})
+        # each site's change once recalibrated too: its validation of the model of the last round trained from the
+        # initial one (round 0, unless it made no model) gives its recalibrated loss of the initial model
+        first = next(
+            (
+                entry
+                for entry in reversed(federation.history)
+                if (entry.get("aggregation") or {}).get("trained_from") == INITIAL_ROUND and "validation" in entry
+            ),
+            {},
+        )
         judged_figures = {site: site_metrics[site] for site in judges}
         again = recalibrated_changes(judged_figures, first.get("validation", {}).get("sites", {}), initial)
         changes, without_veto = changes_against_the_bar(
@@ -361,7 +374,7 @@ def judge(
             if again:
                 validation["bar"]["recalibrated"] = dict(sorted(again.items()))
     elif version.trained and federation.best is not None:
-        changes = changes_against_the_best(federation, judges)
+        changes, unpaired = changes_against_the_best(federation, judges)
         if changes:  # judges of the best too; without one, the losses as they are
             change = judged_loss(changes)[0]
             bar_loss = federation.best_loss + change
@@ -369,6 +382,7 @@ def judge(
                 "round": federation.best.round,
                 "judged_change": change,
                 "changes": dict(sorted(changes.items())),
+                "not_judges_of_the_best": unpaired,
             }
     best = select(federation, version, judged, min_delta, bar_loss)
     if best:

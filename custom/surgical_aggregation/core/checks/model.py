@@ -9,6 +9,7 @@ import numpy as np
 
 from ..head import StateDict
 from . import Reasons, server_check
+from .metrics import MAX_BCE_LOSS
 from .result import batchnorm_problems, finite_problems
 
 ModelOutputs = Callable[[StateDict, Sequence[str]], np.ndarray]
@@ -98,9 +99,10 @@ def recalibrated_changes(
 ) -> dict[str, float]:
     """Each site's change of loss against its own loss of the initial model once each model is recalibrated in the
     large to its images, for the initial model's bar (:func:`changes_against_the_bar`): its recalibrated loss of the
-    model (``metrics``: ``val_recalibrated_loss``) minus that of the initial model, which its validation of the first
-    trained round's model gives (``first``: its ``val_recalibrated_loss`` minus ``val_recalibrated_loss_minus_start``,
-    the paired change against the model that round started from, the initial one). Only for a site whose mean AUROC
+    model (``metrics``: ``val_recalibrated_loss``) minus that of the initial model, which its validation of the model
+    of a round trained from the initial one gives (``first``: its ``val_recalibrated_loss`` minus
+    ``val_recalibrated_loss_minus_start``, the paired change against the model that round started from, the initial
+    one; outside the metric checks' range of a loss, none). Only for a site whose mean AUROC
     of the model is at least both its mean AUROC of the initial model and that of its own model of the first round
     (``initial``: ``val_mean_auroc``, ``local_val_mean_auroc``): recalibration forgives intercepts, not a ranking worse
     than the site's own training reached, so a wrecked model (constant outputs rank at 0.5, and their recalibrated loss
@@ -117,7 +119,7 @@ def recalibrated_changes(
             "val_recalibrated_loss_minus_start", math.nan
         )
         change = figures.get("val_recalibrated_loss", math.nan) - initial_loss
-        if math.isfinite(change):
+        if 0.0 <= initial_loss <= MAX_BCE_LOSS and math.isfinite(change):  # a loss the metric checks would allow
             changes[site] = change
     return changes
 
