@@ -385,6 +385,20 @@ def test_the_running_opposition_bounds_what_any_run_of_accepted_rounds_adds_up_t
                 assert -cosines[start : end + 1].sum() <= 0.5 + 0.25 * (end - start + 1) + 1e-9
 
 
+def test_a_site_whose_own_training_learned_no_ranking_counts_constant_outputs_as_no_worse():
+    """A limit of stop 104's bar (docs/server-checks.md): a site whose start and own first-round model ranked its images
+    no better than chance (AUROC 0.40 and 0.45) finds a model of constant outputs (AUROC 0.5, recalibrated the base
+    rate's loss, 0.56, below the start's random scores' 0.75) no worse once recalibrated; a site whose own model
+    learned to rank (0.8) does not."""
+    initial = {
+        "blind": {"val_loss": 0.75, "val_mean_auroc": 0.40, "local_val_mean_auroc": 0.45},
+        "seeing": {"val_loss": 0.75, "val_mean_auroc": 0.40, "local_val_mean_auroc": 0.80},
+    }
+    first = {key: {"val_recalibrated_loss": 0.56, "val_recalibrated_loss_minus_start": -0.19} for key in initial}
+    constant = {key: {"val_loss": 0.9, "val_recalibrated_loss": 0.56, "val_mean_auroc": 0.5} for key in initial}
+    assert recalibrated_changes(constant, first, initial) == {"blind": pytest.approx(-0.19)}
+
+
 def test_a_judge_that_did_not_judge_the_best_counts_as_no_improvement():
     """A review's attack on the paired choice of the best (stop 104): round 0's model is the best, judged by a, b and
     a liar x; round 1's is judged by x, which reports 0, and two sites that did not judge the best (c, d). Paired over

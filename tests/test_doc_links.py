@@ -45,3 +45,20 @@ def test_every_relative_link_leads_to_a_file_and_heading_that_exist(page):
         elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked):
             broken.append(f"{target}: no heading '{anchor}' in {linked.relative_to(REPOSITORY)}")
     assert not broken, broken
+
+
+TEST_NAME = re.compile(r"`(tests/[\w/]+\.py)::(\w+)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(REPOSITORY)))
+def test_every_test_a_page_names_exists(page):
+    """A page that names a test (``tests/x.py::test_name``) as the proof of a claim names one that is there: a renamed
+    or removed test breaks this, not the claim's evidence."""
+    missing = [
+        f"{path}::{name}"
+        for path, name in TEST_NAME.findall(" ".join(page.read_text().split()))
+        if not re.search(
+            rf"^def {name}\(", (REPOSITORY / path).read_text() if (REPOSITORY / path).exists() else "", re.M
+        )
+    ]
+    assert not missing, missing

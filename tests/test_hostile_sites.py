@@ -1034,6 +1034,30 @@ def test_a_site_whose_model_is_worse_only_by_its_intercepts_is_no_veto_of_the_ba
     assert _judged(harness, 0)["best"] and bar["judged_change"] == pytest.approx((0.05 - 0.71 - 0.18) / 2)
 
 
+def test_an_intercept_shift_that_leaves_the_honest_sites_ranking_is_published_at_three_sites(tmp_path):
+    """A limit, not a defence (docs/server-checks.md, stop 104): an attacker shifts the intercepts, so both honest
+    sites' losses rise far above their start's (0.60 -> 1.20, 0.70 -> 1.40) while the model ranks their images as
+    well as their own models did and, recalibrated, is better than the start. Each honest change counts recalibrated
+    (-0.05, -0.03), the attacker reports its own honestly (+0.5), the median is -0.03, and the model is published where
+    the bar before stopped it. This test fails if that ever changes without the docs."""
+    attacker = FakeSite("site-x", ["Mass"], [0.6, 1.1, 1.1])
+    honest = [FakeSite("site-a", ["Mass"], [0.6, 1.2, 1.2]), FakeSite("site-b", ["Mass"], [0.7, 1.4, 1.4])]
+    for site, recalibrated in zip(honest, (-0.05, -0.03), strict=True):
+        site.metrics_override = {"local_val_loss": 0.4, "local_val_mean_auroc": 0.8}
+        site.validation_override = {
+            "val_recalibrated_loss": 0.5,
+            "val_recalibrated_loss_minus_start": recalibrated,
+            "val_mean_auroc": 0.8,
+        }
+    attacker.metrics_override = {"local_val_loss": 0.4}
+    harness = Harness([attacker, *honest], tmp_path, num_rounds=2, validation_guard=False)
+    harness.run()
+    bar = _judged(harness, 0)["bar"]
+    assert bar["recalibrated"] == {"site-a": pytest.approx(-0.05), "site-b": pytest.approx(-0.03)}
+    assert bar["judged_change"] == pytest.approx(-0.03) and _judged(harness, 0)["best"]
+    assert TASK_PUBLISH in [task for task, _, _ in honest[0].tasks]
+
+
 def test_where_round_0_made_no_model_the_recalibrated_bar_reads_the_round_that_trained_from_the_start_again(tmp_path):
     """A review's finding (stop 104): the bar read the sites' recalibrated loss of the initial model from round 0's
     validation only; where round 0 made no model (here: every result fails), round 1 trains from the initial model
