@@ -3,6 +3,7 @@ run as written (with tiny sites), and the MLflow store read back."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -3206,7 +3207,8 @@ def _best_round(run: dict, paired: bool, recalibrated: bool = False) -> int | No
     return best
 
 
-def _replayable_runs() -> list[tuple[str, str, dict]]:
+@functools.cache  # read once for the tests that replay them
+def _replayable_runs() -> tuple[tuple[str, str, dict], ...]:
     """Every record of the clean sweeps and the attack suite that keeps each site's losses by round: (file, run,
     record); the suite's records say who was rejected or left out, not in which rounds: those sites are left out of
     every round."""
@@ -3222,7 +3224,7 @@ def _replayable_runs() -> list[tuple[str, str, dict]]:
                     out = dict.fromkeys([*run.get("rejected", []), *run.get("excluded", [])])  # taken as every round
                     run = {**run, "excluded": {number: out for number in figures}, "rejections": {}, "rejected": []}
                 runs.append((f"{folder}/{path.name}", name, run))
-    return runs
+    return tuple(runs)
 
 
 def test_the_initial_models_bar_each_site_against_its_own_start_is_its_record():

@@ -460,7 +460,7 @@ class FederationLoop(SiteTasks):
             f"{verdict.judged_loss:.4f} of {verdict.judges}, mean validation AUROC {verdict.mean_auroc:.4f} over "
             f"{len(figures)} site(s)"
         )
-        against = history_entry(self._federation.history, version.round)["validation"].get("against_best")
+        against = verdict.against_best
         if against is not None:
             self.info(
                 f"global model {model_label(version.round)}: the judging sites' {verdict.statistic} change of "

@@ -280,6 +280,7 @@ class Judgement:
     judges: list[str]
     mean_auroc: float
     best: bool  # it became the best global model
+    against_best: dict[str, Any] | None = None  # after the first best: the judged change against it (its record)
 
 
 def changes_against_the_best(
@@ -387,4 +388,4 @@ def judge(
     best = select(federation, version, judged, min_delta, bar_loss)
     if best:
         validation["best"] = True
-    return Judgement(judged, statistic, sorted(judges), mean_auroc, best)
+    return Judgement(judged, statistic, sorted(judges), mean_auroc, best, validation.get("against_best"))
