@@ -48,6 +48,7 @@ from surgical_aggregation.experiments.summary import rewrite_marked_block
 from surgical_aggregation.flare.recipe import (
     CONSORTIUM_PATIENTS,
     CONSORTIUM_SITES,
+    DEFAULT_START,
     DEMO,
     SurgicalAggregationRecipe,
     start_settings,
@@ -144,12 +145,12 @@ def write_federation_job(federation: Federation, folder: Path, cache: Path, sett
 
 
 def run_consortium(workspace: Path, start: str = SCRATCH) -> tuple[int, str, Path]:
-    """The README's command, as written (its workspace a fresh folder; another ``start`` adds ``--start``); (exit
-    code, output, its server app)."""
+    """The README's command, as written (its workspace a fresh folder; a ``start`` other than the job's default adds
+    ``--start``); (exit code, output, its server app)."""
     shutil.rmtree(workspace, ignore_errors=True)
     script = Path(sys.executable).parent / "surgical-aggregation"
     command = [str(script)] if script.is_file() else [sys.executable, "-m", PACKAGE]
-    command += ["simulate", "--name", CONSORTIUM, *([] if start == SCRATCH else ["--start", start])]
+    command += ["simulate", "--name", CONSORTIUM, *([] if start == DEFAULT_START else ["--start", start])]
     result = subprocess.run(
         [*command, "--workspace", str(workspace)], capture_output=True, text=True, timeout=5400, env=dict(os.environ)
     )

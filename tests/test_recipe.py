@@ -154,10 +154,11 @@ def test_the_stand_in_is_refused_for_another_network_and_start_for_another_job(t
     assert not (tmp_path / "job").exists()
 
 
-def test_the_consortium_starts_from_scratch_or_where_it_is_told(tmp_path):
-    """``cxr_consortium``: from scratch by default (the committed job, FedAvg, the demo rates); ``--start stand-in``
-    gives it the main job's start (the stand-in, FedBN+, the papers' fine-tuning rates) on its own sites' sizes."""
-    scratch, standing = cxr_consortium_recipe(), cxr_consortium_recipe(start=STAND_IN)
+def test_the_consortium_starts_from_the_stand_in_or_where_it_is_told(tmp_path):
+    """``cxr_consortium``: from the stand-in by default, the main job's start (the committed job: FedBN+, the papers'
+    fine-tuning rates, the direction check in the first round), on its own sites' sizes; ``--start scratch``: FedAvg
+    at the demo rates, the direction check every round."""
+    standing, scratch = cxr_consortium_recipe(), cxr_consortium_recipe(start=SCRATCH)
     assert "pretrained_weights" not in scratch.persistor_args
     assert scratch.controller_args["backbone_strategy"] == "fedavg"
     assert standing.persistor_args["pretrained_weights"] == STAND_IN
@@ -167,13 +168,23 @@ def test_the_consortium_starts_from_scratch_or_where_it_is_told(tmp_path):
     for site, values in standing.site_configs.items():
         assert {name: values[name] for name in PAPERS_FINE_TUNING} == dict(PAPERS_FINE_TUNING)
         assert values["embedded"] == scratch.site_configs[site]["embedded"]
+        assert scratch.site_configs[site]["learning_rate"] != PAPERS_FINE_TUNING["learning_rate"]  # the demo's
     with pytest.raises(SiteConfigError, match="start must be 'stand-in', 'scratch' or the path of a DenseNet121"):
         cxr_consortium_recipe(start="stand_in")
-    assert main(["write-job", "--name", "cxr_consortium", "--start", STAND_IN, "--out", str(tmp_path / "job")]) == 0
+    committed = json.loads(
+        (REPOSITORY / "jobs" / "cxr_consortium" / "app_server/config/config_fed_server.json").read_text()
+    )
+    assert (
+        next(c for c in committed["components"] if c["path"].endswith("SurgicalModelPersistor"))["args"][
+            "pretrained_weights"
+        ]
+        == STAND_IN
+    )
+    assert main(["write-job", "--name", "cxr_consortium", "--start", SCRATCH, "--out", str(tmp_path / "job")]) == 0
     server = json.loads((tmp_path / "job" / "app_server/config/config_fed_server.json").read_text())
     persistor = next(c for c in server["components"] if c["path"].endswith("SurgicalModelPersistor"))
-    assert persistor["args"]["pretrained_weights"] == STAND_IN
-    assert server["workflows"][0]["args"]["backbone_strategy"] == "fedbn_plus"
+    assert "pretrained_weights" not in persistor["args"]
+    assert server["workflows"][0]["args"]["backbone_strategy"] == "fedavg"
 
 
 def test_the_persistor_builds_the_stand_in_once_and_starts_from_its_statistics(tmp_path, monkeypatch):

@@ -93,10 +93,10 @@ def add_start_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--start",
         metavar="{stand-in,scratch,PATH}",
-        help=f"the image jobs (nih_chexpert, cxr_consortium): {STAND_IN} (nih_chexpert's default: FedBN+ from the "
-        f"offline stand-in for ImageNet weights the bundle ships), {SCRATCH} (cxr_consortium's default: a random "
-        "DenseNet121, FedAvg; nih_chexpert then on 400 patients a site: minutes, a smoke run) or a local ImageNet "
-        "DenseNet121 checkpoint's path as the server sees it (FedBN+)",
+        help=f"the image jobs (nih_chexpert, cxr_consortium): {STAND_IN} (the default: FedBN+ from the offline "
+        f"stand-in for ImageNet weights the bundle ships), {SCRATCH} (a random DenseNet121, FedAvg; nih_chexpert then "
+        "on 400 patients a site: minutes, a smoke run) or a local ImageNet DenseNet121 checkpoint's path as the server "
+        "sees it (FedBN+)",
     )
 
 

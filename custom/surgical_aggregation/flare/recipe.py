@@ -443,6 +443,7 @@ def _with_sites(defaults: dict[str, dict[str, Any]], sites: Mapping[str, Mapping
 # The bundle jobs' seconds per task, sized for the embedded data on a CPU (a handshake ~10 s, a round's
 # training ~1 min) with room for a loaded machine; real data needs more (write-job --train-timeout ...).
 JOB_TIMEOUTS = {"handshake_timeout": 300, "train_timeout": 900, "validate_timeout": 300}
+DEFAULT_START = STAND_IN  # where both image jobs start unless told (write-job and simulate --start)
 CHECKPOINT_SUFFIXES = (".pth", ".pt")  # a start given as a path: torchvision's and this bundle's weight files
 
 
@@ -472,7 +473,7 @@ def _start_controller(started: Mapping[str, Any], blind: bool) -> dict[str, Any]
 
 
 def nih_chexpert_recipe(
-    sites: Mapping[str, Mapping[str, Any]] | None = None, start: str = STAND_IN, **options: Any
+    sites: Mapping[str, Mapping[str, Any]] | None = None, start: str = DEFAULT_START, **options: Any
 ) -> SurgicalAggregationRecipe:
     """``jobs/nih_chexpert``: a NIH ChestX-ray14 site (14 labels) and a CheXpert site (13), 20-class union,
     on the embedded data. ``sites`` replaces some sites' configs (e.g. real data); ``options`` go to
@@ -563,13 +564,13 @@ CONSORTIUM_PATIENTS = {"padchest": 200}  # the others: 100 each
 
 
 def cxr_consortium_recipe(
-    sites: Mapping[str, Mapping[str, Any]] | None = None, start: str = SCRATCH, **options: Any
+    sites: Mapping[str, Mapping[str, Any]] | None = None, start: str = DEFAULT_START, **options: Any
 ) -> SurgicalAggregationRecipe:
     """``jobs/cxr_consortium``: seven sites, one per dataset (NIH, CheXpert, PadChest, VinDr-CXR, Google's NIH
     labels, RSNA, SIIM), each with its own label scheme; the union head covers every finding any site labels
     (199 classes, tests/test_flare_e2e.py). 3 rounds, embedded data unless a site config names real data; ``start``
-    as for :func:`nih_chexpert_recipe`, on the sites' own embedded sizes. From scratch by default, the start of
-    docs/cxr-consortium.md's runs and the clean sweep's; from the stand-in it learns more (the same page)."""
+    as for :func:`nih_chexpert_recipe`, on the sites' own embedded sizes. From the stand-in by default: from scratch
+    its best model ranked the sites' images below chance (docs/cxr-consortium.md)."""
     rates, persistor, started = start_settings(start)
     defaults = {
         site: DEMO.site_config({"kind": kind}, embedded={"patients": CONSORTIUM_PATIENTS.get(kind, 100)}, **rates)
