@@ -29,7 +29,7 @@ from surgical_aggregation.cli import main
 from surgical_aggregation.core.errors import ExportError
 from surgical_aggregation.deployment import bundle as bundle_module
 from surgical_aggregation.deployment.bundle import EXTRA_KEY, TOLERANCE, export_bundle
-from surgical_aggregation.evaluation.inference import THRESHOLDS_KEY, score
+from surgical_aggregation.evaluation.inference import RECALIBRATION_KEY, THRESHOLDS_KEY, save_recalibrated, score
 from surgical_aggregation.images import grayscale
 from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.images.names import DENSENET121, NETWORK_ARGUMENTS, NETWORK_KEY, SMOKE_DENSENET
@@ -155,6 +155,10 @@ def test_the_metadata_names_the_classes_in_head_order_with_aliases_thresholds_an
     assert extra["preprocessing"] == PREPROCESSING and extra["round"] == 3
     assert extra["sites_labelling"] is None and extra["validation"] is None  # no server files next to this model
     assert "not known" in (exported.root / "docs" / "README.md").read_text()
+    assert (
+        extra["recalibration"] is None
+        and "Probabilities are not calibrated." in (exported.root / "docs" / "README.md").read_text()
+    )
     assert set(exported.differences) == {"model.ts", "model.onnx"}
     assert all(value <= TOLERANCE for value in exported.differences.values())
 
@@ -376,6 +380,34 @@ def test_classes_too_few_sites_label_can_be_left_out_of_the_bundle(model_file, t
     assert torch.equal(weights, checkpoint.state["class_layers.out.weight"][:2])  # the kept rows, unchanged
     with pytest.raises(ExportError, match="no class of the model is labelled by 4 or more sites"):
         export_bundle(server_model, tmp_path / "none", onnx=False, min_sites=4)
+
+
+def test_a_recalibrated_model_exports_its_shifts_in_its_weights_and_says_so(model_file, tmp_path):
+    """A site's model recalibrated by ``evaluate --recalibrate-out``: the bundle's weights carry the shifted biases
+    (so TorchScript and ONNX give the recalibrated probabilities, checked as every export is), its metadata the
+    record of the kept classes only, and its README where the probabilities were recalibrated."""
+    shifts = {"Pleural Effusion": 1.25, "Tuberculosis": -0.5}
+    recalibrated = save_recalibrated(model_file, shifts, "site-a (validation split)", tmp_path / "recalibrated.pt")
+    folder = tmp_path / "app_server"
+    folder.mkdir()
+    checkpoint = load_checkpoint(recalibrated)
+    server_model = save_checkpoint(folder / "best_FL_global_model.pt", checkpoint.state, CLASSES, **checkpoint.meta)
+    (folder / "union_classes.csv").write_text(
+        "class,sites,labelled_by,shared\nPleural Effusion,a;b,2,yes\nMass,a;b;c,3,yes\nTuberculosis,c,1,no\n"
+    )
+    root = export_bundle(server_model, tmp_path / "bundle", onnx=False, min_sites=2).root
+    bias = torch.load(root / "models" / "model.pt", weights_only=True)["class_layers.out.bias"]
+    before = load_checkpoint(model_file).state["class_layers.out.bias"]
+    torch.testing.assert_close(bias, before[:2] + torch.tensor([1.25, 0.0]), atol=1e-6, rtol=0)
+    record = _metadata(root)[EXTRA_KEY]["recalibration"]
+    assert record["shifts"] == {"Pleural Effusion": 1.25} and record["fitted_on"] == ["site-a (validation split)"]
+    assert checkpoint.meta[RECALIBRATION_KEY]["shifts"] == shifts
+    readme = (root / "docs" / "README.md").read_text()
+    assert (
+        "Probabilities were recalibrated in the large to site-a (validation split) (one intercept per finding, to "
+        "that split's prevalence, for 1 of them); their spread is not." in readme
+    )
+    assert "Tuberculosis" not in readme
 
 
 def test_the_offline_metadata_check_runs_as_the_docs_write_it(exported):

@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
 from surgical_aggregation.cli import main
-from surgical_aggregation.evaluation.inference import labelled_set
+from surgical_aggregation.evaluation.inference import RECALIBRATION_KEY, THRESHOLDS_KEY, labelled_set
 from surgical_aggregation.images.layouts import load_table
 from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.images.names import NETWORK_KEY, SMOKE_DENSENET
-from surgical_aggregation.training.checkpoint import save_checkpoint
+from surgical_aggregation.images.synthetic import generate_nih
+from surgical_aggregation.training.checkpoint import load_checkpoint, save_checkpoint
 from surgical_aggregation.training.config import load_site_config
 from surgical_aggregation.training.site_data import resolve_table, split_table
 
@@ -115,3 +117,68 @@ def test_model_without_stored_image_size_needs_one(nih_data, tmp_path, capsys):
     ]
     assert main(arguments) == 2
     assert "does not say which image size it was trained at: pass --image-size" in capsys.readouterr().err
+
+
+def test_a_site_recalibrates_the_federations_model_to_its_own_prevalence(model_file, tmp_path, capsys):
+    """``evaluate --recalibrate-out``: each class the site's validation split labels gets the one logit shift that
+    makes its mean probability there the split's (smoothed) prevalence, written into the head biases of a copy of the
+    model (the weights and the rows the site does not label untouched); the test split's loss falls where the model's
+    base rates were off, its AUROC stays, and thresholds saved with the model move so that every call stays."""
+    checkpoint = load_checkpoint(model_file)
+    state = {key: value.clone() for key, value in checkpoint.state.items()}
+    bias = "class_layers.out.bias"
+    state[bias][MODEL_CLASSES.index("Pleural Effusion")] = -6.0  # far below any site's prevalence
+    state[bias][MODEL_CLASSES.index("Mass")] = 4.0  # far above
+    biased = save_checkpoint(tmp_path / "biased.pt", state, MODEL_CLASSES, **checkpoint.meta)
+    nih_data = generate_nih(tmp_path / "nih", n_patients=120, image_size=32, label_source="builtin")
+    config = tmp_path / "site.json"
+    config.write_text(json.dumps({"data": {"kind": "nih", "location": str(nih_data.root)}, "cache_dir": str(tmp_path)}))
+    evaluate = ["evaluate", "--site-config", str(config), "--bootstrap", "20"]
+    with_thresholds = tmp_path / "thresholds.pt"
+    assert main([*evaluate, "--model", str(biased), "--out", str(tmp_path / "t"), "--thresholds-out",
+                 str(with_thresholds)]) == 0  # fmt: skip
+    recalibrated = tmp_path / "recalibrated.pt"
+    assert main([*evaluate, "--model", str(with_thresholds), "--out", str(tmp_path / "r"), "--recalibrate-out",
+                 str(recalibrated)]) == 0  # fmt: skip
+    output = capsys.readouterr().out
+    assert f"wrote {recalibrated}: the model recalibrated to site (validation split) (2 of its classes)" in output
+
+    after = load_checkpoint(recalibrated)
+    record = after.meta[RECALIBRATION_KEY]
+    shifts = record["shifts"]
+    assert set(shifts) == {"Pleural Effusion", "Mass"} and record["fitted_on"] == ["site (validation split)"]
+    assert shifts["Pleural Effusion"] > 0 > shifts["Mass"]  # back toward the site's prevalence
+    for key, value in state.items():
+        if key != bias:
+            assert torch.equal(after.state[key], value), key
+    moved = after.state[bias] - state[bias]
+    expected = torch.tensor([shifts.get(name, 0.0) for name in MODEL_CLASSES])
+    torch.testing.assert_close(moved, expected, atol=1e-5, rtol=0)
+    assert moved[MODEL_CLASSES.index("Fracture")] == 0  # not NIH's: not the site's to move
+
+    # independently: the recalibrated file's mean probability on the validation images is the smoothed prevalence
+    site = load_site_config(config)
+    val = split_table(resolve_table(site), site)["val"].frame
+    listing = tmp_path / "val.csv"
+    val[["path"]].to_csv(listing, index=False)
+    for model, name in ((recalibrated, "after"), (with_thresholds, "before")):
+        out = tmp_path / f"val-{name}.csv"
+        assert main(["predict", "--model", str(model), "--input", str(listing), "--out", str(out), "--calls"]) == 0
+    scored = pd.read_csv(tmp_path / "val-after.csv").set_index("path")
+    for name in shifts:
+        cases, count = val[name].sum(), val[name].notna().sum()
+        assert scored.loc[val["path"], name].mean() == pytest.approx((cases + 0.5) / (count + 1), abs=1e-5)
+    unmoved = pd.read_csv(tmp_path / "val-before.csv").set_index("path")
+    calls = [column for column in scored.columns if column.endswith(" (call)")]
+    assert calls and scored[calls].equals(unmoved[calls])  # the thresholds moved with the shifts
+    assert after.meta[THRESHOLDS_KEY]["values"] != load_checkpoint(with_thresholds).meta[THRESHOLDS_KEY]["values"]
+
+    table = pd.read_csv(tmp_path / "r" / "per_class_auroc.csv").set_index("class_name")
+    assert (table["recalibrated_loss"] < table["loss"]).all()
+    plain = tmp_path / "plain"
+    assert main([*evaluate, "--model", str(recalibrated), "--out", str(plain)]) == 0
+    again = pd.read_csv(plain / "per_class_auroc.csv").set_index("class_name")
+    np.testing.assert_allclose(again["auroc"], table["auroc"], atol=1e-9)  # the ranking is the model's
+    both = [*evaluate, "--model", str(biased), "--out", str(plain), "--thresholds-out", "a.pt", "--recalibrate-out"]
+    with pytest.raises(SystemExit):
+        main([*both, "b.pt"])

@@ -13,6 +13,7 @@ from surgical_aggregation.evaluation.metrics import (
     bce_loss_standard_error,
     bootstrap_ci,
     image_losses,
+    intercept_shifts,
     mean_auroc_ci,
     mean_defined,
     paired_auroc_difference,
@@ -180,6 +181,19 @@ def test_recalibration_in_the_large_shifts_each_class_to_its_smoothed_prevalence
         ] == (
             pytest.approx(per_class_auroc(labels[kept, column : column + 1], P[kept, column : column + 1], ["c"])["c"])
         )
+
+
+def test_the_intercept_shifts_are_the_recalibrations_and_none_where_no_image_is_labelled():
+    """The shifts ``evaluate --recalibrate-out`` writes into a model's head biases: a worked example (a constant 0.5
+    on four images, one a case: the mean must become 1.5 / 5, so the shift is logit(0.3)), the shift of every class
+    that :func:`recalibrated_probabilities` applies, and 0 for a class no image labels."""
+    assert intercept_shifts(np.array([1.0, 0, 0, 0]), np.full(4, 0.5)) == pytest.approx(math.log(0.3 / 0.7), abs=1e-12)
+    labels = Y.copy()
+    labels[:, 1] = np.nan  # the second class labelled on no image
+    shifts = intercept_shifts(labels, P)
+    assert shifts.shape == (3,) and shifts[1] == 0.0
+    moved = _logit(recalibrated_probabilities(labels, P)) - _logit(np.clip(P, 1e-7, 1 - 1e-7))
+    np.testing.assert_allclose(moved, np.broadcast_to(shifts, P.shape), atol=1e-9)
 
 
 def test_a_model_shifted_in_its_base_rate_recalibrates_to_the_same_probabilities():

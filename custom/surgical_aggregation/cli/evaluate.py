@@ -1,7 +1,10 @@
 """Evaluate a saved model on labelled data (images, or reports for a report model): per-class AUROC by class name, mean
 AUROC with a bootstrap 95% CI; writes per_class_auroc.csv/.png and summary.txt. With --thresholds-out, each class's
 threshold is chosen on the validation split (Youden's J), the test split is evaluated at it (accuracy, sensitivity,
-specificity), and a copy of the model carrying the thresholds is written for 'predict --calls'."""
+specificity), and a copy of the model carrying the thresholds is written for 'predict --calls'. With --recalibrate-out,
+each class the validation split labels is recalibrated in the large to it (one shift of its logits, so that its mean
+probability is the split's prevalence: a federation's model carries the consortium's base rates), the test split's
+loss is shown before and after, and a copy of the model with the shifts in its head biases is written."""
 
 from __future__ import annotations
 
@@ -30,12 +33,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", required=True, type=user_path, help="folder for the table, plot and summary")
     parser.add_argument("--bootstrap", type=positive, default=1000, help="bootstrap resamples for the CI")
-    parser.add_argument(
+    written = parser.add_mutually_exclusive_group()
+    written.add_argument(
         "--thresholds-out",
         type=user_path,
         metavar="MODEL_FILE",
         help="choose per-class thresholds on the validation split, evaluate the test split at them, and write a copy "
         "of the model carrying them here",
+    )
+    written.add_argument(
+        "--recalibrate-out",
+        type=user_path,
+        metavar="MODEL_FILE",
+        help="recalibrate each class in the large on the validation split (one intercept: the site's own prevalence; "
+        "the ranking, so the AUROC, unchanged), show the test split's loss before and after, and write a copy of the "
+        "model carrying the shifts here",
     )
     add_model_options(parser)
 
@@ -43,8 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..evaluation.inference import (
         evaluate_and_choose_thresholds,
+        evaluate_and_recalibrate,
         evaluate_on_table,
         labelled_splits,
+        save_recalibrated,
         save_thresholds,
         write_evaluation,
     )
@@ -57,10 +71,15 @@ def run(args: argparse.Namespace) -> int:
         "device": args.device,
         "bootstrap": args.bootstrap,
     }
+    shifts = None
     if args.thresholds_out is not None:
         target = output_file(args.thresholds_out, "--thresholds-out")
         report = evaluate_and_choose_thresholds(args.model, splits, **options)
         title = title.format(split="test, thresholds from val")
+    elif args.recalibrate_out is not None:
+        target = output_file(args.recalibrate_out, "--recalibrate-out")
+        report, shifts = evaluate_and_recalibrate(args.model, splits, **options)
+        title = title.format(split="test, recalibrated on val")
     else:
         report = evaluate_on_table(args.model, splits[args.split], **options)
         title = title.format(split=args.split)
@@ -73,4 +92,8 @@ def run(args: argparse.Namespace) -> int:
             args.model, report, title.replace("test, thresholds from val", "validation split"), target
         )
         print(f"wrote {saved}: the model with its thresholds (predict --calls)")
+    if shifts is not None:
+        fitted_on = title.replace("test, recalibrated on val", "validation split")
+        saved = save_recalibrated(args.model, shifts, fitted_on, target)
+        print(f"wrote {saved}: the model recalibrated to {fitted_on} ({len(shifts)} of its classes)")
     return 0

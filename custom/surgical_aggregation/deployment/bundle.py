@@ -42,7 +42,7 @@ from ..core.errors import ExportError
 from ..core.head import classes_labelled_by_at_least, slice_for_client
 from ..core.labels import Vocabulary, job_vocabulary
 from ..data.bundle_parts import BundleParts
-from ..evaluation.inference import CALL_SUFFIX, READABLE, STATUS_COLUMN, THRESHOLDS_KEY
+from ..evaluation.inference import CALL_SUFFIX, READABLE, RECALIBRATION_KEY, STATUS_COLUMN, THRESHOLDS_KEY
 from ..evaluation.run_summary import HISTORY_FILE, UNION_FILE
 from ..modalities.registry import modality_for_architecture
 from ..training.checkpoint import Checkpoint, load_checkpoint
@@ -392,6 +392,8 @@ def _metadata(
                 else {name: thresholds.get(name) for name in names if thresholds.get(name) is not None}
             ),
             "thresholds_chosen_on": (source.meta.get(THRESHOLDS_KEY) or {}).get("chosen_on"),
+            # where `evaluate --recalibrate-out` fitted the head biases' shifts (each class's, summed), if it did
+            "recalibration": _recalibration_of(source.meta.get(RECALIBRATION_KEY), names),
             "validation": validation,
         },
     }
@@ -560,7 +562,7 @@ def bundle_readme(metadata: Mapping[str, Any], parts: BundleParts) -> str:
         "",
         "## Limits",
         "",
-        "- Research use; not validated for clinical use. Probabilities are not calibrated.",
+        "- Research use; not validated for clinical use. " + _calibration(extra.get("recalibration")),
         "- Validated only on the sites' validation splits, not on an external test set.",
         "- Inputs must be prepared exactly as described above; an input that cannot be read stops the run "
         "(surgical-aggregation's `predict` skips it and says why).",
@@ -571,3 +573,21 @@ def bundle_readme(metadata: Mapping[str, Any], parts: BundleParts) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _calibration(recalibration: Mapping[str, Any] | None) -> str:
+    """What the bundle's README says of its probabilities: recalibrated in the large where a site did, else not."""
+    if not recalibration:
+        return "Probabilities are not calibrated."
+    return (
+        f"Probabilities were recalibrated in the large to {'; then '.join(recalibration['fitted_on'])} (one intercept "
+        f"per finding, to that split's prevalence, for {len(recalibration['shifts'])} of them); their spread is not."
+    )
+
+
+def _recalibration_of(recalibration: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str, Any] | None:
+    """The model's recalibration record for the bundle's classes only (a class left out is not named)."""
+    if not recalibration:
+        return None
+    shifts = {name: recalibration["shifts"][name] for name in names if name in recalibration["shifts"]}
+    return {**recalibration, "shifts": shifts}

@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from ..core.devices import AUTO, autocast_dtype, resolve_device, resolve_workers
 from ..core.errors import DataNotFoundError, DatasetFormatError, ModelFileError, SiteConfigError
+from ..core.head import NAMED_HEAD
 from ..data.splits import patient_split
 from ..data.table import LabelTable
 from ..images.cache import OnError
@@ -30,9 +31,12 @@ from .metrics import (
     ConfidenceInterval,
     Specificity,
     align_by_name,
+    bce_loss,
+    intercept_shifts,
     mean_auroc_ci,
     per_class_auroc,
     score_specificity,
+    shifted_probabilities,
     threshold_metrics,
     youden_threshold,
 )
@@ -46,6 +50,10 @@ STATUS_COLUMN = "status"  # predict's output: "ok", or why the input could not b
 READABLE = "ok"
 THRESHOLDS_KEY = "thresholds"  # checkpoint meta: {"values": {class: threshold}, "chosen_on": ...} (evaluate saves it)
 CALL_SUFFIX = " (call)"  # predict's positive-call columns: "<class> (call)", 1 at or above the class's threshold
+# checkpoint meta: {"shifts": {class: its logit shift, summed}, "fitted_on": [each recalibration's split], "rule": ...}
+RECALIBRATION_KEY = "recalibration"
+RECALIBRATION_RULE = "recalibration in the large (one intercept per class, its mean probability = its prevalence)"
+RECALIBRATION_COLUMNS = ("intercept_shift", "loss", "recalibrated_loss")
 
 
 def model_preprocessing(checkpoint: Checkpoint, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -124,6 +132,16 @@ class EvaluationReport:
             auroc = "undefined" if math.isnan(row.auroc) else f"{row.auroc:.4f}"
             lines.append(f"{row.class_name:<28}{auroc:>8}{row.positives:>11}{row.negatives:>11}")
         lines.append(f"mean AUROC over {len(self.per_class)} classes: {self.mean_auroc} (95% bootstrap CI)")
+        if "recalibrated_loss" in self.per_class:
+            lines.append(f"{'class':<28}{'shift':>8}{'loss':>11}{'recalibrated':>14}")
+            for row in self.per_class.itertuples(index=False):
+                lines.append(
+                    f"{row.class_name:<28}{row.intercept_shift:>+8.3f}{row.loss:>11.4f}{row.recalibrated_loss:>14.4f}"
+                )
+            before, after = self.per_class["loss"].mean(), self.per_class["recalibrated_loss"].mean()
+            lines.append(
+                f"mean loss over {len(self.per_class)} classes: {before:.4f} as it was, {after:.4f} recalibrated"
+            )
         if self.missing_in_model:
             lines.append(f"classes of the data the model does not predict (left out): {self.missing_in_model}")
         return "\n".join(lines)
@@ -362,3 +380,91 @@ def save_thresholds(checkpoint_path: str | Path, report: EvaluationReport, chose
     }
     meta = {**checkpoint.meta, THRESHOLDS_KEY: {"values": values, "chosen_on": chosen_on, "rule": "Youden's J"}}
     return save_checkpoint(out, checkpoint.state, checkpoint.class_names, **meta)
+
+
+def evaluate_and_recalibrate(
+    checkpoint_path: str | Path,
+    splits: dict[str, LabelTable],
+    cache_dir: str | Path | None = None,
+    on_error: OnError = "skip",
+    device: str = "auto",
+    bootstrap: int = 1000,
+    preprocessing: Mapping[str, Any] | None = None,
+    batch_size: int = 256,
+) -> tuple[EvaluationReport, dict[str, float]]:
+    """The model on the ``test`` split, each class the ``val`` split labels recalibrated in the large on ``val``
+    (:func:`metrics.intercept_shifts`: one shift of the class's logits, to the site's own prevalence). The report
+    gives per class its shift and the test split's mean BCE before and after it (``loss``, ``recalibrated_loss``);
+    a shift leaves the class's AUROC as it is. Returns the report and the shifts by class name."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    names = checkpoint.class_names
+
+    def scored(table: LabelTable) -> tuple[np.ndarray, LabelTable, Any]:
+        predicted_classes([checkpoint], table)  # refuses a split that labels none of the model's classes
+        dataset, kept = scoring_dataset([checkpoint], table, preprocessing, cache_dir, on_error, device)
+        probabilities = predict_checkpoint(checkpoint, dataset, batch_size, device)
+        labels, mask = kept.label_matrix()
+        return probabilities, kept, align_by_name(probabilities, names, labels, kept.classes, mask)
+
+    _, _, val = scored(splits["val"])
+    fitted = intercept_shifts(val.y_true, val.y_score, val.mask)
+    shifts = {name: float(shift) for name, shift in zip(val.class_names, fitted, strict=True)}
+    probabilities, kept, test = scored(splits["test"])
+    report = per_class_report(probabilities, names, kept, bootstrap)
+    report.noun = modality_for_architecture(checkpoint.architecture).sample_noun
+    moved = shifted_probabilities(test.y_score, [shifts.get(name, 0.0) for name in test.class_names])
+
+    def losses(scores: np.ndarray) -> list[float]:
+        return [
+            bce_loss(test.y_true[:, column], scores[:, column], None if test.mask is None else test.mask[:, column])
+            for column in range(len(test.class_names))
+        ]
+
+    report.per_class["intercept_shift"] = [shifts.get(name, 0.0) for name in report.per_class["class_name"]]
+    report.per_class["loss"], report.per_class["recalibrated_loss"] = losses(test.y_score), losses(moved)
+    return report, shifts
+
+
+def save_recalibrated(
+    checkpoint_path: str | Path, shifts: Mapping[str, float], fitted_on: str, out: str | Path
+) -> Path:
+    """A copy of the model whose head biases carry ``shifts`` (each class's row by name), so that every use of the
+    file (``predict``, ``evaluate``, ``export-bundle``'s TorchScript and ONNX) gives the recalibrated probabilities;
+    its meta records the shifts (summed over recalibrations) and where they were fitted. Thresholds saved with the
+    model move with their classes' shifts, so that each call stays as it was (up to rounding at the threshold)."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    if NAMED_HEAD.bias_key not in checkpoint.state:
+        raise ModelFileError(f"{checkpoint_path} has no head bias ({NAMED_HEAD.bias_key}) to recalibrate")
+    unknown = sorted(set(shifts) - set(checkpoint.class_names))
+    if unknown:
+        raise ModelFileError(f"{checkpoint_path} does not predict {unknown[:3]}: nothing to recalibrate there")
+    state = dict(checkpoint.state)
+    bias = state[NAMED_HEAD.bias_key].clone()
+    for name, shift in shifts.items():
+        bias[checkpoint.class_names.index(name)] += shift
+    state[NAMED_HEAD.bias_key] = bias
+    earlier = checkpoint.meta.get(RECALIBRATION_KEY) or {}
+    summed = dict(earlier.get("shifts") or {})
+    for name, shift in shifts.items():
+        summed[name] = float(summed.get(name, 0.0)) + float(shift)
+    meta = {
+        **checkpoint.meta,
+        RECALIBRATION_KEY: {
+            "shifts": summed,
+            "fitted_on": [*(earlier.get("fitted_on") or []), fitted_on],
+            "rule": RECALIBRATION_RULE,
+        },
+    }
+    thresholds = checkpoint.meta.get(THRESHOLDS_KEY)
+    if thresholds and thresholds.get("values"):
+        values = {
+            name: float(shifted_probabilities(value, shifts[name])) if name in shifts and _inside(value) else value
+            for name, value in thresholds["values"].items()
+        }
+        meta[THRESHOLDS_KEY] = {**thresholds, "values": values}
+    return save_checkpoint(out, state, checkpoint.class_names, **meta)
+
+
+def _inside(threshold: float | None) -> bool:
+    """Whether a saved threshold is a probability a logit shift moves (not None, NaN, 0 or 1)."""
+    return threshold is not None and 0 < threshold < 1

@@ -162,16 +162,15 @@ INTERCEPT_SEARCH = (-40.0, 40.0, 80)  # logit shifts searched (low, high) and bi
 SMOOTHING_CASES = 0.5  # each way: a finding with no case (or no non-case) in the validation keeps a finite intercept
 
 
-def recalibrated_probabilities(
+def intercept_shifts(
     y_true: np.ndarray, y_prob: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-7
 ) -> np.ndarray:
-    """``y_prob`` recalibrated in the large to these labels: each class's logits shifted by the one intercept that
-    makes its mean probability over the labelled images equal their prevalence of it, smoothed by half a case each
-    way ((k + 1/2) / (n + 1) for k cases of n; without the smoothing it is the intercept that minimises the class's
-    mean BCE). Shifting one class's logits by a constant leaves its ranking (AUROC) as it is and its recalibrated
-    probabilities too: what is left of a loss after it is the model's ranking and the spread of its scores, not its
-    base rate, which sites whose prevalences differ pull apart (the intercept update of clinical prediction models,
-    "recalibration in the large")."""
+    """Each class's recalibration in the large to these labels: the one shift of its logits that makes its mean
+    probability over the labelled images equal their prevalence of it, smoothed by half a case each way ((k + 1/2) /
+    (n + 1) for k cases of n; without the smoothing it is the shift that minimises the class's mean BCE); 0 for a
+    class no image labels. (C,) for (N, C) inputs, a 0-d array for (N,) ones. Shifting one class's logits by a
+    constant leaves its ranking (AUROC) as it is: what it changes is the class's base rate, which sites whose
+    prevalences differ pull apart (the intercept update of clinical prediction models)."""
     y_true = np.asarray(y_true, dtype=np.float64)
     y_prob = np.clip(np.asarray(y_prob, dtype=np.float64), eps, 1 - eps)
     squeeze = y_true.ndim == 1
@@ -193,8 +192,21 @@ def recalibrated_probabilities(
         above = mean > target
         high, low = np.where(above, middle, high), np.where(above, low, middle)
     shift = np.where(counts > 0, (low + high) / 2, 0.0)
-    recalibrated = _sigmoid(logits + shift)
-    return recalibrated[:, 0] if squeeze else recalibrated
+    return shift[0] if squeeze else shift
+
+
+def recalibrated_probabilities(
+    y_true: np.ndarray, y_prob: np.ndarray, mask: np.ndarray | None = None, eps: float = 1e-7
+) -> np.ndarray:
+    """``y_prob`` recalibrated in the large to these labels (:func:`intercept_shifts`, "recalibration in the large"):
+    what is left of a loss after it is the model's ranking and the spread of its scores, not its base rate."""
+    return shifted_probabilities(y_prob, intercept_shifts(y_true, y_prob, mask, eps), eps)
+
+
+def shifted_probabilities(y_prob: np.ndarray, shifts: np.ndarray | float, eps: float = 1e-7) -> np.ndarray:
+    """``y_prob`` with each class's logits shifted by its entry of ``shifts`` (broadcast over the last axis)."""
+    clipped = np.clip(np.asarray(y_prob, dtype=np.float64), eps, 1 - eps)
+    return _sigmoid(np.log(clipped) - np.log1p(-clipped) + np.asarray(shifts, dtype=np.float64))
 
 
 def _sigmoid(logits: np.ndarray) -> np.ndarray:
