@@ -298,7 +298,10 @@ def test_one_round_report_job_through_the_simulator(tmp_path):
     sites = bundle.site_configs
     for site, config in sites.items():
         config["data"].update(location=str(archive), labels=labels[site])
-        config.update(cache_dir=str(tmp_path / "cache"), batch_size=8, device="cpu")
+        # five epochs: one round that lowers the sites' loss by more than DP-SGD's noise moves it (in the profile's
+        # one epoch the round's change was within 2e-4 of 0, and the secure noise, never the same twice, decided
+        # whether the job published)
+        config.update(cache_dir=str(tmp_path / "cache"), batch_size=8, device="cpu", local_epochs=5)
     # DP-SGD at one site; its output biases start at the fixture's prevalence (each finding is in half its reports),
     # so that one round can beat the initial model, as the controller requires before it publishes anything
     sites["site-a"]["differential_privacy"] = {"epsilon": 100.0, "noise_multiplier": 1.0, "prior_prevalence": 0.5}
