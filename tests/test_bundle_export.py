@@ -385,7 +385,8 @@ def test_classes_too_few_sites_label_can_be_left_out_of_the_bundle(model_file, t
 def test_a_recalibrated_model_exports_its_shifts_in_its_weights_and_says_so(model_file, tmp_path):
     """A site's model recalibrated by ``evaluate --recalibrate-out``: the bundle's weights carry the shifted biases
     (so TorchScript and ONNX give the recalibrated probabilities, checked as every export is), its metadata the
-    record of the kept classes only, and its README where the probabilities were recalibrated."""
+    shifts of the kept classes only and how many recalibrations they sum, never where they were fitted; its README
+    says the probabilities were recalibrated and that the validation loss is the federation's model's."""
     shifts = {"Pleural Effusion": 1.25, "Tuberculosis": -0.5}
     recalibrated = save_recalibrated(model_file, shifts, "site-a (validation split)", tmp_path / "recalibrated.pt")
     folder = tmp_path / "app_server"
@@ -395,19 +396,34 @@ def test_a_recalibrated_model_exports_its_shifts_in_its_weights_and_says_so(mode
     (folder / "union_classes.csv").write_text(
         "class,sites,labelled_by,shared\nPleural Effusion,a;b,2,yes\nMass,a;b;c,3,yes\nTuberculosis,c,1,no\n"
     )
-    root = export_bundle(server_model, tmp_path / "bundle", onnx=False, min_sites=2).root
+    history = [{"round": 3, "model": "after round 3", "validation": {"sites": {"a": {"val_loss": 0.4, "val_mean_auroc":
+               0.7, "val_auroc": {"Mass": 0.7}}}, "mean_val_loss": 0.4, "mean_val_auroc": 0.7}}]  # fmt: skip
+    (folder / "round_history.json").write_text(json.dumps(history))
+    exported = export_bundle(server_model, tmp_path / "bundle", min_sites=2)
+    root = exported.root
+    assert set(exported.differences) <= {"model.ts", "model.onnx"} and "model.ts" in exported.differences
     bias = torch.load(root / "models" / "model.pt", weights_only=True)["class_layers.out.bias"]
     before = load_checkpoint(model_file).state["class_layers.out.bias"]
     torch.testing.assert_close(bias, before[:2] + torch.tensor([1.25, 0.0]), atol=1e-6, rtol=0)
-    record = _metadata(root)[EXTRA_KEY]["recalibration"]
-    assert record["shifts"] == {"Pleural Effusion": 1.25} and record["fitted_on"] == ["site-a (validation split)"]
+    metadata = _metadata(root)
+    assert metadata[EXTRA_KEY]["recalibration"]["shifts"] == {"Pleural Effusion": 1.25}
+    assert metadata[EXTRA_KEY]["recalibration"]["recalibrations"] == 1
+    assert "Tuberculosis" not in json.dumps(metadata) and "site-a" not in json.dumps(metadata)
     assert checkpoint.meta[RECALIBRATION_KEY]["shifts"] == shifts
-    readme = (root / "docs" / "README.md").read_text()
+    readme = " ".join((root / "docs" / "README.md").read_text().split())
     assert (
-        "Probabilities were recalibrated in the large to site-a (validation split) (one intercept per finding, to "
-        "that split's prevalence, for 1 of them); their spread is not." in readme
+        "Probabilities were recalibrated in the large to a site's own validation split (one intercept per finding, "
+        "to that split's prevalence, for 1 of them); their spread is not." in readme
     )
-    assert "Tuberculosis" not in readme
+    assert "Tuberculosis" not in readme and "site-a" not in readme
+    assert "The loss is the federation's model's, before a site recalibrated it (the AUROCs are the same)." in readme
+    # a bundle none of whose classes was shifted (the one that was is left out): not calibrated, as it was
+    only = save_recalibrated(model_file, {"Tuberculosis": -0.5}, "site-c (validation split)", folder / "tb.pt")
+    plain = export_bundle(only, tmp_path / "plain", onnx=False, min_sites=2)
+    assert _metadata(plain.root)[EXTRA_KEY]["recalibration"] is None
+    assert "Probabilities are not calibrated." in (plain.root / "docs" / "README.md").read_text()
+    with pytest.raises(ValueError, match="must be finite numbers"):
+        save_recalibrated(model_file, {"Mass": float("nan")}, "x", tmp_path / "nan.pt")
 
 
 def test_the_offline_metadata_check_runs_as_the_docs_write_it(exported):

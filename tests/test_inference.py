@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
 from surgical_aggregation.cli import main
-from surgical_aggregation.evaluation.inference import RECALIBRATION_KEY, THRESHOLDS_KEY, labelled_set
+from surgical_aggregation.core.errors import DatasetFormatError
+from surgical_aggregation.evaluation.inference import (
+    RECALIBRATION_KEY,
+    THRESHOLDS_KEY,
+    evaluate_and_recalibrate,
+    labelled_set,
+)
 from surgical_aggregation.images.layouts import load_table
 from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.images.names import NETWORK_KEY, SMOKE_DENSENET
 from surgical_aggregation.images.synthetic import generate_nih
 from surgical_aggregation.training.checkpoint import load_checkpoint, save_checkpoint
-from surgical_aggregation.training.config import load_site_config
+from surgical_aggregation.training.config import load_site_config, site_config_from_dict
 from surgical_aggregation.training.site_data import resolve_table, split_table
 
 MODEL_CLASSES = ["Mass", "Fracture", "Pleural Effusion"]
@@ -122,13 +128,14 @@ def test_model_without_stored_image_size_needs_one(nih_data, tmp_path, capsys):
 def test_a_site_recalibrates_the_federations_model_to_its_own_prevalence(model_file, tmp_path, capsys):
     """``evaluate --recalibrate-out``: each class the site's validation split labels gets the one logit shift that
     makes its mean probability there the split's (smoothed) prevalence, written into the head biases of a copy of the
-    model (the weights and the rows the site does not label untouched); the test split's loss falls where the model's
-    base rates were off, its AUROC stays, and thresholds saved with the model move so that every call stays."""
+    model (the weights and the rows the site does not label untouched), fitted on the model's logits, so that a row
+    saturated far below any prevalence is reached too; the test split's loss falls where the model's base rates were
+    off, its AUROC stays, and thresholds saved with the model move so that every call stays."""
     checkpoint = load_checkpoint(model_file)
     state = {key: value.clone() for key, value in checkpoint.state.items()}
     bias = "class_layers.out.bias"
-    state[bias][MODEL_CLASSES.index("Pleural Effusion")] = -6.0  # far below any site's prevalence
-    state[bias][MODEL_CLASSES.index("Mass")] = 4.0  # far above
+    state[bias][MODEL_CLASSES.index("Pleural Effusion")] = -30.0  # saturated: its probabilities ~1e-13
+    state[bias][MODEL_CLASSES.index("Mass")] = 4.0  # far above any prevalence
     biased = save_checkpoint(tmp_path / "biased.pt", state, MODEL_CLASSES, **checkpoint.meta)
     nih_data = generate_nih(tmp_path / "nih", n_patients=120, image_size=32, label_source="builtin")
     config = tmp_path / "site.json"
@@ -142,21 +149,21 @@ def test_a_site_recalibrates_the_federations_model_to_its_own_prevalence(model_f
                  str(recalibrated)]) == 0  # fmt: skip
     output = capsys.readouterr().out
     assert f"wrote {recalibrated}: the model recalibrated to site (validation split) (2 of its classes)" in output
+    assert "mean test loss over 2 classes: " in output
 
     after = load_checkpoint(recalibrated)
     record = after.meta[RECALIBRATION_KEY]
     shifts = record["shifts"]
     assert set(shifts) == {"Pleural Effusion", "Mass"} and record["fitted_on"] == ["site (validation split)"]
-    assert shifts["Pleural Effusion"] > 0 > shifts["Mass"]  # back toward the site's prevalence
+    assert shifts["Pleural Effusion"] > 20 and shifts["Mass"] < 0  # back toward the site's prevalence
     for key, value in state.items():
         if key != bias:
             assert torch.equal(after.state[key], value), key
-    moved = after.state[bias] - state[bias]
-    expected = torch.tensor([shifts.get(name, 0.0) for name in MODEL_CLASSES])
-    torch.testing.assert_close(moved, expected, atol=1e-5, rtol=0)
-    assert moved[MODEL_CLASSES.index("Fracture")] == 0  # not NIH's: not the site's to move
+    expected = torch.tensor([shifts.get(name, 0.0) for name in MODEL_CLASSES])  # Fracture: not NIH's, not moved
+    torch.testing.assert_close(after.state[bias] - state[bias], expected, atol=1e-5, rtol=0)
 
-    # independently: the recalibrated file's mean probability on the validation images is the smoothed prevalence
+    # independently: the recalibrated file's mean probability over the images labelling a class in the validation
+    # split is their smoothed prevalence of it
     site = load_site_config(config)
     val = split_table(resolve_table(site), site)["val"].frame
     listing = tmp_path / "val.csv"
@@ -165,20 +172,48 @@ def test_a_site_recalibrates_the_federations_model_to_its_own_prevalence(model_f
         out = tmp_path / f"val-{name}.csv"
         assert main(["predict", "--model", str(model), "--input", str(listing), "--out", str(out), "--calls"]) == 0
     scored = pd.read_csv(tmp_path / "val-after.csv").set_index("path")
+    table = pd.read_csv(tmp_path / "r" / "per_class_auroc.csv").set_index("class_name")
     for name in shifts:
-        cases, count = val[name].sum(), val[name].notna().sum()
-        assert scored.loc[val["path"], name].mean() == pytest.approx((cases + 0.5) / (count + 1), abs=1e-5)
+        labelled = val[val[name].notna()]
+        cases, count = labelled[name].sum(), len(labelled)
+        assert (table.loc[name, "val_cases"], table.loc[name, "val_labelled"]) == (cases, count)
+        assert scored.loc[labelled["path"], name].mean() == pytest.approx((cases + 0.5) / (count + 1), abs=1e-5)
     unmoved = pd.read_csv(tmp_path / "val-before.csv").set_index("path")
     calls = [column for column in scored.columns if column.endswith(" (call)")]
     assert calls and scored[calls].equals(unmoved[calls])  # the thresholds moved with the shifts
     assert after.meta[THRESHOLDS_KEY]["values"] != load_checkpoint(with_thresholds).meta[THRESHOLDS_KEY]["values"]
 
-    table = pd.read_csv(tmp_path / "r" / "per_class_auroc.csv").set_index("class_name")
     assert (table["recalibrated_loss"] < table["loss"]).all()
     plain = tmp_path / "plain"
     assert main([*evaluate, "--model", str(recalibrated), "--out", str(plain)]) == 0
     again = pd.read_csv(plain / "per_class_auroc.csv").set_index("class_name")
-    np.testing.assert_allclose(again["auroc"], table["auroc"], atol=1e-9)  # the ranking is the model's
+    # the model's ranking: the report scores the logits, a file float32 probabilities, which tie more where the smoke
+    # network's logits differ by less than float32 resolves after the shift (the saturated row)
+    assert again.loc["Mass", "auroc"] == pytest.approx(table.loc["Mass", "auroc"], abs=1e-9)
+    assert again.loc["Pleural Effusion", "auroc"] == pytest.approx(table.loc["Pleural Effusion", "auroc"], abs=0.01)
+
+    # refused, one line each: the model read as the one written, --split beside a fit, both fits at once
+    capsys.readouterr()
+    assert main([*evaluate, "--model", str(biased), "--out", str(plain), "--recalibrate-out", str(biased)]) == 2
+    assert "--recalibrate-out" in capsys.readouterr().err and load_checkpoint(biased).meta == checkpoint.meta
+    assert main([*evaluate, "--model", str(biased), "--out", str(plain), "--split", "all", "--recalibrate-out",
+                 str(tmp_path / "x.pt")]) == 2  # fmt: skip
+    assert "--split applies to a plain evaluation; --recalibrate-out fits on val" in capsys.readouterr().err
     both = [*evaluate, "--model", str(biased), "--out", str(plain), "--thresholds-out", "a.pt", "--recalibrate-out"]
     with pytest.raises(SystemExit):
         main([*both, "b.pt"])
+
+
+def test_a_class_the_validation_split_labels_on_no_image_is_not_recalibrated(model_file, nih_data, tmp_path):
+    """A shift needs labelled images: a class the validation split labels nowhere keeps its row and is not counted
+    as recalibrated; a split that labels none of the model's classes on any image is refused, naming why."""
+    site = site_config_from_dict({"data": {"kind": "nih", "location": str(nih_data.root)}, "cache_dir": str(tmp_path)})
+    splits = split_table(resolve_table(site), site)
+    unlabelled = splits["val"].frame.copy()
+    unlabelled["Mass"] = float("nan")
+    partly = {**splits, "val": dataclasses.replace(splits["val"], frame=unlabelled)}
+    report, shifts = evaluate_and_recalibrate(model_file, partly, cache_dir=tmp_path, bootstrap=10)
+    assert set(shifts) == {"Pleural Effusion"} and report.per_class["class_name"].tolist() == ["Pleural Effusion"]
+    unlabelled["Pleural Effusion"] = float("nan")
+    with pytest.raises(DatasetFormatError, match="the validation split labels none of the model's classes on any"):
+        evaluate_and_recalibrate(model_file, partly, cache_dir=tmp_path, bootstrap=10)

@@ -14,6 +14,7 @@ from surgical_aggregation.evaluation.metrics import (
     bootstrap_ci,
     image_losses,
     intercept_shifts,
+    logit_intercept_shifts,
     mean_auroc_ci,
     mean_defined,
     paired_auroc_difference,
@@ -194,6 +195,18 @@ def test_the_intercept_shifts_are_the_recalibrations_and_none_where_no_image_is_
     assert shifts.shape == (3,) and shifts[1] == 0.0
     moved = _logit(recalibrated_probabilities(labels, P)) - _logit(np.clip(P, 1e-7, 1 - 1e-7))
     np.testing.assert_allclose(moved, np.broadcast_to(shifts, P.shape), atol=1e-9)
+
+
+def test_a_models_own_logits_are_recalibrated_however_far_they_saturate():
+    """From its logits, a row 30 below any prevalence is shifted to it: the mean probability is the target, where
+    probabilities clipped at 1e-7 cap every logit near -16 and the shift falls 14 short."""
+    logits = np.linspace(-31.0, -29.0, 200)
+    labels = (np.arange(200) % 10 < 3).astype(float)  # 60 cases of 200
+    target = (60 + 0.5) / (200 + 1)
+    shift = logit_intercept_shifts(labels, logits)
+    assert special.expit(logits + shift).mean() == pytest.approx(target, abs=1e-12)
+    clipped = intercept_shifts(labels, special.expit(logits))
+    assert special.expit(logits + clipped).mean() < 1e-5
 
 
 def test_a_model_shifted_in_its_base_rate_recalibrates_to_the_same_probabilities():

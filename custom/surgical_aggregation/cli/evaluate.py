@@ -9,12 +9,15 @@ loss is shown before and after, and a copy of the model with the shifts in its h
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from ..core.errors import SiteConfigError
 from ..data.names import UNCERTAINTY_POLICIES
 from ..modalities import DATA_KINDS
 from .options import add_model_options, given_preprocessing, output_file, positive, user_path
 
 NAME = "evaluate"
+WRITTEN = {"--thresholds-out": "thresholds_out", "--recalibrate-out": "recalibrate_out"}  # the options writing a model
 HELP = "per-class AUROC of a model on a labelled set (only the classes the set has)"
 
 
@@ -28,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--split",
         choices=("all", "train", "val", "test"),
-        default="test",
-        help="which patient-level split to evaluate on (default test; 'all' for an external set)",
+        default=None,
+        help="which patient-level split to evaluate on (default test; 'all' for an external set); --thresholds-out "
+        "and --recalibrate-out fit on val and evaluate test",
     )
     parser.add_argument("--out", required=True, type=user_path, help="folder for the table, plot and summary")
     parser.add_argument("--bootstrap", type=positive, default=1000, help="bootstrap resamples for the CI")
@@ -63,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
         write_evaluation,
     )
 
+    fitting = next((option for option, value in WRITTEN.items() if getattr(args, value) is not None), None)
+    if fitting and args.split is not None:
+        raise SiteConfigError(f"--split applies to a plain evaluation; {fitting} fits on val and evaluates test")
+    if fitting and Path(getattr(args, WRITTEN[fitting])).resolve() == Path(args.model).resolve():
+        raise SiteConfigError(f"{fitting} {args.model} is the model read: write the new model to another file")
     splits, title = labelled_splits(args.site_config, args.kind, args.data, args.uncertainty)
     options = {
         "preprocessing": given_preprocessing(args),
@@ -81,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
         report, shifts = evaluate_and_recalibrate(args.model, splits, **options)
         title = title.format(split="test, recalibrated on val")
     else:
-        report = evaluate_on_table(args.model, splits[args.split], **options)
-        title = title.format(split=args.split)
+        split = args.split or "test"
+        report = evaluate_on_table(args.model, splits[split], **options)
+        title = title.format(split=split)
     print(f"{title}: {report.n_images} {report.noun}")
     print(report.text())
     for path in write_evaluation(report, args.out, title):

@@ -541,6 +541,11 @@ def bundle_readme(metadata: Mapping[str, Any], parts: BundleParts) -> str:
             f"Round {validation['round']}, validated by {validation['sites']} sites on {validation['split']}: mean "
             f"AUROC {validation['mean_val_auroc']:.3f}, mean loss {validation['mean_val_loss']:.4f} (means over "
             "sites); the per-finding figures above are means over the sites that label the finding."
+            + (
+                " The loss is the federation's model's, before a site recalibrated it (the AUROCs are the same)."
+                if extra.get("recalibration")
+                else ""
+            )
         )
     else:
         lines.append("No validation figures were available to the export (the server's round history was not given).")
@@ -580,14 +585,21 @@ def _calibration(recalibration: Mapping[str, Any] | None) -> str:
     if not recalibration:
         return "Probabilities are not calibrated."
     return (
-        f"Probabilities were recalibrated in the large to {'; then '.join(recalibration['fitted_on'])} (one intercept "
-        f"per finding, to that split's prevalence, for {len(recalibration['shifts'])} of them); their spread is not."
+        "Probabilities were recalibrated in the large to a site's own validation split (one intercept per finding, "
+        f"to that split's prevalence, for {len(recalibration['shifts'])} of them); their spread is not."
     )
 
 
 def _recalibration_of(recalibration: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str, Any] | None:
-    """The model's recalibration record for the bundle's classes only (a class left out is not named)."""
-    if not recalibration:
+    """The model's recalibration for the bundle: the shifts of its classes only (a class left out is not named),
+    how many recalibrations they sum, and the rule; not where they were fitted (a site's file names stay home).
+    None where no class of the bundle was shifted."""
+    fitted = dict((recalibration or {}).get("shifts") or {})
+    shifts = {name: float(fitted[name]) for name in names if name in fitted}
+    if not shifts:
         return None
-    shifts = {name: recalibration["shifts"][name] for name in names if name in recalibration["shifts"]}
-    return {**recalibration, "shifts": shifts}
+    return {
+        "shifts": shifts,
+        "recalibrations": len(recalibration.get("fitted_on") or []),
+        "rule": recalibration.get("rule"),
+    }

@@ -32,11 +32,12 @@ from .metrics import (
     Specificity,
     align_by_name,
     bce_loss,
-    intercept_shifts,
+    labelled_counts,
+    logit_intercept_shifts,
     mean_auroc_ci,
     per_class_auroc,
     score_specificity,
-    shifted_probabilities,
+    sigmoid,
     threshold_metrics,
     youden_threshold,
 )
@@ -107,15 +108,22 @@ def score(
 
 
 def predict_checkpoint(
-    checkpoint: Checkpoint, dataset: Dataset, batch_size: int, device_spec: str, workers: int | str = AUTO
+    checkpoint: Checkpoint,
+    dataset: Dataset,
+    batch_size: int,
+    device_spec: str,
+    workers: int | str = AUTO,
+    logits: bool = False,
 ) -> np.ndarray:
     """(N, classes) probabilities of a checkpoint's model on a dataset of this package (images or reports);
-    ``workers``: the loader's worker processes (auto: ``core.devices.auto_workers``)."""
+    ``workers``: the loader's worker processes (auto: ``core.devices.auto_workers``); ``logits``: its logits in
+    full precision instead."""
     device = resolve_device(device_spec)
     model = place_model(checkpoint.build_model(), device)
     loader = make_loader(dataset, batch_size, train=False, workers=resolve_workers(workers, device))
-    probabilities, _, _ = predict(model, loader, device, autocast_dtype(device, amp=True), progress=sys.stderr.isatty())
-    return probabilities
+    autocast = None if logits else autocast_dtype(device, amp=True)
+    scores, _, _ = predict(model, loader, device, autocast, progress=sys.stderr.isatty(), logits=logits)
+    return scores
 
 
 @dataclass
@@ -133,14 +141,17 @@ class EvaluationReport:
             lines.append(f"{row.class_name:<28}{auroc:>8}{row.positives:>11}{row.negatives:>11}")
         lines.append(f"mean AUROC over {len(self.per_class)} classes: {self.mean_auroc} (95% bootstrap CI)")
         if "recalibrated_loss" in self.per_class:
-            lines.append(f"{'class':<28}{'shift':>8}{'loss':>11}{'recalibrated':>14}")
+            lines.append(f"{'class':<28}{'val cases':>14}{'shift':>8}{'test loss':>11}{'recalibrated':>14}")
             for row in self.per_class.itertuples(index=False):
+                fitted = f"{row.val_cases}/{row.val_labelled}"
                 lines.append(
-                    f"{row.class_name:<28}{row.intercept_shift:>+8.3f}{row.loss:>11.4f}{row.recalibrated_loss:>14.4f}"
+                    f"{row.class_name:<28}{fitted:>14}{row.intercept_shift:>+8.3f}{row.loss:>11.4f}"
+                    f"{row.recalibrated_loss:>14.4f}"
                 )
             before, after = self.per_class["loss"].mean(), self.per_class["recalibrated_loss"].mean()
             lines.append(
-                f"mean loss over {len(self.per_class)} classes: {before:.4f} as it was, {after:.4f} recalibrated"
+                f"mean test loss over {len(self.per_class)} classes: {before:.4f} as it was, {after:.4f} recalibrated "
+                f"(a shift fitted on few validation cases, or few non-cases, is noisy)"
             )
         if self.missing_in_model:
             lines.append(f"classes of the data the model does not predict (left out): {self.missing_in_model}")
@@ -392,36 +403,54 @@ def evaluate_and_recalibrate(
     preprocessing: Mapping[str, Any] | None = None,
     batch_size: int = 256,
 ) -> tuple[EvaluationReport, dict[str, float]]:
-    """The model on the ``test`` split, each class the ``val`` split labels recalibrated in the large on ``val``
-    (:func:`metrics.intercept_shifts`: one shift of the class's logits, to the site's own prevalence). The report
-    gives per class its shift and the test split's mean BCE before and after it (``loss``, ``recalibrated_loss``);
-    a shift leaves the class's AUROC as it is. Returns the report and the shifts by class name."""
+    """The model on the ``test`` split, each class the ``val`` split labels on at least one image recalibrated in the
+    large on ``val`` (:func:`metrics.logit_intercept_shifts` of the model's own logits: one shift each, to the site's
+    own prevalence). The report gives per class the validation images and cases the shift rests on, the shift, and
+    the test split's mean BCE before and after it (``loss``, ``recalibrated_loss``); a shift leaves the class's AUROC
+    as it is. Returns the report and the shifts by class name; refuses a ``val`` split that labels none of the
+    model's classes on any image."""
     checkpoint = load_checkpoint(checkpoint_path)
     names = checkpoint.class_names
 
     def scored(table: LabelTable) -> tuple[np.ndarray, LabelTable, Any]:
         predicted_classes([checkpoint], table)  # refuses a split that labels none of the model's classes
         dataset, kept = scoring_dataset([checkpoint], table, preprocessing, cache_dir, on_error, device)
-        probabilities = predict_checkpoint(checkpoint, dataset, batch_size, device)
+        logits = predict_checkpoint(checkpoint, dataset, batch_size, device, logits=True)
         labels, mask = kept.label_matrix()
-        return probabilities, kept, align_by_name(probabilities, names, labels, kept.classes, mask)
+        return logits, kept, align_by_name(logits, names, labels, kept.classes, mask)
 
     _, _, val = scored(splits["val"])
-    fitted = intercept_shifts(val.y_true, val.y_score, val.mask)
-    shifts = {name: float(shift) for name, shift in zip(val.class_names, fitted, strict=True)}
-    probabilities, kept, test = scored(splits["test"])
-    report = per_class_report(probabilities, names, kept, bootstrap)
+    counts = labelled_counts(val.y_true, val.mask)
+    cases = np.where(np.isnan(val.y_true) | (val.mask == 0), 0.0, val.y_true).sum(axis=0)
+    fitted = logit_intercept_shifts(val.y_true, val.y_score, val.mask)
+    shifts = {name: float(shift) for name, shift, count in zip(val.class_names, fitted, counts, strict=True) if count}
+    if not shifts:
+        raise DatasetFormatError(
+            f"the validation split labels none of the model's classes on any image ({len(splits['val'])} rows): "
+            "nothing to recalibrate on"
+        )
+    logits, kept, test = scored(splits["test"])
+    report = per_class_report(sigmoid(logits), names, kept, bootstrap)
     report.noun = modality_for_architecture(checkpoint.architecture).sample_noun
-    moved = shifted_probabilities(test.y_score, [shifts.get(name, 0.0) for name in test.class_names])
+    report.per_class = report.per_class[report.per_class["class_name"].isin(shifts)].reset_index(drop=True)
+    columns = [test.class_names.index(name) for name in report.per_class["class_name"]]
+    fitted_on = dict(zip(val.class_names, zip(counts, cases, strict=True), strict=True))
 
-    def losses(scores: np.ndarray) -> list[float]:
+    def losses(shifted: bool) -> list[float]:
         return [
-            bce_loss(test.y_true[:, column], scores[:, column], None if test.mask is None else test.mask[:, column])
-            for column in range(len(test.class_names))
+            bce_loss(
+                test.y_true[:, column],
+                sigmoid(test.y_score[:, column] + (shifts[test.class_names[column]] if shifted else 0.0)),
+                None if test.mask is None else test.mask[:, column],
+            )
+            for column in columns
         ]
 
-    report.per_class["intercept_shift"] = [shifts.get(name, 0.0) for name in report.per_class["class_name"]]
-    report.per_class["loss"], report.per_class["recalibrated_loss"] = losses(test.y_score), losses(moved)
+    names_kept = report.per_class["class_name"]
+    report.per_class["val_labelled"] = [int(fitted_on[name][0]) for name in names_kept]
+    report.per_class["val_cases"] = [int(fitted_on[name][1]) for name in names_kept]
+    report.per_class["intercept_shift"] = [shifts[name] for name in names_kept]
+    report.per_class["loss"], report.per_class["recalibrated_loss"] = losses(False), losses(True)
     return report, shifts
 
 
@@ -433,6 +462,9 @@ def save_recalibrated(
     its meta records the shifts (summed over recalibrations) and where they were fitted. Thresholds saved with the
     model move with their classes' shifts, so that each call stays as it was (up to rounding at the threshold)."""
     checkpoint = load_checkpoint(checkpoint_path)
+    strange = {name: shift for name, shift in shifts.items() if not math.isfinite(shift)}
+    if strange:
+        raise ValueError(f"a recalibration's shifts must be finite numbers, got {strange}")
     if NAMED_HEAD.bias_key not in checkpoint.state:
         raise ModelFileError(f"{checkpoint_path} has no head bias ({NAMED_HEAD.bias_key}) to recalibrate")
     unknown = sorted(set(shifts) - set(checkpoint.class_names))
@@ -458,7 +490,9 @@ def save_recalibrated(
     thresholds = checkpoint.meta.get(THRESHOLDS_KEY)
     if thresholds and thresholds.get("values"):
         values = {
-            name: float(shifted_probabilities(value, shifts[name])) if name in shifts and _inside(value) else value
+            name: float(sigmoid(math.log(value / (1 - value)) + shifts[name]))
+            if name in shifts and _inside(value)
+            else value
             for name, value in thresholds["values"].items()
         }
         meta[THRESHOLDS_KEY] = {**thresholds, "values": values}

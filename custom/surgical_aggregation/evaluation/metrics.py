@@ -170,29 +170,42 @@ def intercept_shifts(
     (n + 1) for k cases of n; without the smoothing it is the shift that minimises the class's mean BCE); 0 for a
     class no image labels. (C,) for (N, C) inputs, a 0-d array for (N,) ones. Shifting one class's logits by a
     constant leaves its ranking (AUROC) as it is: what it changes is the class's base rate, which sites whose
-    prevalences differ pull apart (the intercept update of clinical prediction models)."""
-    y_true = np.asarray(y_true, dtype=np.float64)
+    prevalences differ pull apart (the intercept update of clinical prediction models). From probabilities clipped
+    to [eps, 1 - eps]: :func:`logit_intercept_shifts` fits a model's own logits, however large."""
     y_prob = np.clip(np.asarray(y_prob, dtype=np.float64), eps, 1 - eps)
+    return logit_intercept_shifts(y_true, np.log(y_prob) - np.log1p(-y_prob), mask, INTERCEPT_SEARCH[1])
+
+
+def logit_intercept_shifts(
+    y_true: np.ndarray, logits: np.ndarray, mask: np.ndarray | None = None, span: float | None = None
+) -> np.ndarray:
+    """:func:`intercept_shifts` of a model's logits as they are: the shift is searched within +-``span`` (default:
+    the largest logit's size and 40 more, so that any labelled set's smoothed prevalence is reached)."""
+    y_true = np.asarray(y_true, dtype=np.float64)
+    logits = np.asarray(logits, dtype=np.float64)
     squeeze = y_true.ndim == 1
     if squeeze:
-        y_true, y_prob = y_true[:, None], y_prob[:, None]
+        y_true, logits = y_true[:, None], logits[:, None]
         mask = None if mask is None else np.asarray(mask)[:, None]
-    valid = _valid_mask(y_true, mask) & np.isfinite(
-        y_prob
-    )  # an image without a score counts for nothing, as in the loss
+    valid = _valid_mask(y_true, mask) & np.isfinite(logits)  # an image without a score counts for nothing
     counts = valid.sum(axis=0)
     cases = np.where(valid, np.nan_to_num(y_true), 0.0).sum(axis=0)
     target = (cases + SMOOTHING_CASES) / (counts + 2 * SMOOTHING_CASES)
-    logits = np.log(y_prob) - np.log1p(-y_prob)
-    low, high, steps = INTERCEPT_SEARCH
-    low, high = np.full(counts.shape, low), np.full(counts.shape, high)
+    if span is None:
+        span = INTERCEPT_SEARCH[1] + float(np.abs(np.where(valid, logits, 0.0)).max(initial=0.0))
+    low, high, steps = np.full(counts.shape, -span), np.full(counts.shape, span), INTERCEPT_SEARCH[2]
     for _ in range(steps):  # the mean probability rises with the shift: bisection, every class at once
         middle = (low + high) / 2
-        mean = np.where(valid, _sigmoid(logits + middle), 0.0).sum(axis=0) / np.maximum(counts, 1)
+        mean = np.where(valid, sigmoid(np.where(valid, logits, 0.0) + middle), 0.0).sum(axis=0) / np.maximum(counts, 1)
         above = mean > target
         high, low = np.where(above, middle, high), np.where(above, low, middle)
     shift = np.where(counts > 0, (low + high) / 2, 0.0)
     return shift[0] if squeeze else shift
+
+
+def labelled_counts(y_true: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """(C,): how many images label each class (a known 0 or 1, not masked out)."""
+    return _valid_mask(np.asarray(y_true, dtype=np.float64), mask).sum(axis=0)
 
 
 def recalibrated_probabilities(
@@ -206,11 +219,12 @@ def recalibrated_probabilities(
 def shifted_probabilities(y_prob: np.ndarray, shifts: np.ndarray | float, eps: float = 1e-7) -> np.ndarray:
     """``y_prob`` with each class's logits shifted by its entry of ``shifts`` (broadcast over the last axis)."""
     clipped = np.clip(np.asarray(y_prob, dtype=np.float64), eps, 1 - eps)
-    return _sigmoid(np.log(clipped) - np.log1p(-clipped) + np.asarray(shifts, dtype=np.float64))
+    return sigmoid(np.log(clipped) - np.log1p(-clipped) + np.asarray(shifts, dtype=np.float64))
 
 
-def _sigmoid(logits: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * logits))  # no overflow for any logit
+def sigmoid(logits: np.ndarray | float) -> np.ndarray:
+    """The logistic function in float64, without overflow for any logit."""
+    return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(logits, dtype=np.float64)))
 
 
 def bce_loss_standard_error(

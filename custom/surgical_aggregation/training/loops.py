@@ -424,15 +424,17 @@ def predict(
     progress: bool = False,
     description: str = "predict",
     log: logging.Logger = logger,
+    logits: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(probabilities, labels, mask), each (N, n_classes); the probabilities stay on the device until the end."""
+    """(probabilities, labels, mask), each (N, n_classes); the probabilities stay on the device until the end.
+    ``logits``: the model's logits (float32) instead of their probabilities, which saturate where logits are large."""
     model.eval()
     probabilities, labels, masks = [], [], []
     started = last_report = time.perf_counter()
     for step, batch in enumerate(tqdm(loader, desc=description, unit="batch", disable=not progress, leave=False)):
         with _autocast(device, autocast):
-            logits = model(model_inputs(loader, batch, device))
-        probabilities.append(torch.sigmoid(logits.float()))
+            scores = model(model_inputs(loader, batch, device)).float()
+        probabilities.append(scores if logits else torch.sigmoid(scores))
         labels.append(batch["label"])
         masks.append(batch["mask"])
         if not progress and time.perf_counter() - last_report > PROGRESS_SECONDS:
