@@ -1,8 +1,10 @@
-"""Why the seven-site consortium job's trained models rank findings below chance on its sites' validation images.
-Not a test.
+"""Why the seven-site consortium job's trained models, from scratch, rank findings below chance on its sites'
+validation images. Not a test.
 
-    surgical-aggregation simulate --name cxr_consortium --workspace /tmp/ws
-    python benchmarks/consortium_scores.py --workspace /tmp/ws/cxr_consortium --out docs/cxr-consortium/scores.json
+    surgical-aggregation simulate --name cxr_consortium --start scratch --workspace /tmp/ws
+    python benchmarks/consortium_scores.py --workspace /tmp/ws/cxr_consortium --out scores.json
+
+(docs/cxr-consortium/scratch/scores.json is that record).
 
 For the job's best and final global models, on each site's validation split as the site reads it (its own site
 config from the workspace): the mean AUROC over its classes, and what the scores follow. The head reads DenseNet121's

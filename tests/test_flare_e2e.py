@@ -373,7 +373,7 @@ def test_the_consortium_of_seven_datasets_learns_the_union_of_their_label_files(
     """``jobs/cxr_consortium`` as ``nvflare simulator`` runs it (one process per site), tiny: its global model's
     classes are the union of the seven real label files, computed without the bundle's loaders."""
     expected = union_of_the_seven_label_files()
-    recipe = cxr_consortium_recipe()
+    recipe = cxr_consortium_recipe(start=SCRATCH)  # tiny images: no stand-in ships at their size
     sites = tiny_sites(recipe.site_configs, tmp_path / "cache")
     sites["site-padchest"]["embedded"]["patients"] = CONSORTIUM_PATIENTS["padchest"]  # every PadChest finding
     tiny = SurgicalAggregationRecipe(recipe.name, sites, controller={**recipe.controller_args, "num_rounds": 1})
