@@ -7,7 +7,7 @@ RSNA, SIIM; a scheme drawn twice is two sites of that layout with their own data
 with a label heterogeneity psi (``experiments.grids.assign_label_sets``); each site's size drawn log-uniformly from
 50 to 800 patients (a PadChest site at least 200: its 189 findings), at most :data:`MOST_PATIENTS` in a federation;
 3 or 5 rounds; its own training seed. The ``cxr_consortium`` job runs as the README runs it
-(``surgical-aggregation simulate --name cxr_consortium``) among them.
+(``surgical-aggregation simulate --name cxr_consortium``, with ``--start scratch`` where the sweep's is) among them.
 
 For each: the exit code, why it stopped, the sites excluded in any round, and every site's paired validation figures
 of every global model (``round_history.json``), from which the tables of ``docs/server-checks.md`` are drawn.
@@ -189,6 +189,10 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
         "update_sizes": {str(index): entry.get("update_sizes", {}) for index, entry in enumerate(rounds)},
         "screening": [entry.get("screening") for entry in history if entry.get("screening")],
         "published": (app / "best_FL_global_model.pt").is_file(),
+        # the server's best model: the last round its history flags as the best so far (None: no model was)
+        "best_round": max(
+            (entry["round"] for entry in history if (entry.get("validation") or {}).get("best")), default=None
+        ),
     }
 
 

@@ -90,6 +90,16 @@ def predicted(model_file, images, tmp_path_factory) -> pd.DataFrame:
     return frame
 
 
+def _as_the_servers(checkpoint, root: Path, sites: dict[str, str]) -> Path:
+    """``checkpoint`` as the server's best model in ``root/app_server``, beside its union table (class -> the sites
+    that label it, ``;``-joined)."""
+    folder = root / "app_server"
+    folder.mkdir()
+    rows = [f"{name},{held},{held.count(';') + 1},{'yes' if ';' in held else 'no'}" for name, held in sites.items()]
+    (folder / "union_classes.csv").write_text("\n".join(["class,sites,labelled_by,shared", *rows]) + "\n")
+    return save_checkpoint(folder / "best_FL_global_model.pt", checkpoint.state, CLASSES, **checkpoint.meta)
+
+
 def _metadata(root: Path) -> dict:
     return json.loads((root / "configs" / "metadata.json").read_text())
 
@@ -311,13 +321,11 @@ def test_a_class_name_monais_config_parser_would_run_is_refused(tmp_path):
 
 
 def test_the_servers_union_table_and_history_next_to_the_model_are_read(model_file, tmp_path):
-    folder = tmp_path / "app_server"
-    folder.mkdir()
     checkpoint = load_checkpoint(model_file)
-    server_model = save_checkpoint(folder / "best_FL_global_model.pt", checkpoint.state, CLASSES, **checkpoint.meta)
-    (folder / "union_classes.csv").write_text(
-        "class,sites,labelled_by,shared\nPleural Effusion,a;b;c,3,yes\nMass,a;b,2,yes\nTuberculosis,c,1,no\n"
+    server_model = _as_the_servers(
+        checkpoint, tmp_path, {"Pleural Effusion": "a;b;c", "Mass": "a;b", "Tuberculosis": "c"}
     )
+    folder = server_model.parent
     sites = {
         "a": {"val_auroc/Pleural Effusion": 0.8, "val_auroc/Mass": 0.6},
         "b": {"val_auroc/Pleural Effusion": 0.9, "val_auroc/Mass": 0.7},
@@ -389,13 +397,11 @@ def test_a_recalibrated_model_exports_its_shifts_in_its_weights_and_says_so(mode
     says the probabilities were recalibrated and that the validation loss is the federation's model's."""
     shifts = {"Pleural Effusion": 1.25, "Tuberculosis": -0.5}
     recalibrated = save_recalibrated(model_file, shifts, "site-a (validation split)", tmp_path / "recalibrated.pt")
-    folder = tmp_path / "app_server"
-    folder.mkdir()
     checkpoint = load_checkpoint(recalibrated)
-    server_model = save_checkpoint(folder / "best_FL_global_model.pt", checkpoint.state, CLASSES, **checkpoint.meta)
-    (folder / "union_classes.csv").write_text(
-        "class,sites,labelled_by,shared\nPleural Effusion,a;b,2,yes\nMass,a;b;c,3,yes\nTuberculosis,c,1,no\n"
+    server_model = _as_the_servers(
+        checkpoint, tmp_path, {"Pleural Effusion": "a;b", "Mass": "a;b;c", "Tuberculosis": "c"}
     )
+    folder = server_model.parent
     history = [{"round": 3, "model": "after round 3", "validation": {"sites": {"a": {"val_loss": 0.4, "val_mean_auroc":
                0.7, "val_auroc": {"Mass": 0.7}}}, "mean_val_loss": 0.4, "mean_val_auroc": 0.7}}]  # fmt: skip
     (folder / "round_history.json").write_text(json.dumps(history))

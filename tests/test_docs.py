@@ -1008,7 +1008,7 @@ def test_the_readmes_other_figures_are_their_records():
     """The README's figures outside the marked tables: the consortium job's minutes (its run in the clean sweep), the
     GPU trainer's share of its ceiling, the rules' design false-alarm rate, the smoke network's size, the pins."""
     readme = _readme()
-    consortium = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())["cxr_consortium"]
+    consortium = json.loads((REPOSITORY / "docs" / "clean-sweep" / ONE_FINDING_RECORD).read_text())["cxr_consortium"]
     assert f"199-class union head in about {round(consortium['seconds'] / 60)} minutes on 2 CPU cores" in readme
     assert consortium["exit_code"] == 0 and consortium["published"]
     h100 = json.loads((REPOSITORY / "docs" / "performance" / "h100-224px.json").read_text())
@@ -1139,16 +1139,76 @@ def test_the_consortium_from_the_stand_in_is_its_record():
 
 
 def test_the_consortium_page_is_its_runs_records():
-    """docs/cxr-consortium.md: the job's time (its run in the clean sweep), the sites' mean validation AUROC by
-    round and why it falls below chance (``benchmarks/consortium_scores.py``'s record of the job's two models), and
-    its union table (the run's ``union_classes.csv``, kept), each as the records give them."""
+    """docs/cxr-consortium.md: the job as the README runs it (from the stand-in since stop 105): its time, the sites'
+    mean validation AUROC by round, the best round, the one-finding sites' losses as they are and recalibrated, each
+    from its run in the clean sweep (whose round history the page keeps); from scratch: its time, the sites' mean
+    validation AUROC by round and why it falls below chance (``benchmarks/consortium_scores.py``'s record of the job's
+    two models); and its union table (the run's ``union_classes.csv``, kept), each as the records give them."""
     folder = REPOSITORY / "docs" / "cxr-consortium"
     text = " ".join((REPOSITORY / "docs" / "cxr-consortium.md").read_text().split())
+    default = json.loads((REPOSITORY / "docs" / "clean-sweep" / ONE_FINDING_RECORD).read_text())["cxr_consortium"]
+    assert default["federation"]["start"] == "stand-in" and default["direction_check"] == "first_round"
+    assert default["machine"].startswith("Intel(R) Xeon(R)")
+    assert (
+        f"It takes about {round(default['seconds'] / 60)} minutes on 2 CPU cores ({default['seconds']:.0f} s in its "
+        "run in the [clean sweep from the stand-in](server-checks.md#the-consortium-job-from-the-stand-in) on a 2-core "
+        "Intel Xeon:"
+    ) in text
+    history = json.loads((folder / "round_history.json").read_text())
+    validated = {str(entry["round"]): entry["validation"]["sites"] for entry in history if "validation" in entry}
+    assert validated == default["validations"]  # the page's round history is that run's
+    means = {
+        number: np.mean([site["val_mean_auroc"] for site in sites.values()]) for number, sites in validated.items()
+    }
+    judged = {entry["round"]: entry["validation"]["judged_val_loss"] for entry in history if entry["round"] >= 0}
+    best = min(judged, key=judged.get)
+    assert best == max(judged) and default["exit_code"] == 0 and default["published"]
+    assert not default["rejected"] and not any(default["excluded"].values())
+    assert (
+        f"the sites' mean validation AUROC is {means['-1']:.3f} before training and {means['0']:.3f}, "
+        f"{means['1']:.3f} and {means['2']:.3f} after rounds 0, 1 and 2; the model judged best by validation loss is "
+        f"the last (round {best}), published to every site (exit 0), no result refused and no site left out"
+    ) in text
+    one_finding = {
+        site: [validated[number][site] for number in ("-1", "0", "2")] for site in ("site-siim", "site-rsna")
+    }
+    (siim_start, _, siim_end), (rsna_start, _, rsna_end) = one_finding.values()
+    assert (
+        f"Their validation loss rose from {siim_start['val_loss']:.2f} before training to {siim_end['val_loss']:.2f} "
+        f"(SIIM) and from {rsna_start['val_loss']:.2f} to {rsna_end['val_loss']:.2f} (RSNA) for the published model "
+        f"while their AUROC rose from {siim_start['val_mean_auroc']:.2f} to {siim_end['val_mean_auroc']:.2f} and from "
+        f"{rsna_start['val_mean_auroc']:.2f} to {rsna_end['val_mean_auroc']:.2f}"
+    ) in text
+    # the initial model's recalibrated loss: round 0 trained from it, so its own less round 0's paired change
+    initial = [round_0["val_recalibrated_loss"] - round_0["val_recalibrated_loss_minus_start"]
+               for _, round_0, _ in one_finding.values()]  # fmt: skip
+    assert (
+        f"the published model's loss is {siim_end['val_recalibrated_loss']:.2f} and "
+        f"{rsna_end['val_recalibrated_loss']:.2f}, below the initial model's {initial[0]:.2f} and {initial[1]:.2f}"
+    ) in text
+    assert siim_end["val_recalibrated_loss"] < initial[0] and rsna_end["val_recalibrated_loss"] < initial[1]
+    # evaluate --recalibrate-out on each one-finding site's published model: its per-class table
+    refitted = {
+        site: pd.read_csv(folder / "recalibrated" / f"{site}.csv").iloc[0] for site in ("site-siim", "site-rsna")
+    }
+    siim, rsna = refitted.values()
+    assert (siim.class_name, rsna.class_name) == ("Pneumothorax", "Pneumonia")
+    assert siim.positives + siim.negatives == rsna.positives + rsna.negatives == 20
+    assert siim.val_labelled == rsna.val_labelled == 20 and siim.val_cases == rsna.val_cases == 13
+    assert "fitted on 20 validation images (13 cases at each)" in text
+    assert (
+        f"SIIM's Pneumothorax shift {siim.intercept_shift:+.2f} took its test loss from {siim.loss:.2f} to "
+        f"{siim.recalibrated_loss:.2f} and RSNA's Pneumonia {rsna.intercept_shift:+.2f} from {rsna.loss:.2f} to "
+        f"{rsna.recalibrated_loss:.2f}, at the same test AUROC ({siim.auroc:.2f} and {rsna.auroc:.2f}, 20 images each)"
+    ) in text
+    using = " ".join((REPOSITORY / "docs" / "using-the-model.md").read_text().split())
+    assert f"it took the SIIM site's test loss from {siim.loss:.2f} to {siim.recalibrated_loss:.2f}" in using
     consortium = json.loads((REPOSITORY / "docs" / "clean-sweep" / "results.json").read_text())["cxr_consortium"]
     assert (
-        f"It takes about {round(consortium['seconds'] / 60)} minutes on 2 CPU cores ({consortium['seconds']:.0f} s in "
-        f"the clean sweep's run of it on a 2-core {consortium['machine'].split(' (')[0]}:"
+        f"and there it learns below chance ({consortium['seconds']:.0f} s in the clean sweep's run of it on a 2-core "
+        f"{consortium['machine'].split(' (')[0]})"
     ) in text
+    folder = folder / "scratch"
     record = json.loads((folder / "scores.json").read_text())
     rounds, sites = record["rounds"], record["sites"]
     for model, round_number in (("best", "0"), ("final", "2")):  # the script scored the models the sites validated
@@ -1196,7 +1256,7 @@ def test_the_consortium_page_is_its_runs_records():
         f"AUROC after the warm-up from {warm:.3f} to {warm_to:.3f} (higher at {warm_higher} sites of {len(alone)}) and "
         f"after two more epochs from {later:.3f} to {later_to:.3f} (higher at {later_higher}, lower at {later_lower})."
     ) in text
-    union = pd.read_csv(folder / "union_classes.csv")
+    union = pd.read_csv(folder.parent / "union_classes.csv")
     rows = [
         {"class": name, "sites": held.split(";"), "labelled_by": count, "shared": shared == "yes"}
         for name, held, count, shared in union.itertuples(index=False)
@@ -3209,12 +3269,14 @@ def _best_round(run: dict, paired: bool, recalibrated: bool = False) -> int | No
 
 @functools.cache  # read once for the tests that replay them
 def _replayable_runs() -> tuple[tuple[str, str, dict], ...]:
-    """Every record of the clean sweeps and the attack suite that keeps each site's losses by round: (file, run,
-    record); the suite's records say who was rejected or left out, not in which rounds: those sites are left out of
-    every round."""
+    """Every record of the clean sweeps and the attack suite up to stop 104 that keeps each site's losses by round:
+    (file, run, record); the suite's records say who was rejected or left out, not in which rounds: those sites are
+    left out of every round."""
     runs = []
     for folder in ("clean-sweep", "attack-suite"):
         for path in sorted((REPOSITORY / "docs" / folder).glob("*.json")):
+            if f"{folder}/{path.name}" in AFTER_STOP_104:
+                continue
             stored = json.loads(path.read_text())
             for name, run in stored.items() if isinstance(stored, dict) else ():
                 figures = run.get("validations", {}) if isinstance(run, dict) else {}
@@ -3825,8 +3887,12 @@ def test_the_running_opposition_on_draws_it_was_not_set_on_is_their_record():
     ) in _readme()
 
 
+ONE_FINDING_RECORD = "stand-in-one-finding-sites.json"  # stop 105: the consortium job as the README runs it, the
+# next draws with half their sites of one finding
 STOP_104 = "7db6e37"  # the bar on recalibrated losses where the model ranks a site's images no worse: its runs
 RECALIBRATED_BAR_SEEDS = [706, 708, 722, 723]  # the first draws after 700 with half their sites of one finding or more
+# the records added after stop 104's replay (its page counts the records before them)
+AFTER_STOP_104 = frozenset([f"clean-sweep/{ONE_FINDING_RECORD}"])
 
 
 def test_the_initial_models_bar_on_recalibrated_losses_is_its_record():
@@ -3923,5 +3989,134 @@ def test_the_initial_models_bar_on_recalibrated_losses_is_its_record():
     assert table == "\n".join(clean_sweep.table(record))
     assert (
         f"that bar on recalibrated losses: {sum(run['exit_code'] != 0 for run in fresh)} of {len(fresh)} new draws "
-        "with half their sites of one finding."
+        "with half their sites of one finding"
     ) in _readme()
+
+
+STOP_105 = "ac96d92"  # the consortium job from the stand-in: its run and the next draws with one-finding sites
+
+
+def test_the_consortium_job_from_the_stand_in_and_the_next_one_finding_draws_are_their_record():
+    """docs/server-checks.md's stop 105 section: the consortium job as the README runs it now (from the stand-in):
+    the same figures as stop 101's run of it, its bar, opposition and best; then the next draws after seed 723 with
+    half their sites or more of one finding, in order (each whole, published, nothing refused or left out), what the
+    bar before stop 104 and the choice of the best on the losses as they are would have done on their records, the
+    server's best round as the paired rule replays it, the table and the README's count."""
+    clean_sweep = load_benchmark("clean_sweep")
+    record = json.loads((REPOSITORY / "docs" / "clean-sweep" / ONE_FINDING_RECORD).read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert _marked_block(REPOSITORY / "docs" / "server-checks.md", "clean-sweep-one-finding-sites") == "\n".join(
+        clean_sweep.table(record)
+    )
+    for run in record.values():
+        assert run["commit"].startswith(STOP_105) and run["federation"]["start"] == "stand-in"
+        assert run["exit_code"] == 0 and run["published"] and not run["rejected"] and not any(run["excluded"].values())
+        assert len(run["validations"]) == run["federation"]["rounds"] + 1
+        assert run["best_round"] == _best_round(run, True, True)  # the server chose what the paired rule replays
+    # the consortium job
+    consortium = record[clean_sweep.CONSORTIUM]
+    before = json.loads((REPOSITORY / "docs" / "clean-sweep" / "stand-in-first-round.json").read_text())
+    assert consortium["validations"] == before[clean_sweep.CONSORTIUM]["validations"]
+    assert consortium["directions"] == before[clean_sweep.CONSORTIUM]["directions"]
+    assert not clean_sweep.out_of_sample(clean_sweep.CONSORTIUM, consortium)  # it chose the first-round check
+    assert f"--seeds`, commit {STOP_105}, {consortium['seconds']:.0f} s on this task's Intel Xeon;" in page
+    figures = consortium["validations"]
+    initial = figures["-1"]
+    counted = recalibrated_changes(figures["0"], figures["0"], initial)
+    weighed = changes_against_the_bar(
+        _judging_losses(consortium, 0), initial, START_TIE, vetoes=True, recalibrated=counted
+    )
+    siim = figures["0"]["site-siim"]["val_loss"] - initial["site-siim"]["val_loss"]
+    assert _first_past_the_bar(consortium, True) == 0 == _first_past_the_bar(consortium, RECALIBRATED_BAR)
+    assert (
+        f"round 0's model past the initial model's bar (the median change {judged_loss(weighed[0])[0]:.2f}; "
+        f"{len(counted)} of the 7 sites qualified for their recalibrated change, SIIM's {counted['site-siim']:.2f} for "
+        f"{siim:+.2f} as it is; the bar before would have passed it too)"
+    ) in page
+    opposition = [(value, site, int(number)) for number, sites in consortium["opposition"].items()
+                  for site, value in sites.items()]  # fmt: skip
+    highest, site, number = max(opposition)
+    assert (site, number) == ("site-padchest", 2)
+    assert f"the highest running opposition {highest:.2f} (PadChest, round 2, where the limit is 0.5)" in page
+    mean = np.mean([one["val_mean_auroc"] for one in figures[str(consortium["best_round"])].values()])
+    assert consortium["best_round"] == 2
+    assert f"round 2's model the best (the sites' mean validation AUROC {mean:.3f})" in page
+    # the next draws
+    drawn = {seed: list(clean_sweep.draw(seed).sites) for seed in range(724, 900)}
+    one_finding = [seed for seed, sites in drawn.items()
+                   if 2 * sum("siim" in site or "rsna" in site for site in sites) >= len(sites)]  # fmt: skip
+    runs = {run["federation"]["seed"]: run for name, run in record.items() if name != clean_sweep.CONSORTIUM}
+    assert sorted(runs) == one_finding[: len(runs)] and all(
+        clean_sweep.out_of_sample(f"sweep-{s}", runs[s]) for s in runs
+    )
+    seconds = [run["seconds"] for run in runs.values()]
+    two = " ".join(str(seed) for seed in sorted(runs) if len(drawn[seed]) == 2)
+    more = " ".join(str(seed) for seed in sorted(runs) if len(drawn[seed]) > 2)
+    assert (
+        f"--seeds {more} --stop-starting-after 4200`, then `--seeds {two}`, the two-site draws of that span, which a "
+        f"filter the rule does not have had left out at first; commit {STOP_105}, {min(seconds):.0f} to "
+        f"{max(seconds):.0f} s each on this task's Intel Xeon" in page
+    )
+    highest = max(value for run in runs.values() for sites in run["opposition"].values() for value in sites.values())
+    fresh = len(runs) + len(RECALIBRATED_BAR_SEEDS)
+    assert (
+        f"All {len(runs)} ran every round and published; none left a site out, none had a result refused, and the "
+        f"highest running opposition was {highest:.2f}: 0 of {len(runs)} stopped (at most "
+        f"{_bound_up(clean_sweep.upper_bound(0, len(runs)))}); with stop 104's four, 0 of {fresh} (at most "
+        f"{_bound_up(clean_sweep.upper_bound(0, fresh))})" in page
+    )
+    stopped_before = [seed for seed, run in runs.items() if _first_past_the_bar(run, True) is None]
+    moved = [seed for seed, run in runs.items()
+             if _first_past_the_bar(run, True) != _first_past_the_bar(run, RECALIBRATED_BAR)]  # fmt: skip
+    assert f"the bar before stop 104 would have stopped {len(stopped_before)} of them and, against today's," in page
+    assert f"would have moved the first model past the bar in {len(moved)}" in page
+    # the one it rescued: a two-site draw whose one-finding site's loss rose as its AUROC did
+    assert stopped_before == moved == [772] and runs[772]["best_round"] == 0 == _first_past_the_bar(
+        runs[772], RECALIBRATED_BAR
+    )
+    run, rsna, nih = runs[772], "site-1-rsna", "site-2-nih"
+    start, first = run["validations"]["-1"], run["validations"]["0"]
+    counted = recalibrated_changes(first, first, start)
+    plain = changes_against_the_bar(_judging_losses(run, 0), start, START_TIE, vetoes=True)
+    weighed = changes_against_the_bar(_judging_losses(run, 0), start, START_TIE, vetoes=True, recalibrated=counted)
+    sizes = run["federation"]["sites"]
+    assert (
+        f"seed 772, an RSNA site of {sizes[rsna]['patients']} patients and a NIH site of {sizes[nih]['patients']}, "
+        f"whose RSNA site's loss rose from {start[rsna]['val_loss']:.2f} to {first[rsna]['val_loss']:.2f} in round 0 "
+        f"while its AUROC rose from {start[rsna]['val_mean_auroc']:.2f} to {first[rsna]['val_mean_auroc']:.2f}, so "
+        f"that the mean of the two sites' changes was {judged_loss(plain[0])[0]:+.4f}; recalibrated, the RSNA site's "
+        f"change is {counted[rsna]:+.3f}, the mean {judged_loss(weighed[0])[0]:+.3f}, and round 0's model passed and "
+        f"was published. It is the first draw the rule rescued that did not choose it" in page
+    )
+    assert judged_loss(plain[0])[0] > 0 > judged_loss(weighed[0])[0]
+    unpaired = {seed: _best_round(run, False, True) for seed, run in runs.items()}
+    other = {
+        seed: (run["best_round"], unpaired[seed]) for seed, run in runs.items() if unpaired[seed] != run["best_round"]
+    }
+    assert (
+        f"on the losses as they are it would have picked another round in {len(other)} of them ("
+        + "; ".join(
+            f"seed {seed}: round {chosen}, where they pick round {theirs}" for seed, (chosen, theirs) in other.items()
+        )
+        + ")"
+    ) in page
+
+    def median_loss(run: dict, number: int) -> float:
+        return float(np.median([one["val_loss"] for one in run["validations"][str(number)].values()]))
+
+    def mean_auroc(run: dict, number: int) -> float:
+        return float(np.mean([one["val_mean_auroc"] for one in run["validations"][str(number)].values()]))
+
+    rise = [
+        median_loss(runs[seed], chosen) - median_loss(runs[seed], theirs) for seed, (chosen, theirs) in other.items()
+    ]
+    gap = [mean_auroc(runs[seed], chosen) - mean_auroc(runs[seed], theirs) for seed, (chosen, theirs) in other.items()]
+    assert min(rise) > 0
+    assert (
+        f"higher median validation loss than the one the losses pick (by {min(rise):.4f} to {max(rise):.4f}), and "
+        f"its sites' mean validation AUROC differs by {min(gap):+.3f} to {max(gap):+.3f}"
+    ) in page
+    assert (
+        "that bar on recalibrated losses: 0 of 4 new draws with half their sites of one finding, then 0 of "
+        f"{len(runs)} more." in _readme()
+    )
