@@ -1187,6 +1187,12 @@ def test_the_consortium_page_is_its_runs_records():
         f"{rsna_end['val_recalibrated_loss']:.2f}, below the initial model's {initial[0]:.2f} and {initial[1]:.2f}"
     ) in text
     assert siim_end["val_recalibrated_loss"] < initial[0] and rsna_end["val_recalibrated_loss"] < initial[1]
+    own = [start["local_val_mean_auroc"] for start, _, _ in one_finding.values()]  # each site's first-round model
+    assert siim_end["val_mean_auroc"] < own[0] and rsna_end["val_mean_auroc"] < own[1]
+    assert (
+        f"the published model ranks their images at {siim_end['val_mean_auroc']:.2f} and "
+        f"{rsna_end['val_mean_auroc']:.2f}, their own first-round models at {own[0]:.2f} and {own[1]:.2f}"
+    ) in text
     # evaluate --recalibrate-out on each one-finding site's published model: its per-class table
     refitted = {
         site: pd.read_csv(folder / "recalibrated" / f"{site}.csv").iloc[0] for site in ("site-siim", "site-rsna")
@@ -4086,8 +4092,10 @@ def test_the_consortium_job_from_the_stand_in_and_the_next_one_finding_draws_are
         f"while its AUROC rose from {start[rsna]['val_mean_auroc']:.2f} to {first[rsna]['val_mean_auroc']:.2f}, so "
         f"that the mean of the two sites' changes was {judged_loss(plain[0])[0]:+.4f}; recalibrated, the RSNA site's "
         f"change is {counted[rsna]:+.3f}, the mean {judged_loss(weighed[0])[0]:+.3f}, and round 0's model passed and "
-        f"was published. It is the first draw the rule rescued that did not choose it" in page
+        f"was published (the RSNA site still finds it worse than the start, recalibrated too: the NIH site's "
+        f"{plain[0][nih]:+.2f} carries the mean). It is the first draw the rule rescued that did not choose it" in page
     )
+    assert counted[rsna] > 0 > plain[0][nih]
     assert judged_loss(plain[0])[0] > 0 > judged_loss(weighed[0])[0]
     unpaired = {seed: _best_round(run, False, True) for seed, run in runs.items()}
     other = {
@@ -4096,7 +4104,8 @@ def test_the_consortium_job_from_the_stand_in_and_the_next_one_finding_draws_are
     assert (
         f"on the losses as they are it would have picked another round in {len(other)} of them ("
         + "; ".join(
-            f"seed {seed}: round {chosen}, where they pick round {theirs}" for seed, (chosen, theirs) in other.items()
+            f"seed {seed}: the paired rule round {chosen}, the losses round {theirs}"
+            for seed, (chosen, theirs) in other.items()
         )
         + ")"
     ) in page
@@ -4114,7 +4123,8 @@ def test_the_consortium_job_from_the_stand_in_and_the_next_one_finding_draws_are
     assert min(rise) > 0
     assert (
         f"higher median validation loss than the one the losses pick (by {min(rise):.4f} to {max(rise):.4f}), and "
-        f"its sites' mean validation AUROC differs by {min(gap):+.3f} to {max(gap):+.3f}"
+        f"its sites' mean validation AUROC differs by {min(gap):+.3f} to {max(gap):+.3f}, lower in "
+        f"{sum(value < 0 for value in gap)} of the {len(gap)}."
     ) in page
     assert (
         "that bar on recalibrated losses: 0 of 4 new draws with half their sites of one finding, then 0 of "
