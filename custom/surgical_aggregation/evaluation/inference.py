@@ -420,8 +420,7 @@ def evaluate_and_recalibrate(
         return logits, kept, align_by_name(logits, names, labels, kept.classes, mask)
 
     _, _, val = scored(splits["val"])
-    counts = labelled_counts(val.y_true, val.mask)
-    cases = np.where(np.isnan(val.y_true) | (val.mask == 0), 0.0, val.y_true).sum(axis=0)
+    counts, cases = labelled_counts(val.y_true, val.mask)
     fitted = logit_intercept_shifts(val.y_true, val.y_score, val.mask)
     shifts = {name: float(shift) for name, shift, count in zip(val.class_names, fitted, counts, strict=True) if count}
     if not shifts:

@@ -172,8 +172,13 @@ def intercept_shifts(
     constant leaves its ranking (AUROC) as it is: what it changes is the class's base rate, which sites whose
     prevalences differ pull apart (the intercept update of clinical prediction models). From probabilities clipped
     to [eps, 1 - eps]: :func:`logit_intercept_shifts` fits a model's own logits, however large."""
-    y_prob = np.clip(np.asarray(y_prob, dtype=np.float64), eps, 1 - eps)
-    return logit_intercept_shifts(y_true, np.log(y_prob) - np.log1p(-y_prob), mask, INTERCEPT_SEARCH[1])
+    return logit_intercept_shifts(y_true, _clipped_logits(y_prob, eps), mask, INTERCEPT_SEARCH[1])
+
+
+def _clipped_logits(y_prob: np.ndarray, eps: float) -> np.ndarray:
+    """The logits of probabilities clipped to [eps, 1 - eps], in float64."""
+    clipped = np.clip(np.asarray(y_prob, dtype=np.float64), eps, 1 - eps)
+    return np.log(clipped) - np.log1p(-clipped)
 
 
 def logit_intercept_shifts(
@@ -203,9 +208,12 @@ def logit_intercept_shifts(
     return shift[0] if squeeze else shift
 
 
-def labelled_counts(y_true: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-    """(C,): how many images label each class (a known 0 or 1, not masked out)."""
-    return _valid_mask(np.asarray(y_true, dtype=np.float64), mask).sum(axis=0)
+def labelled_counts(y_true: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(C,) each: how many images label each class (a known 0 or 1, not masked out), and how many of them are
+    cases."""
+    y_true = np.asarray(y_true, dtype=np.float64)
+    valid = _valid_mask(y_true, mask)
+    return valid.sum(axis=0), np.where(valid, np.nan_to_num(y_true), 0.0).sum(axis=0)
 
 
 def recalibrated_probabilities(
@@ -213,13 +221,8 @@ def recalibrated_probabilities(
 ) -> np.ndarray:
     """``y_prob`` recalibrated in the large to these labels (:func:`intercept_shifts`, "recalibration in the large"):
     what is left of a loss after it is the model's ranking and the spread of its scores, not its base rate."""
-    return shifted_probabilities(y_prob, intercept_shifts(y_true, y_prob, mask, eps), eps)
-
-
-def shifted_probabilities(y_prob: np.ndarray, shifts: np.ndarray | float, eps: float = 1e-7) -> np.ndarray:
-    """``y_prob`` with each class's logits shifted by its entry of ``shifts`` (broadcast over the last axis)."""
-    clipped = np.clip(np.asarray(y_prob, dtype=np.float64), eps, 1 - eps)
-    return sigmoid(np.log(clipped) - np.log1p(-clipped) + np.asarray(shifts, dtype=np.float64))
+    logits = _clipped_logits(y_prob, eps)
+    return sigmoid(logits + logit_intercept_shifts(y_true, logits, mask, INTERCEPT_SEARCH[1]))
 
 
 def sigmoid(logits: np.ndarray | float) -> np.ndarray:
