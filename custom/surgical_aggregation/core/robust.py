@@ -45,7 +45,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -275,6 +275,8 @@ AGGREGATORS: dict[str, Aggregator] = {
 PRE_AGGREGATORS: dict[str, Aggregator] = {"nnm": nearest_neighbour_mixing}
 # the server's rule unless a job names another: the attack suite's results chose it (docs/server-checks.md)
 DEFAULT_RULE = "geometric_median"
+# the parts a rule by part names, each with its own rule: the backbone's learned weights, and each head row
+RULE_PARTS = ("backbone", "head_rows")
 MIN_ROWS = 3  # a part moved by fewer sites is averaged: no rule tells one hostile row from one honest row among two
 # the backbone parts a rule aggregates: its learned weights. BatchNorm's running statistics are averages each site
 # measures, bounded by their own checks (valid variances, caps, clipping to the round's median size): the attack
@@ -285,15 +287,25 @@ ROBUST_GROUPS = (WEIGHTS,)
 @dataclass(frozen=True)
 class RobustRule:
     """A pre-aggregation (or none) and an aggregator, e.g. ``nnm+trimmed_mean``; ``byzantine``: the hostile rows it
-    tolerates among ``n`` (None: the most it can, ``(n - 1) // 2``; never more)."""
+    tolerates among ``n`` (None: the most it can, ``(n - 1) // 2``; never more); ``head_rows``: the rule of each
+    head row, where it is not this one (:data:`RULE_PARTS`)."""
 
     aggregator: str
     pre: tuple[str, ...] = ()
     byzantine: int | None = None
+    head_rows: RobustRule | None = None
 
     @classmethod
-    def parse(cls, text: str, byzantine: int | None = None) -> RobustRule:
-        """``"nnm+trimmed_mean"`` -> the rule; a :class:`ValueError` names the unknown part and the choices."""
+    def parse(cls, text: str | Mapping[str, str], byzantine: int | None = None) -> RobustRule:
+        """``"nnm+trimmed_mean"`` (every part) or ``{"backbone": ..., "head_rows": ...}`` (a rule for each) -> the
+        rule; a :class:`ValueError` names the unknown part and the choices."""
+        if isinstance(text, Mapping):
+            if sorted(text) != sorted(RULE_PARTS):
+                raise ValueError(
+                    f"a robust aggregation by part names a rule for each of {list(RULE_PARTS)}, got {sorted(text)}"
+                )
+            backbone, rows = (cls.parse(text[part], byzantine) for part in RULE_PARTS)
+            return backbone if rows == backbone else replace(backbone, head_rows=rows)
         if not isinstance(text, str) or not text:
             raise ValueError(f"a robust aggregation rule is a name such as 'nnm+trimmed_mean', got {text!r}")
         *pre, aggregator = text.split("+")
@@ -308,11 +320,23 @@ class RobustRule:
 
     @property
     def name(self) -> str:
-        return "+".join([*self.pre, self.aggregator])
+        own = "+".join([*self.pre, self.aggregator])
+        return own if self.head_rows is None else f"backbone {own}, head rows {self.head_rows.name}"
+
+    @property
+    def backbone(self) -> RobustRule:
+        """The backbone's rule (this one, without another rule for the head rows)."""
+        return replace(self, head_rows=None)
+
+    @property
+    def rows(self) -> RobustRule:
+        """The rule of each head row that three or more sites moved."""
+        return self.head_rows or self
 
     @property
     def is_mean(self) -> bool:
-        return self.aggregator == "mean" and not self.pre
+        """Whether every part takes the plain mean."""
+        return self.aggregator == "mean" and not self.pre and (self.head_rows is None or self.head_rows.is_mean)
 
     def tolerated(self, rows: int) -> int:
         """The hostile rows it tolerates among ``rows``: its ``byzantine`` setting, at most ``(rows - 1) // 2``."""
@@ -320,7 +344,8 @@ class RobustRule:
         return most if self.byzantine is None else min(self.byzantine, most)
 
     def __call__(self, rows: np.ndarray | Sequence[np.ndarray]) -> np.ndarray:
-        """The aggregate of ``rows`` (one per site); fewer than :data:`MIN_ROWS` rows: their mean."""
+        """The aggregate of ``rows`` (one per site) by the backbone's rule; fewer than :data:`MIN_ROWS` rows: their
+        mean."""
         rows = np.asarray(rows, dtype=np.float64)
         if rows.shape[0] < MIN_ROWS:
             return rows.mean(axis=0)
@@ -405,7 +430,8 @@ def row_updates(
 
 @server_check(
     "aggregation",
-    "with `robust_aggregation` (default `geometric_median`), each part of the model (the backbone's learned weights, "
+    "with `robust_aggregation` (default `geometric_median`; or one rule for the backbone and another for the head "
+    "rows), each part of the model (the backbone's learned weights, "
     f"each head row over the sites that hold it) that {MIN_ROWS} or more accepted results moved takes the rule's "
     "aggregate of their (clipped) updates instead of their mean, tolerating `byzantine_sites` hostile ones (default: "
     "the most it can, (n - 1) // 2 of n); two updates of a part within 0.1 % of each other (relative to the larger) "
@@ -464,7 +490,7 @@ def robust_state(
         if len(sites) < MIN_ROWS:
             continue
         index = positions[canonical]
-        consensus[canonical] = rule(distinct_rows(np.stack([updates[site][canonical] for site in sites])))
+        consensus[canonical] = rule.rows(distinct_rows(np.stack([updates[site][canonical] for site in sites])))
         moved = np.append(old_weight[index], old_bias[index]) + consensus[canonical]
         new_weight[index], new_bias[index] = moved[:-1], moved[-1]
         replaced[row_part(canonical)] = len(sites)

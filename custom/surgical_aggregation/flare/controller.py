@@ -121,7 +121,7 @@ class SurgicalAggregatorShareable(ServerModels):
         update_bound: float | None = DEFAULT_UPDATE_BOUND,
         clip_updates: bool = True,
         reject_opposed_updates: bool | str = True,
-        robust_aggregation: str = DEFAULT_RULE,
+        robust_aggregation: str | Mapping[str, str] = DEFAULT_RULE,
         byzantine_sites: int | None = None,
         update_noise: float = 0.0,
         robust_learning_rate: int = 0,

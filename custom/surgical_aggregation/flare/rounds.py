@@ -99,8 +99,8 @@ class RoundRules:
     def consensus(self, changes: np.ndarray) -> np.ndarray:
         """The round's consensus of the backbone updates (one row per site): the robust rule's aggregate, or the
         coordinate-wise median where the rule is the mean (which one site can move anywhere)."""
-        rule = RobustRule("median") if self.robust.is_mean else self.robust
-        return rule(changes)
+        backbone = self.robust.backbone
+        return (RobustRule("median") if backbone.is_mean else backbone)(changes)
 
     def aggregator(self, state: Mapping[str, Any], classes: Sequence[str]) -> SurgicalAggregator:
         """An aggregator over the global model ``state`` (head rows ``classes``): it checks each arriving result,

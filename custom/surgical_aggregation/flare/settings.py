@@ -51,8 +51,8 @@ robust_aggregation: how the server aggregates each part of the model (the backbo
     statistics, a head row) that three or more sites moved in a round, after the size checks and the clipping:
     "mean" (the papers' plain mean), or a rule of :mod:`surgical_aggregation.core.robust` ("median",
     "trimmed_mean", "meamed", "geometric_median", "centered_clipping", "multi_krum", "mda", each with "nnm+"
-    before it for nearest-neighbour mixing). A part fewer sites moved keeps its (weighted) mean; a robust rule
-    counts each site once, whatever its sample count.
+    before it for nearest-neighbour mixing), or one for each part: ``{"backbone": ..., "head_rows": ...}``. A part
+    fewer sites moved keeps its (weighted) mean; a robust rule counts each site once, whatever its sample count.
 byzantine_sites: the hostile sites the robust rule tolerates among the sites that moved a part (None: the most
     it can, (n - 1) // 2 of n; never more).
 update_noise: FLAME's lambda (0: off, the default): after the aggregation, the backbone's learned weights and each
