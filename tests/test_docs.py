@@ -901,6 +901,93 @@ def test_the_backdoor_at_four_and_seven_sites_of_400_patients_is_the_pages_figur
     assert f"seven sites with the same data each (best models): {found}" in text
 
 
+def test_where_the_glyph_backdoor_lives_and_what_a_sites_refit_removes_are_the_records():
+    """docs/server-checks.md on the glyph backdoor from the stand-in: the refit tables are the records' (three and seven
+    sites), the sentences' figures are theirs, and the head rows' median ran as the page says
+    (docs/attack-suite/head-rows-median.json)."""
+    refit = load_benchmark("backdoor_refit")
+    suite = load_benchmark("attack_suite")
+    page = (REPOSITORY / "docs" / "server-checks.md").read_text()
+    text = " ".join(page.split())
+    three, seven = (
+        json.loads((REPOSITORY / "docs" / "attack-suite" / f"refit-{size}-sites.json").read_text())
+        for size in ("three", "seven")
+    )
+    assert marked_block(page, "backdoor-refit") == "\n".join(refit.table(three))
+    assert marked_block(page, "backdoor-refit-seven-sites") == "\n".join(refit.table(seven))
+    located = {name: _percent(found["success"]) for name, found in three["final"]["located"].items()}
+    backdoored, clean = located["backdoored backbone, backdoored head"], located["clean backbone, clean head"]
+    assert (
+        f"the clean head on the backdoored backbone gives the trigger {located['backdoored backbone, clean head']}, "
+        f"and so does the backdoored model with the clean model's Pneumothorax row alone, where the backdoored model "
+        f"gives {backdoored} and the clean one {clean}; "
+        f"the backdoored row alone in the clean model gives {located['clean model, backdoored target row']}" in text
+    )
+    assert located["backdoored model, clean target row"] == located["backdoored backbone, clean head"]
+    located = {name: _percent(found["success"]) for name, found in seven["final"]["located"].items()}
+    backdoored, clean = located["backdoored backbone, backdoored head"], located["clean backbone, clean head"]
+    assert (
+        f"the clean row in the backdoored model {located['backdoored model, clean target row']}, against "
+        f"{backdoored} and the clean model's {clean}; "
+        f"the backdoored row in the clean model {located['clean model, backdoored target row']}" in text
+    )
+
+    def gaps(found: dict, against: str) -> list[float]:
+        attacked, clean = found["runs"]
+        return [
+            100 * (runs[attacked]["refit"]["success"] - runs[clean][against]["success"])
+            for label in refit.MODELS
+            for runs in found[label]["refit"].values()
+        ]
+
+    assert f"within {max(gaps(three, 'refit')):.1f} points of what the clean run's refitted rows give" in text
+    assert f"within {max(gaps(three, 'global')):.1f} points of the clean global model's" in text
+    assert max(gaps(three, "global")) <= 100 * suite.BACKDOOR_TOLERANCE
+    assert f"the backdoored run's lie within {max(gaps(seven, 'refit')):.1f} points at every site" in text
+    within = sum(gap <= 100 * suite.BACKDOOR_TOLERANCE for gap in gaps(seven, "global")[: len(seven["honest_sites"])])
+    assert f"within 5 points at {within} of the {len(seven['honest_sites'])} sites" in text
+    attacked = seven["runs"][0]
+    costs = [
+        runs[attacked]["global"]["mean_auroc"] - runs[attacked]["refit"]["mean_auroc"]
+        for runs in seven["final"]["refit"].values()
+    ]
+    assert f"the refitted rows cost each site {min(costs):.3f} to {max(costs):.3f} of its mean AUROC" in text
+    rules = json.loads((REPOSITORY / "docs" / "attack-suite" / "head-rows-median.json").read_text())
+    median = rules["head_rows_median"]
+    for run in median.values():
+        assert run["controller"] == {"robust_aggregation": {"backbone": "geometric_median", "head_rows": "median"}}
+        assert run["exit_code"] == 0 and run["rejected"] == run["excluded"] == []
+        assert run["start"] == "stand-in"
+    attacked, clean = (median[f"{kind}-3sites-{count}attackers-seed1-400p5r-stand-in"] for kind, count in
+                       (("backdoor_glyph", 1), ("clean", 0)))  # fmt: skip
+    found = [_percent(suite.success_of(run, "backdoor_glyph", label)) for run, label in
+             ((attacked, "best"), (attacked, "final"), (clean, "best"))]  # fmt: skip
+    assert (
+        f"the backdoor's success is {found[0]} by the best model and {found[1]} by the final one against that clean "
+        f"run's {found[2]}" in text
+    )
+    default = rules["default"]["clean-3sites-0attackers-seed1-400p5r-stand-in"]
+    gaps = [abs(default["best_auroc"][site] - clean["best_auroc"][site]) for site in clean["best_auroc"]]
+    assert "the clean run's honest sites score within 0.001 of the default's" in text and round(max(gaps), 3) <= 0.001
+    assert suite.verdict(attacked, clean) == "breaks through"
+    attacked, clean = (median[f"{kind}-7sites-{count}attackers-seed1-stand-in"] for kind, count in
+                       (("backdoor_glyph", 1), ("clean", 0)))  # fmt: skip
+    default = {kind: rules["default"][f"{kind}-7sites-{count}attackers-seed1-stand-in"]
+               for kind, count in (("backdoor_glyph", 1), ("clean", 0))}  # fmt: skip
+    gaps = [abs(default["clean"]["best_auroc"][site] - clean["best_auroc"][site]) for site in clean["best_auroc"]]
+    assert "clean run's honest sites score within 0.002 of the default's" in text and round(max(gaps), 3) <= 0.002
+    found = [_percent(suite.success_of(run, "backdoor_glyph")) for run in (attacked, clean, default["backdoor_glyph"])]
+    assert (
+        f"the success is {found[0]} against its clean run's {found[1]} ({found[2]} under the geometric median)" in text
+    )
+    above = suite.backdoor_above(attacked, clean)
+    assert f"inside the 5 points by {100 * suite.BACKDOOR_TOLERANCE - 100 * above:.1f}, one test image" in text
+    own = [
+        _percent(run["attackers_own_backdoor_success"]["site-nih-4"]) for run in (attacked, default["backdoor_glyph"])
+    ]
+    assert f"the attacker's own model learning the trigger less ({own[0]} against {own[1]})" in text
+
+
 def test_flipping_and_pruning_stopped_on_held_out_images_are_the_pages_figures():
     """docs/server-checks.md on FLAIN's flipping and on pruning stopped by its rule, offline on the backdoor at three
     sites of 400 patients (docs/attack-suite/flipping.json): the table is the file's, the rule stops where its
