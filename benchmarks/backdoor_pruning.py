@@ -108,12 +108,16 @@ def run_offline(
         test = test_config(args.suite_out.resolve() / "cache")
         results = {run: score(args.suite_out / "workspaces" / run / MODEL, test) for run in args.runs}
         args.out.write_text(json.dumps(results, indent=2) + "\n")
-    lines = table_of(results)
-    print("\n".join(lines))
-    if args.write_doc:
-        start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
-        args.write_doc.write_text(rewrite_marked_block(args.write_doc.read_text(), start, end, "\n".join(lines)))
+    write_table(table_of(results), args.write_doc, marker)
     return results
+
+
+def write_table(lines: list[str], page: Path | None, marker: str) -> None:
+    """Print a table's ``lines`` and, with a ``page``, write them between its ``marker``'s markers."""
+    print("\n".join(lines))
+    if page:
+        start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+        page.write_text(rewrite_marked_block(page.read_text(), start, end, "\n".join(lines)))
 
 
 def main(argv: list[str] | None = None) -> dict[str, list[dict[str, float]]]:

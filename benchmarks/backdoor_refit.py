@@ -25,7 +25,6 @@ above the model's own 95th percentile on the clean images).
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -34,13 +33,13 @@ import numpy as np
 import torch
 from attack_suite import TARGET, UNION, Triggered, backdoor_success, test_config
 from backdoor_flipping import mean_auroc
+from backdoor_pruning import offline_parser, write_table
 from sklearn.linear_model import LogisticRegression
 from suite_site import trigger_of
 
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
 from surgical_aggregation.evaluation.inference import labelled_splits, scoring_dataset
-from surgical_aggregation.experiments.summary import rewrite_marked_block
 from surgical_aggregation.training.checkpoint import Checkpoint, load_checkpoint
 from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.loops import head_inputs, make_loader
@@ -50,7 +49,8 @@ MODELS = {
     "best": "server/simulate_job/app_server/best_FL_global_model.pt",
     "final": "server/simulate_job/app_server/FL_global_model.pt",
 }
-C_GRID = (0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)  # scikit-learn's inverse regularisation strength, chosen on validation
+# scikit-learn's inverse regularisation strength, chosen on validation (the first runs chose the lowest of 0.01-1)
+C_GRID = (0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 MARKER = "backdoor-refit"
 
 
@@ -204,26 +204,19 @@ def table(found: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite-out", type=Path, help="an attack_suite.py --out folder")
-    parser.add_argument("--runs", nargs=2, help="a backdoor run and its clean run (their workspaces' folders)")
-    parser.add_argument("--out", type=Path, required=True, help="the JSON file of the results")
-    parser.add_argument("--table-only", action="store_true", help="only draw the table of --out")
-    parser.add_argument("--write-doc", type=Path, help="rewrite the table between the --marker's markers")
+    parser = offline_parser(__doc__.splitlines()[0], MARKER)
     parser.add_argument("--marker", default=MARKER, help=f"the markers' name (default {MARKER})")
     args = parser.parse_args(argv)
     if args.table_only:
         found = json.loads(args.out.read_text())
     else:
+        if not args.runs or len(args.runs) != 2:
+            parser.error("--runs names a backdoor run and its clean run")
         found = run(args.suite_out, args.runs)
         args.out.write_text(json.dumps(found, indent=2) + "\n")
     for label in MODELS:
         print(label, json.dumps(found[label]["located"], indent=1))
-    lines = table(found)
-    print("\n".join(lines))
-    if args.write_doc:
-        start, end = f"<!-- {args.marker} -->", f"<!-- /{args.marker} -->"
-        args.write_doc.write_text(rewrite_marked_block(args.write_doc.read_text(), start, end, "\n".join(lines)))
+    write_table(table(found), args.write_doc, args.marker)
     return found
 
 
