@@ -20,7 +20,7 @@ above the model's own 95th percentile on the clean images).
 
     python benchmarks/backdoor_refit.py --suite-out <attack_suite.py --out> \
         --runs backdoor_glyph-3sites-1attackers-seed1-400p5r-stand-in clean-3sites-0attackers-seed1-400p5r-stand-in \
-        --out docs/attack-suite/refit.json
+        --out docs/attack-suite/refit-three-sites.json
 """
 
 from __future__ import annotations
@@ -166,8 +166,7 @@ def run(suite_out: Path, runs: list[str]) -> dict[str, Any]:
     attacked, reference = runs
     trigger = trigger_of(records[attacked]["attack"])
     test = test_config(suite_out.resolve() / "cache")
-    jobs = suite_out / "jobs" / attacked
-    sites = sorted(folder.name.removeprefix("app_") for folder in jobs.glob("app_site-*"))
+    sites = sorted(folder.name.removeprefix("app_") for folder in (suite_out / "jobs" / attacked).glob("app_site-*"))
     honest = [site for site in sites if site not in records[attacked]["attacking_sites"]]
     found: dict[str, Any] = {"runs": runs, "trigger": trigger, "honest_sites": honest}
     for label, path in MODELS.items():
@@ -176,7 +175,7 @@ def run(suite_out: Path, runs: list[str]) -> dict[str, Any]:
         for run_name in runs:
             features = TestSet(models[run_name], test, trigger)
             for site in honest:
-                config = jobs / f"app_{site}" / "config" / "site_configs" / f"{site}.json"
+                config = suite_out / "jobs" / run_name / f"app_{site}" / "config" / "site_configs" / f"{site}.json"
                 found[label]["refit"].setdefault(site, {})[run_name] = refit_site(models[run_name], config, features)
                 print(f"{label} {run_name} {site}: {found[label]['refit'][site][run_name]}", flush=True)
     return found

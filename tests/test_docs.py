@@ -915,22 +915,32 @@ def test_where_the_glyph_backdoor_lives_and_what_a_sites_refit_removes_are_the_r
     )
     assert marked_block(page, "backdoor-refit") == "\n".join(refit.table(three))
     assert marked_block(page, "backdoor-refit-seven-sites") == "\n".join(refit.table(seven))
-    located = {name: _percent(found["success"]) for name, found in three["final"]["located"].items()}
-    backdoored, clean = located["backdoored backbone, backdoored head"], located["clean backbone, clean head"]
+    located = {
+        label: {name: _percent(found["success"]) for name, found in three[label]["located"].items()}
+        for label in refit.MODELS
+    }
+    final, best = located["final"], located["best"]
     assert (
-        f"the clean head on the backdoored backbone gives the trigger {located['backdoored backbone, clean head']}, "
-        f"and so does the backdoored model with the clean model's Pneumothorax row alone, where the backdoored model "
-        f"gives {backdoored} and the clean one {clean}; "
-        f"the backdoored row alone in the clean model gives {located['clean model, backdoored target row']}" in text
+        f"with the clean model's Pneumothorax row put back the backdoored model scores the trigger at "
+        f"{final['backdoored model, clean target row']} ({final['backdoored backbone, backdoored head']} as it is, the "
+        f"clean model {final['clean backbone, clean head']}), and the backdoored row alone in the clean model at "
+        f"{final['clean model, backdoored target row']}" in text
     )
-    assert located["backdoored model, clean target row"] == located["backdoored backbone, clean head"]
-    located = {name: _percent(found["success"]) for name, found in seven["final"]["located"].items()}
-    backdoored, clean = located["backdoored backbone, backdoored head"], located["clean backbone, clean head"]
     assert (
-        f"the clean row in the backdoored model {located['backdoored model, clean target row']}, against "
-        f"{backdoored} and the clean model's {clean}; "
-        f"the backdoored row in the clean model {located['clean model, backdoored target row']}" in text
+        f"On the best models the row carries nearly all ({best['clean model, backdoored target row']} of "
+        f"{best['backdoored backbone, backdoored head']}; {best['backdoored model, clean target row']} with the clean "
+        "row put back)" in text
     )
+    seven_found = {name: _percent(found["success"]) for name, found in seven["final"]["located"].items()}
+    assert (
+        f"{seven_found['backdoored model, clean target row']} with the clean row put back, against "
+        f"{seven_found['backdoored backbone, backdoored head']} and the clean model's "
+        f"{seven_found['clean backbone, clean head']}; the backdoored row alone in the clean model "
+        f"{seven_found['clean model, backdoored target row']}" in text
+    )
+    halves = [three["final"]["located"][name]["success"] for name in
+              ("clean model, backdoored target row", "backdoored backbone, backdoored head")]  # fmt: skip
+    assert 0.4 < halves[0] / halves[1] < 0.6  # "by itself carries half of the final model's success"
 
     def gaps(found: dict, against: str) -> list[float]:
         attacked, clean = found["runs"]
@@ -952,6 +962,28 @@ def test_where_the_glyph_backdoor_lives_and_what_a_sites_refit_removes_are_the_r
         for runs in seven["final"]["refit"].values()
     ]
     assert f"the refitted rows cost each site {min(costs):.3f} to {max(costs):.3f} of its mean AUROC" in text
+    clean_run = seven["runs"][1]
+    verdicts = {
+        site: (
+            runs[attacked]["refit"]["mean_auroc"] - runs[clean_run]["global"]["mean_auroc"] >= -suite.TOLERANCE
+            and runs[attacked]["refit"]["success"] - runs[clean_run]["global"]["success"] <= suite.BACKDOOR_TOLERANCE
+        )
+        for site, runs in seven["final"]["refit"].items()
+    }
+    failing = sum(not held for held in verdicts.values())
+    assert f"by the suite's measures {failing} of the {len(verdicts)} fail" in text
+    lowest = min(runs[attacked]["refit"]["mean_auroc"] - runs[clean_run]["global"]["mean_auroc"]
+                 for runs in seven["final"]["refit"].values())  # fmt: skip
+    assert f"site-nih-1's refitted model ranks {-lowest:.3f} below the clean global model" in text
+    attacked3, clean3 = three["runs"]
+    nih = three["best"]["refit"]["site-nih-1"]
+    below = nih[clean3]["global"]["mean_auroc"] - nih[attacked3]["refit"]["mean_auroc"]
+    cost = nih[clean3]["global"]["mean_auroc"] - nih[clean3]["refit"]["mean_auroc"]
+    assert (
+        f"{below:.3f} below the clean run's global model; its refit costs as much in the clean run ({cost:.3f})" in text
+    )
+    for runs in (run for label in refit.MODELS for run in three[label]["refit"].values()):
+        assert runs[attacked3]["refit"]["mean_auroc"] - runs[clean3]["global"]["mean_auroc"] >= -suite.TOLERANCE
     rules = json.loads((REPOSITORY / "docs" / "attack-suite" / "head-rows-median.json").read_text())
     median = rules["head_rows_median"]
     for run in median.values():
@@ -976,12 +1008,21 @@ def test_where_the_glyph_backdoor_lives_and_what_a_sites_refit_removes_are_the_r
                for kind, count in (("backdoor_glyph", 1), ("clean", 0))}  # fmt: skip
     gaps = [abs(default["clean"]["best_auroc"][site] - clean["best_auroc"][site]) for site in clean["best_auroc"]]
     assert "clean run's honest sites score within 0.002 of the default's" in text and round(max(gaps), 3) <= 0.002
-    found = [_percent(suite.success_of(run, "backdoor_glyph")) for run in (attacked, clean, default["backdoor_glyph"])]
+    runs = (attacked, clean, default["backdoor_glyph"])
+    shares = [suite.success_of(run, "backdoor_glyph") for run in runs]
+    negatives = 426  # the test set's Pneumothorax negatives: every share is a whole number of them
+    assert "426 test negatives, so one image is 0.23 points" in text and all(
+        abs(share * negatives - round(share * negatives)) < 1e-6 for share in shares
+    )
+    images = round((shares[2] - shares[0]) * negatives)
+    found = [_percent(share) for share in shares]
     assert (
-        f"the success is {found[0]} against its clean run's {found[1]} ({found[2]} under the geometric median)" in text
+        f"the success is {found[0]} against its clean run's {found[1]} ({found[2]} under the geometric median, "
+        f"{images} test images more)" in text
     )
     above = suite.backdoor_above(attacked, clean)
-    assert f"inside the 5 points by {100 * suite.BACKDOOR_TOLERANCE - 100 * above:.1f}, one test image" in text
+    margin = suite.BACKDOOR_TOLERANCE - above
+    assert f"inside the 5 points by {100 * margin:.1f}, less than one test image" in text and margin * negatives < 1
     own = [
         _percent(run["attackers_own_backdoor_success"]["site-nih-4"]) for run in (attacked, default["backdoor_glyph"])
     ]

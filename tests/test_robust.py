@@ -165,6 +165,7 @@ def test_a_rule_by_part_takes_one_rule_for_the_backbone_and_another_for_each_hea
     # the backbone's values 1, 2, 10 and the row's 1, 2, 10 (weights and bias alike)
     results = [SiteResult(_state(value, 2.0, {"A": value}), ["A"]) for value in (1.0, 2.0, 10.0)]
     keys = [key for key in global_state if key not in NAMED_HEAD.keys]
+    weighted = _state(7.0, 2.0, {"A": 7.0})  # the surgical (weighted) mean's values: a part whose rule is the mean
     rule = RobustRule.parse({"backbone": "mean", "head_rows": "median"})
     assert (rule.name, rule.rows.name, rule.backbone.name, rule.is_mean) == (
         "backbone mean, head rows median",
@@ -172,19 +173,21 @@ def test_a_rule_by_part_takes_one_rule_for_the_backbone_and_another_for_each_hea
         "mean",
         False,
     )
-    state = robust_state(dict(global_state), global_state, ["A"], results, keys, rule).state
-    assert state["features.conv.weight"] == pytest.approx(np.full((2, 2), 13.0 / 3.0))  # the mean of 1, 2, 10
+    state = robust_state(weighted, global_state, ["A"], results, keys, rule).state
+    assert state["features.conv.weight"] == pytest.approx(np.full((2, 2), 7.0))  # keeps the weighted mean
     assert state[NAMED_HEAD.weight_key][0] == pytest.approx([2.0, 2.0])  # the row's median
     assert state[NAMED_HEAD.bias_key][0] == pytest.approx(2.0)
     swapped_rule = RobustRule.parse({"backbone": "median", "head_rows": "mean"})
-    swapped = robust_state(dict(global_state), global_state, ["A"], results, keys, swapped_rule).state
+    swapped = robust_state(weighted, global_state, ["A"], results, keys, swapped_rule).state
     assert swapped["features.conv.weight"] == pytest.approx(np.full((2, 2), 2.0))
-    assert swapped[NAMED_HEAD.weight_key][0] == pytest.approx([13.0 / 3.0, 13.0 / 3.0])
+    assert swapped[NAMED_HEAD.weight_key][0] == pytest.approx([7.0, 7.0])
     # one rule named for both parts is that rule; every part the mean is the plain mean
     assert RobustRule.parse({"backbone": "median", "head_rows": "median"}) == RobustRule.parse("median")
     assert RobustRule.parse({"backbone": "mean", "head_rows": "mean"}).is_mean
-    with pytest.raises(ValueError, match=r"a rule for each of \['backbone', 'head_rows'\], got \['backbone'\]"):
+    with pytest.raises(ValueError, match=r"a rule for each of \['backbone', 'head_rows'\], got \{'backbone'"):
         RobustRule.parse({"backbone": "median"})
+    with pytest.raises(ValueError, match="a rule for each of"):
+        RobustRule.parse({"backbone": "median", "head_rows": {"backbone": "mean", "head_rows": "median"}})
     with pytest.raises(ValueError, match="unknown robust aggregator 'krum'"):
         RobustRule.parse({"backbone": "median", "head_rows": "krum"})
 

@@ -300,9 +300,9 @@ class RobustRule:
         """``"nnm+trimmed_mean"`` (every part) or ``{"backbone": ..., "head_rows": ...}`` (a rule for each) -> the
         rule; a :class:`ValueError` names the unknown part and the choices."""
         if isinstance(text, Mapping):
-            if sorted(text) != sorted(RULE_PARTS):
+            if sorted(map(str, text)) != sorted(RULE_PARTS) or not all(isinstance(text[part], str) for part in text):
                 raise ValueError(
-                    f"a robust aggregation by part names a rule for each of {list(RULE_PARTS)}, got {sorted(text)}"
+                    f"a robust aggregation by part names a rule for each of {list(RULE_PARTS)}, got {dict(text)!r}"
                 )
             backbone, rows = (cls.parse(text[part], byzantine) for part in RULE_PARTS)
             return backbone if rows == backbone else replace(backbone, head_rows=rows)
@@ -463,7 +463,7 @@ def robust_state(
         return outcome
     for group in ROBUST_GROUPS:
         keys = group_keys(averaged_keys, global_state, group, head)
-        if not keys:
+        if not keys or rule.backbone.is_mean:  # a part whose rule is the mean keeps the surgical (weighted) mean
             continue
         base = flat_values(global_state, keys)
         rows = np.stack([flat_values(result.state, keys) - base for result in results])
@@ -491,6 +491,8 @@ def robust_state(
             continue
         index = positions[canonical]
         consensus[canonical] = rule.rows(distinct_rows(np.stack([updates[site][canonical] for site in sites])))
+        if rule.rows.is_mean:
+            continue
         moved = np.append(old_weight[index], old_bias[index]) + consensus[canonical]
         new_weight[index], new_bias[index] = moved[:-1], moved[-1]
         replaced[row_part(canonical)] = len(sites)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from ..core.aggregation import Contribution, SurgicalAggregator
 from ..core.head import StateDict, slice_for_client
 from ..core.methods import SiteMethod, head_classes_for_site
+from ..core.robust import RobustRule
 from ..evaluation.run_summary import INITIAL_ROUND
 from ..flare.state import FederationState, SavedVersion, history_entry, judge
 from ..training.loops import Evaluation
@@ -95,7 +96,8 @@ def federate(
     if controller.get("label_prior") or controller.get("proximal_mu"):
         raise ValueError("the in-process federation runs surgical aggregation, vanilla FL and partial loss only")
     defences = ("clip_updates", "reject_opposed_updates", "validation_guard")  # the FLARE job's, on by default
-    if any(controller.get(name) is True for name in defences) or controller.get("robust_aggregation", "mean") != "mean":
+    robust = RobustRule.parse(controller.get("robust_aggregation", "mean"))
+    if any(controller.get(name) is True for name in defences) or not robust.is_mean:
         raise ValueError("the in-process federation aggregates plain means and selects by the judged loss alone")
     sites = sorted(learners)
     missing = {site: sorted(set(learners[site].class_names) - set(initial_classes)) for site in sites}

@@ -97,8 +97,9 @@ class RoundRules:
     robust_learning_rate: int = 0  # RLR's theta: a value is turned back where fewer site signs agree (0: off)
 
     def consensus(self, changes: np.ndarray) -> np.ndarray:
-        """The round's consensus of the backbone updates (one row per site): the robust rule's aggregate, or the
-        coordinate-wise median where the rule is the mean (which one site can move anywhere)."""
+        """The round's consensus of the backbone updates (one row per site), and of each shared head row in the
+        warm-up round's check: the backbone's robust rule's aggregate, or the coordinate-wise median where that rule
+        is the mean (which one site can move anywhere)."""
         backbone = self.robust.backbone
         return (RobustRule("median") if backbone.is_mean else backbone)(changes)
 

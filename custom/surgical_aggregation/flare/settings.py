@@ -47,11 +47,14 @@ reject_opposed_updates: with three or more results left in a round, reject a res
     an update that takes it above its limit rejected), which the bundle's jobs set when they start from pretrained
     weights (``recipe.start_settings``: fine-tuned from them, honest sites of other vocabularies have pointed against
     the consensus in later rounds, by a little).
-robust_aggregation: how the server aggregates each part of the model (the backbone weights, the BatchNorm
-    statistics, a head row) that three or more sites moved in a round, after the size checks and the clipping:
+robust_aggregation: how the server aggregates each part of the model (the backbone's learned weights, a head row;
+    the BatchNorm statistics keep their mean) that three or more sites moved in a round, after the size checks and
+    the clipping:
     "mean" (the papers' plain mean), or a rule of :mod:`surgical_aggregation.core.robust` ("median",
     "trimmed_mean", "meamed", "geometric_median", "centered_clipping", "multi_krum", "mda", each with "nnm+"
-    before it for nearest-neighbour mixing), or one for each part: ``{"backbone": ..., "head_rows": ...}``. A part
+    before it for nearest-neighbour mixing), or one for each part: ``{"backbone": ..., "head_rows": ...}`` (a part
+    whose rule is "mean" keeps the weighted mean; the consensus of the warm-up round's head-row check and of the
+    direction check takes the backbone's rule, as their thresholds were set under one rule for every part). A part
     fewer sites moved keeps its (weighted) mean; a robust rule counts each site once, whatever its sample count.
 byzantine_sites: the hostile sites the robust rule tolerates among the sites that moved a part (None: the most
     it can, (n - 1) // 2 of n; never more).
