@@ -26,6 +26,7 @@ above the model's own 95th percentile on the clean images).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,9 @@ from suite_site import trigger_of
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
 from surgical_aggregation.evaluation.inference import labelled_splits, scoring_dataset
+from surgical_aggregation.evaluation.metrics import bce_loss, sigmoid
 from surgical_aggregation.training.checkpoint import Checkpoint, load_checkpoint
-from surgical_aggregation.training.config import site_config_from_dict
+from surgical_aggregation.training.config import load_site_config, site_config_from_dict
 from surgical_aggregation.training.loops import head_inputs, make_loader
 from surgical_aggregation.training.site_data import resolve_table
 
@@ -75,8 +77,7 @@ class TestSet:
     def score(self, weight: np.ndarray, bias: np.ndarray, names: list[str], classes: list[str]) -> dict[str, float]:
         """A head (``weight``, ``bias``, rows ``names``) on these features: the mean AUROC over ``classes`` and the
         trigger's success on the target finding."""
-        clean = 1.0 / (1.0 + np.exp(-(self.clean @ weight.T + bias)))
-        triggered = 1.0 / (1.0 + np.exp(-(self.triggered @ weight.T + bias)))
+        clean, triggered = sigmoid(self.clean @ weight.T + bias), sigmoid(self.triggered @ weight.T + bias)
         present = [name for name in classes if name in names]
         labels = self.labels[:, [list(UNION).index(name) for name in present]]
         target, column = names.index(TARGET), list(UNION).index(TARGET)
@@ -90,23 +91,22 @@ def _head(checkpoint: Checkpoint) -> tuple[np.ndarray, np.ndarray]:
     return tuple(checkpoint.state[key].double().numpy().copy() for key in NAMED_HEAD.keys)
 
 
-def located(backdoored: Checkpoint, clean: Checkpoint, test: dict, trigger: str) -> dict[str, dict[str, float]]:
-    """Each backbone with each head, and each model with the other's target row: mean AUROC over :data:`UNION` and
-    the trigger's success."""
+def located(backdoored: Checkpoint, clean: Checkpoint, features: Mapping[str, TestSet]) -> dict[str, dict[str, float]]:
+    """Each backbone with each head, and each model with the other's target row (``features``: the test set as the
+    ``backdoored`` and the ``clean`` model read it): mean AUROC over :data:`UNION` and the trigger's success."""
     names = _canonical(backdoored.class_names)
     if names != _canonical(clean.class_names):
         raise ValueError("the two models' head rows differ: they are not a run and its clean run")
     target = names.index(TARGET)
     heads = {"backdoored": _head(backdoored), "clean": _head(clean)}
     found = {}
-    for backbone, checkpoint in (("backdoored", backdoored), ("clean", clean)):
-        features = TestSet(checkpoint, test, trigger)
+    for backbone in ("backdoored", "clean"):
         other = "clean" if backbone == "backdoored" else "backdoored"
         for head in (backbone, other):
-            found[f"{backbone} backbone, {head} head"] = features.score(*heads[head], names, list(UNION))
+            found[f"{backbone} backbone, {head} head"] = features[backbone].score(*heads[head], names, list(UNION))
         weight, bias = (part.copy() for part in heads[backbone])
         weight[target], bias[target] = heads[other][0][target], heads[other][1][target]
-        found[f"{backbone} model, {other} target row"] = features.score(weight, bias, names, list(UNION))
+        found[f"{backbone} model, {other} target row"] = features[backbone].score(weight, bias, names, list(UNION))
     return found
 
 
@@ -127,8 +127,7 @@ def refitted_rows(
         best = None
         for strength in C_GRID:
             model = LogisticRegression(C=strength, max_iter=5000).fit((features[known] - centre) / scale, y)
-            p = np.clip(model.predict_proba((val[0][known_val] - centre) / scale)[:, 1], 1e-7, 1 - 1e-7)
-            loss = float(-np.mean(y_val * np.log(p) + (1 - y_val) * np.log(1 - p)))
+            loss = bce_loss(y_val, model.predict_proba((val[0][known_val] - centre) / scale)[:, 1])
             if best is None or loss < best[0]:
                 best = (loss, model, strength)
         weights = best[1].coef_[0] / scale
@@ -139,7 +138,7 @@ def refitted_rows(
 def refit_site(checkpoint: Checkpoint, site_config: Path, features: TestSet) -> dict[str, Any]:
     """The site's classes' rows refitted on its own images: the global model's and the refitted head's scores."""
     splits, _ = labelled_splits(site_config)
-    config = site_config_from_dict(json.loads(site_config.read_text()), str(site_config))
+    config = load_site_config(site_config)
     read = {}
     for split in ("train", "val"):
         dataset, kept = scoring_dataset([checkpoint], splits[split], cache_dir=config.cache_dir)
@@ -171,9 +170,11 @@ def run(suite_out: Path, runs: list[str]) -> dict[str, Any]:
     found: dict[str, Any] = {"runs": runs, "trigger": trigger, "honest_sites": honest}
     for label, path in MODELS.items():
         models = {run: load_checkpoint(suite_out / "workspaces" / run / path) for run in runs}
-        found[label] = {"located": located(models[attacked], models[reference], test, trigger), "refit": {}}
+        read = {run: TestSet(models[run], test, trigger) for run in runs}  # each model reads the test set once
+        located_by = {"backdoored": read[attacked], "clean": read[reference]}
+        found[label] = {"located": located(models[attacked], models[reference], located_by), "refit": {}}
         for run_name in runs:
-            features = TestSet(models[run_name], test, trigger)
+            features = read[run_name]
             for site in honest:
                 config = suite_out / "jobs" / run_name / f"app_{site}" / "config" / "site_configs" / f"{site}.json"
                 found[label]["refit"].setdefault(site, {})[run_name] = refit_site(models[run_name], config, features)
