@@ -8,15 +8,15 @@ target row on the backdoored backbone brings the trigger's success back to the c
 the head (the target row), not in the features.
 
 *The refit.* Each honest site of the backdoored run (and the same sites of its clean run) refits every head row of its
-own classes from nothing, by L2-regularised logistic regression (scikit-learn's ``LogisticRegression``) on the global
-model's pooled features of its training images, each feature standardised on them; C is the value of :data:`C_GRID`
-with the lowest loss on its validation images, finding by finding; the other rows and the backbone stay the global
-model's. This is the last-layer re-initialisation and fine-tuning that Sha, He, Berrang, Humbert and Zhang found to
-remove backdoors (*Fine-Tuning Is All You Need to Mitigate Backdoor Attacks*, 2022), with the backbone frozen: the
-site's images never show the trigger, so a row fitted on them alone cannot have learned it; what it costs is the
-federation's part in the row. Scored on the suite's test set as the suite scores: the mean AUROC over the site's own
-classes, and the trigger's success (the share of the test set's Pneumothorax negatives whose triggered image scores
-above the model's own 95th percentile on the clean images).
+own classes from nothing, by L2-regularised logistic regression (``training.head_refit``, what a site with
+``refit_head_rows`` does each round) on the global model's pooled features of its training images, each feature
+standardised on them; C is the value of its grid with the lowest loss on its validation images, finding by finding; the
+other rows and the backbone stay the global model's. This is the last-layer re-initialisation and fine-tuning that Sha,
+He, Berrang, Humbert and Zhang found to remove backdoors (*Fine-Tuning Is All You Need to Mitigate Backdoor Attacks*,
+2022), with the backbone frozen: the site's images never show the trigger, so a row fitted on them alone cannot have
+learned it; what it costs is the federation's part in the row. Scored on the suite's test set as the suite scores: the
+mean AUROC over the site's own classes, and the trigger's success (the share of the test set's Pneumothorax negatives
+whose triggered image scores above the model's own 95th percentile on the clean images).
 
     python benchmarks/backdoor_refit.py --suite-out <attack_suite.py --out> \
         --runs backdoor_glyph-3sites-1attackers-seed1-400p5r-stand-in clean-3sites-0attackers-seed1-400p5r-stand-in \
@@ -35,15 +35,15 @@ import torch
 from attack_suite import TARGET, UNION, Triggered, backdoor_success, test_config
 from backdoor_flipping import mean_auroc
 from backdoor_pruning import offline_parser, write_table
-from sklearn.linear_model import LogisticRegression
 from suite_site import trigger_of
 
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.core.labels import BUILTIN_VOCABULARY
 from surgical_aggregation.evaluation.inference import labelled_splits, scoring_dataset
-from surgical_aggregation.evaluation.metrics import bce_loss, sigmoid
+from surgical_aggregation.evaluation.metrics import sigmoid
 from surgical_aggregation.training.checkpoint import Checkpoint, load_checkpoint
 from surgical_aggregation.training.config import load_site_config, site_config_from_dict
+from surgical_aggregation.training.head_refit import refit_rows
 from surgical_aggregation.training.loops import head_inputs, make_loader
 from surgical_aggregation.training.site_data import resolve_table
 
@@ -51,8 +51,6 @@ MODELS = {
     "best": "server/simulate_job/app_server/best_FL_global_model.pt",
     "final": "server/simulate_job/app_server/FL_global_model.pt",
 }
-# scikit-learn's inverse regularisation strength, chosen on validation (the first runs chose the lowest of 0.01-1)
-C_GRID = (0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 MARKER = "backdoor-refit"
 
 
@@ -110,31 +108,6 @@ def located(backdoored: Checkpoint, clean: Checkpoint, features: Mapping[str, Te
     return found
 
 
-def refitted_rows(
-    train: tuple[np.ndarray, np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray, np.ndarray]
-) -> dict[int, tuple[np.ndarray, float, float]]:
-    """Column -> (weights, bias, C) of a logistic regression of each label column on standardised features, fitted on
-    ``train`` (features, labels, mask), C the value of :data:`C_GRID` with the lowest validation loss; a column with
-    one class only on either split is left out."""
-    features, labels, mask = train
-    centre, scale = features.mean(0), features.std(0) + 1e-6
-    fitted = {}
-    for column in range(labels.shape[1]):
-        known, known_val = mask[:, column] > 0, val[2][:, column] > 0
-        y, y_val = labels[known, column], val[1][known_val, column]
-        if len(set(y)) < 2 or len(set(y_val)) < 2:
-            continue
-        best = None
-        for strength in C_GRID:
-            model = LogisticRegression(C=strength, max_iter=5000).fit((features[known] - centre) / scale, y)
-            loss = bce_loss(y_val, model.predict_proba((val[0][known_val] - centre) / scale)[:, 1])
-            if best is None or loss < best[0]:
-                best = (loss, model, strength)
-        weights = best[1].coef_[0] / scale
-        fitted[column] = (weights, float(best[1].intercept_[0] - weights @ centre), best[2])
-    return fitted
-
-
 def refit_site(checkpoint: Checkpoint, site_config: Path, features: TestSet) -> dict[str, Any]:
     """The site's classes' rows refitted on its own images: the global model's and the refitted head's scores."""
     splits, _ = labelled_splits(site_config)
@@ -147,9 +120,9 @@ def refit_site(checkpoint: Checkpoint, site_config: Path, features: TestSet) -> 
     names, own = _canonical(checkpoint.class_names), read["train"][3]
     weight, bias = _head(checkpoint)
     chosen = {}
-    for column, (row_weights, row_bias, strength) in refitted_rows(read["train"][:3], read["val"][:3]).items():
+    for column, fitted in refit_rows(read["train"][:3], read["val"][:3]).items():
         row = names.index(own[column])
-        weight[row], bias[row], chosen[own[column]] = row_weights, row_bias, strength
+        weight[row], bias[row], chosen[own[column]] = fitted.weights, fitted.bias, fitted.strength
     return {
         "global": features.score(*_head(checkpoint), names, own),
         "refit": features.score(weight, bias, names, own),

@@ -21,11 +21,13 @@ from ..core.head import NAMED_HEAD, place_rows
 from ..core.methods import SiteMethod, check_batchnorm, prior_vector
 from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, save_checkpoint
 from .config import SiteConfig
+from .head_refit import held_out_split, refit_rows
 from .loops import (
     BatchNormReadings,
     Evaluation,
     GraphedStep,
     freeze_batchnorm,
+    head_inputs,
     make_loader,
     place_model,
     predict,
@@ -80,9 +82,29 @@ class FitReport:
     seconds: float = 0.0
     # DP-SGD: epsilon spent so far (at delta), the budget, noise, steps, and whether the site stopped training
     privacy: dict[str, Any] | None = None
+    refitted_rows: int = 0  # refit_head_rows: the head rows refitted after the local epochs
 
 
 EVALUATION_BATCHES_ON_GPU = 4
+
+
+class _ReadAsValidated(torch.utils.data.Dataset):
+    """A split's items through another split's batch step: the training images as validation reads them (no
+    augmentation), for the features a refit of the head rows reads."""
+
+    def __init__(self, items: Any, reader: Any) -> None:
+        self.items, self.reader = items, reader
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.items[index]
+
+    def batch_transform(self, batch: Any) -> Any:
+        return self.reader.batch_transform(batch)
+
+
 PRIVACY_LEDGER_KEY = "privacy_ledger"  # without a ledger file, the local model file's meta: the DP-SGD steps so far
 
 
@@ -304,7 +326,40 @@ class SiteTrainer(PrivateTraining):
                 report.privacy["budget"], report.privacy["delta"], report.privacy["noise_multiplier"],
                 report.privacy["steps"],
             )  # fmt: skip
+        if config.refit_head_rows and report.train_losses:
+            report.refitted_rows = self._refit_own_rows(round_number)
         return report
+
+    def _refit_own_rows(self, round_number: int) -> int:
+        """``refit_head_rows``: the head rows of the site's own classes refitted from nothing on the local model's
+        features of its training images, read as validation reads them (``training.head_refit``); C chosen on a
+        held-out share of its patients (the same ones every round), then refitted on all; the number of rows."""
+        dataset = _ReadAsValidated(self.train_loader.dataset, self.data.val)
+        loader = make_loader(dataset, self.evaluation_batch_size, False, self.workers)
+        read = head_inputs(self.model, loader, self.device, self.autocast)
+        features, labels, mask = (part.double().numpy() for part in read)
+        patients = self._training_patients()
+        if patients is None or len(patients) != len(features):
+            patients = [str(index) for index in range(len(features))]
+        kept, held = held_out_split(patients, self.config.seed)
+        own = [column for column, name in enumerate(self.head_classes) if name in self.class_names]
+        rows = refit_rows(
+            (features[kept], labels[kept][:, own], mask[kept][:, own]),
+            (features[held], labels[held][:, own], mask[held][:, own]),
+            refit_on_both=True,
+        )
+        state = self.model.state_dict()
+        weight, bias = state[NAMED_HEAD.weight_key], state[NAMED_HEAD.bias_key]
+        with torch.no_grad():
+            for column, row in rows.items():
+                weight[own[column]] = torch.as_tensor(row.weights, dtype=weight.dtype, device=weight.device)
+                bias[own[column]] = row.bias
+        self.log.info(
+            "%s round %d: refitted %d of its %d head rows on its %d training %s (C chosen on %d of them held out: %s)",
+            self.site_name, round_number, len(rows), len(own), len(features), self.modality.sample_noun, len(held),
+            ", ".join(f"{self.head_classes[own[column]]} {row.strength:g}" for column, row in sorted(rows.items())),
+        )  # fmt: skip
+        return len(rows)
 
     # --- the training step as a CUDA graph (training.loops.GraphedStep) ------------------------------------------
 

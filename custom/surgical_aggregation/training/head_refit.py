@@ -1,0 +1,89 @@
+"""Head rows refitted from nothing on a site's own images: a logistic regression per finding on the pooled features
+the model's head reads, L2-regularised, its strength chosen on held-out images.
+
+A row fitted so has never seen what the site's images never show, so a trigger another site taught the global row
+(a backdoor: Gu, Dolan-Gavitt and Garg, *BadNets*, 2017) is not in it. It is the last-layer re-initialisation Sha, He,
+Berrang, Humbert and Zhang found to remove backdoors (*Fine-Tuning Is All You Need to Mitigate Backdoor Attacks*,
+2022), with the backbone frozen. Used each round by a site with ``refit_head_rows`` (the trainer) and offline by
+``benchmarks/backdoor_refit.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+
+from ..evaluation.metrics import bce_loss
+
+# scikit-learn's inverse regularisation strength, chosen on held-out images (the first offline runs, stop 106, chose
+# the lowest of 0.01-1, so the grid reaches down to 3e-4)
+C_GRID = (0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+HELD_OUT_SHARE = 0.2  # of a site's training images, to choose C on, when the rows are refitted in training
+MAX_ITERATIONS = 5000
+
+Split = tuple[np.ndarray, np.ndarray, np.ndarray]  # (features, labels, label mask), one row per image
+
+
+@dataclass(frozen=True)
+class RefitRow:
+    weights: np.ndarray  # on the features as the head reads them (not standardised)
+    bias: float
+    strength: float | None  # the C chosen; None: a row of the prior alone (one class only among the images)
+
+
+def _prior_row(labels: np.ndarray, width: int) -> RefitRow:
+    """No weights, the bias at the smoothed prevalence (add a half): what one class only can teach."""
+    rate = (labels.sum() + 0.5) / (len(labels) + 1.0)
+    return RefitRow(np.zeros(width), float(np.log(rate / (1.0 - rate))), None)
+
+
+def _fit(
+    strength: float, images: np.ndarray, targets: np.ndarray, centre: np.ndarray, scale: np.ndarray
+) -> LogisticRegression:
+    return LogisticRegression(C=strength, max_iter=MAX_ITERATIONS).fit((images - centre) / scale, targets)
+
+
+def refit_rows(train: Split, held_out: Split, refit_on_both: bool = False) -> dict[int, RefitRow]:
+    """Label column -> the row of a logistic regression of that column on standardised features, fitted on
+    ``train``, C the value of :data:`C_GRID` with the lowest loss on ``held_out``; with ``refit_on_both`` fitted
+    again on both at that C. Where ``held_out`` shows one class only, C is the grid's strongest regularisation (its
+    lowest); where ``train`` does, the row is the prior alone (:func:`_prior_row`); a column no image labels is left
+    out. Every row a site labels is so refitted, none kept as it came."""
+    features, labels, mask = train
+    centre, scale = features.mean(0), features.std(0) + 1e-6
+    fitted = {}
+    for column in range(labels.shape[1]):
+        known, known_out = mask[:, column] > 0, held_out[2][:, column] > 0
+        y, y_out = labels[known, column], held_out[1][known_out, column]
+        if not len(y) + len(y_out):
+            continue
+        if len(set(y)) < 2:
+            fitted[column] = _prior_row(np.concatenate([y, y_out]), features.shape[1])
+            continue
+
+        choices = C_GRID if len(set(y_out)) == 2 else C_GRID[:1]  # nothing to choose C on: the strongest
+        models = {strength: _fit(strength, features[known], y, centre, scale) for strength in choices}
+        scaled_out = (held_out[0][known_out] - centre) / scale
+        strength = min(choices, key=lambda c: bce_loss(y_out, models[c].predict_proba(scaled_out)[:, 1]))
+        model = models[strength]
+        if refit_on_both and len(y_out):
+            both = np.concatenate([features[known], held_out[0][known_out]]), np.concatenate([y, y_out])
+            model = _fit(strength, *both, centre, scale)
+        weights = model.coef_[0] / scale
+        fitted[column] = RefitRow(weights, float(model.intercept_[0] - weights @ centre), strength)
+    return fitted
+
+
+def held_out_split(patients: Sequence[str], seed: int, share: float = HELD_OUT_SHARE) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held out): item indices of ``patients`` (each item's patient), a seeded random ``share`` of the
+    patients (at least one, never all) held out with all their items."""
+    names = sorted(set(patients))
+    if len(names) < 2:
+        raise ValueError(f"cannot hold out a share of {len(names)} patient(s): a refit needs two or more")
+    order = np.random.default_rng(seed).permutation(len(names))
+    held = {names[index] for index in order[: min(len(names) - 1, max(1, round(share * len(names))))]}
+    out = np.array([patient in held for patient in patients])
+    return np.flatnonzero(~out), np.flatnonzero(out)
