@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from sklearn.linear_model import LogisticRegression
 
+from surgical_aggregation.core.checks.update import ROW_NORM_FLOOR, ROWS, UPDATE_CAPS
 from surgical_aggregation.core.errors import SiteConfigError
 from surgical_aggregation.core.head import NAMED_HEAD
 from surgical_aggregation.evaluation.metrics import bce_loss
@@ -14,7 +16,7 @@ from surgical_aggregation.training.config import site_config_from_dict
 from surgical_aggregation.training.head_refit import C_GRID, held_out_split, refit_rows
 from surgical_aggregation.training.loops import head_inputs, make_loader
 from surgical_aggregation.training.site_data import prepare_site_data
-from surgical_aggregation.training.trainer import SiteTrainer, _ReadAsValidated
+from surgical_aggregation.training.trainer import REFIT_STEP_SHARE, SiteTrainer, _ReadAsValidated
 
 W, B = NAMED_HEAD.keys
 
@@ -100,6 +102,7 @@ def test_a_site_that_refits_sends_the_rows_its_own_images_give_whatever_rows_it_
     config = _config(nih_data, tmp_path / "cache", refit_head_rows=True)
     trainer = SiteTrainer(config, prepare_site_data(config), "site-refit")
     received = trainer.state_dict()
+    received[W] *= 100.0  # rows large enough for the whole step (the next test: a small one)
     received[W][0] = 50.0  # a row pushed far in every direction
     received[B][0] = 9.0
     trainer.load_global(received, trainer.class_names)
@@ -116,6 +119,31 @@ def test_a_site_that_refits_sends_the_rows_its_own_images_give_whatever_rows_it_
         np.testing.assert_allclose(state[W][column].double().numpy(), row.weights, rtol=1e-5, atol=1e-6)
         assert state[B][column].item() == pytest.approx(row.bias, abs=1e-5)
     assert state[W][0].abs().max() < 5.0  # the pushed row is gone
+
+
+def test_a_refitted_row_moves_at_most_nine_times_the_received_rows_size(nih_data, tmp_path):
+    """Inside the server's cap on a row's update (ten times its size): a row received near zero moves towards its
+    refit by 0.9 (the floor 0.1 on a row's size, times 9), in the refit's direction."""
+    config = _config(nih_data, tmp_path / "cache", refit_head_rows=True)
+    trainer = SiteTrainer(config, prepare_site_data(config), "site-refit")
+    received = trainer.state_dict()
+    received[W][1], received[B][1] = 0.0, 0.0
+    received[W][2] *= 100.0  # a large row: room for the whole refit
+    trainer.load_global(received, trainer.class_names)
+    trainer.fit(0, warmup=False)
+    state = trainer.state_dict()
+    moved = torch.cat([state[W][1], state[B][1:2]]).double()
+    assert float(moved.norm()) == pytest.approx(REFIT_STEP_SHARE * ROW_NORM_FLOOR, rel=1e-5)
+    assert UPDATE_CAPS[ROWS] > REFIT_STEP_SHARE  # inside the server's cap
+    loader = make_loader(_ReadAsValidated(trainer.data.train, trainer.data.val), 64, False)
+    features, labels, mask = (part.double().numpy() for part in head_inputs(trainer.model, loader, trainer.device))
+    kept, held = held_out_split(trainer._training_patients(), config.seed)
+    rows = refit_rows(
+        (features[kept], labels[kept], mask[kept]), (features[held], labels[held], mask[held]), refit_on_both=True
+    )
+    refit = np.append(rows[1].weights, rows[1].bias)
+    np.testing.assert_allclose(moved.numpy() / float(moved.norm()), refit / np.linalg.norm(refit), atol=1e-5)
+    np.testing.assert_allclose(state[W][2].double().numpy(), rows[2].weights, rtol=1e-5, atol=1e-6)
 
 
 def test_a_site_without_the_setting_keeps_training_its_rows(nih_data, tmp_path):

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from ..core.checks.update import ROW_NORM_FLOOR, ROWS, UPDATE_CAPS
 from ..core.devices import autocast_dtype, resolve_device, resolve_workers
 from ..core.head import NAMED_HEAD, place_rows
 from ..core.methods import SiteMethod, check_batchnorm, prior_vector
@@ -86,6 +88,13 @@ class FitReport:
 
 
 EVALUATION_BATCHES_ON_GPU = 4
+# refit_head_rows: the most a refitted row moves from the row received, as a share of that row's size: inside the
+# server's cap on one round's update of a row (which would refuse the site's whole result), with room for rounding
+REFIT_STEP_SHARE = 0.9 * UPDATE_CAPS[ROWS]
+
+
+def _strength(chosen: float | None) -> str:
+    return "prior" if chosen is None else f"C {chosen:g}"
 
 
 class _ReadAsValidated(torch.utils.data.Dataset):
@@ -270,6 +279,7 @@ class SiteTrainer(PrivateTraining):
         """
         config = self.config
         check_batchnorm(self.site_method, self.model.state_dict(), f"site {self.site_name}")
+        received_rows = self._head_rows()  # as loaded: where a refit's step starts
         private = config.differential_privacy.enabled
         if private:
             refuse_what_dp_sgd_cannot_bound(
@@ -327,13 +337,20 @@ class SiteTrainer(PrivateTraining):
                 report.privacy["steps"],
             )  # fmt: skip
         if config.refit_head_rows and report.train_losses:
-            report.refitted_rows = self._refit_own_rows(round_number)
+            report.refitted_rows = self._refit_own_rows(round_number, received_rows)
         return report
 
-    def _refit_own_rows(self, round_number: int) -> int:
+    def _head_rows(self) -> torch.Tensor:
+        """The head's rows as they are: weights with the bias appended, one row per head class, float64."""
+        state = self.model.state_dict()
+        return torch.cat([state[NAMED_HEAD.weight_key], state[NAMED_HEAD.bias_key][:, None]], 1).double().cpu()
+
+    def _refit_own_rows(self, round_number: int, received: torch.Tensor) -> int:
         """``refit_head_rows``: the head rows of the site's own classes refitted from nothing on the local model's
         features of its training images, read as validation reads them (``training.head_refit``); C chosen on a
-        held-out share of its patients (the same ones every round), then refitted on all; the number of rows."""
+        held-out share of its patients (the same ones every round), then refitted on all. Each row moves from the
+        row it ``received`` towards its refit by at most :data:`REFIT_STEP_SHARE` of the received row's size, inside
+        the server's cap on a row's update (``core.checks.update``); the number of rows refitted."""
         dataset = _ReadAsValidated(self.train_loader.dataset, self.data.val)
         loader = make_loader(dataset, self.evaluation_batch_size, False, self.workers)
         read = head_inputs(self.model, loader, self.device, self.autocast)
@@ -350,14 +367,25 @@ class SiteTrainer(PrivateTraining):
         )
         state = self.model.state_dict()
         weight, bias = state[NAMED_HEAD.weight_key], state[NAMED_HEAD.bias_key]
-        with torch.no_grad():
-            for column, row in rows.items():
-                weight[own[column]] = torch.as_tensor(row.weights, dtype=weight.dtype, device=weight.device)
-                bias[own[column]] = row.bias
+        limited = []
+        for column, row in rows.items():
+            start = received[own[column]]
+            step = torch.as_tensor(np.append(row.weights, row.bias)) - start
+            limit = REFIT_STEP_SHARE * max(float(start.norm()), ROW_NORM_FLOOR)
+            if float(step.norm()) > limit:
+                step *= limit / float(step.norm())
+                limited.append(self.head_classes[own[column]])
+            sent = start + step
+            with torch.no_grad():
+                weight[own[column]] = sent[:-1].to(weight.dtype)
+                bias[own[column]] = sent[-1].to(bias.dtype)
+        chosen = ", ".join(f"{self.head_classes[own[index]]} {_strength(row.strength)}" for index, row in rows.items())
         self.log.info(
-            "%s round %d: refitted %d of its %d head rows on its %d training %s (C chosen on %d of them held out: %s)",
+            "%s round %d: refitted %d of its %d head rows on its %d training %s (C chosen on %d held out: %s)%s",
             self.site_name, round_number, len(rows), len(own), len(features), self.modality.sample_noun, len(held),
-            ", ".join(f"{self.head_classes[own[column]]} {row.strength:g}" for column, row in sorted(rows.items())),
+            chosen,
+            f"; {len(limited)} moved part of the way, by {REFIT_STEP_SHARE:g} times their size: {limited}"
+            if limited else "",
         )  # fmt: skip
         return len(rows)
 
