@@ -6,6 +6,7 @@ import dataclasses
 import json
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -14,10 +15,12 @@ from sklearn.metrics import roc_auc_score
 from surgical_aggregation.cli import main
 from surgical_aggregation.core.errors import DatasetFormatError
 from surgical_aggregation.evaluation.inference import (
+    HEAD_REFIT_KEY,
     RECALIBRATION_KEY,
     THRESHOLDS_KEY,
     evaluate_and_recalibrate,
     labelled_set,
+    scoring_dataset,
 )
 from surgical_aggregation.images.layouts import load_table
 from surgical_aggregation.images.model import NamedDenseNet
@@ -25,6 +28,8 @@ from surgical_aggregation.images.names import NETWORK_KEY, SMOKE_DENSENET
 from surgical_aggregation.images.synthetic import generate_nih
 from surgical_aggregation.training.checkpoint import load_checkpoint, save_checkpoint
 from surgical_aggregation.training.config import load_site_config, site_config_from_dict
+from surgical_aggregation.training.head_refit import refit_rows
+from surgical_aggregation.training.loops import head_inputs, make_loader
 from surgical_aggregation.training.site_data import resolve_table, split_table
 
 MODEL_CLASSES = ["Mass", "Fracture", "Pleural Effusion"]
@@ -217,3 +222,74 @@ def test_a_class_the_validation_split_labels_on_no_image_is_not_recalibrated(mod
     unlabelled["Pleural Effusion"] = float("nan")
     with pytest.raises(DatasetFormatError, match="the validation split labels none of the model's classes on any"):
         evaluate_and_recalibrate(model_file, partly, cache_dir=tmp_path, bootstrap=10)
+
+
+def test_a_site_refits_the_rows_of_its_classes_on_its_own_images(model_file, tmp_path, capsys):
+    """``evaluate --refit-rows-out``: the head row of each class the site labels becomes the logistic regression of
+    its training and validation images on the model's features (C chosen on validation); a row pushed far (as a
+    backdoor's would be) is gone, the backbone and the rows of classes the site does not label are untouched, the
+    thresholds of the refitted classes are dropped and the file says what was refitted where."""
+    checkpoint = load_checkpoint(model_file)
+    state = {key: value.clone() for key, value in checkpoint.state.items()}
+    weight, bias = "class_layers.out.weight", "class_layers.out.bias"
+    state[weight][MODEL_CLASSES.index("Mass")] = 50.0
+    state[bias][MODEL_CLASSES.index("Mass")] = 9.0
+    pushed = save_checkpoint(tmp_path / "pushed.pt", state, MODEL_CLASSES, **checkpoint.meta)
+    nih_data = generate_nih(tmp_path / "nih", n_patients=120, image_size=32, label_source="builtin")
+    config = tmp_path / "site.json"
+    config.write_text(json.dumps({"data": {"kind": "nih", "location": str(nih_data.root)}, "cache_dir": str(tmp_path)}))
+    evaluate = ["evaluate", "--site-config", str(config), "--bootstrap", "20"]
+    with_thresholds = tmp_path / "thresholds.pt"
+    assert main([*evaluate, "--model", str(pushed), "--out", str(tmp_path / "t"), "--thresholds-out",
+                 str(with_thresholds)]) == 0  # fmt: skip
+    refitted = tmp_path / "refitted.pt"
+    capsys.readouterr()
+    assert main([*evaluate, "--model", str(with_thresholds), "--out", str(tmp_path / "r"), "--refit-rows-out",
+                 str(refitted)]) == 0  # fmt: skip
+    output = capsys.readouterr().out
+    assert f"wrote {refitted}: the model with 2 head rows refitted on site (training and validation splits)" in output
+    assert "mean test AUROC over 2 classes: " in output
+
+    # independently: the rows are scikit-learn's fits on the model's features of the site's splits
+    site = load_site_config(config)
+    splits = split_table(resolve_table(site), site)
+    model = checkpoint.build_model()
+    read = {}
+    for split in ("train", "val"):
+        dataset, kept = scoring_dataset([checkpoint], splits[split], cache_dir=tmp_path)
+        features = head_inputs(model, make_loader(dataset, 64, False), torch.device("cpu"))[0].double().numpy()
+        read[split] = (features, *kept.label_matrix(["Mass", "Pleural Effusion"], "unlabelled"))
+    expected = refit_rows(read["train"], read["val"], refit_on_both=True)
+    after = load_checkpoint(refitted)
+    for column, name in enumerate(["Mass", "Pleural Effusion"]):
+        row = MODEL_CLASSES.index(name)
+        np.testing.assert_allclose(after.state[weight][row].double().numpy(), expected[column].weights, atol=1e-5)
+        assert after.state[bias][row].item() == pytest.approx(expected[column].bias, abs=1e-5)
+    assert after.state[weight][0].abs().max() < 5.0  # the pushed row is gone
+    for key, value in state.items():
+        if key not in (weight, bias):
+            assert torch.equal(after.state[key], value), key
+    fracture = MODEL_CLASSES.index("Fracture")  # not NIH's: not refitted
+    assert torch.equal(after.state[weight][fracture], state[weight][fracture])
+    record = after.meta[HEAD_REFIT_KEY]
+    assert record["classes"] == ["Mass", "Pleural Effusion"]
+    assert record["fitted_on"] == "site (training and validation splits)"
+    assert load_checkpoint(with_thresholds).meta[THRESHOLDS_KEY]["values"].keys() == {"Mass", "Pleural Effusion"}
+    assert after.meta[THRESHOLDS_KEY]["values"] == {"Mass": None, "Pleural Effusion": None}  # set for the old rows
+
+    table = pd.read_csv(tmp_path / "r" / "per_class_auroc.csv").set_index("class_name")
+    plain = tmp_path / "plain"
+    assert main([*evaluate, "--model", str(pushed), "--out", str(plain)]) == 0
+    before = pd.read_csv(plain / "per_class_auroc.csv").set_index("class_name")
+    assert table.loc["Mass", "auroc_before"] == pytest.approx(before.loc["Mass", "auroc"], abs=1e-9)
+    again = tmp_path / "again"
+    assert main([*evaluate, "--model", str(refitted), "--out", str(again)]) == 0
+    assert pd.read_csv(again / "per_class_auroc.csv").set_index("class_name").loc["Mass", "auroc"] == pytest.approx(
+        table.loc["Mass", "auroc"], abs=1e-6
+    )
+
+    capsys.readouterr()
+    assert main([*evaluate, "--model", str(pushed), "--out", str(plain), "--split", "all", "--refit-rows-out",
+                 str(tmp_path / "x.pt")]) == 2  # fmt: skip
+    assert "--split applies to a plain evaluation; --refit-rows-out fits on train and val" in capsys.readouterr().err
+    assert main([*evaluate, "--model", str(pushed), "--out", str(plain), "--refit-rows-out", str(pushed)]) == 2

@@ -4,7 +4,11 @@ threshold is chosen on the validation split (Youden's J), the test split is eval
 specificity), and a copy of the model carrying the thresholds is written for 'predict --calls'. With --recalibrate-out,
 each class the validation split labels is recalibrated in the large to it (one shift of its logits, so that its mean
 probability is the split's prevalence: a federation's model carries the consortium's base rates), the test split's
-loss is shown before and after, and a copy of the model with the shifts in its head biases is written."""
+loss is shown before and after, and a copy of the model with the shifts in its head biases is written. With
+--refit-rows-out, the head row of each class the site labels is refitted from nothing on its own images (a logistic
+regression on the model's features of the training split, its regularisation chosen on the validation split, then
+fitted on both): a row the federation taught the model, a backdoor's trigger say, is not in it; the test split's AUROC
+is shown before and after, and a copy of the model with those rows is written."""
 
 from __future__ import annotations
 
@@ -17,7 +21,13 @@ from ..modalities import DATA_KINDS
 from .options import add_model_options, given_preprocessing, output_file, positive, user_path
 
 NAME = "evaluate"
-WRITTEN = {"--thresholds-out": "thresholds_out", "--recalibrate-out": "recalibrate_out"}  # the options writing a model
+# the options writing a model
+WRITTEN = {
+    "--thresholds-out": "thresholds_out",
+    "--recalibrate-out": "recalibrate_out",
+    "--refit-rows-out": "refit_rows_out",
+}
+REFIT_SPLIT = "test, head rows refitted on train and val"
 HELP = "per-class AUROC of a model on a labelled set (only the classes the set has)"
 
 
@@ -33,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("all", "train", "val", "test"),
         default=None,
         help="which patient-level split to evaluate on (default test; 'all' for an external set); --thresholds-out "
-        "and --recalibrate-out fit on val and evaluate test",
+        "and --recalibrate-out fit on val and evaluate test, --refit-rows-out fits on train and val",
     )
     parser.add_argument("--out", required=True, type=user_path, help="folder for the table, plot and summary")
     parser.add_argument("--bootstrap", type=positive, default=1000, help="bootstrap resamples for the CI")
@@ -53,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the ranking, so the AUROC, unchanged), show the test split's loss before and after, and write a copy of the "
         "model carrying the shifts here",
     )
+    written.add_argument(
+        "--refit-rows-out",
+        type=user_path,
+        metavar="MODEL_FILE",
+        help="refit the head row of each class the site labels from nothing on its own images (logistic regression on "
+        "the model's features of the training split, C chosen on the validation split, then fitted on both), show "
+        "the test split's AUROC before and after, and write a copy of the model with those rows here",
+    )
     add_model_options(parser)
 
 
@@ -60,16 +78,21 @@ def run(args: argparse.Namespace) -> int:
     from ..evaluation.inference import (
         evaluate_and_choose_thresholds,
         evaluate_and_recalibrate,
+        evaluate_and_refit_rows,
         evaluate_on_table,
         labelled_splits,
         save_recalibrated,
+        save_refit_rows,
         save_thresholds,
         write_evaluation,
     )
 
     fitting = next((option for option, value in WRITTEN.items() if getattr(args, value) is not None), None)
     if fitting and args.split is not None:
-        raise SiteConfigError(f"--split applies to a plain evaluation; {fitting} fits on val and evaluates test")
+        fitted_on = "train and val" if fitting == "--refit-rows-out" else "val"
+        raise SiteConfigError(
+            f"--split applies to a plain evaluation; {fitting} fits on {fitted_on} and evaluates test"
+        )
     if fitting and Path(getattr(args, WRITTEN[fitting])).resolve() == Path(args.model).resolve():
         raise SiteConfigError(f"{fitting} {args.model} is the model read: write the new model to another file")
     splits, title = labelled_splits(args.site_config, args.kind, args.data, args.uncertainty)
@@ -80,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         "device": args.device,
         "bootstrap": args.bootstrap,
     }
-    shifts = None
+    shifts = rows = None
     if args.thresholds_out is not None:
         target = output_file(args.thresholds_out, "--thresholds-out")
         report = evaluate_and_choose_thresholds(args.model, splits, **options)
@@ -89,6 +112,10 @@ def run(args: argparse.Namespace) -> int:
         target = output_file(args.recalibrate_out, "--recalibrate-out")
         report, shifts = evaluate_and_recalibrate(args.model, splits, **options)
         title = title.format(split="test, recalibrated on val")
+    elif args.refit_rows_out is not None:
+        target = output_file(args.refit_rows_out, "--refit-rows-out")
+        report, rows = evaluate_and_refit_rows(args.model, splits, **options)
+        title = title.format(split=REFIT_SPLIT)
     else:
         split = args.split or "test"
         report = evaluate_on_table(args.model, splits[split], **options)
@@ -106,4 +133,8 @@ def run(args: argparse.Namespace) -> int:
         fitted_on = title.replace("test, recalibrated on val", "validation split")
         saved = save_recalibrated(args.model, shifts, fitted_on, target)
         print(f"wrote {saved}: the model recalibrated to {fitted_on} ({len(shifts)} of its classes)")
+    if rows is not None:
+        fitted_on = title.replace(REFIT_SPLIT, "training and validation splits")
+        saved = save_refit_rows(args.model, rows, fitted_on, target)
+        print(f"wrote {saved}: the model with {len(rows)} head rows refitted on {fitted_on}")
     return 0

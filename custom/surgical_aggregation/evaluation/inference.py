@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 from torch.utils.data import Dataset
 
 from ..core.devices import AUTO, autocast_dtype, resolve_device, resolve_workers
@@ -25,7 +26,8 @@ from ..images.cache import OnError
 from ..modalities.registry import modality_for_architecture
 from ..training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from ..training.config import load_site_config, site_config_from_dict
-from ..training.loops import make_loader, place_model, predict
+from ..training.head_refit import RefitRow, refit_rows
+from ..training.loops import head_inputs, make_loader, place_model, predict
 from ..training.site_data import resolve_table, split_table
 from .metrics import (
     ConfidenceInterval,
@@ -53,6 +55,7 @@ THRESHOLDS_KEY = "thresholds"  # checkpoint meta: {"values": {class: threshold},
 CALL_SUFFIX = " (call)"  # predict's positive-call columns: "<class> (call)", 1 at or above the class's threshold
 # checkpoint meta: {"shifts": {class: its logit shift, summed}, "fitted_on": [each recalibration's split], "rule": ...}
 RECALIBRATION_KEY = "recalibration"
+HEAD_REFIT_KEY = "head_rows_refit"  # checkpoint meta of evaluate --refit-rows-out: which rows, their C, fitted where
 RECALIBRATION_RULE = "recalibration in the large (one intercept per class, its mean probability = its prevalence)"
 RECALIBRATION_COLUMNS = ("intercept_shift", "loss", "recalibrated_loss")
 
@@ -152,6 +155,16 @@ class EvaluationReport:
             lines.append(
                 f"mean test loss over {len(self.per_class)} classes: {before:.4f} as it was, {after:.4f} recalibrated "
                 f"(a shift fitted on few validation cases, or few non-cases, is noisy)"
+            )
+        if "auroc_before" in self.per_class:
+            lines.append(f"{'class':<28}{'AUROC before':>14}{'refitted':>10}{'C':>9}")
+            for row in self.per_class.itertuples(index=False):
+                strength = "prior" if math.isnan(row.refit_c) else f"{row.refit_c:g}"
+                lines.append(f"{row.class_name:<28}{row.auroc_before:>14.4f}{row.auroc:>10.4f}{strength:>9}")
+            before, after = self.per_class["auroc_before"].mean(), self.per_class["auroc"].mean()
+            lines.append(
+                f"mean test AUROC over {len(self.per_class)} classes: {before:.4f} as it was, {after:.4f} with the "
+                "rows refitted on this site's images alone (what the federation taught the rows is gone, good or bad)"
             )
         if self.missing_in_model:
             lines.append(f"classes of the data the model does not predict (left out): {self.missing_in_model}")
@@ -501,3 +514,92 @@ def save_recalibrated(
 def _inside(threshold: float | None) -> bool:
     """Whether a saved threshold is a probability a logit shift moves (not None, NaN, 0 or 1)."""
     return threshold is not None and 0 < threshold < 1
+
+
+def evaluate_and_refit_rows(
+    checkpoint_path: str | Path,
+    splits: dict[str, LabelTable],
+    cache_dir: str | Path | None = None,
+    on_error: OnError = "skip",
+    device: str = "auto",
+    bootstrap: int = 1000,
+    preprocessing: Mapping[str, Any] | None = None,
+    batch_size: int = 256,
+) -> tuple[EvaluationReport, dict[str, RefitRow]]:
+    """The model on the ``test`` split with the head row of each class the site labels refitted from nothing on its
+    own images (``training.head_refit``: a logistic regression of the class on the model's features of the ``train``
+    split, C chosen on the ``val`` split, then fitted on both): a row the federation taught the model (a backdoor's
+    trigger, say) is not in it, and the backbone stays the federation's. The report gives per class the refitted
+    model's test AUROC, the model's as it was (``auroc_before``) and the C chosen (``refit_c``; NaN: the prior
+    alone, one class only among the images). Returns the report and the rows by class name."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    names = checkpoint.class_names
+    model = place_model(checkpoint.build_model(), resolve_device(device))
+
+    def read(split: str, classes: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        predicted_classes([checkpoint], splits[split])  # refuses a split that labels none of the model's classes
+        dataset, kept = scoring_dataset([checkpoint], splits[split], preprocessing, cache_dir, on_error, device)
+        loader = make_loader(dataset, batch_size, train=False)
+        features = head_inputs(model, loader, resolve_device(device))[0].double().numpy()
+        classes = [name for name in kept.classes if name in names] if classes is None else list(classes)
+        labels, mask = kept.label_matrix(classes, "unlabelled")
+        return features, labels, mask, classes
+
+    train = read("train")
+    val = read("val", train[3])
+    fitted = refit_rows(train[:3], val[:3], refit_on_both=True)
+    rows = {train[3][column]: row for column, row in fitted.items()}
+    if not rows:
+        raise DatasetFormatError(
+            "the training and validation splits label none of the model's classes on any image: nothing to refit"
+        )
+    refitted = Checkpoint(_with_rows(checkpoint, rows), names, checkpoint.meta)
+    dataset, kept = scoring_dataset([checkpoint], splits["test"], preprocessing, cache_dir, on_error, device)
+    before = per_class_report(predict_checkpoint(checkpoint, dataset, batch_size, device), names, kept, bootstrap)
+    report = per_class_report(predict_checkpoint(refitted, dataset, batch_size, device), names, kept, bootstrap)
+    report.noun = modality_for_architecture(checkpoint.architecture).sample_noun
+    report.per_class = report.per_class[report.per_class["class_name"].isin(rows)].reset_index(drop=True)
+    earlier = dict(zip(before.per_class["class_name"], before.per_class["auroc"], strict=True))
+    report.per_class["auroc_before"] = [earlier[name] for name in report.per_class["class_name"]]
+    chosen = [rows[name].strength for name in report.per_class["class_name"]]
+    report.per_class["refit_c"] = [math.nan if strength is None else strength for strength in chosen]
+    return report, rows
+
+
+def _with_rows(checkpoint: Checkpoint, rows: Mapping[str, RefitRow]) -> dict[str, Any]:
+    """The checkpoint's state with each named head row replaced by ``rows``'."""
+    state = dict(checkpoint.state)
+    weight, bias = (state[key].clone() for key in NAMED_HEAD.keys)
+    for name, row in rows.items():
+        index = checkpoint.class_names.index(name)
+        weight[index] = torch.as_tensor(row.weights, dtype=weight.dtype)
+        bias[index] = float(row.bias)
+    state[NAMED_HEAD.weight_key], state[NAMED_HEAD.bias_key] = weight, bias
+    return state
+
+
+def save_refit_rows(checkpoint_path: str | Path, rows: Mapping[str, RefitRow], fitted_on: str, out: str | Path) -> Path:
+    """A copy of the model with ``rows`` in its head (each class's row by name); its meta records which rows, the C
+    of each and where they were fitted. Thresholds and recalibration shifts saved with the model for those classes
+    are dropped: they were set for the rows replaced."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    unknown = sorted(set(rows) - set(checkpoint.class_names))
+    if unknown:
+        raise ModelFileError(f"{checkpoint_path} does not predict {unknown[:3]}: no row to refit there")
+    meta = dict(checkpoint.meta)
+    meta[HEAD_REFIT_KEY] = {
+        "classes": sorted(rows),
+        "c": {name: row.strength for name, row in sorted(rows.items())},
+        "fitted_on": fitted_on,
+        "rule": "logistic regression on the model's features of the training split, C on the validation split, "
+        "then fitted on both",
+    }
+    thresholds = meta.get(THRESHOLDS_KEY)
+    if thresholds and thresholds.get("values"):
+        values = {name: None if name in rows else value for name, value in thresholds["values"].items()}
+        meta[THRESHOLDS_KEY] = {**thresholds, "values": values}
+    recalibration = meta.get(RECALIBRATION_KEY)
+    if recalibration and recalibration.get("shifts"):
+        shifts = {name: shift for name, shift in recalibration["shifts"].items() if name not in rows}
+        meta[RECALIBRATION_KEY] = {**recalibration, "shifts": shifts}
+    return save_checkpoint(out, _with_rows(checkpoint, rows), checkpoint.class_names, **meta)
