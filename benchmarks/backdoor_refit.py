@@ -108,8 +108,12 @@ def located(backdoored: Checkpoint, clean: Checkpoint, features: Mapping[str, Te
     return found
 
 
-def refit_site(checkpoint: Checkpoint, site_config: Path, features: TestSet) -> dict[str, Any]:
-    """The site's classes' rows refitted on its own images: the global model's and the refitted head's scores."""
+def refit_site(
+    checkpoint: Checkpoint, site_config: Path, features: TestSet, refit_on_both: bool = False
+) -> dict[str, Any]:
+    """The site's classes' rows refitted on its own images: the global model's and the refitted head's scores;
+    ``refit_on_both``: fitted again on training and validation images at the C chosen, as ``evaluate
+    --refit-rows-out`` does."""
     splits, _ = labelled_splits(site_config)
     config = load_site_config(site_config)
     read = {}
@@ -120,7 +124,7 @@ def refit_site(checkpoint: Checkpoint, site_config: Path, features: TestSet) -> 
     names, own = _canonical(checkpoint.class_names), read["train"][3]
     weight, bias = _head(checkpoint)
     chosen = {}
-    for column, fitted in refit_rows(read["train"][:3], read["val"][:3]).items():
+    for column, fitted in refit_rows(read["train"][:3], read["val"][:3], refit_on_both).items():
         row = names.index(own[column])
         weight[row], bias[row], chosen[own[column]] = fitted.weights, fitted.bias, fitted.strength
     return {
@@ -131,9 +135,9 @@ def refit_site(checkpoint: Checkpoint, site_config: Path, features: TestSet) -> 
     }
 
 
-def run(suite_out: Path, runs: list[str]) -> dict[str, Any]:
+def run(suite_out: Path, runs: list[str], refit_on_both: bool = False) -> dict[str, Any]:
     """The backdoored run (the first of ``runs``) and its clean run: where the backdoor lives, and each honest site's
-    refit, for the best and the final model."""
+    refit, for the best and the final model (``refit_on_both``: :func:`refit_site`'s)."""
     records = json.loads((suite_out / "results.json").read_text())
     attacked, reference = runs
     trigger = trigger_of(records[attacked]["attack"])
@@ -141,6 +145,8 @@ def run(suite_out: Path, runs: list[str]) -> dict[str, Any]:
     sites = sorted(folder.name.removeprefix("app_") for folder in (suite_out / "jobs" / attacked).glob("app_site-*"))
     honest = [site for site in sites if site not in records[attacked]["attacking_sites"]]
     found: dict[str, Any] = {"runs": runs, "trigger": trigger, "honest_sites": honest}
+    if refit_on_both:
+        found["refit_on_both"] = True
     for label, path in MODELS.items():
         models = {run: load_checkpoint(suite_out / "workspaces" / run / path) for run in runs}
         read = {run: TestSet(models[run], test, trigger) for run in runs}  # each model reads the test set once
@@ -150,7 +156,9 @@ def run(suite_out: Path, runs: list[str]) -> dict[str, Any]:
             features = read[run_name]
             for site in honest:
                 config = suite_out / "jobs" / run_name / f"app_{site}" / "config" / "site_configs" / f"{site}.json"
-                found[label]["refit"].setdefault(site, {})[run_name] = refit_site(models[run_name], config, features)
+                found[label]["refit"].setdefault(site, {})[run_name] = refit_site(
+                    models[run_name], config, features, refit_on_both
+                )
                 print(f"{label} {run_name} {site}: {found[label]['refit'][site][run_name]}", flush=True)
     return found
 
@@ -179,13 +187,18 @@ def table(found: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = offline_parser(__doc__.splitlines()[0], MARKER)
     parser.add_argument("--marker", default=MARKER, help=f"the markers' name (default {MARKER})")
+    parser.add_argument(
+        "--refit-on-both",
+        action="store_true",
+        help="fit each row again on training and validation images at the C chosen (evaluate --refit-rows-out's way)",
+    )
     args = parser.parse_args(argv)
     if args.table_only:
         found = json.loads(args.out.read_text())
     else:
         if not args.runs or len(args.runs) != 2:
             parser.error("--runs names a backdoor run and its clean run")
-        found = run(args.suite_out, args.runs)
+        found = run(args.suite_out, args.runs, args.refit_on_both)
         args.out.write_text(json.dumps(found, indent=2) + "\n")
     for label in MODELS:
         print(label, json.dumps(found[label]["located"], indent=1))
