@@ -74,9 +74,6 @@ class SiteConfig:
     # blind mode: the consortium's secret file (core.blind.BlindSecret), kept in the site workspace's local/ folder,
     # never in a job; a site with one takes part in blind jobs only (flare.blind_site)
     blind_secret: str | None = None
-    # after each round's local epochs, the head rows of the site's own classes refitted from nothing by logistic
-    # regression on its training images' features (training.head_refit): a backdoor's row never stays with it
-    refit_head_rows: bool = False
     # DP-SGD over this site's local training, with this site's own budget (training.privacy); off by default
     differential_privacy: DifferentialPrivacy = field(default_factory=DifferentialPrivacy)
     settings: Any = field(default=None, metadata={MODALITY_FIELDS: True})  # the modality's (its settings_type)
@@ -285,12 +282,6 @@ def _check_and_resolve(config: SiteConfig, where: str, base_dir: Path | None) ->
     if config.device.split(":")[0] not in DEVICES:
         raise fail("device", f"must be auto, cpu, cuda or cuda:N, got {config.device!r}")
     config.differential_privacy.check(where)
-    if config.refit_head_rows and config.differential_privacy.enabled:
-        raise fail(
-            "refit_head_rows",
-            "cannot be true with differential_privacy on: the refitted rows are fitted without DP-SGD's noise and "
-            "would release the training images unbounded",
-        )
     if config.record_exchanges not in RECORD_MODES:
         raise fail("record_exchanges", f"must be one of {list(RECORD_MODES)}, got {config.record_exchanges!r}")
 

@@ -4,13 +4,12 @@ the model's head reads, L2-regularised, its strength chosen on held-out images.
 A row fitted so has never seen what the site's images never show, so a trigger another site taught the global row
 (a backdoor: Gu, Dolan-Gavitt and Garg, *BadNets*, 2017) is not in it. It is the last-layer re-initialisation Sha, He,
 Berrang, Humbert and Zhang found to remove backdoors (*Fine-Tuning Is All You Need to Mitigate Backdoor Attacks*,
-2022), with the backbone frozen. Used each round by a site with ``refit_head_rows`` (the trainer) and offline by
+2022), with the backbone frozen. Used by ``evaluate --refit-rows-out`` (a site's own copy of the model) and by
 ``benchmarks/backdoor_refit.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +20,6 @@ from ..evaluation.metrics import bce_loss
 # scikit-learn's inverse regularisation strength, chosen on held-out images (the first offline runs, stop 106, chose
 # the lowest of 0.01-1, so the grid reaches down to 3e-4)
 C_GRID = (0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
-HELD_OUT_SHARE = 0.2  # of a site's training images, to choose C on, when the rows are refitted in training
 MAX_ITERATIONS = 5000
 
 Split = tuple[np.ndarray, np.ndarray, np.ndarray]  # (features, labels, label mask), one row per image
@@ -75,15 +73,3 @@ def refit_rows(train: Split, held_out: Split, refit_on_both: bool = False) -> di
         weights = model.coef_[0] / scale
         fitted[column] = RefitRow(weights, float(model.intercept_[0] - weights @ centre), strength)
     return fitted
-
-
-def held_out_split(patients: Sequence[str], seed: int, share: float = HELD_OUT_SHARE) -> tuple[np.ndarray, np.ndarray]:
-    """(kept, held out): item indices of ``patients`` (each item's patient), a seeded random ``share`` of the
-    patients (at least one, never all) held out with all their items."""
-    names = sorted(set(patients))
-    if len(names) < 2:
-        raise ValueError(f"cannot hold out a share of {len(names)} patient(s): a refit needs two or more")
-    order = np.random.default_rng(seed).permutation(len(names))
-    held = {names[index] for index in order[: min(len(names) - 1, max(1, round(share * len(names))))]}
-    out = np.array([patient in held for patient in patients])
-    return np.flatnonzero(~out), np.flatnonzero(out)

@@ -14,22 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from ..core.checks.update import ROW_NORM_FLOOR, ROWS, UPDATE_CAPS
 from ..core.devices import autocast_dtype, resolve_device, resolve_workers
 from ..core.head import NAMED_HEAD, place_rows
 from ..core.methods import SiteMethod, check_batchnorm, prior_vector
 from .checkpoint import ARCHITECTURE_KEY, PREPROCESSING_KEY, load_checkpoint, save_checkpoint
 from .config import SiteConfig
-from .head_refit import held_out_split, refit_rows
 from .loops import (
     BatchNormReadings,
     Evaluation,
     GraphedStep,
     freeze_batchnorm,
-    head_inputs,
     make_loader,
     place_model,
     predict,
@@ -84,36 +80,9 @@ class FitReport:
     seconds: float = 0.0
     # DP-SGD: epsilon spent so far (at delta), the budget, noise, steps, and whether the site stopped training
     privacy: dict[str, Any] | None = None
-    refitted_rows: int = 0  # refit_head_rows: the head rows refitted after the local epochs
 
 
 EVALUATION_BATCHES_ON_GPU = 4
-# refit_head_rows: the most a refitted row moves from the row received, as a share of that row's size: inside the
-# server's cap on one round's update of a row (which would refuse the site's whole result), with room for rounding
-REFIT_STEP_SHARE = 0.9 * UPDATE_CAPS[ROWS]
-
-
-def _strength(chosen: float | None) -> str:
-    return "prior" if chosen is None else f"C {chosen:g}"
-
-
-class _ReadAsValidated(torch.utils.data.Dataset):
-    """A split's items through another split's batch step: the training images as validation reads them (no
-    augmentation), for the features a refit of the head rows reads."""
-
-    def __init__(self, items: Any, reader: Any) -> None:
-        self.items, self.reader = items, reader
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.items[index]
-
-    def batch_transform(self, batch: Any) -> Any:
-        return self.reader.batch_transform(batch)
-
-
 PRIVACY_LEDGER_KEY = "privacy_ledger"  # without a ledger file, the local model file's meta: the DP-SGD steps so far
 
 
@@ -279,7 +248,6 @@ class SiteTrainer(PrivateTraining):
         """
         config = self.config
         check_batchnorm(self.site_method, self.model.state_dict(), f"site {self.site_name}")
-        received_rows = self._head_rows()  # as loaded: where a refit's step starts
         private = config.differential_privacy.enabled
         if private:
             refuse_what_dp_sgd_cannot_bound(
@@ -336,58 +304,7 @@ class SiteTrainer(PrivateTraining):
                 report.privacy["budget"], report.privacy["delta"], report.privacy["noise_multiplier"],
                 report.privacy["steps"],
             )  # fmt: skip
-        if config.refit_head_rows and report.train_losses:
-            report.refitted_rows = self._refit_own_rows(round_number, received_rows)
         return report
-
-    def _head_rows(self) -> torch.Tensor:
-        """The head's rows as they are: weights with the bias appended, one row per head class, float64."""
-        state = self.model.state_dict()
-        return torch.cat([state[NAMED_HEAD.weight_key], state[NAMED_HEAD.bias_key][:, None]], 1).double().cpu()
-
-    def _refit_own_rows(self, round_number: int, received: torch.Tensor) -> int:
-        """``refit_head_rows``: the head rows of the site's own classes refitted from nothing on the local model's
-        features of its training images, read as validation reads them (``training.head_refit``); C chosen on a
-        held-out share of its patients (the same ones every round), then refitted on all. Each row moves from the
-        row it ``received`` towards its refit by at most :data:`REFIT_STEP_SHARE` of the received row's size, inside
-        the server's cap on a row's update (``core.checks.update``); the number of rows refitted."""
-        dataset = _ReadAsValidated(self.train_loader.dataset, self.data.val)
-        loader = make_loader(dataset, self.evaluation_batch_size, False, self.workers)
-        read = head_inputs(self.model, loader, self.device, self.autocast)
-        features, labels, mask = (part.double().numpy() for part in read)
-        patients = self._training_patients()
-        if patients is None or len(patients) != len(features):
-            patients = [str(index) for index in range(len(features))]
-        kept, held = held_out_split(patients, self.config.seed)
-        own = [column for column, name in enumerate(self.head_classes) if name in self.class_names]
-        rows = refit_rows(
-            (features[kept], labels[kept][:, own], mask[kept][:, own]),
-            (features[held], labels[held][:, own], mask[held][:, own]),
-            refit_on_both=True,
-        )
-        state = self.model.state_dict()
-        weight, bias = state[NAMED_HEAD.weight_key], state[NAMED_HEAD.bias_key]
-        limited = []
-        for column, row in rows.items():
-            start = received[own[column]]
-            step = torch.as_tensor(np.append(row.weights, row.bias)) - start
-            limit = REFIT_STEP_SHARE * max(float(start.norm()), ROW_NORM_FLOOR)
-            if float(step.norm()) > limit:
-                step *= limit / float(step.norm())
-                limited.append(self.head_classes[own[column]])
-            sent = start + step
-            with torch.no_grad():
-                weight[own[column]] = sent[:-1].to(weight.dtype)
-                bias[own[column]] = sent[-1].to(bias.dtype)
-        chosen = ", ".join(f"{self.head_classes[own[index]]} {_strength(row.strength)}" for index, row in rows.items())
-        self.log.info(
-            "%s round %d: refitted %d of its %d head rows on its %d training %s (C chosen on %d held out: %s)%s",
-            self.site_name, round_number, len(rows), len(own), len(features), self.modality.sample_noun, len(held),
-            chosen,
-            f"; {len(limited)} moved part of the way, by {REFIT_STEP_SHARE:g} times their size: {limited}"
-            if limited else "",
-        )  # fmt: skip
-        return len(rows)
 
     # --- the training step as a CUDA graph (training.loops.GraphedStep) ------------------------------------------
 
