@@ -1,5 +1,5 @@
 """Where the attack suite's backdoor lives in a global model, and what an honest site removes of it by refitting its
-own head rows on its own images; an offline look at a suite run's models, not a defence the bundle runs.
+own head rows on its own images (the fit ``evaluate --refit-rows-out`` makes); an offline look at a suite run's models.
 
 *Where it lives.* The head is linear in what it reads (DenseNet121's 1,024 pooled channels), so models that mix a
 backdoored run's model and its clean run's are scored from features read once: each backbone with the other's head,

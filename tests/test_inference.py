@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -130,6 +131,19 @@ def test_model_without_stored_image_size_needs_one(nih_data, tmp_path, capsys):
     assert "does not say which image size it was trained at: pass --image-size" in capsys.readouterr().err
 
 
+def _site_and_thresholds(model: Path, tmp_path: Path) -> tuple[Path, list[str], Path]:
+    """A site of 120 embedded NIH-layout patients: its config, the evaluate command on it, and ``model`` with
+    thresholds chosen there (``evaluate --thresholds-out``)."""
+    nih_data = generate_nih(tmp_path / "nih", n_patients=120, image_size=32, label_source="builtin")
+    config = tmp_path / "site.json"
+    config.write_text(json.dumps({"data": {"kind": "nih", "location": str(nih_data.root)}, "cache_dir": str(tmp_path)}))
+    evaluate = ["evaluate", "--site-config", str(config), "--bootstrap", "20"]
+    with_thresholds = tmp_path / "thresholds.pt"
+    assert main([*evaluate, "--model", str(model), "--out", str(tmp_path / "t"), "--thresholds-out",
+                 str(with_thresholds)]) == 0  # fmt: skip
+    return config, evaluate, with_thresholds
+
+
 def test_a_site_recalibrates_the_federations_model_to_its_own_prevalence(model_file, tmp_path, capsys):
     """``evaluate --recalibrate-out``: each class the site's validation split labels gets the one logit shift that
     makes its mean probability there the split's (smoothed) prevalence, written into the head biases of a copy of the
@@ -142,13 +156,7 @@ def test_a_site_recalibrates_the_federations_model_to_its_own_prevalence(model_f
     state[bias][MODEL_CLASSES.index("Pleural Effusion")] = -30.0  # saturated: its probabilities ~1e-13
     state[bias][MODEL_CLASSES.index("Mass")] = 4.0  # far above any prevalence
     biased = save_checkpoint(tmp_path / "biased.pt", state, MODEL_CLASSES, **checkpoint.meta)
-    nih_data = generate_nih(tmp_path / "nih", n_patients=120, image_size=32, label_source="builtin")
-    config = tmp_path / "site.json"
-    config.write_text(json.dumps({"data": {"kind": "nih", "location": str(nih_data.root)}, "cache_dir": str(tmp_path)}))
-    evaluate = ["evaluate", "--site-config", str(config), "--bootstrap", "20"]
-    with_thresholds = tmp_path / "thresholds.pt"
-    assert main([*evaluate, "--model", str(biased), "--out", str(tmp_path / "t"), "--thresholds-out",
-                 str(with_thresholds)]) == 0  # fmt: skip
+    config, evaluate, with_thresholds = _site_and_thresholds(biased, tmp_path)
     recalibrated = tmp_path / "recalibrated.pt"
     assert main([*evaluate, "--model", str(with_thresholds), "--out", str(tmp_path / "r"), "--recalibrate-out",
                  str(recalibrated)]) == 0  # fmt: skip
@@ -235,13 +243,7 @@ def test_a_site_refits_the_rows_of_its_classes_on_its_own_images(model_file, tmp
     state[weight][MODEL_CLASSES.index("Mass")] = 50.0
     state[bias][MODEL_CLASSES.index("Mass")] = 9.0
     pushed = save_checkpoint(tmp_path / "pushed.pt", state, MODEL_CLASSES, **checkpoint.meta)
-    nih_data = generate_nih(tmp_path / "nih", n_patients=120, image_size=32, label_source="builtin")
-    config = tmp_path / "site.json"
-    config.write_text(json.dumps({"data": {"kind": "nih", "location": str(nih_data.root)}, "cache_dir": str(tmp_path)}))
-    evaluate = ["evaluate", "--site-config", str(config), "--bootstrap", "20"]
-    with_thresholds = tmp_path / "thresholds.pt"
-    assert main([*evaluate, "--model", str(pushed), "--out", str(tmp_path / "t"), "--thresholds-out",
-                 str(with_thresholds)]) == 0  # fmt: skip
+    config, evaluate, with_thresholds = _site_and_thresholds(pushed, tmp_path)
     refitted = tmp_path / "refitted.pt"
     capsys.readouterr()
     assert main([*evaluate, "--model", str(with_thresholds), "--out", str(tmp_path / "r"), "--refit-rows-out",

@@ -418,3 +418,14 @@ def test_two_sites_whose_shared_rows_point_apart_are_named():
         few["shared_rows"] == 4
         and two_sites_apart(few, warmup_round=True) == two_sites_apart(few, warmup_round=False) == []
     )
+
+
+@pytest.mark.parametrize("far", [10.0, 1e3, 1e6])
+def test_a_far_row_moves_the_median_of_three_by_a_share_of_the_others_spread(far):
+    """docs/server-checks.md (refitting the head rows at a site): two rows a distance d apart and a third anywhere far
+    off: the geometric median sits d / (2 sqrt 3), about 0.29 d, from the pair's midpoint towards the third, at any
+    distance of the third (the Fermat point: the three sides seen at 120 degrees)."""
+    spread = 2.5
+    rows = np.array([[0.0, 0.0, 1.0], [spread, 0.0, 1.0], [spread / 2, far, 1.0]])
+    median = geometric_median(rows, 1)
+    np.testing.assert_allclose(median, [spread / 2, spread / (2 * np.sqrt(3)), 1.0], atol=1e-5)
