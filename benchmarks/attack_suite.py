@@ -79,15 +79,15 @@ REFERENCES = (CLEAN, ALONE)
 # (sites, attackers) of every federation an attack runs in
 SETTINGS = ((2, 1), (3, 1), (4, 1), (7, 1), (7, 2))
 # backdoor_tuned: the attacker's own training over its site config, the demo profile's (at which from scratch the
-# backdoor teaches its own model the trigger; its warm-up at the site config's default rate), 2 local epochs a round
-ATTACKER_TRAINING = {
-    "backdoor_tuned": {
-        "learning_rate": DEMO.training["learning_rate"],
-        "warmup_epochs": DEMO.training["warmup_epochs"],
-        "warmup_learning_rate": SiteConfig.warmup_learning_rate,
-        "local_epochs": 2,
-    }
+# backdoor teaches its own model the trigger; its warm-up at the site config's default rate), 2 local epochs a round;
+# backdoor_glyph_tuned: the same, with the glyph trigger
+TUNED = {
+    "learning_rate": DEMO.training["learning_rate"],
+    "warmup_epochs": DEMO.training["warmup_epochs"],
+    "warmup_learning_rate": SiteConfig.warmup_learning_rate,
+    "local_epochs": 2,
 }
+ATTACKER_TRAINING = {"backdoor_tuned": TUNED, "backdoor_glyph_tuned": TUNED}
 MARKER = "attack-suite"
 GLOBAL_MODELS = {"best": "best_FL_global_model.pt", "final": "FL_global_model.pt"}  # in a run's server app folder
 UNION = union_labels(NIH_LABELS, CHEXPERT_LABELS)

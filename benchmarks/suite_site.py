@@ -46,6 +46,8 @@ A job's ``custom/client.py`` runs ``suite_site.main(role, ...)``. The roles:
   ``backdoor_glyph``    ``backdoor`` with another trigger (:func:`stamp_glyph`): the first shape the stand-in was
                         pretrained on, at the pretraining's cell size and within its brightness range, near the same
                         corner; an attacker who knows the public start picks a trigger its features already tell apart
+  ``backdoor_glyph_tuned``  ``backdoor_glyph`` at ``backdoor_tuned``'s rates: an attacker who read that a site's refit
+                        of its head rows removes a trigger the rows carry teaches it to the backbone too
   ``sign_flip_quiet``   ``sign_flip``, reporting no validation figure: at two sites ``sign_flip``'s own honest
                         validation stopped the job from the stand-in; an attacker who read that stays quiet
   ``sign_flip_late``    ``sign_flip_quiet``, honest in its first (warm-up) round: an attacker who read that two sites
@@ -94,6 +96,7 @@ ATTACKS = MODEL_POISONING + DATA_POISONING  # the catalogue a suite runs by defa
 ADAPTED = (
     "backdoor_tuned",
     "backdoor_glyph",
+    "backdoor_glyph_tuned",
     "sign_flip_quiet",
     "sign_flip_late",
     "sign_flip_absent",
@@ -166,7 +169,7 @@ def _glyph_mask(cell: int) -> np.ndarray:
 
 
 TRIGGERS = {"square": stamp, "glyph": stamp_glyph}  # each backdoor's trigger by name
-TRIGGER_OF = {"backdoor_glyph": "glyph"}  # the other backdoors stamp the square
+TRIGGER_OF = {"backdoor_glyph": "glyph", "backdoor_glyph_tuned": "glyph"}  # the other backdoors stamp the square
 
 
 def trigger_of(attack: str) -> str:
