@@ -901,6 +901,125 @@ def test_the_backdoor_at_four_and_seven_sites_of_400_patients_is_the_pages_figur
     assert f"seven sites with the same data each (best models): {found}" in text
 
 
+def test_the_head_rows_refitted_each_round_and_once_at_a_site_are_the_records():
+    """docs/server-checks.md, refitting the head rows at a site: the withdrawn per-round refit's figures are its runs'
+    (docs/attack-suite/refit-per-round.json), and the tables of evaluate --refit-rows-out's fit are the refit look's
+    records (refit-both-*.json), each fitted again on training and validation images."""
+    refit = load_benchmark("backdoor_refit")
+    suite = load_benchmark("attack_suite")
+    page = (REPOSITORY / "docs" / "server-checks.md").read_text()
+    text = " ".join(page.split())
+    record = json.loads((REPOSITORY / "docs" / "attack-suite" / "refit-per-round.json").read_text())
+    three, seven, default = record["three_sites"], record["seven_sites"], record["default_three_sites"]
+
+    def pair(runs: dict, attack: str, sites: int, tail: str) -> tuple[dict, dict]:
+        return (
+            runs[f"{attack}-{sites}sites-1attackers-seed1-{tail}"],
+            runs[f"clean-{sites}sites-0attackers-seed1-{tail}"],
+        )
+
+    def shares(attacked: dict, clean: dict) -> list[str]:
+        cases = ((attacked, "best"), (attacked, "final"), (clean, "best"), (clean, "final"))
+        return [_percent(suite.success_of(run, "backdoor_glyph", label)) for run, label in cases]
+
+    found = shares(*pair(default, "backdoor_glyph", 3, "400p5r-stand-in"))
+    assert (
+        f"gave the table's figures to the printed digit: {found[0]} and {found[1]} against the clean model's {found[2]}"
+        in text
+    )
+    attacked, clean = pair(three, "backdoor_glyph", 3, "400p5r-stand-in")
+    found = shares(attacked, clean)
+    assert (
+        f"the backdoor's success was {found[0]} by the best model and {found[1]} by the final one against that clean "
+        f"run's {found[2]} and {found[3]}: it breaks through" in text
+    )
+    for run in (attacked, clean):
+        assert run["honest_sites"] == {"refit_head_rows": True} and run["exit_code"] == 0
+        assert set(run["rejected"]) == {"site-chexpert-1"}  # honest: no attacker is a CheXpert site here
+    refused = {kind: sorted(int(number) for number, sites in run["rejections"].items() if "site-chexpert-1" in sites)
+               for kind, run in (("clean", clean), ("backdoor", attacked))}  # fmt: skip
+    assert refused == {"clean": [2, 3, 4], "backdoor": [3, 4]}
+    moved = [float(reason.split(" is ")[1].split(" times")[0]) for run in (attacked, clean)
+             for reason in (sites["site-chexpert-1"] for sites in run["rejections"].values() if sites)]  # fmt: skip
+    assert f"its refitted Pleural Effusion row moved {min(moved):.2f} to {max(moved):.2f} times its size" in text
+    uncapped = record["uncapped"]["clean-3sites-0attackers-seed1-400p5r-stand-in"]
+    assert all("site-chexpert-1" in uncapped["rejections"][str(number)] for number in range(5))
+    lowest = uncapped["best_auroc"]["site-chexpert-1"]
+    default_clean = default["clean-3sites-0attackers-seed1-400p5r-stand-in"]["best_auroc"]["site-chexpert-1"]
+    assert f"(its best model's test AUROC {lowest:.3f} against {default_clean:.3f})" in text
+    attacked, clean = pair(seven, "backdoor_glyph", 7, "stand-in")
+    found = shares(attacked, clean)
+    assert f"the success was {found[0]} and {found[1]} against its clean run's {found[2]}" in text
+    for run in (attacked, clean):
+        assert run["rejected"] == ["site-chexpert-2"] and list(run["rejections"]["2"]) == ["site-chexpert-2"]
+    found = shares(*pair(record["default_seven_sites"], "backdoor_glyph", 7, "stand-in"))
+    assert f"(under the default {found[0]} against {found[2]}, as above, repeated on this machine" in text
+    both = {}
+    for size in ("three", "seven"):
+        found = json.loads((REPOSITORY / "docs" / "attack-suite" / f"refit-both-{size}-sites.json").read_text())
+        assert found["refit_on_both"] is True
+        marker = "backdoor-refit-both" + ("" if size == "three" else "-seven-sites")
+        assert marked_block(page, marker) == "\n".join(refit.table(found))
+        attacked, clean = found["runs"]
+        both[size] = {  # site -> (AUROC against the clean global model, success above it, above the clean refit)
+            (label, site): (
+                runs[attacked]["refit"]["mean_auroc"] - runs[clean]["global"]["mean_auroc"],
+                100 * (runs[attacked]["refit"]["success"] - runs[clean]["global"]["success"]),
+                100 * (runs[attacked]["refit"]["success"] - runs[clean]["refit"]["success"]),
+            )
+            for label in refit.MODELS
+            for site, runs in found[label]["refit"].items()
+        }
+
+    def held(figures: tuple[float, float, float]) -> bool:
+        return figures[0] >= -suite.TOLERANCE and figures[1] <= 100 * suite.BACKDOOR_TOLERANCE
+
+    three_both, seven_both = both["three"], both["seven"]
+    assert all(held(figures) for figures in three_both.values())
+    assert (
+        f"the trigger within {max(f[1] for f in three_both.values()):.1f} points of the clean global model's 1.9 % "
+        f"(within {max(f[2] for f in three_both.values()):.1f} of the clean run's own refits)" in text
+    )
+    chexpert = sorted(f[0] for (_, site), f in three_both.items() if site == "site-chexpert-1")
+    nih = {round(-f[0], 3) for (_, site), f in three_both.items() if site == "site-nih-1"}
+    assert f"findings ranked {chexpert[0]:.3f} to {chexpert[-1]:.3f} better than by the clean global model" in text
+    assert nih == {0.025} and "the NIH site's 0.025 worse" in text
+    finals = {site: figures for (label, site), figures in seven_both.items() if label == "final"}
+    assert finals == {site: figures for (label, site), figures in seven_both.items() if label == "best"}  # one model
+    holding = [site for site, figures in finals.items() if held(figures)]
+    assert f"At seven sites of 100 patients {len(holding)} of the {len(finals)} hold" in text
+    assert f"within {max(f[2] for f in finals.values()):.1f} points of the clean run's own refits at every site" in text
+    (failing,) = set(finals) - set(holding)
+    assert f"at {len(holding)} of them ({failing}'s 10.8 %)" in text
+    costs = sorted(-f[0] for f in finals.values())
+    assert f"each site's findings ranked {costs[0]:.3f} to {costs[-1]:.3f} below the clean global model's" in text
+    usage = " ".join((REPOSITORY / "docs" / "using-the-model.md").read_text().split())
+    assert (
+        f"ranked the findings of sites of 400 patients {chexpert[0]:.3f} to {chexpert[-1]:.3f} better and 0.025 worse "
+        f"than the clean federation's model, of sites of 100 patients {costs[0]:.3f} to {costs[-1]:.3f} worse, and "
+        f"took the glyph backdoor to within 5 points of the clean model's share in {2 + len(holding)} of the "
+        f"{2 + len(finals)} sites" in usage
+    )
+    tuned = json.loads((REPOSITORY / "docs" / "attack-suite" / "glyph-tuned.json").read_text())
+    attacked, clean = pair(tuned, "backdoor_glyph_tuned", 3, "400p5r-stand-in")
+    assert attacked["rejected"] == attacked["attacking_sites"] == ["site-nih-2"]
+    assert [number for number, sites in attacked["rejections"].items() if sites] == ["2", "3", "4"]
+    own = _percent(attacked["attackers_own_backdoor_success"]["site-nih-2"])
+    best, final = (_percent(suite.success_of(attacked, "backdoor_glyph_tuned", label)) for label in ("best", "final"))
+    reference = _percent(suite.success_of(clean, "backdoor_glyph_tuned"))
+    assert f"taught its own model the trigger to {own}" in text
+    assert f"scores the trigger at {best} against the clean model's {reference} (the final one {final})" in text
+    assert suite.verdict(attacked, clean) == "breaks through"
+    looked = json.loads((REPOSITORY / "docs" / "attack-suite" / "refit-both-tuned-three-sites.json").read_text())
+    shares_after = [runs[looked["runs"][0]]["refit"]["success"] for label in refit.MODELS
+                    for runs in looked[label]["refit"].values()]  # fmt: skip
+    put_back = _percent(looked["best"]["located"]["backdoored model, clean target row"]["success"])
+    assert (
+        f"With the clean model's Pneumothorax row put back the best model scores it at {put_back}, and each honest "
+        f"site's refitted rows at {_percent(min(shares_after))} to {_percent(max(shares_after))}" in text
+    )
+
+
 def test_where_the_glyph_backdoor_lives_and_what_a_sites_refit_removes_are_the_records():
     """docs/server-checks.md on the glyph backdoor from the stand-in: the refit tables are the records' (three and seven
     sites), the sentences' figures are theirs, and the head rows' median ran as the page says
