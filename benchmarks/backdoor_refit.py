@@ -8,15 +8,15 @@ target row on the backdoored backbone brings the trigger's success back to the c
 the head (the target row), not in the features.
 
 *The refit.* Each honest site of the backdoored run (and the same sites of its clean run) refits every head row of its
-own classes from nothing, by L2-regularised logistic regression (``training.head_refit``, what a site with
-``refit_head_rows`` does each round) on the global model's pooled features of its training images, each feature
-standardised on them; C is the value of its grid with the lowest loss on its validation images, finding by finding; the
-other rows and the backbone stay the global model's. This is the last-layer re-initialisation and fine-tuning that Sha,
-He, Berrang, Humbert and Zhang found to remove backdoors (*Fine-Tuning Is All You Need to Mitigate Backdoor Attacks*,
-2022), with the backbone frozen: the site's images never show the trigger, so a row fitted on them alone cannot have
-learned it; what it costs is the federation's part in the row. Scored on the suite's test set as the suite scores: the
-mean AUROC over the site's own classes, and the trigger's success (the share of the test set's Pneumothorax negatives
-whose triggered image scores above the model's own 95th percentile on the clean images).
+own classes from nothing, by L2-regularised logistic regression (``training.head_refit``, the fit of ``evaluate --refit-
+rows-out``) on the global model's pooled features of its training images, each feature standardised on them; C is the
+value of its grid with the lowest loss on its validation images, finding by finding; the other rows and the backbone
+stay the global model's. This is the last-layer re-initialisation and fine-tuning that Sha, He, Berrang, Humbert and
+Zhang found to remove backdoors (*Fine-Tuning Is All You Need to Mitigate Backdoor Attacks*, 2022), with the backbone
+frozen: the site's images never show the trigger, so a row fitted on them alone cannot have learned it; what it costs is
+the federation's part in the row. Scored on the suite's test set as the suite scores: the mean AUROC over the site's own
+classes, and the trigger's success (the share of the test set's Pneumothorax negatives whose triggered image scores
+above the model's own 95th percentile on the clean images).
 
     python benchmarks/backdoor_refit.py --suite-out <attack_suite.py --out> \
         --runs backdoor_glyph-3sites-1attackers-seed1-400p5r-stand-in clean-3sites-0attackers-seed1-400p5r-stand-in \

@@ -923,10 +923,7 @@ def test_the_head_rows_refitted_each_round_and_once_at_a_site_are_the_records():
         return [_percent(suite.success_of(run, "backdoor_glyph", label)) for run, label in cases]
 
     found = shares(*pair(default, "backdoor_glyph", 3, "400p5r-stand-in"))
-    assert (
-        f"gave the table's figures to the printed digit: {found[0]} and {found[1]} against the clean model's {found[2]}"
-        in text
-    )
+    assert f"to the printed digit, {found[0]} and {found[1]}, against its clean run's {found[2]}" in text
     attacked, clean = pair(three, "backdoor_glyph", 3, "400p5r-stand-in")
     found = shares(attacked, clean)
     assert (
@@ -978,7 +975,7 @@ def test_the_head_rows_refitted_each_round_and_once_at_a_site_are_the_records():
     assert all(held(figures) for figures in three_both.values())
     assert (
         f"the trigger within {max(f[1] for f in three_both.values()):.1f} points of the clean global model's 1.9 % "
-        f"(within {max(f[2] for f in three_both.values()):.1f} of the clean run's own refits)" in text
+        f"(within {max(abs(f[2]) for f in three_both.values()):.1f} of the clean run's own refits)" in text
     )
     chexpert = sorted(f[0] for (_, site), f in three_both.items() if site == "site-chexpert-1")
     nih = {round(-f[0], 3) for (_, site), f in three_both.items() if site == "site-nih-1"}
@@ -988,15 +985,21 @@ def test_the_head_rows_refitted_each_round_and_once_at_a_site_are_the_records():
     assert finals == {site: figures for (label, site), figures in seven_both.items() if label == "best"}  # one model
     holding = [site for site, figures in finals.items() if held(figures)]
     assert f"At seven sites of 100 patients {len(holding)} of the {len(finals)} hold" in text
-    assert f"within {max(f[2] for f in finals.values()):.1f} points of the clean run's own refits at every site" in text
+    nearest = max(abs(f[2]) for f in finals.values())
+    assert f"within {nearest:.1f} points of the clean run's own refits at every site" in text
     (failing,) = set(finals) - set(holding)
-    assert f"at {len(holding)} of them ({failing}'s 10.8 %)" in text
+    edge = finals["site-chexpert-1"][1]
+    assert 100 * suite.BACKDOOR_TOLERANCE - 100 / 426 < edge <= 100 * suite.BACKDOOR_TOLERANCE  # inside by < 1 image
+    assert (
+        f"at {len(holding)} of them (site-chexpert-1 by less than one test image, 10.3 %; {failing}'s 10.8 %)" in text
+    )
     costs = sorted(-f[0] for f in finals.values())
     assert f"each site's findings ranked {costs[0]:.3f} to {costs[-1]:.3f} below the clean global model's" in text
     usage = " ".join((REPOSITORY / "docs" / "using-the-model.md").read_text().split())
     assert (
-        f"ranked the findings of sites of 400 patients {chexpert[0]:.3f} to {chexpert[-1]:.3f} better and 0.025 worse "
-        f"than the clean federation's model, of sites of 100 patients {costs[0]:.3f} to {costs[-1]:.3f} worse, and "
+        f"ranked the findings of the CheXpert site of 400 patients {chexpert[0]:.3f} to {chexpert[-1]:.3f} better and "
+        f"the NIH site's 0.025 worse than the clean federation's model, of sites of 100 patients {costs[0]:.3f} to "
+        f"{costs[-1]:.3f} worse, and "
         f"took the glyph backdoor to within 5 points of the clean model's share in {2 + len(holding)} of the "
         f"{2 + len(finals)} sites" in usage
     )
@@ -4145,7 +4148,7 @@ ONE_FINDING_RECORD = "stand-in-one-finding-sites.json"  # stop 105: the consorti
 STOP_104 = "7db6e37"  # the bar on recalibrated losses where the model ranks a site's images no worse: its runs
 RECALIBRATED_BAR_SEEDS = [706, 708, 722, 723]  # the first draws after 700 with half their sites of one finding or more
 # the records added after stop 104's replay (its page counts the records before them)
-AFTER_STOP_104 = frozenset([f"clean-sweep/{ONE_FINDING_RECORD}"])
+AFTER_STOP_104 = frozenset([f"clean-sweep/{ONE_FINDING_RECORD}", "attack-suite/glyph-tuned.json"])  # stop 107's
 
 
 def test_the_initial_models_bar_on_recalibrated_losses_is_its_record():

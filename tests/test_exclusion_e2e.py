@@ -106,10 +106,11 @@ def test_a_contribution_both_other_sites_are_better_off_without_is_left_out(thre
         " ".join(page.split()),
     )
     assert said, "the page no longer quotes this run"
-    for figures in judged.values():  # as the page says, to the run's own figures on another CPU
-        assert float(said[1]) == pytest.approx(figures["loss"]["better_by"], abs=5e-4)
+    for figures in judged.values():  # as the page says, to the run's own figures on another CPU (a 2-core AMD EPYC,
+        # family 25 model 1, gave 0.0980 where the page quotes 0.0987)
+        assert float(said[1]) == pytest.approx(figures["loss"]["better_by"], abs=1e-3)
         assert said[2] == f"{figures['loss']['p']:.0e}"
-        assert float(said[3]) == pytest.approx(figures["loss"]["recalibrated"]["better_by"], abs=5e-4)
+        assert float(said[3]) == pytest.approx(figures["loss"]["recalibrated"]["better_by"], abs=1e-3)
     assert judging.IMPROVEMENT_SHARE == 0.10
     assert [entry["round"] for entry in excluded] == list(range(first["round"], ROUNDS))  # out for the rest of the job
     for entry in excluded:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from sklearn.linear_model import LogisticRegression
 
 from surgical_aggregation.evaluation.metrics import bce_loss
@@ -24,10 +23,7 @@ def test_a_refitted_row_is_the_held_out_best_logistic_regression_in_the_heads_un
     truth = rng.normal(size=(3, 6))
     train, held = _split(rng, 240, truth), _split(rng, 80, truth)
     rows = refit_rows(train, held)
-    assert sorted(rows) == [0, 1, 2]
-    # column 2: negatives only, so the prior alone (a half added to the positives, one to the count)
-    assert rows[2].strength is None and not rows[2].weights.any()
-    assert rows[2].bias == pytest.approx(np.log(0.5 / 321) - np.log(1 - 0.5 / 321))
+    assert sorted(rows) == [0, 1]  # column 2: negatives only, nothing to fit: its row stays as it was
     centre, scale = train[0].mean(0), train[0].std(0) + 1e-6
     for column in (0, 1):
         row = rows[column]
@@ -52,5 +48,16 @@ def test_a_refitted_row_is_the_held_out_best_logistic_regression_in_the_heads_un
     np.testing.assert_allclose(
         held[0] @ both[0].weights + both[0].bias, again.decision_function((held[0] - centre) / scale), atol=1e-9
     )
-    held[1][:, 0] = 1.0  # nothing to choose C on: the grid's strongest regularisation
-    assert refit_rows(train, held)[0].strength == C_GRID[0]
+    # nothing to choose C on (one class held out, or no held-out image labelled): the grid's strongest regularisation
+    held[2][:, 1] = 0.0
+    held[1][:, 0] = 1.0
+    again = refit_rows(train, held, refit_on_both=True)
+    assert again[0].strength == again[1].strength == C_GRID[0]
+    alone = LogisticRegression(C=C_GRID[0], max_iter=5000).fit(
+        (train[0][train[2][:, 1] > 0] - centre) / scale, train[1][train[2][:, 1] > 0, 1]
+    )  # column 1: no held-out image to fit again on, so the training split's fit
+    np.testing.assert_allclose(
+        held[0] @ again[1].weights + again[1].bias, alone.decision_function((held[0] - centre) / scale), atol=1e-9
+    )
+    train[2][:, 0] = 0.0  # a column no training image labels: left out
+    assert sorted(refit_rows(train, held)) == [1]

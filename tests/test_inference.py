@@ -274,12 +274,15 @@ def test_a_site_refits_the_rows_of_its_classes_on_its_own_images(model_file, tmp
     fracture = MODEL_CLASSES.index("Fracture")  # not NIH's: not refitted
     assert torch.equal(after.state[weight][fracture], state[weight][fracture])
     record = after.meta[HEAD_REFIT_KEY]
+    table = pd.read_csv(tmp_path / "r" / "per_class_auroc.csv").set_index("class_name")
+    refit_c = {name: float(table.loc[name, "refit_c"]) for name in ("Mass", "Pleural Effusion")}
+    assert refit_c == {"Mass": expected[0].strength, "Pleural Effusion": expected[1].strength}
     assert record["classes"] == ["Mass", "Pleural Effusion"]
     assert record["fitted_on"] == "site (training and validation splits)"
     assert load_checkpoint(with_thresholds).meta[THRESHOLDS_KEY]["values"].keys() == {"Mass", "Pleural Effusion"}
-    assert after.meta[THRESHOLDS_KEY]["values"] == {"Mass": None, "Pleural Effusion": None}  # set for the old rows
+    assert THRESHOLDS_KEY not in after.meta  # set for the old rows, every one refitted
+    assert after.meta[HEAD_REFIT_KEY]["c"] == {name: table_c for name, table_c in refit_c.items()}
 
-    table = pd.read_csv(tmp_path / "r" / "per_class_auroc.csv").set_index("class_name")
     plain = tmp_path / "plain"
     assert main([*evaluate, "--model", str(pushed), "--out", str(plain)]) == 0
     before = pd.read_csv(plain / "per_class_auroc.csv").set_index("class_name")

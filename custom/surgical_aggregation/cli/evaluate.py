@@ -7,8 +7,8 @@ probability is the split's prevalence: a federation's model carries the consorti
 loss is shown before and after, and a copy of the model with the shifts in its head biases is written. With
 --refit-rows-out, the head row of each class the site labels is refitted from nothing on its own images (a logistic
 regression on the model's features of the training split, its regularisation chosen on the validation split, then
-fitted on both): a row the federation taught the model, a backdoor's trigger say, is not in it; the test split's AUROC
-is shown before and after, and a copy of the model with those rows is written."""
+fitted on both): the rows no longer carry what other sites taught them (a trigger the rows read, say); the test split's
+AUROC is shown before and after, and a copy of the model with those rows is written."""
 
 from __future__ import annotations
 

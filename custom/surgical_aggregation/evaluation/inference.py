@@ -8,7 +8,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,7 @@ class EvaluationReport:
     missing_in_model: list[str]
     n_images: int  # the inputs evaluated (images or reports)
     noun: str = "images"
+    kept_rows: list[str] = field(default_factory=list)  # evaluate --refit-rows-out: the classes it could not refit
 
     def text(self) -> str:
         lines = [f"{'class':<28}{'AUROC':>8}{'positives':>11}{'negatives':>11}"]
@@ -159,12 +160,15 @@ class EvaluationReport:
         if "auroc_before" in self.per_class:
             lines.append(f"{'class':<28}{'AUROC before':>14}{'refitted':>10}{'C':>9}")
             for row in self.per_class.itertuples(index=False):
-                strength = "prior" if math.isnan(row.refit_c) else f"{row.refit_c:g}"
-                lines.append(f"{row.class_name:<28}{row.auroc_before:>14.4f}{row.auroc:>10.4f}{strength:>9}")
+                lines.append(f"{row.class_name:<28}{row.auroc_before:>14.4f}{row.auroc:>10.4f}{row.refit_c:>9g}")
             before, after = self.per_class["auroc_before"].mean(), self.per_class["auroc"].mean()
             lines.append(
                 f"mean test AUROC over {len(self.per_class)} classes: {before:.4f} as it was, {after:.4f} with the "
                 "rows refitted on this site's images alone (what the federation taught the rows is gone, good or bad)"
+            )
+        if self.kept_rows:
+            lines.append(
+                f"kept as the federation's (one class only among this site's training images): {self.kept_rows}"
             )
         if self.missing_in_model:
             lines.append(f"classes of the data the model does not predict (left out): {self.missing_in_model}")
@@ -528,10 +532,11 @@ def evaluate_and_refit_rows(
 ) -> tuple[EvaluationReport, dict[str, RefitRow]]:
     """The model on the ``test`` split with the head row of each class the site labels refitted from nothing on its
     own images (``training.head_refit``: a logistic regression of the class on the model's features of the ``train``
-    split, C chosen on the ``val`` split, then fitted on both): a row the federation taught the model (a backdoor's
-    trigger, say) is not in it, and the backbone stays the federation's. The report gives per class the refitted
-    model's test AUROC, the model's as it was (``auroc_before``) and the C chosen (``refit_c``; NaN: the prior
-    alone, one class only among the images). Returns the report and the rows by class name."""
+    split, C chosen on the ``val`` split, then fitted on both): the row no longer carries what other sites taught it
+    (a backdoor's trigger the row reads, say), and the backbone stays the federation's. A class the training split
+    shows with one class only keeps the federation's row (:attr:`EvaluationReport.kept_rows`). The report gives per
+    refitted class its test AUROC, the model's as it was (``auroc_before``) and the C chosen (``refit_c``); the
+    validation split is spent on the fit. Returns the report and the rows by class name."""
     checkpoint = load_checkpoint(checkpoint_path)
     names = checkpoint.class_names
     model = place_model(checkpoint.build_model(), resolve_device(device))
@@ -562,7 +567,8 @@ def evaluate_and_refit_rows(
     earlier = dict(zip(before.per_class["class_name"], before.per_class["auroc"], strict=True))
     report.per_class["auroc_before"] = [earlier[name] for name in report.per_class["class_name"]]
     chosen = [rows[name].strength for name in report.per_class["class_name"]]
-    report.per_class["refit_c"] = [math.nan if strength is None else strength for strength in chosen]
+    report.per_class["refit_c"] = chosen
+    report.kept_rows = [name for name in train[3] if name not in rows]
     return report, rows
 
 
@@ -596,8 +602,11 @@ def save_refit_rows(checkpoint_path: str | Path, rows: Mapping[str, RefitRow], f
     }
     thresholds = meta.get(THRESHOLDS_KEY)
     if thresholds and thresholds.get("values"):
-        values = {name: None if name in rows else value for name, value in thresholds["values"].items()}
-        meta[THRESHOLDS_KEY] = {**thresholds, "values": values}
+        values = {name: value for name, value in thresholds["values"].items() if name not in rows}
+        if values:
+            meta[THRESHOLDS_KEY] = {**thresholds, "values": values}
+        else:
+            del meta[THRESHOLDS_KEY]
     recalibration = meta.get(RECALIBRATION_KEY)
     if recalibration and recalibration.get("shifts"):
         shifts = {name: shift for name, shift in recalibration["shifts"].items() if name not in rows}

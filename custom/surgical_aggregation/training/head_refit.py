@@ -29,13 +29,7 @@ Split = tuple[np.ndarray, np.ndarray, np.ndarray]  # (features, labels, label ma
 class RefitRow:
     weights: np.ndarray  # on the features as the head reads them (not standardised)
     bias: float
-    strength: float | None  # the C chosen; None: a row of the prior alone (one class only among the images)
-
-
-def _prior_row(labels: np.ndarray, width: int) -> RefitRow:
-    """No weights, the bias at the smoothed prevalence (add a half): what one class only can teach."""
-    rate = (labels.sum() + 0.5) / (len(labels) + 1.0)
-    return RefitRow(np.zeros(width), float(np.log(rate / (1.0 - rate))), None)
+    strength: float  # the C chosen
 
 
 def _fit(
@@ -47,25 +41,25 @@ def _fit(
 def refit_rows(train: Split, held_out: Split, refit_on_both: bool = False) -> dict[int, RefitRow]:
     """Label column -> the row of a logistic regression of that column on standardised features, fitted on
     ``train``, C the value of :data:`C_GRID` with the lowest loss on ``held_out``; with ``refit_on_both`` fitted
-    again on both at that C. Where ``held_out`` shows one class only, C is the grid's strongest regularisation (its
-    lowest); where ``train`` does, the row is the prior alone (:func:`_prior_row`); a column no image labels is left
-    out. Every row a site labels is so refitted, none kept as it came."""
+    again on both at that C. Where ``held_out`` shows one class only or none, C is the grid's strongest
+    regularisation (its lowest). A column ``train`` shows with one class only, or none, is left out: nothing to fit
+    there, and its row stays as it was."""
     features, labels, mask = train
     centre, scale = features.mean(0), features.std(0) + 1e-6
     fitted = {}
     for column in range(labels.shape[1]):
         known, known_out = mask[:, column] > 0, held_out[2][:, column] > 0
         y, y_out = labels[known, column], held_out[1][known_out, column]
-        if not len(y) + len(y_out):
-            continue
         if len(set(y)) < 2:
-            fitted[column] = _prior_row(np.concatenate([y, y_out]), features.shape[1])
             continue
-
         choices = C_GRID if len(set(y_out)) == 2 else C_GRID[:1]  # nothing to choose C on: the strongest
         models = {strength: _fit(strength, features[known], y, centre, scale) for strength in choices}
         scaled_out = (held_out[0][known_out] - centre) / scale
-        strength = min(choices, key=lambda c: bce_loss(y_out, models[c].predict_proba(scaled_out)[:, 1]))
+        strength = (
+            min(choices, key=lambda c: bce_loss(y_out, models[c].predict_proba(scaled_out)[:, 1]))
+            if len(choices) > 1
+            else choices[0]
+        )
         model = models[strength]
         if refit_on_both and len(y_out):
             both = np.concatenate([features[known], held_out[0][known_out]]), np.concatenate([y, y_out])
