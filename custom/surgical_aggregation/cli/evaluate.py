@@ -21,11 +21,11 @@ from ..modalities import DATA_KINDS
 from .options import add_model_options, given_preprocessing, output_file, positive, user_path
 
 NAME = "evaluate"
-# the options writing a model
+# the options writing a model: their argument's name, and the splits they fit on
 WRITTEN = {
-    "--thresholds-out": "thresholds_out",
-    "--recalibrate-out": "recalibrate_out",
-    "--refit-rows-out": "refit_rows_out",
+    "--thresholds-out": ("thresholds_out", "val"),
+    "--recalibrate-out": ("recalibrate_out", "val"),
+    "--refit-rows-out": ("refit_rows_out", "train and val"),
 }
 REFIT_SPLIT = "test, head rows refitted on train and val"
 HELP = "per-class AUROC of a model on a labelled set (only the classes the set has)"
@@ -87,13 +87,12 @@ def run(args: argparse.Namespace) -> int:
         write_evaluation,
     )
 
-    fitting = next((option for option, value in WRITTEN.items() if getattr(args, value) is not None), None)
+    fitting = next((option for option, (name, _) in WRITTEN.items() if getattr(args, name) is not None), None)
     if fitting and args.split is not None:
-        fitted_on = "train and val" if fitting == "--refit-rows-out" else "val"
         raise SiteConfigError(
-            f"--split applies to a plain evaluation; {fitting} fits on {fitted_on} and evaluates test"
+            f"--split applies to a plain evaluation; {fitting} fits on {WRITTEN[fitting][1]} and evaluates test"
         )
-    if fitting and Path(getattr(args, WRITTEN[fitting])).resolve() == Path(args.model).resolve():
+    if fitting and Path(getattr(args, WRITTEN[fitting][0])).resolve() == Path(args.model).resolve():
         raise SiteConfigError(f"{fitting} {args.model} is the model read: write the new model to another file")
     splits, title = labelled_splits(args.site_config, args.kind, args.data, args.uncertainty)
     options = {
