@@ -339,3 +339,26 @@ def test_a_run_whose_site_flare_never_started_is_made_again_once_and_only_once(t
         lost_one = workspace.with_name(f"{workspace.name}.client-start-failed")
         assert (lost_one / "an earlier run's").exists() is not kept  # replaced by this run's lost workspace
         assert (lost_one / "attempt-0").exists() is kept and (workspace / f"attempt-{runs - 1}").exists()
+
+
+def test_a_row_projected_on_the_clean_features_directions_keeps_their_scores_and_drops_the_rest() -> None:
+    """backdoor_projection.py: clean features that vary along the first two channels only; a row reading all four
+    keeps its first two weights, and its bias takes the other two's part of the mean image, so every clean image
+    scores as before to 1e-12 while a shift along the third channel (a trigger clean images never show) moves the
+    score no more."""
+    import numpy as np
+
+    from helpers import load_benchmark
+
+    projection = load_benchmark("backdoor_projection")
+    rng = np.random.default_rng(0)
+    clean = np.column_stack([rng.normal(0, 3, 50), rng.normal(0, 1, 50), np.full(50, 0.5), np.full(50, 2.0)])
+    weight, bias = np.array([[1.0, 2.0, 3.0, 4.0]]), np.array([0.25])
+    heads = projection.projected_heads(weight, bias, clean, (0, 2))
+    assert heads[0][0] is weight and heads[0][1] is bias
+    kept, moved = heads[2]
+    np.testing.assert_allclose(kept, [[1.0, 2.0, 0.0, 0.0]], atol=1e-12)
+    np.testing.assert_allclose(moved, [0.25 + 3.0 * 0.5 + 4.0 * 2.0], atol=1e-12)
+    np.testing.assert_allclose(clean @ kept.T + moved, clean @ weight.T + bias, atol=1e-12)
+    trigger = np.array([0.0, 0.0, 5.0, 0.0])
+    np.testing.assert_allclose((clean + trigger) @ kept.T + moved, clean @ kept.T + moved, atol=1e-12)

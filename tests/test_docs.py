@@ -995,14 +995,6 @@ def test_the_head_rows_refitted_each_round_and_once_at_a_site_are_the_records():
     )
     costs = sorted(-f[0] for f in finals.values())
     assert f"each site's findings ranked {costs[0]:.3f} to {costs[-1]:.3f} below the clean global model's" in text
-    usage = " ".join((REPOSITORY / "docs" / "using-the-model.md").read_text().split())
-    assert (
-        f"ranked the findings of the CheXpert site of 400 patients {chexpert[0]:.3f} to {chexpert[-1]:.3f} better and "
-        f"the NIH site's 0.025 worse than the clean federation's model, of sites of 100 patients {costs[0]:.3f} to "
-        f"{costs[-1]:.3f} worse, and "
-        f"took the glyph backdoor to within 5 points of the clean model's share in {2 + len(holding)} of the "
-        f"{2 + len(finals)} sites" in usage
-    )
     tuned = json.loads((REPOSITORY / "docs" / "attack-suite" / "glyph-tuned.json").read_text())
     attacked, clean = pair(tuned, "backdoor_glyph_tuned", 3, "400p5r-stand-in")
     assert attacked["rejected"] == attacked["attacking_sites"] == ["site-nih-2"]
@@ -1020,6 +1012,151 @@ def test_the_head_rows_refitted_each_round_and_once_at_a_site_are_the_records():
     assert (
         f"With the clean model's Pneumothorax row put back the best model scores it at {put_back}, and each honest "
         f"site's refitted rows at {_percent(min(shares_after))} to {_percent(max(shares_after))}" in text
+    )
+
+
+def _refit_against_the_clean_run(record: str) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """A refit look's record: (model, site) -> the refitted model's mean AUROC against the clean global model's, its
+    trigger success above the clean global model's and above the clean run's own refit (points)."""
+    refit = load_benchmark("backdoor_refit")
+    found = json.loads((REPOSITORY / "docs" / "attack-suite" / record).read_text())
+    assert found["refit_on_both"] is True
+    attacked, clean = found["runs"]
+    return {
+        (label, site): (
+            runs[attacked]["refit"]["mean_auroc"] - runs[clean]["global"]["mean_auroc"],
+            100 * (runs[attacked]["refit"]["success"] - runs[clean]["global"]["success"]),
+            100 * (runs[attacked]["refit"]["success"] - runs[clean]["refit"]["success"]),
+        )
+        for label in refit.MODELS
+        for site, runs in found[label]["refit"].items()
+    }
+
+
+def test_a_second_seed_of_the_glyph_backdoor_and_each_sites_refit_are_the_records():
+    """docs/server-checks.md's second seed of the glyph backdoor (docs/attack-suite/glyph-seed2.json) and the refit
+    look on it (refit-both-*-seed2.json): the global model's figures, the tables, every site held, the figures the
+    prose quotes; and docs/using-the-model.md's summary of both seeds."""
+    refit = load_benchmark("backdoor_refit")
+    suite = load_benchmark("attack_suite")
+    page = (REPOSITORY / "docs" / "server-checks.md").read_text()
+    text = " ".join(page.split())
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "glyph-seed2.json").read_text())
+    pairs = {
+        sites: (
+            runs[f"backdoor_glyph-{sites}sites-1attackers-seed2-{tail}"],
+            runs[f"clean-{sites}sites-0attackers-seed2-{tail}"],
+        )
+        for sites, tail in ((3, "400p5r-stand-in"), (7, "stand-in"))
+    }
+    for attacked, clean in pairs.values():
+        assert (
+            attacked["seed"] == 2 and attacked["commit"].startswith("f01d55d") and clean["commit"] == attacked["commit"]
+        )
+        assert attacked["exit_code"] == 0 and attacked["rejected"] == attacked["excluded"] == []
+        assert suite.verdict(attacked, clean) == "breaks through"
+        assert suite.success_of(attacked, "backdoor_glyph") == suite.success_of(attacked, "backdoor_glyph", "final")
+    seconds = [run["seconds"] for run in runs.values()]
+    assert "420 to 830 s a run" in text and (round(min(seconds)), round(max(seconds))) == (420, 830)
+    (three, three_clean), (seven, seven_clean) = pairs.values()
+    named = {"three": three, "three_clean": three_clean, "seven": seven, "seven_clean": seven_clean}
+    share = {name: _percent(suite.success_of(run, "backdoor_glyph")) for name, run in named.items()}
+    own = [_percent(next(iter(run["attackers_own_backdoor_success"].values()))) for run in (three, seven)]
+    assert (
+        f"{share['three']} by the best model (the final one) against its clean run's {share['three_clean']}, the "
+        f"attacker's own model {own[0]}; at seven sites of 100 patients {share['seven']} against "
+        f"{share['seven_clean']} "
+        f"(the attacker's own {own[1]}); clean AUROC {suite.lowest_margin(three, three_clean):+.3f} and "
+        f"{suite.lowest_margin(seven, seven_clean):+.3f}, nothing refused or left out, exit 0" in text
+    )
+    folder = REPOSITORY / "docs" / "attack-suite"
+    looks = {
+        size: json.loads((folder / f"refit-both-{size}-sites-seed2.json").read_text()) for size in ("three", "seven")
+    }
+    put_back = [
+        _percent(look["best"]["located"]["backdoored model, clean target row"]["success"]) for look in looks.values()
+    ]
+    assert f"Pneumothorax row put back the backdoored model scores it at {put_back[0]} and {put_back[1]}" in text
+    for (size, marker), sites in zip(
+        (("three", "backdoor-refit-both-seed2"), ("seven", "backdoor-refit-both-seven-sites-seed2")), pairs, strict=True
+    ):
+        assert looks[size]["runs"] == [name for name in runs if f"-{sites}sites-" in name][::-1]  # backdoor, clean
+        assert marked_block(page, marker) == "\n".join(refit.table(looks[size]))
+
+    def held(figures: tuple[float, float, float]) -> bool:
+        return figures[0] >= -suite.TOLERANCE and figures[1] <= 100 * suite.BACKDOOR_TOLERANCE
+
+    three_sites = _refit_against_the_clean_run("refit-both-three-sites-seed2.json")
+    seven_sites = _refit_against_the_clean_run("refit-both-seven-sites-seed2.json")
+    assert all(held(figures) for figures in (*three_sites.values(), *seven_sites.values()))
+    assert f"At three sites the trigger lies within {max(f[1] for f in three_sites.values()):.1f} points" in text
+    chexpert = {round(f[0], 3) for (_, site), f in three_sites.items() if site == "site-chexpert-1"}
+    nih = {round(-f[0], 3) for (_, site), f in three_sites.items() if site == "site-nih-1"}
+    assert chexpert == {0.010} and nih == {0.023}
+    assert "rank the CheXpert site's findings 0.010 better and the NIH site's 0.023 worse than it" in text
+    edge = max(f[1] for f in seven_sites.values())
+    at_edge = sorted({site for (_, site), f in seven_sites.items() if f[1] == edge})
+    assert at_edge == ["site-chexpert-1", "site-nih-3"] and edge > 100 * suite.BACKDOOR_TOLERANCE - 100 / 426
+    assert f"At seven sites the trigger lies within {edge:.1f} points of the clean global model's 5.4 %" in text
+    costs = sorted(-f[0] for f in seven_sites.values())
+    assert f"each site's findings ranked {costs[0]:.3f} to {costs[-1]:.3f} below the clean global model's" in text
+    # both seeds, as docs/using-the-model.md sums them up
+    every = {
+        record: _refit_against_the_clean_run(record)
+        for record in ("refit-both-three-sites.json", "refit-both-seven-sites.json",
+                       "refit-both-three-sites-seed2.json", "refit-both-seven-sites-seed2.json")
+    }  # fmt: skip
+    finals = {(record, site): figures for record, found in every.items()
+              for (label, site), figures in found.items() if label == "final"}  # fmt: skip
+    held_sites = sum(held(figures) for figures in finals.values())
+    assert f"Over the two seeds {held_sites} of the {len(finals)} honest sites hold (seed 1's site-nih-3" in text
+    assert [key for key, figures in finals.items() if not held(figures)] == [
+        ("refit-both-seven-sites.json", "site-nih-3")
+    ]
+    models = [(record, site, figures) for record, found in every.items() for (_, site), figures in found.items()]
+    chexpert = sorted(f[0] for record, site, f in models if "three" in record and site == "site-chexpert-1")
+    nih = sorted(-f[0] for record, site, f in models if "three" in record and site == "site-nih-1")
+    hundred = sorted(-f[0] for record, _, f in models if "seven" in record)
+    usage = " ".join((REPOSITORY / "docs" / "using-the-model.md").read_text().split())
+    assert (
+        f"ranked the findings of the CheXpert site of 400 patients {chexpert[0]:.3f} to {chexpert[-1]:.3f} better and "
+        f"the NIH site's {nih[0]:.3f} to {nih[-1]:.3f} worse than the clean federation's model, of sites of 100 "
+        f"patients {hundred[0]:.3f} to {hundred[-1]:.3f} worse, and took the glyph backdoor to within 5 points of the "
+        f"clean model's share in {held_sites} of the {len(finals)} sites" in usage
+    )
+
+
+def test_the_rows_kept_to_the_clean_features_directions_are_the_records():
+    """docs/server-checks.md's look at each head row projected on the clean features' leading directions: its two
+    tables are the records' (docs/attack-suite/projection*.json, the glyph runs of seeds 1 and 2), and the sentence
+    after them says where the trigger comes within 5 points, at what cost, and how far above it stays elsewhere."""
+    projection = load_benchmark("backdoor_projection")
+    suite = load_benchmark("attack_suite")
+    page = (REPOSITORY / "docs" / "server-checks.md").read_text()
+    text = " ".join(page.split())
+    above, costs = {}, {}
+    for record, marker, seed in (("projection.json", "backdoor-projection", 1),
+                                 ("projection-seed2.json", "backdoor-projection-seed2", 2)):  # fmt: skip
+        found = json.loads((REPOSITORY / "docs" / "attack-suite" / record).read_text())
+        assert found["trigger"] == "glyph" and all(f"-seed{seed}-400p5r-stand-in" in run for run in found["runs"])
+        assert marked_block(page, marker) == "\n".join(projection.table(found))
+        attacked, clean = found["runs"]
+        for label in ("best", "final"):
+            for count, hit in found[label][attacked].items():
+                if count != "0":
+                    points = round(100 * (hit["success"] - found[label][clean][count]["success"]), 1)
+                    above[seed, label, int(count)] = points
+                    costs[seed, label, int(count)] = found[label][attacked]["0"]["mean_auroc"] - hit["mean_auroc"]
+    inside = sorted(count for (seed, label, count), points in above.items()
+                    if points <= 100 * suite.BACKDOOR_TOLERANCE)  # fmt: skip
+    assert {(seed, label) for seed, label, count in above if above[seed, label, count] <= 5} == {(1, "best")}
+    paid = sorted(costs[1, "best", count] for count in inside)
+    assert (
+        f"On seed 1 the best model comes within 5 points of the clean model projected alike with {inside[0]} to "
+        f"{inside[-1]} directions kept, at {paid[0]:.3f} to {paid[-1]:.3f} of mean AUROC, but the final model stays "
+        f"{min(v for (seed, label, _), v in above.items() if (seed, label) == (1, 'final')):.1f} points or more above "
+        f"at every k, and on seed 2 both stay {min(v for (seed, _, _), v in above.items() if seed == 2):.1f} points "
+        "or more above" in text
     )
 
 
@@ -4148,7 +4285,9 @@ ONE_FINDING_RECORD = "stand-in-one-finding-sites.json"  # stop 105: the consorti
 STOP_104 = "7db6e37"  # the bar on recalibrated losses where the model ranks a site's images no worse: its runs
 RECALIBRATED_BAR_SEEDS = [706, 708, 722, 723]  # the first draws after 700 with half their sites of one finding or more
 # the records added after stop 104's replay (its page counts the records before them)
-AFTER_STOP_104 = frozenset([f"clean-sweep/{ONE_FINDING_RECORD}", "attack-suite/glyph-tuned.json"])  # stop 107's
+AFTER_STOP_104 = frozenset(  # stop 107's and stop 108's
+    [f"clean-sweep/{ONE_FINDING_RECORD}", "attack-suite/glyph-tuned.json", "attack-suite/glyph-seed2.json"]
+)
 
 
 def test_the_initial_models_bar_on_recalibrated_losses_is_its_record():
