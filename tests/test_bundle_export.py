@@ -29,11 +29,18 @@ from surgical_aggregation.cli import main
 from surgical_aggregation.core.errors import ExportError
 from surgical_aggregation.deployment import bundle as bundle_module
 from surgical_aggregation.deployment.bundle import EXTRA_KEY, TOLERANCE, export_bundle
-from surgical_aggregation.evaluation.inference import RECALIBRATION_KEY, THRESHOLDS_KEY, save_recalibrated, score
+from surgical_aggregation.evaluation.inference import (
+    RECALIBRATION_KEY,
+    THRESHOLDS_KEY,
+    save_recalibrated,
+    save_refit_rows,
+    score,
+)
 from surgical_aggregation.images import grayscale
 from surgical_aggregation.images.model import NamedDenseNet
 from surgical_aggregation.images.names import DENSENET121, NETWORK_ARGUMENTS, NETWORK_KEY, SMOKE_DENSENET
 from surgical_aggregation.training.checkpoint import PREPROCESSING_KEY, load_checkpoint, save_checkpoint
+from surgical_aggregation.training.head_refit import RefitRow
 
 pytestmark = pytest.mark.slow  # exports, saves and reloads DenseNets (a MONAI Bundle, TorchScript, ONNX)
 
@@ -169,6 +176,7 @@ def test_the_metadata_names_the_classes_in_head_order_with_aliases_thresholds_an
         extra["recalibration"] is None
         and "Probabilities are not calibrated." in (exported.root / "docs" / "README.md").read_text()
     )
+    assert extra["head_rows_refit"] is None and "refit" not in (exported.root / "docs" / "README.md").read_text()
     assert set(exported.differences) == {"model.ts", "model.onnx"}
     assert all(value <= TOLERANCE for value in exported.differences.values())
 
@@ -430,6 +438,47 @@ def test_a_recalibrated_model_exports_its_shifts_in_its_weights_and_says_so(mode
     assert "Probabilities are not calibrated." in (plain.root / "docs" / "README.md").read_text()
     with pytest.raises(ValueError, match="must be finite numbers"):
         save_recalibrated(model_file, {"Mass": float("nan")}, "x", tmp_path / "nan.pt")
+
+
+def test_a_model_whose_rows_a_site_refitted_exports_them_and_says_its_validation_is_the_federations(
+    model_file, tmp_path
+):
+    """A site's copy with head rows refitted by ``evaluate --refit-rows-out``: the bundle's weights carry the refitted
+    row, its metadata names the kept classes refitted and the rule, never where nor a class left out; its README marks
+    those findings' validation AUROCs as the federation's model's, before the refit, and says so under its limits."""
+    features = load_checkpoint(model_file).state["class_layers.out.weight"].shape[1]
+    rows = {
+        "Pleural Effusion": RefitRow(np.linspace(-1.0, 1.0, features), 0.75, 0.1),
+        "Tuberculosis": RefitRow(np.full(features, 0.25), -0.5, 1.0),
+    }
+    refitted = save_refit_rows(model_file, rows, "site-a (training and validation splits)", tmp_path / "refit.pt")
+    checkpoint = load_checkpoint(refitted)
+    server_model = _as_the_servers(
+        checkpoint, tmp_path, {"Pleural Effusion": "a;b", "Mass": "a;b;c", "Tuberculosis": "c"}
+    )
+    sites = {"a": {"val_auroc/Pleural Effusion": 0.8, "val_auroc/Mass": 0.7}}
+    history = [{"round": 3, "validation": {"sites": sites, "mean_val_loss": 0.4, "mean_val_auroc": 0.75}}]
+    (server_model.parent / "round_history.json").write_text(json.dumps(history))
+    root = export_bundle(server_model, tmp_path / "bundle", onnx=False, min_sites=2).root
+    weights = torch.load(root / "models" / "model.pt", weights_only=True)
+    torch.testing.assert_close(
+        weights["class_layers.out.weight"][0], torch.linspace(-1.0, 1.0, features, dtype=torch.float32)
+    )
+    assert float(weights["class_layers.out.bias"][0]) == 0.75
+    metadata = _metadata(root)
+    refit = metadata[EXTRA_KEY]["head_rows_refit"]
+    assert refit == {"classes": ["Pleural Effusion"], "rule": checkpoint.meta["head_rows_refit"]["rule"]}
+    assert "Tuberculosis" not in json.dumps(metadata) and "site-a" not in json.dumps(metadata)
+    readme = (root / "docs" / "README.md").read_text()
+    assert "| 0 | Pleural Effusion | Effusion | 2 | - | 0.800 (1), before the refit |" in readme
+    assert "| 1 | Mass | - | 3 | - | 0.700 (1) |" in readme
+    said = " ".join(readme.split())
+    assert (
+        "- Validated only on the sites' validation splits, not on an external test set. The head rows of 1 "
+        "finding(s) were refitted to one site's own images after the federation trained them" in said
+    )
+    assert "every validation figure here is the federation's model's, before that refit." in said
+    assert "Tuberculosis" not in readme and "site-a" not in readme
 
 
 def test_the_offline_metadata_check_runs_as_the_docs_write_it(exported):

@@ -42,7 +42,14 @@ from ..core.errors import ExportError
 from ..core.head import classes_labelled_by_at_least, slice_for_client
 from ..core.labels import Vocabulary, job_vocabulary
 from ..data.bundle_parts import BundleParts
-from ..evaluation.inference import CALL_SUFFIX, READABLE, RECALIBRATION_KEY, STATUS_COLUMN, THRESHOLDS_KEY
+from ..evaluation.inference import (
+    CALL_SUFFIX,
+    HEAD_REFIT_KEY,
+    READABLE,
+    RECALIBRATION_KEY,
+    STATUS_COLUMN,
+    THRESHOLDS_KEY,
+)
 from ..evaluation.run_summary import HISTORY_FILE, UNION_FILE
 from ..modalities.registry import modality_for_architecture
 from ..training.checkpoint import Checkpoint, load_checkpoint
@@ -394,6 +401,8 @@ def _metadata(
             "thresholds_chosen_on": (source.meta.get(THRESHOLDS_KEY) or {}).get("chosen_on"),
             # where `evaluate --recalibrate-out` fitted the head biases' shifts (each class's, summed), if it did
             "recalibration": _recalibration_of(source.meta.get(RECALIBRATION_KEY), names),
+            # the rows `evaluate --refit-rows-out` refitted at a site after the federation, if it did
+            "head_rows_refit": _refit_of(source.meta.get(HEAD_REFIT_KEY), names),
             "validation": validation,
         },
     }
@@ -506,10 +515,13 @@ def bundle_readme(metadata: Mapping[str, Any], parts: BundleParts) -> str:
         "| # | finding | other spellings read as it | sites that labelled it | threshold | validation AUROC (sites) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+    refitted = set((extra.get("head_rows_refit") or {}).get("classes", ()))
     for index, name in enumerate(names):
         count = "not known" if counts is None else str(counts[name])
         threshold = f"{thresholds[name]:.3f}" if name in thresholds else "-"
         auroc = f"{per_class[name]['auroc']:.3f} ({per_class[name]['sites']})" if name in per_class else "-"
+        if name in refitted:
+            auroc = f"{auroc}, before the refit" if name in per_class else "refitted at a site"
         aliases = ", ".join(extra["aliases"][name]) or "-"
         lines.append(f"| {index} | {name} | {aliases} | {count} | {threshold} | {auroc} |")
     lines += ["", "## Trained on", ""]
@@ -568,7 +580,8 @@ def bundle_readme(metadata: Mapping[str, Any], parts: BundleParts) -> str:
         "## Limits",
         "",
         "- Research use; not validated for clinical use. " + _calibration(extra.get("recalibration")),
-        "- Validated only on the sites' validation splits, not on an external test set.",
+        "- Validated only on the sites' validation splits, not on an external test set."
+        + _refit_said(extra.get("head_rows_refit")),
         "- Inputs must be prepared exactly as described above; an input that cannot be read stops the run "
         "(surgical-aggregation's `predict` skips it and says why).",
         "",
@@ -587,6 +600,26 @@ def _calibration(recalibration: Mapping[str, Any] | None) -> str:
     return (
         "Probabilities were recalibrated in the large to a site's own validation split (one intercept per finding, "
         f"to that split's prevalence, for {len(recalibration['shifts'])} of them); their spread is not."
+    )
+
+
+def _refit_of(refit: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str, Any] | None:
+    """The model's refitted head rows for the bundle: the kept classes whose rows a site refitted on its own images
+    (``evaluate --refit-rows-out``) and the rule; not where, nor a class left out. None where no kept class was."""
+    classes = [name for name in names if name in set((refit or {}).get("classes") or ())]
+    if not classes:
+        return None
+    return {"classes": classes, "rule": refit.get("rule")}
+
+
+def _refit_said(refit: Mapping[str, Any] | None) -> str:
+    """What the bundle's README says of rows a site refitted: the validation figures are the federation's model's."""
+    if not refit:
+        return ""
+    return (
+        f" The head rows of {len(refit['classes'])} finding(s) were refitted to one site's own images after the "
+        "federation trained them (`evaluate --refit-rows-out`: they no longer carry what other sites taught them, a "
+        "trigger with the rest); every validation figure here is the federation's model's, before that refit."
     )
 
 
