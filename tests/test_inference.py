@@ -21,6 +21,7 @@ from surgical_aggregation.evaluation.inference import (
     THRESHOLDS_KEY,
     evaluate_and_recalibrate,
     labelled_set,
+    save_refit_rows,
     scoring_dataset,
 )
 from surgical_aggregation.images.layouts import load_table
@@ -29,7 +30,7 @@ from surgical_aggregation.images.names import NETWORK_KEY, SMOKE_DENSENET
 from surgical_aggregation.images.synthetic import generate_nih
 from surgical_aggregation.training.checkpoint import load_checkpoint, save_checkpoint
 from surgical_aggregation.training.config import load_site_config, site_config_from_dict
-from surgical_aggregation.training.head_refit import refit_rows
+from surgical_aggregation.training.head_refit import RefitRow, refit_rows
 from surgical_aggregation.training.loops import head_inputs, make_loader
 from surgical_aggregation.training.site_data import resolve_table, split_table
 
@@ -278,7 +279,7 @@ def test_a_site_refits_the_rows_of_its_classes_on_its_own_images(model_file, tmp
     refit_c = {name: float(table.loc[name, "refit_c"]) for name in ("Mass", "Pleural Effusion")}
     assert refit_c == {"Mass": expected[0].strength, "Pleural Effusion": expected[1].strength}
     assert record["classes"] == ["Mass", "Pleural Effusion"]
-    assert record["fitted_on"] == "site (training and validation splits)"
+    assert record["fitted_on"] == ["site (training and validation splits)"]
     assert load_checkpoint(with_thresholds).meta[THRESHOLDS_KEY]["values"].keys() == {"Mass", "Pleural Effusion"}
     assert THRESHOLDS_KEY not in after.meta  # set for the old rows, every one refitted
     assert after.meta[HEAD_REFIT_KEY]["c"] == {name: table_c for name, table_c in refit_c.items()}
@@ -298,3 +299,25 @@ def test_a_site_refits_the_rows_of_its_classes_on_its_own_images(model_file, tmp
                  str(tmp_path / "x.pt")]) == 2  # fmt: skip
     assert "--split applies to a plain evaluation; --refit-rows-out fits on train and val" in capsys.readouterr().err
     assert main([*evaluate, "--model", str(pushed), "--out", str(plain), "--refit-rows-out", str(pushed)]) == 2
+
+
+def test_a_second_refit_adds_its_rows_to_the_first_ones_record(model_file, tmp_path):
+    """Refitting a refitted file again: the rows refitted the first time and not the second keep their fit, and the
+    meta names every row refitted, each one's latest C, and both fits' places in order."""
+    names = load_checkpoint(model_file).class_names
+    width = load_checkpoint(model_file).state["class_layers.out.weight"].shape[1]
+    first, second = names[0], names[1]
+    once = save_refit_rows(
+        model_file, {first: RefitRow(np.full(width, 0.5), 1.0, 0.1)}, "site (first)", tmp_path / "1.pt"
+    )
+    rows = {first: RefitRow(np.full(width, 0.25), 2.0, 10.0), second: RefitRow(np.full(width, -0.5), 3.0, 1.0)}
+    twice = load_checkpoint(save_refit_rows(once, {second: rows[second]}, "site (second)", tmp_path / "2.pt"))
+    weight = twice.state["class_layers.out.weight"]
+    assert torch.equal(weight[0], torch.full((width,), 0.5, dtype=weight.dtype))  # the first fit, kept
+    assert torch.equal(weight[1], torch.full((width,), -0.5, dtype=weight.dtype))
+    assert twice.meta[HEAD_REFIT_KEY]["classes"] == sorted([first, second])
+    assert twice.meta[HEAD_REFIT_KEY]["c"] == {first: 0.1, second: 1.0}
+    assert twice.meta[HEAD_REFIT_KEY]["fitted_on"] == ["site (first)", "site (second)"]
+    again = load_checkpoint(save_refit_rows(tmp_path / "2.pt", {first: rows[first]}, "site (third)", tmp_path / "3.pt"))
+    assert again.meta[HEAD_REFIT_KEY]["c"] == {first: 10.0, second: 1.0}
+    assert float(again.state["class_layers.out.bias"][0]) == 2.0

@@ -55,7 +55,9 @@ THRESHOLDS_KEY = "thresholds"  # checkpoint meta: {"values": {class: threshold},
 CALL_SUFFIX = " (call)"  # predict's positive-call columns: "<class> (call)", 1 at or above the class's threshold
 # checkpoint meta: {"shifts": {class: its logit shift, summed}, "fitted_on": [each recalibration's split], "rule": ...}
 RECALIBRATION_KEY = "recalibration"
-HEAD_REFIT_KEY = "head_rows_refit"  # checkpoint meta of evaluate --refit-rows-out: which rows, their C, fitted where
+# checkpoint meta of evaluate --refit-rows-out: {"classes": [every row refitted], "c": {class: its last C},
+# "fitted_on": [each refit's splits], "rule": ...}
+HEAD_REFIT_KEY = "head_rows_refit"
 RECALIBRATION_RULE = "recalibration in the large (one intercept per class, its mean probability = its prevalence)"
 RECALIBRATION_COLUMNS = ("intercept_shift", "loss", "recalibrated_loss")
 
@@ -586,17 +588,19 @@ def _with_rows(checkpoint: Checkpoint, rows: Mapping[str, RefitRow]) -> dict[str
 
 def save_refit_rows(checkpoint_path: str | Path, rows: Mapping[str, RefitRow], fitted_on: str, out: str | Path) -> Path:
     """A copy of the model with ``rows`` in its head (each class's row by name); its meta records which rows, the C
-    of each and where they were fitted. Thresholds and recalibration shifts saved with the model for those classes
-    are dropped: they were set for the rows replaced."""
+    of each and where they were fitted, added to those of an earlier refit of the same file. Thresholds and
+    recalibration shifts saved with the model for those classes are dropped: they were set for the rows replaced."""
     checkpoint = load_checkpoint(checkpoint_path)
     unknown = sorted(set(rows) - set(checkpoint.class_names))
     if unknown:
         raise ModelFileError(f"{checkpoint_path} does not predict {unknown[:3]}: no row to refit there")
     meta = dict(checkpoint.meta)
+    earlier = meta.get(HEAD_REFIT_KEY) or {}  # a model refitted before: its other rows stay refitted
+    strengths = {**(earlier.get("c") or {}), **{name: row.strength for name, row in rows.items()}}
     meta[HEAD_REFIT_KEY] = {
-        "classes": sorted(rows),
-        "c": {name: row.strength for name, row in sorted(rows.items())},
-        "fitted_on": fitted_on,
+        "classes": sorted(strengths),
+        "c": dict(sorted(strengths.items())),
+        "fitted_on": [*(earlier.get("fitted_on") or []), fitted_on],
         "rule": "logistic regression on the model's features of the training split, C on the validation split, "
         "then fitted on both",
     }
