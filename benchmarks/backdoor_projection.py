@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 from attack_suite import UNION, test_config
-from backdoor_pruning import offline_parser, write_table
+from backdoor_pruning import offline_parser, read_or_run, write_table
 from backdoor_refit import MODELS, TestSet, _canonical, _head
 from suite_site import trigger_of
 
@@ -99,13 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = offline_parser(__doc__.splitlines()[0], MARKER)
     parser.add_argument("--marker", default=MARKER, help=f"the markers' name (default {MARKER})")
     args = parser.parse_args(argv)
-    if args.table_only:
-        found = json.loads(args.out.read_text())
-    else:
-        if not args.runs or len(args.runs) != 2:
-            parser.error("--runs names a backdoor run and its clean run")
-        found = run(args.suite_out, args.runs)
-        args.out.write_text(json.dumps(found, indent=2) + "\n")
+    found = read_or_run(args, parser, run)
     write_table(table(found), args.write_doc, args.marker)
     return found
 

@@ -97,6 +97,20 @@ def offline_parser(description: str, marker: str) -> argparse.ArgumentParser:
     return parser
 
 
+def read_or_run(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, compute: Callable[[Path, list[str]], dict]
+) -> dict:
+    """``--table-only``: the record of ``--out``; else ``compute(suite_out, runs)`` on a backdoor run and its clean
+    run (``--runs``), written to ``--out``."""
+    if args.table_only:
+        return json.loads(args.out.read_text())
+    if not args.runs or len(args.runs) != 2:
+        parser.error("--runs names a backdoor run and its clean run")
+    found = compute(args.suite_out, args.runs)
+    args.out.write_text(json.dumps(found, indent=2) + "\n")
+    return found
+
+
 def run_offline(
     args: argparse.Namespace, score: Callable[[Path, dict], Any], table_of: Callable[[dict], list[str]], marker: str
 ) -> dict:

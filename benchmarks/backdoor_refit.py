@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from attack_suite import TARGET, UNION, Triggered, backdoor_success, test_config
 from backdoor_flipping import mean_auroc
-from backdoor_pruning import offline_parser, write_table
+from backdoor_pruning import offline_parser, read_or_run, write_table
 from suite_site import trigger_of
 
 from surgical_aggregation.core.head import NAMED_HEAD
@@ -193,13 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="fit each row again on training and validation images at the C chosen (evaluate --refit-rows-out's way)",
     )
     args = parser.parse_args(argv)
-    if args.table_only:
-        found = json.loads(args.out.read_text())
-    else:
-        if not args.runs or len(args.runs) != 2:
-            parser.error("--runs names a backdoor run and its clean run")
-        found = run(args.suite_out, args.runs, args.refit_on_both)
-        args.out.write_text(json.dumps(found, indent=2) + "\n")
+    found = read_or_run(args, parser, lambda suite_out, runs: run(suite_out, runs, args.refit_on_both))
     for label in MODELS:
         print(label, json.dumps(found[label]["located"], indent=1))
     write_table(table(found), args.write_doc, args.marker)

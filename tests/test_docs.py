@@ -954,19 +954,9 @@ def test_the_head_rows_refitted_each_round_and_once_at_a_site_are_the_records():
     both = {}
     for size in ("three", "seven"):
         found = json.loads((REPOSITORY / "docs" / "attack-suite" / f"refit-both-{size}-sites.json").read_text())
-        assert found["refit_on_both"] is True
         marker = "backdoor-refit-both" + ("" if size == "three" else "-seven-sites")
         assert marked_block(page, marker) == "\n".join(refit.table(found))
-        attacked, clean = found["runs"]
-        both[size] = {  # site -> (AUROC against the clean global model, success above it, above the clean refit)
-            (label, site): (
-                runs[attacked]["refit"]["mean_auroc"] - runs[clean]["global"]["mean_auroc"],
-                100 * (runs[attacked]["refit"]["success"] - runs[clean]["global"]["success"]),
-                100 * (runs[attacked]["refit"]["success"] - runs[clean]["refit"]["success"]),
-            )
-            for label in refit.MODELS
-            for site, runs in found[label]["refit"].items()
-        }
+        both[size] = _refit_against_the_clean_run(f"refit-both-{size}-sites.json")
 
     def held(figures: tuple[float, float, float]) -> bool:
         return figures[0] >= -suite.TOLERANCE and figures[1] <= 100 * suite.BACKDOOR_TOLERANCE
