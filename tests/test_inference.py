@@ -321,3 +321,9 @@ def test_a_second_refit_adds_its_rows_to_the_first_ones_record(model_file, tmp_p
     again = load_checkpoint(save_refit_rows(tmp_path / "2.pt", {first: rows[first]}, "site (third)", tmp_path / "3.pt"))
     assert again.meta[HEAD_REFIT_KEY]["c"] == {first: 10.0, second: 1.0}
     assert float(again.state["class_layers.out.bias"][0]) == 2.0
+    # a file refitted before the record was a list names its one place as a string: read as that place
+    earlier = load_checkpoint(once)
+    single = {**earlier.meta, HEAD_REFIT_KEY: {**earlier.meta[HEAD_REFIT_KEY], "fitted_on": "site (first)"}}
+    old = save_checkpoint(tmp_path / "old.pt", earlier.state, earlier.class_names, **single)
+    later = load_checkpoint(save_refit_rows(old, {second: rows[second]}, "site (second)", tmp_path / "4.pt"))
+    assert later.meta[HEAD_REFIT_KEY]["fitted_on"] == ["site (first)", "site (second)"]

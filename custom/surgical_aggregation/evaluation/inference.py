@@ -597,10 +597,12 @@ def save_refit_rows(checkpoint_path: str | Path, rows: Mapping[str, RefitRow], f
     meta = dict(checkpoint.meta)
     earlier = meta.get(HEAD_REFIT_KEY) or {}  # a model refitted before: its other rows stay refitted
     strengths = {**(earlier.get("c") or {}), **{name: row.strength for name, row in rows.items()}}
+    places = earlier.get("fitted_on") or []
+    places = [places] if isinstance(places, str) else list(places)  # a file of stop 107 names one place
     meta[HEAD_REFIT_KEY] = {
         "classes": sorted(strengths),
         "c": dict(sorted(strengths.items())),
-        "fitted_on": [*(earlier.get("fitted_on") or []), fitted_on],
+        "fitted_on": [*places, fitted_on],
         "rule": "logistic regression on the model's features of the training split, C on the validation split, "
         "then fitted on both",
     }
