@@ -475,10 +475,30 @@ def test_a_model_whose_rows_a_site_refitted_exports_them_and_says_its_validation
     said = " ".join(readme.split())
     assert (
         "- Validated only on the sites' validation splits, not on an external test set. The head rows of 1 "
-        "finding(s) were refitted to one site's own images after the federation trained them" in said
+        "finding(s) were refitted to a site's own images after the federation trained them" in said
     )
     assert "every validation figure here is the federation's model's, before that refit." in said
     assert "Tuberculosis" not in readme and "site-a" not in readme
+    both = save_recalibrated(server_model, {"Mass": 0.5}, "site-b (validation split)", server_model.parent / "both.pt")
+    readme = (export_bundle(both, tmp_path / "both", onnx=False, min_sites=2).root / "docs" / "README.md").read_text()
+    assert "before a site recalibrated it (the AUROCs are the same, but the refitted findings')." in " ".join(
+        readme.split()
+    )
+    # without the server's history: no validation figure to speak of; every refitted row left out: nothing refitted
+    (server_model.parent / "round_history.json").unlink()
+    unvalidated = export_bundle(server_model, tmp_path / "alone", onnx=False, min_sites=2).root / "docs" / "README.md"
+    said = " ".join(unvalidated.read_text().split())
+    assert "| 0 | Pleural Effusion | Effusion | 2 | - | refitted at a site |" in unvalidated.read_text()
+    assert (
+        "after the federation trained them (`evaluate --refit-rows-out`: they no longer carry what other sites " in said
+    )
+    assert "before that refit" not in said
+    only = save_refit_rows(model_file, {"Tuberculosis": rows["Tuberculosis"]}, "site-c", server_model.parent / "tb.pt")
+    plain = export_bundle(only, tmp_path / "plain", onnx=False, min_sites=2).root
+    assert (
+        _metadata(plain)[EXTRA_KEY]["head_rows_refit"] is None
+        and "refit" not in (plain / "docs" / "README.md").read_text()
+    )
 
 
 def test_the_offline_metadata_check_runs_as_the_docs_write_it(exported):

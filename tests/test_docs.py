@@ -1079,30 +1079,50 @@ def test_a_second_seed_of_the_glyph_backdoor_and_each_sites_refit_are_the_record
     three_sites = _refit_against_the_clean_run("refit-both-three-sites-seed2.json")
     seven_sites = _refit_against_the_clean_run("refit-both-seven-sites-seed2.json")
     assert all(held(figures) for figures in (*three_sites.values(), *seven_sites.values()))
-    assert f"At three sites the trigger lies within {max(f[1] for f in three_sites.values()):.1f} points" in text
+    own = [max(abs(f[2]) for f in found.values()) for found in (three_sites, seven_sites)]
+    assert f"the trigger lies within {own[0]:.1f} points at three sites and within {own[1]:.1f} at seven" in text
+    assert (
+        f"at three sites within {max(f[1] for f in three_sites.values()):.1f} points of its {share['three_clean']}, "
+        in text
+    )
     chexpert = {round(f[0], 3) for (_, site), f in three_sites.items() if site == "site-chexpert-1"}
     nih = {round(-f[0], 3) for (_, site), f in three_sites.items() if site == "site-nih-1"}
     assert chexpert == {0.010} and nih == {0.023}
-    assert "rank the CheXpert site's findings 0.010 better and the NIH site's 0.023 worse than it" in text
+    assert "the refitted rows ranking the CheXpert site's findings 0.010 better and the NIH site's 0.023 worse" in text
     edge = max(f[1] for f in seven_sites.values())
     at_edge = sorted({site for (_, site), f in seven_sites.items() if f[1] == edge})
-    assert at_edge == ["site-chexpert-1", "site-nih-3"] and edge > 100 * suite.BACKDOOR_TOLERANCE - 100 / 426
-    assert f"At seven sites the trigger lies within {edge:.1f} points of the clean global model's 5.4 %" in text
+    assert at_edge == ["site-chexpert-1", "site-nih-3"]
+    assert 100 * suite.BACKDOOR_TOLERANCE - 100 / 426 / 3 < edge <= 100 * suite.BACKDOOR_TOLERANCE  # a third of one
+    assert f"at seven sites within {edge:.1f} points of its {share['seven_clean']}, each" in text
     costs = sorted(-f[0] for f in seven_sites.values())
-    assert f"each site's findings ranked {costs[0]:.3f} to {costs[-1]:.3f} below the clean global model's" in text
-    # both seeds, as docs/using-the-model.md sums them up
+    assert f"each site's findings ranked {costs[0]:.3f} to {costs[-1]:.3f} below it" in text
+    seven_look = looks["seven"]["best"]["refit"]
+    attacked_name, clean_name = looks["seven"]["runs"]
+    refitted = {site: _percent(seven_look[site][name]["refit"]["success"]) for site in at_edge
+                for name in (attacked_name,)}  # fmt: skip
+    clean_refits = [_percent(seven_look[site][clean_name]["refit"]["success"]) for site in at_edge]
+    assert set(refitted.values()) == {"10.3 %"}
+    assert "(site-chexpert-1 and site-nih-3, 10.3 %) sit a third of one test image inside the tolerance" in text
+    assert f"the clean run's own refits give those sites {clean_refits[0]} and {clean_refits[1]}:" in text
+    # both seeds, as docs/using-the-model.md sums them up: a site holds where its best and its final model do
     every = {
         record: _refit_against_the_clean_run(record)
         for record in ("refit-both-three-sites.json", "refit-both-seven-sites.json",
                        "refit-both-three-sites-seed2.json", "refit-both-seven-sites-seed2.json")
     }  # fmt: skip
-    finals = {(record, site): figures for record, found in every.items()
-              for (label, site), figures in found.items() if label == "final"}  # fmt: skip
-    held_sites = sum(held(figures) for figures in finals.values())
-    assert f"Over the two seeds {held_sites} of the {len(finals)} honest sites hold (seed 1's site-nih-3" in text
-    assert [key for key, figures in finals.items() if not held(figures)] == [
-        ("refit-both-seven-sites.json", "site-nih-3")
-    ]
+    sites = {(record, site): all(held(f) for (_, other), f in found.items() if other == site)
+             for record, found in every.items() for _, site in found}  # fmt: skip
+    held_sites = sum(sites.values())
+    assert (
+        f"Over the two seeds {held_sites} of the {len(sites)} honest sites hold, best and final model (seed 1's "
+        "site-nih-3 at seven sites did not: 10.8 % against 5.4 %)" in text
+    )
+    assert [key for key, holds in sites.items() if not holds] == [("refit-both-seven-sites.json", "site-nih-3")]
+    seed_one = json.loads((REPOSITORY / "docs" / "attack-suite" / "refit-both-seven-sites.json").read_text())
+    failed = seed_one["final"]["refit"]["site-nih-3"]
+    attacked_name, clean_name = seed_one["runs"]
+    found = (_percent(failed[attacked_name]["refit"]["success"]), _percent(failed[clean_name]["global"]["success"]))
+    assert found == ("10.8 %", "5.4 %")
     models = [(record, site, figures) for record, found in every.items() for (_, site), figures in found.items()]
     chexpert = sorted(f[0] for record, site, f in models if "three" in record and site == "site-chexpert-1")
     nih = sorted(-f[0] for record, site, f in models if "three" in record and site == "site-nih-1")
@@ -1112,7 +1132,7 @@ def test_a_second_seed_of_the_glyph_backdoor_and_each_sites_refit_are_the_record
         f"ranked the findings of the CheXpert site of 400 patients {chexpert[0]:.3f} to {chexpert[-1]:.3f} better and "
         f"the NIH site's {nih[0]:.3f} to {nih[-1]:.3f} worse than the clean federation's model, of sites of 100 "
         f"patients {hundred[0]:.3f} to {hundred[-1]:.3f} worse, and took the glyph backdoor to within 5 points of the "
-        f"clean model's share in {held_sites} of the {len(finals)} sites" in usage
+        f"clean model's share in {held_sites} of the {len(sites)} sites" in usage
     )
 
 
@@ -1124,14 +1144,18 @@ def test_the_rows_kept_to_the_clean_features_directions_are_the_records():
     suite = load_benchmark("attack_suite")
     page = (REPOSITORY / "docs" / "server-checks.md").read_text()
     text = " ".join(page.split())
-    above, costs = {}, {}
+    above, costs, scored, above_as_it_is = {}, {}, {}, {}
     for record, marker, seed in (("projection.json", "backdoor-projection", 1),
                                  ("projection-seed2.json", "backdoor-projection-seed2", 2)):  # fmt: skip
         found = json.loads((REPOSITORY / "docs" / "attack-suite" / record).read_text())
         assert found["trigger"] == "glyph" and all(f"-seed{seed}-400p5r-stand-in" in run for run in found["runs"])
         assert marked_block(page, marker) == "\n".join(projection.table(found))
         attacked, clean = found["runs"]
+        as_it_is = found["final"][attacked]["0"]["success"] - found["final"][clean]["0"]["success"]
+        above_as_it_is[seed] = round(100 * as_it_is, 1)
         for label in ("best", "final"):
+            scored[seed, label] = [(hit, found[label][clean][count]) for count, hit in found[label][attacked].items()
+                                   if count != "0"]  # fmt: skip
             for count, hit in found[label][attacked].items():
                 if count != "0":
                     points = round(100 * (hit["success"] - found[label][clean][count]["success"]), 1)
@@ -1141,12 +1165,19 @@ def test_the_rows_kept_to_the_clean_features_directions_are_the_records():
                     if points <= 100 * suite.BACKDOOR_TOLERANCE)  # fmt: skip
     assert {(seed, label) for seed, label, count in above if above[seed, label, count] <= 5} == {(1, "best")}
     paid = sorted(costs[1, "best", count] for count in inside)
+    final_one = min(100 * (hit["success"] - base["success"]) for hit, base in scored[1, "final"])
+    seed_two = min(v for (seed, _, _), v in above.items() if seed == 2)
+    assert scored[2, "best"] == scored[2, "final"]  # seed 2's best model is its final one
     assert (
-        f"On seed 1 the best model comes within 5 points of the clean model projected alike with {inside[0]} to "
-        f"{inside[-1]} directions kept, at {paid[0]:.3f} to {paid[-1]:.3f} of mean AUROC, but the final model stays "
-        f"{min(v for (seed, label, _), v in above.items() if (seed, label) == (1, 'final')):.1f} points or more above "
-        f"at every k, and on seed 2 both stay {min(v for (seed, _, _), v in above.items() if seed == 2):.1f} points "
-        "or more above" in text
+        f"On seed 1 the best model comes within 5 points of the clean model projected alike with "
+        f"{', '.join(map(str, inside[:-1]))} and {inside[-1]} directions kept, its mean AUROC then {paid[0]:.3f} to "
+        f"{paid[-1]:.3f} below the backdoored model's as it is, but the final model stays {final_one:.2f} points or "
+        f"more above at every k; on seed 2, whose best model is its final one, it stays {seed_two:.1f} points or "
+        "more above" in text
+    )
+    assert (
+        f"(seed 2: {above_as_it_is[2]:+.1f} to {above[2, 'final', 8]:+.1f} points) and keeping more brings it back "
+        f"({above[2, 'final', 256]:+.1f} at 256)" in text
     )
 
 

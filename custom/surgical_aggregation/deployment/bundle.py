@@ -554,7 +554,9 @@ def bundle_readme(metadata: Mapping[str, Any], parts: BundleParts) -> str:
             f"AUROC {validation['mean_val_auroc']:.3f}, mean loss {validation['mean_val_loss']:.4f} (means over "
             "sites); the per-finding figures above are means over the sites that label the finding."
             + (
-                " The loss is the federation's model's, before a site recalibrated it (the AUROCs are the same)."
+                " The loss is the federation's model's, before a site recalibrated it (the AUROCs are the same"
+                + (", but the refitted findings'" if extra.get("head_rows_refit") else "")
+                + ")."
                 if extra.get("recalibration")
                 else ""
             )
@@ -581,7 +583,7 @@ def bundle_readme(metadata: Mapping[str, Any], parts: BundleParts) -> str:
         "",
         "- Research use; not validated for clinical use. " + _calibration(extra.get("recalibration")),
         "- Validated only on the sites' validation splits, not on an external test set."
-        + _refit_said(extra.get("head_rows_refit")),
+        + _refit_said(extra.get("head_rows_refit"), validated=bool(validation)),
         "- Inputs must be prepared exactly as described above; an input that cannot be read stops the run "
         "(surgical-aggregation's `predict` skips it and says why).",
         "",
@@ -612,14 +614,16 @@ def _refit_of(refit: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str
     return {"classes": classes, "rule": refit.get("rule")}
 
 
-def _refit_said(refit: Mapping[str, Any] | None) -> str:
-    """What the bundle's README says of rows a site refitted: the validation figures are the federation's model's."""
+def _refit_said(refit: Mapping[str, Any] | None, validated: bool) -> str:
+    """What the bundle's README says of rows a site refitted (and, where it shows validation figures, that they are
+    the federation's model's)."""
     if not refit:
         return ""
     return (
-        f" The head rows of {len(refit['classes'])} finding(s) were refitted to one site's own images after the "
+        f" The head rows of {len(refit['classes'])} finding(s) were refitted to a site's own images after the "
         "federation trained them (`evaluate --refit-rows-out`: they no longer carry what other sites taught them, a "
-        "trigger with the rest); every validation figure here is the federation's model's, before that refit."
+        "trigger with the rest)"
+        + ("; every validation figure here is the federation's model's, before that refit." if validated else ".")
     )
 
 
