@@ -1098,8 +1098,7 @@ def test_a_second_seed_of_the_glyph_backdoor_and_each_sites_refit_are_the_record
     assert f"each site's findings ranked {costs[0]:.3f} to {costs[-1]:.3f} below it" in text
     seven_look = looks["seven"]["best"]["refit"]
     attacked_name, clean_name = looks["seven"]["runs"]
-    refitted = {site: _percent(seven_look[site][name]["refit"]["success"]) for site in at_edge
-                for name in (attacked_name,)}  # fmt: skip
+    refitted = {site: _percent(seven_look[site][attacked_name]["refit"]["success"]) for site in at_edge}
     clean_refits = [_percent(seven_look[site][clean_name]["refit"]["success"]) for site in at_edge]
     assert set(refitted.values()) == {"10.3 %"}
     assert "(site-chexpert-1 and site-nih-3, 10.3 %) sit a third of one test image inside the tolerance" in text

@@ -608,7 +608,8 @@ def _calibration(recalibration: Mapping[str, Any] | None) -> str:
 def _refit_of(refit: Mapping[str, Any] | None, names: Sequence[str]) -> dict[str, Any] | None:
     """The model's refitted head rows for the bundle: the kept classes whose rows a site refitted on its own images
     (``evaluate --refit-rows-out``) and the rule; not where, nor a class left out. None where no kept class was."""
-    classes = [name for name in names if name in set((refit or {}).get("classes") or ())]
+    refitted = set((refit or {}).get("classes") or ())
+    classes = [name for name in names if name in refitted]
     if not classes:
         return None
     return {"classes": classes, "rule": refit.get("rule")}
