@@ -4,7 +4,7 @@
     python benchmarks/specificity_probe.py --epochs 8 --pattern-strength 1 2     # + 40 minutes to build that stand-in
     python benchmarks/specificity_probe.py --epochs 8 --pretraining 20000 8      # + 80 minutes to build that stand-in
     python benchmarks/specificity_probe.py --epochs 8 --pretraining-shapes 128   # + 40 minutes to build that stand-in
-    python benchmarks/specificity_probe.py --epochs 8 --shapes-per-image 3       # + 26 minutes to build that stand-in
+    python benchmarks/specificity_probe.py --epochs 8 --shapes-per-image 3       # + 30 minutes to build that stand-in
 
 The main job's site-nih alone (its embedded data, split, rates and FedBN+), trained from the offline stand-in
 outside FLARE: the head warm-up, then one epoch at a time. After each epoch, on its validation split: the loss, the

@@ -94,10 +94,14 @@ def test_a_full_network_comparison_counts_only_where_the_ceiling_is_finding_spec
     generic = pd.concat([results, ceiling.assign(logit_correlation=[0.75, 0.35], shared_score_auroc_loss=0.1)])
     assert specificity_gate(generic) == [
         "s, nih: centralized (all labels) has a mean logit correlation of 0.55 over 2 seed(s), above 0.3: the "
-        "comparison does not count (its models may rank every finding by one generic score)"
+        "comparison does not count (its models may rank every finding by one generic score); ranking every finding "
+        "by one shared score would cost them 0.100 of mean AUROC"
     ]
-    specific = pd.concat([results, ceiling.assign(logit_correlation=[0.2, 0.3], shared_score_auroc_loss=0.1)])
-    assert specificity_gate(specific)[0].endswith("0.25 over 2 seed(s), at most 0.3: the comparison counts")
+    specific = pd.concat([results, ceiling.assign(logit_correlation=[0.2, 0.3], shared_score_auroc_loss=[0.02, 0.05])])
+    assert specificity_gate(specific)[0].endswith(
+        "0.25 over 2 seed(s), at most 0.3: the comparison counts; ranking every finding by one shared score would "
+        "cost them 0.035 of mean AUROC"
+    )
 
 
 def test_an_absent_control_that_leaves_nothing_out_is_not_run_twice():

@@ -172,7 +172,9 @@ def shared_vs_unique(per_class: pd.DataFrame) -> pd.DataFrame:
 
 def specificity_gate(results: pd.DataFrame) -> list[str]:
     """Per setting and test set where ``centralized_full``'s selected models were measured: whether their mean logit
-    correlation is at most :data:`SPECIFIC_LOGIT_CORRELATION`, so that the setting's full-network comparison counts."""
+    correlation is at most :data:`SPECIFIC_LOGIT_CORRELATION`, so that the setting's full-network comparison counts,
+    and beside it the AUROC they would lose to one shared score: a correlation lowered by fitting each finding less
+    lowers that too (``docs/benchmark``: a stand-in of three shapes an image), so the verdict is read with it."""
     if not _has_specificity(results):
         return []
     ceiling = _with_model(results)
@@ -183,10 +185,12 @@ def specificity_gate(results: pd.DataFrame) -> list[str]:
         if math.isnan(correlation):
             continue
         counts = correlation <= SPECIFIC_LOGIT_CORRELATION
+        shared_score_loss = group["shared_score_auroc_loss"].mean()
         lines.append(
             f"{setting}, {test_set}: centralized (all labels) has a mean logit correlation of {correlation:.2f} over "
             f"{len(group)} seed(s), {'at most' if counts else 'above'} {SPECIFIC_LOGIT_CORRELATION}: the comparison "
             + ("counts" if counts else "does not count (its models may rank every finding by one generic score)")
+            + f"; ranking every finding by one shared score would cost them {shared_score_loss:.3f} of mean AUROC"
         )
     return lines
 
