@@ -10,9 +10,12 @@ null is false; with ``own`` intercepts each model has its own, so the losses as 
 and only the recalibrated null holds; ``shifted``: the first model's intercepts 2.5 logits above the second's, so the
 losses as they are always tell it worse and the recalibrated half decides the server's test alone. The recalibrated
 half's standard error takes each model's fitted intercepts as known; the table shows what that does at small
-validation sizes, beside what the normal approximation does to the losses as they are.
+validation sizes, beside what the normal approximation does to the losses as they are. ``--student-t`` adds each
+test's rates under Student's t with n - 1 degrees of freedom (n the validation images; exact for normal per-image
+differences), the small-sample test the server does not use (``docs/server-checks.md`` says why).
 
     python benchmarks/recalibrated_null.py --draws 2000
+    python benchmarks/recalibrated_null.py --draws 20000 --settings 10x1@0.1 10x7@0.15 20x7@0.15 --student-t
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ import json
 import time
 
 import numpy as np
-from scipy.stats import norm
+from scipy.stats import norm, t
 
 from surgical_aggregation.evaluation.metrics import image_losses, paired_loss_difference, recalibrated_probabilities
+from surgical_aggregation.experiments.grid_run import machine
 
 SETTINGS = ((20, 1, 0.1), (20, 7, 0.15), (50, 1, 0.1), (50, 7, 0.15), (200, 7, 0.15), (1000, 7, 0.15))
 LEVELS = (0.05, 0.01, 0.001)
@@ -34,11 +38,28 @@ INTERCEPTS = ("same", "own", "shifted")
 SHIFT = 2.5  # logits: the first model's intercepts above the second's under ``shifted``
 
 
+def setting_of(text: str) -> tuple[int, int, float]:
+    """``IMAGESxFINDINGS@PREVALENCE`` (the record's names without the intercepts), e.g. ``10x7@0.15``."""
+    try:
+        size, prevalence = text.split("@")
+        images, classes = size.split("x")
+        return int(images), int(classes), float(prevalence)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a setting is IMAGESxFINDINGS@PREVALENCE, e.g. 10x7@0.15") from None
+
+
 def null_rates(
-    images: int, classes: int, prevalence: float, draws: int, rng: np.random.Generator, intercepts: str
+    images: int,
+    classes: int,
+    prevalence: float,
+    draws: int,
+    rng: np.random.Generator,
+    intercepts: str,
+    student_t: bool = False,
 ) -> dict:
-    """Rejection rates at each of :data:`LEVELS` of the test on the losses as they are, recalibrated, and both."""
-    p_values = {"as they are": [], "recalibrated": []}
+    """Rejection rates at each of :data:`LEVELS` of the test on the losses as they are, recalibrated, and both; with
+    ``student_t``, each again under Student's t with ``images - 1`` degrees of freedom (the names end in " (t)")."""
+    z_scores = {"as they are": [], "recalibrated": []}
     for _ in range(draws):
         labels = (rng.random((images, classes)) < prevalence).astype(float)
         signal = 1.5 * (2.0 * labels - 1.0)
@@ -55,19 +76,33 @@ def null_rates(
         }
         for name, (first, second) in pairs.items():
             difference, error = paired_loss_difference(first, second)
-            p_values[name].append(norm.sf(difference / error) if error > 0 else 1.0)
-    raw, again = np.array(p_values["as they are"]), np.array(p_values["recalibrated"])
-    both = np.maximum(raw, again)
-    return {
-        name: {str(level): float(np.mean(values <= level)) for level in LEVELS}
-        for name, values in (("as they are", raw), ("recalibrated", again), ("both (the server's)", both))
-    }
+            z_scores[name].append(difference / error if error > 0 else -np.inf)
+    tails = {"": norm.sf} | ({" (t)": lambda z: t.sf(z, images - 1)} if student_t else {})
+    rates = {}
+    for suffix, tail in tails.items():
+        raw, again = (tail(np.array(z_scores[name])) for name in ("as they are", "recalibrated"))
+        for name, values in (
+            ("as they are", raw),
+            ("recalibrated", again),
+            ("both (the server's)", np.maximum(raw, again)),
+        ):
+            rates[name + suffix] = {str(level): float(np.mean(values <= level)) for level in LEVELS}
+    return rates
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        type=setting_of,
+        default=list(SETTINGS),
+        metavar="IMAGESxFINDINGS@PREVALENCE",
+        help="the validation sets drawn (default: the record's six, 20 to 1,000 images)",
+    )
+    parser.add_argument("--student-t", action="store_true", help="each test's rates under Student's t too")
     parser.add_argument("--out", help="write the rates as JSON here too")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
@@ -75,19 +110,20 @@ def main(argv: list[str] | None = None) -> dict:
     levels = " | ".join(f"level {level:g}" for level in LEVELS)
     print(f"| images | findings | prevalence | intercepts | test | {levels} |")
     print("| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in LEVELS) + " |")
-    for images, classes, prevalence in SETTINGS:
+    for images, classes, prevalence in args.settings:
         for intercepts in INTERCEPTS:
-            rates = null_rates(images, classes, prevalence, args.draws, rng, intercepts)
+            rates = null_rates(images, classes, prevalence, args.draws, rng, intercepts, args.student_t)
             results[f"{images}x{classes}@{prevalence}/{intercepts}"] = rates
             for name, by_level in rates.items():
-                if intercepts != "same" and name == "as they are":
+                if intercepts != "same" and name.startswith("as they are"):
                     continue  # its null is false: the models' base rates differ
                 shown = " | ".join(f"{by_level[str(level)]:.4f}" for level in LEVELS)
                 print(f"| {images} | {classes} | {prevalence:g} | {intercepts} | {name} | {shown} |", flush=True)
     print(f"{args.draws} draws a setting, seed {args.seed}, {time.time() - started:.0f} s")
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump({"draws": args.draws, "seed": args.seed, "rates": results}, handle, indent=1)
+            record = {"draws": args.draws, "seed": args.seed, "seconds": round(time.time() - started)}
+            json.dump({**record, "machine": machine(), "rates": results}, handle, indent=1)
     return results
 
 

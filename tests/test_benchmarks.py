@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -195,7 +197,6 @@ def test_the_glyph_backdoor_stamps_the_stand_ins_first_shape_and_is_judged_by_it
     """``backdoor_glyph``'s trigger is the stand-in pretraining's first 5x5 shape, cells of width // 16 pixels,
     brightened (saturating) one cell in from the bottom-right corner, the same on an array and a tensor; its runs are
     judged by that trigger's success, and a reference never scored with it judges nothing."""
-    import numpy as np
     import torch
 
     from surgical_aggregation.images.synthetic_pixels import pattern_glyphs
@@ -231,7 +232,6 @@ def test_sign_flip_inside_cancels_the_other_sites_update_just_inside_the_two_sit
     """The reader of stop 93's later-round two-site bounds: its update projects onto the honest one as exactly its
     negation (the mean of the two moves nowhere along it) and stands at the bound's cosine plus the margin, honest in
     its warm-up round and reporting no validation."""
-    import numpy as np
 
     from helpers import load_benchmark
 
@@ -250,7 +250,6 @@ def test_sign_flip_persistent_aims_just_inside_the_running_oppositions_reference
     inside the CUSUM's reference value (a round at that cosine would leave the running opposition at 0; the server
     reads it against the consensus of every update, its own included, which its size drags its way); honest in its
     warm-up round and reporting no validation."""
-    import numpy as np
 
     from surgical_aggregation.core.checks.update import OPPOSITION_REFERENCE, persistently_opposed
 
@@ -346,7 +345,6 @@ def test_a_row_projected_on_the_clean_features_directions_keeps_their_scores_and
     keeps its first two weights, and its bias takes the other two's part of the mean image, so every clean image
     scores as before to 1e-12 while a shift along the third channel (a trigger clean images never show) moves the
     score no more."""
-    import numpy as np
 
     from helpers import load_benchmark
 
@@ -362,3 +360,23 @@ def test_a_row_projected_on_the_clean_features_directions_keeps_their_scores_and
     np.testing.assert_allclose(clean @ kept.T + moved, clean @ weight.T + bias, atol=1e-12)
     trigger = np.array([0.0, 0.0, 5.0, 0.0])
     np.testing.assert_allclose((clean + trigger) @ kept.T + moved, clean @ kept.T + moved, atol=1e-12)
+
+
+def test_the_null_rates_under_students_t_reject_a_subset_of_the_normals():
+    """``recalibrated_null.py --student-t``: the same draws' z-scores read under Student's t with n - 1 degrees of
+    freedom, whose tail is heavier than the normal's, so at every level each test rejects no draw the normal did not
+    (rates at most the normal's) and, at ten images, fewer; a setting's text is read as the record names it."""
+    from helpers import load_benchmark
+
+    null = load_benchmark("recalibrated_null")
+    assert null.setting_of("10x7@0.15") == (10, 7, 0.15)
+    with pytest.raises(argparse.ArgumentTypeError, match="IMAGESxFINDINGS@PREVALENCE"):
+        null.setting_of("10x7")
+    rates = null.null_rates(10, 1, 0.1, 400, np.random.default_rng(0), "same", student_t=True)
+    names = ("as they are", "recalibrated", "both (the server's)")
+    assert list(rates) == [*names, *(f"{name} (t)" for name in names)]
+    for name in names:
+        for level in ("0.05", "0.01", "0.001"):
+            assert rates[f"{name} (t)"][level] <= rates[name][level], (name, level)
+    assert rates["as they are (t)"]["0.05"] < rates["as they are"]["0.05"]
+    assert list(null.null_rates(10, 1, 0.1, 20, np.random.default_rng(0), "same")) == list(names)

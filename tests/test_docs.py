@@ -1420,7 +1420,7 @@ def test_the_readmes_other_figures_are_their_records():
     assert consortium["exit_code"] == 0 and consortium["published"]
     h100 = json.loads((REPOSITORY / "docs" / "performance" / "h100-224px.json").read_text())
     assert f"an epoch runs at {h100['train_over_ceiling']:.0%} of its CUDA-graph step's ceiling" in readme
-    assert f"(rules designed for {judging.FALSE_ALARM_RATE * 100:g} % false alarms per job)" in readme
+    assert f"(rules designed for {judging.FALSE_ALARM_RATE * 100:g} % false alarms per job, held at hundreds" in readme
     smoke = DenseNet(2, 1, 20, **NETWORK_ARGUMENTS[SMOKE_DENSENET])
     backbone = sum(w.numel() for key, w in smoke.named_parameters() if not key.startswith("class_layers"))
     assert f"FLARE tests: MONAI's DenseNet, {round(backbone / 1000)} k backbone weights." in readme
@@ -3657,6 +3657,51 @@ def test_the_recalibrated_halfs_standard_error_is_its_record():
                for level in levels)  # fmt: skip
     assert f"tell it worse in {math.floor(1000 * told) / 10:.1f} % of the draws or more" in page
     assert round(recalibrated[2] / 0.001) == 4
+
+
+def test_the_harm_tests_rates_at_ten_images_and_under_students_t_are_their_record():
+    """The page's figures of the server's test at ten validation images, and of Student's t, are those of
+    ``docs/harm-test/recalibrated-null-small.json`` (``recalibrated_null.py --student-t``): the most the server's test
+    rejected at ten images of seven findings (the recalibrated half deciding alone) and of one, the most under t with
+    seven findings (ten and 20 images) and with one, and the z each test needs at 0.1 % with ten images."""
+    from scipy.stats import norm, t
+
+    stored = json.loads((REPOSITORY / "docs" / "harm-test" / "recalibrated-null-small.json").read_text())
+    record, levels = stored["rates"], ("0.05", "0.01", "0.001")
+    assert stored["draws"] == 20000 and len(record) == 9 and stored["machine"].startswith("AMD EPYC, family 25 model 1")
+
+    def most(test: str, prefixes: tuple[str, ...]) -> list[float]:
+        return [
+            max(rates[test][level] for name, rates in record.items() if name.startswith(prefixes)) for level in levels
+        ]
+
+    def up(rates: list[float], digits: tuple[int, ...] = (1, 1, 2)) -> str:  # the most, rounded up, as the page shows
+        shown = [
+            f"{math.ceil(100 * value * 10**d - 1e-9) / 10**d:.{d}f} %" for value, d in zip(rates, digits, strict=True)
+        ]
+        return f"{shown[0]}, {shown[1]} and {shown[2]}"
+
+    server = "both (the server's)"
+    seven, one = most(server, ("10x7@",)), most(server, ("10x1@",))
+    assert seven == most("recalibrated", ("10x7@0.15/shifted",))  # "the recalibrated half decides alone"
+    assert round(seven[2] / 0.001) == 8 and all(value < float(level) for value, level in zip(one, levels, strict=True))
+    seven_t, one_t = most(f"{server} (t)", ("10x7@", "20x7@")), most(f"{server} (t)", ("10x1@",))
+    assert all(value > float(level) for value, level in zip(seven_t, levels, strict=True))  # still above
+    assert seven_t[2] == max(
+        record[f"20x7@0.15/{kind}"][f"{server} (t)"]["0.001"] for kind in ("same", "own", "shifted")
+    )
+    assert one_t[2] == 0.0
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert f"`python benchmarks/recalibrated_null.py --draws {stored['draws']} --settings 10x1@0.1 10x7@0.15" in page
+    assert f"{stored['seconds']} s on this task's 2-core AMD EPYC, family 25 model 1;" in page
+    assert f"of seven findings the server's test rejected a true null in up to {up(seven)} of the draws" in page
+    assert f"with ten images of one finding in up to {up(one, (1, 2, 2))}, below the level" in page
+    assert f"Student's t takes seven findings to up to {up(seven_t, (1, 1, 2))}, still above the level" in page
+    assert f"(up to {up(one_t, (1, 2, 2)).removesuffix(' and 0.00 %')} and none)" in page
+    assert f"would need z = {t.isf(0.001, 9):.2f} where the normal asks {norm.isf(0.001):.2f}" in page
+    readme = " ".join((REPOSITORY / "README.md").read_text().split())
+    assert seven[2] > 0.001  # the README's 1 % a job is not held at ten images
+    assert "false alarms per job, held at hundreds of validation images a site)" in readme
 
 
 def _best_round(run: dict, paired: bool, recalibrated: bool = False) -> int | None:
