@@ -11,8 +11,9 @@ and only the recalibrated null holds; ``shifted``: the first model's intercepts 
 losses as they are always tell it worse and the recalibrated half decides the server's test alone. The recalibrated
 half's standard error takes each model's fitted intercepts as known; the table shows what that does at small
 validation sizes, beside what the normal approximation does to the losses as they are. ``--student-t`` adds each
-test's rates under Student's t with n - 1 degrees of freedom (n the validation images; exact for normal per-image
-differences), the small-sample test the server does not use (``docs/server-checks.md`` says why).
+test's rates under Student's t with n - 1 degrees of freedom (n the validation images: the small-sample test of a mean
+of independent normal differences, which the recalibrated half's fitted intercepts are not), a test the server does not
+use (``docs/server-checks.md`` says why).
 
     python benchmarks/recalibrated_null.py --draws 2000
     python benchmarks/recalibrated_null.py --draws 20000 --settings 10x1@0.1 10x7@0.15 20x7@0.15 --student-t
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 
 import numpy as np
 from scipy.stats import norm, t
@@ -46,6 +48,12 @@ def setting_of(text: str) -> tuple[int, int, float]:
         return int(images), int(classes), float(prevalence)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: a setting is IMAGESxFINDINGS@PREVALENCE, e.g. 10x7@0.15") from None
+
+
+def tails(images: int, student_t: bool) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+    """The upper tails a z-score is read under, by the suffix of the tests' names: the normal (the server's), and
+    with ``student_t`` Student's t with ``images - 1`` degrees of freedom."""
+    return {"": norm.sf} | ({" (t)": lambda z: t.sf(z, images - 1)} if student_t else {})
 
 
 def null_rates(
@@ -77,9 +85,8 @@ def null_rates(
         for name, (first, second) in pairs.items():
             difference, error = paired_loss_difference(first, second)
             z_scores[name].append(difference / error if error > 0 else -np.inf)
-    tails = {"": norm.sf} | ({" (t)": lambda z: t.sf(z, images - 1)} if student_t else {})
     rates = {}
-    for suffix, tail in tails.items():
+    for suffix, tail in tails(images, student_t).items():
         raw, again = (tail(np.array(z_scores[name])) for name in ("as they are", "recalibrated"))
         for name, values in (
             ("as they are", raw),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -378,5 +379,13 @@ def test_the_null_rates_under_students_t_reject_a_subset_of_the_normals():
     for name in names:
         for level in ("0.05", "0.01", "0.001"):
             assert rates[f"{name} (t)"][level] <= rates[name][level], (name, level)
+    for suffix in ("", " (t)"):  # the server's test rejects only where both halves do
+        for level in ("0.05", "0.01", "0.001"):
+            halves = min(rates[f"as they are{suffix}"][level], rates[f"recalibrated{suffix}"][level])
+            assert rates[f"both (the server's){suffix}"][level] <= halves
     assert rates["as they are (t)"]["0.05"] < rates["as they are"]["0.05"]
+    z = np.array([-1.0, 0.5, 2.0, 4.0])
+    read = null.tails(10, student_t=True)
+    assert np.allclose(read[" (t)"](z), stats.t.sf(z, 9)) and np.allclose(read[""](z), stats.norm.sf(z))
+    assert list(null.tails(10, student_t=False)) == [""]
     assert list(null.null_rates(10, 1, 0.1, 20, np.random.default_rng(0), "same")) == list(names)

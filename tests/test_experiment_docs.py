@@ -438,6 +438,7 @@ def test_the_stand_in_of_three_shapes_an_image_is_its_records_and_fits_less():
     assert max(_nine(three, "logit_correlation")) < SPECIFIC_LOGIT_CORRELATION
     assert max(_nine(three, "mean_auroc")) < min(_nine(shipped, "mean_auroc"))  # "the weaker model"
     assert max(_nine(three, "shared_score_auroc_loss")) < min(_nine(shipped, "shared_score_auroc_loss"))
+    assert abs(follows["3"] - follows["32"]) < 0.06  # "follows the glyph count as closely"
 
     grid = BENCHMARK / "full-psi-cpu" / "runs" / "nih-K4-psi12of14-N1" / "centralized_full" / "seed0" / "result.json"
     runs = {
@@ -449,14 +450,14 @@ def test_the_stand_in_of_three_shapes_an_image_is_its_records_and_fits_less():
     assert runs["3"]["training"]["initial_model"].split(" (sha256")[0].endswith("-each3.pt")
     selected = {name: run["models"]["selected"]["test_sets"]["nih"] for name, run in runs.items()}
     specific = {name: model["finding_specificity"] for name, model in selected.items()}
-    assert specific["3"]["logit_correlation"] > SPECIFIC_LOGIT_CORRELATION  # "comes near the gate": still above it
+    assert specific["3"]["logit_correlation"] > SPECIFIC_LOGIT_CORRELATION  # "still above the gate's 0.3"
     quoted = (
         f"`--pretrained <its file>` as above, {round(runs['3']['seconds']):,} s; [its record](specificity-probe/"
-        f"centralized-full-3-per-image.json)) comes near the gate, its logits correlating "
-        f"{specific['3']['logit_correlation']:.2f} against {specific['32']['logit_correlation']:.2f} from the shipped "
-        f"one, at a test mean AUROC of {selected['3']['mean_auroc']:.2f} against {selected['32']['mean_auroc']:.2f}, "
-        f"and would lose {specific['3']['shared_score_auroc_loss']:.2f} of it to one shared score against "
-        f"{specific['32']['shared_score_auroc_loss']:.2f}."
+        f"centralized-full-3-per-image.json)) has logits correlating {specific['3']['logit_correlation']:.2f} against "
+        f"{specific['32']['logit_correlation']:.2f} from the shipped one, still above the gate's "
+        f"{SPECIFIC_LOGIT_CORRELATION} (one seed), at a test mean AUROC of {selected['3']['mean_auroc']:.2f} against "
+        f"{selected['32']['mean_auroc']:.2f}, and would lose {specific['3']['shared_score_auroc_loss']:.2f} of it to "
+        f"one shared score against {specific['32']['shared_score_auroc_loss']:.2f}."
     )
     assert quoted in text, quoted
 
