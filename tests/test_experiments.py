@@ -99,8 +99,8 @@ def test_a_full_network_comparison_counts_only_where_the_ceiling_is_finding_spec
     ]
     specific = pd.concat([results, ceiling.assign(logit_correlation=[0.2, 0.3], shared_score_auroc_loss=[0.02, 0.05])])
     assert specificity_gate(specific)[0].endswith(
-        "0.25 over 2 seed(s), at most 0.3: the comparison counts; ranking every finding by one shared score would "
-        "cost them 0.035 of mean AUROC"
+        "0.25 over 2 seed(s), at most 0.3: the comparison counts by this figure; ranking every finding by one shared "
+        "score would cost them 0.035 of mean AUROC"
     )
 
 

@@ -189,7 +189,11 @@ def specificity_gate(results: pd.DataFrame) -> list[str]:
         lines.append(
             f"{setting}, {test_set}: centralized (all labels) has a mean logit correlation of {correlation:.2f} over "
             f"{len(group)} seed(s), {'at most' if counts else 'above'} {SPECIFIC_LOGIT_CORRELATION}: the comparison "
-            + ("counts" if counts else "does not count (its models may rank every finding by one generic score)")
+            + (
+                "counts by this figure"
+                if counts
+                else "does not count (its models may rank every finding by one generic score)"
+            )
             + f"; ranking every finding by one shared score would cost them {shared_score_loss:.3f} of mean AUROC"
         )
     return lines
