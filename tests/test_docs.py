@@ -3613,6 +3613,11 @@ def test_the_three_site_catalogue_under_todays_rules_is_its_record():
     )
 
 
+def _percent_rounded_up(share: float, digits: int) -> str:
+    """A rate as the harm-test paragraphs print their maxima: in percent, rounded up to ``digits`` places."""
+    return f"{math.ceil(100 * share * 10**digits - 1e-9) / 10**digits:.{digits}f} %"
+
+
 def test_the_recalibrated_halfs_standard_error_is_its_record():
     """The page's figures of the harm test's two halves under a true null are those of
     ``docs/harm-test/recalibrated-null.json`` (``benchmarks/recalibrated_null.py``): the most each half rejected, the
@@ -3626,10 +3631,7 @@ def test_the_recalibrated_halfs_standard_error_is_its_record():
         return [max(rates[test][level] for name, rates in record.items() if keep(name)) for level in levels]
 
     def up(rates: list[float]) -> list[str]:  # the most, rounded up: a tenth of a percent, a hundredth at 0.1 %
-        return [
-            f"{math.ceil(100 * value * 10**digits - 1e-9) / 10**digits:.{digits}f} %"
-            for value, digits in zip(rates, (1, 1, 2), strict=True)
-        ]
+        return [_percent_rounded_up(value, digits) for value, digits in zip(rates, (1, 1, 2), strict=True)]
 
     recalibrated = most("recalibrated", lambda name: True)
     assert recalibrated == most("recalibrated", lambda name: name.startswith("20x7@"))  # the most: at 20 images of 7
@@ -3666,6 +3668,8 @@ def test_the_harm_tests_rates_at_ten_images_and_under_students_t_are_their_recor
     seven findings (ten and 20 images) and with one, and the z each test needs at 0.1 % with ten images."""
     from scipy.stats import norm, t
 
+    from surgical_aggregation.data.site_view import DataConfig
+
     stored = json.loads((REPOSITORY / "docs" / "harm-test" / "recalibrated-null-small.json").read_text())
     record, levels = stored["rates"], ("0.05", "0.01", "0.001")
     assert stored["draws"] == 20000 and len(record) == 9 and stored["machine"].startswith("AMD EPYC, family 25 model 1")
@@ -3676,9 +3680,7 @@ def test_the_harm_tests_rates_at_ten_images_and_under_students_t_are_their_recor
         ]
 
     def up(rates: list[float], digits: tuple[int, ...] = (1, 1, 2)) -> str:  # the most, rounded up, as the page shows
-        shown = [
-            f"{math.ceil(100 * value * 10**d - 1e-9) / 10**d:.{d}f} %" for value, d in zip(rates, digits, strict=True)
-        ]
+        shown = [_percent_rounded_up(value, places) for value, places in zip(rates, digits, strict=True)]
         return f"{shown[0]}, {shown[1]} and {shown[2]}"
 
     server = "both (the server's)"
@@ -3699,15 +3701,14 @@ def test_the_harm_tests_rates_at_ten_images_and_under_students_t_are_their_recor
     for now, then, level in zip(again, before, levels, strict=True):  # "within the two runs' noise"
         variance = now * (1 - now) / stored["draws"] + then * (1 - then) / earlier["draws"]
         assert abs(now - then) <= 2 * math.sqrt(variance), level
-    excess = (
-        max(  # from 200 images: each test's rate above its level, in standard errors of the draws, where its null holds
-            (by_level[level] - float(level)) / math.sqrt(float(level) * (1 - float(level)) / earlier["draws"])
-            for name, rates in earlier["rates"].items()
-            if int(name.split("x")[0]) >= 200
-            for test, by_level in rates.items()
-            if test != "as they are" or name.endswith("/same")
-            for level in levels
-        )
+    # from 200 images: each test's rate above its level, in standard errors of the draws, where its null holds
+    excess = max(
+        (by_level[level] - float(level)) / math.sqrt(float(level) * (1 - float(level)) / earlier["draws"])
+        for name, rates in earlier["rates"].items()
+        if int(name.split("x")[0]) >= 200
+        for test, by_level in rates.items()
+        if test != "as they are" or name.endswith("/same")
+        for level in levels
     )
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
     assert f"`python benchmarks/recalibrated_null.py --draws {stored['draws']} --settings 10x1@0.1 10x7@0.15" in page
@@ -3722,8 +3723,6 @@ def test_the_harm_tests_rates_at_ten_images_and_under_students_t_are_their_recor
     assert f"from 200 images every test at most {excess:.1f} standard errors of the draws above its level" in page
     needed, normal = t.isf(0.001, 9), norm.isf(0.001)
     assert f"for z = {needed:.2f} where the normal asks {normal:.2f}, {needed / normal:.2f} times as large" in page
-    from surgical_aggregation.data.site_view import DataConfig
-
     assert DataConfig().split_fractions[1] == 0.1  # "a tenth of its patients, the sites' default split"
     readme = " ".join((REPOSITORY / "README.md").read_text().split())
     assert seven[2] > 0.001  # not at ten images
