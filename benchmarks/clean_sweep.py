@@ -16,6 +16,7 @@ of every global model (``round_history.json``), from which the tables of ``docs/
     python benchmarks/clean_sweep.py --out $OUT/sweep --work /tmp/sweep --seeds $(seq 100 139) --consortium \
         --workers 12 --stop-starting-after 330     # many federations at once on a lent GPU machine (16 cores)
     python benchmarks/clean_sweep.py --out results/clean_sweep --table-only --write-doc docs/server-checks.md
+    python benchmarks/clean_sweep.py --out results/clean_sweep --table-only --plot closest.png  # each rule's margin
 """
 
 from __future__ import annotations
@@ -38,10 +39,17 @@ from typing import Any
 
 import numpy as np
 from hostile_site import direction_check, run_simulator
-from scipy.stats import beta
+from scipy.stats import beta, norm
 
-from surgical_aggregation.core.checks.update import OPPOSED_FIRST_ROUND, consensus_is_no_ones, persistently_opposed
+from surgical_aggregation.core.checks.update import (
+    OPPOSED_FIRST_ROUND,
+    OPPOSITION_LIMIT,
+    consensus_is_no_ones,
+    persistently_opposed,
+)
+from surgical_aggregation.core.judging import TESTS, Harm, auroc_harm_of, harm_of, round_level
 from surgical_aggregation.core.labels import NIH_LABELS
+from surgical_aggregation.core.robust import MIN_SHARED_ROWS, OPPOSED_BACKBONE
 from surgical_aggregation.experiments.grid_run import code_version, machine
 from surgical_aggregation.experiments.grids import assign_label_sets
 from surgical_aggregation.experiments.summary import rewrite_marked_block
@@ -158,12 +166,18 @@ def run_consortium(workspace: Path, start: str = SCRATCH) -> tuple[int, str, Pat
     return result.returncode, result.stdout + result.stderr, app
 
 
+def validation_sizes(log: str) -> dict[str, int]:
+    """site -> its validation images, as each site's log line says when its data are ready (what it declares at the
+    handshake: the floor of its standard errors)."""
+    return {site: int(count) for site, count in re.findall(r"(\S+) data ready: [^\n]*?(\d+) validation", log)}
+
+
 def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
     history = json.loads((app / HISTORY_FILE).read_text()) if (app / HISTORY_FILE).is_file() else []
     rounds = [entry["aggregation"] for entry in history if "aggregation" in entry]
     directions = {str(index): entry.get("directions", {}) for index, entry in enumerate(rounds)}
     validations = {
-        entry["round"]: {site: metrics for site, metrics in entry["validation"].get("sites", {}).items()}
+        str(entry["round"]): {site: metrics for site, metrics in entry["validation"].get("sites", {}).items()}
         for entry in history
         if "validation" in entry
     }
@@ -176,6 +190,7 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
         "rejections": {str(entry_round): entry.get("rejected", {}) for entry_round, entry in enumerate(rounds)},
         "direction_check": direction_check(app),
         "validations": validations,
+        "validation_sizes": validation_sizes(log),
         "directions": directions,
         # each site judged before: its running opposition (the CUSUM of its cosines) after the round, by round
         "opposition": {str(index): entry.get("opposition", {}) for index, entry in enumerate(rounds)},
@@ -289,6 +304,110 @@ def replayed_opposition(directions: dict[str, dict[str, float]]) -> dict[str, di
     return replayed
 
 
+# the rules that stop a job or refuse an honest site, and what a run's record shows of how near it came to each
+# (closest_approaches): its title, the rule's threshold, and whether the rule acts at or below it or above it
+APPROACHES = {
+    "direction": ("3+ sites, direction: lowest cosine", 0.0, "below"),
+    "warmup_rows": (f"3+ sites, warm-up rows ({MIN_SHARED_ROWS}+): lowest mean cosine", 0.0, "below"),
+    "opposition": ("3+ sites, running opposition: highest", OPPOSITION_LIMIT, "above"),
+    "two_site_backbone": ("2 sites, round 0: backbone cosine", OPPOSED_BACKBONE, "below"),
+    "two_site_rows": (f"2 sites, round 0: shared rows ({MIN_SHARED_ROWS}+) mean cosine", 0.0, "below"),
+    "harm": ("harm test: highest z less the z a flag needs", 0.0, "above"),
+}
+
+
+def closest_approaches(result: dict) -> dict[str, float | None]:
+    """How near a run came to each rule of :data:`APPROACHES` (None: the rule judged nothing in it), from the rounds
+    its record keeps (a round that stopped the job keeps no validation: the table shows the stop): the lowest cosine
+    of a site's backbone update with the round's consensus in each round that judged its direction (under the
+    first-round check, each site's first round with three or more cosines and a consensus that is someone's); with the
+    direction check on, the lowest mean cosine of a site's shared head rows (five or more) in the warm-up round (round
+    0) of three or more sites, and a round 0 of two sites' backbone cosine and shared rows' mean cosine (five or more
+    rows); the highest running opposition; and the harm test's highest z (the z of its p: the lower of the loss test's
+    two halves) over each round's sites but those left out in an earlier round, less the z Holm's first step needs at
+    the round's level (``round_level``, half of it a test; the loss test alone in round 0, from untrained heads), each
+    site's standard error floored by its validation size as the server floors it (``validation_sizes``; a record
+    without them: as the site reported it). With three or more sites one flag alone is kept on record, not acted on.
+    A record that does not name its direction check (before it was recorded) reads as judging no direction."""
+    rule = result.get("direction_check")
+    direction, judged = [], set()
+    for number in sorted(result.get("directions", {}), key=int):
+        cosines = result["directions"][number]
+        opposed = [site for site, cosine in cosines.items() if cosine <= 0]
+        if not rule or len(cosines) < 3 or consensus_is_no_ones(opposed, len(cosines)):
+            continue
+        for site, cosine in cosines.items():
+            if rule != OPPOSED_FIRST_ROUND or site not in judged:
+                direction.append(cosine)
+        judged |= set(cosines)
+    shared = result.get("shared_rows", {}).get("0", {}) if rule else {}
+    warmup = [one.get("mean_cosine") for one in shared.values() if one.get("rows", 0) >= MIN_SHARED_ROWS]
+    warmup = [value for value in warmup if value is not None] if len(shared) >= 3 else []
+    opposition = [value for sites in result.get("opposition", {}).values() for value in sites.values()]
+    pair = (result.get("two_sites", {}).get("0") or {}) if rule else {}
+    rows = pair.get("shared_rows_mean_cosine") if (pair.get("shared_rows") or 0) >= MIN_SHARED_ROWS else None
+    harm, sizes, left_out = [], result.get("validation_sizes", {}), set()
+    level = round_level(result["federation"]["rounds"])
+    validations = {str(number): figures for number, figures in result.get("validations", {}).items()}
+    for number in range(result["federation"]["rounds"]):
+        figures = {site: one for site, one in validations.get(str(number), {}).items() if site not in left_out}
+        for test in (harm_of, auroc_harm_of) if number > 0 else (harm_of,):
+            tests = [test(metrics, sizes.get(site)) for site, metrics in figures.items()]
+            tests = [found for found in tests if found is not None]
+            if tests:
+                needed = norm.isf(level / len(TESTS) / len(tests))
+                harm.append(float(max(map(_deciding_z, tests)) - needed))
+        left_out |= set(result.get("excluded", {}).get(str(number), []))
+    return {
+        "direction": min(direction, default=None),
+        "warmup_rows": min(warmup, default=None),
+        "opposition": max(opposition, default=None),
+        "two_site_backbone": pair.get("backbone_cosine"),
+        "two_site_rows": rows,
+        "harm": max(harm, default=None),
+    }
+
+
+def _deciding_z(harm: Harm) -> float:
+    """The z of a harm test's p: the loss test's is the larger p of its two halves, so the smaller z."""
+    return harm.z if harm.recalibrated is None else min(harm.z, harm.recalibrated.z)
+
+
+def plot_approaches(results: dict[str, dict], path: Path) -> Path:
+    """One panel a rule of :data:`APPROACHES`: each federation's closest approach to it (in the order of their names,
+    coloured by their sites), the rule's threshold dashed red; a point on the side the rule acts on is a false alarm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(2, 3, figsize=(11, 6.4))
+    palette = plt.get_cmap("viridis")
+    colours = {count: palette(index / (len(SITE_COUNTS) - 1)) for index, count in enumerate(SITE_COUNTS)}
+    ordered = sorted(results.items())
+    approaches = [closest_approaches(result) for _, result in ordered]
+    for axis, (key, (title, threshold, side)) in zip(axes.flat, APPROACHES.items(), strict=True):
+        judged = 0
+        for index, ((_, result), approach) in enumerate(zip(ordered, approaches, strict=True)):
+            if approach[key] is not None:
+                judged += 1
+                axis.scatter(index, approach[key], color=colours.get(len(result["federation"]["sites"])), s=16)
+        axis.axhline(threshold, color="red", linestyle="--", linewidth=1)
+        plural = "" if judged == 1 else "s"
+        axis.set_title(f"{title}\n({judged} federation{plural}; the rule acts {side} the red line)", fontsize=8)
+        axis.set_xlim(-1, len(ordered))
+        axis.tick_params(labelsize=7)
+    for axis in axes[-1]:
+        axis.set_xlabel(f"federation ({ordered[0][0]} ... {ordered[-1][0]}, by name)", fontsize=7)
+    handles = [plt.Line2D([], [], marker="o", linestyle="", color=colour, label=f"{count} sites")
+               for count, colour in colours.items()]  # fmt: skip
+    axes.flat[-1].legend(handles=handles, fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def upper_bound(events: int, trials: int, confidence: float = 0.95) -> float:
     """The exact (Clopper-Pearson) one-sided upper confidence bound of a rate seen ``events`` times in ``trials``:
     what the sweep says the false-alarm rate is at most."""
@@ -318,6 +437,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     )
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("--write-doc", type=Path)
+    parser.add_argument("--plot", type=Path, help="draw each federation's closest approach to each rule (a PNG)")
+    parser.add_argument(
+        "--sizes-from-logs",
+        action="store_true",
+        help="add to each stored run without them its sites' validation sizes, from its log in --out (runs recorded "
+        "before the sizes were kept)",
+    )
     parser.add_argument("--marker", default=MARKER, help=f"the page's marked block to write (default {MARKER})")
     parser.add_argument("--work", type=Path, help="jobs, workspaces and caches (default: --out)")
     parser.add_argument(
@@ -370,6 +496,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         with ThreadPoolExecutor(max_workers=max(args.workers, 1)) as pool:
             for done in [pool.submit(run, plan) for plan in plans if plan.name not in results]:
                 done.result()
+    if args.sizes_from_logs:
+        for name, result in results.items():
+            kept = args.out / f"{name}.log"
+            if "validation_sizes" not in result and kept.is_file():
+                result["validation_sizes"] = validation_sizes(kept.read_text())
+        store.write_text(json.dumps(results, indent=2) + "\n")
     lines = table(results)
     print("\n".join(lines))
     if args.write_doc:
@@ -377,6 +509,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         args.write_doc.write_text(
             rewrite_marked_block(text, f"<!-- {args.marker} -->", f"<!-- /{args.marker} -->", "\n".join(lines))
         )
+    if args.plot:
+        plot_approaches(results, args.plot)
     return results
 
 

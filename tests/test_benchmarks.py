@@ -287,6 +287,88 @@ def test_the_running_opposition_replayed_on_recorded_cosines_follows_the_rule() 
     assert replayed["4"] == {"a": 0.0, "b": 0.0, "x": pytest.approx(0.8)}
 
 
+def test_a_runs_closest_approach_to_each_rule_is_read_as_the_rule_reads_it() -> None:
+    """Direction: each site's first judged round under the first-round check (every round with three or more under
+    the check on), a round whose consensus is no one's skipped; warm-up rows and two sites: round 0, with the check
+    on; the harm test: each round's highest z (a loss test's the lower of its two halves) less the z Holm's first step
+    needs at half the round's level over the sites tested, those left out earlier not among them (the loss alone in
+    round 0), each standard error floored by the site's validation size."""
+    from scipy.stats import norm
+
+    from helpers import load_benchmark
+
+    sweep = load_benchmark("clean_sweep")
+    level = 0.01 / 2  # two rounds
+    loss_only = {"val_loss_minus_own": 0.1, "val_loss_minus_own_se": 0.01, "val_loss_minus_start": 0.1,
+                 "val_loss_minus_start_se": 0.05, "val_loss": 0.5}  # fmt: skip  # no gain: margin 0.3 x 0.4, z -2
+    recalibrated = {"val_recalibrated_loss_minus_own": 0.05, "val_recalibrated_loss_minus_own_se": 0.01,
+                    "val_recalibrated_loss_minus_start": 0.05, "val_recalibrated_loss_minus_start_se": 0.05,
+                    "val_recalibrated_loss": 0.45}  # fmt: skip  # margin 0.3 x 0.4, z -7
+    gained = {"val_loss_minus_own": 0.05, "val_loss_minus_own_se": 0.01, "val_loss_minus_start": -0.05,
+              "val_loss_minus_start_se": 0.02, "val_loss": 0.5}  # fmt: skip  # margin 0.1 + 0.3 x 0.45, z -9.25
+
+    def ranking(better_by: float) -> dict[str, float]:  # no start: margin 0.05, error 0.02
+        return {"val_auroc_minus_own": better_by, "val_auroc_minus_own_se": 0.02}
+
+    shared = {"a": {"rows": 5, "mean_cosine": 0.7}, "b": {"rows": 4, "mean_cosine": -0.5},
+              "c": {"rows": 6, "mean_cosine": 0.9}}  # fmt: skip
+    result = {
+        "federation": {"rounds": 2, "sites": {"a": {}, "b": {}, "c": {}}},
+        "direction_check": "first_round",
+        "directions": {
+            "0": {"a": 0.4, "b": -0.3, "c": -0.2},  # two of three opposed: no one's, nobody judged
+            "1": {"a": -0.1, "b": 0.2, "c": 0.6},
+        },
+        "shared_rows": {"0": shared, "1": {"a": {"rows": 5, "mean_cosine": -0.9}}},  # round 1 is not judged
+        "opposition": {"0": {}, "1": {"a": 0.0, "b": 0.15}},
+        "two_sites": {"0": {}, "1": {"backbone_cosine": -0.9}},
+        "validations": {
+            "0": {"a": {**gained, **ranking(-0.11)}, "b": {**loss_only, **recalibrated}, "c": {}},  # a's z 3 unread
+            "1": {"a": ranking(0.03), "b": ranking(0.35)},  # z -4 and -20
+        },
+        "excluded": {"0": [], "1": []},
+    }
+    approaches = sweep.closest_approaches(result)
+    harm_0 = -7 - norm.isf(level / 2 / 2)  # b's recalibrated half decides (as it is: z -2); two sites tested
+    harm_1 = -4 - norm.isf(level / 2 / 2)  # the ranking test of a and b
+    assert approaches == {
+        "direction": -0.1,
+        "warmup_rows": 0.7,
+        "opposition": 0.15,
+        "two_site_backbone": None,
+        "two_site_rows": None,
+        "harm": pytest.approx(max(harm_0, harm_1), abs=1e-9),
+    }
+    assert approaches["harm"] == pytest.approx(-7.0233, abs=1e-4)
+    # b left out in round 0: round 1's family is a alone
+    excluded = sweep.closest_approaches({**result, "excluded": {"0": ["b"], "1": []}})
+    assert excluded["harm"] == pytest.approx(-4 - norm.isf(level / 2), abs=1e-9)
+    # a declared 4 validation images: its AUROC error floored at 0.05 / 2, z -3.2
+    floored = sweep.closest_approaches({**result, "validation_sizes": {"a": 4, "b": 10_000}})
+    assert floored["harm"] == pytest.approx(-3.2 - norm.isf(level / 2 / 2), abs=1e-9)
+    assert sweep.closest_approaches({**result, "direction_check": True})["direction"] == -0.1
+    later = {**result, "directions": {"0": {"a": 0.4, "b": 0.3, "c": 0.2}, "1": {"a": -0.1, "b": 0.2, "c": 0.6}}}
+    assert sweep.closest_approaches(later)["direction"] == 0.2  # each judged in round 0 only
+    assert sweep.closest_approaches({**later, "direction_check": True})["direction"] == -0.1
+    unjudged = sweep.closest_approaches({**later, "direction_check": False})
+    assert unjudged["direction"] is None and unjudged["warmup_rows"] is None
+    pair = {"backbone_cosine": -0.2, "shared_rows": 5, "shared_rows_mean_cosine": 0.9}
+    two = {"federation": {"rounds": 1, "sites": {"a": {}, "b": {}}}, "two_sites": {"0": pair, "1": {}},
+           "direction_check": True}  # fmt: skip
+    assert sweep.closest_approaches(two) == {
+        "direction": None, "warmup_rows": None, "opposition": None, "two_site_backbone": -0.2, "two_site_rows": 0.9,
+        "harm": None,
+    }  # fmt: skip
+    fewer = sweep.closest_approaches({**two, "two_sites": {"0": {**pair, "shared_rows": 4}}})
+    assert fewer["two_site_rows"] is None and fewer["two_site_backbone"] == -0.2
+    assert sweep.closest_approaches({**two, "direction_check": False})["two_site_backbone"] is None
+    log = (
+        "2026-12-07 10:34:36,291 - site-1-nih - INFO - site-1-nih data ready: 14 classes; 749 train / 266 validation "
+        "/ 272 test images\n... - site-4-siim data ready: 1 classes; 101 train / 40 validation / 38 test images\n"
+    )
+    assert sweep.validation_sizes(log) == {"site-1-nih": 266, "site-4-siim": 40}
+
+
 def test_a_defence_the_honest_sites_run_reaches_them_and_not_the_attacker(tmp_path) -> None:
     """``--honest-sites`` settings (here a weight decay; stop 91 ran its patch hardening so) go into every honest
     site's config and not the attacker's, which trains as it likes; in a clean run every site is honest."""
