@@ -162,8 +162,12 @@ def run_consortium(workspace: Path, start: str = SCRATCH) -> tuple[int, str, Pat
     result = subprocess.run(
         [*command, "--workspace", str(workspace)], capture_output=True, text=True, timeout=5400, env=dict(os.environ)
     )
-    app = workspace / CONSORTIUM / "server" / "simulate_job" / "app_server"
-    return result.returncode, result.stdout + result.stderr, app
+    return result.returncode, result.stdout + result.stderr, server_app(workspace, CONSORTIUM)
+
+
+def server_app(workspace: Path, name: str) -> Path:
+    """The server's app folder of a federation's workspace (the consortium job's one level further down)."""
+    return (workspace / CONSORTIUM if name == CONSORTIUM else workspace) / "server" / "simulate_job" / "app_server"
 
 
 def validation_sizes(log: str) -> dict[str, int]:
@@ -191,6 +195,12 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
         "direction_check": direction_check(app),
         "validations": validations,
         "validation_sizes": validation_sizes(log),
+        # the initial model's bar, by round until a model passed it: the judging sites' judged change of loss
+        "bars": {
+            str(entry["round"]): entry["validation"]["bar"]["judged_change"]
+            for entry in history
+            if "bar" in entry.get("validation", {})
+        },
         "directions": directions,
         # each site judged before: its running opposition (the CUSUM of its cosines) after the round, by round
         "opposition": {str(index): entry.get("opposition", {}) for index, entry in enumerate(rounds)},
@@ -313,6 +323,7 @@ APPROACHES = {
     "two_site_backbone": ("2 sites, round 0: backbone cosine", OPPOSED_BACKBONE, "below"),
     "two_site_rows": (f"2 sites, round 0: shared rows ({MIN_SHARED_ROWS}+) mean cosine", 0.0, "below"),
     "harm": ("harm test: highest z less the z a flag needs", 0.0, "above"),
+    "bar": ("initial model's bar: first judged change", 0.0, "above"),
 }
 
 
@@ -328,6 +339,8 @@ def closest_approaches(result: dict) -> dict[str, float | None]:
     the round's level (``round_level``, half of it a test; the loss test alone in round 0, from untrained heads), each
     site's standard error floored by its validation size as the server floors it (``validation_sizes``; a record
     without them: as the site reported it). With three or more sites one flag alone is kept on record, not acted on.
+    And the initial model's bar in the first round that read it: the judging sites' judged change of loss against
+    the initial model (its model passes at 0 or below; a later round's may pass instead; None: not recorded).
     A record that does not name its direction check (before it was recorded) reads as judging no direction."""
     rule = result.get("direction_check")
     direction, judged = [], set()
@@ -365,6 +378,7 @@ def closest_approaches(result: dict) -> dict[str, float | None]:
         "two_site_backbone": pair.get("backbone_cosine"),
         "two_site_rows": rows,
         "harm": max(harm, default=None),
+        "bar": bars[min(bars, key=int)] if (bars := result.get("bars")) else None,
     }
 
 
@@ -381,12 +395,15 @@ def plot_approaches(results: dict[str, dict], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(2, 3, figsize=(11, 6.4))
+    figure, axes = plt.subplots(2, 4, figsize=(14, 6.4))
     palette = plt.get_cmap("viridis")
     colours = {count: palette(index / (len(SITE_COUNTS) - 1)) for index, count in enumerate(SITE_COUNTS)}
     ordered = sorted(results.items())
     approaches = [closest_approaches(result) for _, result in ordered]
-    for axis, (key, (title, threshold, side)) in zip(axes.flat, APPROACHES.items(), strict=True):
+    panels = list(axes.flat)
+    for axis in panels[len(APPROACHES) :]:
+        axis.axis("off")
+    for axis, (key, (title, threshold, side)) in zip(panels, APPROACHES.items(), strict=False):
         judged = 0
         for index, ((_, result), approach) in enumerate(zip(ordered, approaches, strict=True)):
             if approach[key] is not None:
@@ -397,11 +414,11 @@ def plot_approaches(results: dict[str, dict], path: Path) -> Path:
         axis.set_title(f"{title}\n({judged} federation{plural}; the rule acts {side} the red line)", fontsize=8)
         axis.set_xlim(-1, len(ordered))
         axis.tick_params(labelsize=7)
-    for axis in axes[-1]:
+    for axis in panels[len(panels) // 2 : len(APPROACHES)]:
         axis.set_xlabel(f"federation ({ordered[0][0]} ... {ordered[-1][0]}, by name)", fontsize=7)
     handles = [plt.Line2D([], [], marker="o", linestyle="", color=colour, label=f"{count} sites")
                for count, colour in colours.items()]  # fmt: skip
-    axes.flat[-1].legend(handles=handles, fontsize=7)
+    panels[-1].legend(handles=handles, fontsize=8, loc="center")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -439,10 +456,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--write-doc", type=Path)
     parser.add_argument("--plot", type=Path, help="draw each federation's closest approach to each rule (a PNG)")
     parser.add_argument(
-        "--sizes-from-logs",
+        "--reread",
         action="store_true",
-        help="add to each stored run without them its sites' validation sizes, from its log in --out (runs recorded "
-        "before the sizes were kept)",
+        help="read each stored run's outcome again from its workspace in --work and its log in --out (where both are "
+        "kept), keeping its exit code, seconds, machine and commit: runs recorded before a figure was kept",
     )
     parser.add_argument("--marker", default=MARKER, help=f"the page's marked block to write (default {MARKER})")
     parser.add_argument("--work", type=Path, help="jobs, workspaces and caches (default: --out)")
@@ -484,7 +501,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 job = write_federation_job(federation, folder, cache, args.controller)
                 workspace = work / "workspaces" / federation.name
                 code, log = run_simulator(job, workspace, timeout=5400)
-                app = workspace / "server" / "simulate_job" / "app_server"
+                app = server_app(workspace, federation.name)
             (args.out / f"{federation.name}.log").write_text(log)
             result = {"federation": asdict(federation), **outcome(app, code, log)}
             with lock:
@@ -496,11 +513,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         with ThreadPoolExecutor(max_workers=max(args.workers, 1)) as pool:
             for done in [pool.submit(run, plan) for plan in plans if plan.name not in results]:
                 done.result()
-    if args.sizes_from_logs:
+    if args.reread:
         for name, result in results.items():
-            kept = args.out / f"{name}.log"
-            if "validation_sizes" not in result and kept.is_file():
-                result["validation_sizes"] = validation_sizes(kept.read_text())
+            app, log = server_app(work / "workspaces" / name, name), args.out / f"{name}.log"
+            if app.is_dir() and log.is_file():
+                result.update(outcome(app, result["exit_code"], log.read_text()))
+                print(f"{name}: read again from {app}", flush=True)
         store.write_text(json.dumps(results, indent=2) + "\n")
     lines = table(results)
     print("\n".join(lines))

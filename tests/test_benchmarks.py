@@ -338,6 +338,7 @@ def test_a_runs_closest_approach_to_each_rule_is_read_as_the_rule_reads_it() -> 
         "two_site_backbone": None,
         "two_site_rows": None,
         "harm": pytest.approx(max(harm_0, harm_1), abs=1e-9),
+        "bar": None,
     }
     assert approaches["harm"] == pytest.approx(-7.0233, abs=1e-4)
     # b left out in round 0: round 1's family is a alone
@@ -357,8 +358,9 @@ def test_a_runs_closest_approach_to_each_rule_is_read_as_the_rule_reads_it() -> 
            "direction_check": True}  # fmt: skip
     assert sweep.closest_approaches(two) == {
         "direction": None, "warmup_rows": None, "opposition": None, "two_site_backbone": -0.2, "two_site_rows": 0.9,
-        "harm": None,
+        "harm": None, "bar": None,
     }  # fmt: skip
+    assert sweep.closest_approaches({**two, "bars": {"1": -0.2, "0": 0.1}})["bar"] == 0.1  # the first round's
     fewer = sweep.closest_approaches({**two, "two_sites": {"0": {**pair, "shared_rows": 4}}})
     assert fewer["two_site_rows"] is None and fewer["two_site_backbone"] == -0.2
     assert sweep.closest_approaches({**two, "direction_check": False})["two_site_backbone"] is None
