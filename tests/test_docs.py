@@ -3948,9 +3948,10 @@ def test_the_attack_rows_from_the_stand_in_under_the_first_round_only_are_their_
 
 
 def test_the_next_draws_from_the_stand_in_under_the_first_round_only_are_their_record():
-    """docs/server-checks.md's stop 101 section and the README: the next draws of three or more sites from the stand-in
-    in order, none run before, under the direction check in the first round only: none stopped, left a site out, had a
-    result refused or a harm flag; the sizes, the lowest cosine, the bounds, and the README's counts."""
+    """docs/server-checks.md's stop 101 section: the next draws of three or more sites from the stand-in in order,
+    none run before, under the direction check in the first round only: none stopped, left a site out, had a result
+    refused or a harm flag; the sizes, the lowest cosine and the bounds (the README since stop 110 gives today's rules'
+    unselected draws instead)."""
     command = [589, 590, 592, 593, 594, 595, 596, 597, 599, 600]
     ran, page = _wide_draws(FIRST_ROUND_COMMIT, range(589, 601), command, NEXT_STOP_AFTER,
                             record="stand-in-first-round.json")  # fmt: skip
@@ -4000,8 +4001,6 @@ def test_the_next_draws_from_the_stand_in_under_the_first_round_only_are_their_r
         f"with the three above, 0 of {len(runs)} (at most {_bound_up(clean_sweep.upper_bound(0, len(runs)))})" in page
     )
     assert not any(run["rejected"] for run in runs.values())
-    readme = " ".join(_readme().split())
-    assert f"the rule from pretrained weights: 0 of those 3 (in-sample), 0 of {len(ran)} new draws;" in readme
 
 
 LATE_JOINER_COMMITS = STOP_102 = ("9444d7d", "1f33fc1")  # stop 102's runs: e5661f9's server, the suite's roles after it
@@ -4364,10 +4363,6 @@ def test_the_running_opposition_on_draws_it_was_not_set_on_is_their_record():
     ) in page
     table = _marked_block(REPOSITORY / "docs" / "server-checks.md", "clean-sweep-running-opposition")
     assert table == "\n".join(clean_sweep.table(record))
-    assert (
-        f"then running opposition: {sum(bool(run['rejected']) for run in runs)} of {len(runs)} seven-site "
-        f"PadChest/VinDr draws, the initial model's bar stopping {len(stopped)};"
-    ) in _readme()
 
 
 ONE_FINDING_RECORD = "stand-in-one-finding-sites.json"  # stop 105: the consortium job as the README runs it, the
@@ -4375,15 +4370,20 @@ ONE_FINDING_RECORD = "stand-in-one-finding-sites.json"  # stop 105: the consorti
 STOP_104 = "7db6e37"  # the bar on recalibrated losses where the model ranks a site's images no worse: its runs
 RECALIBRATED_BAR_SEEDS = [706, 708, 722, 723]  # the first draws after 700 with half their sites of one finding or more
 # the records added after stop 104's replay (its page counts the records before them)
-AFTER_STOP_104 = frozenset(  # stop 107's and stop 108's
-    [f"clean-sweep/{ONE_FINDING_RECORD}", "attack-suite/glyph-tuned.json", "attack-suite/glyph-seed2.json"]
+AFTER_STOP_104 = frozenset(  # stop 107's, stop 108's and stop 110's
+    [
+        f"clean-sweep/{ONE_FINDING_RECORD}",
+        "attack-suite/glyph-tuned.json",
+        "attack-suite/glyph-seed2.json",
+        "clean-sweep/stand-in-unselected.json",
+    ]
 )
 
 
 def test_the_initial_models_bar_on_recalibrated_losses_is_its_record():
     """docs/server-checks.md's stop 104 section: seed 626 run again (the same figures, past the bar now), the first
     four draws after seed 700 with half their sites or more of one finding (each whole, published, nothing refused or
-    left out), the replay of every record under the bar before and after, the table and the README's count."""
+    left out), the replay of every record under the bar before and after, and the table."""
     clean_sweep = load_benchmark("clean_sweep")
     drawn = {seed: list(clean_sweep.draw(seed).sites) for seed in range(701, 800)}
     one_finding = [seed for seed, sites in drawn.items()
@@ -4472,10 +4472,6 @@ def test_the_initial_models_bar_on_recalibrated_losses_is_its_record():
     assert all(_best_round(run, True, True) == _best_round(run, False, True) for run in runs.values())
     table = _marked_block(REPOSITORY / "docs" / "server-checks.md", "clean-sweep-recalibrated-bar")
     assert table == "\n".join(clean_sweep.table(record))
-    assert (
-        f"that bar on recalibrated losses: {sum(run['exit_code'] != 0 for run in fresh)} of {len(fresh)} new draws "
-        "with half their sites of one finding"
-    ) in _readme()
 
 
 STOP_105 = "ac96d92"  # the consortium job from the stand-in: its run and the next draws with one-finding sites
@@ -4486,7 +4482,7 @@ def test_the_consortium_job_from_the_stand_in_and_the_next_one_finding_draws_are
     the same figures as stop 101's run of it, its bar, opposition and best; then the next draws after seed 723 with
     half their sites or more of one finding, in order (each whole, published, nothing refused or left out), what the
     bar before stop 104 and the choice of the best on the losses as they are would have done on their records, the
-    server's best round as the paired rule replays it, the table and the README's count."""
+    server's best round as the paired rule replays it, and the table."""
     clean_sweep = load_benchmark("clean_sweep")
     record = json.loads((REPOSITORY / "docs" / "clean-sweep" / ONE_FINDING_RECORD).read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
@@ -4605,7 +4601,102 @@ def test_the_consortium_job_from_the_stand_in_and_the_next_one_finding_draws_are
         f"its sites' mean validation AUROC differs by {min(gap):+.3f} to {max(gap):+.3f}, lower in "
         f"{sum(value < 0 for value in gap)} of the {len(gap)}."
     ) in page
+
+
+UNSELECTED_RECORD = "stand-in-unselected.json"  # stop 110: the draws from seed 900 on, in order, under today's rules
+STOP_110 = "6c091da"
+FIRST_UNSELECTED = 900  # the first seed after the last any sweep had used (866)
+
+
+def test_todays_rules_on_unselected_draws_are_their_record():
+    """docs/server-checks.md's stop 110 section: the draws from seed 900 on, in order, none left out, each as drawn,
+    whole and published, nothing refused or left out; their count by sites and scheme, the exact bounds (with stop
+    105's draws), the consortium job's figures stop 105's to the digit, each rule's closest approach as the page
+    gives it, the table, the plot and the README's sentence."""
+    clean_sweep = load_benchmark("clean_sweep")
+    record = json.loads((REPOSITORY / "docs" / "clean-sweep" / UNSELECTED_RECORD).read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert _marked_block(REPOSITORY / "docs" / "server-checks.md", "clean-sweep-unselected") == "\n".join(
+        clean_sweep.table(record)
+    )
+    runs = {run["federation"]["seed"]: run for name, run in record.items() if name != clean_sweep.CONSORTIUM}
+    assert sorted(runs) == list(range(FIRST_UNSELECTED, FIRST_UNSELECTED + len(runs)))  # in order, none left out
+    for seed, run in runs.items():
+        drawn = clean_sweep.replace(clean_sweep.draw(seed), start="stand-in")
+        assert run["federation"] == json.loads(json.dumps(clean_sweep.asdict(drawn)))
+        assert clean_sweep.out_of_sample(f"sweep-{seed}", run)
+    for run in record.values():
+        assert run["commit"].startswith(STOP_110) and run["federation"]["start"] == "stand-in"
+        assert run["exit_code"] == 0 and run["published"] and not run["rejected"] and not any(run["excluded"].values())
+        assert len(run["validations"]) == run["federation"]["rounds"] + 1
+        assert sorted(run["validation_sizes"]) == sorted(run["federation"]["sites"])  # read again from the logs
+        assert run["best_round"] == _best_round(run, True, True)
+    consortium = record[clean_sweep.CONSORTIUM]
+    before = json.loads((REPOSITORY / "docs" / "clean-sweep" / ONE_FINDING_RECORD).read_text())
+    before = before[clean_sweep.CONSORTIUM]  # another CPU: the same figures, summed in another order
+    assert consortium["best_round"] == before["best_round"] == 2
+    assert not clean_sweep.out_of_sample(clean_sweep.CONSORTIUM, consortium)
+    seconds = [run["seconds"] for run in runs.values()]
+    sites = [len(run["federation"]["sites"]) for run in runs.values()]
+    public = sum(run["federation"]["scheme"] == "public" for run in runs.values())
+    words = {2: "two sites", 3: "three", 4: "four", 7: "seven"}
+    counts = [f"{sites.count(k)} of {words[k]}" for k in clean_sweep.SITE_COUNTS if k in sites]
+    counts = ", ".join(counts[:-1]) + f" and {counts[-1]}"
+    total = len(runs) + 17  # stop 105's draws of half their sites of one finding
     assert (
-        "that bar on recalibrated losses: 0 of 4 new draws with half their sites of one finding, then 0 of "
-        f"{len(runs)} more." in _readme()
+        f"commit {STOP_110}, {min(seconds):.0f} to {max(seconds):.0f} s a federation on this task's 2-core AMD EPYC"
+        in page
+    )
+    assert (
+        f"The session's time allowed {len(runs)} federations: {counts}; {public} of public label schemes, "
+        f"{len(runs) - public} dealt from NIH's findings. All {len(runs)} ran every round and published; none stopped, "
+        f"left a site out or had a result refused: **0 of {len(runs)} (at most "
+        f"{_bound_up(clean_sweep.upper_bound(0, len(runs)))})**; with stop 105's 17 draws of half their sites of one "
+        f"finding, which ran under the same rules, 0 of {total} (at most "
+        f"{_bound_up(clean_sweep.upper_bound(0, total))})" in page
+    )
+    approaches = {name: clean_sweep.closest_approaches(run) for name, run in record.items()}
+
+    def values(key: str) -> list[float]:
+        return [one[key] for one in approaches.values() if one[key] is not None]
+
+    bars = values("bar")
+    assert len(bars) == len(record) and all(run["bars"] and min(run["bars"], key=int) == "0" for run in record.values())
+    assert (
+        f"the lowest cosine of a judged site's backbone update with its round's consensus was "
+        f"{min(values('direction')):.2f} (refused at 0 or below); the lowest mean cosine of a site's five or more "
+        f"shared rows in the warm-up round {min(values('warmup_rows')):.2f} (left out at 0 or below); the highest "
+        f"running opposition {max(values('opposition')):.2f} (refused above 0.5); the two-site federations' "
+        f"first-round backbone cosines {min(values('two_site_backbone')):.3f} to {max(values('two_site_backbone')):.3f}"
+        f" (stopped at -0.5 or below) and their shared rows' mean cosine {min(values('two_site_rows')):.3f} to "
+        f"{max(values('two_site_rows')):.3f} (stopped at 0 or below); the harm test's highest z "
+        f"{-max(values('harm')):.1f} below the z a flag needs" in page
+    )
+    assert (
+        f"the initial model's bar passed in round 0 in every federation, by a judged change of {min(bars):.2f} to "
+        f"{max(bars):.2f} (its model passes at 0 or below)" in page
+    )
+    assert all(one["harm"] < 0 for one in approaches.values()) and max(bars) < 0
+    lowest, seed = min((one["direction"], name) for name, one in approaches.items() if one["direction"] is not None)
+    drawn = min((one["direction"], run) for run, one in approaches.items() if one["direction"] is not None
+                and run != clean_sweep.CONSORTIUM)  # fmt: skip
+    assert seed == clean_sweep.CONSORTIUM and consortium["directions"]["0"]["site-rsna"] == lowest
+    assert (
+        f"the nearest was the consortium job's RSNA site's first-round direction ({lowest:.2f}, where 0 refuses; "
+        f"among the unselected draws {drawn[0]:.2f}, seed {drawn[1].removeprefix('sweep-')})" in page
+    )
+    auroc = max(abs(consortium["validations"][number][site]["val_mean_auroc"] - one["val_mean_auroc"])
+                for number, sites in before["validations"].items() for site, one in sites.items())  # fmt: skip
+    cosine = max(abs(consortium["directions"][number][site] - value)
+                 for number, sites in before["directions"].items() for site, value in sites.items())  # fmt: skip
+    assert (
+        f"every site's mean validation AUROC within {math.ceil(auroc * 1e4) / 1e4:.4f} of stop 105's run and every "
+        f"direction cosine within {math.ceil(cosine * 1e4 - 1e-9) / 1e4:.4f}, on another CPU" in page
+    )
+    assert (REPOSITORY / "docs" / "clean-sweep" / "stand-in-unselected.png").is_file()
+    assert "](clean-sweep/stand-in-unselected.png)" in page
+    assert (
+        "Under [today's rules](docs/server-checks.md#todays-rules-on-unselected-draws), from the stand-in: 0 of "
+        f"{len(runs)} new draws taken in order stopped, left a site out or "
+        f"refused a result (at most {_bound_up(clean_sweep.upper_bound(0, len(runs)))})" in " ".join(_readme().split())
     )
