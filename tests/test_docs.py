@@ -1541,7 +1541,8 @@ def test_the_consortium_from_the_stand_in_is_its_record():
     assert (
         f"all from scratch; from the stand-in, of [{len(runs)}](docs/server-checks.md"
         f"#clean-federations-from-the-stand-in) {stopped} stopped, {excluding} left a site out, {refusing} refused an "
-        "honest site's results." in readme
+        f"honest site's results (run again with a site judged by direction once, 0 of those {refusing}, in-sample)."
+        in readme
     )
 
 
