@@ -361,9 +361,9 @@ def closest_approaches(result: dict) -> dict[str, float | None]:
     rows = pair.get("shared_rows_mean_cosine") if (pair.get("shared_rows") or 0) >= MIN_SHARED_ROWS else None
     harm, sizes, left_out = [], result.get("validation_sizes", {}), set()
     level = round_level(result["federation"]["rounds"])
-    validations = {str(number): figures for number, figures in result.get("validations", {}).items()}
     for number in range(result["federation"]["rounds"]):
-        figures = {site: one for site, one in validations.get(str(number), {}).items() if site not in left_out}
+        figures = result.get("validations", {}).get(str(number), {})
+        figures = {site: one for site, one in figures.items() if site not in left_out}
         for test in (harm_of, auroc_harm_of) if number > 0 else (harm_of,):
             tests = [test(metrics, sizes.get(site)) for site, metrics in figures.items()]
             tests = [found for found in tests if found is not None]

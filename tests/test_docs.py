@@ -3614,9 +3614,14 @@ def test_the_three_site_catalogue_under_todays_rules_is_its_record():
     )
 
 
+def _rounded_up(value: float, digits: int) -> str:
+    """A largest difference as the page prints it: rounded up, never down, to ``digits`` places."""
+    return f"{math.ceil(value * 10**digits - 1e-9) / 10**digits:.{digits}f}"
+
+
 def _percent_rounded_up(share: float, digits: int) -> str:
     """A rate as the harm-test paragraphs print their maxima: in percent, rounded up to ``digits`` places."""
-    return f"{math.ceil(100 * share * 10**digits - 1e-9) / 10**digits:.{digits}f} %"
+    return f"{_rounded_up(100 * share, digits)} %"
 
 
 def test_the_recalibrated_halfs_standard_error_is_its_record():
@@ -4612,8 +4617,8 @@ FIRST_UNSELECTED = 900  # the first seed after the last any sweep had used (866)
 def test_todays_rules_on_unselected_draws_are_their_record():
     """docs/server-checks.md's stop 110 section: the draws from seed 900 on, in order, none left out, each as drawn,
     whole and published, nothing refused or left out; their count by sites and scheme, the exact bounds (with stop
-    105's draws), the consortium job's figures stop 105's to the digit, each rule's closest approach as the page
-    gives it, the table, the plot and the README's sentence."""
+    105's draws), the consortium job's largest differences from stop 105's run, each rule's closest approach as the
+    page gives it, the table, the plot and the README's sentence."""
     clean_sweep = load_benchmark("clean_sweep")
     record = json.loads((REPOSITORY / "docs" / "clean-sweep" / UNSELECTED_RECORD).read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
@@ -4633,8 +4638,8 @@ def test_todays_rules_on_unselected_draws_are_their_record():
         assert sorted(run["validation_sizes"]) == sorted(run["federation"]["sites"])  # read again from the logs
         assert run["best_round"] == _best_round(run, True, True)
     consortium = record[clean_sweep.CONSORTIUM]
-    before = json.loads((REPOSITORY / "docs" / "clean-sweep" / ONE_FINDING_RECORD).read_text())
-    before = before[clean_sweep.CONSORTIUM]  # another CPU: the same figures, summed in another order
+    stop_105 = json.loads((REPOSITORY / "docs" / "clean-sweep" / ONE_FINDING_RECORD).read_text())
+    before = stop_105[clean_sweep.CONSORTIUM]  # another CPU: the same figures, summed in another order
     assert consortium["best_round"] == before["best_round"] == 2
     assert not clean_sweep.out_of_sample(clean_sweep.CONSORTIUM, consortium)
     seconds = [run["seconds"] for run in runs.values()]
@@ -4643,8 +4648,7 @@ def test_todays_rules_on_unselected_draws_are_their_record():
     words = {2: "two sites", 3: "three", 4: "four", 7: "seven"}
     counts = [f"{sites.count(k)} of {words[k]}" for k in clean_sweep.SITE_COUNTS if k in sites]
     counts = ", ".join(counts[:-1]) + f" and {counts[-1]}"
-    chosen = json.loads((REPOSITORY / "docs" / "clean-sweep" / ONE_FINDING_RECORD).read_text())
-    chosen = [run for name, run in chosen.items() if name != clean_sweep.CONSORTIUM]  # stop 105's draws
+    chosen = [run for name, run in stop_105.items() if name != clean_sweep.CONSORTIUM]  # stop 105's draws
     assert all(run["commit"].startswith(STOP_105) for run in chosen)
     total = len(runs) + len(chosen)
     earlier = [run["federation"]["seed"] for path in (REPOSITORY / "docs" / "clean-sweep").glob("*.json")
@@ -4687,21 +4691,21 @@ def test_todays_rules_on_unselected_draws_are_their_record():
     )
     assert all(one["harm"] < 0 for one in approaches.values()) and max(bars) < 0
     lowest, seed = min((one["direction"], name) for name, one in approaches.items() if one["direction"] is not None)
-    drawn = min((one["direction"], run) for run, one in approaches.items() if one["direction"] is not None
-                and run != clean_sweep.CONSORTIUM)  # fmt: skip
+    among_draws = min((one["direction"], run) for run, one in approaches.items() if one["direction"] is not None
+                      and run != clean_sweep.CONSORTIUM)  # fmt: skip
     assert seed == clean_sweep.CONSORTIUM and consortium["directions"]["0"]["site-rsna"] == lowest
     assert (
         f"the smallest cosine margin was the in-sample consortium job's RSNA site's first-round direction "
         f"({lowest:.2f}, where 0 refuses; "
-        f"among the unselected draws {drawn[0]:.2f}, seed {drawn[1].removeprefix('sweep-')})" in page
+        f"among the unselected draws {among_draws[0]:.2f}, seed {among_draws[1].removeprefix('sweep-')})" in page
     )
     auroc = max(abs(consortium["validations"][number][site]["val_mean_auroc"] - one["val_mean_auroc"])
                 for number, sites in before["validations"].items() for site, one in sites.items())  # fmt: skip
     cosine = max(abs(consortium["directions"][number][site] - value)
                  for number, sites in before["directions"].items() for site, value in sites.items())  # fmt: skip
     assert (
-        f"every site's mean validation AUROC within {math.ceil(auroc * 1e4) / 1e4:.4f} of stop 105's run and every "
-        f"direction cosine within {math.ceil(cosine * 1e4 - 1e-9) / 1e4:.4f}, on another CPU" in page
+        f"every site's mean validation AUROC within {_rounded_up(auroc, 4)} of stop 105's run and every direction "
+        f"cosine within {_rounded_up(cosine, 4)}, on another CPU" in page
     )
     assert (REPOSITORY / "docs" / "clean-sweep" / "stand-in-unselected.png").is_file()
     assert "](clean-sweep/stand-in-unselected.png)" in page
