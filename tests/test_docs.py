@@ -4612,13 +4612,16 @@ def test_the_consortium_job_from_the_stand_in_and_the_next_one_finding_draws_are
 UNSELECTED_RECORD = "stand-in-unselected.json"  # stop 110: the draws from seed 900 on, in order, under today's rules
 STOP_110 = "6c091da"
 FIRST_UNSELECTED = 900  # the first seed after the last any sweep had used (866)
+STOP_111 = "815563f"  # stop 110's server and rules: only the benchmark's reading of records changed since 6c091da
+FIRST_OF_STOP_111 = 915  # stop 111 ran on, in order, from the seed after stop 110's last
+HELD_BACK_FIRST_MODEL = "sweep-928"  # the one draw whose round 0 model the initial model's bar held back
 
 
 def test_todays_rules_on_unselected_draws_are_their_record():
-    """docs/server-checks.md's stop 110 section: the draws from seed 900 on, in order, none left out, each as drawn,
+    """docs/server-checks.md's stop 110-111 section: the draws from seed 900 on, in order, none left out, each as drawn,
     whole and published, nothing refused or left out; their count by sites and scheme, the exact bounds (with stop
     105's draws), the consortium job's largest differences from stop 105's run, each rule's closest approach as the
-    page gives it, the table, the plot and the README's sentence."""
+    page gives it, the one first model the bar held back, the table, the plot and the README's sentence."""
     clean_sweep = load_benchmark("clean_sweep")
     record = json.loads((REPOSITORY / "docs" / "clean-sweep" / UNSELECTED_RECORD).read_text())
     page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
@@ -4631,8 +4634,10 @@ def test_todays_rules_on_unselected_draws_are_their_record():
         drawn = clean_sweep.replace(clean_sweep.draw(seed), start="stand-in")
         assert run["federation"] == json.loads(json.dumps(clean_sweep.asdict(drawn)))
         assert clean_sweep.out_of_sample(f"sweep-{seed}", run)
-    for run in record.values():
-        assert run["commit"].startswith(STOP_110) and run["federation"]["start"] == "stand-in"
+    for name, run in record.items():
+        later = name != clean_sweep.CONSORTIUM and run["federation"]["seed"] >= FIRST_OF_STOP_111
+        ran_at = STOP_111 if later else STOP_110
+        assert run["commit"].startswith(ran_at) and run["federation"]["start"] == "stand-in"
         assert run["exit_code"] == 0 and run["published"] and not run["rejected"] and not any(run["excluded"].values())
         assert len(run["validations"]) == run["federation"]["rounds"] + 1
         assert sorted(run["validation_sizes"]) == sorted(run["federation"]["sites"])  # read again from the logs
@@ -4642,7 +4647,9 @@ def test_todays_rules_on_unselected_draws_are_their_record():
     before = stop_105[clean_sweep.CONSORTIUM]  # another CPU: the same figures, summed in another order
     assert consortium["best_round"] == before["best_round"] == 2
     assert not clean_sweep.out_of_sample(clean_sweep.CONSORTIUM, consortium)
-    seconds = [run["seconds"] for run in runs.values()]
+    seconds = [run["seconds"] for seed, run in runs.items() if seed < FIRST_OF_STOP_111]
+    seconds_on = [run["seconds"] for seed, run in runs.items() if seed >= FIRST_OF_STOP_111]
+    assert seconds and seconds_on
     sites = [len(run["federation"]["sites"]) for run in runs.values()]
     public = sum(run["federation"]["scheme"] == "public" for run in runs.values())
     words = {2: "two sites", 3: "three", 4: "four", 7: "seven"}
@@ -4661,7 +4668,12 @@ def test_todays_rules_on_unselected_draws_are_their_record():
         in page
     )
     assert (
-        f"The session's time allowed {len(runs)} federations: {counts}; {public} of public label schemes, "
+        f"which skips the seeds stored; commit {STOP_111}, whose server, jobs and rules are {STOP_110}'s), "
+        f"{min(seconds_on):.0f} to {max(seconds_on):.0f} s a federation on the same machine: seeds "
+        f"{FIRST_OF_STOP_111}-{max(runs)}" in page
+    )
+    assert (
+        f"In all, {len(runs)} federations: {counts}; {public} of public label schemes, "
         f"{len(runs) - public} dealt from NIH's findings. All {len(runs)} ran every round and published; none stopped, "
         f"left a site out or had a result refused: **0 of {len(runs)} (at most "
         f"{_bound_up(clean_sweep.upper_bound(0, len(runs)))}, exact one-sided 95 %)**; with stop 105's {len(chosen)} "
@@ -4685,11 +4697,43 @@ def test_todays_rules_on_unselected_draws_are_their_record():
         f"{max(values('two_site_rows')):.3f} (stopped at 0 or below); the harm test's highest z "
         f"{-max(values('harm')):.1f} below the z a flag needs" in page
     )
+    held_back = {name for name, one in approaches.items() if one["bar"] > 0}
+    passed = [one["bar"] for name, one in approaches.items() if name not in held_back]
+    assert held_back == {HELD_BACK_FIRST_MODEL}
     assert (
-        f"the initial model's bar passed in round 0 in every federation, by a judged change of {min(bars):.2f} to "
-        f"{max(bars):.2f} (its model passes at 0 or below)" in page
+        f"the initial model's bar passed in round 0 in every federation but one, by a judged change of "
+        f"{min(passed):.2f} to {max(passed):.2f} (its model passes at 0 or below)" in page
     )
-    assert all(one["harm"] < 0 for one in approaches.values()) and max(bars) < 0
+    assert all(one["harm"] < 0 for one in approaches.values())
+    held = record[HELD_BACK_FIRST_MODEL]  # two sites: the bar is the mean of their changes against the initial model
+    first, start = held["validations"]["0"], held["validations"]["-1"]
+    siim, padchest = first["site-2-siim"], first["site-1-padchest"]
+    assert sorted(first) == sorted(held["federation"]["sites"]) == ["site-1-padchest", "site-2-siim"]
+    assert held["bars"]["0"] == pytest.approx((siim["val_loss_minus_start"] + padchest["val_loss_minus_start"]) / 2)
+    assert siim["val_mean_auroc"] < start["site-2-siim"]["local_val_mean_auroc"]  # so its recalibrated change is out
+    assert siim["val_recalibrated_loss_minus_start"] < 0
+    assert -siim["val_auroc_minus_own"] < siim["val_auroc_minus_own_se"]  # within its noise
+    assert held["best_round"] == 1 and held["published"] and held["bars"]["1"] < 0
+    losses = {number: sum(one["val_loss"] for one in sites.values()) / 2
+              for number, sites in held["validations"].items() if number != "-1"}  # fmt: skip
+    assert min(losses, key=losses.get) == "1"
+    assert (
+        f"the bar held back its round 0's model at +{held['bars']['0']:.3f}, the mean of PadChest's change of loss "
+        f"against the initial model ({padchest['val_loss_minus_start']:.3f}) and SIIM's "
+        f"(+{siim['val_loss_minus_start']:.3f}: a loss of {siim['val_loss']:.2f} against the start's "
+        f"{start['site-2-siim']['val_loss']:.2f}, while its AUROC rose from "
+        f"{start['site-2-siim']['val_mean_auroc']:.2f} to {siim['val_mean_auroc']:.2f}). SIIM's recalibrated change "
+        f"({siim['val_recalibrated_loss_minus_start']:.3f}) did not count" in page
+    )
+    assert (
+        f"and {siim['val_mean_auroc']:.3f} was {-siim['val_auroc_minus_own']:.3f} below its own "
+        f"{start['site-2-siim']['local_val_mean_auroc']:.3f}, within one standard error of that difference "
+        f"({siim['val_auroc_minus_own_se']:.3f}). The job went on; round 1 passed the bar ({held['bars']['1']:.2f}) "
+        f"and was published, the round whose judged loss (the mean of the two sites') is lowest of the three "
+        f"({losses['1']:.2f} against {losses['0']:.2f} and {losses['2']:.2f})" in page
+    )
+    assert f"So the bar held back an honest first model in 1 of the {len(runs)} draws nobody chose" in page
+    assert f"On the {len(runs)} draws nobody chose, today's rules stopped, refused and left out no honest site" in page
     lowest, seed = min((one["direction"], name) for name, one in approaches.items() if one["direction"] is not None)
     among_draws = min((one["direction"], run) for run, one in approaches.items() if one["direction"] is not None
                       and run != clean_sweep.CONSORTIUM)  # fmt: skip
