@@ -4693,7 +4693,8 @@ def test_todays_rules_on_unselected_draws_are_their_record():
         f"shared rows in the warm-up round {min(values('warmup_rows')):.2f} (left out at 0 or below); the highest "
         f"running opposition {max(values('opposition')):.2f} (refused above 0.5); the two-site federations' "
         f"first-round backbone cosines {min(values('two_site_backbone')):.3f} to {max(values('two_site_backbone')):.3f}"
-        f" (stopped at -0.5 or below) and their shared rows' mean cosine {min(values('two_site_rows')):.3f} to "
+        f" (stopped at -0.5 or below) and, where they share five or more rows ({len(values('two_site_rows'))} of the "
+        f"{len(values('two_site_backbone'))}), their shared rows' mean cosine {min(values('two_site_rows')):.3f} to "
         f"{max(values('two_site_rows')):.3f} (stopped at 0 or below); the harm test's highest z "
         f"{-max(values('harm')):.1f} below the z a flag needs" in page
     )
@@ -4732,7 +4733,10 @@ def test_todays_rules_on_unselected_draws_are_their_record():
         f"and was published, the round whose judged loss (the mean of the two sites') is lowest of the three "
         f"({losses['1']:.2f} against {losses['0']:.2f} and {losses['2']:.2f})" in page
     )
-    assert f"So the bar held back an honest first model in 1 of the {len(runs)} draws nobody chose" in page
+    assert (
+        f"So the bar held back an honest first model in 1 of the {len(runs)} draws nobody chose (at most "
+        f"{_bound_up(clean_sweep.upper_bound(1, len(runs)))}, exact one-sided 95 %)" in page
+    )
     assert f"On the {len(runs)} draws nobody chose, today's rules stopped, refused and left out no honest site" in page
     lowest, seed = min((one["direction"], name) for name, one in approaches.items() if one["direction"] is not None)
     among_draws = min((one["direction"], run) for run, one in approaches.items() if one["direction"] is not None
