@@ -4698,9 +4698,12 @@ def test_todays_rules_on_unselected_draws_are_their_record():
         f"{max(values('two_site_rows')):.3f} (stopped at 0 or below); the harm test's highest z "
         f"{-max(values('harm')):.1f} below the z a flag needs" in page
     )
-    held_back = {name for name, one in approaches.items() if one["bar"] > 0}
+    crossed = {(name, rule) for name, one in approaches.items() for rule, (_, threshold, side) in
+               clean_sweep.APPROACHES.items() if one[rule] is not None
+               and (one[rule] <= threshold if side == "below" else one[rule] > threshold)}  # fmt: skip
+    assert crossed == {(HELD_BACK_FIRST_MODEL, "bar")}  # the only rule any draw crossed
+    held_back = {name for name, _ in crossed}
     passed = [one["bar"] for name, one in approaches.items() if name not in held_back]
-    assert held_back == {HELD_BACK_FIRST_MODEL}
     assert (
         f"the initial model's bar passed in round 0 in every federation but one, by a judged change of "
         f"{min(passed):.2f} to {max(passed):.2f} (its model passes at 0 or below)" in page
@@ -4715,7 +4718,7 @@ def test_todays_rules_on_unselected_draws_are_their_record():
     assert siim["val_recalibrated_loss_minus_start"] < 0
     assert -siim["val_auroc_minus_own"] < siim["val_auroc_minus_own_se"]  # within its noise
     assert held["best_round"] == 1 and held["published"] and held["bars"]["1"] < 0
-    losses = {number: sum(one["val_loss"] for one in sites.values()) / 2
+    losses = {number: judged_loss({site: one["val_loss"] for site, one in sites.items()})[0]
               for number, sites in held["validations"].items() if number != "-1"}  # fmt: skip
     assert min(losses, key=losses.get) == "1"
     assert (
@@ -4735,7 +4738,8 @@ def test_todays_rules_on_unselected_draws_are_their_record():
     )
     assert (
         f"So the bar held back an honest first model in 1 of the {len(runs)} draws nobody chose (at most "
-        f"{_bound_up(clean_sweep.upper_bound(1, len(runs)))}, exact one-sided 95 %)" in page
+        f"{_bound_up(clean_sweep.upper_bound(1, len(runs)))}, exact one-sided 95 %), the only rule any draw crossed"
+        in page
     )
     assert f"On the {len(runs)} draws nobody chose, today's rules stopped, refused and left out no honest site" in page
     lowest, seed = min((one["direction"], name) for name, one in approaches.items() if one["direction"] is not None)
