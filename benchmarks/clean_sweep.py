@@ -6,8 +6,9 @@ drawn from the seven public datasets the bundle reads (NIH, CheXpert, PadChest, 
 RSNA, SIIM; a scheme drawn twice is two sites of that layout with their own data) or dealt from NIH's 14 findings
 with a label heterogeneity psi (``experiments.grids.assign_label_sets``); each site's size drawn log-uniformly from
 50 to 800 patients (a PadChest site at least 200: its 189 findings), at most :data:`MOST_PATIENTS` in a federation;
-3 or 5 rounds; its own training seed. The ``cxr_consortium`` job runs as the README runs it
-(``surgical-aggregation simulate --name cxr_consortium``, with ``--start scratch`` where the sweep's is) among them.
+3 or 5 rounds (``--rounds``: another length), each run whole; its own training seed. The ``cxr_consortium``
+job runs as the README runs it (``surgical-aggregation simulate --name cxr_consortium``, with ``--start scratch``
+where the sweep's is) among them.
 
 For each: the exit code, why it stopped, the sites excluded in any round, and every site's paired validation figures
 of every global model (``round_history.json``), from which the tables of ``docs/server-checks.md`` are drawn.
@@ -452,6 +453,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         default=SCRATCH,
         help="where every federation's backbone starts (default scratch; stand-in: FedBN+ at the papers' rates)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help=f"every drawn federation runs this many rounds, each of them (no early end), not its drawn 3 or 5: "
+        f"{DEMO.rounds} is the main job's length (nih_chexpert ends early after {DEMO.patience} rounds without "
+        "improvement, and real data that keep improving run every round)",
+    )
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("--write-doc", type=Path)
     parser.add_argument("--plot", type=Path, help="draw each federation's closest approach to each rule (a PNG)")
@@ -480,9 +488,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     results = json.loads(store.read_text()) if store.is_file() else {}
     if not args.table_only:
         plans = [replace(draw(seed), start=args.start) for seed in args.seeds]
-        mixed = [name for name, result in results.items() if result["federation"].get("start", SCRATCH) != args.start]
-        if mixed:  # a stored run is skipped by name: one store, one start
-            raise SystemExit(f"{store} holds runs of another start than {args.start} ({mixed[:3]}): another --out")
+        if args.rounds:
+            plans = [replace(plan, rounds=args.rounds) for plan in plans]
+        mixed = [
+            name
+            for name, result in results.items()
+            if result["federation"].get("start", SCRATCH) != args.start
+            or (args.rounds is not None and result["federation"]["rounds"] != args.rounds)
+        ]
+        if mixed:  # a stored run is skipped by name: one store, one start and length
+            raise SystemExit(f"{store} holds runs of another start or length ({mixed[:3]}): another --out")
         if args.consortium:
             plans.append(Federation(CONSORTIUM, -1, "the consortium job", 3, {}, start=args.start))
         began, lock, ran_on, version = time.perf_counter(), threading.Lock(), machine(), code_version()
