@@ -357,10 +357,26 @@ def closest_approaches(result: dict) -> dict[str, float | None]:
     shared = result.get("shared_rows", {}).get("0", {}) if rule else {}
     warmup = [one.get("mean_cosine") for one in shared.values() if one.get("rows", 0) >= MIN_SHARED_ROWS]
     warmup = [value for value in warmup if value is not None] if len(shared) >= 3 else []
-    opposition = [value for sites in result.get("opposition", {}).values() for value in sites.values()]
     pair = (result.get("two_sites", {}).get("0") or {}) if rule else {}
     rows = pair.get("shared_rows_mean_cosine") if (pair.get("shared_rows") or 0) >= MIN_SHARED_ROWS else None
-    harm, sizes, left_out = [], result.get("validation_sizes", {}), set()
+    rounds = approaches_by_round(result)
+    return {
+        "direction": min(direction, default=None),
+        "warmup_rows": min(warmup, default=None),
+        "opposition": max(rounds["opposition"].values(), default=None),
+        "two_site_backbone": pair.get("backbone_cosine"),
+        "two_site_rows": rows,
+        "harm": max(rounds["harm"].values(), default=None),
+        "bar": bars[min(bars, key=int)] if (bars := result.get("bars")) else None,
+    }
+
+
+def approaches_by_round(result: dict) -> dict[str, dict[int, float]]:
+    """The two rules a run meets again every round, round by round (round -> value; a round that judged nothing is
+    left out): the highest running opposition after it (``opposition``), and the harm test's highest z less the z
+    Holm's first step needs at the round's level (``harm``), as :func:`closest_approaches` reads them."""
+    opposition = {int(number): max(sites.values()) for number, sites in result.get("opposition", {}).items() if sites}
+    harm, sizes, left_out = {}, result.get("validation_sizes", {}), set()
     level = round_level(result["federation"]["rounds"])
     for number in range(result["federation"]["rounds"]):
         figures = result.get("validations", {}).get(str(number), {})
@@ -370,17 +386,10 @@ def closest_approaches(result: dict) -> dict[str, float | None]:
             tests = [found for found in tests if found is not None]
             if tests:
                 needed = norm.isf(level / len(TESTS) / len(tests))
-                harm.append(float(max(map(_deciding_z, tests)) - needed))
+                margin = float(max(map(_deciding_z, tests)) - needed)
+                harm[number] = max(harm.get(number, margin), margin)
         left_out |= set(result.get("excluded", {}).get(str(number), []))
-    return {
-        "direction": min(direction, default=None),
-        "warmup_rows": min(warmup, default=None),
-        "opposition": max(opposition, default=None),
-        "two_site_backbone": pair.get("backbone_cosine"),
-        "two_site_rows": rows,
-        "harm": max(harm, default=None),
-        "bar": bars[min(bars, key=int)] if (bars := result.get("bars")) else None,
-    }
+    return {"opposition": dict(sorted(opposition.items())), "harm": harm}
 
 
 def _deciding_z(harm: Harm) -> float:
@@ -426,6 +435,41 @@ def plot_approaches(results: dict[str, dict], path: Path) -> Path:
     return path
 
 
+def plot_by_round(results: dict[str, dict], path: Path) -> Path:
+    """The rules a run meets every round (:func:`approaches_by_round`), round by round: one line a federation,
+    coloured by its sites, each rule's threshold dashed red; a long job that drifts towards a rule shows it here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    palette = plt.get_cmap("viridis")
+    colours = {count: palette(index / (len(SITE_COUNTS) - 1)) for index, count in enumerate(SITE_COUNTS)}
+    rounds = max(result["federation"]["rounds"] for result in results.values())
+    for axis, key in zip(axes, ("harm", "opposition"), strict=True):
+        title, threshold, side = APPROACHES[key]
+        for _, result in sorted(results.items()):
+            line = approaches_by_round(result)[key]
+            colour = colours.get(len(result["federation"]["sites"]))
+            axis.plot(list(line), list(line.values()), marker="o", markersize=3, linewidth=1, color=colour)
+        axis.axhline(threshold, color="red", linestyle="--", linewidth=1)
+        axis.set_title(
+            f"{title}, by round\n({len(results)} federations; the rule acts {side} the red line)", fontsize=8
+        )
+        axis.set_xlabel("round", fontsize=8)
+        axis.set_xticks(range(rounds))
+        axis.tick_params(labelsize=7)
+    handles = [
+        plt.Line2D([], [], marker="o", color=colour, label=f"{count} sites") for count, colour in colours.items()
+    ]
+    axes[1].legend(handles=handles, fontsize=7, loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def upper_bound(events: int, trials: int, confidence: float = 0.95) -> float:
     """The exact (Clopper-Pearson) one-sided upper confidence bound of a rate seen ``events`` times in ``trials``:
     what the sweep says the false-alarm rate is at most."""
@@ -463,6 +507,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("--write-doc", type=Path)
     parser.add_argument("--plot", type=Path, help="draw each federation's closest approach to each rule (a PNG)")
+    parser.add_argument(
+        "--plot-rounds", type=Path, help="draw the harm test and the running opposition round by round (a PNG)"
+    )
     parser.add_argument(
         "--reread",
         action="store_true",
@@ -544,6 +591,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         )
     if args.plot:
         plot_approaches(results, args.plot)
+    if args.plot_rounds:
+        plot_by_round(results, args.plot_rounds)
     return results
 
 

@@ -341,6 +341,9 @@ def test_a_runs_closest_approach_to_each_rule_is_read_as_the_rule_reads_it() -> 
         "bar": None,
     }
     assert approaches["harm"] == pytest.approx(-7.0233, abs=1e-4)
+    by_round = sweep.approaches_by_round(result)  # round 0's opposition judged no one: no point
+    assert by_round["opposition"] == {1: 0.15}
+    assert by_round["harm"] == {0: pytest.approx(harm_0, abs=1e-9), 1: pytest.approx(harm_1, abs=1e-9)}
     # b left out in round 0: round 1's family is a alone
     excluded = sweep.closest_approaches({**result, "excluded": {"0": ["b"], "1": []}})
     assert excluded["harm"] == pytest.approx(-4 - norm.isf(level / 2), abs=1e-9)
