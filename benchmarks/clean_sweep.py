@@ -437,7 +437,9 @@ def plot_approaches(results: dict[str, dict], path: Path) -> Path:
 
 def plot_by_round(results: dict[str, dict], path: Path) -> Path:
     """The rules a run meets every round (:func:`approaches_by_round`), round by round: one line a federation,
-    coloured by its sites, each rule's threshold dashed red; a long job that drifts towards a rule shows it here."""
+    coloured by its sites (a round that judged nothing breaks it), each rule's threshold dashed red; a run longer
+    than its draw (``--rounds``) has its drawn rounds hollow, the rounds after filled. A long job that drifts towards
+    a rule shows it here."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -446,24 +448,38 @@ def plot_by_round(results: dict[str, dict], path: Path) -> Path:
     figure, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     palette = plt.get_cmap("viridis")
     colours = {count: palette(index / (len(SITE_COUNTS) - 1)) for index, count in enumerate(SITE_COUNTS)}
-    rounds = max(result["federation"]["rounds"] for result in results.values())
+    rounds = max((result["federation"]["rounds"] for result in results.values()), default=1)
     for axis, key in zip(axes, ("harm", "opposition"), strict=True):
         title, threshold, side = APPROACHES[key]
-        for _, result in sorted(results.items()):
+        drawn_counts = set()
+        for name, result in sorted(results.items()):
             line = approaches_by_round(result)[key]
-            colour = colours.get(len(result["federation"]["sites"]))
-            axis.plot(list(line), list(line.values()), marker="o", markersize=3, linewidth=1, color=colour)
+            if not line:
+                continue
+            count = len(result["federation"]["sites"])
+            drawn_counts.add(count)
+            seed = result["federation"].get("seed", -1)
+            drawn = draw(seed).rounds if name != CONSORTIUM and seed >= 0 else result["federation"]["rounds"]
+            numbers = list(range(result["federation"]["rounds"]))
+            values = [line.get(number, math.nan) for number in numbers]
+            axis.plot(numbers, values, linewidth=1, color=colours.get(count))
+            hollow = [number for number in line if number < drawn]
+            filled = [number for number in line if number >= drawn]
+            for chosen, face in ((hollow, "white"), (filled, colours.get(count))):
+                axis.scatter(chosen, [line[number] for number in chosen], s=12, edgecolors=colours.get(count),
+                             facecolors=face, zorder=3)  # fmt: skip
         axis.axhline(threshold, color="red", linestyle="--", linewidth=1)
+        plural = "" if len(results) == 1 else "s"
         axis.set_title(
-            f"{title}, by round\n({len(results)} federations; the rule acts {side} the red line)", fontsize=8
+            f"{title}, by round\n({len(results)} federation{plural}; the rule acts {side} the red line)", fontsize=8
         )
-        axis.set_xlabel("round", fontsize=8)
+        axis.set_xlabel("round (hollow: the rounds of the federation's drawn length)", fontsize=8)
         axis.set_xticks(range(rounds))
         axis.tick_params(labelsize=7)
-    handles = [
-        plt.Line2D([], [], marker="o", color=colour, label=f"{count} sites") for count, colour in colours.items()
-    ]
-    axes[1].legend(handles=handles, fontsize=7, loc="upper left")
+        handles = [plt.Line2D([], [], marker="o", color=colours[count], label=f"{count} sites")
+                   for count in sorted(drawn_counts)]  # fmt: skip
+        if handles:
+            axis.legend(handles=handles, fontsize=7, loc="lower right" if side == "above" else "upper right")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -485,6 +501,14 @@ def bound_text(bound: float) -> str:
     return f"{math.ceil(round(1000 * bound, 6)) / 10:.1f} %"
 
 
+def positive_count(text: str) -> int:
+    """An argument that counts rounds: 1 or more."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: at least 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -499,7 +523,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     )
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=positive_count,
         help=f"every drawn federation runs this many rounds, each of them (no early end), not its drawn 3 or 5: "
         f"{DEMO.rounds} is the main job's length (nih_chexpert ends early after {DEMO.patience} rounds without "
         "improvement, and real data that keep improving run every round)",
@@ -534,14 +558,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     store = args.out / "results.json"
     results = json.loads(store.read_text()) if store.is_file() else {}
     if not args.table_only:
-        plans = [replace(draw(seed), start=args.start) for seed in args.seeds]
-        if args.rounds:
-            plans = [replace(plan, rounds=args.rounds) for plan in plans]
+
+        def length(seed: int) -> int:  # the rounds a drawn federation runs: one length a store
+            return args.rounds or draw(seed).rounds
+
+        plans = [replace(draw(seed), start=args.start, rounds=length(seed)) for seed in args.seeds]
         mixed = [
             name
             for name, result in results.items()
             if result["federation"].get("start", SCRATCH) != args.start
-            or (args.rounds is not None and result["federation"]["rounds"] != args.rounds)
+            or (name != CONSORTIUM and result["federation"]["rounds"] != length(result["federation"]["seed"]))
         ]
         if mixed:  # a stored run is skipped by name: one store, one start and length
             raise SystemExit(f"{store} holds runs of another start or length ({mixed[:3]}): another --out")

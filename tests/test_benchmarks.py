@@ -344,6 +344,12 @@ def test_a_runs_closest_approach_to_each_rule_is_read_as_the_rule_reads_it() -> 
     by_round = sweep.approaches_by_round(result)  # round 0's opposition judged no one: no point
     assert by_round["opposition"] == {1: 0.15}
     assert by_round["harm"] == {0: pytest.approx(harm_0, abs=1e-9), 1: pytest.approx(harm_1, abs=1e-9)}
+    both = {
+        **result,
+        "validations": {**result["validations"], "1": {"a": {**ranking(0.03), **loss_only}, "b": ranking(0.35)}},
+    }
+    loss_1 = -2 - norm.isf(level / 2)  # a's loss test, z -2, the only one of its kind: above the ranking tests'
+    assert loss_1 > harm_1 and sweep.approaches_by_round(both)["harm"][1] == pytest.approx(loss_1, abs=1e-9)
     # b left out in round 0: round 1's family is a alone
     excluded = sweep.closest_approaches({**result, "excluded": {"0": ["b"], "1": []}})
     assert excluded["harm"] == pytest.approx(-4 - norm.isf(level / 2), abs=1e-9)
