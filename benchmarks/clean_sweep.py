@@ -215,11 +215,23 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
         "update_sizes": {str(index): entry.get("update_sizes", {}) for index, entry in enumerate(rounds)},
         "screening": [entry.get("screening") for entry in history if entry.get("screening")],
         "published": (app / "best_FL_global_model.pt").is_file(),
-        # the server's best model: the last round its history flags as the best so far (None: no model was)
-        "best_round": max(
-            (entry["round"] for entry in history if (entry.get("validation") or {}).get("best")), default=None
-        ),
+        # the rounds its history flags as the best so far; the server's best model is the last (None: no model was)
+        "best_rounds": (bests := [entry["round"] for entry in history if (entry.get("validation") or {}).get("best")]),
+        "best_round": max(bests, default=None),
     }
+
+
+def ends_early(result: dict, patience: int) -> int | None:
+    """The round after which a job with ``patience`` would have ended, replayed on a run's record (``best_rounds``):
+    its ``patience``-th trained round in a row that made no new best, as the controller counts them (None: it runs
+    every round of the record). The choice of the best does not read the patience, so up to that round the job's
+    rounds are the run's own."""
+    without = 0
+    for number in range(result["federation"]["rounds"]):
+        without = 0 if number in result["best_rounds"] else without + 1
+        if without >= patience:
+            return number
+    return None
 
 
 # seeds whose federations set a rule (in-sample for it): the loss margins (100-119), the leave-one-out margins

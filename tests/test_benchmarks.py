@@ -287,6 +287,19 @@ def test_the_running_opposition_replayed_on_recorded_cosines_follows_the_rule() 
     assert replayed["4"] == {"a": 0.0, "b": 0.0, "x": pytest.approx(0.8)}
 
 
+def test_a_job_with_patience_ends_where_the_controller_would_end_it() -> None:
+    """``clean_sweep.ends_early``: the round after which a job of that patience ends, counted as the controller counts
+    trained rounds in a row without a new best (the best resets the count)."""
+    from helpers import load_benchmark
+
+    sweep = load_benchmark("clean_sweep")
+    run = {"federation": {"rounds": 8}, "best_rounds": [0, 1, 5]}
+    assert sweep.ends_early(run, 4) is None  # rounds 2-4 are three, then 5 is a best, 6-7 two
+    assert sweep.ends_early(run, 3) == 4
+    assert sweep.ends_early(run, 1) == 2
+    assert sweep.ends_early({"federation": {"rounds": 5}, "best_rounds": []}, 4) == 3  # no best: rounds 0-3
+
+
 def test_a_runs_closest_approach_to_each_rule_is_read_as_the_rule_reads_it() -> None:
     """Direction: each site's first judged round under the first-round check (every round with three or more under
     the check on), a round whose consensus is no one's skipped; warm-up rows and two sites: round 0, with the check
