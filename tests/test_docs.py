@@ -4376,12 +4376,13 @@ ONE_FINDING_RECORD = "stand-in-one-finding-sites.json"  # stop 105: the consorti
 STOP_104 = "7db6e37"  # the bar on recalibrated losses where the model ranks a site's images no worse: its runs
 RECALIBRATED_BAR_SEEDS = [706, 708, 722, 723]  # the first draws after 700 with half their sites of one finding or more
 # the records added after stop 104's replay (its page counts the records before them)
-AFTER_STOP_104 = frozenset(  # stop 107's, stop 108's and stop 110's
+AFTER_STOP_104 = frozenset(  # stop 107's, stop 108's, stop 110's and stop 112's
     [
         f"clean-sweep/{ONE_FINDING_RECORD}",
         "attack-suite/glyph-tuned.json",
         "attack-suite/glyph-seed2.json",
         "clean-sweep/stand-in-unselected.json",
+        "clean-sweep/stand-in-twelve-rounds.json",
     ]
 )
 
@@ -4659,7 +4660,8 @@ def test_todays_rules_on_unselected_draws_are_their_record():
     assert all(run["commit"].startswith(STOP_105) for run in chosen)
     total = len(runs) + len(chosen)
     earlier = [run["federation"]["seed"] for path in (REPOSITORY / "docs" / "clean-sweep").glob("*.json")
-               if path.name != UNSELECTED_RECORD for run in json.loads(path.read_text()).values()
+               if path.name not in (UNSELECTED_RECORD, TWELVE_ROUNDS_RECORD)
+               for run in json.loads(path.read_text()).values()
                if isinstance(run, dict) and "federation" in run]  # fmt: skip
     assert max(earlier) == 866 and "after the last seed any sweep had used (866), from seed 900 on" in page
     assert "the last draws taken in order ran at stop 101 (seeds 589-596, the 7 of three or more sites" in page
@@ -4767,3 +4769,115 @@ def test_todays_rules_on_unselected_draws_are_their_record():
         f"refused a result (at most {_bound_up(clean_sweep.upper_bound(0, len(runs)))}, exact one-sided 95 %)"
         in " ".join(_readme().split())
     )
+
+
+TWELVE_ROUNDS_RECORD = "stand-in-twelve-rounds.json"  # stop 112: the same draws, each run for the main job's 12 rounds
+STOP_112 = "75ae0eb"  # 6c091da's server, jobs and rules; the benchmark's --rounds added
+
+
+def test_todays_rules_at_the_main_jobs_length_are_their_record():
+    """docs/server-checks.md's stop 112 section: the draws from seed 900 on, in order, none left out, each as drawn
+    but for its 12 rounds (the main job's length), every round run, whole and published, nothing refused or left
+    out; each one's first 3 or 5 rounds the same to the bit as its run of that length (stop 110-111's record), so
+    what is new is the rounds after; the counts, the bound, the rounds whose model was published, the rules met
+    every round, round by round, as the page gives them, the table, both plots and the README's sentence."""
+    clean_sweep = load_benchmark("clean_sweep")
+    record = json.loads((REPOSITORY / "docs" / "clean-sweep" / TWELVE_ROUNDS_RECORD).read_text())
+    shorter = json.loads((REPOSITORY / "docs" / "clean-sweep" / UNSELECTED_RECORD).read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert _marked_block(REPOSITORY / "docs" / "server-checks.md", "clean-sweep-twelve-rounds") == "\n".join(
+        clean_sweep.table(record)
+    )
+    runs = {run["federation"]["seed"]: run for run in record.values()}
+    assert sorted(runs) == list(range(FIRST_UNSELECTED, FIRST_UNSELECTED + len(runs)))  # in order, none left out
+    length = clean_sweep.DEMO.rounds
+    assert length == 12  # the main job's, nih_chexpert's
+    drawn_rounds = {}
+    for seed, run in runs.items():
+        drawn = clean_sweep.draw(seed)
+        assert run["federation"] == json.loads(
+            json.dumps(clean_sweep.asdict(clean_sweep.replace(drawn, start="stand-in", rounds=length)))
+        )
+        assert clean_sweep.out_of_sample(f"sweep-{seed}", run)
+        assert run["commit"].startswith(STOP_112)
+        assert run["exit_code"] == 0 and run["published"] and not run["rejected"] and not any(run["excluded"].values())
+        assert len(run["validations"]) == length + 1  # every round, and the initial model's
+        assert sorted(run["validation_sizes"]) == sorted(run["federation"]["sites"])
+        assert run["best_round"] == _best_round(run, True, True)
+        before = shorter[f"sweep-{seed}"]  # the same federation, run for its drawn 3 or 5 rounds
+        drawn_rounds[seed] = drawn.rounds
+        for number in range(-1, drawn.rounds):  # to the bit: every figure of every site
+            assert run["validations"][str(number)] == before["validations"][str(number)]
+        for number in range(drawn.rounds):
+            assert run["directions"][str(number)] == before["directions"][str(number)]
+    seconds = [run["seconds"] for run in runs.values()]
+    sites = [len(run["federation"]["sites"]) for run in runs.values()]
+    public = sum(run["federation"]["scheme"] == "public" for run in runs.values())
+    words = {2: "two sites", 3: "three", 4: "four", 7: "seven"}
+    counts = [f"{sites.count(k)} of {words[k]}" for k in clean_sweep.SITE_COUNTS if k in sites]
+    counts = ", ".join(counts[:-1]) + f" and {counts[-1]}" if len(counts) > 1 else counts[0]
+    assert (
+        f"--stop-starting-after 5700`, commit {STOP_112}, whose server, jobs and rules are {STOP_110}'s; "
+        f"{min(seconds):.0f} to {max(seconds):.0f} s a federation on this task's 2-core AMD EPYC" in page
+    )
+    assert f"its time allowed seeds {min(runs)}-{max(runs)}" in page
+    bound = _bound_up(clean_sweep.upper_bound(0, len(runs)))
+    assert (
+        f"In all, {len(runs)} federations: {counts}; {public} of public label schemes, {len(runs) - public} dealt "
+        f"from NIH's findings. All {len(runs)} ran their {length} rounds and published; none stopped, left a site out "
+        f"or had a result refused: **0 of {len(runs)} (at most {bound}, exact one-sided 95 %)**" in page
+    )
+    listed = "; ".join(
+        f"seed {seed}: round {run['best_round']}, where its {drawn_rounds[seed]} drawn rounds published round "
+        f"{shorter[f'sweep-{seed}']['best_round']}"
+        for seed, run in runs.items()
+    )
+    later_best = [seed for seed, run in runs.items() if run["best_round"] >= drawn_rounds[seed]]
+    assert (
+        f"The published model was of a round after the drawn length in {len(later_best)} of the {len(runs)} "
+        f"({listed}): by the rule that picks the best" in page
+    )
+    for run in runs.values():  # the best flags as the server raised them: the last is the published model's round
+        assert run["best_rounds"] == sorted(run["best_rounds"]) and run["best_rounds"][-1] == run["best_round"]
+    patience = clean_sweep.DEMO.patience
+    early = {seed: end for seed, run in runs.items() if (end := clean_sweep.ends_early(run, patience)) is not None}
+    then = {seed: max(best for best in runs[seed]["best_rounds"] if best <= end) for seed, end in early.items()}
+    ended = "; ".join(f"seed {seed} after round {end}, publishing round {then[seed]}" for seed, end in early.items())
+    assert (
+        f"Under the main job's patience ({patience} trained rounds in a row without a new best, replayed on each "
+        f"record by `clean_sweep.ends_early`) "
+        + (f"{len(early)} of the {len(runs)} would have ended early ({ended})" if early else "none of the")
+        in page
+    )
+    by_round = {seed: clean_sweep.approaches_by_round(run) for seed, run in runs.items()}
+
+    def highest(rule: str, later: bool) -> float:
+        return max(value for seed, rules in by_round.items() for number, value in rules[rule].items()
+                   if (number >= drawn_rounds[seed]) == later)  # fmt: skip
+
+    # with three or more sites one flag is kept on record, not acted on: a published run may cross; the page says below
+    assert highest("harm", True) < 0 and highest("harm", False) < 0  # no flag at either length
+    assert (
+        "at either length no test flagged a site or left one out), so what is new is the "
+        f"{sum(length - drawn for drawn in drawn_rounds.values())} rounds after the drawn lengths" in page
+    )
+    assert (
+        f"the harm test's highest z in the rounds after the drawn length was {-highest('harm', True):.1f} below the z "
+        f"a flag needs ({-highest('harm', False):.1f} in the drawn rounds, both at the level of a 12-round job)" in page
+    )
+    nearer = highest("harm", True) - highest("harm", False)
+    assert (
+        f"the highest running opposition {highest('opposition', True):.2f} after the drawn length "
+        f"({highest('opposition', False):.2f} before; refused above {clean_sweep.OPPOSITION_LIMIT}): the later rounds "
+        + (
+            f"came {nearer:.1f} nearer a flag than the drawn ones"
+            if nearer >= 0.05
+            else "came as near a flag as the drawn ones, to a tenth of a z"
+            if nearer > -0.05
+            else "came no nearer a flag"
+        )
+        + (", and no site's opposition rose in them" if highest("opposition", True) == 0 else ", and a site's")
+        in page
+    )
+    for plot in ("stand-in-twelve-rounds.png", "stand-in-twelve-rounds-by-round.png"):
+        assert (REPOSITORY / "docs" / "clean-sweep" / plot).is_file() and f"](clean-sweep/{plot})" in page
