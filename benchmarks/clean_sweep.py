@@ -223,11 +223,13 @@ def outcome(app: Path, code: int, log: str) -> dict[str, Any]:
 
 def ends_early(result: dict, patience: int) -> int | None:
     """The round after which a job with ``patience`` would have ended, replayed on a run's record (``best_rounds``):
-    its ``patience``-th trained round in a row that made no new best, as the controller counts them (None: it runs
-    every round of the record). The choice of the best does not read the patience, so up to that round the job's
-    rounds are the run's own."""
+    its ``patience``-th judged round in a row that made no new best, as the controller counts them: a round the
+    sites validated no model of (none in ``validations``) does not count (None: it runs every round of the record).
+    The choice of the best does not read the patience, so up to that round the job's rounds are the run's own."""
     without = 0
     for number in range(result["federation"]["rounds"]):
+        if str(number) not in result.get("validations", {str(number): {}}):
+            continue
         without = 0 if number in result["best_rounds"] else without + 1
         if without >= patience:
             return number

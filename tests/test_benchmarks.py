@@ -298,6 +298,8 @@ def test_a_job_with_patience_ends_where_the_controller_would_end_it() -> None:
     assert sweep.ends_early(run, 3) == 4
     assert sweep.ends_early(run, 1) == 2
     assert sweep.ends_early({"federation": {"rounds": 5}, "best_rounds": []}, 4) == 3  # no best: rounds 0-3
+    unjudged = {**run, "validations": {str(number): {} for number in (-1, 0, 1, 3, 5, 6, 7)}}  # 2 and 4 made none
+    assert sweep.ends_early(run, 2) == 3 and sweep.ends_early(unjudged, 2) == 7  # rounds 6 and 7, not 2 and 3
 
 
 def test_a_runs_closest_approach_to_each_rule_is_read_as_the_rule_reads_it() -> None:

@@ -4834,8 +4834,19 @@ def test_todays_rules_at_the_main_jobs_length_are_their_record():
     )
     later_best = [seed for seed, run in runs.items() if run["best_round"] >= drawn_rounds[seed]]
     assert (
-        f"The published model was of a round after the drawn length in {len(later_best)} of the {len(runs)} "
-        f"({listed}): by the rule that picks the best" in page
+        f"judged a round after the drawn length better in {len(later_best)} of the {len(runs)} ({listed}); by the "
+        "sites' mean validation AUROC the later best was within" in page
+    )
+
+    def mean_auroc(run: dict, number: int) -> float:
+        return float(np.mean([one["val_mean_auroc"] for one in run["validations"][str(number)].values()]))
+
+    gaps = {seed: mean_auroc(run, run["best_round"]) - mean_auroc(run, shorter[f"sweep-{seed}"]["best_round"])
+            for seed, run in runs.items()}  # fmt: skip
+    lowered = [str(seed) for seed, gap in gaps.items() if gap < 0]
+    assert (
+        f"the later best was within {_rounded_up(max(map(abs, gaps.values())), 3)} of the drawn one, lower in "
+        f"{len(lowered)} (seeds {' and '.join(lowered)})" in page
     )
     for run in runs.values():  # the best flags as the server raised them: the last is the published model's round
         assert run["best_rounds"] == sorted(run["best_rounds"]) and run["best_rounds"][-1] == run["best_round"]
@@ -4843,11 +4854,26 @@ def test_todays_rules_at_the_main_jobs_length_are_their_record():
     early = {seed: end for seed, run in runs.items() if (end := clean_sweep.ends_early(run, patience)) is not None}
     then = {seed: max(best for best in runs[seed]["best_rounds"] if best <= end) for seed, end in early.items()}
     ended = "; ".join(f"seed {seed} after round {end}, publishing round {then[seed]}" for seed, end in early.items())
+    still_later = len(runs) - sum(then[seed] < drawn_rounds[seed] for seed in early)
     assert (
-        f"Under the main job's patience ({patience} trained rounds in a row without a new best, replayed on each "
-        f"record by `clean_sweep.ends_early`) "
-        + (f"{len(early)} of the {len(runs)} would have ended early ({ended})" if early else "none of the")
-        in page
+        f"Under the main job's patience ({patience} judged rounds in a row without a new best, replayed on each "
+        f"record by `clean_sweep.ends_early`) {len(early)} of the {len(runs)} would have ended early ({ended}), the "
+        f"others run every round, so a round after the drawn length would be published in {still_later} of the "
+        f"{len(runs)}" in page
+    )
+    for seed, run in runs.items():  # the first-round rules: the shorter runs' to the digit
+        again, before = clean_sweep.closest_approaches(run), clean_sweep.closest_approaches(shorter[f"sweep-{seed}"])
+        assert all(again[rule] == before[rule] for rule in ("direction", "warmup_rows", "bar"))
+    flat = clean_sweep.approaches_by_round(runs[903])["harm"]
+    floor = [number for number, value in flat.items() if value == min(flat.values())]
+    rsna = runs[903]["validation_sizes"]["site-4-rsna"]
+    for number in floor:
+        found = judging.auroc_harm_of(runs[903]["validations"][str(number)]["site-4-rsna"], rsna)
+        assert found.z == -4.0 and found.error == judging.AUROC_SE_FLOOR_SD / math.sqrt(rsna)
+    assert len(floor) >= 5 and f"{min(flat.values()):.1f}".startswith("-7.8")
+    assert (
+        f"seed 903's flat stretch near -7.8 is its RSNA site's ranking test, the same z (-4.0) in each of those "
+        f"rounds: its {rsna} validation images put its standard error at the floor the server allows" in page
     )
     by_round = {seed: clean_sweep.approaches_by_round(run) for seed, run in runs.items()}
 
