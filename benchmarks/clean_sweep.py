@@ -226,9 +226,9 @@ def ends_early(result: dict, patience: int) -> int | None:
     its ``patience``-th judged round in a row that made no new best, as the controller counts them: a round the
     sites validated no model of (none in ``validations``) does not count (None: it runs every round of the record).
     The choice of the best does not read the patience, so up to that round the job's rounds are the run's own."""
-    without = 0
+    without, judged = 0, result.get("validations")
     for number in range(result["federation"]["rounds"]):
-        if str(number) not in result.get("validations", {str(number): {}}):
+        if judged is not None and str(number) not in judged:
             continue
         without = 0 if number in result["best_rounds"] else without + 1
         if without >= patience:
@@ -411,6 +411,12 @@ def _deciding_z(harm: Harm) -> float:
     return harm.z if harm.recalibrated is None else min(harm.z, harm.recalibrated.z)
 
 
+def site_count_colours(plt: Any) -> dict[int, Any]:
+    """The colour of each number of sites in the sweeps' plots."""
+    palette = plt.get_cmap("viridis")
+    return {count: palette(index / (len(SITE_COUNTS) - 1)) for index, count in enumerate(SITE_COUNTS)}
+
+
 def plot_approaches(results: dict[str, dict], path: Path) -> Path:
     """One panel a rule of :data:`APPROACHES`: each federation's closest approach to it (in the order of their names,
     coloured by their sites), the rule's threshold dashed red; a point on the side the rule acts on is a false alarm."""
@@ -420,8 +426,7 @@ def plot_approaches(results: dict[str, dict], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(2, 4, figsize=(14, 6.4))
-    palette = plt.get_cmap("viridis")
-    colours = {count: palette(index / (len(SITE_COUNTS) - 1)) for index, count in enumerate(SITE_COUNTS)}
+    colours = site_count_colours(plt)
     ordered = sorted(results.items())
     approaches = [closest_approaches(result) for _, result in ordered]
     panels = list(axes.flat)
@@ -460,20 +465,20 @@ def plot_by_round(results: dict[str, dict], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    palette = plt.get_cmap("viridis")
-    colours = {count: palette(index / (len(SITE_COUNTS) - 1)) for index, count in enumerate(SITE_COUNTS)}
+    colours = site_count_colours(plt)
     rounds = max((result["federation"]["rounds"] for result in results.values()), default=1)
+    by_round = {name: approaches_by_round(result) for name, result in sorted(results.items())}
     for axis, key in zip(axes, ("harm", "opposition"), strict=True):
         title, threshold, side = APPROACHES[key]
         drawn_counts = set()
         for name, result in sorted(results.items()):
-            line = approaches_by_round(result)[key]
+            line = by_round[name][key]
             if not line:
                 continue
             count = len(result["federation"]["sites"])
             drawn_counts.add(count)
-            seed = result["federation"].get("seed", -1)
-            drawn = draw(seed).rounds if name != CONSORTIUM and seed >= 0 else result["federation"]["rounds"]
+            seed = result["federation"].get("seed", -1)  # the consortium job's is -1: no draw
+            drawn = draw(seed).rounds if seed >= 0 else result["federation"]["rounds"]
             numbers = list(range(result["federation"]["rounds"]))
             values = [line.get(number, math.nan) for number in numbers]
             axis.plot(numbers, values, linewidth=1, color=colours.get(count))

@@ -4610,6 +4610,14 @@ def test_the_consortium_job_from_the_stand_in_and_the_next_one_finding_draws_are
     ) in page
 
 
+def _site_counts(sites: list[int]) -> str:
+    """How many federations had each number of sites, as the page writes it ("4 of two sites, 4 of three and 12 of
+    four")."""
+    words = {2: "two sites", 3: "three", 4: "four", 7: "seven"}
+    counts = [f"{sites.count(k)} of {words[k]}" for k in load_benchmark("clean_sweep").SITE_COUNTS if k in sites]
+    return ", ".join(counts[:-1]) + f" and {counts[-1]}" if len(counts) > 1 else counts[0]
+
+
 UNSELECTED_RECORD = "stand-in-unselected.json"  # stop 110: the draws from seed 900 on, in order, under today's rules
 STOP_110 = "6c091da"
 FIRST_UNSELECTED = 900  # the first seed after the last any sweep had used (866)
@@ -4653,9 +4661,7 @@ def test_todays_rules_on_unselected_draws_are_their_record():
     assert seconds and seconds_on
     sites = [len(run["federation"]["sites"]) for run in runs.values()]
     public = sum(run["federation"]["scheme"] == "public" for run in runs.values())
-    words = {2: "two sites", 3: "three", 4: "four", 7: "seven"}
-    counts = [f"{sites.count(k)} of {words[k]}" for k in clean_sweep.SITE_COUNTS if k in sites]
-    counts = ", ".join(counts[:-1]) + f" and {counts[-1]}"
+    counts = _site_counts(sites)
     chosen = [run for name, run in stop_105.items() if name != clean_sweep.CONSORTIUM]  # stop 105's draws
     assert all(run["commit"].startswith(STOP_105) for run in chosen)
     total = len(runs) + len(chosen)
@@ -4813,9 +4819,7 @@ def test_todays_rules_at_the_main_jobs_length_are_their_record():
     seconds = [run["seconds"] for run in runs.values()]
     sites = [len(run["federation"]["sites"]) for run in runs.values()]
     public = sum(run["federation"]["scheme"] == "public" for run in runs.values())
-    words = {2: "two sites", 3: "three", 4: "four", 7: "seven"}
-    counts = [f"{sites.count(k)} of {words[k]}" for k in clean_sweep.SITE_COUNTS if k in sites]
-    counts = ", ".join(counts[:-1]) + f" and {counts[-1]}" if len(counts) > 1 else counts[0]
+    counts = _site_counts(sites)
     assert (
         f"--stop-starting-after 5700`, commit {STOP_112}, whose server, jobs and rules are {STOP_110}'s; "
         f"{min(seconds):.0f} to {max(seconds):.0f} s a federation on this task's 2-core AMD EPYC" in page
