@@ -134,7 +134,8 @@ def _before_stop_101() -> tuple[dict[str, dict], dict[str, dict]]:
     }
     before = json.loads((folder / "stand-in-before-stop101.json").read_text())
     assert set(before) <= set(made) and all("direction_check" not in run for run in before.values())
-    later = {name for name, run in runs.items() if run.get("commit", "").startswith((*STOP_102, *AT_STOP_103))}
+    later = {name for name, run in runs.items()
+             if run.get("commit", "").startswith((*STOP_102, *AT_STOP_103, STOP_113))}  # fmt: skip
     kept = {name: run for name, run in runs.items() if name not in made and name not in later}
     return {**kept, **before}, made
 
@@ -3771,6 +3772,8 @@ def _replayable_runs() -> tuple[tuple[str, str, dict], ...]:
                 figures = run.get("validations", {}) if isinstance(run, dict) else {}
                 if "-1" not in figures or len(figures) < 2:
                     continue  # no losses by round: nothing to replay
+                if run.get("commit", "").startswith(STOP_113):
+                    continue  # a run added to the suite's table after stop 104
                 if not isinstance(run.get("excluded"), dict):  # the suite's records: who was left out, not when
                     out = dict.fromkeys([*run.get("rejected", []), *run.get("excluded", [])])  # taken as every round
                     run = {**run, "excluded": {number: out for number in figures}, "rejections": {}, "rejected": []}
@@ -4375,14 +4378,17 @@ ONE_FINDING_RECORD = "stand-in-one-finding-sites.json"  # stop 105: the consorti
 # next draws with half their sites of one finding
 STOP_104 = "7db6e37"  # the bar on recalibrated losses where the model ranks a site's images no worse: its runs
 RECALIBRATED_BAR_SEEDS = [706, 708, 722, 723]  # the first draws after 700 with half their sites of one finding or more
+STOP_113 = "6b48c32"  # the stand-in suite's gaps at four and seven sites, today's rules: its runs in the table
+REFERENCES_RERUN_RECORD = "stand-in-references-rerun.json"  # stop 113's reference runs again, their records' figures
 # the records added after stop 104's replay (its page counts the records before them)
-AFTER_STOP_104 = frozenset(  # stop 107's, stop 108's, stop 110's and stop 112's
+AFTER_STOP_104 = frozenset(  # stop 107's, stop 108's, stop 110's, stop 112's and stop 113's
     [
         f"clean-sweep/{ONE_FINDING_RECORD}",
         "attack-suite/glyph-tuned.json",
         "attack-suite/glyph-seed2.json",
         "clean-sweep/stand-in-unselected.json",
         "clean-sweep/stand-in-twelve-rounds.json",
+        f"attack-suite/{REFERENCES_RERUN_RECORD}",
     ]
 )
 
@@ -4911,3 +4917,121 @@ def test_todays_rules_at_the_main_jobs_length_are_their_record():
     )
     for plot in ("stand-in-twelve-rounds.png", "stand-in-twelve-rounds-by-round.png"):
         assert (REPOSITORY / "docs" / "clean-sweep" / plot).is_file() and f"](clean-sweep/{plot})" in page
+
+
+STOP_113_GAPS = {  # the catalogue's attacks the stand-in's rows lacked before stop 113: (sites, attackers) -> attacks
+    (4, 1): ("ipm", "inf", "gaussian", "mimic", "label_flip_quiet", "bn_inflate"),
+    (7, 1): ("backdoor_boosted", "bn_inflate", "gaussian", "inf", "label_flip_quiet", "mimic"),
+    (7, 2): ("alie", "mimic_noised", "label_flip_late", "label_flip", "opt_alie", "opt_ipm", "backdoor", "mimic",
+             "label_flip_quiet", "inf", "gaussian", "backdoor_boosted", "bn_inflate"),
+}  # fmt: skip
+
+
+def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
+    """docs/server-checks.md's stop 113 paragraphs: the catalogue's attacks the stand-in's rows lacked, run under
+    today's rules into the table (two attackers of seven: those the session's time ran, in the order given); the
+    references run again (four sites: their records to the bit; seven: the final model to the bit and the best a later
+    round, every verdict the same against it); each run's figures as the page quotes them."""
+    suite = load_benchmark("attack_suite")
+    folder = REPOSITORY / "docs" / "attack-suite"
+    runs = json.loads((folder / "results.json").read_text())
+    rerun = json.loads((folder / REFERENCES_RERUN_RECORD).read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    made = {name: run for name, run in runs.items() if run.get("commit", "").startswith(STOP_113)}
+    assert all(run["start"] == "stand-in" and run["seed"] == 1 and suite._size(run)[:2] == (100, 3)
+               and run["machine"].startswith("AMD EPYC") for run in [*made.values(), *rerun.values()])  # fmt: skip
+    ran = {setting: [run["attack"] for run in made.values() if suite.setting_of(run) == setting] for setting in
+           ("4 (1; from the stand-in)", "7 (1; from the stand-in)", "7 (2; from the stand-in)")}  # fmt: skip
+    assert ran["4 (1; from the stand-in)"] == [suite.PLACEBO, *STOP_113_GAPS[(4, 1)]]
+    assert ran["7 (1; from the stand-in)"] == [suite.PLACEBO, *STOP_113_GAPS[(7, 1)]]
+    pairs = ran["7 (2; from the stand-in)"]
+    assert pairs == list(STOP_113_GAPS[(7, 2)][: len(pairs)]) and len(made) == 14 + len(pairs)  # in the order given
+    for sites in (3, 4, 7):  # the whole catalogue from the stand-in, one attacker, 100 patients, 3 rounds
+        present = {run["attack"] for run in runs.values() if run.get("start") == "stand-in" and run["sites"] == sites
+                   and run["attackers"] == 1 and suite._size(run)[:2] == (100, 3)}  # fmt: skip
+        assert set(suite.ATTACKS) <= present, sites
+    # the references again: four sites to the bit; seven sites' final model to the bit, its best another round
+    four = ("clean-4sites-0attackers-seed1-stand-in", "honest_alone-4sites-1attackers-seed1-stand-in")
+    seven = "clean-7sites-0attackers-seed1-stand-in"
+    assert set(rerun) == {*four, seven} and all(run["commit"].startswith(STOP_113) for run in rerun.values())
+    final = ("final_auroc", "final_backdoor_success", "exit_code", "rejected", "excluded", "rounds", "published")
+    for name in four:
+        assert all(rerun[name][key] == runs[name][key] for key in (*final, "best_auroc", "best_backdoor_success"))
+    assert all(rerun[seven][key] == runs[seven][key] for key in final)
+    assert rerun[seven]["best_auroc"] == rerun[seven]["final_auroc"] != runs[seven]["best_auroc"]
+    assert (
+        f"the honest sites' lowest best AUROC {min(rerun[seven]['best_auroc'].values()):.3f} against the record's "
+        f"{min(runs[seven]['best_auroc'].values()):.3f}" in page
+    )
+    today = {**runs, seven: rerun[seven]}
+    moved = 0.0
+    for run in made.values():
+        for references in (runs, today):
+            found = suite.verdict(run, suite.clean_of(references, run))
+            assert found == suite.verdict(run, suite.clean_of(runs, run))
+        moved = max(moved, abs(suite.lowest_margin(run, suite.clean_of(today, run))
+                               - suite.lowest_margin(run, suite.clean_of(runs, run))))  # fmt: skip
+    assert f"no margin moves by more than {moved:.3f}" in page
+    # the commands and their seconds
+    for setting, quoted in (("4 (1; from the stand-in)", "with the clean run, the honest sites alone and a placebo"),
+                            ("7 (1; from the stand-in)", "with the clean run and a placebo")):  # fmt: skip
+        seconds = [run["seconds"] for run in made.values() if suite.setting_of(run) == setting]
+        seconds += [run["seconds"] for run in rerun.values() if f"{run['sites']} (1" in setting]
+        assert f"{quoted} ({round(min(seconds))} to {round(max(seconds))} s a run)" in page
+    one = {name: run for name, run in made.items() if run["attackers"] == 1}
+    for name, run in one.items():  # with one attacker: each holds against both references, or did not take
+        expected = "did not take" if run["attack"] == "backdoor_boosted" else "holds"
+        assert suite.verdict(run, suite.clean_of(runs, run)) == suite.verdict(run, suite.alone_of(runs, run)) == expected
+
+    def of(sites: int, attack: str) -> dict:
+        return runs[f"{attack}-{sites}sites-1attackers-seed1-stand-in"]
+
+    def margin(run: dict, find=suite.clean_of, references: dict = runs) -> str:
+        return f"{suite.lowest_margin(run, find(references, run)):+.3f}"
+
+    def rounds(run: dict) -> list[str]:  # the rounds that refused the attacker
+        return [number for number, found in run["rejections"].items() if found]
+
+    left_out = ("ipm", "inf", "gaussian", "label_flip_quiet")  # refused every round or left out in the first
+    for sites in (4, 7):
+        for attack in [attack for attack in left_out if attack in STOP_113_GAPS[(sites, 1)]]:
+            run, alone = of(sites, attack), suite.alone_of(runs, of(sites, attack))
+            assert run["best_auroc"] == alone["best_auroc"] and run["final_auroc"] == alone["final_auroc"]
+            assert rounds(run) == (["0"] if attack == "label_flip_quiet" else ["0", "1", "2"])
+            assert run["excluded"] == (run["attacking_sites"] if attack == "label_flip_quiet" else [])
+        assert len({margin(of(sites, attack)) for attack in left_out if attack in STOP_113_GAPS[(sites, 1)]}) == 1
+    assert "each ends at the honest sites alone to the bit, " f"{margin(of(4, 'ipm'))} from the clean run" in page
+    assert "and end at the honest sites alone to the bit, " f"{margin(of(7, 'inf'))} from the clean run" in page
+    said = [why for found in of(4, "ipm")["rejections"].values() for why in found.values()]
+    cosine = re.search(r"cosine (-?[\d.]+) with the robust aggregate\)", said[0]).group(1)
+    opposed = [re.search(r"running opposition ([\d.]+) above", why).group(1) for why in said[1:]]
+    assert f"cosine {cosine} with the robust aggregate, then by its running opposition, {' and '.join(opposed)})" in page
+    noise = re.search(r"backbone weights is ([\d.]+) times their size; this federation accepts at most (\d+)",
+                      of(4, "gaussian")["rejections"]["0"]["site-nih-2"])  # fmt: skip
+    assert f"its backbone update {noise.group(1)} times their size, where one round may bring at most {noise.group(2)}" in page
+    shared = [re.search(r"updates of the (\d+) head rows .*mean cosine (-?[\d.]+)", why).group(1, 2)
+              for sites in (4, 7) for why in of(sites, "label_flip_quiet")["rejections"]["0"].values()]  # fmt: skip
+    assert f"its {shared[0][0]} shared head rows' mean cosine {shared[0][1]} with their consensus" in page
+    assert f"(`label_flip_quiet`'s {shared[1][0]} shared rows at {shared[1][1]})" in page
+    copied = of(4, "mimic")
+    assert f"cost {margin(copied)} ({margin(copied, suite.alone_of)} against the honest sites alone)" in page
+    assert f"`mimic` cost {margin(of(7, 'mimic'))};" in page
+    for references, sites in ((runs, 4), (today, 7)):  # FedBN+: the sites keep their BatchNorm statistics
+        inflated, clean = of(sites, "bn_inflate"), suite.clean_of(references, of(sites, "bn_inflate"))
+        assert all(inflated[kind][site] == clean[kind][site] for kind in ("best_auroc", "final_auroc")
+                   for site in inflated["best_auroc"])  # fmt: skip
+    placebos = [runs[f"placebo-{sites}sites-1attackers-seed1-stand-in"] for sites in (4, 7)]
+    assert f"the placebo moved the honest sites by {margin(placebos[0])}." in page
+    assert f"the placebo moved them by {margin(placebos[1])}." in page
+    boosted, clean = of(7, "backdoor_boosted"), runs[seven]
+
+    def share(value: float) -> str:
+        return f"{value:.1%}".replace("%", " %")
+
+    assert boosted["best_backdoor_success"] == boosted["final_backdoor_success"] and rounds(boosted) == ["2"]
+    assert (
+        f"its attacker's own model scored the trigger at {share(boosted['attackers_own_backdoor_success']['site-nih-4'])}"
+        f" and the global models at {share(boosted['best_backdoor_success'])}, against the clean model's "
+        f"{share(clean['best_backdoor_success'])} (best) and {share(clean['final_backdoor_success'])} (final)" in page
+    )
+    assert "'Edema'" in boosted["rejections"]["2"]["site-nih-4"] and "'Pneumothorax'" in boosted["rejections"]["2"]["site-nih-4"]
