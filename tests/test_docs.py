@@ -4978,10 +4978,11 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
         seconds = [run["seconds"] for run in made.values() if suite.setting_of(run) == setting]
         seconds += [run["seconds"] for run in rerun.values() if f"{run['sites']} (1" in setting]
         assert f"{quoted} ({round(min(seconds))} to {round(max(seconds))} s a run)" in page
-    one = {name: run for name, run in made.items() if run["attackers"] == 1}
-    for name, run in one.items():  # with one attacker: each holds against both references, or did not take
-        expected = "did not take" if run["attack"] == "backdoor_boosted" else "holds"
-        assert suite.verdict(run, suite.clean_of(runs, run)) == suite.verdict(run, suite.alone_of(runs, run)) == expected
+    for run in made.values():  # with one attacker: each holds against both references, or did not take
+        if run["attackers"] == 1:
+            expected = "did not take" if run["attack"] == "backdoor_boosted" else "holds"
+            assert suite.verdict(run, suite.clean_of(runs, run)) == expected
+            assert suite.verdict(run, suite.alone_of(runs, run)) == expected
 
     def of(sites: int, attack: str) -> dict:
         return runs[f"{attack}-{sites}sites-1attackers-seed1-stand-in"]
@@ -5000,15 +5001,20 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
             assert rounds(run) == (["0"] if attack == "label_flip_quiet" else ["0", "1", "2"])
             assert run["excluded"] == (run["attacking_sites"] if attack == "label_flip_quiet" else [])
         assert len({margin(of(sites, attack)) for attack in left_out if attack in STOP_113_GAPS[(sites, 1)]}) == 1
-    assert "each ends at the honest sites alone to the bit, " f"{margin(of(4, 'ipm'))} from the clean run" in page
-    assert "and end at the honest sites alone to the bit, " f"{margin(of(7, 'inf'))} from the clean run" in page
+    assert f"each ends at the honest sites alone to the bit, {margin(of(4, 'ipm'))} from the clean run" in page
+    assert f"and end at the honest sites alone to the bit, {margin(of(7, 'inf'))} from the clean run" in page
     said = [why for found in of(4, "ipm")["rejections"].values() for why in found.values()]
     cosine = re.search(r"cosine (-?[\d.]+) with the robust aggregate\)", said[0]).group(1)
     opposed = [re.search(r"running opposition ([\d.]+) above", why).group(1) for why in said[1:]]
-    assert f"cosine {cosine} with the robust aggregate, then by its running opposition, {' and '.join(opposed)})" in page
+    assert f"cosine {cosine} with the robust aggregate, then by its running opposition, {' and '.join(opposed)})" in (
+        page
+    )
     noise = re.search(r"backbone weights is ([\d.]+) times their size; this federation accepts at most (\d+)",
                       of(4, "gaussian")["rejections"]["0"]["site-nih-2"])  # fmt: skip
-    assert f"its backbone update {noise.group(1)} times their size, where one round may bring at most {noise.group(2)}" in page
+    assert (
+        f"its backbone update {noise.group(1)} times their size, where one round may bring at most {noise.group(2)}"
+        in page
+    )
     shared = [re.search(r"updates of the (\d+) head rows .*mean cosine (-?[\d.]+)", why).group(1, 2)
               for sites in (4, 7) for why in of(sites, "label_flip_quiet")["rejections"]["0"].values()]  # fmt: skip
     assert f"its {shared[0][0]} shared head rows' mean cosine {shared[0][1]} with their consensus" in page
@@ -5030,8 +5036,9 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
 
     assert boosted["best_backdoor_success"] == boosted["final_backdoor_success"] and rounds(boosted) == ["2"]
     assert (
-        f"its attacker's own model scored the trigger at {share(boosted['attackers_own_backdoor_success']['site-nih-4'])}"
-        f" and the global models at {share(boosted['best_backdoor_success'])}, against the clean model's "
+        "its attacker's own model scored the trigger at "
+        f"{share(boosted['attackers_own_backdoor_success']['site-nih-4'])} and the global models at "
+        f"{share(boosted['best_backdoor_success'])}, against the clean model's "
         f"{share(clean['best_backdoor_success'])} (best) and {share(clean['final_backdoor_success'])} (final)" in page
     )
-    assert "'Edema'" in boosted["rejections"]["2"]["site-nih-4"] and "'Pneumothorax'" in boosted["rejections"]["2"]["site-nih-4"]
+    assert all(f"'{row}'" in boosted["rejections"]["2"]["site-nih-4"] for row in ("Edema", "Pneumothorax"))
