@@ -5041,4 +5041,5 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
         f"{share(boosted['best_backdoor_success'])}, against the clean model's "
         f"{share(clean['best_backdoor_success'])} (best) and {share(clean['final_backdoor_success'])} (final)" in page
     )
-    assert all(f"'{row}'" in boosted["rejections"]["2"]["site-nih-4"] for row in ("Edema", "Pneumothorax"))
+    rows = re.findall(r"head row of '([^']+)'", boosted["rejections"]["2"]["site-nih-4"])
+    assert f"its results were refused in round {rounds(boosted)[0]} (its {' and '.join(rows)} head rows more" in page
