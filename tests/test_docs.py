@@ -4964,14 +4964,33 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
         f"{min(runs[seven]['best_auroc'].values()):.3f}" in page
     )
     today = {**runs, seven: rerun[seven]}
-    moved = 0.0
+    moved, shift = 0.0, 0.0  # the largest change of an AUROC margin, of a backdoor's success above the reference's
     for run in made.values():
-        for references in (runs, today):
-            found = suite.verdict(run, suite.clean_of(references, run))
-            assert found == suite.verdict(run, suite.clean_of(runs, run))
+        assert suite.verdict(run, suite.clean_of(today, run)) == suite.verdict(run, suite.clean_of(runs, run))
         moved = max(moved, abs(suite.lowest_margin(run, suite.clean_of(today, run))
                                - suite.lowest_margin(run, suite.clean_of(runs, run))))  # fmt: skip
-    assert f"no margin moves by more than {moved:.3f}" in page
+        if run["attack"].startswith("backdoor"):
+            shift = max(shift, abs(suite.backdoor_above(run, suite.clean_of(today, run))
+                                   - suite.backdoor_above(run, suite.clean_of(runs, run))))  # fmt: skip
+    assert (
+        f"no AUROC margin moves by more than {math.ceil(moved * 1e4) / 1e4:.4f} and no backdoor's success above the "
+        f"clean model's by more than {math.ceil(shift * 1e3) / 1e3:.3f}" in page
+    )
+    gaps = [", ".join(f"`{attack}`" for attack in STOP_113_GAPS[setting]) for setting in ((4, 1), (7, 1))]
+    assert f"six attacks of the catalogue at four sites ({gaps[0]}), six at seven ({gaps[1]})" in page
+    earlier = sorted(run["attack"] for run in runs.values() if run.get("start") == "stand-in"
+                     and suite.setting_of(run) == "7 (2; from the stand-in)" and run not in made.values()
+                     and run["attack"] not in (*suite.REFERENCES, suite.PLACEBO))  # fmt: skip
+    assert f"with two attackers of seven, all but {' and '.join(f'`{attack}`' for attack in earlier)}." in page
+    assert f"(commit {STOP_113}, on this task's 2-core AMD EPYC beside nothing else;" in page
+    assert (
+        "--settings 4:1 --start stand-in --attacks " + " ".join(STOP_113_GAPS[(4, 1)]) + "` with the clean run"
+    ) in page
+    assert (
+        "--settings 7:1 --start stand-in --references placebo --attacks "
+        + " ".join(STOP_113_GAPS[(7, 1)])
+        + "` with the clean run"
+    ) in page
     # the commands and their seconds
     for setting, quoted in (("4 (1; from the stand-in)", "with the clean run, the honest sites alone and a placebo"),
                             ("7 (1; from the stand-in)", "with the clean run and a placebo")):  # fmt: skip
@@ -5009,23 +5028,28 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
     assert f"cosine {cosine} with the robust aggregate, then by its running opposition, {' and '.join(opposed)})" in (
         page
     )
-    noise = re.search(r"backbone weights is ([\d.]+) times their size; this federation accepts at most (\d+)",
-                      of(4, "gaussian")["rejections"]["0"]["site-nih-2"])  # fmt: skip
-    assert (
-        f"its backbone update {noise.group(1)} times their size, where one round may bring at most {noise.group(2)}"
-        in page
-    )
+    sizes = {re.search(r"backbone weights is ([\d.]+) times their size; this federation accepts at most (\d+)",
+                       why).group(1, 2)
+             for found in of(4, "gaussian")["rejections"].values() for why in found.values()}  # fmt: skip
+    assert len(sizes) == 1  # the same every round
+    ((size, bound),) = sizes
+    assert f"its backbone update {size} times their size, where one round may bring at most {bound}" in page
     shared = [re.search(r"updates of the (\d+) head rows .*mean cosine (-?[\d.]+)", why).group(1, 2)
               for sites in (4, 7) for why in of(sites, "label_flip_quiet")["rejections"]["0"].values()]  # fmt: skip
     assert f"its {shared[0][0]} shared head rows' mean cosine {shared[0][1]} with their consensus" in page
     assert f"(`label_flip_quiet`'s {shared[1][0]} shared rows at {shared[1][1]})" in page
     copied = of(4, "mimic")
+    assert rounds(copied) == [] and copied["excluded"] == []  # never refused
     assert f"cost {margin(copied)} ({margin(copied, suite.alone_of)} against the honest sites alone)" in page
     assert f"`mimic` cost {margin(of(7, 'mimic'))};" in page
     for references, sites in ((runs, 4), (today, 7)):  # FedBN+: the sites keep their BatchNorm statistics
         inflated, clean = of(sites, "bn_inflate"), suite.clean_of(references, of(sites, "bn_inflate"))
         assert all(inflated[kind][site] == clean[kind][site] for kind in ("best_auroc", "final_auroc")
                    for site in inflated["best_auroc"])  # fmt: skip
+    assert (
+        f"`bn_inflate` is today's clean run to the bit ({margin(of(7, 'bn_inflate'))} against the record, whose best "
+        "model is another round's)" in page
+    )
     placebos = [runs[f"placebo-{sites}sites-1attackers-seed1-stand-in"] for sites in (4, 7)]
     assert f"the placebo moved the honest sites by {margin(placebos[0])}." in page
     assert f"the placebo moved them by {margin(placebos[1])}." in page
@@ -5042,4 +5066,45 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
         f"{share(clean['best_backdoor_success'])} (best) and {share(clean['final_backdoor_success'])} (final)" in page
     )
     rows = re.findall(r"head row of '([^']+)'", boosted["rejections"]["2"]["site-nih-4"])
-    assert f"its results were refused in round {rounds(boosted)[0]} (its {' and '.join(rows)} head rows more" in page
+    bound = re.search(r"update_bound \((\d+)\)", boosted["rejections"]["2"]["site-nih-4"]).group(1)
+    assert (
+        f"its results were refused in round {rounds(boosted)[0]} (its {' and '.join(rows)} head rows more than {bound} "
+        "times the typical accepted update)" in page
+    )
+    triggered = 426  # the test set's Pneumothorax negatives, as the page counts them
+    assert f"of {triggered} triggered negatives;" in page
+    for value in (*boosted["attackers_own_backdoor_success"].values(), boosted["best_backdoor_success"],
+                  clean["best_backdoor_success"], clean["final_backdoor_success"]):  # fmt: skip
+        assert abs(value * triggered - round(value * triggered)) < 1e-9  # a count of those images
+    # two attackers of seven: those the time ran, in the order given
+    two = [run for run in made.values() if run["attackers"] == 2]
+    verdicts = [(suite.verdict(run, suite.clean_of(runs, run)), suite.verdict(run, suite.alone_of(runs, run)))
+                for run in two]  # fmt: skip
+    held = sum(found == ("holds", "holds") for found in verdicts)
+    assert all(set(run["rejected"]) | set(run["excluded"]) <= set(run["attacking_sites"]) for run in two)
+    seconds = [run["seconds"] for run in two]
+    assert (
+        f"of which the session's time ran the first {len(two)} ({round(min(seconds))} to {round(max(seconds))} s a "
+        "run)" in page
+    )
+    margins = "; ".join(f"`{run['attack']}` {margin(run)}, {margin(run, suite.alone_of)}" for run in two)
+    assert (
+        f"Of the {len(two)} run, {held} hold against the clean run and against the honest sites alone (the honest "
+        f"sites' largest loss against each: {margins}), and no honest site's result was refused or left out" in page
+    )
+    by_attack = {run["attack"]: run for run in two}
+    assert all(rounds(by_attack[attack]) == [] for attack in ("alie", "mimic_noised", "label_flip_late"))
+    for attack in ("opt_alie", "opt_ipm"):  # both attackers refused every round
+        found = by_attack[attack]["rejections"]
+        assert all(set(found[number]) == set(by_attack[attack]["attacking_sites"]) for number in ("0", "1", "2"))
+    assert all("times their size" in why for why in by_attack["opt_alie"]["rejections"]["1"].values())
+    flipped = by_attack["label_flip"]
+    assert rounds(flipped) == ["0"] and len(flipped["excluded"]) == 1 and flipped["rejected"] == flipped["excluded"]
+    cosine = re.search(r"mean cosine (-?[\d.]+)", flipped["rejections"]["0"][flipped["excluded"][0]]).group(1)
+    assert (
+        f"(its shared rows' mean cosine {cosine}, just past the rule's line of 0, where `label_flip_quiet`, one "
+        in page
+    )
+    assert f"flipper, read {shared[1][1]} at seven)" in page
+    left = ", ".join(f"`{attack}`" for attack in STOP_113_GAPS[(7, 2)][len(two) :])
+    assert f"Not run for want of time: {left} (open)." in page
