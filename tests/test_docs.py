@@ -4978,8 +4978,8 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
     )
     gaps = [", ".join(f"`{attack}`" for attack in STOP_113_GAPS[setting]) for setting in ((4, 1), (7, 1))]
     assert f"six attacks of the catalogue at four sites ({gaps[0]}), six at seven ({gaps[1]})" in page
-    earlier = sorted(run["attack"] for run in runs.values() if run.get("start") == "stand-in"
-                     and suite.setting_of(run) == "7 (2; from the stand-in)" and run not in made.values()
+    earlier = sorted(run["attack"] for name, run in runs.items() if run.get("start") == "stand-in"
+                     and suite.setting_of(run) == "7 (2; from the stand-in)" and name not in made
                      and run["attack"] not in (*suite.REFERENCES, suite.PLACEBO))  # fmt: skip
     assert f"with two attackers of seven, all but {' and '.join(f'`{attack}`' for attack in earlier)}." in page
     assert f"(commit {STOP_113}, on this task's 2-core AMD EPYC beside nothing else;" in page
@@ -5055,15 +5055,13 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
     assert f"the placebo moved them by {margin(placebos[1])}." in page
     boosted, clean = of(7, "backdoor_boosted"), runs[seven]
 
-    def share(value: float) -> str:
-        return f"{value:.1%}".replace("%", " %")
-
     assert boosted["best_backdoor_success"] == boosted["final_backdoor_success"] and rounds(boosted) == ["2"]
     assert (
         "its attacker's own model scored the trigger at "
-        f"{share(boosted['attackers_own_backdoor_success']['site-nih-4'])} and the global models at "
-        f"{share(boosted['best_backdoor_success'])}, against the clean model's "
-        f"{share(clean['best_backdoor_success'])} (best) and {share(clean['final_backdoor_success'])} (final)" in page
+        f"{_percent(boosted['attackers_own_backdoor_success']['site-nih-4'])} and the global models at "
+        f"{_percent(boosted['best_backdoor_success'])}, against the clean model's "
+        f"{_percent(clean['best_backdoor_success'])} (best) and {_percent(clean['final_backdoor_success'])} (final)"
+        in page
     )
     rows = re.findall(r"head row of '([^']+)'", boosted["rejections"]["2"]["site-nih-4"])
     bound = re.search(r"update_bound \((\d+)\)", boosted["rejections"]["2"]["site-nih-4"]).group(1)
