@@ -814,6 +814,56 @@ def test_a_site_whose_shared_rows_oppose_their_consensus_in_its_warm_up_round_is
     )
 
 
+# the findings NIH ChestX-ray14 and CheXpert share, and each one's own (the suite's seven sites)
+SHARED_SEVEN = [
+    "Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Pleural Effusion", "Pneumonia", "Pneumothorax"
+]  # fmt: skip
+NIH_ONLY = ["Emphysema", "Fibrosis", "Hernia", "Infiltration", "Mass", "Nodule", "Pleural Thickening"]
+CHEXPERT_ONLY = [
+    "Enlarged Cardiomediastinum", "Lung Opacity", "Lung Lesion", "Pleural Other", "Fracture", "Support Devices"
+]  # fmt: skip
+
+
+def _rows_moved_by(vector: tuple[float, float]):
+    """A site's result: the backbone moved as an honest site's (+0.01 (1 + round)), each of its head rows by
+    ``vector`` in its first two weights (its bias as received)."""
+
+    def behaviour(round_number: int, params: dict) -> dict:
+        sent = shifted(params, 0.01 * (1 + round_number))
+        sent["head.weight"] = torch.as_tensor(params["head.weight"]).clone()
+        sent["head.weight"][:, :2] += torch.tensor(vector, dtype=sent["head.weight"].dtype)
+        sent["head.bias"] = torch.as_tensor(params["head.bias"]).clone()
+        return sent
+
+    return behaviour
+
+
+def test_two_label_flippers_of_seven_are_both_left_out_in_their_warm_up_round(tmp_path):
+    """The suite's seven sites (three CheXpert, four NIH) through the controller, its default robust rule: the last
+    two NIH sites flip their labels, so that the four holders of the NIH rows split two and two (the rows as in
+    tests/test_robust.py's two flippers of seven). A single pass would reject site-nih-4 and the honest site-nih-2 and
+    keep site-nih-3; judged in passes both flippers go in round 0 and stay out, the five honest sites are aggregated
+    every round."""
+    vectors = {
+        "site-chexpert-1": (1.0, 0.1), "site-chexpert-2": (1.0, -0.1), "site-chexpert-3": (1.1, 0.0),
+        "site-nih-1": (0.9, 0.1), "site-nih-2": (0.9, -0.1), "site-nih-3": (-1.6, 0.2), "site-nih-4": (-1.6, 0.0),
+    }  # fmt: skip
+    own = {"nih": NIH_ONLY, "chexpert": CHEXPERT_ONLY}
+    sites = [
+        FakeSite(site, SHARED_SEVEN + own[site.split("-")[1]], [0.9, 0.5], _rows_moved_by(vector))
+        for site, vector in vectors.items()
+    ]
+    harness = Harness(sites, tmp_path, num_rounds=2, robust_aggregation="geometric_median", reject_opposed_updates=True)
+    harness.run()
+    warmup, later = [entry["aggregation"] for entry in harness.history[1:]]
+    honest = [site for site in vectors if site not in ("site-nih-3", "site-nih-4")]
+    assert warmup["opposed_at_warmup"] == ["site-nih-3", "site-nih-4"] and warmup["accepted"] == honest
+    assert round(warmup["shared_rows"]["site-nih-3"]["mean_cosine"], 3) == 0.004  # the record: the first pass's
+    assert "judged again without the 1 site rejected before it" in warmup["rejected"]["site-nih-3"]
+    assert "judged again" not in warmup["rejected"]["site-nih-4"]
+    assert later["accepted"] == honest and sorted(later["excluded"]) == ["site-nih-3", "site-nih-4"]
+
+
 def test_a_job_from_trained_heads_is_not_judged_by_its_sites_shared_rows(tmp_path):
     """Started from an earlier global model whose rows of the five findings are learned (Hernia new: every site warms
     its head up), no round starts from untrained heads: site-x, whose rows point the other way in every round, is

@@ -25,6 +25,7 @@ from surgical_aggregation.core.robust import (
     multi_krum,
     nearest_neighbour_mixing,
     opposed_at_warmup,
+    peeled_opposed_at_warmup,
     robust_state,
     shared_row_agreement,
     shared_rows_against_consensus,
@@ -342,6 +343,65 @@ def test_only_sites_in_their_warm_up_round_with_five_or_more_opposed_shared_rows
     )
     assert opposed_at_warmup(against, judged=["h0", "h1", "h2", "x", "zero"]) == {}  # three of six: no one's consensus
     assert opposed_at_warmup(against, judged=[]) == {}
+
+
+def _two_flippers_of_seven(flippers: dict[str, tuple[float, float]]) -> dict[str, dict[str, np.ndarray]]:
+    """The attack suite's seven sites as rows: three CheXpert sites and four NIH sites each move 7 rows all seven hold
+    and their own dataset's rows (6 CheXpert rows, 7 NIH rows, so the NIH sites' own rows have four holders), each row
+    by the site's one 2-vector; ``flippers``: the vectors of the last two NIH sites (the honest ones point along x)."""
+    honest = {
+        "site-c1": (1.0, 0.1), "site-c2": (1.0, -0.1), "site-c3": (1.1, 0.0),
+        "site-n1": (0.9, 0.1), "site-n2": (0.9, -0.1),
+    }  # fmt: skip
+    updates = {}
+    for site, vector in {**honest, **flippers}.items():
+        own = [f"C{row}" for row in range(6)] if site.startswith("site-c") else [f"N{row}" for row in range(7)]
+        updates[site] = {name: np.array(vector) for name in [*(f"S{row}" for row in range(7)), *own]}
+    return updates
+
+
+def test_a_second_flipper_the_first_pass_misses_is_judged_again_without_the_first():
+    """Two label flippers among the four holders of the NIH rows pull those rows' geometric median between them and the
+    honest pair (stop 113's run: one flipper read -0.01 and was rejected, the other +0.05 and was accepted every round).
+    Here the first pass reads site-n4 at -0.005, an honest site (site-n2) at -0.003 and site-n3 at +0.004: judged at
+    once, the honest site and site-n4 would go and site-n3 stay. Judged in passes, the lowest goes first; without it
+    the NIH rows' consensus is the honest pair's, site-n3 reads -0.99 and goes too, and site-n2 is spared. The record
+    stays the first pass's."""
+    updates = _two_flippers_of_seven({"site-n3": (-1.6, 0.2), "site-n4": (-1.6, 0.0)})
+    first = shared_rows_against_consensus(updates, geometric_median)
+    assert {site: round(shared.mean_cosine, 3) for site, shared in first.items() if site.startswith("site-n")} == {
+        "site-n1": 0.013, "site-n2": -0.003, "site-n3": 0.004, "site-n4": -0.005
+    }  # fmt: skip
+    assert sorted(opposed_at_warmup(first, judged=list(updates))) == ["site-n2", "site-n4"]  # one pass: an honest one
+
+    opposed, record = peeled_opposed_at_warmup(updates, geometric_median, judged=list(updates))
+    assert record == first
+    assert opposed == {
+        "site-n4": (
+            "in its warm-up round its updates of the 14 head rows it shares with two or more other sites point against "
+            "their consensus (mean cosine -0.01 with their robust aggregates): left out for the rest of the job"
+        ),
+        "site-n3": (
+            "in its warm-up round (judged again without the 1 site rejected before it) its updates of the 14 head rows "
+            "it shares with two or more other sites point against their consensus (mean cosine -0.99 with their robust "
+            "aggregates): left out for the rest of the job"
+        ),
+    }
+    assert list(opposed) == ["site-n4", "site-n3"]  # in the order of the passes
+
+
+def test_judging_in_passes_changes_nothing_where_the_first_pass_rejects_no_one_and_stops_before_half():
+    """Where no judged site reads 0 or below at first, the passes reject no one (the rule's error rate on clean
+    federations is the single pass's). And a pass never leaves half of the sites that share rows out: of four, one."""
+    updates = _two_flippers_of_seven({"site-n3": (1.0, 0.3), "site-n4": (0.8, -0.3)})  # seven honest sites
+    assert peeled_opposed_at_warmup(updates, geometric_median, judged=list(updates))[0] == {}
+
+    four = {site: updates[site] for site in ("site-c1", "site-n1", "site-n2")}
+    four["site-x"] = {name: -np.array([1.0, 0.2]) for name in four["site-n1"]}  # against all: a flipper
+    opposed, record = peeled_opposed_at_warmup(four, geometric_median, judged=list(four))
+    assert list(opposed) == ["site-x"] and record["site-x"].mean_cosine < -0.9
+    honest_too = {**four, "site-n2": {name: -row for name, row in four["site-n2"].items()}}  # two of four flip
+    assert len(peeled_opposed_at_warmup(honest_too, geometric_median, judged=list(honest_too))[0]) <= 1
 
 
 def _sizes(statistics: float, rows: dict[str, list[float]]) -> UpdateSizes:

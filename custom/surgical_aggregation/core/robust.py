@@ -513,29 +513,59 @@ MIN_SHARED_ROWS = 5  # fewer shared rows let honest sites read as opposed (the c
     "row's robust aggregate over its holders, a copy counted once) on average (a mean cosine of 0 or below, each row "
     "weighing alike) has its result rejected and stays out for the rest of the job, as labels of the same findings "
     "read the other way round (a site trained on inverted labels), unless half or more of the sites that hold such "
-    "rows do; later rounds, a site that joins later and a job that starts from trained heads are not judged by it "
-    "(honest sites' rows then pull apart), nor a site with fewer shared rows",
+    "rows do; once a site is rejected so, the consensus is taken again without it and the rest judged again, the "
+    "lowest mean cosine first, one site a pass, while fewer than half of those sites are out (two flippers among a "
+    "row's four holders pull its consensus halfway to them); later rounds, a site that joins later and a job that "
+    "starts from trained heads are not judged by it (honest sites' rows then pull apart), nor a site with fewer "
+    "shared rows",
     "in its warm-up round its updates of the 7 head rows it shares with two or more other sites point against their "
     "consensus (mean cosine -0.98 with their robust aggregates): left out for the rest of the job",
 )
-def opposed_at_warmup(against: Mapping[str, SharedRows], judged: Collection[str]) -> dict[str, str]:
+def opposed_at_warmup(
+    against: Mapping[str, SharedRows], judged: Collection[str], left_out_before: int = 0
+) -> dict[str, str]:
     """site -> why, for each site of ``judged`` (those in the warm-up round) whose updates of its shared head rows
     point against their consensus on average (``against``: :func:`shared_rows_against_consensus`, every site of the
     round; its ``mean_cosine``, so that no one row, however large, decides). Only sites with :data:`MIN_SHARED_ROWS` or
     more such rows are judged; when half or more of the sites that share a row would be, none is (the consensus is
     then no one's). Set on the clean sweep's records: in the warm-up round honest sites with five or more shared rows
     read 0.89 to 1.00 (concatenated), label flippers -0.97 to -1.00; later rounds overlap (honest sites down to
-    -0.32), so they are not judged (``docs/server-checks.md``)."""
+    -0.32), so they are not judged (``docs/server-checks.md``). ``left_out_before``: how many sites an earlier pass
+    of :func:`peeled_opposed_at_warmup` rejected, left out of ``against``'s consensus (the reason says so, naming
+    none of them)."""
+    plural = "s" if left_out_before > 1 else ""
+    again = f" (judged again without the {left_out_before} site{plural} rejected before it)" if left_out_before else ""
     opposed = {
         site: (
-            f"in its warm-up round its updates of the {shared.rows} head rows it shares with two or more other sites "
-            f"point against their consensus (mean cosine {shared.mean_cosine:.2f} with their robust aggregates): left "
-            "out for the rest of the job"
+            f"in its warm-up round{again} its updates of the {shared.rows} head rows it shares with two or more other "
+            f"sites point against their consensus (mean cosine {shared.mean_cosine:.2f} with their robust "
+            "aggregates): left out for the rest of the job"
         )
         for site, shared in sorted(against.items())
         if site in judged and shared.rows >= MIN_SHARED_ROWS and shared.mean_cosine <= 0
     }
     return {} if 2 * len(opposed) >= len(against) else opposed
+
+
+def peeled_opposed_at_warmup(
+    rows: Mapping[str, Mapping[str, np.ndarray]], rule: Callable[[np.ndarray], np.ndarray], judged: Collection[str]
+) -> tuple[dict[str, str], dict[str, SharedRows]]:
+    """(site -> why, the record) for the warm-up rows rule (:func:`opposed_at_warmup`) judged in passes: each pass
+    rejects the one judged site with the lowest mean cosine at 0 or below, and the next reads the rest against the
+    consensus of the sites not rejected. ``rows``: site -> canonical class -> its update of that row (every site of
+    the round); ``rule``: the consensus of a row's holders. Where the first pass rejects no one, nothing changes: the
+    rule's error rate on clean federations is the first pass's (``docs/server-checks.md``). Passes stop when no judged
+    site reads 0 or below, or when one more would leave half or more of the sites that share rows out. The record is
+    the first pass's: every site as sent, against the consensus of all (``shared_rows`` in the round's history)."""
+    record = shared_rows_against_consensus(rows, rule)
+    against, opposed = record, {}
+    while True:
+        found = opposed_at_warmup(against, [site for site in judged if site in against], len(opposed))
+        if not found or 2 * (len(opposed) + 1) >= len(record):
+            return opposed, record
+        lowest = min(found, key=lambda site: (against[site].mean_cosine, site))
+        opposed[lowest] = found[lowest]
+        against = shared_rows_against_consensus({site: rows[site] for site in rows if site not in opposed}, rule)
 
 
 # a round of exactly two results: the figures recorded (two_site_agreement) and judged (two_sites_apart)

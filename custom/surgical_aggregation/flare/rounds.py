@@ -55,7 +55,7 @@ from ..core.robust import (
     SiteResult,
     duplicates_and_closest,
     merged_rows,
-    opposed_at_warmup,
+    peeled_opposed_at_warmup,
     robust_state,
     shared_rows_against_consensus,
     two_site_agreement,
@@ -271,13 +271,14 @@ class Round:
                 self.rejected.update(opposed)
                 candidates = [site for site in candidates if site not in self.rejected]
             rows = {site: sizes[site].row_changes for site in candidates}
-            self.shared_rows = shared_rows_against_consensus(rows, rules.consensus)
             if rules.reject_opposed_updates and warmup_round:  # judged then only: later, honest rows pull apart
                 warming = [site for site in candidates if self.arrivals[site].warmup]
-                opposed = opposed_at_warmup(self.shared_rows, warming)
+                opposed, self.shared_rows = peeled_opposed_at_warmup(rows, rules.consensus, warming)
                 self.rejected.update(opposed)
                 self.opposed_at_warmup = sorted(opposed)
                 candidates = [site for site in candidates if site not in self.rejected]
+            else:
+                self.shared_rows = shared_rows_against_consensus(rows, rules.consensus)
         if len(candidates) == 2:  # the two left (the rest rejected above), their updates already taken
             pair = {site: changes[site] for site in candidates}
             self.two_sites = two_site_agreement(pair, {site: sizes[site] for site in candidates})
