@@ -345,55 +345,77 @@ def test_only_sites_in_their_warm_up_round_with_five_or_more_opposed_shared_rows
     assert opposed_at_warmup(against, judged=[]) == {}
 
 
-def _two_flippers_of_seven(flippers: dict[str, tuple[float, float]]) -> dict[str, dict[str, np.ndarray]]:
+def _two_flippers_of_seven(flippers: dict[str, tuple[tuple[float, float], tuple[float, float]]]) -> dict[str, dict]:
     """The attack suite's seven sites as rows: three CheXpert sites and four NIH sites each move 7 rows all seven hold
     and their own dataset's rows (6 CheXpert rows, 7 NIH rows, so the NIH sites' own rows have four holders), each row
-    by the site's one 2-vector; ``flippers``: the vectors of the last two NIH sites (the honest ones point along x)."""
+    by one 2-vector; the honest sites' point along x, and ``flippers`` gives the last two NIH sites' vectors, for the
+    rows all hold and for the NIH rows."""
     honest = {
         "site-c1": (1.0, 0.1), "site-c2": (1.0, -0.1), "site-c3": (1.1, 0.0),
         "site-n1": (0.9, 0.1), "site-n2": (0.9, -0.1),
     }  # fmt: skip
+    vectors = {site: (vector, vector) for site, vector in honest.items()} | flippers
     updates = {}
-    for site, vector in {**honest, **flippers}.items():
-        own = [f"C{row}" for row in range(6)] if site.startswith("site-c") else [f"N{row}" for row in range(7)]
-        updates[site] = {name: np.array(vector) for name in [*(f"S{row}" for row in range(7)), *own]}
+    for site, (shared, own) in vectors.items():
+        names = [f"C{row}" for row in range(6)] if site.startswith("site-c") else [f"N{row}" for row in range(7)]
+        updates[site] = {f"S{row}": np.array(shared) for row in range(7)} | {name: np.array(own) for name in names}
     return updates
 
 
-def test_a_second_flipper_the_first_pass_misses_is_judged_again_without_the_first():
-    """Two label flippers among the four holders of the NIH rows pull those rows' geometric median between them and the
-    honest pair (stop 113's run: one flipper read -0.01 and was rejected, the other +0.05 and was accepted every round).
-    Here the first pass reads site-n4 at -0.005, an honest site (site-n2) at -0.003 and site-n3 at +0.004: judged at
-    once, the honest site and site-n4 would go and site-n3 stay. Judged in passes, the lowest goes first; without it
-    the NIH rows' consensus is the honest pair's, site-n3 reads -0.99 and goes too, and site-n2 is spared. The record
-    stays the first pass's."""
-    updates = _two_flippers_of_seven({"site-n3": (-1.6, 0.2), "site-n4": (-1.6, 0.0)})
-    first = shared_rows_against_consensus(updates, geometric_median)
-    assert {site: round(shared.mean_cosine, 3) for site, shared in first.items() if site.startswith("site-n")} == {
-        "site-n1": 0.013, "site-n2": -0.003, "site-n3": 0.004, "site-n4": -0.005
+COLLUDING = {"site-n3": ((-1.6, 0.0), (-1.6, 0.0)), "site-n4": ((-1.6, -0.05), (-1.6, -0.05))}
+APART = {"site-n3": ((-0.5, 1.0), (-0.6, 1.0)), "site-n4": ((-1.0, 0.0), (-1.0, 1.0))}
+
+
+def test_a_row_whose_holders_split_judges_no_one():
+    """Two colluding flippers among the four holders of the NIH rows send rows closer together than the honest pair's
+    (not close enough to count as copies): the rows' geometric median goes to them, so that the honest pair points
+    against it. Over every row each of the four NIH sites would read about 0 (the honest sites' 7 rows all hold at +1,
+    their 7 NIH rows at -1), and which of them falls at 0 or below is chance (an honest one, stop 114's synthetic
+    federations). Half of those rows' holders point against their consensus: it is no one's, and the NIH rows judge no
+    one; on the 7 rows all seven sites hold the flippers read -1 and both go, the honest sites stay."""
+    updates = _two_flippers_of_seven(COLLUDING)
+    against = shared_rows_against_consensus(updates, geometric_median)
+    assert {site: (shared.rows, shared.split) for site, shared in against.items()} == {
+        "site-c1": (13, 0), "site-c2": (13, 0), "site-c3": (13, 0),
+        "site-n1": (7, 7), "site-n2": (7, 7), "site-n3": (7, 7), "site-n4": (7, 7),
     }  # fmt: skip
-    assert sorted(opposed_at_warmup(first, judged=list(updates))) == ["site-n2", "site-n4"]  # one pass: an honest one
+    assert max(against[site].mean_cosine for site in ("site-n3", "site-n4")) < -0.99
+    assert min(shared.mean_cosine for site, shared in against.items() if site < "site-n3") > 0.98
+    opposed, _ = peeled_opposed_at_warmup(updates, geometric_median, judged=list(updates))
+    assert list(opposed) == ["site-n3", "site-n4"]  # site-n4 judged again without site-n3: no row splits then
+    assert opposed["site-n3"] == (
+        "in its warm-up round its updates of the 7 head rows it shares with two or more other sites (and 7 more whose "
+        "holders split, which judge no one) point against their consensus (mean cosine -1.00 with their robust "
+        "aggregates): left out for the rest of the job"
+    )
+
+
+def test_a_second_flipper_the_first_pass_misses_is_judged_again_without_the_first():
+    """Two flippers apart, neither taking the NIH rows' consensus (no row splits): as in stop 113's run (one flipper
+    read -0.01 and was rejected, the other +0.05 and was accepted every round), the first pass reads site-n4 at -0.25
+    and site-n3 at +0.15, pulled up by the NIH rows whose consensus the two flippers pull towards them. Without
+    site-n4 those rows' consensus is the honest pair's, site-n3 reads below 0 and goes too. The record stays the
+    first pass's."""
+    updates = _two_flippers_of_seven(APART)
+    first = shared_rows_against_consensus(updates, geometric_median)
+    assert {site: (round(shared.mean_cosine, 3), shared.split) for site, shared in first.items() if "-n" in site} == {
+        "site-n1": (0.676, 0), "site-n2": (0.564, 0), "site-n3": (0.148, 0), "site-n4": (-0.245, 0)
+    }  # fmt: skip
+    assert list(opposed_at_warmup(first, judged=list(updates))) == ["site-n4"]  # one pass
 
     opposed, record = peeled_opposed_at_warmup(updates, geometric_median, judged=list(updates))
     assert record == first
-    assert opposed == {
-        "site-n4": (
-            "in its warm-up round its updates of the 14 head rows it shares with two or more other sites point against "
-            "their consensus (mean cosine -0.01 with their robust aggregates): left out for the rest of the job"
-        ),
-        "site-n3": (
-            "in its warm-up round (judged again without the 1 site rejected before it) its updates of the 14 head rows "
-            "it shares with two or more other sites point against their consensus (mean cosine -0.99 with their robust "
-            "aggregates): left out for the rest of the job"
-        ),
-    }
     assert list(opposed) == ["site-n4", "site-n3"]  # in the order of the passes
+    assert opposed["site-n3"].startswith(
+        "in its warm-up round (judged again without the 1 site rejected before it) its updates of the 14 head rows it "
+        "shares with two or more other sites point against their consensus (mean cosine -"
+    )
 
 
 def test_judging_in_passes_changes_nothing_where_the_first_pass_rejects_no_one_and_stops_before_half():
     """Where no judged site reads 0 or below at first, the passes reject no one (the rule's error rate on clean
     federations is the single pass's). And a pass never leaves half of the sites that share rows out: of four, one."""
-    updates = _two_flippers_of_seven({"site-n3": (1.0, 0.3), "site-n4": (0.8, -0.3)})  # seven honest sites
+    updates = _two_flippers_of_seven({"site-n3": ((1.0, 0.3),) * 2, "site-n4": ((0.8, -0.3),) * 2})  # all honest
     assert peeled_opposed_at_warmup(updates, geometric_median, judged=list(updates))[0] == {}
 
     four = {site: updates[site] for site in ("site-c1", "site-n1", "site-n2")}

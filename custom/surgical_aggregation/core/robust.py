@@ -538,13 +538,17 @@ def opposed_at_warmup(
     opposed = {
         site: (
             f"in its warm-up round{again} its updates of the {shared.rows} head rows it shares with two or more other "
-            f"sites point against their consensus (mean cosine {shared.mean_cosine:.2f} with their robust "
-            "aggregates): left out for the rest of the job"
+            f"sites{_split_note(shared.split)} point against their consensus (mean cosine {shared.mean_cosine:.2f} "
+            "with their robust aggregates): left out for the rest of the job"
         )
         for site, shared in sorted(against.items())
         if site in judged and shared.rows >= MIN_SHARED_ROWS and shared.mean_cosine <= 0
     }
     return {} if 2 * len(opposed) >= len(against) else opposed
+
+
+def _split_note(split: int) -> str:
+    return f" (and {split} more whose holders split, which judge no one)" if split else ""
 
 
 def peeled_opposed_at_warmup(
@@ -649,9 +653,10 @@ class SharedRows(NamedTuple):
     """A site's updates of the head rows three or more sites moved, against their consensus."""
 
     cosine: float  # of its updates of them, concatenated, with their consensus, concatenated alike
-    rows: int  # how many such rows it moved
+    rows: int  # how many such rows it moved whose holders do not split (those it is judged on)
     scale: float  # the norm of its updates of them over their consensus's (a record for a rule on later rounds)
-    mean_cosine: float  # the mean over those rows of each row's cosine with its consensus (each row weighs alike)
+    mean_cosine: float  # the mean over the rows it is judged on of each row's cosine with its consensus (each alike)
+    split: int = 0  # how many such rows it moved whose holders split (half or more against the consensus): unjudged
 
 
 def shared_rows_against_consensus(
@@ -659,9 +664,12 @@ def shared_rows_against_consensus(
 ) -> dict[str, SharedRows]:
     """site -> :class:`SharedRows`: the head rows it moved that :data:`MIN_ROWS` or more sites moved, against their
     consensus (``rule`` over each row's holders, one row per holder, a copy counted once: :func:`distinct_rows`).
-    ``updates``: site -> canonical class -> its update of that row (weights and bias). Sites that share no such row
-    have no entry. Recorded every round (``shared_rows`` in the round's history); only the warm-up round is judged by
-    it (:func:`opposed_at_warmup`)."""
+    A row whose holders split, half or more of them pointing against its consensus (a cosine of 0 or below), has no
+    one's consensus (two colluders among its four holders can take it: ``docs/server-checks.md``), so its cosines
+    count in no site's mean (``split``); the concatenated cosine and the scale read every shared row. ``updates``:
+    site -> canonical class -> its update of that row (weights and bias). Sites that share no such row have no entry.
+    Recorded every round (``shared_rows`` in the round's history); only the warm-up round is judged by it
+    (:func:`opposed_at_warmup`)."""
     holders: dict[str, list[str]] = {}
     for site, rows in updates.items():
         for name, row in rows.items():
@@ -672,14 +680,22 @@ def shared_rows_against_consensus(
         for name, sites in holders.items()
         if len(sites) >= MIN_ROWS
     }
+    each = {
+        name: {site: consensus_cosines({site: updates[site][name]}, row).get(site, 0.0) for site in holders[name]}
+        for name, row in consensus.items()
+    }
+    split = {
+        name for name, cosines in each.items() if 2 * sum(value <= 0 for value in cosines.values()) >= len(cosines)
+    }
     against = {}
     for site, cosine in shared_row_agreement(updates, consensus).items():
         names = _shared_names(updates[site], consensus)
         own, theirs = (
             np.linalg.norm(np.concatenate([part[name] for name in names])) for part in (updates[site], consensus)
         )
-        each = [consensus_cosines({site: updates[site][name]}, consensus[name]).get(site, 0.0) for name in names]
-        against[site] = SharedRows(cosine, len(names), float(own / theirs), float(np.mean(each)))
+        judged = [each[name][site] for name in names if name not in split]
+        mean = float(np.mean(judged)) if judged else 0.0  # no row to judge it on (fewer than MIN_SHARED_ROWS)
+        against[site] = SharedRows(cosine, len(judged), float(own / theirs), mean, len(names) - len(judged))
     return against
 
 

@@ -515,6 +515,7 @@ class Round:
                     "rows": shared.rows,
                     "scale": round(shared.scale, 4),
                     "mean_cosine": round(shared.mean_cosine, 4),
+                    **({"split": shared.split} if shared.split else {}),
                 }
                 for site, shared in sorted(self.shared_rows.items())
             }
