@@ -1,5 +1,6 @@
-"""The warm-up rows rule judged once against judged in passes, on synthetic rows: a NumPy experiment with the rule's
-own functions (``core.robust``), not a run of the bundle.
+"""The warm-up rows rule as stop 113 left it (every shared row, one pass) against today's (rows whose holders split
+set aside, judged in passes), on synthetic rows: a NumPy experiment with the rule's own functions (``core.robust``),
+not a run of the bundle.
 
 The attack suite's seven sites (three CheXpert sites, four NIH sites; 7 findings all hold, 6 only the CheXpert sites,
 7 only the NIH sites, so each NIH-only row has four holders) send warm-up updates of their head rows: each finding has
@@ -7,8 +8,9 @@ one direction (a random 8-vector, drawn per federation), an honest site moves it
 label flipper (the last one or two NIH sites) against it at ``scale`` times an honest site's size. Flippers either
 train apart (their own noise, as honest sites do) or collude: they agree on one flipped update and each adds a little
 noise (5 % of an honest site's) so as not to be counted as copies, which pulls the geometric median of the rows they
-are half the holders of to them. For each setting, 100 federations: the flippers each rule rejects, the honest sites
-it rejects, and the federations in which it rejects every flipper and no honest site.
+are half the holders of to them. Both rules read the same rows against the same consensus (the geometric median, the
+default). For each setting, 100 federations: the flippers each rule rejects, the honest sites it rejects, and the
+federations in which it rejects every flipper and no honest site.
 
     python benchmarks/warmup_passes.py --out docs/attack-suite/warmup-passes.json --write-doc docs/server-checks.md
 """
@@ -30,6 +32,7 @@ from surgical_aggregation.core.robust import (
 )
 
 MARKER = "warmup-passes"
+RULES = ("stop 113", "today")
 DIMENSION = 8  # of a row's update (the real rows: 1,024 weights and a bias)
 SHARED, CHEXPERT_ONLY, NIH_ONLY = 7, 6, 7  # findings all seven sites hold, and each dataset's own
 SITES = [*(f"site-chexpert-{index}" for index in (1, 2, 3)), *(f"site-nih-{index}" for index in (1, 2, 3, 4))]
@@ -74,12 +77,13 @@ def federation(seed: int, flippers: int, mode: str, scale: float, noise: float) 
 def judged(flippers: int, mode: str, scale: float, noise: float, federations: int = FEDERATIONS) -> dict:
     """What each rule rejects over ``federations`` federations of one setting (seeds 0 to federations - 1)."""
     hostile = set(SITES[len(SITES) - flippers :])
-    counts = {rule: {"flippers": 0, "honest": 0, "right": 0} for rule in ("once", "passes")}
+    counts = {rule: {"flippers": 0, "honest": 0, "right": 0} for rule in RULES}
     for seed in range(federations):
         updates = federation(seed, flippers, mode, scale, noise)
-        once = set(opposed_at_warmup(shared_rows_against_consensus(updates, geometric_median), SITES))
-        passes = set(peeled_opposed_at_warmup(updates, geometric_median, SITES)[0])
-        for rule, rejected in (("once", once), ("passes", passes)):
+        every_row = shared_rows_against_consensus(updates, geometric_median, set_split_rows_aside=False)
+        before = set(opposed_at_warmup(every_row, SITES))
+        today = set(peeled_opposed_at_warmup(updates, geometric_median, SITES)[0])
+        for rule, rejected in zip(RULES, (before, today), strict=True):
             counts[rule]["flippers"] += len(rejected & hostile)
             counts[rule]["honest"] += len(rejected - hostile)
             counts[rule]["right"] += rejected == hostile
@@ -94,19 +98,19 @@ def judged(flippers: int, mode: str, scale: float, noise: float, federations: in
 
 
 def table(records: list[dict]) -> list[str]:
+    rules = " and ".join(f"{rule}'s" for rule in RULES)
     lines = [
-        "| flippers | flippers' rows | flippers' size | honest noise | flippers rejected: once, in passes | honest "
-        "sites rejected: once, in passes | federations with every flipper and no honest site rejected: once, in "
-        "passes |",
+        f"| flippers | flippers' rows | flippers' size | honest noise | flippers rejected ({rules}) | honest sites "
+        f"rejected ({rules}) | federations with every flipper and no honest site rejected ({rules}) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for record in records:
         flippers, honest = record["flippers"] * record["federations"], (7 - record["flippers"]) * record["federations"]
-        once, passes = record["once"], record["passes"]
+        before, today = (record[rule] for rule in RULES)
         lines.append(
             f"| {record['flippers']} | {record['mode']} | {record['scale']:g} | {record['noise']:g} | "
-            f"{once['flippers']}, {passes['flippers']} of {flippers} | {once['honest']}, {passes['honest']} of "
-            f"{honest} | {once['right']}, {passes['right']} of {record['federations']} |"
+            f"{before['flippers']}, {today['flippers']} of {flippers} | {before['honest']}, {today['honest']} of "
+            f"{honest} | {before['right']}, {today['right']} of {record['federations']} |"
         )
     return lines
 

@@ -660,13 +660,16 @@ class SharedRows(NamedTuple):
 
 
 def shared_rows_against_consensus(
-    updates: Mapping[str, Mapping[str, np.ndarray]], rule: Callable[[np.ndarray], np.ndarray]
+    updates: Mapping[str, Mapping[str, np.ndarray]],
+    rule: Callable[[np.ndarray], np.ndarray],
+    set_split_rows_aside: bool = True,
 ) -> dict[str, SharedRows]:
     """site -> :class:`SharedRows`: the head rows it moved that :data:`MIN_ROWS` or more sites moved, against their
     consensus (``rule`` over each row's holders, one row per holder, a copy counted once: :func:`distinct_rows`).
     A row whose holders split, half or more of them pointing against its consensus (a cosine of 0 or below), has no
     one's consensus (two colluders among its four holders can take it: ``docs/server-checks.md``), so its cosines
-    count in no site's mean (``split``); the concatenated cosine and the scale read every shared row. ``updates``:
+    count in no site's mean (``split``; ``set_split_rows_aside=False``: they count, as before stop 114, for
+    ``benchmarks/warmup_passes.py``); the concatenated cosine and the scale read every shared row. ``updates``:
     site -> canonical class -> its update of that row (weights and bias). Sites that share no such row have no entry.
     Recorded every round (``shared_rows`` in the round's history); only the warm-up round is judged by it
     (:func:`opposed_at_warmup`)."""
@@ -685,7 +688,9 @@ def shared_rows_against_consensus(
         for name, row in consensus.items()
     }
     split = {
-        name for name, cosines in each.items() if 2 * sum(value <= 0 for value in cosines.values()) >= len(cosines)
+        name
+        for name, cosines in each.items()
+        if set_split_rows_aside and 2 * sum(value <= 0 for value in cosines.values()) >= len(cosines)
     }
     against = {}
     for site, cosine in shared_row_agreement(updates, consensus).items():
