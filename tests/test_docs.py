@@ -5106,3 +5106,35 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
     assert f"flipper, read {shared[1][1]} at seven)" in page
     left = ", ".join(f"`{attack}`" for attack in STOP_113_GAPS[(7, 2)][len(two) :])
     assert f"Not run for want of time: {left} (open)." in page
+
+
+def test_two_label_flippers_of_seven_on_synthetic_rows_are_the_record():
+    """docs/server-checks.md's two label flippers of seven (stop 114), on synthetic rows: the table is its record's
+    (docs/attack-suite/warmup-passes.json), its hardest setting computed again gives the record, and the sentences
+    after it read the table."""
+    passes = load_benchmark("warmup_passes")
+    records = json.loads((REPOSITORY / "docs" / "attack-suite" / "warmup-passes.json").read_text())
+    page = (REPOSITORY / "docs" / "server-checks.md").read_text()
+    assert marked_block(page, passes.MARKER) == "\n".join(passes.table(records))
+    assert [tuple(record[key] for key in ("flippers", "mode", "scale", "noise")) for record in records] == (
+        passes.SETTINGS
+    )
+    assert records[-1] == passes.judged(*passes.SETTINGS[-1])  # colluding, twice the size, the noisier rows
+    text = " ".join(page.split())
+    before, today = passes.RULES
+    assert all(record[today]["right"] == record["federations"] == 100 for record in records)
+    assert all(record[before]["right"] == 100 for record in records if record["flippers"] == 1)
+    apart = [record for record in records if record["flippers"] == 2 and record["mode"] == "apart"]
+    assert all(record[before]["honest"] == 0 for record in apart)  # so a federation not right missed a flipper
+    worst = min(apart, key=lambda record: record[before]["right"])
+    assert worst["scale"] == 2 and (
+        f"With two apart, stop 113's missed one in up to {100 - worst[before]['right']} % of federations (flippers "
+        "twice an honest site's size), today's in none" in text
+    )
+    colluding = [record for record in records if record["mode"] == "colluding"]
+    caught = max(record[before]["flippers"] for record in colluding)
+    honest = max(record[before]["honest"] for record in colluding)
+    assert (
+        f"colluding, stop 113's caught at most {caught} flippers of 200 and rejected up to {honest} honest sites of "
+        "500, today's caught every flipper and no honest site" in text
+    )
