@@ -390,6 +390,24 @@ def test_a_row_whose_holders_split_judges_no_one():
     )
 
 
+def test_a_site_left_with_fewer_than_five_rows_that_do_not_split_is_read_on_all_its_rows():
+    """Four sites hold seven rows (stop 114's review): an honest site whose data point 3 of them the other way and a
+    flipper against all of them make those 3 rows split two and two. Set aside, they would leave the flipper 4 rows,
+    too few to judge it on: a site left with fewer than five is read on all its shared rows, as before, and the
+    flipper goes; the honest dissenter, read on all 7 too, stays."""
+    honest = {"site-c1": (1.0, 0.1), "site-c2": (1.0, -0.1)}
+    updates = {site: {f"R{row}": np.array(vector) for row in range(7)} for site, vector in honest.items()}
+    updates["site-n1"] = {f"R{row}": np.array((-0.9, 0.1) if row < 3 else (0.9, 0.1)) for row in range(7)}
+    updates["site-x"] = {f"R{row}": np.array((-1.6, 0.0)) for row in range(7)}
+    against = shared_rows_against_consensus(updates, geometric_median)
+    assert {site: (shared.rows, shared.split) for site, shared in against.items()} == {
+        "site-c1": (7, 3), "site-c2": (7, 3), "site-n1": (7, 3), "site-x": (7, 3)
+    }  # fmt: skip
+    assert against["site-x"].mean_cosine < 0 < against["site-n1"].mean_cosine
+    opposed, _ = peeled_opposed_at_warmup(updates, geometric_median, judged=list(updates))
+    assert list(opposed) == ["site-x"]
+
+
 def test_a_second_flipper_the_first_pass_misses_is_judged_again_without_the_first():
     """Two flippers apart, neither taking the NIH rows' consensus (no row splits): as in stop 113's run (one flipper
     read -0.01 and was rejected, the other +0.05 and was accepted every round), the first pass reads site-n4 at -0.25

@@ -513,11 +513,12 @@ MIN_SHARED_ROWS = 5  # fewer shared rows let honest sites read as opposed (the c
     "row's robust aggregate over its holders, a copy counted once) on average (a mean cosine of 0 or below, each row "
     "weighing alike) has its result rejected and stays out for the rest of the job, as labels of the same findings "
     "read the other way round (a site trained on inverted labels), unless half or more of the sites that hold such "
-    "rows do; once a site is rejected so, the consensus is taken again without it and the rest judged again, the "
-    "lowest mean cosine first, one site a pass, while fewer than half of those sites are out (two flippers among a "
-    "row's four holders pull its consensus halfway to them); later rounds, a site that joins later and a job that "
-    "starts from trained heads are not judged by it (honest sites' rows then pull apart), nor a site with fewer "
-    "shared rows",
+    "rows do; a row whose holders split (half or more of them against its consensus) counts in no site's mean, "
+    f"unless that leaves the site fewer than {MIN_SHARED_ROWS} rows (then it counts all its shared rows); once a site "
+    "is rejected so, the consensus is taken again without it and the rest judged again, the lowest mean cosine first, "
+    "one site a pass, while fewer than half of those sites are out (two flippers among a row's four holders pull its "
+    "consensus their way); later rounds, a site that joins later and a job that starts from trained heads are not "
+    "judged by it (honest sites' rows then pull apart), nor a site with fewer shared rows",
     "in its warm-up round its updates of the 7 head rows it shares with two or more other sites point against their "
     "consensus (mean cosine -0.98 with their robust aggregates): left out for the rest of the job",
 )
@@ -557,10 +558,11 @@ def peeled_opposed_at_warmup(
     """(site -> why, the record) for the warm-up rows rule (:func:`opposed_at_warmup`) judged in passes: each pass
     rejects the one judged site with the lowest mean cosine at 0 or below, and the next reads the rest against the
     consensus of the sites not rejected. ``rows``: site -> canonical class -> its update of that row (every site of
-    the round); ``rule``: the consensus of a row's holders. Where the first pass rejects no one, nothing changes: the
-    rule's error rate on clean federations is the first pass's (``docs/server-checks.md``). Passes stop when no judged
-    site reads 0 or below, or when one more would leave half or more of the sites that share rows out. The record is
-    the first pass's: every site as sent, against the consensus of all (``shared_rows`` in the round's history)."""
+    the round); ``rule``: the consensus of a row's holders. Where the first pass rejects no one the later passes add
+    nothing: the rule's error rate on clean federations is the first pass's (``docs/server-checks.md``). Passes stop
+    when no judged site reads 0 or below, or when one more would leave half or more of the sites that share rows out.
+    The record is the first pass's: every site as sent, against the consensus of all (``shared_rows`` in the round's
+    history)."""
     record = shared_rows_against_consensus(rows, rule)
     against, opposed = record, {}
     while True:
@@ -653,10 +655,10 @@ class SharedRows(NamedTuple):
     """A site's updates of the head rows three or more sites moved, against their consensus."""
 
     cosine: float  # of its updates of them, concatenated, with their consensus, concatenated alike
-    rows: int  # how many such rows it moved whose holders do not split (those it is judged on)
+    rows: int  # how many of those rows it is judged on (those whose holders do not split, or all: see below)
     scale: float  # the norm of its updates of them over their consensus's (a record for a rule on later rounds)
     mean_cosine: float  # the mean over the rows it is judged on of each row's cosine with its consensus (each alike)
-    split: int = 0  # how many such rows it moved whose holders split (half or more against the consensus): unjudged
+    split: int = 0  # how many such rows it moved whose holders split (half or more against the consensus)
 
 
 def shared_rows_against_consensus(
@@ -669,7 +671,9 @@ def shared_rows_against_consensus(
     A row whose holders split, half or more of them pointing against its consensus (a cosine of 0 or below), has no
     one's consensus (two colluders among its four holders can take it: ``docs/server-checks.md``), so its cosines
     count in no site's mean (``split``; ``set_split_rows_aside=False``: they count, as before stop 114, for
-    ``benchmarks/warmup_passes.py``); the concatenated cosine and the scale read every shared row. ``updates``:
+    ``benchmarks/warmup_passes.py``), except a site left with fewer than :data:`MIN_SHARED_ROWS` rows that do not
+    split, which is read on every shared row as before (a row an honest holder disagrees on splits with a flipper's,
+    and must not leave the flipper unjudged); the concatenated cosine and the scale read every shared row. ``updates``:
     site -> canonical class -> its update of that row (weights and bias). Sites that share no such row have no entry.
     Recorded every round (``shared_rows`` in the round's history); only the warm-up round is judged by it
     (:func:`opposed_at_warmup`)."""
@@ -698,9 +702,12 @@ def shared_rows_against_consensus(
         own, theirs = (
             np.linalg.norm(np.concatenate([part[name] for name in names])) for part in (updates[site], consensus)
         )
-        judged = [each[name][site] for name in names if name not in split]
+        kept = [name for name in names if name not in split]
+        if len(kept) < MIN_SHARED_ROWS:  # too few left to judge it on: every shared row, as before stop 114
+            kept = names
+        judged = [each[name][site] for name in kept]
         mean = float(np.mean(judged)) if judged else 0.0  # no row to judge it on (fewer than MIN_SHARED_ROWS)
-        against[site] = SharedRows(cosine, len(judged), float(own / theirs), mean, len(names) - len(judged))
+        against[site] = SharedRows(cosine, len(judged), float(own / theirs), mean, len(set(names) & split))
     return against
 
 
