@@ -4919,6 +4919,7 @@ def test_todays_rules_at_the_main_jobs_length_are_their_record():
         assert (REPOSITORY / "docs" / "clean-sweep" / plot).is_file() and f"](clean-sweep/{plot})" in page
 
 
+STOP_113_RAN = 6  # of the two-attacker gaps, those stop 113's time ran (stop 114 ran the rest: the same commit)
 STOP_113_GAPS = {  # the catalogue's attacks the stand-in's rows lacked before stop 113: (sites, attackers) -> attacks
     (4, 1): ("ipm", "inf", "gaussian", "mimic", "label_flip_quiet", "bn_inflate"),
     (7, 1): ("backdoor_boosted", "bn_inflate", "gaussian", "inf", "label_flip_quiet", "mimic"),
@@ -5080,22 +5081,59 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
                 for run in two]  # fmt: skip
     held = sum(found == ("holds", "holds") for found in verdicts)
     assert all(set(run["rejected"]) | set(run["excluded"]) <= set(run["attacking_sites"]) for run in two)
-    seconds = [run["seconds"] for run in two]
+
+    def span(part: list[dict]) -> str:
+        seconds = [run["seconds"] for run in part]
+        return f"{round(min(seconds))} to {round(max(seconds))} s a run"
+
+    assert len(two) == len(STOP_113_GAPS[(7, 2)])  # every one ran: stop 113 the first ones, stop 114 the rest
     assert (
-        f"of which the session's time ran the first {len(two)} ({round(min(seconds))} to {round(max(seconds))} s a "
-        "run)" in page
+        f"of which stop 113's time ran the first {STOP_113_RAN} ({span(two[:STOP_113_RAN])}) and stop 114 the other "
+        f"{len(two) - STOP_113_RAN} (the same command, code and machine, beside light work: a NumPy experiment at low "
+        f"priority and unit tests; {span(two[STOP_113_RAN:])})." in page
     )
+    untaken = [run for run, found in zip(two, verdicts, strict=True) if found == ("did not take", "did not take")]
+    assert held + len(untaken) == len(two) and all(run["attack"].startswith("backdoor") for run in untaken)
     margins = "; ".join(f"`{run['attack']}` {margin(run)}, {margin(run, suite.alone_of)}" for run in two)
     assert (
-        f"Of the {len(two)} run, {held} hold against the clean run and against the honest sites alone (the honest "
-        f"sites' largest loss against each: {margins}), and no honest site's result was refused or left out" in page
+        f"Of the {len(two)} run, {held} hold against the clean run and against the honest sites alone and the "
+        f"{len(untaken)} backdoors did not take (the honest sites' largest loss against each: {margins}), and no "
+        "honest site's result was refused or left out" in page
     )
     by_attack = {run["attack"]: run for run in two}
-    assert all(rounds(by_attack[attack]) == [] for attack in ("alie", "mimic_noised", "label_flip_late"))
-    for attack in ("opt_alie", "opt_ipm"):  # both attackers refused every round
+    never = ("alie", "mimic_noised", "label_flip_late", "mimic", "backdoor", "bn_inflate")
+    assert all(rounds(by_attack[attack]) == [] for attack in never)
+    assert f"{', '.join(f'`{attack}`' for attack in never[:-1])} and `{never[-1]}` were never refused" in page
+    for attack in ("opt_alie", "opt_ipm", "inf", "gaussian"):  # both attackers refused every round
         found = by_attack[attack]["rejections"]
         assert all(set(found[number]) == set(by_attack[attack]["attacking_sites"]) for number in ("0", "1", "2"))
     assert all("times their size" in why for why in by_attack["opt_alie"]["rejections"]["1"].values())
+    assert all("non-finite" in why for found in by_attack["inf"]["rejections"].values() for why in found.values())
+    assert all(f"backbone weights is {size} times their size" in why
+               for found in by_attack["gaussian"]["rejections"].values() for why in found.values())  # fmt: skip
+    assert f"and `gaussian` every round (its backbone update {size} times their size)" in page
+    inflated = by_attack["bn_inflate"]
+    assert all(inflated[kind][site] == today[seven][kind][site] for kind in ("best_auroc", "final_auroc")
+               for site in inflated["best_auroc"])  # fmt: skip
+    assert "`bn_inflate` is today's clean run to the bit." in page
+    quiet = by_attack["label_flip_quiet"]
+    assert all(quiet[kind] == by_attack["label_flip"][kind] for kind in ("best_auroc", "final_auroc", "excluded"))
+    backdoor, boosted_two = by_attack["backdoor"], by_attack["backdoor_boosted"]
+    assert rounds(boosted_two) == ["2"] and set(boosted_two["rejections"]["2"]) == set(boosted_two["attacking_sites"])
+    assert all("update_bound" in why for why in boosted_two["rejections"]["2"].values())
+    assert boosted_two["best_backdoor_success"] == boosted_two["final_backdoor_success"]
+
+    def own(run: dict) -> str:
+        return " and ".join(_percent(run["attackers_own_backdoor_success"][site]) for site in run["attacking_sites"])
+
+    assert (
+        f"`backdoor`'s attackers' own models scored the trigger at {own(backdoor)} and the global models at "
+        f"{_percent(backdoor['best_backdoor_success'])} (best) and {_percent(backdoor['final_backdoor_success'])} "
+        f"(final), `backdoor_boosted`'s at {own(boosted_two)} and {_percent(boosted_two['best_backdoor_success'])} "
+        f"(both attackers refused in round 2 by the update bound), against the clean model's "
+        f"{_percent(clean['best_backdoor_success'])} and {_percent(clean['final_backdoor_success'])}, of {triggered} "
+        "triggered negatives" in page
+    )
     flipped = by_attack["label_flip"]
     assert rounds(flipped) == ["0"] and len(flipped["excluded"]) == 1 and flipped["rejected"] == flipped["excluded"]
     cosine = re.search(r"mean cosine (-?[\d.]+)", flipped["rejections"]["0"][flipped["excluded"][0]]).group(1)
@@ -5104,8 +5142,7 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
         in page
     )
     assert f"flipper, read {shared[1][1]} at seven)" in page
-    left = ", ".join(f"`{attack}`" for attack in STOP_113_GAPS[(7, 2)][len(two) :])
-    assert f"Not run for want of time: {left} (open)." in page
+    assert "Not run for want of time" not in page
 
 
 def test_two_label_flippers_of_seven_on_synthetic_rows_are_the_record():
