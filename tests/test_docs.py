@@ -4919,6 +4919,8 @@ def test_todays_rules_at_the_main_jobs_length_are_their_record():
         assert (REPOSITORY / "docs" / "clean-sweep" / plot).is_file() and f"](clean-sweep/{plot})" in page
 
 
+TWO_FLIPPERS_COMMIT = "78748f2"  # stop 114: two label flippers of seven under the warm-up rows rule in passes
+TWO_FLIPPERS_RAN = ("label_flip",)  # in docs/attack-suite/two-flippers.json
 STOP_113_RAN = 6  # of the two-attacker gaps, those stop 113's time ran (stop 114 ran the rest: the same commit)
 STOP_113_GAPS = {  # the catalogue's attacks the stand-in's rows lacked before stop 113: (sites, attackers) -> attacks
     (4, 1): ("ipm", "inf", "gaussian", "mimic", "label_flip_quiet", "bn_inflate"),
@@ -5165,8 +5167,8 @@ def test_two_label_flippers_of_seven_on_synthetic_rows_are_the_record():
     assert all(record[before]["honest"] == 0 for record in apart)  # so a federation not right missed a flipper
     worst = min(apart, key=lambda record: record[before]["right"])
     assert worst["scale"] == 2 and (
-        f"With two apart, stop 113's missed one in up to {100 - worst[before]['right']} % of federations (flippers "
-        "twice an honest site's size), today's in none" in text
+        f"With two apart, stop 113's missed a flipper in up to {100 - worst[before]['right']} % of federations "
+        "(flippers twice an honest site's size), today's in none" in text
     )
     colluding = [record for record in records if record["mode"] == "colluding"]
     caught = max(record[before]["flippers"] for record in colluding)
@@ -5175,3 +5177,44 @@ def test_two_label_flippers_of_seven_on_synthetic_rows_are_the_record():
         f"colluding, stop 113's caught at most {caught} flippers of 200 and rejected up to {honest} honest sites of "
         "500, today's caught every flipper and no honest site" in text
     )
+
+
+def test_two_label_flippers_of_seven_through_flare_are_the_record():
+    """docs/server-checks.md's two label flippers of seven (stop 114) through FLARE: under today's warm-up rows rule
+    both flippers go in round 0, the second in the second pass (no row splits in these runs), and the honest sites
+    end at the honest sites alone, where stop 113's rule left one flipper in (docs/attack-suite/two-flippers.json)."""
+    suite = load_benchmark("attack_suite")
+    runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "two-flippers.json").read_text())
+    table = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    assert sorted(runs) == [f"{attack}-7sites-2attackers-seed1-stand-in" for attack in TWO_FLIPPERS_RAN]
+    flipped = runs["label_flip-7sites-2attackers-seed1-stand-in"]
+    before = table["label_flip-7sites-2attackers-seed1-stand-in"]  # stop 113's rule, the same federation and seeds
+    for run in runs.values():
+        assert run["commit"].startswith(TWO_FLIPPERS_COMMIT) and run["machine"].startswith("AMD EPYC")
+        assert (run["sites"], run["attackers"], run["start"], run["seed"]) == (7, 2, "stand-in", 1)
+        assert run["excluded"] == run["rejected"] == run["attacking_sites"] == ["site-nih-3", "site-nih-4"]
+        assert [number for number, found in run["rejections"].items() if found] == ["0"]
+        assert run["shared_rows"]["0"] == before["shared_rows"]["0"]  # the same updates, read alike
+        assert all("split" not in figures for figures in run["shared_rows"]["0"].values())  # no row split
+        assert run["exit_code"] == 0 and run["published"]
+        for kind in ("best_auroc", "final_auroc"):  # the quiet flippers' honest sites end as the loud ones'
+            assert run[kind] == flipped[kind]
+    first, second = (flipped["rejections"]["0"][site] for site in ("site-nih-3", "site-nih-4"))
+    assert "judged again" not in first and "(judged again without the 1 site rejected before it)" in second
+    cosines = [re.search(r"mean cosine (-?[\d.]+)", why).group(1) for why in (first, second)]
+    read = before["shared_rows"]["0"]
+    clean, alone = suite.clean_of(table, flipped), suite.alone_of(table, flipped)
+    margins = [
+        f"{suite.lowest_margin(run, reference):+.3f}" for run in (flipped, before) for reference in (clean, alone)
+    ]
+    assert (
+        f"both flippers were left out in round 0: site-nih-3 in the first pass (mean cosine {cosines[0]}, as before), "
+        f"site-nih-4 in the second, judged again without it ({cosines[1]}, where the first pass read it at "
+        f"{read['site-nih-4']['mean_cosine']:+.2f})" in page
+    )
+    assert (
+        f"The honest sites end {margins[0]} against the clean run and {margins[1]} against the honest sites alone, "
+        f"where under stop 113's rule they ended {margins[2]} and {margins[3]}" in page
+    )
+    assert f"exit 0, published, {round(flipped['seconds'])} s" in page
