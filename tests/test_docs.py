@@ -4381,7 +4381,7 @@ RECALIBRATED_BAR_SEEDS = [706, 708, 722, 723]  # the first draws after 700 with 
 STOP_113 = "6b48c32"  # the stand-in suite's gaps at four and seven sites, today's rules: its runs in the table
 REFERENCES_RERUN_RECORD = "stand-in-references-rerun.json"  # stop 113's reference runs again, their records' figures
 # the records added after stop 104's replay (its page counts the records before them)
-AFTER_STOP_104 = frozenset(  # stop 107's, stop 108's, stop 110's, stop 112's and stop 113's
+AFTER_STOP_104 = frozenset(  # stop 107's, stop 108's, stop 110's, stop 112's, stop 113's and stop 114's
     [
         f"clean-sweep/{ONE_FINDING_RECORD}",
         "attack-suite/glyph-tuned.json",
@@ -4389,6 +4389,8 @@ AFTER_STOP_104 = frozenset(  # stop 107's, stop 108's, stop 110's, stop 112's an
         "clean-sweep/stand-in-unselected.json",
         "clean-sweep/stand-in-twelve-rounds.json",
         f"attack-suite/{REFERENCES_RERUN_RECORD}",
+        "attack-suite/two-flippers.json",
+        "clean-sweep/warmup-rounds-split.json",
     ]
 )
 
