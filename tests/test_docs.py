@@ -4923,6 +4923,8 @@ def test_todays_rules_at_the_main_jobs_length_are_their_record():
 
 TWO_FLIPPERS_COMMIT = "78748f2"  # stop 114: two label flippers of seven under the warm-up rows rule in passes
 TWO_FLIPPERS_RAN = ("label_flip",)  # in docs/attack-suite/two-flippers.json
+WARMUP_SPLIT_RECORD = "warmup-rounds-split.json"  # stop 114: clean federations' first round under today's rule
+WARMUP_SPLIT_COMMIT = "59ba3a8"
 STOP_113_RAN = 6  # of the two-attacker gaps, those stop 113's time ran (stop 114 ran the rest: the same commit)
 STOP_113_GAPS = {  # the catalogue's attacks the stand-in's rows lacked before stop 113: (sites, attackers) -> attacks
     (4, 1): ("ipm", "inf", "gaussian", "mimic", "label_flip_quiet", "bn_inflate"),
@@ -5220,3 +5222,43 @@ def test_two_label_flippers_of_seven_through_flare_are_the_record():
         f"where under stop 113's rule they ended {margins[2]} and {margins[3]}" in page
     )
     assert f"exit 0, published, {round(flipped['seconds'])} s" in page
+
+
+def test_the_warm_up_rows_rule_on_clean_federations_since_stop_114_is_its_record():
+    """docs/server-checks.md's error rate of today's warm-up rows rule on clean federations: the first round of the
+    first clean federations of three or more sites drawn from seed 1000 on (none drawn before, none skipped), from the
+    stand-in under the rule with split rows and passes; every figure of the paragraph from its record."""
+    sweep = load_benchmark("clean_sweep")
+    record = json.loads((REPOSITORY / "docs" / "clean-sweep" / WARMUP_SPLIT_RECORD).read_text())
+    page = " ".join((REPOSITORY / "docs" / "server-checks.md").read_text().split())
+    seeds = [run["federation"]["seed"] for run in record.values()]
+    drawn = [seed for seed in range(1000, 1100) if len(sweep.draw(seed).sites) >= 3]
+    assert seeds == drawn[: len(seeds)]  # the first ones, in order: unselected
+    earlier = {
+        name
+        for path in (REPOSITORY / "docs" / "clean-sweep").glob("*.json")
+        if path.name != WARMUP_SPLIT_RECORD and isinstance(stored := json.loads(path.read_text()), dict)
+        for name in stored
+    }
+    assert not earlier & set(record)  # none drawn before
+    for run in record.values():
+        assert run["commit"].startswith(WARMUP_SPLIT_COMMIT) and run["machine"].startswith("AMD EPYC")
+        assert run["exit_code"] == 0 and run["rejected"] == [] and not any(run["excluded"].values())
+        assert run["direction_check"] == "first_round"  # the stand-in's settings (FedBN+, a site judged once)
+    shared = [figures for run in record.values() for figures in run["shared_rows"].get("0", {}).values()]
+    judged = [figures["mean_cosine"] for figures in shared if figures["rows"] >= 5]
+    split = sum(bool(figures.get("split")) for figures in shared)
+    seconds = [run["seconds"] for run in record.values()]
+    bound = sweep.upper_bound(0, len(judged))
+    assert min(judged) > 0
+    assert (
+        f"The first round of the first {len(record)} clean federations of three or more sites drawn from seed 1000 on "
+        f"(seeds {seeds[0]} to {seeds[-1]}" in page
+    )
+    assert f"commit {WARMUP_SPLIT_COMMIT}, {round(min(seconds))} to {round(max(seconds))} s each" in page
+    assert (
+        f"{len(judged)} honest site-rounds judged (five or more rows), their mean cosines {min(judged):.2f} to "
+        f"{max(judged):.2f}, none at 0 or below; no site rejected or left out; rows split at {split} of the "
+        f"{len(shared)} sites with shared rows. From these alone, at most {_bound_up(bound)} per judged honest site"
+        in page
+    )
