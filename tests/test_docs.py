@@ -5262,3 +5262,4 @@ def test_the_warm_up_rows_rule_on_clean_federations_since_stop_114_is_its_record
         f"{len(shared)} sites with shared rows. From these alone, at most {_bound_up(bound)} per judged honest site"
         in page
     )
+    assert split == 0 or "no row split in any of them" not in page
