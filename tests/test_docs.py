@@ -5103,8 +5103,8 @@ def test_the_rest_of_the_catalogue_from_the_stand_in_is_its_record():
     margins = "; ".join(f"`{run['attack']}` {margin(run)}, {margin(run, suite.alone_of)}" for run in two)
     assert (
         f"Of the {len(two)} run, {held} hold against the clean run and against the honest sites alone and the "
-        f"{len(untaken)} backdoors did not take (the honest sites' largest loss against each: {margins}), and no "
-        "honest site's result was refused or left out" in page
+        f"{len(untaken)} backdoors did not take (the honest sites' largest loss against each: {margins}; against the "
+        "clean run's record, as the table), and no honest site's result was refused or left out" in page
     )
     by_attack = {run["attack"]: run for run in two}
     never = ("alie", "mimic_noised", "label_flip_late", "mimic", "backdoor", "bn_inflate")
@@ -5186,7 +5186,8 @@ def test_two_label_flippers_of_seven_on_synthetic_rows_are_the_record():
 def test_two_label_flippers_of_seven_through_flare_are_the_record():
     """docs/server-checks.md's two label flippers of seven (stop 114) through FLARE: under today's warm-up rows rule
     both flippers go in round 0, the second in the second pass (no row splits in these runs), and the honest sites
-    end at the honest sites alone, where stop 113's rule left one flipper in (docs/attack-suite/two-flippers.json)."""
+    end at the honest sites alone, where stop 113's rule left one flipper in (docs/attack-suite/two-flippers.json);
+    and stop 113's run as the section opens with it."""
     suite = load_benchmark("attack_suite")
     runs = json.loads((REPOSITORY / "docs" / "attack-suite" / "two-flippers.json").read_text())
     table = json.loads((REPOSITORY / "docs" / "attack-suite" / "results.json").read_text())
@@ -5202,8 +5203,6 @@ def test_two_label_flippers_of_seven_through_flare_are_the_record():
         assert run["shared_rows"]["0"] == before["shared_rows"]["0"]  # the same updates, read alike
         assert all("split" not in figures for figures in run["shared_rows"]["0"].values())  # no row split
         assert run["exit_code"] == 0 and run["published"]
-        for kind in ("best_auroc", "final_auroc"):  # the quiet flippers' honest sites end as the loud ones'
-            assert run[kind] == flipped[kind]
     first, second = (flipped["rejections"]["0"][site] for site in ("site-nih-3", "site-nih-4"))
     assert "judged again" not in first and "(judged again without the 1 site rejected before it)" in second
     cosines = [re.search(r"mean cosine (-?[\d.]+)", why).group(1) for why in (first, second)]
@@ -5222,6 +5221,21 @@ def test_two_label_flippers_of_seven_through_flare_are_the_record():
         f"where under stop 113's rule they ended {margins[2]} and {margins[3]}" in page
     )
     assert f"exit 0, published, {round(flipped['seconds'])} s" in page
+    # stop 113's run, as the section opens: one flipper left out in round 0, the other accepted every round
+    assert before["excluded"] == before["rejected"] == ["site-nih-3"]
+    assert all(set(found) <= {"site-nih-3"} for found in before["rejections"].values())
+    honest_nih = [read[site]["mean_cosine"] for site in ("site-nih-1", "site-nih-2")]
+    one = table["label_flip-7sites-1attackers-seed1-stand-in"]["shared_rows"]["0"]  # one flipper of seven
+    alike = sorted(one[site]["mean_cosine"] for site in one if site.startswith("site-nih") and site != "site-nih-4")
+    assert (
+        f"in the warm-up round one read {read['site-nih-3']['mean_cosine']:.2f} and was left out, the other "
+        f"{read['site-nih-4']['mean_cosine']:+.2f} and was accepted every round; the honest sites held ({margins[2]} "
+        f"against the clean run)" in page
+    )
+    assert (
+        f"the honest NIH sites read {honest_nih[0]:.2f} and {honest_nih[1]:.2f}, where with one flipper of seven they "
+        f"read {alike[0]:.2f} to {alike[-1]:.2f} and the flipper {one['site-nih-4']['mean_cosine']:.2f}" in page
+    )
 
 
 def test_the_warm_up_rows_rule_on_clean_federations_since_stop_114_is_its_record():
@@ -5262,4 +5276,5 @@ def test_the_warm_up_rows_rule_on_clean_federations_since_stop_114_is_its_record
         f"{len(shared)} sites with shared rows. From these alone, at most {_bound_up(bound)} per judged honest site"
         in page
     )
+    assert f"a federation's sites share its consensus; by federation, 0 of {len(record)})" in page
     assert split == 0 or "no row split in any of them" not in page
