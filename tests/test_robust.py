@@ -406,6 +406,10 @@ def test_a_site_left_with_fewer_than_five_rows_that_do_not_split_is_read_on_all_
     assert against["site-x"].mean_cosine < 0 < against["site-n1"].mean_cosine
     opposed, _ = peeled_opposed_at_warmup(updates, geometric_median, judged=list(updates))
     assert list(opposed) == ["site-x"]
+    assert (
+        "its updates of the 7 head rows it shares with two or more other sites (3 of them split among their "
+        in (opposed["site-x"])
+    )
 
 
 def test_a_second_flipper_the_first_pass_misses_is_judged_again_without_the_first():

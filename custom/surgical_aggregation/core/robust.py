@@ -539,7 +539,7 @@ def opposed_at_warmup(
     opposed = {
         site: (
             f"in its warm-up round{again} its updates of the {shared.rows} head rows it shares with two or more other "
-            f"sites{_split_note(shared.split)} point against their consensus (mean cosine {shared.mean_cosine:.2f} "
+            f"sites{_split_note(shared)} point against their consensus (mean cosine {shared.mean_cosine:.2f} "
             "with their robust aggregates): left out for the rest of the job"
         )
         for site, shared in sorted(against.items())
@@ -548,8 +548,13 @@ def opposed_at_warmup(
     return {} if 2 * len(opposed) >= len(against) else opposed
 
 
-def _split_note(split: int) -> str:
-    return f" (and {split} more whose holders split, which judge no one)" if split else ""
+def _split_note(shared: SharedRows) -> str:
+    """What the reason says of the site's rows whose holders split: set aside, or counted as too few were left."""
+    if not shared.split:
+        return ""
+    if shared.split_counted:
+        return f" ({shared.split} of them split among their holders, counted as too few would be left without them)"
+    return f" (and {shared.split} more whose holders split, which judge no one)"
 
 
 def peeled_opposed_at_warmup(
@@ -659,6 +664,7 @@ class SharedRows(NamedTuple):
     scale: float  # the norm of its updates of them over their consensus's (a record for a rule on later rounds)
     mean_cosine: float  # the mean over the rows it is judged on of each row's cosine with its consensus (each alike)
     split: int = 0  # how many such rows it moved whose holders split (half or more against the consensus)
+    split_counted: bool = False  # those rows counted all the same: too few were left to judge it on without them
 
 
 def shared_rows_against_consensus(
@@ -703,11 +709,11 @@ def shared_rows_against_consensus(
             np.linalg.norm(np.concatenate([part[name] for name in names])) for part in (updates[site], consensus)
         )
         kept = [name for name in names if name not in split]
-        if len(kept) < MIN_SHARED_ROWS:  # too few left to judge it on: every shared row, as before stop 114
-            kept = names
-        judged = [each[name][site] for name in kept]
+        counted = len(kept) < MIN_SHARED_ROWS  # too few left to judge it on: every shared row, as before stop 114
+        judged = [each[name][site] for name in (names if counted else kept)]
         mean = float(np.mean(judged)) if judged else 0.0  # no row to judge it on (fewer than MIN_SHARED_ROWS)
-        against[site] = SharedRows(cosine, len(judged), float(own / theirs), mean, len(set(names) & split))
+        found = len(names) - len(kept)
+        against[site] = SharedRows(cosine, len(judged), float(own / theirs), mean, found, counted and found > 0)
     return against
 
 
